@@ -1,0 +1,37 @@
+"""The registration loop every node runs against the scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from common.pb import control
+
+log = logging.getLogger("nexus.registration")
+
+
+async def keep_registered(scheduler, register: control.RegisterRequest, node) -> None:
+    """Register, then heartbeat forever; register again when the scheduler forgets or restarts.
+
+    ``node.node_id`` is set after each successful registration; a re-registration asks for the
+    same id so the scheduler's tables stay meaningful across its restarts.
+    """
+    interval = 1.0
+    while True:
+        try:
+            reply = await scheduler.Register(register, timeout=10)
+            node.node_id = reply.node_id
+            register.node_id = reply.node_id
+            interval = max(reply.heartbeat_interval_ms / 1000, 0.05)
+            log.info("registered as %s", reply.node_id)
+            while True:
+                await asyncio.sleep(interval)
+                beat = await scheduler.Heartbeat(control.HeartbeatRequest(node_id=node.node_id), timeout=5)
+                if not beat.known:
+                    log.warning("scheduler forgot %s; registering again", node.node_id)
+                    break
+        except grpc.aio.AioRpcError as exc:
+            log.warning("scheduler unreachable (%s); retrying", exc.code().name)
+            await asyncio.sleep(min(interval, 1.0))

@@ -1,0 +1,67 @@
+"""Shared fixtures: real local clusters started as separate processes on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+READY_PREFIX = "NEXUS-READY"
+
+
+class RunningCluster:
+    def __init__(self, proc: subprocess.Popen, frontend: str, scheduler: str, data_dir) -> None:
+        self.proc = proc
+        self.frontend = frontend
+        self.scheduler = scheduler
+        self.data_dir = data_dir
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def start_cluster(data_dir, *extra: str, timeout_s: float = 240) -> RunningCluster:
+    """Run ``nexus serve`` on free ports; return once it printed its ready line."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_LOG=os.environ.get("NEXUS_LOG", "WARNING"))
+    proc = subprocess.Popen([sys.executable, "-m", "nexus", "serve", "--frontend-port", "0", "--scheduler-port", "0",
+                             "--data-dir", str(data_dir), *extra], stdout=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    lines = []
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"nexus serve exited with {proc.returncode}: {''.join(lines)}")
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if ready:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if line.startswith(READY_PREFIX):
+                _, _, frontend, scheduler = line.split()
+                return RunningCluster(proc, frontend, scheduler, data_dir)
+    proc.kill()
+    raise RuntimeError(f"nexus serve not ready in {timeout_s} s: {''.join(lines)}")
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """One local cluster (scheduler, frontend, one CPU backend) shared by the tests of a worker."""
+    c = start_cluster(tmp_path_factory.mktemp("cluster"))
+    yield c
+    c.stop()
+
+
+def nexus_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """Run the ``nexus`` command as a user would."""
+    return subprocess.run([sys.executable, "-m", "nexus", *args], capture_output=True, text=True, timeout=timeout_s)

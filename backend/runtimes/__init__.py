@@ -1,0 +1,24 @@
+"""Model runtimes of a backend: ONNX Runtime, PyTorch (optional extra) and the emulated GPU.
+
+Use :func:`load_runtime`; runtime modules (and onnxruntime / torch) are imported only when a runtime
+of their kind is loaded.
+"""
+
+from backend.runtimes.base import (
+    DeviceKind,
+    DeviceSpec,
+    DeviceUnavailableError,
+    FeedError,
+    IOSpecs,
+    ModelFileError,
+    Runtime,
+    RuntimeClosedError,
+    RuntimeKind,
+    check_feeds,
+    load_runtime,
+)
+
+__all__ = [
+    "DeviceKind", "DeviceSpec", "DeviceUnavailableError", "FeedError", "IOSpecs", "ModelFileError",
+    "Runtime", "RuntimeClosedError", "RuntimeKind", "check_feeds", "load_runtime",
+]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-import select
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -38,20 +39,23 @@ def start_cluster(data_dir, *extra: str, timeout_s: float = 240) -> RunningClust
     proc = subprocess.Popen([sys.executable, "-m", "nexus", "serve", "--frontend-port", "0", "--scheduler-port", "0",
                              "--data-dir", str(data_dir), *extra], stdout=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     deadline = time.monotonic() + timeout_s
-    lines = []
+    seen = []
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"nexus serve exited with {proc.returncode}: {''.join(lines)}")
-        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
-        if ready:
-            line = proc.stdout.readline()
-            lines.append(line)
-            if line.startswith(READY_PREFIX):
-                _, _, frontend, scheduler = line.split()
-                return RunningCluster(proc, frontend, scheduler, data_dir)
+        try:
+            line = lines.get(timeout=0.5)
+        except queue.Empty:
+            if proc.poll() is not None:
+                raise RuntimeError(f"nexus serve exited with {proc.returncode}: {''.join(seen)}") from None
+            continue
+        seen.append(line)
+        if line.startswith(READY_PREFIX):
+            _, _, frontend, scheduler = line.split()
+            return RunningCluster(proc, frontend, scheduler, data_dir)
     proc.kill()
-    raise RuntimeError(f"nexus serve not ready in {timeout_s} s: {''.join(lines)}")
+    raise RuntimeError(f"nexus serve not ready in {timeout_s} s: {''.join(seen)}")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,136 @@
+"""Connections from a frontend to its backends: one long-lived Execute stream per backend.
+
+Contract: :meth:`BackendConnection.execute` is called on the frontend's event loop; it returns the
+backend's ExecResult, or raises :class:`BackendGone` when the stream broke before the result came
+(the caller may retry elsewhere while the deadline allows). Requests are multiplexed by id; a
+single writer task drains an asyncio queue into the stream so callers never block on each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+
+import grpc
+
+from common import grpc_util
+from common.pb import control, control_grpc
+
+log = logging.getLogger("nexus.frontend")
+
+
+class BackendGone(Exception):
+    """The backend's stream failed; the request was not answered."""
+
+
+class BackendConnection:
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.channel = grpc_util.aio_channel(address)
+        self.stub = control_grpc.BackendStub(self.channel)
+        self.outstanding = 0
+        self._pending: dict[int, asyncio.Future] = {}
+        self._outbox: asyncio.Queue | None = None
+        self._task: asyncio.Task | None = None
+        self._closed = False
+
+    def _ensure_stream(self) -> None:
+        if self._task is None or self._task.done():
+            self._outbox = asyncio.Queue()
+            self._task = asyncio.create_task(self._run(self._outbox))
+
+    async def _run(self, outbox: asyncio.Queue) -> None:
+        async def requests():
+            while True:
+                item = await outbox.get()
+                if item is None:
+                    return
+                yield item
+
+        call = self.stub.Execute(requests())
+        try:
+            async for result in call:
+                future = self._pending.pop(result.request_id, None)
+                if future is not None and not future.done():
+                    future.set_result(result)
+        except grpc.aio.AioRpcError as exc:
+            if not self._closed:
+                log.warning("stream to backend %s broke: %s", self.address, exc.code().name)
+        finally:
+            pending, self._pending = self._pending, {}
+            for future in pending.values():
+                if not future.done():
+                    future.set_exception(BackendGone(f"backend {self.address} went away"))
+
+    async def execute(self, item: control.ExecItem) -> control.ExecResult:
+        if self._closed:
+            raise BackendGone(f"backend {self.address} is closed")
+        self._ensure_stream()
+        future = asyncio.get_running_loop().create_future()
+        self._pending[item.request_id] = future
+        self.outstanding += 1
+        try:
+            self._outbox.put_nowait(item)
+            return await future
+        finally:
+            self.outstanding -= 1
+            self._pending.pop(item.request_id, None)
+
+    async def execute_unary(self, item: control.ExecItem, timeout_s: float) -> control.ExecResult:
+        """One RPC per request (kept for the path benchmark)."""
+        self.outstanding += 1
+        try:
+            return await self.stub.ExecuteOne(item, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise BackendGone(f"backend {self.address}: {exc.code().name}") from None
+        finally:
+            self.outstanding -= 1
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._outbox is not None:
+            self._outbox.put_nowait(None)
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout=2)
+            except (asyncio.TimeoutError, Exception):
+                self._task.cancel()
+        await self.channel.close()
+
+
+class BackendPool:
+    """Connections by address, opened and closed as routing tables change."""
+
+    def __init__(self) -> None:
+        self.connections: dict[str, BackendConnection] = {}
+        self._ids = itertools.count(1)
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def sync(self, addresses: set[str]) -> None:
+        for address in addresses - set(self.connections):
+            self.connections[address] = BackendConnection(address)
+        for address in set(self.connections) - addresses:
+            conn = self.connections.pop(address)
+            asyncio.create_task(self._close_when_idle(conn))
+
+    @staticmethod
+    async def _close_when_idle(conn: BackendConnection, grace_s: float = 30.0) -> None:
+        for _ in range(int(grace_s * 10)):
+            if conn.outstanding == 0:
+                break
+            await asyncio.sleep(0.1)
+        await conn.close()
+
+    def get(self, address: str) -> BackendConnection:
+        conn = self.connections.get(address)
+        if conn is None:
+            conn = self.connections[address] = BackendConnection(address)
+        return conn
+
+    async def close(self) -> None:
+        for conn in list(self.connections.values()):
+            await conn.close()
+        self.connections.clear()

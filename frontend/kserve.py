@@ -1,0 +1,303 @@
+"""The KServe v2 ``inference.GRPCInferenceService`` served by the frontend.
+
+Each inference request is validated against the routing table's model description, sent to a
+backend chosen by load (outstanding requests per unit of planned share), and retried on another
+backend if the first one disappears while the request's deadline still allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+
+import grpc
+
+from common.pb import control, kserve, model_config
+from frontend.backend_pool import BackendGone, BackendPool
+from frontend.requests import RequestError, parse_infer_request
+from frontend.routing import ModelEntry, RoutingTable
+
+log = logging.getLogger("nexus.frontend")
+
+SERVER_NAME = "nexus"
+SERVER_VERSION = "0.1.0"
+EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "statistics", "schedule_policy"]
+
+_EXEC_TO_GRPC = {
+    control.EXEC_NOT_FOUND: grpc.StatusCode.UNAVAILABLE,
+    control.EXEC_INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    control.EXEC_DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
+    control.EXEC_OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    control.EXEC_INTERNAL: grpc.StatusCode.INTERNAL,
+}
+_DTYPE_ENUM = {name: model_config.DataType.Value(f"TYPE_{name}") for name in
+               ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64")}
+
+
+class FrontendState:
+    """What the frontend knows: the routing table, backend connections, counters and rates."""
+
+    def __init__(self, use_stream: bool = True) -> None:
+        self.table = RoutingTable.empty()
+        self.pool = BackendPool()
+        self.use_stream = use_stream
+        self.ready = False
+        self.requests_window: dict[str, int] = {}       # requests per model since the last report
+        self.counters: dict[str, dict[str, int]] = {}   # per model: success/fail counts, ns, rows
+        self.table_changed = asyncio.Event()
+
+    def set_table(self, table: RoutingTable) -> None:
+        self.table = table
+        self.pool.sync(table.addresses())
+        self.ready = True
+        self.table_changed.set()
+        self.table_changed = asyncio.Event()
+
+    def count(self, model: str, key: str, value: int = 1) -> None:
+        c = self.counters.setdefault(model, {})
+        c[key] = c.get(key, 0) + value
+
+
+def _model(state: FrontendState, name: str) -> ModelEntry:
+    model = state.table.models.get(name)
+    if model is None:
+        raise RequestError(grpc.StatusCode.NOT_FOUND, f"unknown model {name!r}")
+    return model
+
+
+def _pick(state: FrontendState, model: ModelEntry, exclude: set[str]):
+    """Least outstanding work per unit of planned share, ties broken at random."""
+    choices = [r for r in model.backends if r.address not in exclude]
+    if not choices:
+        return None
+    return min(choices, key=lambda r: ((state.pool.get(r.address).outstanding + 1) / max(r.weight, 1e-6),
+                                       random.random()))
+
+
+async def infer(state: FrontendState, request, deadline_s: float | None) -> kserve.ModelInferResponse:
+    """Serve one ModelInferRequest; raise RequestError with the gRPC status on failure."""
+    start = time.monotonic()
+    model = _model(state, request.model_name)
+    state.requests_window[model.name] = state.requests_window.get(model.name, 0) + 1
+    if request.model_version and request.model_version != "1":
+        raise RequestError(grpc.StatusCode.NOT_FOUND, f"model {model.name!r} has no version {request.model_version!r}")
+    parsed = parse_infer_request(request, model)
+    budget_s = model.slo_ms / 1000
+    if parsed.timeout_us:
+        budget_s = parsed.timeout_us / 1e6
+    if deadline_s is not None:
+        budget_s = min(budget_s, deadline_s)
+    end = start + budget_s
+    tried: set[str] = set()
+    last_reason = model.reason or "no backend serves it"
+    while True:
+        route = _pick(state, model, tried)
+        left = end - time.monotonic()
+        if route is None or left <= 0:
+            state.count(model.name, "fail")
+            if left <= 0:
+                raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED, f"model {model.name!r}: deadline passed")
+            raise RequestError(grpc.StatusCode.UNAVAILABLE, f"model {model.name!r} is not available: {last_reason}")
+        item = control.ExecItem(request_id=state.pool.next_id(), model=model.name, budget_us=int(left * 1e6),
+                                inputs=parsed.inputs, rows=parsed.rows)
+        conn = state.pool.get(route.address)
+        try:
+            if state.use_stream:
+                result = await conn.execute(item)
+            else:
+                result = await conn.execute_unary(item, left + 1.0)
+        except BackendGone as exc:
+            tried.add(route.address)
+            last_reason = str(exc)
+            continue
+        if result.status == control.EXEC_NOT_FOUND:     # stale route: the backend dropped the model
+            tried.add(route.address)
+            last_reason = result.message
+            continue
+        if result.status != control.EXEC_OK:
+            state.count(model.name, "fail")
+            raise RequestError(_EXEC_TO_GRPC.get(result.status, grpc.StatusCode.INTERNAL), result.message)
+        break
+    response = kserve.ModelInferResponse(model_name=model.name, model_version="1", id=request.id)
+    for i in parsed.output_indices:
+        spec = model.outputs[i]
+        response.outputs.add(name=spec.name, datatype=spec.datatype, shape=list(result.output_shapes[i].shape))
+        response.raw_output_contents.append(result.outputs[i])
+    state.count(model.name, "success")
+    state.count(model.name, "rows", parsed.rows)
+    state.count(model.name, "success_ns", int((time.monotonic() - start) * 1e9))
+    return response
+
+
+class KServeService:
+    """Handlers registered under ``inference.GRPCInferenceService``."""
+
+    def __init__(self, state: FrontendState, scheduler_stub=None) -> None:
+        self.state = state
+        self.scheduler = scheduler_stub
+
+    async def ServerLive(self, request, context):
+        return kserve.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context):
+        return kserve.ServerReadyResponse(ready=self.state.ready)
+
+    async def ModelReady(self, request, context):
+        model = self.state.table.models.get(request.name)
+        return kserve.ModelReadyResponse(ready=bool(model and model.ready))
+
+    async def ServerMetadata(self, request, context):
+        return kserve.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=EXTENSIONS)
+
+    async def _model_or_abort(self, name: str, context) -> ModelEntry:
+        try:
+            return _model(self.state, name)
+        except RequestError as exc:
+            await context.abort(exc.code, str(exc))
+
+    async def ModelMetadata(self, request, context):
+        model = await self._model_or_abort(request.name, context)
+        meta = kserve.ModelMetadataResponse(name=model.name, versions=["1"], platform=model.platform)
+        for spec in model.inputs:
+            meta.inputs.add(name=spec.name, datatype=spec.datatype, shape=[-1, *spec.shape])
+        for spec in model.outputs:
+            meta.outputs.add(name=spec.name, datatype=spec.datatype, shape=[-1, *spec.shape])
+        return meta
+
+    async def ModelConfig(self, request, context):
+        model = await self._model_or_abort(request.name, context)
+        config = model_config.ModelConfig(name=model.name, platform=model.platform, max_batch_size=model.max_batch,
+                                          backend=model.runtime)
+        for spec in model.inputs:
+            config.input.add(name=spec.name, data_type=_DTYPE_ENUM[spec.datatype], dims=list(spec.shape))
+        for spec in model.outputs:
+            config.output.add(name=spec.name, data_type=_DTYPE_ENUM[spec.datatype], dims=list(spec.shape))
+        config.dynamic_batching.max_queue_delay_microseconds = 0
+        config.instance_group.add(name=model.name, count=max(len(model.backends), 1),
+                                  kind=model_config.ModelInstanceGroup.KIND_AUTO)
+        config.parameters["slo_ms"].string_value = f"{model.slo_ms:g}"
+        return kserve.ModelConfigResponse(config=config)
+
+    async def ModelInfer(self, request, context):
+        try:
+            return await infer(self.state, request, context.time_remaining())
+        except RequestError as exc:
+            await context.abort(exc.code, str(exc))
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        out: asyncio.Queue = asyncio.Queue()
+        tasks: set[asyncio.Task] = set()
+
+        async def one(request) -> None:
+            try:
+                response = await infer(self.state, request, None)
+                out.put_nowait(kserve.ModelStreamInferResponse(infer_response=response))
+            except RequestError as exc:
+                out.put_nowait(kserve.ModelStreamInferResponse(
+                    error_message=f"{exc.code.name}: {exc}",
+                    infer_response=kserve.ModelInferResponse(model_name=request.model_name, id=request.id)))
+
+        async def reader() -> None:
+            async for request in request_iterator:
+                task = asyncio.create_task(one(request))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks:
+                await asyncio.gather(*list(tasks), return_exceptions=True)
+            out.put_nowait(None)
+
+        read = asyncio.create_task(reader())
+        try:
+            while True:
+                item = await out.get()
+                if item is None:
+                    break
+                yield item
+        finally:
+            read.cancel()
+            for t in list(tasks):
+                t.cancel()
+
+    async def ModelStatistics(self, request, context):
+        names = [request.name] if request.name else sorted(self.state.table.models)
+        if request.name:
+            await self._model_or_abort(request.name, context)
+        backend_stats = await self._backend_stats()
+        reply = kserve.ModelStatisticsResponse()
+        for name in names:
+            stats = reply.model_stats.add(name=name, version="1")
+            c = self.state.counters.get(name, {})
+            stats.inference_count = c.get("rows", 0)
+            inf = stats.inference_stats
+            inf.success.count = c.get("success", 0)
+            inf.success.ns = c.get("success_ns", 0)
+            inf.fail.count = c.get("fail", 0)
+            batches: dict[int, list[int]] = {}
+            last = 0
+            for bs in backend_stats:
+                for s in bs.sessions:
+                    if s.model != name:
+                        continue
+                    stats.execution_count += s.execution_count
+                    inf.queue.count += s.success_count
+                    inf.queue.ns += s.queue_ns
+                    inf.compute_infer.count += s.execution_count
+                    inf.compute_infer.ns += s.compute_ns
+                    last = max(last, s.last_inference_ms)
+                    for size, count in s.batch_histogram.items():
+                        entry = batches.setdefault(size, [0, 0])
+                        entry[0] += count
+                        entry[1] += s.batch_compute_ns.get(size, 0)
+                    stats.memory_usage.add(type="CPU" if "cpu" in bs.node_id else "DEVICE",
+                                           byte_size=s.memory_bytes)
+            stats.last_inference = last
+            for size in sorted(batches):
+                b = stats.batch_stats.add(batch_size=size)
+                b.compute_infer.count, b.compute_infer.ns = batches[size]
+        return reply
+
+    async def _backend_stats(self) -> list:
+        calls = [conn.stub.Stats(control.BackendStatsRequest(), timeout=5)
+                 for conn in list(self.state.pool.connections.values())]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        return [r for r in results if not isinstance(r, BaseException)]
+
+    async def RepositoryIndex(self, request, context):
+        reply = kserve.RepositoryIndexResponse()
+        for name, model in sorted(self.state.table.models.items()):
+            if request.ready and not model.ready:
+                continue
+            state = "READY" if model.ready else "UNAVAILABLE"
+            reply.models.add(name=name, version="1", state=state, reason="" if model.ready else model.reason)
+        return reply
+
+    async def RepositoryModelLoad(self, request, context):
+        if self.scheduler is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no scheduler connected")
+        try:
+            await self.scheduler.LoadModel(control.LoadRequest(name=request.model_name), timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            await context.abort(exc.code(), exc.details())
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            model = self.state.table.models.get(request.model_name)
+            if model is not None and model.ready:
+                return kserve.RepositoryModelLoadResponse()
+            try:
+                await asyncio.wait_for(self.state.table_changed.wait(), timeout=1.0)
+            except asyncio.TimeoutError:
+                pass
+        model = self.state.table.models.get(request.model_name)
+        await context.abort(grpc.StatusCode.UNAVAILABLE,
+                            f"model {request.model_name!r} did not become ready: {model.reason if model else 'unknown'}")
+
+    async def RepositoryModelUnload(self, request, context):
+        if self.scheduler is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no scheduler connected")
+        try:
+            await self.scheduler.UnloadModel(control.UnloadRequest(name=request.model_name), timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            await context.abort(exc.code(), exc.details())
+        return kserve.RepositoryModelUnloadResponse()

@@ -1,0 +1,117 @@
+"""Validation and conversion of KServe v2 inference requests at the frontend's edge.
+
+:func:`parse_infer_request` turns a ``ModelInferRequest`` into a :class:`ParsedRequest` (raw input
+bytes in the model's input order, the row count, the outputs asked for) or raises
+:class:`RequestError` with the gRPC status and a precise message. It never decodes tensors that
+arrive as raw bytes; typed ``contents`` are packed into raw bytes once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from common.tensors import KSERVE_TO_NUMPY
+from frontend.routing import ModelEntry
+
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents",
+}
+
+
+class RequestError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    inputs: list[bytes]
+    rows: int
+    output_indices: tuple[int, ...]     # which of the model's outputs to return, in order
+    timeout_us: int                      # from the request's "timeout" parameter, 0 when absent
+
+
+def _invalid(message: str) -> RequestError:
+    return RequestError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def parse_infer_request(request, model: ModelEntry) -> ParsedRequest:
+    by_name = {}
+    for i, tensor in enumerate(request.inputs):
+        if tensor.name in by_name:
+            raise _invalid(f"input {tensor.name!r} is given twice")
+        by_name[tensor.name] = (i, tensor)
+    expected = {s.name for s in model.inputs}
+    unknown = sorted(set(by_name) - expected)
+    if unknown:
+        raise _invalid(f"unexpected input {unknown[0]!r} for model {model.name!r}; "
+                       f"expected {sorted(expected)}")
+    missing = sorted(expected - set(by_name))
+    if missing:
+        raise _invalid(f"missing input {missing[0]!r} for model {model.name!r}")
+    raw_count = len(request.raw_input_contents)
+    if raw_count and raw_count != len(request.inputs):
+        raise _invalid(f"raw_input_contents has {raw_count} entries for {len(request.inputs)} inputs")
+    rows = None
+    raws = []
+    for spec in model.inputs:
+        index, tensor = by_name[spec.name]
+        if tensor.datatype != spec.datatype:
+            raise _invalid(f"input {spec.name!r}: datatype {tensor.datatype} does not match the model's "
+                           f"{spec.datatype}")
+        shape = tuple(tensor.shape)
+        if len(shape) != len(spec.shape) + 1:
+            raise _invalid(f"input {spec.name!r}: shape {list(shape)} does not match the model's "
+                           f"{[-1, *spec.shape]} (a leading batch dimension, then {list(spec.shape)})")
+        for got, want in zip(shape[1:], spec.shape):
+            if want >= 0 and got != want:
+                raise _invalid(f"input {spec.name!r}: shape {list(shape)} does not match the model's "
+                               f"{[-1, *spec.shape]}")
+        if shape[0] < 1:
+            raise _invalid(f"input {spec.name!r}: batch dimension must be at least 1, got {shape[0]}")
+        if rows is None:
+            rows = shape[0]
+        elif shape[0] != rows:
+            raise _invalid(f"input {spec.name!r}: batch dimension {shape[0]} differs from the other inputs' {rows}")
+        if any(d < 0 for d in shape):
+            raise _invalid(f"input {spec.name!r}: shape {list(shape)} has a negative dimension")
+        dtype = KSERVE_TO_NUMPY[spec.datatype]
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if raw_count:
+            raw = request.raw_input_contents[index]
+            if len(raw) != nbytes:
+                raise _invalid(f"input {spec.name!r}: expected {nbytes} bytes of raw data for shape "
+                               f"{list(shape)} {spec.datatype}, got {len(raw)}")
+        else:
+            field = _CONTENTS_FIELD.get(spec.datatype)
+            if field is None:
+                raise _invalid(f"input {spec.name!r}: datatype {spec.datatype} must be sent as raw_input_contents")
+            values = getattr(tensor.contents, field)
+            count = int(np.prod(shape, dtype=np.int64))
+            if len(values) != count:
+                raise _invalid(f"input {spec.name!r}: expected {count} values in contents.{field} for shape "
+                               f"{list(shape)}, got {len(values)}")
+            raw = np.asarray(values).astype(dtype).tobytes()
+        raws.append(raw)
+    if rows > model.max_batch:
+        raise _invalid(f"batch of {rows} rows exceeds the model's max_batch_size {model.max_batch}")
+    if request.outputs:
+        names = [o.name for o in request.outputs]
+        index = {s.name: i for i, s in enumerate(model.outputs)}
+        for n in names:
+            if n not in index:
+                raise _invalid(f"unknown requested output {n!r} for model {model.name!r}; "
+                               f"outputs are {sorted(index)}")
+        outputs = tuple(index[n] for n in names)
+    else:
+        outputs = tuple(range(len(model.outputs)))
+    timeout_us = 0
+    if "timeout" in request.parameters:
+        timeout_us = max(int(request.parameters["timeout"].int64_param), 0)
+    return ParsedRequest(raws, rows, outputs, timeout_us)

@@ -1,0 +1,280 @@
+"""The durable model database: SQLite metadata plus content-addressed model files.
+
+Layout under the data directory::
+
+    nexus.db                 SQLite: models, profiles (per device type), sessions
+    blobs/ab/abcdef...       model files, named by their SHA-256
+    tmp/                     uploads in progress (removed on failure)
+
+Contract: an upload is validated completely before anything is registered, and registration is one
+SQLite transaction, so a failed upload leaves no model behind. Blobs are immutable; a blob that no
+model row references is garbage and is removed at start-up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import sqlite3
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from common.model_io import ModelFileError, io_to_json, onnx_io, parse_io_json, torch_archive_check
+from common.profile import Profile, ProfileError
+from common.tensors import TensorSpec
+
+RUNTIMES = ("onnxruntime", "torch", "emulated")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS models (
+    name TEXT PRIMARY KEY,
+    sha256 TEXT NOT NULL,
+    runtime TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    io_json TEXT NOT NULL,
+    default_slo_ms REAL NOT NULL,
+    prefix_group TEXT NOT NULL DEFAULT '',
+    prefix_signature TEXT NOT NULL DEFAULT '',
+    created_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS profiles (
+    model TEXT NOT NULL REFERENCES models(name) ON DELETE CASCADE,
+    device_type TEXT NOT NULL,
+    profile_json TEXT NOT NULL,
+    PRIMARY KEY (model, device_type)
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    model TEXT PRIMARY KEY REFERENCES models(name) ON DELETE CASCADE,
+    slo_ms REAL NOT NULL
+);
+"""
+
+
+class UploadError(ValueError):
+    """An upload refused; nothing was registered. The message says why."""
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    name: str
+    sha256: str
+    runtime: str
+    size_bytes: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    default_slo_ms: float
+    prefix_group: str
+    created_ms: int
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    model: str
+    slo_ms: float
+
+
+class ModelDatabase:
+    """Thread-safe access to the model database in ``data_dir``."""
+
+    def __init__(self, data_dir: pathlib.Path, max_upload_bytes: int = 512 * 1024 * 1024) -> None:
+        self.data_dir = pathlib.Path(data_dir)
+        self.blob_dir = self.data_dir / "blobs"
+        self.tmp_dir = self.data_dir / "tmp"
+        self.max_upload_bytes = max_upload_bytes
+        for d in (self.data_dir, self.blob_dir, self.tmp_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(self.data_dir / "nexus.db", check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA foreign_keys = ON")
+        self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.executescript(_SCHEMA)
+        self._collect_garbage()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # ---- blobs -----------------------------------------------------------------------------------
+
+    def blob_path(self, sha256: str) -> pathlib.Path:
+        return self.blob_dir / sha256[:2] / sha256
+
+    def read_blob(self, sha256: str) -> bytes:
+        path = self.blob_path(sha256)
+        if len(sha256) != 64 or not all(c in "0123456789abcdef" for c in sha256) or not path.exists():
+            raise KeyError(f"no model file with sha256 {sha256!r}")
+        return path.read_bytes()
+
+    def iter_blob(self, sha256: str, chunk_bytes: int) -> Iterator[bytes]:
+        data = self.read_blob(sha256)
+        for i in range(0, len(data), chunk_bytes):
+            yield data[i:i + chunk_bytes]
+
+    def _collect_garbage(self) -> None:
+        for leftover in self.tmp_dir.iterdir():
+            leftover.unlink(missing_ok=True)
+        referenced = {row[0] for row in self._db.execute("SELECT sha256 FROM models")}
+        for path in self.blob_dir.glob("*/*"):
+            if path.name not in referenced:
+                path.unlink(missing_ok=True)
+
+    # ---- upload ------------------------------------------------------------------------------------
+
+    def add_model(self, name: str, chunks: Iterable[bytes], *, runtime: str = "onnxruntime",
+                  profile_json: str = "", slo_ms: float = 0.0, io_json: str = "", default_slo_ms: float = 100.0,
+                  create_session: bool = True, prefix_fn=None) -> ModelRecord:
+        """Validate and register a model streamed as ``chunks``; raise :class:`UploadError` if refused.
+
+        ``prefix_fn(model_bytes, existing: dict[name, (sha, signature)]) -> (group, signature)`` assigns
+        the model to a prefix group; it is optional.
+        """
+        _check_name(name)
+        if runtime not in RUNTIMES:
+            raise UploadError(f"unknown runtime {runtime!r}; expected one of {', '.join(RUNTIMES)}")
+        if slo_ms < 0:
+            raise UploadError(f"slo_ms must be positive, got {slo_ms}")
+        profile = None
+        if profile_json:
+            try:
+                profile = Profile.from_json(profile_json, "profile")
+            except ProfileError as exc:
+                raise UploadError(f"invalid profile: {exc}") from None
+            if not profile.device_type:
+                raise UploadError("invalid profile: 'device_type' is required to know which device it describes")
+        fd, tmp_name = tempfile.mkstemp(dir=self.tmp_dir)
+        tmp = pathlib.Path(tmp_name)
+        try:
+            digest = hashlib.sha256()
+            size = 0
+            with os.fdopen(fd, "wb") as out:
+                for chunk in chunks:
+                    size += len(chunk)
+                    if size > self.max_upload_bytes:
+                        raise UploadError(f"model file exceeds the upload limit of {self.max_upload_bytes} bytes")
+                    digest.update(chunk)
+                    out.write(chunk)
+            if size == 0:
+                raise UploadError("empty model file")
+            data = tmp.read_bytes()
+            try:
+                if runtime == "torch":
+                    torch_archive_check(data)
+                    if not io_json:
+                        raise UploadError("torch models need an io description (inputs and outputs)")
+                    inputs, outputs = parse_io_json(io_json)
+                else:
+                    inputs, outputs = onnx_io(data)
+                    if io_json:
+                        inputs, outputs = parse_io_json(io_json)
+            except ModelFileError as exc:
+                raise UploadError(str(exc)) from None
+            sha = digest.hexdigest()
+            prefix_group, signature = "", ""
+            if prefix_fn is not None and runtime == "onnxruntime":
+                prefix_group, signature = prefix_fn(data, self._signatures(exclude=name))
+            final = self.blob_path(sha)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, final)
+            record = ModelRecord(name, sha, runtime, size, inputs, outputs, slo_ms or default_slo_ms,
+                                 prefix_group, int(time.time() * 1000))
+            with self._lock:
+                try:
+                    self._db.execute("BEGIN")
+                    old = self._db.execute("SELECT sha256 FROM models WHERE name=?", (name,)).fetchone()
+                    self._db.execute("DELETE FROM models WHERE name=?", (name,))
+                    self._db.execute(
+                        "INSERT INTO models VALUES (?,?,?,?,?,?,?,?,?)",
+                        (name, sha, runtime, size, io_to_json(inputs, outputs), record.default_slo_ms,
+                         prefix_group, signature, record.created_ms))
+                    if profile is not None:
+                        self._db.execute("INSERT INTO profiles VALUES (?,?,?)",
+                                         (name, profile.device_type, profile.to_json()))
+                    if create_session:
+                        self._db.execute("INSERT INTO sessions VALUES (?,?)", (name, record.default_slo_ms))
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    self._collect_unreferenced(sha)
+                    raise
+                if old and old[0] != sha:
+                    self._collect_unreferenced(old[0])
+            return record
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _collect_unreferenced(self, sha: str) -> None:
+        if not self._db.execute("SELECT 1 FROM models WHERE sha256=?", (sha,)).fetchone():
+            self.blob_path(sha).unlink(missing_ok=True)
+
+    def _signatures(self, exclude: str) -> dict[str, tuple[str, str, str]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT name, sha256, prefix_group, prefix_signature FROM models WHERE name != ?", (exclude,)).fetchall()
+        return {r[0]: (r[1], r[2], r[3]) for r in rows}
+
+    def set_prefix_group(self, names: Iterable[str], group: str) -> None:
+        with self._lock:
+            for name in names:
+                self._db.execute("UPDATE models SET prefix_group=? WHERE name=?", (group, name))
+
+    # ---- queries -----------------------------------------------------------------------------------
+
+    def models(self) -> list[ModelRecord]:
+        with self._lock:
+            rows = self._db.execute("SELECT name, sha256, runtime, size_bytes, io_json, default_slo_ms, prefix_group, "
+                                    "created_ms FROM models ORDER BY name").fetchall()
+        return [_record(r) for r in rows]
+
+    def model(self, name: str) -> ModelRecord | None:
+        with self._lock:
+            row = self._db.execute("SELECT name, sha256, runtime, size_bytes, io_json, default_slo_ms, prefix_group, "
+                                   "created_ms FROM models WHERE name=?", (name,)).fetchone()
+        return _record(row) if row else None
+
+    def add_profile(self, model: str, profile: Profile) -> None:
+        if not profile.device_type:
+            raise ProfileError("profile.device_type: required")
+        with self._lock:
+            if not self._db.execute("SELECT 1 FROM models WHERE name=?", (model,)).fetchone():
+                raise KeyError(f"unknown model {model!r}")
+            self._db.execute("INSERT OR REPLACE INTO profiles VALUES (?,?,?)",
+                             (model, profile.device_type, profile.to_json()))
+
+    def profiles(self, model: str) -> dict[str, Profile]:
+        with self._lock:
+            rows = self._db.execute("SELECT device_type, profile_json FROM profiles WHERE model=?", (model,)).fetchall()
+        return {r[0]: Profile.from_json(r[1]) for r in rows}
+
+    def sessions(self) -> list[SessionRecord]:
+        with self._lock:
+            rows = self._db.execute("SELECT model, slo_ms FROM sessions ORDER BY model").fetchall()
+        return [SessionRecord(r[0], r[1]) for r in rows]
+
+    def set_session(self, model: str, slo_ms: float) -> None:
+        with self._lock:
+            if not self._db.execute("SELECT 1 FROM models WHERE name=?", (model,)).fetchone():
+                raise KeyError(f"unknown model {model!r}")
+            self._db.execute("INSERT OR REPLACE INTO sessions VALUES (?,?)", (model, slo_ms))
+
+    def remove_session(self, model: str) -> bool:
+        with self._lock:
+            cur = self._db.execute("DELETE FROM sessions WHERE model=?", (model,))
+        return cur.rowcount > 0
+
+
+def _check_name(name: str) -> None:
+    if not name or len(name) > 128 or not all(c.isalnum() or c in "-_." for c in name) or name[0] == ".":
+        raise UploadError(f"invalid model name {name!r}: use 1-128 letters, digits, '-', '_' or '.'")
+
+
+def _record(row) -> ModelRecord:
+    io = json.loads(row[4])
+    return ModelRecord(row[0], row[1], row[2], row[3],
+                       tuple(TensorSpec.from_json_obj(t) for t in io["inputs"]),
+                       tuple(TensorSpec.from_json_obj(t) for t in io["outputs"]),
+                       row[5], row[6], row[7])

@@ -1,0 +1,399 @@
+"""The global scheduler service: model database, node registry, epoch re-planning, table pushes.
+
+One asyncio loop. Every change that can alter the plan (a node joins or leaves, a model is
+uploaded, loaded or unloaded, a profile arrives, rates drift out of their band, the epoch timer)
+sets an event; a single planner task re-plans with :func:`globalsched.cluster.plan_cluster` and pushes
+model tables to backends first, then routing tables to frontends, so a frontend never routes to a
+backend that has not loaded the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import grpc
+
+from common import grpc_util
+from common.config import SchedulerConfig
+from common.pb import control, control_grpc
+from common.profile import Profile, ProfileError
+from globalsched.cluster import MIN_PLANNED_RATE_RPS, ClusterPlan, SessionInput, plan_cluster
+from globalsched.convert import model_desc
+from globalsched.modeldb import ModelDatabase, UploadError
+from globalsched.placement import BackendSlot
+
+log = logging.getLogger("nexus.scheduler")
+
+RATE_BAND = (0.8, 1.1)          # Nexus: re-plan early when a rate leaves this band of its allocation
+EARLY_REPLAN_COOLDOWN_S = 5.0   # no early re-plan sooner than this after the last plan
+RATE_REPORT_TTL_S = 10.0        # a frontend's report counts this long
+
+
+@dataclass
+class Node:
+    node_id: str
+    kind: int
+    address: str
+    device: str = ""
+    device_type: str = ""
+    memory_mb: float = 0.0
+    last_seen: float = field(default_factory=time.monotonic)
+    stub: object = None
+    channel: object = None
+
+
+class SchedulerService(control_grpc.SchedulerServicer):
+    def __init__(self, config: SchedulerConfig, db: ModelDatabase, prefix_fn=None) -> None:
+        self.config = config
+        self.db = db
+        self.prefix_fn = prefix_fn
+        self.nodes: dict[str, Node] = {}
+        self.rates: dict[str, dict[str, tuple[float, float]]] = {}   # frontend -> model -> (rate, t)
+        self.plan: ClusterPlan | None = None
+        self.planned_rates: dict[str, float] = {}
+        self.epoch = 0
+        self.last_plan_time = 0.0
+        self._replan = asyncio.Event()
+        self._profiling: set[tuple[str, str]] = set()
+        self._tasks: list[asyncio.Task] = []
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._planner()), asyncio.create_task(self._reaper()),
+                       asyncio.create_task(self._epoch_timer())]
+        self._replan.set()
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for node in self.nodes.values():
+            if node.channel is not None:
+                await node.channel.close()
+
+    def request_replan(self, why: str) -> None:
+        log.info("re-plan requested: %s", why)
+        self._replan.set()
+
+    # ---- registration ------------------------------------------------------------------------------
+
+    async def Register(self, request, context):
+        if request.kind not in (control.NODE_KIND_FRONTEND, control.NODE_KIND_BACKEND):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "kind must be FRONTEND or BACKEND")
+        try:
+            host, _, port = request.address.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError
+        except ValueError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"address must be HOST:PORT, got {request.address!r}")
+        node_id = request.node_id or f"{'fe' if request.kind == control.NODE_KIND_FRONTEND else 'be'}-{uuid.uuid4().hex[:8]}"
+        old = self.nodes.pop(node_id, None)
+        if old is not None and old.channel is not None:
+            await old.channel.close()
+        node = Node(node_id, request.kind, request.address, request.device, request.device_type or request.device,
+                    request.memory_mb)
+        node.channel = grpc_util.aio_channel(node.address)
+        if request.kind == control.NODE_KIND_BACKEND:
+            node.stub = control_grpc.BackendStub(node.channel)
+        else:
+            node.stub = control_grpc.FrontendStub(node.channel)
+        self.nodes[node_id] = node
+        self.request_replan(f"{node_id} registered at {node.address}")
+        return control.RegisterReply(node_id=node_id, heartbeat_interval_ms=self.config.heartbeat_interval_ms)
+
+    async def Heartbeat(self, request, context):
+        node = self.nodes.get(request.node_id)
+        if node is None:
+            return control.HeartbeatReply(known=False)
+        node.last_seen = time.monotonic()
+        return control.HeartbeatReply(known=True)
+
+    async def ReportWorkload(self, request, context):
+        if request.node_id not in self.nodes:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"unknown node {request.node_id!r}; register first")
+        now = time.monotonic()
+        table = self.rates.setdefault(request.node_id, {})
+        for r in request.rates:
+            table[r.model] = (max(r.rate_rps, 0.0), now)
+        self._check_rate_band(now)
+        return control.WorkloadReply()
+
+    def current_rates(self, now: float) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for per_model in self.rates.values():
+            for model, (rate, t) in per_model.items():
+                if now - t <= RATE_REPORT_TTL_S:
+                    totals[model] = totals.get(model, 0.0) + rate
+        return totals
+
+    def _check_rate_band(self, now: float) -> None:
+        if now - self.last_plan_time < EARLY_REPLAN_COOLDOWN_S:
+            return
+        for model, rate in self.current_rates(now).items():
+            planned = self.planned_rates.get(model)
+            if planned is None:
+                continue
+            rate, planned = max(rate, MIN_PLANNED_RATE_RPS), max(planned, MIN_PLANNED_RATE_RPS)
+            if not (RATE_BAND[0] * planned <= rate <= RATE_BAND[1] * planned):
+                self.request_replan(f"rate of {model} is {rate:.1f} rps, planned {planned:.1f}")
+                return
+
+    # ---- model database ----------------------------------------------------------------------------
+
+    async def UploadModel(self, request_iterator, context):
+        header = None
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in request_iterator:
+            which = chunk.WhichOneof("part")
+            if which == "header":
+                if header is not None:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "upload: header sent twice")
+                header = chunk.header
+            elif which == "data":
+                if header is None:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "upload: the header must come first")
+                size += len(chunk.data)
+                if size > self.db.max_upload_bytes:
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                        f"model file exceeds the upload limit of {self.db.max_upload_bytes} bytes")
+                parts.append(chunk.data)
+        if header is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "upload: no header")
+        try:
+            record = await asyncio.to_thread(
+                self.db.add_model, header.name, parts, runtime=header.runtime or "onnxruntime",
+                profile_json=header.profile_json, slo_ms=header.slo_ms, io_json=header.io_json,
+                default_slo_ms=self.config.default_slo_ms, create_session=header.load, prefix_fn=self.prefix_fn)
+        except UploadError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"upload of {header.name!r} refused: {exc}")
+        self.request_replan(f"model {record.name} uploaded")
+        return control.UploadReply(model=self._desc(record.name))
+
+    async def DownloadModel(self, request, context):
+        try:
+            chunks = list(self.db.iter_blob(request.sha256, grpc_util.UPLOAD_CHUNK_BYTES))
+        except KeyError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
+        for c in chunks:
+            yield control.DownloadChunk(data=c)
+
+    async def ListModels(self, request, context):
+        return control.ListModelsReply(models=[self._desc(m.name) for m in self.db.models()])
+
+    async def LoadModel(self, request, context):
+        record = self.db.model(request.name)
+        if record is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {request.name!r}")
+        if request.slo_ms < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"slo_ms must be positive, got {request.slo_ms}")
+        self.db.set_session(request.name, request.slo_ms or record.default_slo_ms)
+        self.request_replan(f"model {request.name} loaded")
+        return control.LoadReply()
+
+    async def UnloadModel(self, request, context):
+        if self.db.model(request.name) is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {request.name!r}")
+        self.db.remove_session(request.name)
+        self.request_replan(f"model {request.name} unloaded")
+        return control.UnloadReply()
+
+    async def AddProfile(self, request, context):
+        try:
+            profile = Profile.from_json(request.profile_json)
+            self.db.add_profile(request.model, profile)
+        except ProfileError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid profile: {exc}")
+        except KeyError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
+        self.request_replan(f"profile of {request.model} for {profile.device_type}")
+        return control.ProfileReply()
+
+    def _desc(self, name: str) -> control.ModelDesc:
+        record = self.db.model(name)
+        loaded = any(s.model == name for s in self.db.sessions())
+        return model_desc(record, self.db.profiles(name), loaded)
+
+    # ---- planning ----------------------------------------------------------------------------------
+
+    async def _epoch_timer(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.epoch_s)
+            self.request_replan("epoch")
+
+    async def _reaper(self) -> None:
+        interval = self.config.heartbeat_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for node in list(self.nodes.values()):
+                if now - node.last_seen > self.config.node_timeout_s:
+                    log.warning("%s missed heartbeats for %.1f s; removing it", node.node_id, now - node.last_seen)
+                    self.nodes.pop(node.node_id, None)
+                    self.rates.pop(node.node_id, None)
+                    if node.channel is not None:
+                        await node.channel.close()
+                    self.request_replan(f"{node.node_id} left")
+
+    async def _planner(self) -> None:
+        while True:
+            await self._replan.wait()
+            await asyncio.sleep(0.05)   # coalesce bursts of changes into one plan
+            self._replan.clear()
+            try:
+                await self.replan_once()
+            except Exception:  # keep the scheduler alive; the next trigger tries again
+                log.exception("re-planning failed")
+
+    def _inputs(self, now: float) -> list[SessionInput]:
+        rates = self.current_rates(now)
+        out = []
+        for s in self.db.sessions():
+            record = self.db.model(s.model)
+            out.append(SessionInput(s.model, s.slo_ms, rates.get(s.model, self.config.default_rate_rps),
+                                    self.db.profiles(s.model), record.prefix_group if record else ""))
+        return out
+
+    async def replan_once(self) -> ClusterPlan:
+        now = time.monotonic()
+        sessions = self._inputs(now)
+        backends = [BackendSlot(n.node_id, n.device_type, n.memory_mb) for n in self.nodes.values()
+                    if n.kind == control.NODE_KIND_BACKEND]
+        previous: dict[str, frozenset[str]] = {}
+        if self.plan is not None:
+            for placement in self.plan.placements.values():
+                for b in placement.backends:
+                    previous[b.node_id] = frozenset(s.model for s in b.sessions)
+        plan = plan_cluster(sessions, backends, previous, self.config.solver)
+        self.epoch += 1
+        self.last_plan_time = now
+        self.planned_rates = {s.model: s.rate_rps for s in sessions}
+        for note in plan.notes:
+            log.warning(note)
+        for model, why in plan.best_effort.items():
+            log.warning("%s: %s", model, why)
+        for model, device_type in plan.need_profile.items():
+            self._start_profiling(model, device_type)
+        failed = await self._push_model_tables(plan)
+        self.plan = plan
+        await self._push_routing_tables(plan, failed)
+        return plan
+
+    async def _push_model_tables(self, plan: ClusterPlan) -> dict[str, str]:
+        """Send each backend its table; return models that failed to load, with reasons."""
+        failed: dict[str, str] = {}
+        calls = []
+        for placement in plan.placements.values():
+            for b in placement.backends:
+                node = self.nodes.get(b.node_id)
+                if node is None:
+                    continue
+                entries = []
+                for s in b.sessions:
+                    profiles = self.db.profiles(s.model)
+                    slo = next((x.slo_ms for x in self.db.sessions() if x.model == s.model), 0.0)
+                    entries.append(control.SessionEntry(
+                        model=self._desc(s.model), slo_ms=slo, batch=s.batch,
+                        profile_json=profiles[node.device_type].to_json() if node.device_type in profiles else "",
+                        rate_rps=s.throughput_rps))
+                table = control.ModelTable(epoch=self.epoch, duty_cycle_ms=b.duty_cycle_ms, sessions=entries)
+                calls.append((node, node.stub.UpdateModelTable(table, timeout=120)))
+        for node, call in calls:
+            try:
+                reply = await call
+                for f in reply.failed:
+                    name, _, reason = f.partition(": ")
+                    failed[name] = f"failed to load on {node.node_id}: {reason}"
+            except grpc.aio.AioRpcError as exc:
+                log.warning("model table push to %s failed: %s", node.node_id, exc.details())
+        return failed
+
+    async def _push_routing_tables(self, plan: ClusterPlan, failed: dict[str, str]) -> None:
+        table = self.routing_table(plan, failed)
+        calls = [(n, n.stub.UpdateRoutingTable(table, timeout=10)) for n in self.nodes.values()
+                 if n.kind == control.NODE_KIND_FRONTEND]
+        for node, call in calls:
+            try:
+                await call
+            except grpc.aio.AioRpcError as exc:
+                log.warning("routing table push to %s failed: %s", node.node_id, exc.details())
+
+    def routing_table(self, plan: ClusterPlan, failed: dict[str, str] | None = None) -> control.RoutingTable:
+        failed = failed or {}
+        routes = []
+        served = set()
+        for s in self.db.sessions():
+            served.add(s.model)
+            backends = []
+            for node_id, share in plan.backends_of(s.model):
+                node = self.nodes.get(node_id)
+                if node is not None and s.model not in failed:
+                    backends.append(control.BackendRoute(node_id=node_id, address=node.address, weight=share))
+            reason = failed.get(s.model) or plan.unplaced.get(s.model, "")
+            if s.model in self._profiling_models():
+                reason = reason or "being profiled"
+            routes.append(control.ModelRoute(model=self._desc(s.model), slo_ms=s.slo_ms, backends=backends,
+                                             reason="" if backends else (reason or "not placed")))
+        stored = [self._desc(m.name) for m in self.db.models() if m.name not in served]
+        return control.RoutingTable(epoch=self.epoch, routes=routes, stored=stored)
+
+    def _profiling_models(self) -> set[str]:
+        return {m for m, _ in self._profiling}
+
+    # ---- profiling on demand -----------------------------------------------------------------------
+
+    def _start_profiling(self, model: str, device_type: str) -> None:
+        key = (model, device_type)
+        if key in self._profiling:
+            return
+        node = next((n for n in self.nodes.values()
+                     if n.kind == control.NODE_KIND_BACKEND and n.device_type == device_type), None)
+        if node is None:
+            return
+        self._profiling.add(key)
+        asyncio.create_task(self._profile(node, model, key))
+
+    async def _profile(self, node: Node, model: str, key: tuple[str, str]) -> None:
+        try:
+            reply = await node.stub.ProfileModel(control.ProfileRequest(model=self._desc(model), budget_s=20.0),
+                                                 timeout=300)
+            if reply.error:
+                log.warning("profiling %s on %s failed: %s", model, node.node_id, reply.error)
+                return
+            profile = Profile.from_json(reply.profile_json)
+            self.db.add_profile(model, profile)
+            log.info("profiled %s on %s (max batch %d)", model, profile.device_type, profile.max_batch)
+        except (grpc.aio.AioRpcError, ProfileError, KeyError) as exc:
+            log.warning("profiling %s on %s failed: %s", model, node.node_id, exc)
+        finally:
+            self._profiling.discard(key)
+            self.request_replan(f"profile of {model} done")
+
+
+async def serve(config: SchedulerConfig, ready=None) -> None:
+    """Run the scheduler until cancelled; ``ready(address)`` is called once it listens."""
+    db = ModelDatabase(config.data_dir, int(config.max_upload_mb * 1024 * 1024))
+    prefix_fn = None
+    try:
+        from globalsched.prefix_groups import assign_prefix_group as prefix_fn  # noqa: F811
+    except ImportError:
+        pass
+    service = SchedulerService(config, db, prefix_fn)
+    server = grpc.aio.server(options=grpc_util.SERVER_OPTIONS)
+    control_grpc.add_SchedulerServicer_to_server(service, server)
+    address = grpc_util.bind(server, config.listen)
+    await server.start()
+    service.start()
+    log.info("scheduler listening on %s (data in %s)", address, config.data_dir)
+    if ready:
+        ready(address)
+    try:
+        await server.wait_for_termination()
+    finally:
+        await service.stop()
+        await server.stop(grace=1)
+        db.close()

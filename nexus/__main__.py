@@ -1,0 +1,5 @@
+import sys
+
+from nexus.cli import main
+
+sys.exit(main())

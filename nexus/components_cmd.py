@@ -1,0 +1,33 @@
+"""``nexus scheduler | frontend | backend``: one component alone, for a multi-machine deployment."""
+
+from __future__ import annotations
+
+import argparse
+
+from common.config import BackendConfig, ConfigError, FrontendConfig, SchedulerConfig, add_arguments, from_args
+from nexus.process import run_until_signalled, setup_logging
+
+
+def _run(name: str, cls, serve_path: str):
+    def run(args: argparse.Namespace) -> int:
+        try:
+            config = from_args(cls, args)
+        except ConfigError as exc:
+            print(f"nexus {name}: error: {exc}", flush=True, file=__import__("sys").stderr)
+            return 2
+        setup_logging(args.log_level)
+        module, _, func = serve_path.rpartition(".")
+        serve = getattr(__import__(module, fromlist=[func]), func)
+        return run_until_signalled(name, serve, config)
+    return run
+
+
+def register(sub) -> None:
+    for name, cls, serve_path, help_text in (
+            ("scheduler", SchedulerConfig, "globalsched.service.serve", "run the global scheduler"),
+            ("frontend", FrontendConfig, "frontend.server.serve", "run a KServe v2 frontend"),
+            ("backend", BackendConfig, "backend.server.serve", "run a backend on one device")):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_arguments(p, cls)
+        p.add_argument("--log-level", default="", help="DEBUG, INFO, WARNING (default: $NEXUS_LOG or INFO)")
+        p.set_defaults(func=_run(name, cls, serve_path))

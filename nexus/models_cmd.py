@@ -1,0 +1,123 @@
+"""``nexus models upload FILE --name NAME [--profile P.json] [--slo-ms S]`` and ``nexus models list``."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+from typing import Iterator
+
+import grpc
+
+from common import grpc_util
+from common.pb import control, control_grpc
+
+DEFAULT_SCHEDULER = "127.0.0.1:8100"
+
+
+class CommandError(Exception):
+    pass
+
+
+def _chunks(header: control.UploadHeader, path: pathlib.Path) -> Iterator[control.UploadChunk]:
+    yield control.UploadChunk(header=header)
+    with path.open("rb") as f:
+        while True:
+            data = f.read(grpc_util.UPLOAD_CHUNK_BYTES)
+            if not data:
+                return
+            yield control.UploadChunk(data=data)
+
+
+def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile_path: str | None = None,
+                 slo_ms: float = 0.0, runtime: str = "", io_path: str | None = None, load: bool = True,
+                 timeout_s: float = 300) -> control.ModelDesc:
+    """Stream a model file to the scheduler; raise CommandError with the scheduler's reason if refused."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise CommandError(f"no such file: {path}")
+    header = control.UploadHeader(name=name, slo_ms=slo_ms, load=load,
+                                  runtime=runtime or ("torch" if path.suffix in (".pt", ".pt2") else "onnxruntime"))
+    for attr, file in (("profile_json", profile_path), ("io_json", io_path)):
+        if file:
+            try:
+                setattr(header, attr, pathlib.Path(file).read_text())
+            except OSError as exc:
+                raise CommandError(f"cannot read {file}: {exc.strerror}") from None
+    with grpc_util.channel(scheduler) as channel:
+        stub = control_grpc.SchedulerStub(channel)
+        try:
+            return stub.UploadModel(_chunks(header, path), timeout=timeout_s).model
+        except grpc.RpcError as exc:
+            raise CommandError(_rpc_message(exc, scheduler)) from None
+
+
+def list_models(scheduler: str) -> list[control.ModelDesc]:
+    with grpc_util.channel(scheduler) as channel:
+        try:
+            return list(control_grpc.SchedulerStub(channel).ListModels(control.ListModelsRequest(), timeout=30).models)
+        except grpc.RpcError as exc:
+            raise CommandError(_rpc_message(exc, scheduler)) from None
+
+
+def _rpc_message(exc: grpc.RpcError, scheduler: str) -> str:
+    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+        return f"cannot reach the scheduler at {scheduler} ({exc.details()})"
+    return exc.details()
+
+
+def _describe(m: control.ModelDesc) -> dict:
+    return {"name": m.name, "sha256": m.sha256, "runtime": m.runtime, "size_bytes": m.size_bytes,
+            "slo_ms": m.default_slo_ms, "loaded": m.loaded, "profiles": list(m.profiled_device_types),
+            "prefix_group": m.prefix_group,
+            "inputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in m.inputs],
+            "outputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in m.outputs]}
+
+
+def _run_upload(args) -> int:
+    try:
+        model = upload_model(args.scheduler, args.file, args.name, profile_path=args.profile, slo_ms=args.slo_ms,
+                             runtime=args.runtime, io_path=args.io, load=not args.no_load)
+    except CommandError as exc:
+        print(f"nexus models upload: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"uploaded {model.name} ({model.size_bytes} bytes, sha256 {model.sha256[:12]}, runtime {model.runtime})")
+    return 0
+
+
+def _run_list(args) -> int:
+    try:
+        models = list_models(args.scheduler)
+    except CommandError as exc:
+        print(f"nexus models list: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps([_describe(m) for m in models], indent=2))
+        return 0
+    rows = [("NAME", "RUNTIME", "SIZE", "SLO_MS", "LOADED", "PROFILES", "PREFIX")]
+    for m in models:
+        rows.append((m.name, m.runtime, f"{m.size_bytes / 1e6:.1f}MB", f"{m.default_slo_ms:g}",
+                     "yes" if m.loaded else "no", ",".join(m.profiled_device_types) or "-", m.prefix_group[:12] or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("models", help="upload and list models in the model database")
+    msub = p.add_subparsers(dest="models_command", metavar="ACTION", required=True)
+    up = msub.add_parser("upload", help="upload a model file (ONNX, or TorchScript with --io)")
+    up.add_argument("file")
+    up.add_argument("--name", required=True)
+    up.add_argument("--profile", help="profile JSON (common/profile.py format, with device_type)")
+    up.add_argument("--slo-ms", type=float, default=0.0, help="SLO of the model's session (default: scheduler's)")
+    up.add_argument("--runtime", default="", choices=["", "onnxruntime", "torch"], help="default: from the file suffix")
+    up.add_argument("--io", help="JSON with inputs/outputs (required for torch models)")
+    up.add_argument("--no-load", action="store_true", help="store only; do not start serving it")
+    up.add_argument("--scheduler", default=DEFAULT_SCHEDULER)
+    up.set_defaults(func=_run_upload)
+    ls = msub.add_parser("list", help="list the models the scheduler knows")
+    ls.add_argument("--scheduler", default=DEFAULT_SCHEDULER)
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=_run_list)

@@ -1,0 +1,36 @@
+"""Running a component in the foreground: asyncio, signals, and the line that announces the address."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+READY_PREFIX = "NEXUS-READY"
+
+
+def setup_logging(level: str = "") -> None:
+    logging.basicConfig(level=(level or os.environ.get("NEXUS_LOG", "INFO")).upper(),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+
+
+def run_until_signalled(name: str, serve, config) -> int:
+    """Run ``serve(config, ready)`` until SIGINT/SIGTERM; print ``NEXUS-READY <name> <address>`` once listening."""
+
+    def ready(address: str) -> None:
+        print(f"{READY_PREFIX} {name} {address}", flush=True)
+
+    async def main() -> None:
+        task = asyncio.create_task(serve(config, ready))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    asyncio.run(main())
+    return 0

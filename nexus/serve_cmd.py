@@ -1,0 +1,172 @@
+"""``nexus serve``: a whole local cluster (scheduler, a frontend, N backends) as separate processes.
+
+The sample models are built in code into the data directory, uploaded on first start, profiled by
+a backend on demand, and served. Ctrl-C or SIGTERM stops every child; children also die with this
+process if it is killed (PR_SET_PDEATHSIG), so nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+
+from common import grpc_util
+from common.pb import kserve, kserve_grpc
+from nexus.process import READY_PREFIX
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+class Child:
+    def __init__(self, name: str, argv: list[str], env: dict) -> None:
+        self.name = name
+        self.proc = subprocess.Popen([sys.executable, "-m", "nexus", *argv], stdout=subprocess.PIPE, env=env,
+                                     preexec_fn=_die_with_parent, text=True, bufsize=1)
+        self.address = ""
+        self._lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self._lines.put(line)
+
+    def wait_ready(self, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = self._lines.get(timeout=0.2)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"{self.name} exited with status {self.proc.returncode} before it was ready")
+                continue
+            if line.startswith(READY_PREFIX):
+                self.address = line.split()[2]
+                return self.address
+        raise RuntimeError(f"{self.name} was not ready within {timeout_s:.0f} s")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _wait_models_ready(frontend: str, names: list[str], timeout_s: float) -> list[str]:
+    """Poll the frontend until every model is ready; return those still not ready at the timeout."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(names)
+    with grpc_util.channel(frontend) as channel:
+        stub = kserve_grpc.GRPCInferenceServiceStub(channel)
+        while pending and time.monotonic() < deadline:
+            still = []
+            for name in pending:
+                try:
+                    if not stub.ModelReady(kserve.ModelReadyRequest(name=name), timeout=5).ready:
+                        still.append(name)
+                except grpc.RpcError:
+                    still.append(name)
+            pending = still
+            if pending:
+                time.sleep(0.3)
+    return pending
+
+
+def run(args) -> int:
+    from common.sample_models import SAMPLE_MODELS, write_sample_models
+    from nexus.models_cmd import CommandError, list_models, upload_model
+
+    data_dir = pathlib.Path(args.data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    children: list[Child] = []
+    stopping = False
+
+    def stop_all(*_):
+        nonlocal stopping
+        stopping = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop_all)
+    try:
+        scheduler = Child("scheduler", ["scheduler", "--listen", f"127.0.0.1:{args.scheduler_port}",
+                                        "--data-dir", str(data_dir / "db"), "--epoch-s", str(args.epoch_s)], env)
+        children.append(scheduler)
+        sched_addr = scheduler.wait_ready(60)
+        names = []
+        if not args.no_samples:
+            known = {m.name for m in list_models(sched_addr)}
+            paths = write_sample_models(data_dir / "samples")
+            for name, path in paths.items():
+                names.append(name)
+                if name not in known:
+                    upload_model(sched_addr, path, name, slo_ms=SAMPLE_MODELS[name].slo_ms)
+        names += [m.name for m in list_models(sched_addr) if m.loaded and m.name not in names]
+        for i in range(args.backends):
+            argv = ["backend", "--scheduler", sched_addr, "--device", args.device, "--listen", "127.0.0.1:0"]
+            if args.threads:
+                argv += ["--threads", str(args.threads)]
+            children.append(Child(f"backend-{i}", argv, env))
+        frontend = Child("frontend", ["frontend", "--scheduler", sched_addr,
+                                      "--listen", f"{args.host}:{args.frontend_port}"], env)
+        children.append(frontend)
+        for c in children[1:]:
+            c.wait_ready(120)
+        missing = _wait_models_ready(frontend.address, names, args.ready_timeout_s)
+        if missing:
+            print(f"nexus serve: warning: not ready after {args.ready_timeout_s:.0f} s: {', '.join(missing)}",
+                  file=sys.stderr, flush=True)
+        print(f"Nexus is serving on {frontend.address} (KServe v2 gRPC); scheduler at {sched_addr}", flush=True)
+        print(f"  models: {', '.join(names) or '(none)'}", flush=True)
+        print(f"  try:    nexus bench --frontend {frontend.address} --model resnet18_64 --rate 50 --slo-ms 100",
+              flush=True)
+        print(f"{READY_PREFIX} serve {frontend.address} {sched_addr}", flush=True)
+        while True:
+            for c in children:
+                if c.proc.poll() is not None:
+                    print(f"nexus serve: {c.name} exited with status {c.proc.returncode}; stopping", file=sys.stderr)
+                    return 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        return 0
+    except (RuntimeError, CommandError) as exc:
+        print(f"nexus serve: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for c in reversed(children):
+            c.stop()
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="run a local cluster (scheduler, frontend, backends) on loopback",
+                       description="Run a whole local cluster on loopback with the built-in sample models.")
+    p.add_argument("--backends", type=int, default=1, help="number of backend processes (default 1)")
+    p.add_argument("--device", default="cpu", help="device of every backend: cpu | cuda:N | emulated:<gpu>")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads per backend (0: all cores)")
+    p.add_argument("--host", default="127.0.0.1", help="frontend host (default 127.0.0.1)")
+    p.add_argument("--frontend-port", type=int, default=8001, help="frontend port (0: any free port)")
+    p.add_argument("--scheduler-port", type=int, default=8100, help="scheduler port (0: any free port)")
+    p.add_argument("--data-dir", default=".nexus-data", help="model database and sample models")
+    p.add_argument("--epoch-s", type=float, default=30.0, help="scheduler re-planning period")
+    p.add_argument("--no-samples", action="store_true", help="do not build and upload the sample models")
+    p.add_argument("--ready-timeout-s", type=float, default=180.0)
+    p.set_defaults(func=run)

@@ -1,0 +1,128 @@
+"""Model uploads through the `nexus models` CLI: served when valid, refused cleanly when not, durable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as grpcclient
+
+from common.sample_models import backbone_variant, mlp_small, model_bytes
+from tests.conftest import nexus_cli
+
+pytestmark = pytest.mark.slow
+
+
+class Scheduler:
+    """A lone `nexus scheduler` process on a free port."""
+
+    def __init__(self, data_dir, *extra: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "nexus", "scheduler", "--listen", "127.0.0.1:0",
+                                      "--data-dir", str(data_dir), *extra], stdout=subprocess.PIPE, text=True,
+                                     env=dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_LOG="WARNING"))
+        line = self.proc.stdout.readline()
+        assert line.startswith("NEXUS-READY scheduler"), line
+        self.address = line.split()[2]
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(timeout=30) == 0
+
+
+def _list(address: str) -> list[dict]:
+    result = nexus_cli("models", "list", "--scheduler", address, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.fixture()
+def small_limit_scheduler(tmp_path):
+    s = Scheduler(tmp_path / "db", "--max-upload-mb", "1")
+    yield s
+    s.stop()
+
+
+def test_bad_uploads_are_refused_with_a_clear_message_and_register_nothing(small_limit_scheduler, tmp_path):
+    address = small_limit_scheduler.address
+    corrupt = tmp_path / "corrupt.onnx"
+    corrupt.write_bytes(model_bytes(mlp_small())[:-57])
+    not_onnx = tmp_path / "notes.onnx"
+    not_onnx.write_text("this is not a model\n" * 20)
+    oversized = tmp_path / "big.onnx"
+    oversized.write_bytes(model_bytes(backbone_variant(3)))   # ~5 MB > the 1 MB limit
+    for path, expected in ((corrupt, "ONNX"), (not_onnx, "ONNX"), (oversized, "upload limit")):
+        result = nexus_cli("models", "upload", str(path), "--name", path.stem, "--scheduler", address)
+        assert result.returncode == 2, (path, result.stdout, result.stderr)
+        assert result.stderr.startswith("nexus models upload: error:"), result.stderr
+        assert expected in result.stderr, result.stderr
+        assert path.stem in result.stderr or "limit" in result.stderr
+    missing = nexus_cli("models", "upload", str(tmp_path / "absent.onnx"), "--name", "x", "--scheduler", address)
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+    bad_name = tmp_path / "ok.onnx"
+    bad_name.write_bytes(model_bytes(mlp_small()))
+    result = nexus_cli("models", "upload", str(bad_name), "--name", "bad name!", "--scheduler", address)
+    assert result.returncode == 2 and "invalid model name" in result.stderr
+    assert _list(address) == []
+    blobs = list((tmp_path / "db" / "blobs").rglob("*"))
+    assert not [b for b in blobs if b.is_file()], blobs
+    assert not list((tmp_path / "db" / "tmp").iterdir())
+
+
+def test_scheduler_restarted_on_the_same_data_dir_knows_every_model(tmp_path):
+    first = Scheduler(tmp_path / "db")
+    model = tmp_path / "m.onnx"
+    model.write_bytes(model_bytes(mlp_small()))
+    for name in ("alpha", "beta"):
+        result = nexus_cli("models", "upload", str(model), "--name", name, "--slo-ms", "40",
+                           "--scheduler", first.address)
+        assert result.returncode == 0, result.stderr
+    before = {m["name"]: m for m in _list(first.address)}
+    first.stop()
+    second = Scheduler(tmp_path / "db")
+    try:
+        after = {m["name"]: m for m in _list(second.address)}
+    finally:
+        second.stop()
+    assert set(after) == {"alpha", "beta"}
+    for name in after:
+        assert after[name]["sha256"] == before[name]["sha256"]
+        assert after[name]["slo_ms"] == 40
+        assert after[name]["loaded"]
+
+
+def test_unreachable_scheduler_is_a_clear_error(tmp_path):
+    model = tmp_path / "m.onnx"
+    model.write_bytes(model_bytes(mlp_small()))
+    result = nexus_cli("models", "upload", str(model), "--name", "m", "--scheduler", "127.0.0.1:1")
+    assert result.returncode == 2 and "cannot reach the scheduler" in result.stderr
+
+
+def test_uploaded_model_is_served(cluster, tmp_path):
+    variant = backbone_variant(4)
+    path = tmp_path / "variant4.onnx"
+    path.write_bytes(model_bytes(variant))
+    result = nexus_cli("models", "upload", str(path), "--name", "variant4", "--slo-ms", "200",
+                       "--scheduler", cluster.scheduler)
+    assert result.returncode == 0, result.stderr
+    assert "variant4" in {m["name"] for m in _list(cluster.scheduler)}
+    client = grpcclient.InferenceServerClient(cluster.frontend)
+    try:
+        deadline = time.monotonic() + 120
+        while not client.is_model_ready("variant4"):
+            assert time.monotonic() < deadline, "uploaded model never became ready"
+            time.sleep(0.5)
+        data = np.random.default_rng(3).standard_normal((2, 3, 64, 64)).astype(np.float32)
+        tensor = grpcclient.InferInput("input", list(data.shape), "FP32")
+        tensor.set_data_from_numpy(data)
+        got = client.infer("variant4", [tensor]).as_numpy("logits")
+    finally:
+        client.close()
+    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": data})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

@@ -100,9 +100,12 @@ class SchedulerConfig:
     default_slo_ms: float = field(default=100.0, metadata={"help": "SLO of a session when none is given"})
     default_rate_rps: float = field(default=50.0, metadata={"help": "rate planned for a session before any report"})
     solver: str = field(default="squishy", metadata={"help": "placement solver"})
+    latency_split: str = field(default="dp", metadata={"help": "query latency split: dp | even | proportional"})
 
     def validate(self) -> None:
         _check_address("listen", self.listen)
+        if self.latency_split not in ("dp", "even", "proportional"):
+            raise ConfigError(f"--latency-split: expected dp, even or proportional, got {self.latency_split!r}")
         for name in ("epoch_s", "node_timeout_s", "max_upload_mb", "default_slo_ms", "default_rate_rps"):
             _check_positive(name, getattr(self, name))
         _check_positive("heartbeat_interval_ms", self.heartbeat_interval_ms)
@@ -118,10 +121,16 @@ class BackendConfig:
     threads: int = field(default=0, metadata={"help": "intra-op threads per model on CPU (0: all cores)"})
     policy: str = field(default="early_drop", metadata={"help": "batch policy: early_drop | earliest_first"})
     max_queue: int = field(default=4096, metadata={"help": "queued requests per session before shedding"})
+    metrics_port: int = field(default=0, metadata={
+        "help": "port of the Prometheus text endpoint /metrics, on the --listen host (0: off)"})
+    prefix_batching: bool = field(default=True, metadata={
+        "help": "run the shared prefix of a prefix group's models once per merged batch"})
 
     def validate(self) -> None:
         _check_address("scheduler", self.scheduler)
         _check_address("listen", self.listen)
+        if not 0 <= self.metrics_port < 65536:
+            raise ConfigError(f"--metrics-port: expected 0 (off) or a port number, got {self.metrics_port}")
         if self.threads < 0:
             raise ConfigError(f"--threads: must be >= 0, got {self.threads}")
         _check_positive("max_queue", self.max_queue)
@@ -143,8 +152,13 @@ class FrontendConfig:
     listen: str = field(default="127.0.0.1:8001", metadata={"help": "KServe v2 gRPC address"})
     report_interval_s: float = field(default=2.0, metadata={"help": "period of workload reports"})
     default_slo_ms: float = field(default=0.0, metadata={"help": "deadline of requests without one (0: the model's SLO)"})
+    exec_path: str = field(default="stream", metadata={
+        "help": "frontend-to-backend path, for benchmarks/frontend_path.py: stream (one Execute stream per "
+                "backend) | unary (one ExecuteOne RPC per request)"})
 
     def validate(self) -> None:
         _check_address("scheduler", self.scheduler)
         _check_address("listen", self.listen)
         _check_positive("report_interval_s", self.report_interval_s)
+        if self.exec_path not in ("stream", "unary"):
+            raise ConfigError(f"--exec-path: expected stream or unary, got {self.exec_path!r}")

@@ -281,6 +281,44 @@ def mlp_small(in_features: int = 64, hidden: int = 128, num_classes: int = 10) -
     )
 
 
+DETECTOR_BOXES = 6
+DETECTOR_SEED = 64
+
+
+def detector_64(num_boxes: int = DETECTOR_BOXES) -> onnx.ModelProto:
+    """A toy detector for multi-model queries: ``scores`` [B, K] and ``crops`` [B, K, 3, 64, 64].
+
+    A small CNN scores K candidate boxes (sigmoid; about half exceed 0.5 on random images, so a
+    query that fans out on ``scores > 0.5`` sees gamma near K/2); each crop is the image scaled by a
+    per-box constant, shaped like the classifiers' input so crops can feed them.
+    """
+    b = _GraphBuilder(DETECTOR_SEED, prefix="det_")
+    x = b.relu(b.conv("input", 3, 16, 3, stride=2))
+    x = b.relu(b.conv(x, 16, 32, 3, stride=2))
+    x = b.relu(b.conv(x, 32, 64, 3, stride=2))
+    feats = _pool_flatten(b, x)
+    logits = b.gemm(feats, 64, num_boxes)
+    scores = b.node("Sigmoid", [logits])
+    scale = np.linspace(0.5, 1.5, num_boxes, dtype=np.float32).reshape(1, num_boxes, 1, 1, 1)
+    b._init("det_crop_scale", scale)
+    axes = b._init("det_unsqueeze_axes", np.array([1], dtype=np.int64))
+    expanded = b.node("Unsqueeze", ["input", axes])
+    crops = b.node("Mul", [expanded, "det_crop_scale"])
+    nodes = list(b.nodes) + [helper.make_node("Identity", [scores], ["scores"], name="scores_id"),
+                             helper.make_node("Identity", [crops], ["crops"], name="crops_id")]
+    graph = helper.make_graph(
+        nodes, "detector_64",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [BATCH_DIM, 3, 64, 64])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [BATCH_DIM, num_boxes]),
+         helper.make_tensor_value_info("crops", TensorProto.FLOAT, [BATCH_DIM, num_boxes, 3, 64, 64])],
+        initializer=b.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name=PRODUCER,
+                              producer_version="1", doc_string=f"Toy detector with {num_boxes} candidate boxes.")
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    return model
+
+
 class SampleModel(NamedTuple):
     """A registry entry: the builder and the SLO the model is served with by default."""
 
@@ -294,6 +332,7 @@ SAMPLE_MODELS: dict[str, SampleModel] = {
     "vehicle_cls": SampleModel(vehicle_cls, 50.0),
     "face_cls": SampleModel(face_cls, 50.0),
     "mlp_small": SampleModel(mlp_small, 20.0),
+    "detector": SampleModel(detector_64, 100.0),
 }
 
 

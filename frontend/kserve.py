@@ -46,6 +46,7 @@ class FrontendState:
         self.ready = False
         self.requests_window: dict[str, int] = {}       # requests per model since the last report
         self.counters: dict[str, dict[str, int]] = {}   # per model: success/fail counts, ns, rows
+        self.edge_window: dict[tuple[str, str, str], list[int]] = {}  # (query, parent, child) -> [parent, child] rows
         self.table_changed = asyncio.Event()
 
     def set_table(self, table: RoutingTable) -> None:
@@ -61,7 +62,7 @@ class FrontendState:
 
 
 def _model(state: FrontendState, name: str) -> ModelEntry:
-    model = state.table.models.get(name)
+    model = state.table.models.get(name) or state.table.queries.get(name)
     if model is None:
         raise RequestError(grpc.StatusCode.NOT_FOUND, f"unknown model {name!r}")
     return model
@@ -76,32 +77,24 @@ def _pick(state: FrontendState, model: ModelEntry, exclude: set[str]):
                                        random.random()))
 
 
-async def infer(state: FrontendState, request, deadline_s: float | None) -> kserve.ModelInferResponse:
-    """Serve one ModelInferRequest; raise RequestError with the gRPC status on failure."""
-    start = time.monotonic()
-    model = _model(state, request.model_name)
-    state.requests_window[model.name] = state.requests_window.get(model.name, 0) + 1
-    if request.model_version and request.model_version != "1":
-        raise RequestError(grpc.StatusCode.NOT_FOUND, f"model {model.name!r} has no version {request.model_version!r}")
-    parsed = parse_infer_request(request, model)
-    budget_s = model.slo_ms / 1000
-    if parsed.timeout_us:
-        budget_s = parsed.timeout_us / 1e6
-    if deadline_s is not None:
-        budget_s = min(budget_s, deadline_s)
-    end = start + budget_s
+async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes], rows: int,
+                   end_s: float) -> control.ExecResult:
+    """Run one request of ``rows`` rows on a backend of ``model`` before ``end_s`` (monotonic).
+
+    Retries on another backend when one disappears or no longer has the model, while time is
+    left; raises RequestError with the gRPC status otherwise.
+    """
     tried: set[str] = set()
     last_reason = model.reason or "no backend serves it"
     while True:
         route = _pick(state, model, tried)
-        left = end - time.monotonic()
-        if route is None or left <= 0:
-            state.count(model.name, "fail")
-            if left <= 0:
-                raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED, f"model {model.name!r}: deadline passed")
+        left = end_s - time.monotonic()
+        if left <= 0:
+            raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED, f"model {model.name!r}: deadline passed")
+        if route is None:
             raise RequestError(grpc.StatusCode.UNAVAILABLE, f"model {model.name!r} is not available: {last_reason}")
         item = control.ExecItem(request_id=state.pool.next_id(), model=model.name, budget_us=int(left * 1e6),
-                                inputs=parsed.inputs, rows=parsed.rows)
+                                inputs=inputs, rows=rows)
         conn = state.pool.get(route.address)
         try:
             if state.use_stream:
@@ -117,9 +110,35 @@ async def infer(state: FrontendState, request, deadline_s: float | None) -> kser
             last_reason = result.message
             continue
         if result.status != control.EXEC_OK:
-            state.count(model.name, "fail")
             raise RequestError(_EXEC_TO_GRPC.get(result.status, grpc.StatusCode.INTERNAL), result.message)
-        break
+        return result
+
+
+def request_budget_s(slo_ms: float, timeout_us: int, deadline_s: float | None) -> float:
+    """The request's time budget: its own 'timeout' parameter or the SLO, capped by the gRPC deadline."""
+    budget_s = timeout_us / 1e6 if timeout_us else slo_ms / 1000
+    return min(budget_s, deadline_s) if deadline_s is not None else budget_s
+
+
+async def infer(state: FrontendState, request, deadline_s: float | None) -> kserve.ModelInferResponse:
+    """Serve one ModelInferRequest (a model or a query); raise RequestError with the gRPC status on failure."""
+    start = time.monotonic()
+    name = request.model_name
+    query = state.table.queries.get(name)
+    if query is not None:
+        from frontend.queries import run_query
+        return await run_query(state, query, request, deadline_s)
+    model = _model(state, name)
+    state.requests_window[model.name] = state.requests_window.get(model.name, 0) + 1
+    if request.model_version and request.model_version != "1":
+        raise RequestError(grpc.StatusCode.NOT_FOUND, f"model {model.name!r} has no version {request.model_version!r}")
+    parsed = parse_infer_request(request, model)
+    end = start + request_budget_s(model.slo_ms, parsed.timeout_us, deadline_s)
+    try:
+        result = await dispatch(state, model, parsed.inputs, parsed.rows, end)
+    except RequestError:
+        state.count(model.name, "fail")
+        raise
     response = kserve.ModelInferResponse(model_name=model.name, model_version="1", id=request.id)
     for i in parsed.output_indices:
         spec = model.outputs[i]
@@ -145,7 +164,7 @@ class KServeService:
         return kserve.ServerReadyResponse(ready=self.state.ready)
 
     async def ModelReady(self, request, context):
-        model = self.state.table.models.get(request.name)
+        model = self.state.table.models.get(request.name) or self.state.table.queries.get(request.name)
         return kserve.ModelReadyResponse(ready=bool(model and model.ready))
 
     async def ServerMetadata(self, request, context):
@@ -221,7 +240,8 @@ class KServeService:
                 t.cancel()
 
     async def ModelStatistics(self, request, context):
-        names = [request.name] if request.name else sorted(self.state.table.models)
+        names = [request.name] if request.name else sorted(
+            n for n in {**self.state.table.models, **self.state.table.queries} if "/" not in n)
         if request.name:
             await self._model_or_abort(request.name, context)
         backend_stats = await self._backend_stats()
@@ -266,7 +286,10 @@ class KServeService:
 
     async def RepositoryIndex(self, request, context):
         reply = kserve.RepositoryIndexResponse()
-        for name, model in sorted(self.state.table.models.items()):
+        entries = {**self.state.table.models, **self.state.table.queries}
+        for name, model in sorted(entries.items()):
+            if "/" in name:        # a query's stage session: internal
+                continue
             if request.ready and not model.ready:
                 continue
             state = "READY" if model.ready else "UNAVAILABLE"

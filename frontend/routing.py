@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from common.pb import control
+from common.query_def import QueryDef, QueryError, even_budgets_ms, parse_query
 from common.tensors import TensorSpec
 
 
@@ -39,6 +40,27 @@ class ModelEntry:
 DEFAULT_MAX_BATCH = 64
 
 
+def _query_entry(info: control.QueryInfo, models: dict[str, ModelEntry]) -> QueryEntry | None:
+    try:
+        q = parse_query(info.json)
+    except QueryError:
+        return None
+    stage_models = {}
+    reason = info.reason
+    for s in q.stages:
+        entry = models.get(q.session_name(s.name))
+        if entry is None:
+            reason = reason or f"stage {s.name!r} is not placed yet"
+            entry = ModelEntry(q.session_name(s.name), "", (), (), 0.0, DEFAULT_MAX_BATCH, True, (), "not placed")
+        stage_models[s.name] = entry
+    outputs = []
+    for out_name, src in q.outputs:
+        spec = next((t for t in stage_models[src.stage].outputs if t.name == src.tensor), None)
+        outputs.append(TensorSpec(out_name, spec.datatype if spec else "FP32", spec.shape if spec else ()))
+    budgets = dict(info.budgets_ms) or even_budgets_ms(q)
+    return QueryEntry(q, budgets, q.inputs, tuple(outputs), stage_models, reason)
+
+
 def _entry(desc: control.ModelDesc, slo_ms: float, served: bool, routes=(), reason: str = "") -> ModelEntry:
     spec = lambda t: TensorSpec(t.name, t.datatype, tuple(t.shape))  # noqa: E731
     return ModelEntry(desc.name, desc.runtime, tuple(spec(t) for t in desc.inputs),
@@ -48,9 +70,39 @@ def _entry(desc: control.ModelDesc, slo_ms: float, served: bool, routes=(), reas
 
 
 @dataclass(frozen=True)
+class QueryEntry:
+    """A multi-model query served under its own name; its stages are sessions in the table."""
+
+    definition: QueryDef
+    budgets_ms: dict[str, float]           # per stage, from the scheduler's latency split
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    stage_models: dict[str, ModelEntry]    # stage -> its session's entry (backends, specs)
+    reason: str = ""
+    runtime: str = "ensemble"
+    platform: str = "ensemble"
+    max_batch: int = DEFAULT_MAX_BATCH
+    served: bool = True
+    backends: tuple[Route, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
+
+    @property
+    def slo_ms(self) -> float:
+        return self.definition.slo_ms
+
+    @property
+    def ready(self) -> bool:
+        return not self.reason and all(m.ready for m in self.stage_models.values())
+
+
+@dataclass(frozen=True)
 class RoutingTable:
     epoch: int
-    models: dict[str, ModelEntry]
+    models: dict[str, ModelEntry]          # by session name: a model's, or "<query>/<stage>"
+    queries: dict[str, QueryEntry] = field(default_factory=dict)
 
     @staticmethod
     def empty() -> "RoutingTable":
@@ -60,10 +112,18 @@ class RoutingTable:
     def from_proto(table: control.RoutingTable) -> "RoutingTable":
         models = {}
         for r in table.routes:
-            models[r.model.name] = _entry(r.model, r.slo_ms, True, r.backends, r.reason)
+            entry = _entry(r.model, r.slo_ms, True, r.backends, r.reason)
+            if r.session:
+                entry = replace(entry, name=r.session)
+            models[entry.name] = entry
         for d in table.stored:
             models.setdefault(d.name, _entry(d, 0.0, False, (), "not loaded"))
-        return RoutingTable(table.epoch, models)
+        queries = {}
+        for info in table.queries:
+            q = _query_entry(info, models)
+            if q is not None:
+                queries[q.name] = q
+        return RoutingTable(table.epoch, models, queries)
 
     def addresses(self) -> set[str]:
         return {r.address for m in self.models.values() for r in m.backends}

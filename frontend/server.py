@@ -45,13 +45,15 @@ async def _report_loop(state: FrontendState, scheduler, node, interval_s: float)
         last = now
         if not node.node_id:
             continue
+        edges, state.edge_window = state.edge_window, {}
         report = control.WorkloadReport(node_id=node.node_id)
-        for model in state.table.models.values():
-            if not model.served:
-                continue
-            count = window.get(model.name, 0)
-            report.rates.add(model=model.name, rate_rps=count / elapsed, requests=count,
-                             window_ms=int(elapsed * 1000))
+        served = [m.name for m in state.table.models.values() if m.served] + list(state.table.queries)
+        for name in served:
+            count = window.get(name, 0)
+            report.rates.add(model=name, rate_rps=count / elapsed, requests=count, window_ms=int(elapsed * 1000))
+        for (query, parent, child), (parent_rows, child_rows) in edges.items():
+            report.edges.add(query=query, parent=parent, child=child, parent_requests=parent_rows,
+                             child_requests=child_rows)
         try:
             await scheduler.ReportWorkload(report, timeout=5)
         except grpc.aio.AioRpcError as exc:
@@ -64,7 +66,7 @@ class _Node:
 
 async def serve(config: FrontendConfig, ready=None) -> None:
     """Run a frontend until cancelled; ``ready(address)`` is called once it listens."""
-    state = FrontendState()
+    state = FrontendState(use_stream=config.exec_path == "stream")
     channel = grpc_util.aio_channel(config.scheduler)
     scheduler = control_grpc.SchedulerStub(channel)
     server = grpc.aio.server(options=grpc_util.SERVER_OPTIONS)

@@ -25,12 +25,16 @@ from globalsched.cluster import MIN_PLANNED_RATE_RPS, ClusterPlan, SessionInput,
 from globalsched.convert import model_desc
 from globalsched.modeldb import ModelDatabase, UploadError
 from globalsched.placement import BackendSlot
+from globalsched.query_sessions import plan_query_sessions
+from globalsched.querydb import QueryStore
+from common.query_def import ModelIO, QueryError, parse_query, validate_query
 
 log = logging.getLogger("nexus.scheduler")
 
 RATE_BAND = (0.8, 1.1)          # Nexus: re-plan early when a rate leaves this band of its allocation
 EARLY_REPLAN_COOLDOWN_S = 5.0   # no early re-plan sooner than this after the last plan
 RATE_REPORT_TTL_S = 10.0        # a frontend's report counts this long
+MIN_EDGE_SAMPLES = 20           # parent rows before a measured gamma is trusted
 
 
 @dataclass
@@ -60,6 +64,12 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self._replan = asyncio.Event()
         self._profiling: set[tuple[str, str]] = set()
         self._tasks: list[asyncio.Task] = []
+        self.query_store = QueryStore(config.data_dir)
+        self.edges: dict[str, dict[tuple[str, str, str], tuple[int, int, float]]] = {}  # frontend -> edge -> counts
+        self.session_models: dict[str, str] = {}        # session -> model it runs
+        self.session_slos: dict[str, float] = {}
+        self.query_plans: dict = {}
+        self.planned_gammas: dict[tuple[str, str, str], float] = {}
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -119,6 +129,14 @@ class SchedulerService(control_grpc.SchedulerServicer):
         table = self.rates.setdefault(request.node_id, {})
         for r in request.rates:
             table[r.model] = (max(r.rate_rps, 0.0), now)
+        edges = self.edges.setdefault(request.node_id, {})
+        for e in request.edges:
+            key = (e.query, e.parent, e.child)
+            old = edges.get(key)
+            if old is not None and now - old[2] <= RATE_REPORT_TTL_S:   # keep a window of recent counts
+                edges[key] = (old[0] + e.parent_requests, old[1] + e.child_requests, old[2])
+            else:
+                edges[key] = (e.parent_requests, e.child_requests, now)
         self._check_rate_band(now)
         return control.WorkloadReply()
 
@@ -130,9 +148,25 @@ class SchedulerService(control_grpc.SchedulerServicer):
                     totals[model] = totals.get(model, 0.0) + rate
         return totals
 
+    def current_gammas(self, now: float) -> dict[tuple[str, str, str], float]:
+        """Measured fan-out per query edge: child rows per parent row over the recent window."""
+        totals: dict[tuple[str, str, str], list[int]] = {}
+        for per_edge in self.edges.values():
+            for key, (parent, child, t) in per_edge.items():
+                if now - t <= 2 * RATE_REPORT_TTL_S:
+                    acc = totals.setdefault(key, [0, 0])
+                    acc[0] += parent
+                    acc[1] += child
+        return {k: c / p for k, (p, c) in totals.items() if p >= MIN_EDGE_SAMPLES}
+
     def _check_rate_band(self, now: float) -> None:
         if now - self.last_plan_time < EARLY_REPLAN_COOLDOWN_S:
             return
+        for key, gamma in self.current_gammas(now).items():
+            planned = self.planned_gammas.get(key)
+            if planned is None or not (RATE_BAND[0] * planned <= gamma <= RATE_BAND[1] * planned):
+                self.request_replan(f"gamma of {key[0]}: {key[1]}->{key[2]} is {gamma:.2f}, planned {planned}")
+                return
         for model, rate in self.current_rates(now).items():
             planned = self.planned_rates.get(model)
             if planned is None:
@@ -213,6 +247,46 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.request_replan(f"profile of {request.model} for {profile.device_type}")
         return control.ProfileReply()
 
+    # ---- queries -----------------------------------------------------------------------------------
+
+    def _query_context(self):
+        models = {m.name: ModelIO(m.inputs, m.outputs) for m in self.db.models()}
+        min_latency = {}
+        for name in models:
+            profiles = self.db.profiles(name)
+            if profiles:
+                min_latency[name] = min(p.latency_ms(1) for p in profiles.values())
+        return models, min_latency
+
+    async def RegisterQuery(self, request, context):
+        try:
+            q = parse_query(request.json)
+            models, min_latency = self._query_context()
+            if q.name in models:
+                raise QueryError(f"query {q.name!r}: a model already has that name")
+            validate_query(q, models, min_latency)
+        except QueryError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        self.query_store.put(q.name, request.json)
+        self.request_replan(f"query {q.name} registered")
+        return control.QueryReply(name=q.name)
+
+    async def ListQueries(self, request, context):
+        return control.ListQueriesReply(queries=self._query_infos())
+
+    def _query_infos(self) -> list:
+        infos = []
+        for name, text in self.query_store.all().items():
+            plan = self.query_plans.get(name)
+            info = control.QueryInfo(name=name, json=text)
+            if plan is not None:
+                info.budgets_ms.update(plan.budgets_ms)
+                info.gamma.update(plan.gammas)
+                info.split_method = plan.method
+                info.reason = plan.reason
+            infos.append(info)
+        return infos
+
     def _desc(self, name: str) -> control.ModelDesc:
         record = self.db.model(name)
         loaded = any(s.model == name for s in self.db.sessions())
@@ -249,20 +323,45 @@ class SchedulerService(control_grpc.SchedulerServicer):
             except Exception:  # keep the scheduler alive; the next trigger tries again
                 log.exception("re-planning failed")
 
-    def _inputs(self, now: float) -> list[SessionInput]:
+    def _inputs(self, now: float, device_types: list[str]) -> list[SessionInput]:
+        """Model sessions from the database plus the stage sessions of every query."""
         rates = self.current_rates(now)
         out = []
+        models = {}
         for s in self.db.sessions():
             record = self.db.model(s.model)
             out.append(SessionInput(s.model, s.slo_ms, rates.get(s.model, self.config.default_rate_rps),
                                     self.db.profiles(s.model), record.prefix_group if record else ""))
+            models[s.model] = s.model
+        queries = {}
+        for name, text in self.query_store.all().items():
+            try:
+                queries[name] = parse_query(text)
+            except QueryError as exc:
+                log.warning("stored query %s no longer parses: %s", name, exc)
+        profiles = {s.model: self.db.profiles(s.model) for q in queries.values() for s in q.stages}
+        gammas = self.current_gammas(now)
+        stage_sessions, self.query_plans = plan_query_sessions(
+            queries, rates, gammas, profiles, device_types, self.config.latency_split,
+            self.config.default_rate_rps)
+        for q in queries.values():
+            for st in q.stages:
+                models[q.session_name(st.name)] = st.model
+        self.planned_gammas = {(q, *k.split("->")): g for q, plan in self.query_plans.items()
+                               for k, g in plan.gammas.items()}
+        self.session_models = models
+        out += stage_sessions
+        self.session_slos = {s.model: s.slo_ms for s in out}
         return out
 
     async def replan_once(self) -> ClusterPlan:
         now = time.monotonic()
-        sessions = self._inputs(now)
         backends = [BackendSlot(n.node_id, n.device_type, n.memory_mb) for n in self.nodes.values()
                     if n.kind == control.NODE_KIND_BACKEND]
+        counts: dict[str, int] = {}
+        for b in backends:
+            counts[b.device_type] = counts.get(b.device_type, 0) + 1
+        sessions = self._inputs(now, sorted(counts, key=lambda t: (-counts[t], t)))
         previous: dict[str, frozenset[str]] = {}
         if self.plan is not None:
             for placement in self.plan.placements.values():
@@ -294,12 +393,12 @@ class SchedulerService(control_grpc.SchedulerServicer):
                     continue
                 entries = []
                 for s in b.sessions:
-                    profiles = self.db.profiles(s.model)
-                    slo = next((x.slo_ms for x in self.db.sessions() if x.model == s.model), 0.0)
+                    model = self.session_models.get(s.model, s.model)
+                    profiles = self.db.profiles(model)
                     entries.append(control.SessionEntry(
-                        model=self._desc(s.model), slo_ms=slo, batch=s.batch,
+                        model=self._desc(model), slo_ms=self.session_slos.get(s.model, 0.0), batch=s.batch,
                         profile_json=profiles[node.device_type].to_json() if node.device_type in profiles else "",
-                        rate_rps=s.throughput_rps))
+                        rate_rps=s.throughput_rps, session=s.model if s.model != model else ""))
                 table = control.ModelTable(epoch=self.epoch, duty_cycle_ms=b.duty_cycle_ms, sessions=entries)
                 calls.append((node, node.stub.UpdateModelTable(table, timeout=120)))
         for node, call in calls:
@@ -326,20 +425,22 @@ class SchedulerService(control_grpc.SchedulerServicer):
         failed = failed or {}
         routes = []
         served = set()
-        for s in self.db.sessions():
-            served.add(s.model)
+        profiling = self._profiling_models()
+        for session, model in self.session_models.items():
+            served.add(model)
             backends = []
-            for node_id, share in plan.backends_of(s.model):
+            for node_id, share in plan.backends_of(session):
                 node = self.nodes.get(node_id)
-                if node is not None and s.model not in failed:
+                if node is not None and model not in failed:
                     backends.append(control.BackendRoute(node_id=node_id, address=node.address, weight=share))
-            reason = failed.get(s.model) or plan.unplaced.get(s.model, "")
-            if s.model in self._profiling_models():
+            reason = failed.get(model) or plan.unplaced.get(session, "")
+            if model in profiling:
                 reason = reason or "being profiled"
-            routes.append(control.ModelRoute(model=self._desc(s.model), slo_ms=s.slo_ms, backends=backends,
-                                             reason="" if backends else (reason or "not placed")))
+            routes.append(control.ModelRoute(model=self._desc(model), slo_ms=self.session_slos.get(session, 0.0),
+                                             backends=backends, reason="" if backends else (reason or "not placed"),
+                                             session=session if session != model else ""))
         stored = [self._desc(m.name) for m in self.db.models() if m.name not in served]
-        return control.RoutingTable(epoch=self.epoch, routes=routes, stored=stored)
+        return control.RoutingTable(epoch=self.epoch, routes=routes, stored=stored, queries=self._query_infos())
 
     def _profiling_models(self) -> set[str]:
         return {m for m, _ in self._profiling}
@@ -396,4 +497,5 @@ async def serve(config: SchedulerConfig, ready=None) -> None:
     finally:
         await service.stop()
         await server.stop(grace=1)
+        service.query_store.close()
         db.close()

@@ -92,7 +92,9 @@ def _wait_models_ready(frontend: str, names: list[str], timeout_s: float) -> lis
 
 def run(args) -> int:
     from common.sample_models import SAMPLE_MODELS, write_sample_models
+    from common.sample_queries import SAMPLE_QUERIES, sample_query_json
     from nexus.models_cmd import CommandError, list_models, upload_model
+    from nexus.queries_cmd import list_queries, register_query
 
     data_dir = pathlib.Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -119,6 +121,11 @@ def run(args) -> int:
                 names.append(name)
                 if name not in known:
                     upload_model(sched_addr, path, name, slo_ms=SAMPLE_MODELS[name].slo_ms)
+            known_queries = {q.name for q in list_queries(sched_addr)}
+            for name in SAMPLE_QUERIES:
+                if name not in known_queries:
+                    register_query(sched_addr, sample_query_json(name))
+                names.append(name)
         names += [m.name for m in list_models(sched_addr) if m.loaded and m.name not in names]
         for i in range(args.backends):
             argv = ["backend", "--scheduler", sched_addr, "--device", args.device, "--listen", "127.0.0.1:0"]

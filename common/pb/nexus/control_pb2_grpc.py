@@ -79,6 +79,16 @@ class SchedulerStub:
                 request_serializer=nexus_dot_control__pb2.ProfileUpload.SerializeToString,
                 response_deserializer=nexus_dot_control__pb2.ProfileReply.FromString,
                 _registered_method=True)
+        self.RegisterQuery = channel.unary_unary(
+                '/nexus.control.Scheduler/RegisterQuery',
+                request_serializer=nexus_dot_control__pb2.QueryDefinition.SerializeToString,
+                response_deserializer=nexus_dot_control__pb2.QueryReply.FromString,
+                _registered_method=True)
+        self.ListQueries = channel.unary_unary(
+                '/nexus.control.Scheduler/ListQueries',
+                request_serializer=nexus_dot_control__pb2.ListQueriesRequest.SerializeToString,
+                response_deserializer=nexus_dot_control__pb2.ListQueriesReply.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -138,6 +148,18 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterQuery(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListQueries(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +207,16 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.AddProfile,
                     request_deserializer=nexus_dot_control__pb2.ProfileUpload.FromString,
                     response_serializer=nexus_dot_control__pb2.ProfileReply.SerializeToString,
+            ),
+            'RegisterQuery': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterQuery,
+                    request_deserializer=nexus_dot_control__pb2.QueryDefinition.FromString,
+                    response_serializer=nexus_dot_control__pb2.QueryReply.SerializeToString,
+            ),
+            'ListQueries': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQueries,
+                    request_deserializer=nexus_dot_control__pb2.ListQueriesRequest.FromString,
+                    response_serializer=nexus_dot_control__pb2.ListQueriesReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -430,6 +462,60 @@ class Scheduler:
             '/nexus.control.Scheduler/AddProfile',
             nexus_dot_control__pb2.ProfileUpload.SerializeToString,
             nexus_dot_control__pb2.ProfileReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterQuery(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nexus.control.Scheduler/RegisterQuery',
+            nexus_dot_control__pb2.QueryDefinition.SerializeToString,
+            nexus_dot_control__pb2.QueryReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQueries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nexus.control.Scheduler/ListQueries',
+            nexus_dot_control__pb2.ListQueriesRequest.SerializeToString,
+            nexus_dot_control__pb2.ListQueriesReply.FromString,
             options,
             channel_credentials,
             insecure,

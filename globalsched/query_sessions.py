@@ -1,0 +1,77 @@
+"""Turning registered queries into stage sessions with latency budgets: a pure function.
+
+For each query the latency split (``globalsched.algorithms.split_latency``: DP by default, or the
+even / proportional baselines) is computed on the profiles of one device type, with the query's
+reported rate and the fan-out gamma measured per edge. Each stage becomes the session
+``<query>/<stage>`` whose SLO is its budget and whose rate is the query rate times the gammas along
+the way. A query the split cannot serve within its SLO (2*l(1) per stage does not fit) keeps an
+even split, is served best effort, and carries the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from common.plan import PlanningError, QueryEdge, QuerySpec, QueryStage
+from common.profile import Profile
+from common.query_def import QueryDef, even_budgets_ms
+from globalsched.cluster import MIN_PLANNED_RATE_RPS, SessionInput
+
+SPLIT_METHODS = ("dp", "even", "proportional")
+DEFAULT_GAMMA = 1.0
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    name: str
+    budgets_ms: Mapping[str, float]
+    gammas: Mapping[str, float]            # "parent->child" -> gamma used
+    method: str
+    reason: str = ""
+    stage_rates_rps: Mapping[str, float] = field(default_factory=dict)
+
+
+def plan_query_sessions(queries: Mapping[str, QueryDef], rates_rps: Mapping[str, float],
+                        gammas: Mapping[tuple[str, str, str], float],
+                        profiles: Mapping[str, Mapping[str, Profile]], device_types: list[str],
+                        method: str = "dp", default_rate_rps: float = 1.0,
+                        ) -> tuple[list[SessionInput], dict[str, QueryPlan]]:
+    """Stage sessions of every query and how their budgets were chosen.
+
+    ``profiles[model][device_type]``; ``device_types`` in order of preference (most backends first).
+    """
+    from globalsched.algorithms import even_split, proportional_split, split_latency
+
+    if method not in SPLIT_METHODS:
+        raise ValueError(f"unknown latency split {method!r}; expected one of {', '.join(SPLIT_METHODS)}")
+    sessions: list[SessionInput] = []
+    plans: dict[str, QueryPlan] = {}
+    for name, q in queries.items():
+        edges = q.edges()
+        used = {f"{p}->{c}": gammas.get((name, p, c), DEFAULT_GAMMA) for p, c in edges}
+        device_type = next((t for t in device_types
+                            if all(t in profiles.get(s.model, {}) for s in q.stages)), None)
+        rate = max(rates_rps.get(name, default_rate_rps), MIN_PLANNED_RATE_RPS)
+        if device_type is None:
+            missing = sorted({s.model for s in q.stages if not any(t in profiles.get(s.model, {})
+                                                                  for t in device_types)})
+            plans[name] = QueryPlan(name, even_budgets_ms(q), used, "even",
+                                    f"no profile on a registered device type for {', '.join(missing) or 'a stage'}")
+            continue
+        spec = QuerySpec(name, q.slo_ms, rate,
+                         tuple(QueryStage(s.name, s.model, profiles[s.model][device_type]) for s in q.stages),
+                         tuple(QueryEdge(p, c, max(used[f"{p}->{c}"], 1e-3)) for p, c in edges))
+        reason = ""
+        try:
+            split = {"dp": split_latency, "even": even_split, "proportional": proportional_split}[method](spec)
+            budgets = dict(split.budgets_ms)
+            chosen = split.method.value
+        except PlanningError as exc:
+            budgets, chosen, reason = even_budgets_ms(q), "even", f"{exc}; served best effort"
+        stage_rates = spec.stage_rates_rps()
+        for s in q.stages:
+            sessions.append(SessionInput(q.session_name(s.name), budgets[s.name],
+                                         max(stage_rates[s.name], MIN_PLANNED_RATE_RPS), profiles[s.model]))
+        plans[name] = QueryPlan(name, budgets, used, chosen, reason, stage_rates)
+    return sessions, plans

@@ -1,0 +1,76 @@
+"""``nexus queries register FILE`` and ``nexus queries list``: multi-model query applications."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+import grpc
+
+from common import grpc_util
+from common.pb import control, control_grpc
+from nexus.models_cmd import DEFAULT_SCHEDULER, CommandError, _rpc_message
+
+
+def register_query(scheduler: str, text: str) -> str:
+    """Register a query definition; raise CommandError with the scheduler's reason if refused."""
+    with grpc_util.channel(scheduler) as channel:
+        try:
+            return control_grpc.SchedulerStub(channel).RegisterQuery(control.QueryDefinition(json=text), timeout=30).name
+        except grpc.RpcError as exc:
+            raise CommandError(_rpc_message(exc, scheduler)) from None
+
+
+def list_queries(scheduler: str) -> list[control.QueryInfo]:
+    with grpc_util.channel(scheduler) as channel:
+        try:
+            return list(control_grpc.SchedulerStub(channel).ListQueries(control.ListQueriesRequest(), timeout=30).queries)
+        except grpc.RpcError as exc:
+            raise CommandError(_rpc_message(exc, scheduler)) from None
+
+
+def _run_register(args) -> int:
+    try:
+        text = pathlib.Path(args.file).read_text()
+    except OSError as exc:
+        print(f"nexus queries register: error: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
+        return 2
+    try:
+        name = register_query(args.scheduler, text)
+    except CommandError as exc:
+        print(f"nexus queries register: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"registered query {name}")
+    return 0
+
+
+def _run_list(args) -> int:
+    try:
+        queries = list_queries(args.scheduler)
+    except CommandError as exc:
+        print(f"nexus queries list: error: {exc}", file=sys.stderr)
+        return 2
+    out = [{"name": q.name, "split": q.split_method, "budgets_ms": dict(q.budgets_ms), "gamma": dict(q.gamma),
+            "reason": q.reason, "definition": json.loads(q.json)} for q in queries]
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    for q in out:
+        budgets = ", ".join(f"{k}={v:.0f}ms" for k, v in q["budgets_ms"].items()) or "-"
+        gammas = ", ".join(f"{k}={v:.2f}" for k, v in q["gamma"].items()) or "-"
+        print(f"{q['name']}: split {q['split'] or '-'} [{budgets}] gamma [{gammas}] {q['reason']}".rstrip())
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("queries", help="register and list multi-model queries")
+    qsub = p.add_subparsers(dest="queries_command", metavar="ACTION", required=True)
+    reg = qsub.add_parser("register", help="register a query definition file (JSON)")
+    reg.add_argument("file")
+    reg.add_argument("--scheduler", default=DEFAULT_SCHEDULER)
+    reg.set_defaults(func=_run_register)
+    ls = qsub.add_parser("list", help="list queries with their latency split and measured fan-out")
+    ls.add_argument("--scheduler", default=DEFAULT_SCHEDULER)
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=_run_list)

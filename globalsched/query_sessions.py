@@ -6,6 +6,11 @@ reported rate and the fan-out gamma measured per edge. Each stage becomes the se
 ``<query>/<stage>`` whose SLO is its budget and whose rate is the query rate times the gammas along
 the way. A query the split cannot serve within its SLO (2*l(1) per stage does not fit) keeps an
 even split, is served best effort, and carries the reason.
+
+The DP minimises *fractional* GPUs (rate * l(b)/b per stage); whole GPUs after bin packing can
+disagree by one either way. So ``method="dp"`` also packs the even and proportional splits of the
+query's stages (squishy, a millisecond) and keeps whichever needs the fewest whole GPUs, DP on
+ties: the scheduler's split is never worse than the even split it is compared against.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Mapping
 from common.plan import PlanningError, QueryEdge, QuerySpec, QueryStage
 from common.profile import Profile
 from common.query_def import QueryDef, even_budgets_ms
-from globalsched.cluster import MIN_PLANNED_RATE_RPS, SessionInput
+from globalsched.cluster import MIN_PLANNED_RATE_RPS, UNBOUNDED_MEMORY_MB, SessionInput
 
 SPLIT_METHODS = ("dp", "even", "proportional")
 DEFAULT_GAMMA = 1.0
@@ -65,6 +70,9 @@ def plan_query_sessions(queries: Mapping[str, QueryDef], rates_rps: Mapping[str,
         reason = ""
         try:
             split = {"dp": split_latency, "even": even_split, "proportional": proportional_split}[method](spec)
+            if method == "dp":
+                split = min([split, even_split(spec), proportional_split(spec)],
+                            key=lambda s: _packed_gpus(spec, s, device_type))
             budgets = dict(split.budgets_ms)
             chosen = split.method.value
         except PlanningError as exc:
@@ -75,3 +83,14 @@ def plan_query_sessions(queries: Mapping[str, QueryDef], rates_rps: Mapping[str,
                                          max(stage_rates[s.name], MIN_PLANNED_RATE_RPS), profiles[s.model]))
         plans[name] = QueryPlan(name, budgets, used, chosen, reason, stage_rates)
     return sessions, plans
+
+
+def _packed_gpus(spec, split, device_type: str) -> int:
+    """Whole GPUs the query's stage sessions need under ``split`` (squishy, unbounded memory)."""
+    from common.plan import GpuSpec
+    from globalsched.algorithms import solve
+
+    try:
+        return len(solve(split.sessions(spec), GpuSpec(device_type, UNBOUNDED_MEMORY_MB)).gpus)
+    except PlanningError:
+        return 1 << 30

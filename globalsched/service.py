@@ -34,6 +34,7 @@ log = logging.getLogger("nexus.scheduler")
 RATE_BAND = (0.8, 1.1)          # Nexus: re-plan early when a rate leaves this band of its allocation
 EARLY_REPLAN_COOLDOWN_S = 5.0   # no early re-plan sooner than this after the last plan
 RATE_REPORT_TTL_S = 10.0        # a frontend's report counts this long
+RATE_SMOOTHING = 0.3            # weight of the newest report in the exponentially smoothed rate
 MIN_EDGE_SAMPLES = 20           # parent rows before a measured gamma is trusted
 
 
@@ -128,7 +129,11 @@ class SchedulerService(control_grpc.SchedulerServicer):
         now = time.monotonic()
         table = self.rates.setdefault(request.node_id, {})
         for r in request.rates:
-            table[r.model] = (max(r.rate_rps, 0.0), now)
+            rate = max(r.rate_rps, 0.0)
+            old = table.get(r.model)
+            if old is not None and now - old[1] <= RATE_REPORT_TTL_S:   # smooth Poisson noise of short windows
+                rate = RATE_SMOOTHING * rate + (1 - RATE_SMOOTHING) * old[0]
+            table[r.model] = (rate, now)
         edges = self.edges.setdefault(request.node_id, {})
         for e in request.edges:
             key = (e.query, e.parent, e.child)

@@ -110,7 +110,8 @@ def run(args) -> int:
     signal.signal(signal.SIGTERM, stop_all)
     try:
         scheduler = Child("scheduler", ["scheduler", "--listen", f"127.0.0.1:{args.scheduler_port}",
-                                        "--data-dir", str(data_dir / "db"), "--epoch-s", str(args.epoch_s)], env)
+                                        "--data-dir", str(data_dir / "db"), "--epoch-s", str(args.epoch_s),
+                                        "--latency-split", args.latency_split], env)
         children.append(scheduler)
         sched_addr = scheduler.wait_ready(60)
         names = []
@@ -174,6 +175,8 @@ def register(sub) -> None:
     p.add_argument("--scheduler-port", type=int, default=8100, help="scheduler port (0: any free port)")
     p.add_argument("--data-dir", default=".nexus-data", help="model database and sample models")
     p.add_argument("--epoch-s", type=float, default=30.0, help="scheduler re-planning period")
+    p.add_argument("--latency-split", default="dp", choices=["dp", "even", "proportional"],
+                   help="how the scheduler splits a query's SLO over its stages")
     p.add_argument("--no-samples", action="store_true", help="do not build and upload the sample models")
     p.add_argument("--ready-timeout-s", type=float, default=180.0)
     p.set_defaults(func=run)

@@ -55,12 +55,13 @@ def generate(out_dir: pathlib.Path) -> list[pathlib.Path]:
     return written
 
 
-def main() -> int:
-    target = OUT_DIR
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    target = pathlib.Path(argv[argv.index("--out") + 1]).resolve() if "--out" in argv else OUT_DIR
     for pkg in PACKAGES:
         shutil.rmtree(target / pkg, ignore_errors=True)
     files = generate(target)
-    print(f"wrote {len(files)} files under {target.relative_to(ROOT)}")
+    print(f"wrote {len(files)} files under {target}")
     return 0
 
 

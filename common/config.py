@@ -101,6 +101,9 @@ class SchedulerConfig:
     default_rate_rps: float = field(default=50.0, metadata={"help": "rate planned for a session before any report"})
     solver: str = field(default="squishy", metadata={"help": "placement solver"})
     latency_split: str = field(default="dp", metadata={"help": "query latency split: dp | even | proportional"})
+    colocation_report: str = field(default="", metadata={
+        "help": "a `nexus profile multitenant` JSON report: l(b) of its models is inflated by the measured "
+                "co-location slowdown when planning"})
 
     def validate(self) -> None:
         _check_address("listen", self.listen)

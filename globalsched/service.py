@@ -10,7 +10,9 @@ backend that has not loaded the model.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import pathlib
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -71,6 +73,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.session_slos: dict[str, float] = {}
         self.query_plans: dict = {}
         self.planned_gammas: dict[tuple[str, str, str], float] = {}
+        self.slowdowns = load_slowdowns(config.colocation_report)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -328,6 +331,15 @@ class SchedulerService(control_grpc.SchedulerServicer):
             except Exception:  # keep the scheduler alive; the next trigger tries again
                 log.exception("re-planning failed")
 
+    def _profiles(self, model: str) -> dict[str, Profile]:
+        """The model's profiles by device type, inflated by its measured co-location slowdown."""
+        profiles = self.db.profiles(model)
+        factor = self.slowdowns.get(model) or self.slowdowns.get(self.db.model(model).sha256 if self.db.model(model) else "")
+        if factor and factor > 1.0:
+            from profiler.slowdown import apply_colocation_slowdown
+            profiles = {t: apply_colocation_slowdown(p, factor) for t, p in profiles.items()}
+        return profiles
+
     def _inputs(self, now: float, device_types: list[str]) -> list[SessionInput]:
         """Model sessions from the database plus the stage sessions of every query."""
         rates = self.current_rates(now)
@@ -336,7 +348,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         for s in self.db.sessions():
             record = self.db.model(s.model)
             out.append(SessionInput(s.model, s.slo_ms, rates.get(s.model, self.config.default_rate_rps),
-                                    self.db.profiles(s.model), record.prefix_group if record else ""))
+                                    self._profiles(s.model), record.prefix_group if record else ""))
             models[s.model] = s.model
         queries = {}
         for name, text in self.query_store.all().items():
@@ -344,7 +356,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
                 queries[name] = parse_query(text)
             except QueryError as exc:
                 log.warning("stored query %s no longer parses: %s", name, exc)
-        profiles = {s.model: self.db.profiles(s.model) for q in queries.values() for s in q.stages}
+        profiles = {s.model: self._profiles(s.model) for q in queries.values() for s in q.stages}
         gammas = self.current_gammas(now)
         stage_sessions, self.query_plans = plan_query_sessions(
             queries, rates, gammas, profiles, device_types, self.config.latency_split,
@@ -399,7 +411,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
                 entries = []
                 for s in b.sessions:
                     model = self.session_models.get(s.model, s.model)
-                    profiles = self.db.profiles(model)
+                    profiles = self._profiles(model)
                     entries.append(control.SessionEntry(
                         model=self._desc(model), slo_ms=self.session_slos.get(s.model, 0.0), batch=s.batch,
                         profile_json=profiles[node.device_type].to_json() if node.device_type in profiles else "",
@@ -478,6 +490,19 @@ class SchedulerService(control_grpc.SchedulerServicer):
         finally:
             self._profiling.discard(key)
             self.request_replan(f"profile of {model} done")
+
+
+def load_slowdowns(path: str) -> dict[str, float]:
+    """Slowdown factors by model name and sha256 from a multi-tenant report; {} without one."""
+    if not path:
+        return {}
+    from profiler.slowdown import slowdowns_from_report
+
+    try:
+        report = json.loads(pathlib.Path(path).read_text())
+        return slowdowns_from_report(report)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"nexus scheduler: error: --colocation-report {path}: {exc}") from None
 
 
 async def serve(config: SchedulerConfig, ready=None) -> None:

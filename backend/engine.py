@@ -11,12 +11,27 @@ Contracts:
 - Work-conserving: a batch starts as soon as the device is free and a request waits; under load
   the queue grows while a batch runs, so the next batch is larger, up to the session's max batch
   (the largest b with 2*l(b) <= SLO, never below the planned batch).
+- Prefix batching (Nexus section 6.1): sessions of one :class:`SharedPrefix` (models that share
+  their first layers, split by the backend into one prefix runtime and a suffix runtime per model)
+  are scheduled as one unit. Their queues are merged in deadline order, the policy picks one batch
+  from the merged queue (max batch and l(b) are the group's), the prefix runs once on the rows of
+  every request in it, and each member's suffix runs on its own slice of the prefix's output.
+  Sessions outside any group take the plain path, which is unchanged.
+
+Statistics of a session in a group: ``inference_count`` counts its own rows, while a batch counts
+once per member present in it, under the size of the *merged* batch (``batch_histogram``) and with
+the time of the whole group batch (``compute_ns``): what its requests experienced. Memory: a
+member reports its suffix; the group's first member (by name) also reports the prefix, so the
+prefix's weights are counted once when memory is summed over sessions.
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
+import heapq
 import itertools
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,6 +42,9 @@ import numpy as np
 from backend.policies import BatchPolicy, Pending
 from common.profile import Profile
 from common.tensors import TensorSpec
+
+
+BUSY_LOG_S = 60.0   # batches remembered for windowed utilisation
 
 
 class ExecError(Exception):
@@ -74,16 +92,29 @@ class SessionStats:
     batch_compute_ns: dict[int, int] = field(default_factory=dict)
 
 
+_BYTES_PER_MB = 1024 * 1024
+
+
+def _order(p: Pending) -> tuple[float, int]:
+    return p.deadline_s, p.request_id
+
+
 class Session:
-    """One model served on this backend: its runtime, queue, policy parameters and statistics."""
+    """One model served on this backend: its runtime, queue, policy parameters and statistics.
+
+    In a :class:`SharedPrefix`, ``runtime`` is the model's suffix (it reads the prefix's output)
+    and ``inputs``/``outputs`` are given: the whole model's, which requests are checked against.
+    """
 
     def __init__(self, name: str, runtime, slo_ms: float, planned_batch: int, profile: Profile | None,
-                 sha256: str = "", max_queue: int = 4096) -> None:
+                 sha256: str = "", max_queue: int = 4096, *, inputs: tuple[TensorSpec, ...] | None = None,
+                 outputs: tuple[TensorSpec, ...] | None = None, model: str = "") -> None:
         self.name = name
+        self.model = model or name
         self.runtime = runtime
         self.sha256 = sha256
-        self.inputs: tuple[TensorSpec, ...] = tuple(runtime.inputs)
-        self.outputs: tuple[TensorSpec, ...] = tuple(runtime.outputs)
+        self.inputs: tuple[TensorSpec, ...] = tuple(runtime.inputs if inputs is None else inputs)
+        self.outputs: tuple[TensorSpec, ...] = tuple(runtime.outputs if outputs is None else outputs)
         self.slo_ms = slo_ms
         self.profile = profile
         self.planned_batch = max(1, planned_batch)
@@ -91,7 +122,16 @@ class Session:
         self.max_queue = max_queue
         self.queue: list[Pending] = []          # sorted by (deadline, id)
         self.stats = SessionStats()
-        self.memory_mb = runtime.memory_mb()
+        self.group: SharedPrefix | None = None
+
+    @property
+    def memory_mb(self) -> float:
+        """This session's runtime (a member's suffix, plus the prefix on the group's first member)."""
+        mb = self.runtime.memory_mb()
+        group = self.group
+        if group is not None and group.members[0] is self:
+            mb += group.runtime.memory_mb()
+        return mb
 
     def latency_ms(self, batch: int) -> float:
         """l(b) from the profile, extended linearly past its largest batch; 0 without a profile."""
@@ -115,6 +155,67 @@ def saturated_batch(profile: Profile | None, slo_ms: float) -> int:
     return best
 
 
+@dataclass
+class GroupStats:
+    execution_count: int = 0      # merged batches executed through the prefix
+    inference_count: int = 0      # rows through the prefix
+    compute_ns: int = 0           # whole group batches (prefix + suffixes)
+    prefix_ns: int = 0            # the prefix alone
+    batch_histogram: dict[int, int] = field(default_factory=dict)
+
+
+class SharedPrefix:
+    """Sessions whose models share a prefix, batched through one prefix runtime (module docstring).
+
+    ``runtime`` computes the shared layers and outputs ``cut_tensor``; every member's ``runtime`` is
+    its suffix, whose one input takes that tensor (its name may differ from model to model). Members
+    are kept sorted by name; the first one carries the prefix's memory in :attr:`Session.memory_mb`.
+    The group's max batch is the largest b with 2*l(b) <= the tightest member SLO (l: see
+    :meth:`latency_ms`), never below the sum of the members' planned batches.
+    """
+
+    def __init__(self, name: str, runtime, cut_tensor: str, members: "list[Session]", prefix_id: str = "") -> None:
+        if len(members) < 1:
+            raise ValueError("a shared prefix needs members")
+        self.name = name
+        self.prefix_id = prefix_id
+        self.runtime = runtime
+        self.cut_tensor = cut_tensor
+        self.members: tuple[Session, ...] = tuple(sorted(members, key=lambda m: m.name))
+        self.by_name = {m.name: m for m in self.members}
+        for m in self.members:
+            m.group = self
+        self.slo_ms = min(m.slo_ms for m in self.members)
+        self._profiled = [m for m in self.members if m.profile is not None]
+        planned = sum(m.planned_batch for m in self.members)
+        profiled = [m.profile for m in self.members if m.profile is not None]
+        if profiled:
+            best = 1
+            for b in range(1, max(p.max_batch for p in profiled) + 1):
+                if 2 * self.latency_ms(b) <= self.slo_ms:
+                    best = b
+        else:
+            best = max(m.max_batch for m in self.members)
+        self.max_batch = max(planned, best)
+        self.stats = GroupStats()
+
+    def latency_ms(self, batch: int) -> float:
+        """l(b) of a merged batch: the prefix plus one suffix, estimated by the fastest member's whole
+        model at b (0 without profiles).
+
+        Every member's profile measures the same prefix plus a head; they differ mostly by measurement
+        noise, which only ever inflates a figure, so the smallest is the best estimate. (The other
+        members' suffixes are not counted: a group forms when the prefix carries most of the work.)
+        """
+        if self._profiled:
+            return min(m.latency_ms(batch) for m in self._profiled)
+        return 0.0
+
+    @property
+    def memory_mb(self) -> float:
+        return self.runtime.memory_mb()
+
+
 class Engine:
     """Sessions of one device and the thread that executes their batches."""
 
@@ -126,21 +227,40 @@ class Engine:
         self._ids = itertools.count(1)
         self._stop = False
         self._busy_s = 0.0
+        self._busy_log: collections.deque[tuple[float, float]] = collections.deque()   # (end, seconds)
+        self._busy_lock = threading.Lock()
         self._started = clock()
+        self._solo: list[Session] = []
+        self.groups: list[SharedPrefix] = []
         self._thread = threading.Thread(target=self._loop, name="executor", daemon=True)
         self._thread.start()
 
     # ---- table changes (loop thread) ---------------------------------------------------------------
 
-    def set_sessions(self, sessions: dict[str, Session]) -> list[Session]:
-        """Replace the session table; queued work of removed sessions fails. Returns removed sessions."""
+    def set_sessions(self, sessions: dict[str, Session], groups: "list[SharedPrefix] | tuple" = ()) -> list[Session]:
+        """Replace the session table (and its prefix groups, whose members must be in ``sessions``).
+
+        Queues and counters of sessions that stay carry over; returns the replaced or removed
+        sessions (the caller fails the queued work of removed ones).
+        """
+        groups = list(groups)
+        for g in groups:
+            for m in g.members:
+                if sessions.get(m.name) is not m:
+                    raise ValueError(f"group {g.name!r}: member {m.name!r} is not in the session table")
         with self._cv:
             removed = [s for name, s in self.sessions.items() if sessions.get(name) is not s]
             for new in sessions.values():
                 old = self.sessions.get(new.name)
                 if old is not None and old is not new:   # keep queue and counters across re-plans
                     new.queue, new.stats = old.queue, old.stats
+            for g in groups:
+                old_group = next((o for o in self.groups if o.name == g.name), None)
+                if old_group is not None:
+                    g.stats = old_group.stats
             self.sessions = dict(sessions)
+            self.groups = groups
+            self._solo = [s for s in sessions.values() if s.group is None or s.group not in groups]
             self._cv.notify()
         return removed
 
@@ -164,33 +284,62 @@ class Engine:
             bisect.insort(session.queue, item, key=lambda p: (p.deadline_s, p.request_id))
             self._cv.notify()
 
-    def utilization(self) -> float:
-        elapsed = max(self.clock() - self._started, 1e-9)
-        return min(1.0, self._busy_s / elapsed)
+    def utilization(self, window_s: float | None = None) -> float:
+        """Busy fraction of the device: since start, or over the last ``window_s`` seconds."""
+        now = self.clock()
+        if window_s is None:
+            return min(1.0, self._busy_s / max(now - self._started, 1e-9))
+        since = max(now - window_s, self._started)
+        busy = 0.0
+        with self._busy_lock:
+            for end, seconds in reversed(self._busy_log):
+                if end <= since:
+                    break
+                busy += min(seconds, end - since)
+        return min(1.0, busy / max(now - since, 1e-9))
+
+    def _account_busy(self, end: float, seconds: float) -> None:
+        self._busy_s += seconds
+        with self._busy_lock:
+            self._busy_log.append((end, seconds))
+            while self._busy_log and self._busy_log[0][0] < end - BUSY_LOG_S:
+                self._busy_log.popleft()
 
     # ---- executor thread ---------------------------------------------------------------------------
 
-    def _next(self) -> tuple[Session, list[Pending], list[Pending]] | None:
-        """Under the lock: choose a session and what to run/drop now; None when nothing is queued."""
-        candidates = [s for s in self.sessions.values() if s.queue]
-        if not candidates:
+    def _next(self) -> "tuple[Session | SharedPrefix, list[Pending], list[Pending]] | None":
+        """Under the lock: choose a session (or group) and what to run/drop now; None when nothing is queued."""
+        best = None
+        best_deadline = math.inf
+        for s in self._solo:
+            q = s.queue
+            if q and q[0].deadline_s < best_deadline:
+                best, best_deadline = s, q[0].deadline_s
+        for g in self.groups:
+            for m in g.members:
+                q = m.queue
+                if q and q[0].deadline_s < best_deadline:
+                    best, best_deadline = g, q[0].deadline_s
+        if best is None:
             return None
-        session = min(candidates, key=lambda s: s.queue[0].deadline_s)
         now = self.clock()
+        if isinstance(best, SharedPrefix):
+            return self._select_group(best, now)
+        session = best
         selection = self.policy.select(session.queue, now, session.max_batch, session.latency_ms)
-        taken = {p.request_id for p in selection.batch} | {p.request_id for p in selection.dropped}
-        batch = list(selection.batch)
-        # A request may carry several rows: keep the batch within max_batch rows (always run one).
-        rows = 0
-        kept = []
-        for p in batch:
-            if kept and rows + p.payload.rows > session.max_batch:
-                taken.discard(p.request_id)
-                continue
-            kept.append(p)
-            rows += p.payload.rows
+        kept, taken = _trim(selection, session.max_batch)
         session.queue = [p for p in session.queue if p.request_id not in taken]
         return session, kept, list(selection.dropped)
+
+    def _select_group(self, group: SharedPrefix, now: float) -> tuple[SharedPrefix, list[Pending], list[Pending]]:
+        queues = [m.queue for m in group.members if m.queue]
+        merged = queues[0] if len(queues) == 1 else list(heapq.merge(*queues, key=_order))
+        selection = self.policy.select(merged, now, group.max_batch, group.latency_ms)
+        kept, taken = _trim(selection, group.max_batch)
+        for m in group.members:
+            if m.queue:
+                m.queue = [p for p in m.queue if p.request_id not in taken]
+        return group, kept, list(selection.dropped)
 
     def _loop(self) -> None:
         while True:
@@ -202,15 +351,19 @@ class Engine:
                     self._cv.wait()
                 if self._stop:
                     return
-            session, batch, dropped = chosen
+            unit, batch, dropped = chosen
             now = self.clock()
             for p in dropped:
+                session = unit if isinstance(unit, Session) else unit.by_name[p.payload.model]
                 session.stats.dropped += 1
                 session.stats.fail_count += 1
                 p.payload.done(Outcome("EXEC_DEADLINE", f"dropped: cannot meet its deadline "
                                                         f"({(p.deadline_s - now) * 1000:.1f} ms left)"))
             if batch:
-                self._run(session, batch)
+                if isinstance(unit, Session):
+                    self._run(unit, batch)
+                else:
+                    self._run_group(unit, batch)
 
     def _run(self, session: Session, batch: list[Pending]) -> None:
         works = [p.payload for p in batch]
@@ -228,7 +381,7 @@ class Engine:
             outputs, error = None, f"{exc.__class__.__name__}: {exc}"
         end = self.clock()
         compute_ns = int((end - start) * 1e9)
-        self._busy_s += end - start
+        self._account_busy(end, end - start)
         rows = sum(w.rows for w in works)
         stats = session.stats
         stats.execution_count += 1
@@ -251,3 +404,85 @@ class Engine:
             stats.success_ns += int((end - w.arrival_s) * 1e9)
             w.done(Outcome("EXEC_OK", outputs=part, queue_ns=max(queue_ns, 0), compute_ns=compute_ns,
                            batch_size=rows))
+
+    def _run_group(self, group: SharedPrefix, batch: list[Pending]) -> None:
+        """The prefix once on every request's rows, then each member's suffix on its slice."""
+        by_session: dict[str, list[Work]] = {}
+        for p in batch:
+            by_session.setdefault(p.payload.model, []).append(p.payload)
+        order = [(m, by_session[m.name]) for m in group.members if m.name in by_session]
+        works = [w for _, ws in order for w in ws]
+        start = self.clock()
+        error = None
+        try:
+            specs = group.runtime.inputs    # positional: members' inputs match the prefix's (same hashes)
+            if len(works) == 1:
+                feeds = {spec.name: works[0].arrays[i] for i, spec in enumerate(specs)}
+            else:
+                feeds = {spec.name: np.concatenate([w.arrays[i] for w in works]) for i, spec in enumerate(specs)}
+            features = group.runtime.run(feeds)[group.cut_tensor]
+        except Exception as exc:  # a failing prefix fails the whole merged batch, not the backend
+            features, error = None, f"shared prefix {group.name[:12]!r} failed: {exc.__class__.__name__}: {exc}"
+        prefix_end = self.clock()
+        results: dict[str, tuple[list[np.ndarray] | None, str | None]] = {}
+        offset = 0
+        for m, ws in order:
+            rows = sum(w.rows for w in ws)
+            if error is not None:
+                results[m.name] = (None, error)
+            else:
+                try:
+                    out = m.runtime.run({m.runtime.inputs[0].name: features[offset:offset + rows]})
+                    results[m.name] = ([out[spec.name] for spec in m.outputs], None)
+                except Exception as exc:
+                    results[m.name] = (None, f"model {m.name!r} failed: {exc.__class__.__name__}: {exc}")
+            offset += rows
+        end = self.clock()
+        compute_ns = int((end - start) * 1e9)
+        self._account_busy(end, end - start)
+        total_rows = offset
+        gs = group.stats
+        gs.execution_count += 1
+        gs.inference_count += total_rows
+        gs.compute_ns += compute_ns
+        gs.prefix_ns += int((prefix_end - start) * 1e9)
+        gs.batch_histogram[total_rows] = gs.batch_histogram.get(total_rows, 0) + 1
+        now_ms = int(time.time() * 1000)
+        for m, ws in order:
+            outputs, err = results[m.name]
+            stats = m.stats
+            stats.execution_count += 1
+            stats.inference_count += sum(w.rows for w in ws)
+            stats.compute_ns += compute_ns
+            stats.batch_histogram[total_rows] = stats.batch_histogram.get(total_rows, 0) + 1
+            stats.batch_compute_ns[total_rows] = stats.batch_compute_ns.get(total_rows, 0) + compute_ns
+            stats.last_inference_ms = now_ms
+            row = 0
+            for w in ws:
+                queue_ns = max(int((start - w.arrival_s) * 1e9), 0)
+                stats.queue_ns += queue_ns
+                if err is not None:
+                    stats.fail_count += 1
+                    w.done(Outcome("EXEC_INTERNAL", err))
+                    continue
+                part = [o[row:row + w.rows] for o in outputs]
+                row += w.rows
+                stats.success_count += 1
+                stats.success_ns += int((end - w.arrival_s) * 1e9)
+                w.done(Outcome("EXEC_OK", outputs=part, queue_ns=queue_ns, compute_ns=compute_ns,
+                               batch_size=total_rows))
+
+
+def _trim(selection, max_rows: int) -> tuple[list[Pending], set[int]]:
+    """The batch cut to ``max_rows`` rows (a request may carry several; one always runs) and the ids
+    taken off the queue (run or dropped)."""
+    taken = {p.request_id for p in selection.batch} | {p.request_id for p in selection.dropped}
+    rows = 0
+    kept = []
+    for p in selection.batch:
+        if kept and rows + p.payload.rows > max_rows:
+            taken.discard(p.request_id)
+            continue
+        kept.append(p)
+        rows += p.payload.rows
+    return kept, taken

@@ -4,6 +4,19 @@ Requests arrive from frontends on a long-lived bidirectional ``Execute`` stream 
 or one per call on ``ExecuteOne``; see benchmarks/frontend_path.py for why the stream is the
 default. Raw tensors are decoded with ``np.frombuffer`` (no copy) on the loop thread, queued in the
 :class:`~backend.engine.Engine`, and results are serialised back on the loop thread.
+
+Prefix batching: sessions of the table whose models carry the same ``prefix_group`` (assigned by
+the scheduler at upload, globalsched/prefix_groups.py), at least two distinct ONNX models, on a CPU
+or CUDA device, are split at the group's prefix (each model on its own with ``split_at``, cached
+per model; ``find_shared_prefix`` when the id is not a cut of them all). The prefix runtime is
+loaded once, a suffix runtime per model, and the engine batches them as one
+:class:`~backend.engine.SharedPrefix`. Anything that fails there (no shared prefix, a load error)
+falls back to running the models whole; ``--no-prefix-batching`` turns it off; emulated devices run
+models whole (their profile is the whole model's). The split runs under the profiling lock so it
+never disturbs a measurement.
+
+Metrics: ``Stats`` (also behind the frontend's ModelStatistics) and, with ``--metrics-port``, a
+Prometheus text endpoint (backend/metrics.py).
 """
 
 from __future__ import annotations
@@ -16,7 +29,7 @@ import sys
 import grpc
 import numpy as np
 
-from backend.engine import Engine, ExecError, Outcome, Session, Work
+from backend.engine import Engine, ExecError, Outcome, Session, SharedPrefix, Work
 from common import grpc_util
 from common.config import BackendConfig
 from common.pb import control, control_grpc
@@ -27,6 +40,12 @@ from common.tensors import TensorSpec
 log = logging.getLogger("nexus.backend")
 
 _STATUS = {name: control.ExecStatus.Value(name) for name in control.ExecStatus.keys()}
+_BYTES_PER_MB = 1024 * 1024
+UTILIZATION_WINDOW_S = 10.0
+# A shared prefix is batched only when it carries at least this many bytes of weights (the scheduler
+# groups models on larger prefixes still, see globalsched/prefix_groups.py).
+MIN_SHARED_PREFIX_BYTES = 64 * 1024
+SMALL_HEAD_RATIO = 4
 
 
 def _spec(desc: control.TensorDesc) -> TensorSpec:
@@ -74,6 +93,8 @@ class BackendService(control_grpc.BackendServicer):
         self.node_id = ""
         self.epoch = 0
         self._loaded: dict[str, tuple[str, object]] = {}   # model -> (sha256+runtime, runtime)
+        # prefix group -> (prefix id, prefix runtime, its output tensor)
+        self._prefixes: dict[str, tuple[str, object, str]] = {}
         self._scheduler_stub = None
         self._table_lock = asyncio.Lock()
         self._profile_lock = asyncio.Lock()   # one measurement at a time, or they disturb each other
@@ -106,15 +127,119 @@ class BackendService(control_grpc.BackendServicer):
         self._loaded[model.name] = (key, runtime)
         return runtime
 
+    # ---- prefix batching ------------------------------------------------------------------------
+
+    def _prefix_candidates(self, entries) -> dict[str, list]:
+        """Prefix group -> its entries, for groups of >= 2 distinct ONNX models this backend can split."""
+        if self.config.device.startswith("emulated:") or not self.config.prefix_batching:
+            return {}
+        groups: dict[str, list] = {}
+        for entry in entries:
+            if entry.model.prefix_group and entry.model.runtime == "onnxruntime":
+                groups.setdefault(entry.model.prefix_group, []).append(entry)
+        return {g: es for g, es in groups.items() if len({e.model.name for e in es}) >= 2}
+
+    async def _split_parts(self, group: str, models: dict[str, control.ModelDesc]):
+        """(prefix id, prefix runtime, its output, {model: suffix runtime}) for ``models``.
+
+        The group id is a prefix id that is a cut point of every member (globalsched/prefix_groups.py),
+        so each model is split on its own with ``split_at`` and its suffix runtime is kept: a member
+        joining later costs one split, not the group's. When the id is not a cut of some model (a
+        group formed elsewhere), ``find_shared_prefix`` finds the longest prefix the models share.
+        Raises LookupError when they share none.
+        """
+        from backend.runtimes import load_runtime
+        from common.onnx_prefix import find_shared_prefix, split_at
+
+        threads = self.config.threads or None
+
+        def load(data: bytes, prefix_weights: int = 0, suffix_weights: int = 0):
+            return load_runtime("onnxruntime", data, self.config.device,
+                                intra_op_threads=suffix_threads(threads, prefix_weights, suffix_weights))
+
+        cached = self._prefixes.get(group)
+        if cached and all((self._loaded.get(n) or ("",))[0] == f"{m.sha256}/suffix/{cached[0]}"
+                          for n, m in models.items()):     # nothing new: every member is split already
+            return cached[0], cached[1], cached[2], {n: self._loaded[n][1] for n in models}
+        suffixes = {}
+        prefix = (cached[0], cached[1], cached[2]) if cached and cached[0] == group else None
+        try:
+            for name, model in models.items():
+                loaded = self._loaded.get(name)
+                if loaded and loaded[0] == f"{model.sha256}/suffix/{group}" and prefix is not None:
+                    suffixes[name] = loaded[1]
+                    continue
+                part = await asyncio.to_thread(split_at, await self._fetch(model.sha256), group)
+                if prefix is None:
+                    prefix = (group, await asyncio.to_thread(load, part.prefix), part.cut_tensor)
+                suffixes[name] = await asyncio.to_thread(load, part.suffix, part.prefix_weight_bytes,
+                                                         part.suffix_weight_bytes)
+            return prefix[0], prefix[1], prefix[2], suffixes
+        except ValueError as exc:
+            log.info("prefix group %s: %s; looking for the longest shared prefix instead", group[:12], exc)
+        data = {name: await self._fetch(m.sha256) for name, m in models.items()}
+        split = await asyncio.to_thread(find_shared_prefix, data, min_prefix_weight_bytes=MIN_SHARED_PREFIX_BYTES)
+        if split is None:
+            raise LookupError("the models on this backend share no prefix")
+        prefix_rt = await asyncio.to_thread(load, split.prefix)
+        suffixes = {name: await asyncio.to_thread(load, split.suffixes[name], split.prefix_weight_bytes,
+                                                  split.suffix_weight_bytes[name]) for name in models}
+        return split.prefix_id, prefix_rt, split.cut_tensor, suffixes
+
+    async def _shared_prefix(self, group: str, entries) -> tuple[dict[str, Session], SharedPrefix] | None:
+        """Split the group's models at their shared prefix and load the prefix once and one suffix per
+        model; None (the members then run whole) when they share no prefix or anything fails."""
+        models = {e.model.name: e.model for e in entries}
+        try:
+            # Splitting and loading are CPU-heavy: never while a profile is being measured here.
+            async with self._profile_lock:
+                prefix_id, prefix_rt, cut, suffixes = await self._split_parts(group, models)
+            sessions = {}
+            for entry in entries:
+                model = entry.model
+                inputs, outputs = _io_json(model)
+                suffix = suffixes[model.name]
+                if (len(prefix_rt.inputs) != len(inputs)
+                        or any(a.dtype != b.dtype for a, b in zip(prefix_rt.inputs, inputs))
+                        or [o.name for o in prefix_rt.outputs] != [cut] or len(suffix.inputs) != 1
+                        or not {o.name for o in outputs} <= {o.name for o in suffix.outputs}):
+                    raise ValueError(f"{model.name}: the split's inputs/outputs do not match the model's")
+                name = entry.session or model.name
+                profile = Profile.from_json(entry.profile_json) if entry.profile_json else None
+                sessions[name] = Session(name, suffix, entry.slo_ms, entry.batch, profile, model.sha256,
+                                         self.config.max_queue, inputs=inputs, outputs=outputs, model=model.name)
+        except LookupError as exc:
+            log.info("prefix group %s: %s; running its models whole", group[:12], exc)
+            return None
+        except Exception as exc:
+            log.warning("prefix group %s: cannot batch its prefix (%s: %s); running its models whole",
+                        group[:12], exc.__class__.__name__, exc)
+            return None
+        self._prefixes[group] = (prefix_id, prefix_rt, cut)
+        for name, model in models.items():
+            self._loaded[name] = (f"{model.sha256}/suffix/{prefix_id}", suffixes[name])
+        return sessions, SharedPrefix(group, prefix_rt, cut, list(sessions.values()), prefix_id)
+
     async def UpdateModelTable(self, request, context):
         async with self._table_lock:
             if request.epoch and request.epoch < self.epoch:
                 return control.ModelTableReply(loaded=list(self.engine.sessions))
             self.epoch = request.epoch
             sessions: dict[str, Session] = {}
+            groups: list[SharedPrefix] = []
             failed = []
+            grouped: set[str] = set()
+            for group, entries in self._prefix_candidates(request.sessions).items():
+                built = await self._shared_prefix(group, entries)
+                if built is not None:
+                    members, shared = built
+                    sessions.update(members)
+                    groups.append(shared)
+                    grouped.update(members)
             for entry in request.sessions:
-                name = entry.model.name
+                name = entry.session or entry.model.name   # a query stage runs under its own name
+                if name in grouped:
+                    continue
                 try:
                     runtime = await self._runtime_for(entry)
                 except Exception as exc:
@@ -124,16 +249,25 @@ class BackendService(control_grpc.BackendServicer):
                 profile = Profile.from_json(entry.profile_json) if entry.profile_json else None
                 sessions[name] = Session(name, runtime, entry.slo_ms, entry.batch, profile, entry.model.sha256,
                                          self.config.max_queue)
-            removed = self.engine.set_sessions(sessions)
+            removed = self.engine.set_sessions(sessions, groups)
             for s in removed:
                 if s.name not in sessions:
                     self._fail_queue(s, "model unloaded from this backend")
+            # Runtimes no longer used are closed; a batch still running on one keeps its own reference.
+            in_use = {s.runtime for s in sessions.values()}
             for name in list(self._loaded):
-                if name not in sessions:
+                if self._loaded[name][1] not in in_use:
                     _, runtime = self._loaded.pop(name)
                     runtime.close()
+            prefixes_in_use = {g.runtime for g in groups}
+            for group in list(self._prefixes):
+                if self._prefixes[group][1] not in prefixes_in_use:
+                    self._prefixes.pop(group)[1].close()
             log.info("epoch %d: serving %s", request.epoch, ", ".join(f"{n}(b={s.planned_batch}/{s.max_batch})"
                                                                      for n, s in sessions.items()) or "nothing")
+            for g in groups:
+                log.info("prefix group %s: %s share prefix %s (max batch %d)", g.name[:12],
+                         ", ".join(m.name for m in g.members), g.prefix_id[:12], g.max_batch)
             return control.ModelTableReply(loaded=list(sessions), failed=failed)
 
     def _fail_queue(self, session: Session, why: str) -> None:
@@ -194,17 +328,12 @@ class BackendService(control_grpc.BackendServicer):
             return encode_result(request.request_id, Outcome(exc.status, str(exc)))
         return encode_result(request.request_id, await future)
 
+    def stats(self) -> control.BackendStats:
+        """A snapshot of every session's and prefix group's counters (``Stats`` and ``/metrics``)."""
+        return backend_stats(self.engine, self.node_id)
+
     async def Stats(self, request, context):
-        reply = control.BackendStats(node_id=self.node_id, utilization=self.engine.utilization())
-        for name, s in list(self.engine.sessions.items()):
-            st = s.stats
-            reply.sessions.append(control.SessionStats(
-                model=name, inference_count=st.inference_count, execution_count=st.execution_count,
-                success_count=st.success_count, success_ns=st.success_ns, fail_count=st.fail_count,
-                queue_ns=st.queue_ns, compute_ns=st.compute_ns, dropped=st.dropped, queue_length=len(s.queue),
-                batch_histogram=dict(st.batch_histogram), batch_compute_ns=dict(st.batch_compute_ns),
-                memory_bytes=int(s.memory_mb * 1024 * 1024), last_inference_ms=st.last_inference_ms))
-        return reply
+        return self.stats()
 
     # ---- profiling -----------------------------------------------------------------------------
 
@@ -226,6 +355,106 @@ class BackendService(control_grpc.BackendServicer):
         return control.MeasuredProfile(profile_json=profile.to_json())
 
 
+def suffix_threads(threads: int | None, prefix_weight_bytes: int, suffix_weight_bytes: int) -> int | None:
+    """Intra-op threads of a suffix runtime: one for a small head (its weights under a quarter of the
+    prefix's), else the backend's setting. A merged batch runs the prefix and then every member's suffix
+    back to back: a thread pool per tiny head would only spin and steal the cores from the next run
+    (measured: 2-3x slower merged batches on 2 cores, benchmarks/prefix_batching.md)."""
+    if suffix_weight_bytes * SMALL_HEAD_RATIO < prefix_weight_bytes:
+        return 1
+    return threads
+
+
+def backend_stats(engine: Engine, node_id: str = "") -> control.BackendStats:
+    reply = control.BackendStats(node_id=node_id, utilization=engine.utilization(UTILIZATION_WINDOW_S),
+                                 utilization_total=engine.utilization())
+    total = 0
+    for name, s in list(engine.sessions.items()):
+        st = s.stats
+        group = s.group if s.group in engine.groups else None
+        memory = int(s.memory_mb * _BYTES_PER_MB)
+        total += memory
+        reply.sessions.append(control.SessionStats(
+            model=name, inference_count=st.inference_count, execution_count=st.execution_count,
+            success_count=st.success_count, success_ns=st.success_ns, fail_count=st.fail_count,
+            queue_ns=st.queue_ns, compute_ns=st.compute_ns, dropped=st.dropped, queue_length=len(s.queue),
+            batch_histogram=dict(st.batch_histogram), batch_compute_ns=dict(st.batch_compute_ns),
+            memory_bytes=memory, last_inference_ms=st.last_inference_ms,
+            prefix_group=group.name if group else "",
+            shared_memory_bytes=int(group.memory_mb * _BYTES_PER_MB) if group else 0))
+    for g in list(engine.groups):
+        gs = g.stats
+        reply.prefix_groups.append(control.PrefixGroupStats(
+            group=g.name, prefix_id=g.prefix_id, sessions=[m.name for m in g.members],
+            execution_count=gs.execution_count, inference_count=gs.inference_count, compute_ns=gs.compute_ns,
+            prefix_compute_ns=gs.prefix_ns, batch_histogram=dict(gs.batch_histogram),
+            memory_bytes=int(g.memory_mb * _BYTES_PER_MB), max_batch=g.max_batch))
+    reply.memory_bytes = total
+    return reply
+
+
+def device_problem(device: str) -> str | None:
+    """Why this backend cannot use ``device`` (a clear message for the operator), or None when it can.
+
+    CPU and emulated devices always work. A CUDA device works when onnxruntime's CUDA execution
+    provider actually starts on it (probed with a one-node model) or torch sees it.
+    """
+    from backend.runtimes import DeviceSpec
+
+    try:
+        spec = DeviceSpec.parse(device)
+    except ValueError as exc:
+        return str(exc)
+    if not spec.is_cuda:
+        return None
+    reasons = []
+    try:
+        import onnxruntime as ort
+
+        providers = ort.get_available_providers()
+        if "CUDAExecutionProvider" in providers:
+            if _ort_cuda_works(ort, spec.index):
+                return None
+            reasons.append(f"onnxruntime's CUDAExecutionProvider could not start on {spec} "
+                           f"(no such GPU, or CUDA/cuDNN libraries missing)")
+        else:
+            reasons.append(f"onnxruntime has no CUDAExecutionProvider (available: {', '.join(providers)}; "
+                           f"install onnxruntime-gpu)")
+    except ImportError:
+        reasons.append("onnxruntime is not installed")
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            count = torch.cuda.device_count()
+            if spec.index < count:
+                return None
+            reasons.append(f"torch sees {count} CUDA device(s), so no {spec}")
+        else:
+            reasons.append("torch sees no CUDA device")
+    except ImportError:
+        reasons.append("torch is not installed")
+    return f"device {spec} is not available: {'; '.join(reasons)}. Use --device cpu or emulated:<gpu-name>"
+
+
+def _ort_cuda_works(ort, index: int) -> bool:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), sess_options=options,
+                                       providers=[("CUDAExecutionProvider", {"device_id": index})])
+    except Exception:
+        return False
+    return "CUDAExecutionProvider" in session.get_providers()
+
+
 def detect_memory_mb(device: str) -> float:
     if device == "cpu":
         try:
@@ -242,6 +471,9 @@ async def serve(config: BackendConfig, ready=None) -> None:
     if config.policy not in POLICIES:
         raise SystemExit(f"nexus backend: error: unknown --policy {config.policy!r}; "
                          f"expected one of {', '.join(POLICIES)}")
+    problem = await asyncio.to_thread(device_problem, config.device)
+    if problem:
+        raise SystemExit(f"nexus backend: error: {problem}")
     # The executor thread must get the interpreter back quickly after a batch (default: 5 ms).
     sys.setswitchinterval(0.0005)
     engine = Engine(POLICIES[config.policy]())
@@ -250,6 +482,19 @@ async def serve(config: BackendConfig, ready=None) -> None:
     control_grpc.add_BackendServicer_to_server(service, server)
     address = grpc_util.bind(server, config.listen)
     await server.start()
+    metrics_server = None
+    if config.metrics_port:
+        from backend.metrics import render, serve_metrics
+
+        host = config.listen.rpartition(":")[0].strip("[]") or "127.0.0.1"
+        try:
+            metrics_server = await serve_metrics(host, config.metrics_port,
+                                                 lambda: render(service.stats(), config.device))
+        except OSError as exc:
+            await server.stop(grace=0)
+            raise SystemExit(f"nexus backend: error: cannot serve --metrics-port {config.metrics_port} on "
+                             f"{host}: {exc.strerror or exc}") from None
+        log.info("Prometheus metrics on http://%s:%d/metrics", host, config.metrics_port)
     channel = grpc_util.aio_channel(config.scheduler)
     scheduler = control_grpc.SchedulerStub(channel)
     service.attach_scheduler(scheduler)
@@ -262,5 +507,7 @@ async def serve(config: BackendConfig, ready=None) -> None:
         await keep_registered(scheduler, register, service)
     finally:
         engine.stop()
+        if metrics_server is not None:
+            metrics_server.close()
         await server.stop(grace=1)
         await channel.close()

@@ -101,7 +101,11 @@ def plan_cluster(sessions: Sequence[SessionInput], backends: Sequence[BackendSlo
                              rate_rps=max(s.rate_rps, MIN_PLANNED_RATE_RPS),
                              profile=s.profiles[device_type])
                  for s in group]
-        plan = solve(specs, GpuSpec(name=device_type, memory_mb=memory if memory > 0 else UNBOUNDED_MEMORY_MB), solver=solver)
+        from globalsched.prefix_groups import solve_with_prefix_groups   # a prefix group's members share its prefix
+        plan = solve_with_prefix_groups(
+            [SessionSpec(x.name, x.model, x.slo_ms, x.rate_rps, x.profile, s.prefix_group or None)
+             for x, s in zip(specs, group)],
+            GpuSpec(name=device_type, memory_mb=memory if memory > 0 else UNBOUNDED_MEMORY_MB), solver)
         planned += len(plan.gpus)
         bound += plan.lower_bound
         device_plans = [(g.duty_cycle_ms, tuple(PlacedSession(a.session, a.batch, a.throughput) for a in g.sessions))

@@ -89,6 +89,7 @@ class ModelDatabase:
         for d in (self.data_dir, self.blob_dir, self.tmp_dir):
             d.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
+        self._upload_lock = threading.Lock()
         self._db = sqlite3.connect(self.data_dir / "nexus.db", check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA foreign_keys = ON")
         self._db.execute("PRAGMA journal_mode = WAL")
@@ -130,8 +131,11 @@ class ModelDatabase:
                   create_session: bool = True, prefix_fn=None) -> ModelRecord:
         """Validate and register a model streamed as ``chunks``; raise :class:`UploadError` if refused.
 
-        ``prefix_fn(model_bytes, existing: dict[name, (sha, signature)]) -> (group, signature)`` assigns
-        the model to a prefix group; it is optional.
+        ``prefix_fn(model_bytes, existing: dict[name, (sha256, group, signature)]) -> (group, signature)``
+        assigns the model to a prefix group (optional; ONNX models only, see
+        :func:`globalsched.prefix_groups.assign_prefix_group`). Stored models in no group whose signature
+        lists the new group id join it in the same transaction, so every model sharing the prefix ends
+        up with the same group id.
         """
         _check_name(name)
         if runtime not in RUNTIMES:
@@ -174,38 +178,50 @@ class ModelDatabase:
             except ModelFileError as exc:
                 raise UploadError(str(exc)) from None
             sha = digest.hexdigest()
-            prefix_group, signature = "", ""
-            if prefix_fn is not None and runtime == "onnxruntime":
-                prefix_group, signature = prefix_fn(data, self._signatures(exclude=name))
-            final = self.blob_path(sha)
-            final.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, final)
-            record = ModelRecord(name, sha, runtime, size, inputs, outputs, slo_ms or default_slo_ms,
-                                 prefix_group, int(time.time() * 1000))
-            with self._lock:
-                try:
-                    self._db.execute("BEGIN")
-                    old = self._db.execute("SELECT sha256 FROM models WHERE name=?", (name,)).fetchone()
-                    self._db.execute("DELETE FROM models WHERE name=?", (name,))
-                    self._db.execute(
-                        "INSERT INTO models VALUES (?,?,?,?,?,?,?,?,?)",
-                        (name, sha, runtime, size, io_to_json(inputs, outputs), record.default_slo_ms,
-                         prefix_group, signature, record.created_ms))
-                    if profile is not None:
-                        self._db.execute("INSERT INTO profiles VALUES (?,?,?)",
-                                         (name, profile.device_type, profile.to_json()))
-                    if create_session:
-                        self._db.execute("INSERT INTO sessions VALUES (?,?)", (name, record.default_slo_ms))
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    self._collect_unreferenced(sha)
-                    raise
-                if old and old[0] != sha:
-                    self._collect_unreferenced(old[0])
-            return record
+            # One upload at a time from here: the prefix group is chosen from the models stored now,
+            # so two variants uploaded concurrently still find each other (readers are not blocked).
+            with self._upload_lock:
+                return self._register(name, sha, runtime, size, inputs, outputs, data, tmp, profile,
+                                      slo_ms or default_slo_ms, create_session, prefix_fn)
         finally:
             tmp.unlink(missing_ok=True)
+
+    def _register(self, name, sha, runtime, size, inputs, outputs, data, tmp, profile, default_slo_ms,
+                  create_session, prefix_fn) -> ModelRecord:
+        prefix_group, signature, joining = "", "", []
+        if prefix_fn is not None and runtime == "onnxruntime":
+            existing = self._signatures(exclude=name)
+            prefix_group, signature = prefix_fn(data, existing)
+            joining = _joining(prefix_group, existing)
+        final = self.blob_path(sha)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, final)
+        record = ModelRecord(name, sha, runtime, size, inputs, outputs, default_slo_ms,
+                             prefix_group, int(time.time() * 1000))
+        with self._lock:
+            try:
+                self._db.execute("BEGIN")
+                old = self._db.execute("SELECT sha256 FROM models WHERE name=?", (name,)).fetchone()
+                self._db.execute("DELETE FROM models WHERE name=?", (name,))
+                self._db.execute(
+                    "INSERT INTO models VALUES (?,?,?,?,?,?,?,?,?)",
+                    (name, sha, runtime, size, io_to_json(inputs, outputs), record.default_slo_ms,
+                     prefix_group, signature, record.created_ms))
+                if joining:
+                    self.set_prefix_group(joining, prefix_group)
+                if profile is not None:
+                    self._db.execute("INSERT INTO profiles VALUES (?,?,?)",
+                                     (name, profile.device_type, profile.to_json()))
+                if create_session:
+                    self._db.execute("INSERT INTO sessions VALUES (?,?)", (name, record.default_slo_ms))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                self._collect_unreferenced(sha)
+                raise
+            if old and old[0] != sha:
+                self._collect_unreferenced(old[0])
+        return record
 
     def _collect_unreferenced(self, sha: str) -> None:
         if not self._db.execute("SELECT 1 FROM models WHERE sha256=?", (sha,)).fetchone():
@@ -216,6 +232,21 @@ class ModelDatabase:
             rows = self._db.execute(
                 "SELECT name, sha256, prefix_group, prefix_signature FROM models WHERE name != ?", (exclude,)).fetchall()
         return {r[0]: (r[1], r[2], r[3]) for r in rows}
+
+    def prefix_signature(self, name: str) -> str:
+        """The stored prefix signature (JSON, see globalsched/prefix_groups.py) of a model; "" if none."""
+        with self._lock:
+            row = self._db.execute("SELECT prefix_signature FROM models WHERE name=?", (name,)).fetchone()
+        return row[0] if row else ""
+
+    def prefix_share(self, name: str) -> float | None:
+        """The fraction of the model's weights in its prefix group's prefix (None: no group or unknown)."""
+        from globalsched.prefix_groups import prefix_share
+
+        record = self.model(name)
+        if record is None or not record.prefix_group:
+            return None
+        return prefix_share(self.prefix_signature(name), record.prefix_group)
 
     def set_prefix_group(self, names: Iterable[str], group: str) -> None:
         with self._lock:
@@ -265,6 +296,15 @@ class ModelDatabase:
         with self._lock:
             cur = self._db.execute("DELETE FROM sessions WHERE model=?", (model,))
         return cur.rowcount > 0
+
+
+def _joining(group: str, existing: dict[str, tuple[str, str, str]]) -> list[str]:
+    """Stored models in no group whose signature lists ``group`` (they join the newcomer's group)."""
+    if not group:
+        return []
+    from globalsched.prefix_groups import joining_members
+
+    return joining_members(group, existing)
 
 
 def _check_name(name: str) -> None:

@@ -123,7 +123,7 @@ def test_batching_is_real(cluster, client):
     inferences = after.inference_count - before.inference_count
     executions = after.execution_count - before.execution_count
     assert inferences == 120
-    assert 0 < executions <= inferences / 3, (inferences, executions)
+    assert 0 < executions <= inferences / 2, (inferences, executions)
     assert any(b.batch_size > 1 for b in after.batch_stats)
     assert after.inference_stats.success.count >= 120
     assert after.inference_stats.compute_infer.ns > 0

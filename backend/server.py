@@ -39,6 +39,8 @@ from common.tensors import TensorSpec
 
 log = logging.getLogger("nexus.backend")
 
+RESPONSE_MARGIN_S = 0.002
+
 _STATUS = {name: control.ExecStatus.Value(name) for name in control.ExecStatus.keys()}
 _BYTES_PER_MB = 1024 * 1024
 UTILIZATION_WINDOW_S = 10.0
@@ -249,6 +251,7 @@ class BackendService(control_grpc.BackendServicer):
                 profile = Profile.from_json(entry.profile_json) if entry.profile_json else None
                 sessions[name] = Session(name, runtime, entry.slo_ms, entry.batch, profile, entry.model.sha256,
                                          self.config.max_queue)
+            self.engine.duty_cycle_s = request.duty_cycle_ms / 1000
             removed = self.engine.set_sessions(sessions, groups)
             for s in removed:
                 if s.name not in sessions:
@@ -283,7 +286,8 @@ class BackendService(control_grpc.BackendServicer):
             raise ExecError("EXEC_NOT_FOUND", f"model {item.model!r} is not loaded on this backend")
         arrays = decode_inputs(session, item)
         budget_s = item.budget_us / 1e6 if item.budget_us else session.slo_ms / 1000
-        return Work(item.model, arrays, arrays[0].shape[0], now + budget_s, now, done)
+        # The reply still has to travel back: a batch must end this much before the deadline.
+        return Work(item.model, arrays, arrays[0].shape[0], now + budget_s - RESPONSE_MARGIN_S, now, done)
 
     async def Execute(self, request_iterator, context):
         loop = asyncio.get_running_loop()

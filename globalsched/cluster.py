@@ -25,6 +25,7 @@ class SessionInput:
     rate_rps: float
     profiles: Mapping[str, Profile]      # by device type
     prefix_group: str = ""
+    prefix_share: float | None = None     # fraction of the model's weights in its group's prefix
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,8 @@ def plan_cluster(sessions: Sequence[SessionInput], backends: Sequence[BackendSlo
         plan = solve_with_prefix_groups(
             [SessionSpec(x.name, x.model, x.slo_ms, x.rate_rps, x.profile, s.prefix_group or None)
              for x, s in zip(specs, group)],
-            GpuSpec(name=device_type, memory_mb=memory if memory > 0 else UNBOUNDED_MEMORY_MB), solver)
+            GpuSpec(name=device_type, memory_mb=memory if memory > 0 else UNBOUNDED_MEMORY_MB), solver,
+            shares={s.model: s.prefix_share for s in group})
         planned += len(plan.gpus)
         bound += plan.lower_bound
         device_plans = [(g.duty_cycle_ms, tuple(PlacedSession(a.session, a.batch, a.throughput) for a in g.sessions))

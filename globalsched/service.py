@@ -348,7 +348,8 @@ class SchedulerService(control_grpc.SchedulerServicer):
         for s in self.db.sessions():
             record = self.db.model(s.model)
             out.append(SessionInput(s.model, s.slo_ms, rates.get(s.model, self.config.default_rate_rps),
-                                    self._profiles(s.model), record.prefix_group if record else ""))
+                                    self._profiles(s.model), record.prefix_group if record else "",
+                                    self.db.prefix_share(s.model) if record and record.prefix_group else None))
             models[s.model] = s.model
         queries = {}
         for name, text in self.query_store.all().items():

@@ -266,3 +266,20 @@ def test_poisson_arrivals_are_deterministic_and_at_the_rate():
     assert list(arrivals) == sorted(arrivals)
     with pytest.raises(ValueError, match="must be positive"):
         poisson_arrivals(0.0, 1.0)
+
+
+# ---- duty-cycle batching in the engine (fake clock) -----------------------------------------------
+
+
+def test_batch_waits_for_the_planned_size_or_one_duty_cycle():
+    from backend.engine import batch_ready_at
+
+    def latency(b):
+        return 10.0 * b + 30.0
+
+    queue = [Pending(i, deadline_s=1.0 + 0.5, arrival_s=1.0 + 0.01 * i) for i in range(3)]
+    assert batch_ready_at(queue, 3, 0.1, latency) == float("-inf")           # planned batch there: now
+    assert batch_ready_at(queue, 1, 0.1, latency) == float("-inf")           # planned batch 1: eager
+    assert abs(batch_ready_at(queue, 5, 0.1, latency) - 1.1) < 1e-9          # oldest waited a duty cycle
+    tight = [Pending(0, deadline_s=1.05, arrival_s=1.0)]
+    assert abs(batch_ready_at(tight, 5, 0.1, latency) - (1.05 - 0.08)) < 1e-9  # deadline forces the start

@@ -130,5 +130,7 @@ def test_memory_of_the_shared_prefix_is_counted_once(served):
     # One member carries the prefix, the others only their suffixes.
     assert sorted(memory.values())[-1] > split.prefix_weight_bytes
     assert sorted(memory.values())[0] < split.prefix_weight_bytes / 10
-    assert total <= 1.2 * one_whole + heads, (memory, one_whole, heads)
+    # Reported memory also holds the I/O buffers of the largest batch run so far; the prefix
+    # counted three times would be at least 3x its weights, far above this bound.
+    assert total <= 1.5 * one_whole + heads < 3 * split.prefix_weight_bytes, (memory, one_whole, heads)
     assert total < sum(len(d) for d in files.values()) / 2

@@ -98,7 +98,8 @@ class SchedulerConfig:
     node_timeout_s: float = field(default=5.0, metadata={"help": "a node missing heartbeats this long is removed"})
     max_upload_mb: float = field(default=512.0, metadata={"help": "largest model file accepted"})
     default_slo_ms: float = field(default=100.0, metadata={"help": "SLO of a session when none is given"})
-    default_rate_rps: float = field(default=50.0, metadata={"help": "rate planned for a session before any report"})
+    default_rate_rps: float = field(default=1.0, metadata={
+        "help": "rate planned for a session before any report (low: batches start eager, then follow the load)"})
     solver: str = field(default="squishy", metadata={"help": "placement solver"})
     latency_split: str = field(default="dp", metadata={"help": "query latency split: dp | even | proportional"})
     colocation_report: str = field(default="", metadata={

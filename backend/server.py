@@ -101,6 +101,15 @@ class BackendService(control_grpc.BackendServicer):
         self._table_lock = asyncio.Lock()
         self._profile_lock = asyncio.Lock()   # one measurement at a time, or they disturb each other
 
+    def _threads(self) -> int | None:
+        """Intra-op threads per model: as configured, else on a CPU one core fewer than the machine
+        has, leaving a core to the RPC path (benchmarks/serving.md: same goodput, truer profiles)."""
+        if self.config.threads:
+            return self.config.threads
+        if self.config.device == "cpu":
+            return max(1, (os.cpu_count() or 2) - 1)
+        return None
+
     def attach_scheduler(self, stub) -> None:
         self._scheduler_stub = stub
 
@@ -125,7 +134,7 @@ class BackendService(control_grpc.BackendServicer):
         profile = Profile.from_json(entry.profile_json) if entry.profile_json else None
         runtime = await asyncio.to_thread(
             load_runtime, runtime_kind, data, self.config.device, profile=profile,
-            intra_op_threads=self.config.threads or None, io=_io_json(model))
+            intra_op_threads=self._threads(), io=_io_json(model))
         self._loaded[model.name] = (key, runtime)
         return runtime
 
@@ -153,7 +162,7 @@ class BackendService(control_grpc.BackendServicer):
         from backend.runtimes import load_runtime
         from common.onnx_prefix import find_shared_prefix, split_at
 
-        threads = self.config.threads or None
+        threads = self._threads()
 
         def load(data: bytes, prefix_weights: int = 0, suffix_weights: int = 0):
             return load_runtime("onnxruntime", data, self.config.device,
@@ -352,7 +361,7 @@ class BackendService(control_grpc.BackendServicer):
                 profile = await asyncio.to_thread(
                     measure_profile, data, runtime_kind, self.config.device, self.config.resolved_device_type,
                     _io_json(model), list(request.batch_sizes), request.budget_s or 20.0,
-                    self.config.threads or None)
+                    self._threads())
         except Exception as exc:
             log.warning("profiling %s failed: %s", model.name, exc)
             return control.MeasuredProfile(error=f"{exc.__class__.__name__}: {exc}")

@@ -79,6 +79,7 @@ class OnnxRuntime(Runtime):
         # A backend serves many models from one executor thread: idle ORT threads must not spin
         # (ten spinning pools made ten models 2-10x slower on two cores; benchmarks/prefix_batching.md).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.inter_op_num_threads = 1

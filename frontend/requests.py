@@ -8,6 +8,7 @@ arrive as raw bytes; typed ``contents`` are packed into raw bytes once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import grpc
@@ -44,47 +45,54 @@ def _invalid(message: str) -> RequestError:
 def parse_infer_request(request, model: ModelEntry) -> ParsedRequest:
     by_name = {}
     for i, tensor in enumerate(request.inputs):
-        if tensor.name in by_name:
-            raise _invalid(f"input {tensor.name!r} is given twice")
-        by_name[tensor.name] = (i, tensor)
-    expected = {s.name for s in model.inputs}
-    unknown = sorted(set(by_name) - expected)
-    if unknown:
-        raise _invalid(f"unexpected input {unknown[0]!r} for model {model.name!r}; "
-                       f"expected {sorted(expected)}")
-    missing = sorted(expected - set(by_name))
-    if missing:
-        raise _invalid(f"missing input {missing[0]!r} for model {model.name!r}")
-    raw_count = len(request.raw_input_contents)
-    if raw_count and raw_count != len(request.inputs):
-        raise _invalid(f"raw_input_contents has {raw_count} entries for {len(request.inputs)} inputs")
+        name = tensor.name
+        if name in by_name:
+            raise _invalid(f"input {name!r} is given twice")
+        by_name[name] = (i, tensor)
+    specs = model.inputs
+    if len(by_name) != len(specs) or any(s.name not in by_name for s in specs):
+        expected = {s.name for s in specs}
+        unknown = sorted(set(by_name) - expected)
+        if unknown:
+            raise _invalid(f"unexpected input {unknown[0]!r} for model {model.name!r}; "
+                           f"expected {sorted(expected)}")
+        missing = sorted(expected - set(by_name))
+        if missing:
+            raise _invalid(f"missing input {missing[0]!r} for model {model.name!r}")
+    raw_contents = request.raw_input_contents
+    raw_count = len(raw_contents)
+    if raw_count and raw_count != len(by_name):
+        raise _invalid(f"raw_input_contents has {raw_count} entries for {len(by_name)} inputs")
     rows = None
     raws = []
-    for spec in model.inputs:
+    for spec in specs:
         index, tensor = by_name[spec.name]
         if tensor.datatype != spec.datatype:
             raise _invalid(f"input {spec.name!r}: datatype {tensor.datatype} does not match the model's "
                            f"{spec.datatype}")
         shape = tuple(tensor.shape)
-        if len(shape) != len(spec.shape) + 1:
+        item_shape = spec.shape
+        if len(shape) != len(item_shape) + 1:
             raise _invalid(f"input {spec.name!r}: shape {list(shape)} does not match the model's "
-                           f"{[-1, *spec.shape]} (a leading batch dimension, then {list(spec.shape)})")
-        for got, want in zip(shape[1:], spec.shape):
-            if want >= 0 and got != want:
-                raise _invalid(f"input {spec.name!r}: shape {list(shape)} does not match the model's "
-                               f"{[-1, *spec.shape]}")
+                           f"{[-1, *item_shape]} (a leading batch dimension, then {list(item_shape)})")
+        if shape[1:] != item_shape:
+            for got, want in zip(shape[1:], item_shape):
+                if want >= 0 and got != want:
+                    raise _invalid(f"input {spec.name!r}: shape {list(shape)} does not match the model's "
+                                   f"{[-1, *item_shape]}")
         if shape[0] < 1:
             raise _invalid(f"input {spec.name!r}: batch dimension must be at least 1, got {shape[0]}")
         if rows is None:
             rows = shape[0]
         elif shape[0] != rows:
             raise _invalid(f"input {spec.name!r}: batch dimension {shape[0]} differs from the other inputs' {rows}")
-        if any(d < 0 for d in shape):
+        if min(shape) < 0:
             raise _invalid(f"input {spec.name!r}: shape {list(shape)} has a negative dimension")
         dtype = KSERVE_TO_NUMPY[spec.datatype]
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        count = math.prod(shape)          # exact (Python ints): no int64 wrap-around on absurd shapes
         if raw_count:
-            raw = request.raw_input_contents[index]
+            raw = raw_contents[index]
+            nbytes = count * dtype.itemsize
             if len(raw) != nbytes:
                 raise _invalid(f"input {spec.name!r}: expected {nbytes} bytes of raw data for shape "
                                f"{list(shape)} {spec.datatype}, got {len(raw)}")
@@ -93,7 +101,6 @@ def parse_infer_request(request, model: ModelEntry) -> ParsedRequest:
             if field is None:
                 raise _invalid(f"input {spec.name!r}: datatype {spec.datatype} must be sent as raw_input_contents")
             values = getattr(tensor.contents, field)
-            count = int(np.prod(shape, dtype=np.int64))
             if len(values) != count:
                 raise _invalid(f"input {spec.name!r}: expected {count} values in contents.{field} for shape "
                                f"{list(shape)}, got {len(values)}")
@@ -112,6 +119,7 @@ def parse_infer_request(request, model: ModelEntry) -> ParsedRequest:
     else:
         outputs = tuple(range(len(model.outputs)))
     timeout_us = 0
-    if "timeout" in request.parameters:
-        timeout_us = max(int(request.parameters["timeout"].int64_param), 0)
+    parameters = request.parameters
+    if "timeout" in parameters:
+        timeout_us = max(int(parameters["timeout"].int64_param), 0)
     return ParsedRequest(raws, rows, outputs, timeout_us)

@@ -436,8 +436,9 @@ class on_exec_cpus:
             os.sched_setaffinity(0, self.saved)
 
 
-def ort_session(model_bytes: bytes, threads: int, no_spin: bool = False):
-    """An InferenceSession with the options backend/runtimes/onnx_runtime.py uses."""
+def ort_session(model_bytes: bytes, threads: int, no_spin: bool = True):
+    """An InferenceSession with the options backend/runtimes/onnx_runtime.py uses (since commit
+    d54f56d that includes intra-op spinning off; ``no_spin=False`` measures the old default)."""
     import onnxruntime as ort
 
     o = ort.SessionOptions()
@@ -463,7 +464,7 @@ def time_batch(session, x: np.ndarray, repeats: int, warmup: int = 3) -> list[fl
     return out
 
 
-def ort_limit(model: str, threads: int, slo_ms: float, repeats: int = 15, no_spin: bool = False) -> dict:
+def ort_limit(model: str, threads: int, slo_ms: float, repeats: int = 15, no_spin: bool = True) -> dict:
     """Median l(b) for b = 1, 2, ... until 2*l(b) exceeds the SLO twice in a row; the saturated b."""
     from common.sample_models import build_sample_model, model_bytes, sample_input
 
@@ -553,7 +554,7 @@ def ramp_rate(frontend: str, model: str, slo_ms: float, start: float, stop: floa
 
 
 def low_load(cluster: Cluster, model: str, rate: float, duration_s: float, slo_ms: float, threads: int,
-             no_spin: bool = False, rounds: int = 5, pin: bool = False) -> dict:
+             no_spin: bool = True, rounds: int = 5, pin: bool = False) -> dict:
     """p50 at a low rate against ORT's own batch-1 p50, with where the time and the CPU go.
 
     The served phases and ORT-direct phases alternate (``rounds`` of each, ``duration_s`` in all
@@ -695,12 +696,12 @@ def one_repeat(args, i: int) -> dict:
                  budget_margin_ms=args.budget_margin_ms, pin=args.pin, eager=args.eager, tag=f"serving{i}") as c:
         threads = args.threads or (os.cpu_count() or 1)
         with on_exec_cpus(args.pin):
-            lim = ort_limit(model, args.threads, args.slo_ms, args.ort_repeats, args.ort_no_spin)
+            lim = ort_limit(model, args.threads, args.slo_ms, args.ort_repeats)
         res["limit_scan"] = lim
         b_star = lim["batch"]
         print(f"[{i}] ORT direct ({threads} threads): saturated batch {b_star} l={lim['l_ms']:.1f} ms "
               f"-> {lim['throughput_rps']:.1f} rps", flush=True)
-        ll = low_load(c, model, args.low_rate, args.low_s, args.slo_ms, args.threads, args.ort_no_spin, pin=args.pin)
+        ll = low_load(c, model, args.low_rate, args.low_s, args.slo_ms, args.threads, pin=args.pin)
         ll["hop_floor"] = hop_floor(args.low_rate, min(args.low_s, 10.0), args.slo_ms)
         res["low_load"] = ll
         split = ", ".join(f"{k} {v:.2f}" for k, v in ll["split_mean_ms"].items())
@@ -710,7 +711,7 @@ def one_repeat(args, i: int) -> dict:
 
         # l(b*) again next to every step of the search: the limit under the same background load.
         m = build_sample_model(model)
-        session = ort_session(model_bytes(m), args.threads, args.ort_no_spin)
+        session = ort_session(model_bytes(m), args.threads)
         xb = sample_input(m, b_star, seed=b_star)
         l_samples = [lim["l_ms"]]
 
@@ -783,7 +784,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--low-rate", type=float, default=15.0)
     p.add_argument("--low-s", type=float, default=15.0)
     p.add_argument("--cprofile", default="", help="components to run under cProfile: frontend,backend")
-    p.add_argument("--ort-no-spin", action="store_true", help="experiment: ORT intra-op spinning off")
+    p.add_argument("--ort-no-spin", action="store_true",
+                   help="experiment: force ORT intra-op spinning off in the backend (its default since commit d54f56d)")
     p.add_argument("--pin", action="store_true",
                    help="experiment: the backend's executor thread (ORT, use with --threads 1) on the last CPU, "
                         "every other thread of the cluster and the client on the others")

@@ -424,7 +424,6 @@ class on_exec_cpus:
 
     def __init__(self, pin: bool) -> None:
         self.pin = pin
-        self.eager = eager
 
     def __enter__(self):
         if self.pin:

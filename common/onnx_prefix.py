@@ -653,6 +653,15 @@ def node_hashes(model: ModelLike) -> list[str]:
     return [h.hex()[:PREFIX_ID_HEX] for h in a.node_hash]
 
 
+def prefix_cuts(model: ModelLike) -> tuple[list[tuple[str, int]], int]:
+    """(prefix id, weight bytes of the prefix) at every cut of ``model`` from its inputs outwards
+    (cuts whose tensor type is unknown are left out), and the model's total weight bytes."""
+    a = _Analysis(_load(model, "model"), "model")
+    cuts = [(a.prefix_id(c), int(w)) for c, w in zip(a.cuts, a.cumulative_prefix_weights())
+            if a.cut_type(c) is not None]
+    return cuts, int(a.weight_bytes(range(len(a.nodes))))
+
+
 def prefix_signature(model: ModelLike, *, min_prefix_weight_bytes: int = 1) -> list[str]:
     """The prefix ids at which ``model`` can be cut, from its inputs toward its outputs.
 

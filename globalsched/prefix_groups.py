@@ -71,17 +71,12 @@ MAX_PREFIX_BATCH = 1024
 def model_signature(model_bytes: bytes) -> tuple[list[str], list[int], int]:
     """(prefix ids of the model's substantial prefixes from the inputs outwards, the weight bytes of
     each of those prefixes, the model's weight bytes). ValueError when the bytes are not valid ONNX."""
-    from common.onnx_prefix import _Analysis, _load  # the per-model analysis behind prefix_signature
+    from common.onnx_prefix import prefix_cuts
 
-    analysis = _Analysis(_load(model_bytes, "model"), "model")
-    total = analysis.weight_bytes(range(len(analysis.nodes)))
+    cuts, total = prefix_cuts(model_bytes)
     floor = max(MIN_PREFIX_WEIGHT_BYTES, MIN_PREFIX_WEIGHT_SHARE * total)
-    ids, weights = [], []
-    for cut, weight in zip(analysis.cuts, analysis.cumulative_prefix_weights()):
-        if weight >= floor and analysis.cut_type(cut) is not None:
-            ids.append(analysis.prefix_id(cut))
-            weights.append(int(weight))
-    return ids, weights, total
+    kept = [(pid, weight) for pid, weight in cuts if weight >= floor]
+    return [pid for pid, _ in kept], [weight for _, weight in kept], total
 
 
 def signature_json(ids: Sequence[str], weights: Sequence[int], total_weight_bytes: int) -> str:

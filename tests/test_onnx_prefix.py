@@ -108,6 +108,17 @@ def test_backbone_family_splits_at_the_backbone(family):
         _check_composition(split, models, batch)
 
 
+def test_prefix_cuts_list_every_signature_prefix_with_growing_weights(family):
+    model = family["vehicle_cls"]
+    cuts, total = op.prefix_cuts(model)
+    ids = [pid for pid, _ in cuts]
+    weights = [w for _, w in cuts]
+    assert ids == op.prefix_signature(model)          # the signature lists the same cuts (floor of 1 byte)...
+    heavy = op.prefix_signature(model, min_prefix_weight_bytes=weights[len(weights) // 2])
+    assert heavy == [pid for pid, w in cuts if w >= weights[len(weights) // 2]]   # ...or those above a floor
+    assert weights == sorted(weights) and 0 < weights[-1] <= total
+
+
 def test_three_models_and_signatures_agree(family):
     split = op.find_shared_prefix(family)
     assert split is not None and set(split.suffixes) == set(family)

@@ -31,7 +31,7 @@ import numpy as np
 
 from backend.engine import Engine, ExecError, Outcome, Session, SharedPrefix, Work
 from common import grpc_util
-from common.config import BackendConfig
+from common.config import BackendConfig, BatchStart
 from common.pb import control, control_grpc
 from common.profile import Profile
 from common.registration import keep_registered
@@ -260,10 +260,9 @@ class BackendService(control_grpc.BackendServicer):
                 profile = Profile.from_json(entry.profile_json) if entry.profile_json else None
                 sessions[name] = Session(name, runtime, entry.slo_ms, entry.batch, profile, entry.model.sha256,
                                          self.config.max_queue)
-            # Waiting for the planned batch pays off where a batch has a large fixed cost (GPU-like
-            # devices: 9.1% -> 0.3% bad on an emulated profile). On a CPU it cost throughput instead
-            # (served/limit 0.36 vs 0.60 eager, benchmarks/serving.md), so CPU backends stay eager.
-            self.engine.duty_cycle_s = 0.0 if self.config.device == "cpu" else request.duty_cycle_ms / 1000
+            # Eager by default: measured against duty-cycle waiting in benchmarks/query_split.md.
+            eager = self.config.batch_start is BatchStart.EAGER
+            self.engine.duty_cycle_s = 0.0 if eager else request.duty_cycle_ms / 1000
             removed = self.engine.set_sessions(sessions, groups)
             for s in removed:
                 if s.name not in sessions:

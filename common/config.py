@@ -102,6 +102,15 @@ class SchedulerConfig:
         "help": "rate planned for a session before any report (low: batches start eager, then follow the load)"})
     solver: str = field(default="squishy", metadata={"help": "placement solver"})
     latency_split: str = field(default="dp", metadata={"help": "query latency split: dp | even | proportional"})
+    rate_headroom: float = field(default=0.0, metadata={
+        "help": "plan every session for its measured rate times (1 + this): room for Poisson bursts and for "
+                "growth between epochs"})
+    burst_sigma: float = field(default=1.5, metadata={
+        "help": "provision every session for Poisson bursts: a duty cycle of its saturated batch holds n + "
+                "this * sqrt(n) arrivals instead of their mean n"})
+    path_allowance_ms: float = field(default=5.0, metadata={
+        "help": "time a request spends outside the device on each hop (frontend, gRPC, serialisation); plans keep "
+                "duty cycle + batch latency within every SLO, and every query stage's budget, less this"})
     colocation_report: str = field(default="", metadata={
         "help": "a `nexus profile multitenant` JSON report: l(b) of its models is inflated by the measured "
                 "co-location slowdown when planning"})
@@ -112,7 +121,17 @@ class SchedulerConfig:
             raise ConfigError(f"--latency-split: expected dp, even or proportional, got {self.latency_split!r}")
         for name in ("epoch_s", "node_timeout_s", "max_upload_mb", "default_slo_ms", "default_rate_rps"):
             _check_positive(name, getattr(self, name))
+        for name in ("rate_headroom", "burst_sigma", "path_allowance_ms"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{_flag(name)}: must not be negative, got {getattr(self, name)}")
         _check_positive("heartbeat_interval_ms", self.heartbeat_interval_ms)
+
+
+class BatchStart(str, enum.Enum):
+    """When a backend starts a session's next batch."""
+
+    EAGER = "eager"              # as soon as the device is free and a request waits
+    DUTY_CYCLE = "duty-cycle"    # once the planned batch is queued or the oldest request waited a duty cycle
 
 
 @dataclass(frozen=True)
@@ -127,6 +146,9 @@ class BackendConfig:
     max_queue: int = field(default=4096, metadata={"help": "queued requests per session before shedding"})
     metrics_port: int = field(default=0, metadata={
         "help": "port of the Prometheus text endpoint /metrics, on the --listen host (0: off)"})
+    batch_start: BatchStart = field(default=BatchStart.EAGER, metadata={
+        "help": "when the next batch starts: eager (as soon as the device is free; batches grow with the "
+                "queue) or duty-cycle (wait for the planned batch, at most one duty cycle)"})
     prefix_batching: bool = field(default=True, metadata={
         "help": "run the shared prefix of a prefix group's models once per merged batch"})
 

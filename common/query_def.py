@@ -324,6 +324,22 @@ def stage_deadlines_ms(q: QueryDef, budgets_ms: Mapping[str, float]) -> dict[str
     return finish
 
 
+def latest_finish_ms(q: QueryDef, min_stage_ms: Mapping[str, float]) -> dict[str, float]:
+    """The latest time after the query starts at which each stage may finish and still leave every
+    stage after it its minimal time: the SLO less the heaviest path of ``min_stage_ms`` below it.
+
+    A stage whose batch runs past its budget need not be dropped while this holds: the stages after
+    it may be quicker than their budgets (slack passes down the DAG).
+    """
+    children: dict[str, list[str]] = {s.name: [] for s in q.stages}
+    for parent, child in q.edges():
+        children[parent].append(child)
+    below: dict[str, float] = {}
+    for name in reversed(q.topological_order()):
+        below[name] = max((min_stage_ms.get(c, 0.0) + below[c] for c in children[name]), default=0.0)
+    return {name: max(q.slo_ms - tail, 0.0) for name, tail in below.items()}
+
+
 def even_budgets_ms(q: QueryDef) -> dict[str, float]:
     """SLO divided evenly along the longest path through each stage (before any split is known)."""
     longest = max(len(p) for p in q.paths())

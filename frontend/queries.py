@@ -2,8 +2,9 @@
 
 Contract: :func:`run_query` is called on the event loop for a request whose ``model_name`` is a
 query in the routing table. Every stage runs as soon as its parents are done (independent stages
-concurrently), each with the deadline its latency budget gives (``stage_deadlines_ms``, scaled when
-the request brings its own timeout). Fan-out rows become separate one-row requests, which the
+concurrently), each with the deadline its latency budget gives (``stage_deadlines_ms``), or later
+when the stages after it can still fit (``latest_finish_ms`` from the scheduler); both scale when the
+request brings its own timeout. Fan-out rows become separate one-row requests, which the
 backends batch with everything else. The frontend counts rows in and out of every edge so the
 scheduler can re-split budgets with the measured gamma.
 """
@@ -99,7 +100,10 @@ async def run_query(state: FrontendState, query: QueryEntry, request, deadline_s
     parsed = parse_infer_request(request, query)
     budget_s = request_budget_s(q.slo_ms, parsed.timeout_us, deadline_s)
     scale = budget_s * 1000 / q.slo_ms
-    finish_ms = stage_deadlines_ms(q, query.budgets_ms)
+    # A stage's request is dropped only past the later of its planned finish and the latest finish
+    # that still leaves the stages after it their minimal time: slack passes down the DAG.
+    finish_ms = {name: max(ms, query.latest_finish_ms.get(name, 0.0))
+                 for name, ms in stage_deadlines_ms(q, query.budgets_ms).items()}
     values: dict = {"$inputs": {spec.name: np.frombuffer(raw, dtype=numpy_dtype(spec.datatype)).reshape(
         parsed.rows, *spec.shape) for spec, raw in zip(q.inputs, parsed.inputs)}}
     tasks: dict[str, asyncio.Task] = {}

@@ -58,7 +58,8 @@ def _query_entry(info: control.QueryInfo, models: dict[str, ModelEntry]) -> Quer
         spec = next((t for t in stage_models[src.stage].outputs if t.name == src.tensor), None)
         outputs.append(TensorSpec(out_name, spec.datatype if spec else "FP32", spec.shape if spec else ()))
     budgets = dict(info.budgets_ms) or even_budgets_ms(q)
-    return QueryEntry(q, budgets, q.inputs, tuple(outputs), stage_models, reason)
+    return QueryEntry(q, budgets, q.inputs, tuple(outputs), stage_models, reason,
+                      latest_finish_ms=dict(info.latest_finish_ms))
 
 
 def _entry(desc: control.ModelDesc, slo_ms: float, served: bool, routes=(), reason: str = "") -> ModelEntry:
@@ -84,6 +85,7 @@ class QueryEntry:
     max_batch: int = DEFAULT_MAX_BATCH
     served: bool = True
     backends: tuple[Route, ...] = ()
+    latest_finish_ms: dict[str, float] = field(default_factory=dict)   # per stage; see common.query_def
 
     @property
     def name(self) -> str:

@@ -9,10 +9,13 @@ The service (``globalsched/service.py``) turns that into RPCs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from common.profile import Profile
 from globalsched.placement import BackendAssignment, BackendSlot, PlacedSession, Placement, assign_backends
+
+if TYPE_CHECKING:
+    from globalsched.algorithms.config import PlannerConfig
 
 MIN_PLANNED_RATE_RPS = 1.0
 UNBOUNDED_MEMORY_MB = 1e12  # a backend that reports no memory limit
@@ -51,15 +54,20 @@ class ClusterPlan:
 
 
 def plan_cluster(sessions: Sequence[SessionInput], backends: Sequence[BackendSlot],
-                 previous: Mapping[str, frozenset[str]], solver: str = "squishy") -> ClusterPlan:
+                 previous: Mapping[str, frozenset[str]], solver: str = "squishy",
+                 config: PlannerConfig | None = None) -> ClusterPlan:
     """Plan every session onto the registered backends, one device type at a time.
 
     A session is planned on the device type of the most backends it has a profile for. A session
     with no profile for any present device type is listed in ``need_profile`` (the service asks a
-    backend of that type to profile it); one whose SLO is below 2*l(1) on every type is unplaced.
+    backend of that type to profile it); one whose SLO, less ``config.margins_ms`` (the path
+    allowance), is below 2*l(1) on every type is served best effort at batch 1.
     """
     from common.plan import GpuSpec, SessionSpec
-    from globalsched.algorithms.solve import solve
+    from globalsched.algorithms.config import PlannerConfig
+
+    config = config or PlannerConfig()
+    margins_ms = config.margins_ms
 
     by_type: dict[str, list[BackendSlot]] = {}
     for b in backends:
@@ -80,11 +88,12 @@ def plan_cluster(sessions: Sequence[SessionInput], backends: Sequence[BackendSlo
             unplaced[s.model] = (f"no profile for device type {types_by_size[0]!r} "
                                  f"(profiles: {sorted(s.profiles) or 'none'})")
             continue
-        feasible = [t for t in usable if 2 * s.profiles[t].latency_ms(1) <= s.slo_ms]
+        feasible = [t for t in usable if 2 * s.profiles[t].latency_ms(1) <= s.slo_ms - margins_ms]
         if not feasible:
             t = usable[0]
-            best_effort[s.model] = (f"SLO {s.slo_ms:g} ms is below 2*l(1) = {2 * s.profiles[t].latency_ms(1):.1f} ms "
-                                    f"on {t}; served best effort at batch 1")
+            less = f" less the {margins_ms:g} ms path allowance" if margins_ms else ""
+            best_effort[s.model] = (f"SLO {s.slo_ms:g} ms{less} is below 2*l(1) = "
+                                    f"{2 * s.profiles[t].latency_ms(1):.1f} ms on {t}; served best effort at batch 1")
             infeasible.setdefault(t, []).append(s)
             continue
         chosen[feasible[0]].append(s)
@@ -106,7 +115,7 @@ def plan_cluster(sessions: Sequence[SessionInput], backends: Sequence[BackendSlo
         plan = solve_with_prefix_groups(
             [SessionSpec(x.name, x.model, x.slo_ms, x.rate_rps, x.profile, s.prefix_group or None)
              for x, s in zip(specs, group)],
-            GpuSpec(name=device_type, memory_mb=memory if memory > 0 else UNBOUNDED_MEMORY_MB), solver,
+            GpuSpec(name=device_type, memory_mb=memory if memory > 0 else UNBOUNDED_MEMORY_MB), solver, config,
             shares={s.model: s.prefix_share for s in group})
         planned += len(plan.gpus)
         bound += plan.lower_bound

@@ -16,12 +16,15 @@ ties: the scheduler's split is never worse than the even split it is compared ag
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from common.plan import PlanningError, QueryEdge, QuerySpec, QueryStage
 from common.profile import Profile
-from common.query_def import QueryDef, even_budgets_ms
+from common.query_def import QueryDef, even_budgets_ms, latest_finish_ms
 from globalsched.cluster import MIN_PLANNED_RATE_RPS, UNBOUNDED_MEMORY_MB, SessionInput
+
+if TYPE_CHECKING:
+    from globalsched.algorithms.config import PlannerConfig
 
 SPLIT_METHODS = ("dp", "even", "proportional")
 DEFAULT_GAMMA = 1.0
@@ -35,18 +38,24 @@ class QueryPlan:
     method: str
     reason: str = ""
     stage_rates_rps: Mapping[str, float] = field(default_factory=dict)
+    latest_finish_ms: Mapping[str, float] = field(default_factory=dict)   # common.query_def.latest_finish_ms
 
 
 def plan_query_sessions(queries: Mapping[str, QueryDef], rates_rps: Mapping[str, float],
                         gammas: Mapping[tuple[str, str, str], float],
                         profiles: Mapping[str, Mapping[str, Profile]], device_types: list[str],
                         method: str = "dp", default_rate_rps: float = 1.0,
+                        config: PlannerConfig | None = None,
                         ) -> tuple[list[SessionInput], dict[str, QueryPlan]]:
     """Stage sessions of every query and how their budgets were chosen.
 
     ``profiles[model][device_type]``; ``device_types`` in order of preference (most backends first).
+    ``config.margins_ms`` (the path allowance) is spent outside the device by every stage: each
+    stage's budget covers it, and the packing keeps duty cycle + batch latency within budget less it.
     """
-    from globalsched.algorithms import even_split, proportional_split, split_latency
+    from globalsched.algorithms import PlannerConfig as _Config, even_split, proportional_split, split_latency
+
+    config = config or _Config()
 
     if method not in SPLIT_METHODS:
         raise ValueError(f"unknown latency split {method!r}; expected one of {', '.join(SPLIT_METHODS)}")
@@ -69,10 +78,10 @@ def plan_query_sessions(queries: Mapping[str, QueryDef], rates_rps: Mapping[str,
                          tuple(QueryEdge(p, c, max(used[f"{p}->{c}"], 1e-3)) for p, c in edges))
         reason = ""
         try:
-            split = {"dp": split_latency, "even": even_split, "proportional": proportional_split}[method](spec)
+            split = {"dp": split_latency, "even": even_split, "proportional": proportional_split}[method](spec, config)
             if method == "dp":
-                split = min([split, even_split(spec), proportional_split(spec)],
-                            key=lambda s: _packed_gpus(spec, s, device_type))
+                split = min([split, even_split(spec, config), proportional_split(spec, config)],
+                            key=lambda s: _packed_gpus(spec, s, device_type, config))
             budgets = dict(split.budgets_ms)
             chosen = split.method.value
         except PlanningError as exc:
@@ -81,16 +90,17 @@ def plan_query_sessions(queries: Mapping[str, QueryDef], rates_rps: Mapping[str,
         for s in q.stages:
             sessions.append(SessionInput(q.session_name(s.name), budgets[s.name],
                                          max(stage_rates[s.name], MIN_PLANNED_RATE_RPS), profiles[s.model]))
-        plans[name] = QueryPlan(name, budgets, used, chosen, reason, stage_rates)
+        minimal = {s.name: 2 * profiles[s.model][device_type].latency_ms(1) + config.margins_ms for s in q.stages}
+        plans[name] = QueryPlan(name, budgets, used, chosen, reason, stage_rates, latest_finish_ms(q, minimal))
     return sessions, plans
 
 
-def _packed_gpus(spec, split, device_type: str) -> int:
+def _packed_gpus(spec, split, device_type: str, config: PlannerConfig) -> int:
     """Whole GPUs the query's stage sessions need under ``split`` (squishy, unbounded memory)."""
     from common.plan import GpuSpec
     from globalsched.algorithms import solve
 
     try:
-        return len(solve(split.sessions(spec), GpuSpec(device_type, UNBOUNDED_MEMORY_MB)).gpus)
+        return len(solve(split.sessions(spec), GpuSpec(device_type, UNBOUNDED_MEMORY_MB), config=config).gpus)
     except PlanningError:
         return 1 << 30

@@ -10,6 +10,7 @@ backend that has not loaded the model.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import pathlib
@@ -23,6 +24,7 @@ from common import grpc_util
 from common.config import SchedulerConfig
 from common.pb import control, control_grpc
 from common.profile import Profile, ProfileError
+from globalsched.algorithms.config import PlannerConfig
 from globalsched.cluster import MIN_PLANNED_RATE_RPS, ClusterPlan, SessionInput, plan_cluster
 from globalsched.convert import model_desc
 from globalsched.modeldb import ModelDatabase, UploadError
@@ -33,10 +35,11 @@ from common.query_def import ModelIO, QueryError, parse_query, validate_query
 
 log = logging.getLogger("nexus.scheduler")
 
-RATE_BAND = (0.8, 1.1)          # Nexus: re-plan early when a rate leaves this band of its allocation
+RATE_BAND = (0.8, 1.1)          # Nexus: re-plan early when a rate leaves this band of the rate planned for
 EARLY_REPLAN_COOLDOWN_S = 5.0   # no early re-plan sooner than this after the last plan
 RATE_REPORT_TTL_S = 10.0        # a frontend's report counts this long
 RATE_SMOOTHING = 0.3            # weight of the newest report in the exponentially smoothed rate
+PLAN_RATE_WINDOW_S = 10.0       # plans use the mean rate of the reports of this window
 MIN_EDGE_SAMPLES = 20           # parent rows before a measured gamma is trusted
 
 
@@ -58,10 +61,16 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.config = config
         self.db = db
         self.prefix_fn = prefix_fn
+        # The path allowance is the planner's network margin: spent outside the device on every hop.
+        self.planner_config = PlannerConfig(network_ms=config.path_allowance_ms, burst_sigma=config.burst_sigma)
         self.nodes: dict[str, Node] = {}
         self.rates: dict[str, dict[str, tuple[float, float]]] = {}   # frontend -> model -> (rate, t)
+        # frontend -> model -> (time, requests, window seconds) of its reports over PLAN_RATE_WINDOW_S
+        self.rate_history: dict[str, dict[str, collections.deque]] = {}
         self.plan: ClusterPlan | None = None
-        self.planned_rates: dict[str, float] = {}
+        self.planned_rates: dict[str, float] = {}          # session or query -> measured rate planned for
+        self.planned_query_rates: dict[str, float] = {}    # query -> rate with headroom
+        self.stage_sessions: set[str] = set()              # "<query>/<stage>" sessions of the plan
         self.epoch = 0
         self.last_plan_time = 0.0
         self._replan = asyncio.Event()
@@ -137,6 +146,11 @@ class SchedulerService(control_grpc.SchedulerServicer):
             if old is not None and now - old[1] <= RATE_REPORT_TTL_S:   # smooth Poisson noise of short windows
                 rate = RATE_SMOOTHING * rate + (1 - RATE_SMOOTHING) * old[0]
             table[r.model] = (rate, now)
+            if r.window_ms > 0:
+                history = self.rate_history.setdefault(request.node_id, {}).setdefault(r.model, collections.deque())
+                history.append((now, r.requests, r.window_ms / 1000))
+                while history and history[0][0] < now - PLAN_RATE_WINDOW_S:
+                    history.popleft()
         edges = self.edges.setdefault(request.node_id, {})
         for e in request.edges:
             key = (e.query, e.parent, e.child)
@@ -147,6 +161,25 @@ class SchedulerService(control_grpc.SchedulerServicer):
                 edges[key] = (e.parent_requests, e.child_requests, now)
         self._check_rate_band(now)
         return control.WorkloadReply()
+
+    def planning_rates(self, now: float) -> dict[str, float]:
+        """The rates a plan is made for: requests over time across the reports of the last
+        PLAN_RATE_WINDOW_S, per frontend, summed (the smoothed rate where a frontend sent no counts).
+
+        The smoothed rate decides *when* to re-plan, and a re-plan starts when it is at a high (or
+        low) excursion; planning on that value would keep the excursion. The window's mean is steadier.
+        """
+        totals: dict[str, float] = {}
+        for node, per_model in self.rates.items():
+            for model, (smoothed, t) in per_model.items():
+                if now - t > RATE_REPORT_TTL_S:
+                    continue
+                fresh = [(n, w) for at, n, w in self.rate_history.get(node, {}).get(model, ())
+                         if now - at <= PLAN_RATE_WINDOW_S]
+                window_s = sum(w for _, w in fresh)
+                rate = sum(n for n, _ in fresh) / window_s if window_s > 0 else smoothed
+                totals[model] = totals.get(model, 0.0) + rate
+        return totals
 
     def current_rates(self, now: float) -> dict[str, float]:
         totals: dict[str, float] = {}
@@ -168,21 +201,32 @@ class SchedulerService(control_grpc.SchedulerServicer):
         return {k: c / p for k, (p, c) in totals.items() if p >= MIN_EDGE_SAMPLES}
 
     def _check_rate_band(self, now: float) -> None:
+        """On a workload report: re-plan early when the plan no longer fits (after a cooldown)."""
         if now - self.last_plan_time < EARLY_REPLAN_COOLDOWN_S:
             return
+        why = self.plan_outdated(now)
+        if why:
+            self.request_replan(why)
+
+    def plan_outdated(self, now: float) -> str:
+        """Why the current plan no longer fits the measured workload ("" when it still does).
+
+        A measured gamma or rate outside RATE_BAND of the one planned for (the rate before headroom:
+        the headroom is for bursts, not growth). Frontends report every served model and query, idle
+        ones at 0, so a rate that stops falls out of the band.
+        """
         for key, gamma in self.current_gammas(now).items():
             planned = self.planned_gammas.get(key)
             if planned is None or not (RATE_BAND[0] * planned <= gamma <= RATE_BAND[1] * planned):
-                self.request_replan(f"gamma of {key[0]}: {key[1]}->{key[2]} is {gamma:.2f}, planned {planned}")
-                return
+                return f"gamma of {key[0]}: {key[1]}->{key[2]} is {gamma:.2f}, planned {planned}"
         for model, rate in self.current_rates(now).items():
             planned = self.planned_rates.get(model)
-            if planned is None:
+            if planned is None or model in self.stage_sessions:   # a stage follows its query's rate and gammas
                 continue
             rate, planned = max(rate, MIN_PLANNED_RATE_RPS), max(planned, MIN_PLANNED_RATE_RPS)
             if not (RATE_BAND[0] * planned <= rate <= RATE_BAND[1] * planned):
-                self.request_replan(f"rate of {model} is {rate:.1f} rps, planned {planned:.1f}")
-                return
+                return f"rate of {model} is {rate:.1f} rps, planned {planned:.1f}"
+        return ""
 
     # ---- model database ----------------------------------------------------------------------------
 
@@ -292,6 +336,12 @@ class SchedulerService(control_grpc.SchedulerServicer):
                 info.gamma.update(plan.gammas)
                 info.split_method = plan.method
                 info.reason = plan.reason
+                info.planned_rate_rps = self.planned_query_rates.get(name, 0.0)
+                info.latest_finish_ms.update(plan.latest_finish_ms)
+                if self.plan is not None:
+                    prefix = name + "/"
+                    info.devices = len({node for st in plan.budgets_ms
+                                        for node, _ in self.plan.backends_of(prefix + st)})
             infos.append(info)
         return infos
 
@@ -303,9 +353,13 @@ class SchedulerService(control_grpc.SchedulerServicer):
     # ---- planning ----------------------------------------------------------------------------------
 
     async def _epoch_timer(self) -> None:
+        """Every epoch, re-plan if the plan no longer fits the workload (no cooldown). A plan that
+        still fits stands: re-planning on noise would move sessions, and a move costs their queues."""
         while True:
             await asyncio.sleep(self.config.epoch_s)
-            self.request_replan("epoch")
+            why = self.plan_outdated(time.monotonic())
+            if why:
+                self.request_replan(f"epoch: {why}")
 
     async def _reaper(self) -> None:
         interval = self.config.heartbeat_interval_ms / 1000
@@ -317,6 +371,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
                     log.warning("%s missed heartbeats for %.1f s; removing it", node.node_id, now - node.last_seen)
                     self.nodes.pop(node.node_id, None)
                     self.rates.pop(node.node_id, None)
+                    self.rate_history.pop(node.node_id, None)
                     if node.channel is not None:
                         await node.channel.close()
                     self.request_replan(f"{node.node_id} left")
@@ -341,13 +396,16 @@ class SchedulerService(control_grpc.SchedulerServicer):
         return profiles
 
     def _inputs(self, now: float, device_types: list[str]) -> list[SessionInput]:
-        """Model sessions from the database plus the stage sessions of every query."""
-        rates = self.current_rates(now)
+        """Model sessions from the database plus the stage sessions of every query, at planned rates:
+        measured (or default) rates times 1 + ``rate_headroom``."""
+        headroom = 1.0 + self.config.rate_headroom
+        rates = {k: v * headroom for k, v in self.planning_rates(now).items()}
+        default_rate = self.config.default_rate_rps * headroom
         out = []
         models = {}
         for s in self.db.sessions():
             record = self.db.model(s.model)
-            out.append(SessionInput(s.model, s.slo_ms, rates.get(s.model, self.config.default_rate_rps),
+            out.append(SessionInput(s.model, s.slo_ms, rates.get(s.model, default_rate),
                                     self._profiles(s.model), record.prefix_group if record else "",
                                     self.db.prefix_share(s.model) if record and record.prefix_group else None))
             models[s.model] = s.model
@@ -360,14 +418,16 @@ class SchedulerService(control_grpc.SchedulerServicer):
         profiles = {s.model: self._profiles(s.model) for q in queries.values() for s in q.stages}
         gammas = self.current_gammas(now)
         stage_sessions, self.query_plans = plan_query_sessions(
-            queries, rates, gammas, profiles, device_types, self.config.latency_split,
-            self.config.default_rate_rps)
+            queries, rates, gammas, profiles, device_types, self.config.latency_split, default_rate,
+            self.planner_config)
         for q in queries.values():
             for st in q.stages:
                 models[q.session_name(st.name)] = st.model
         self.planned_gammas = {(q, *k.split("->")): g for q, plan in self.query_plans.items()
                                for k, g in plan.gammas.items()}
         self.session_models = models
+        self.stage_sessions = {q.session_name(st.name) for q in queries.values() for st in q.stages}
+        self.planned_query_rates = {name: max(rates.get(name, default_rate), MIN_PLANNED_RATE_RPS) for name in queries}
         out += stage_sessions
         self.session_slos = {s.model: s.slo_ms for s in out}
         return out
@@ -385,10 +445,17 @@ class SchedulerService(control_grpc.SchedulerServicer):
             for placement in self.plan.placements.values():
                 for b in placement.backends:
                     previous[b.node_id] = frozenset(s.model for s in b.sessions)
-        plan = plan_cluster(sessions, backends, previous, self.config.solver)
+        plan = plan_cluster(sessions, backends, previous, self.config.solver, self.planner_config)
         self.epoch += 1
         self.last_plan_time = now
-        self.planned_rates = {s.model: s.rate_rps for s in sessions}
+        # The measured rates these sessions were planned for (before headroom): the drift band's centre.
+        self.planned_rates = {name: rate / (1.0 + self.config.rate_headroom)
+                              for name, rate in [*((s.model, s.rate_rps) for s in sessions),
+                                                 *self.planned_query_rates.items()]}
+        for placement in plan.placements.values():
+            for b in placement.backends:
+                log.info("epoch %d: %s duty cycle %.1f ms: %s", self.epoch, b.node_id, b.duty_cycle_ms,
+                         ", ".join(f"{s.model} b={s.batch} {s.throughput_rps:.1f} rps" for s in b.sessions) or "idle")
         for note in plan.notes:
             log.warning(note)
         for model, why in plan.best_effort.items():

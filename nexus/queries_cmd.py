@@ -52,14 +52,17 @@ def _run_list(args) -> int:
         print(f"nexus queries list: error: {exc}", file=sys.stderr)
         return 2
     out = [{"name": q.name, "split": q.split_method, "budgets_ms": dict(q.budgets_ms), "gamma": dict(q.gamma),
-            "reason": q.reason, "definition": json.loads(q.json)} for q in queries]
+            "planned_rate_rps": q.planned_rate_rps, "devices": q.devices,
+            "latest_finish_ms": dict(q.latest_finish_ms), "reason": q.reason, "definition": json.loads(q.json)}
+           for q in queries]
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
     for q in out:
         budgets = ", ".join(f"{k}={v:.0f}ms" for k, v in q["budgets_ms"].items()) or "-"
         gammas = ", ".join(f"{k}={v:.2f}" for k, v in q["gamma"].items()) or "-"
-        print(f"{q['name']}: split {q['split'] or '-'} [{budgets}] gamma [{gammas}] {q['reason']}".rstrip())
+        print(f"{q['name']}: split {q['split'] or '-'} [{budgets}] gamma [{gammas}] "
+              f"planned {q['planned_rate_rps']:.1f} qps on {q['devices']} devices {q['reason']}".rstrip())
     return 0
 
 

@@ -19,6 +19,7 @@ import time
 
 import grpc
 
+from common.config import BatchStart, SchedulerConfig
 from common import grpc_util
 from common.pb import kserve, kserve_grpc
 from nexus.process import READY_PREFIX
@@ -111,7 +112,10 @@ def run(args) -> int:
     try:
         scheduler = Child("scheduler", ["scheduler", "--listen", f"127.0.0.1:{args.scheduler_port}",
                                         "--data-dir", str(data_dir / "db"), "--epoch-s", str(args.epoch_s),
-                                        "--latency-split", args.latency_split], env)
+                                        "--latency-split", args.latency_split,
+                                        "--rate-headroom", str(args.rate_headroom),
+                                        "--burst-sigma", str(args.burst_sigma),
+                                        "--path-allowance-ms", str(args.path_allowance_ms)], env)
         children.append(scheduler)
         sched_addr = scheduler.wait_ready(60)
         names = []
@@ -132,6 +136,7 @@ def run(args) -> int:
             argv = ["backend", "--scheduler", sched_addr, "--device", args.device, "--listen", "127.0.0.1:0"]
             if args.threads:
                 argv += ["--threads", str(args.threads)]
+            argv += ["--batch-start", args.batch_start]
             children.append(Child(f"backend-{i}", argv, env))
         frontend = Child("frontend", ["frontend", "--scheduler", sched_addr,
                                       "--listen", f"{args.host}:{args.frontend_port}"], env)
@@ -177,6 +182,17 @@ def register(sub) -> None:
     p.add_argument("--epoch-s", type=float, default=30.0, help="scheduler re-planning period")
     p.add_argument("--latency-split", default="dp", choices=["dp", "even", "proportional"],
                    help="how the scheduler splits a query's SLO over its stages")
+    p.add_argument("--batch-start", default=BatchStart.EAGER.value, choices=[m.value for m in BatchStart],
+                   help="backends: when the next batch starts (default eager)")
+    defaults = SchedulerConfig()
+    p.add_argument("--rate-headroom", type=float, default=defaults.rate_headroom,
+                   help=f"scheduler: plan for measured rates times (1 + this) (default {defaults.rate_headroom:g})")
+    p.add_argument("--burst-sigma", type=float, default=defaults.burst_sigma,
+                   help="scheduler: provision each session for n + this*sqrt(n) arrivals per duty cycle "
+                        f"(default {defaults.burst_sigma:g})")
+    p.add_argument("--path-allowance-ms", type=float, default=defaults.path_allowance_ms,
+                   help="scheduler: time per hop outside the device, taken from every SLO when planning "
+                        f"(default {defaults.path_allowance_ms:g})")
     p.add_argument("--no-samples", action="store_true", help="do not build and upload the sample models")
     p.add_argument("--ready-timeout-s", type=float, default=180.0)
     p.set_defaults(func=run)

@@ -195,3 +195,34 @@ def test_a_thousand_sessions_plan_quickly_and_close_to_the_bound() -> None:
     assert validate_plan(plan, sessions, gpu) == []
     assert plan.num_gpus <= 1.10 * plan.lower_bound
     assert plan.num_gpus <= solve(sessions, gpu, Solver.NEXUS).num_gpus
+
+
+def test_burst_rate_covers_mean_plus_sigma_poisson_deviations_per_duty_cycle() -> None:
+    from globalsched.algorithms.batching import burst_rate_rps
+
+    assert burst_rate_rps(30.0, 100.0, 2.0) == pytest.approx((3 + 2 * math.sqrt(3)) / 0.1)   # n = 3 per cycle
+    assert burst_rate_rps(30.0, 100.0, 0.0) == 30.0
+    assert burst_rate_rps(0.0, 100.0, 2.0) == 0.0
+    # relative headroom shrinks as a cycle holds more requests: 1 + sigma / sqrt(n)
+    assert burst_rate_rps(3000.0, 100.0, 2.0) / 3000.0 == pytest.approx(1 + 2 / math.sqrt(300))
+    with pytest.raises(ValueError, match="burst_sigma"):
+        PlannerConfig(burst_sigma=-1.0)
+
+
+def test_burst_aware_plans_provision_every_session_above_its_rate() -> None:
+    sessions = [session("a", 100.0, 40.0), session("b", 60.0, 300.0), session("c", 200.0, 900.0)]
+    plain = solve(sessions, BIG)
+    config = PlannerConfig(burst_sigma=2.0)
+    burst = solve(sessions, BIG, config=config)
+    assert len(burst.gpus) >= len(plain.gpus) and burst.lower_bound >= plain.lower_bound
+    assert not validate_plan(burst, sessions, BIG)
+    served = {}
+    for g in burst.gpus:
+        for a in g.sessions:
+            served[a.session] = served.get(a.session, 0.0) + a.throughput
+    for s in sessions:
+        sm = prepare(s, BIG, config)
+        batch, _ = saturated(sm)
+        n = s.rate_rps * sm.lat(batch) / 1000
+        assert sm.rate_rps == pytest.approx(s.rate_rps * (1 + 2 / math.sqrt(n)))
+        assert served[s.name] >= sm.rate_rps * (1 - 1e-9)

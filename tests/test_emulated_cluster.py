@@ -29,7 +29,7 @@ PROFILE = Profile.linear(2.0, 20.0, 24, memory_base_mb=400, memory_per_item_mb=8
 SLO_MS = 200.0
 MIN_BATCHES = 8        # batch sizes seen fewer times than this in a round are not compared
 MAX_ROUNDS = 5
-MIN_SIZES = 2          # duty-cycle batching settles on the planned batch: few sizes per load level
+MIN_SIZES = 2          # batch sizes compared in a round (the batch grows with the load)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from backend.engine import Engine, Session, SharedPrefix, Work
 from backend.policies import EarliestFirst, SlidingWindowEarlyDrop
 from backend.runtimes import load_runtime
 from backend.server import BackendService, backend_stats
-from common.config import BackendConfig
+from common.config import BackendConfig, BatchStart
 from common.onnx_prefix import find_shared_prefix
 from common.pb import control
 from common.plan import SessionSpec
@@ -413,3 +413,25 @@ def test_prefix_batching_can_be_turned_off(variants):
         assert all(s.group is None for s in service.engine.sessions.values())
     finally:
         service.engine.stop()
+
+
+@pytest.mark.parametrize("mode, waits_s", [(BatchStart.EAGER, 0.0), (BatchStart.DUTY_CYCLE, 0.08)])
+def test_batch_start_decides_whether_the_engine_waits_for_the_duty_cycle(mlp, mode, waits_s):
+    service = _Service({_sha(mlp): mlp}, batch_start=mode)
+    try:
+        table = _table(1, {"mlp": (mlp, "")})
+        table.duty_cycle_ms = 80.0
+        reply = asyncio.run(service.UpdateModelTable(table, None))
+        assert reply.loaded == ["mlp"]
+        assert service.engine.duty_cycle_s == pytest.approx(waits_s)
+    finally:
+        service.engine.stop()
+
+
+def test_unknown_batch_start_is_refused():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "nexus", "backend", "--batch-start", "later"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--batch-start: invalid choice: 'later'" in done.stderr, done.stderr

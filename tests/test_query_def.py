@@ -7,8 +7,8 @@ import pytest
 
 from common.plan import PlanningError
 from common.profile import Profile
-from common.query_def import (ModelIO, QueryError, even_budgets_ms, parse_query, stage_deadlines_ms,
-                              validate_query)
+from common.query_def import (ModelIO, QueryError, even_budgets_ms, latest_finish_ms, parse_query,
+                              stage_deadlines_ms, validate_query)
 from common.sample_queries import SAMPLE_QUERIES
 from common.tensors import TensorSpec
 from globalsched.query_sessions import plan_query_sessions
@@ -89,6 +89,13 @@ def test_stage_deadlines_accumulate_along_paths():
     assert even_budgets_ms(q) == {"detect": 200, "vehicle": 200, "face": 200}
 
 
+def test_latest_finish_leaves_every_later_stage_its_minimal_time():
+    q = parse_query(_q())
+    latest = latest_finish_ms(q, {"detect": 50, "vehicle": 30, "face": 70})
+    assert latest == {"detect": 330, "vehicle": 400, "face": 400}   # the heavier branch (face) decides
+    assert latest_finish_ms(q, {}) == {"detect": 400, "vehicle": 400, "face": 400}
+
+
 def _profiles(alpha, beta):
     return {"gpu": Profile.linear(alpha, beta, 64)}
 
@@ -106,6 +113,27 @@ def test_plan_query_sessions_dp_respects_slo_and_uses_measured_gamma():
     assert plan.gammas == {"detect->vehicle": 3.0, "detect->face": 2.0}
     even_sessions, even = plan_query_sessions({"traffic": q}, {"traffic": 100.0}, gammas, profiles, ["gpu"], "even")
     assert even.get("traffic").method == "even"
+
+
+def test_plan_query_sessions_takes_the_path_allowance_from_every_stage():
+    from globalsched.algorithms import PlannerConfig
+
+    q = parse_query(_q())
+    profiles = {"detector": _profiles(2.0, 10.0), "vehicle_cls": _profiles(1.0, 5.0), "face_cls": _profiles(1.0, 5.0)}
+    gammas = {("traffic", "detect", "vehicle"): 3.0, ("traffic", "detect", "face"): 3.0}
+    config = PlannerConfig(network_ms=20.0)
+    sessions, plans = plan_query_sessions({"traffic": q}, {"traffic": 100.0}, gammas, profiles, ["gpu"], "dp",
+                                          config=config)
+    plan = plans["traffic"]
+    for s in q.stages:   # each budget covers the allowance plus at least 2*l(1)
+        assert plan.budgets_ms[s.name] - 20.0 >= 2 * profiles[s.model]["gpu"].latency_ms(1) - 1e-6
+    # latest finish of detect: the SLO less the heavier child's 2*l(1) + allowance (both children: 2*6 + 20)
+    assert abs(plan.latest_finish_ms["detect"] - (400 - 32)) < 1e-9
+    assert plan.latest_finish_ms["vehicle"] == plan.latest_finish_ms["face"] == 400
+    # an allowance that leaves no room for 2*l(1) on a path makes the query best effort, with the reason
+    _, tight = plan_query_sessions({"traffic": q}, {"traffic": 100.0}, gammas, profiles, ["gpu"], "dp",
+                                   config=PlannerConfig(network_ms=190.0))
+    assert "best effort" in tight["traffic"].reason and "margins" in tight["traffic"].reason
 
 
 def test_plan_query_sessions_without_profiles_or_feasible_split_gives_reasons():

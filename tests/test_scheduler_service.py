@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from common.config import SchedulerConfig
+from common.pb import control
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from globalsched.modeldb import ModelDatabase
@@ -43,7 +44,10 @@ def test_unreadable_colocation_report_stops_the_scheduler_with_a_message(tmp_pat
 def test_bad_scheduler_flags_are_refused(tmp_path):
     for flags, message in ((["--listen", "nowhere"], "--listen: expected HOST:PORT"),
                            (["--epoch-s", "0"], "--epoch-s: must be positive"),
-                           (["--latency-split", "random"], "--latency-split")):
+                           (["--latency-split", "random"], "--latency-split"),
+                           (["--rate-headroom", "-0.1"], "--rate-headroom: must not be negative"),
+                           (["--burst-sigma", "-1"], "--burst-sigma: must not be negative"),
+                           (["--path-allowance-ms", "-1"], "--path-allowance-ms: must not be negative")):
         done = subprocess.run([sys.executable, "-m", "nexus", "scheduler", "--data-dir", str(tmp_path), *flags],
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and message in done.stderr, (flags, done.stderr)
@@ -53,11 +57,8 @@ def test_reported_rates_are_smoothed(tmp_path):
     service = _service(tmp_path)
     service.rates["fe"] = {}
 
-    class Report:
-        def __init__(self, rate):
-            self.node_id = "fe"
-            self.rates = [type("R", (), {"model": "m", "rate_rps": rate})()]
-            self.edges = []
+    def Report(rate):
+        return control.WorkloadReport(node_id="fe", rates=[control.SessionRate(model="m", rate_rps=rate)])
 
     import asyncio
 
@@ -66,3 +67,74 @@ def test_reported_rates_are_smoothed(tmp_path):
     asyncio.run(service.ReportWorkload(Report(200.0), None))
     expected = RATE_SMOOTHING * 200.0 + (1 - RATE_SMOOTHING) * 100.0
     assert abs(service.rates["fe"]["m"][0] - expected) < 1e-9
+
+
+def test_sessions_are_planned_with_the_rate_headroom(tmp_path):
+    import time
+
+    service = _service(tmp_path, rate_headroom=0.5)
+    service.db.set_session("m", 50)
+    now = time.monotonic()
+    service.rates["fe"] = {"m": (10.0, now)}
+    [session] = service._inputs(now, ["cpu"])
+    assert abs(session.rate_rps - 15.0) < 1e-9
+    service.rates["fe"] = {}
+    [idle] = service._inputs(now, ["cpu"])   # no report yet: the default rate, with headroom too
+    assert abs(idle.rate_rps - 1.5 * service.config.default_rate_rps) < 1e-9
+
+
+def test_the_plan_is_outdated_only_when_a_rate_or_gamma_leaves_its_band(tmp_path):
+    import time
+
+    service = _service(tmp_path, rate_headroom=0.5)
+    now = time.monotonic()
+    service.planned_rates = {"m": 10.0, "q/stage": 10.0}
+    service.stage_sessions = {"q/stage"}
+    for rate, outdated in ((10.0, False), (10.9, False), (8.1, False), (11.5, True), (7.5, True)):
+        service.rates["fe"] = {"m": (rate, now), "q/stage": (50.0, now)}   # a stage follows its query
+        why = service.plan_outdated(now)
+        assert bool(why) == outdated, (rate, why)
+        if outdated:
+            assert why == f"rate of m is {rate:.1f} rps, planned 10.0"
+    service.rates["fe"] = {"m": (10.0, now)}
+    service.planned_gammas = {("q", "a", "b"): 3.0}
+    service.edges["fe"] = {("q", "a", "b"): (100, 300, now)}
+    assert service.plan_outdated(now) == ""
+    service.edges["fe"] = {("q", "a", "b"): (100, 400, now)}
+    assert service.plan_outdated(now) == "gamma of q: a->b is 4.00, planned 3.0"
+
+
+def test_path_allowance_and_burst_sigma_reach_the_planner(tmp_path):
+    from globalsched.cluster import SessionInput, plan_cluster
+    from globalsched.placement import BackendSlot
+
+    service = _service(tmp_path, path_allowance_ms=12.0, burst_sigma=1.5)
+    assert service.planner_config.margins_ms == 12.0 and service.planner_config.burst_sigma == 1.5
+    profile = Profile.linear(1.0, 20.0, 8, device_type="cpu")     # 2*l(1) = 42 ms
+    sessions = [SessionInput("m", 50.0, 10.0, {"cpu": profile})]
+    backends = [BackendSlot("b0", "cpu", 0.0)]
+    assert not plan_cluster(sessions, backends, {}).best_effort
+    plan = plan_cluster(sessions, backends, {}, config=service.planner_config)
+    assert plan.best_effort["m"] == ("SLO 50 ms less the 12 ms path allowance is below 2*l(1) = 42.0 ms on cpu; "
+                                     "served best effort at batch 1")
+
+
+def test_plans_use_the_windowed_mean_rate_while_the_band_watches_the_smoothed_one(tmp_path):
+    import asyncio
+    import time
+
+    service = _service(tmp_path)
+    service.nodes["fe"] = object()
+
+    def Report(requests):
+        return control.WorkloadReport(node_id="fe", rates=[control.SessionRate(
+            model="m", rate_rps=float(requests), requests=requests, window_ms=1000)])
+
+    for requests in (20, 20, 20, 20, 44):   # a noisy last second
+        asyncio.run(service.ReportWorkload(Report(requests), None))
+    now = time.monotonic()
+    smoothed = service.current_rates(now)["m"]
+    assert smoothed > 27                                              # the excursion that starts a re-plan
+    assert abs(service.planning_rates(now)["m"] - 124 / 5) < 1e-9     # what the plan is made for
+    service.rate_history["fe"]["m"].clear()                           # no counts: the smoothed rate
+    assert service.planning_rates(now)["m"] == smoothed

@@ -7,6 +7,7 @@ raises :class:`~common.plan.PlanningError` naming the session when no plan could
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -51,9 +52,27 @@ def prepare(spec: SessionSpec, gpu: GpuSpec | None, config: PlannerConfig, *, ch
             if p.memory_mb(b) > gpu.memory_mb + EPS_MS:
                 max_batch = b - 1
                 break
-    return SessionModel(spec.name, spec.rate_rps, budget,
-                        tuple(r.latency_ms for r in p.rows), tuple(r.memory_mb for r in p.rows),
-                        max_batch, spec.prefix_group if prefix_aware else None)
+    sm = SessionModel(spec.name, spec.rate_rps, budget,
+                      tuple(r.latency_ms for r in p.rows), tuple(r.memory_mb for r in p.rows),
+                      max_batch, spec.prefix_group if prefix_aware else None)
+    if config.burst_sigma > 0:
+        batch, _ = saturated(sm)
+        sm = dataclasses.replace(sm, rate_rps=burst_rate_rps(spec.rate_rps, sm.lat(batch), config.burst_sigma))
+    return sm
+
+
+def burst_rate_rps(rate_rps: float, duty_ms: float, sigma: float) -> float:
+    """The rate to provision so that a duty cycle covers a Poisson burst: n + sigma*sqrt(n) arrivals
+    per cycle instead of their mean n = rate * duty.
+
+    Relative to the rate this is 1 + sigma/sqrt(n): large for sessions whose saturated batch holds a
+    few requests (one extra arrival overflows them into the next cycle, past their SLO) and small
+    for large ones. ``prepare`` applies it with the duty cycle of the session's saturated batch.
+    """
+    n = rate_rps * duty_ms / 1000.0
+    if sigma <= 0 or n <= 0:
+        return rate_rps
+    return (n + sigma * math.sqrt(n)) * 1000.0 / duty_ms
 
 
 def saturated(sm: SessionModel) -> tuple[int, float]:

@@ -31,6 +31,7 @@ class PlannerConfig:
     network_ms: float = 0.0
     preprocess_ms: float = 0.0
     postprocess_ms: float = 0.0
+    burst_sigma: float = 0.0             # provision each session for Poisson bursts (batching.burst_rate_rps)
     cpsat_time_limit_s: float = 10.0
     cpsat_workers: int = 2
     exact_max_sessions: int = 8
@@ -40,7 +41,7 @@ class PlannerConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("network_ms", "preprocess_ms", "postprocess_ms"):
+        for name in ("network_ms", "preprocess_ms", "postprocess_ms", "burst_sigma"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must not be negative")
         if self.cpsat_time_limit_s <= 0:

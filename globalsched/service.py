@@ -1,8 +1,8 @@
 """The global scheduler service: model database, node registry, epoch re-planning, table pushes.
 
 One asyncio loop. Every change that can alter the plan (a node joins or leaves, a model is
-uploaded, loaded or unloaded, a profile arrives, rates drift out of their band, the epoch timer)
-sets an event; a single planner task re-plans with :func:`globalsched.cluster.plan_cluster` and pushes
+uploaded, loaded or unloaded, a profile arrives, a rate or gamma drifts out of its band, checked on
+every report and again by the epoch timer) sets an event; a single planner task re-plans with :func:`globalsched.cluster.plan_cluster` and pushes
 model tables to backends first, then routing tables to frontends, so a frontend never routes to a
 backend that has not loaded the model.
 """

@@ -41,9 +41,8 @@ backend/runtimes/onnx_runtime.py, which this benchmark does not own); ``--budget
 makes the frontend send backends a budget M ms below the time left (a proposed fix in
 frontend/kserve.py: reserve the return trip); ``--pin`` (with ``--threads 1``) puts the backend's
 executor thread, where ORT runs, alone on the last CPU and every other thread of the cluster and
-the client on the others (a proposed option for backend/engine.py); ``--eager`` makes the
-backend ignore the plan's duty cycle and start every batch as soon as the device is free (the
-engine before duty-cycle batching, for an A/B on the same code).
+the client on the others (a proposed option for backend/engine.py). ``--batch-start duty-cycle``
+passes the backend's own flag, for an A/B against eager batch starts on the same code.
 """
 
 from __future__ import annotations
@@ -53,33 +52,27 @@ import asyncio
 import json
 import os
 import pathlib
-import queue
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import grpc
 import numpy as np
 
+from nexus.serve_cmd import Child
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "out"
-READY_PREFIX = "NEXUS-READY"
 
 # Bootstrap of every component process: optional experiment patches, then ``nexus <argv>``.
 _BOOT = r"""
 import os, sys
 if os.environ.get("NEXUS_BENCH_CPUS"):
     os.sched_setaffinity(0, {int(c) for c in os.environ["NEXUS_BENCH_CPUS"].split(",")})
-if os.environ.get("NEXUS_BENCH_EAGER") == "1":
-    import backend.engine as _be
-    # Every batch as soon as the device is free (the engine before duty-cycle batching): the plan's
-    # duty cycle is ignored; a planned batch then only decides nothing (a queue is always "due").
-    _be.Engine.duty_cycle_s = property(lambda self: 0.0, lambda self, value: None)
 if os.environ.get("NEXUS_BENCH_EXEC_CPUS"):
     import backend.engine as _be
     _exec_cpus = {int(c) for c in os.environ["NEXUS_BENCH_EXEC_CPUS"].split(",")}
@@ -172,44 +165,16 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-class Component:
-    """One ``nexus <name>`` process; ``address`` once it printed its ready line."""
+class Component(Child):
+    """One ``nexus <name>`` process started through the harness's boot code, stderr to a log file."""
 
     def __init__(self, name: str, argv: list[str], env: dict, log_dir: pathlib.Path) -> None:
-        self.name = name
         self.log = open(log_dir / f"{name}.log", "w")
-        self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, *argv], stdout=subprocess.PIPE,
-                                     stderr=self.log, text=True, env=env, cwd=ROOT, start_new_session=True)
-        self.address = ""
-        self._lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        for line in self.proc.stdout:
-            self._lines.put(line)
-
-    def wait_ready(self, timeout_s: float = 120) -> str:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                line = self._lines.get(timeout=0.2)
-            except queue.Empty:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; see {self.log.name}")
-                continue
-            if line.startswith(READY_PREFIX):
-                self.address = line.split()[2]
-                return self.address
-        raise RuntimeError(f"{self.name} not ready in {timeout_s} s")
+        super().__init__(name, argv, env, command=[sys.executable, "-c", _BOOT], stderr=self.log, cwd=ROOT,
+                         start_new_session=True)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        super().stop(timeout_s=20)
         self.log.close()
 
 
@@ -218,7 +183,7 @@ class Cluster:
 
     def __init__(self, models: list[str], *, threads: int = 0, exec_path: str = "stream",
                  cprofile: tuple[str, ...] = (), ort_no_spin: bool = False, budget_margin_ms: float = 0.0,
-                 pin: bool = False, eager: bool = False, epoch_s: float = 30.0, tag: str = "cluster",
+                 pin: bool = False, batch_start: str = "eager", epoch_s: float = 30.0, tag: str = "cluster",
                  keep_dir: bool = False) -> None:
         self.models = models
         self.threads = threads
@@ -227,7 +192,7 @@ class Cluster:
         self.ort_no_spin = ort_no_spin
         self.budget_margin_ms = budget_margin_ms
         self.pin = pin
-        self.eager = eager
+        self.batch_start = batch_start
         self.epoch_s = epoch_s
         self.tag = tag
         self.keep_dir = keep_dir
@@ -241,9 +206,6 @@ class Cluster:
         env.pop("NEXUS_BENCH_ORT_NOSPIN", None)
         env.pop("NEXUS_BENCH_BUDGET_MARGIN_MS", None)
         env.pop("NEXUS_BENCH_CPUS", None)
-        env.pop("NEXUS_BENCH_EAGER", None)
-        if name == "backend" and self.eager:
-            env["NEXUS_BENCH_EAGER"] = "1"
         env.pop("NEXUS_BENCH_EXEC_CPUS", None)
         if self.pin:
             env["NEXUS_BENCH_CPUS"] = ",".join(map(str, PIN_OTHER))
@@ -274,7 +236,8 @@ class Cluster:
             paths = write_sample_models(self.dir / "samples", self.models)
             for name, path in paths.items():
                 upload_model(self.scheduler, path, name, slo_ms=SAMPLE_MODELS[name].slo_ms)
-            argv = ["backend", "--scheduler", self.scheduler, "--device", "cpu", "--listen", "127.0.0.1:0"]
+            argv = ["backend", "--scheduler", self.scheduler, "--device", "cpu", "--listen", "127.0.0.1:0",
+                    "--batch-start", self.batch_start]
             if self.threads:
                 argv += ["--threads", str(self.threads)]
             self._start("backend", argv).wait_ready()
@@ -692,7 +655,7 @@ def one_repeat(args, i: int) -> dict:
     res: dict = {"quiet": wait_quiet(args.quiet_wait_s), "uptime_before": uptime()}
     cprofile = tuple(x for x in args.cprofile.split(",") if x)
     with Cluster([model], threads=args.threads, cprofile=cprofile, ort_no_spin=args.ort_no_spin,
-                 budget_margin_ms=args.budget_margin_ms, pin=args.pin, eager=args.eager, tag=f"serving{i}") as c:
+                 budget_margin_ms=args.budget_margin_ms, pin=args.pin, batch_start=args.batch_start, tag=f"serving{i}") as c:
         threads = args.threads or (os.cpu_count() or 1)
         with on_exec_cpus(args.pin):
             lim = ort_limit(model, args.threads, args.slo_ms, args.ort_repeats)
@@ -788,8 +751,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pin", action="store_true",
                    help="experiment: the backend's executor thread (ORT, use with --threads 1) on the last CPU, "
                         "every other thread of the cluster and the client on the others")
-    p.add_argument("--eager", action="store_true",
-                   help="experiment: the backend ignores the plan's duty cycle (work-conserving batching)")
+    p.add_argument("--batch-start", default="eager", choices=["eager", "duty-cycle"],
+                   help="the backend's --batch-start (duty-cycle: wait for the planned batch, at most a duty cycle)")
     p.add_argument("--budget-margin-ms", type=float, default=0.0,
                    help="experiment: the frontend sends backends a budget this much below the time left")
     p.add_argument("--quiet-wait-s", type=float, default=60.0,

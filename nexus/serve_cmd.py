@@ -35,10 +35,15 @@ def _die_with_parent() -> None:
 
 
 class Child:
-    def __init__(self, name: str, argv: list[str], env: dict) -> None:
+    """One ``nexus ARGV...`` process (``command`` replaces ``python -m nexus``) that dies with this
+    one; :meth:`wait_ready` returns the address from its ready line."""
+
+    def __init__(self, name: str, argv: list[str], env: dict, *, command: list[str] | None = None,
+                 stderr=None, cwd=None, start_new_session: bool = False) -> None:
         self.name = name
-        self.proc = subprocess.Popen([sys.executable, "-m", "nexus", *argv], stdout=subprocess.PIPE, env=env,
-                                     preexec_fn=_die_with_parent, text=True, bufsize=1)
+        self.proc = subprocess.Popen([*(command or [sys.executable, "-m", "nexus"]), *argv], stdout=subprocess.PIPE,
+                                     stderr=stderr, env=env, cwd=cwd, preexec_fn=_die_with_parent,
+                                     start_new_session=start_new_session, text=True, bufsize=1)
         self.address = ""
         self._lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -47,7 +52,7 @@ class Child:
         for line in self.proc.stdout:
             self._lines.put(line)
 
-    def wait_ready(self, timeout_s: float) -> str:
+    def wait_ready(self, timeout_s: float = 120.0) -> str:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:

@@ -63,7 +63,7 @@ import time
 import grpc
 import numpy as np
 
-from nexus.serve_cmd import Child
+from nexus.serve_cmd import Child, wait_models_ready
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "out"
@@ -251,26 +251,9 @@ class Cluster:
         return self
 
     def _wait_models_ready(self, timeout_s: float) -> None:
-        from common import grpc_util
-        from common.pb import kserve, kserve_grpc
-
-        deadline = time.monotonic() + timeout_s
-        with grpc_util.channel(self.frontend) as ch:
-            stub = kserve_grpc.GRPCInferenceServiceStub(ch)
-            pending = list(self.models)
-            while pending:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"models not ready in {timeout_s} s: {pending}")
-                still = []
-                for m in pending:
-                    try:
-                        if not stub.ModelReady(kserve.ModelReadyRequest(name=m), timeout=5).ready:
-                            still.append(m)
-                    except grpc.RpcError:
-                        still.append(m)
-                pending = still
-                if pending:
-                    time.sleep(0.3)
+        pending = wait_models_ready(self.frontend, list(self.models), timeout_s)
+        if pending:
+            raise RuntimeError(f"models not ready in {timeout_s} s: {pending}")
 
     def pid(self, name: str) -> int:
         return self.components[name].proc.pid

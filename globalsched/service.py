@@ -2,9 +2,9 @@
 
 One asyncio loop. Every change that can alter the plan (a node joins or leaves, a model is
 uploaded, loaded or unloaded, a profile arrives, a rate or gamma drifts out of its band, checked on
-every report and again by the epoch timer) sets an event; a single planner task re-plans with :func:`globalsched.cluster.plan_cluster` and pushes
-model tables to backends first, then routing tables to frontends, so a frontend never routes to a
-backend that has not loaded the model.
+every report and again by the epoch timer) sets an event; a single planner task re-plans with
+:func:`globalsched.cluster.plan_cluster` and pushes model tables to backends first, then routing
+tables to frontends, so a frontend never routes to a backend that has not loaded the model.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from common.config import SchedulerConfig
 from common.pb import control, control_grpc
 from common.profile import Profile, ProfileError
 from globalsched.algorithms.config import PlannerConfig
+from globalsched.algorithms.replan import ReplanConfig
 from globalsched.cluster import MIN_PLANNED_RATE_RPS, ClusterPlan, SessionInput, plan_cluster
 from globalsched.convert import model_desc
 from globalsched.modeldb import ModelDatabase, UploadError
@@ -35,8 +36,10 @@ from common.query_def import ModelIO, QueryError, parse_query, validate_query
 
 log = logging.getLogger("nexus.scheduler")
 
-RATE_BAND = (0.8, 1.1)          # Nexus: re-plan early when a rate leaves this band of the rate planned for
-EARLY_REPLAN_COOLDOWN_S = 5.0   # no early re-plan sooner than this after the last plan
+# Nexus's epoch rules, from the re-planning policy's defaults: re-plan early when a rate leaves this
+# band of the rate planned for, but not sooner than the cooldown after the last plan.
+RATE_BAND = (ReplanConfig.band_low, ReplanConfig.band_high)
+EARLY_REPLAN_COOLDOWN_S = ReplanConfig.cooldown_s
 RATE_REPORT_TTL_S = 10.0        # a frontend's report counts this long
 RATE_SMOOTHING = 0.3            # weight of the newest report in the exponentially smoothed rate
 PLAN_RATE_WINDOW_S = 10.0       # plans use the mean rate of the reports of this window

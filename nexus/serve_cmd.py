@@ -76,7 +76,7 @@ class Child:
                 self.proc.wait()
 
 
-def _wait_models_ready(frontend: str, names: list[str], timeout_s: float) -> list[str]:
+def wait_models_ready(frontend: str, names: list[str], timeout_s: float) -> list[str]:
     """Poll the frontend until every model is ready; return those still not ready at the timeout."""
     deadline = time.monotonic() + timeout_s
     pending = list(names)
@@ -148,7 +148,7 @@ def run(args) -> int:
         children.append(frontend)
         for c in children[1:]:
             c.wait_ready(120)
-        missing = _wait_models_ready(frontend.address, names, args.ready_timeout_s)
+        missing = wait_models_ready(frontend.address, names, args.ready_timeout_s)
         if missing:
             print(f"nexus serve: warning: not ready after {args.ready_timeout_s:.0f} s: {', '.join(missing)}",
                   file=sys.stderr, flush=True)

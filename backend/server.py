@@ -32,9 +32,11 @@ import numpy as np
 from backend.engine import Engine, ExecError, Outcome, Session, SharedPrefix, Work
 from common import grpc_util
 from common.config import BackendConfig, BatchStart
+from common.health import Health
 from common.pb import control, control_grpc
 from common.profile import Profile
 from common.registration import keep_registered
+from common.security import Credentials
 from common.tensors import TensorSpec
 
 log = logging.getLogger("nexus.backend")
@@ -98,6 +100,7 @@ class BackendService(control_grpc.BackendServicer):
         # prefix group -> (prefix id, prefix runtime, its output tensor)
         self._prefixes: dict[str, tuple[str, object, str]] = {}
         self._scheduler_stub = None
+        self.health = None                   # common.health.Health, set by serve()
         self._table_lock = asyncio.Lock()
         self._profile_lock = asyncio.Lock()   # one measurement at a time, or they disturb each other
 
@@ -282,6 +285,8 @@ class BackendService(control_grpc.BackendServicer):
             for g in groups:
                 log.info("prefix group %s: %s share prefix %s (max batch %d)", g.name[:12],
                          ", ".join(m.name for m in g.members), g.prefix_id[:12], g.max_batch)
+            if self.health is not None:
+                await self.health.set_ready(True)
             return control.ModelTableReply(loaded=list(sessions), failed=failed)
 
     def _fail_queue(self, session: Session, why: str) -> None:
@@ -492,10 +497,13 @@ async def serve(config: BackendConfig, ready=None) -> None:
     # The executor thread must get the interpreter back quickly after a batch (default: 5 ms).
     sys.setswitchinterval(0.0005)
     engine = Engine(POLICIES[config.policy]())
+    creds = Credentials.load(config.security)
     service = BackendService(config, engine)
-    server = grpc.aio.server(options=grpc_util.SERVER_OPTIONS)
+    server = grpc_util.server(creds)
     control_grpc.add_BackendServicer_to_server(service, server)
-    address = grpc_util.bind(server, config.listen)
+    service.health = await Health.attach(server)
+    # Only components dial a backend: with a CA, they must present a certificate it signed.
+    address = grpc_util.bind(server, config.listen, creds, require_client_cert=True)
     await server.start()
     metrics_server = None
     if config.metrics_port:
@@ -510,7 +518,7 @@ async def serve(config: BackendConfig, ready=None) -> None:
             raise SystemExit(f"nexus backend: error: cannot serve --metrics-port {config.metrics_port} on "
                              f"{host}: {exc.strerror or exc}") from None
         log.info("Prometheus metrics on http://%s:%d/metrics", host, config.metrics_port)
-    channel = grpc_util.aio_channel(config.scheduler)
+    channel = grpc_util.aio_channel(config.scheduler, creds)
     scheduler = control_grpc.SchedulerStub(channel)
     service.attach_scheduler(scheduler)
     memory = config.memory_mb or detect_memory_mb(config.device)

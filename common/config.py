@@ -1,7 +1,10 @@
 """Typed, validated per-process configuration; each process's CLI flags derive from its dataclass.
 
 A field's ``metadata={"help": ...}`` becomes the flag's help text; the flag is the field name with
-dashes (``slo_ms`` -> ``--slo-ms``). ``validate()`` raises :class:`ConfigError` naming the field.
+dashes (``slo_ms`` -> ``--slo-ms``). A field whose type is itself a config dataclass (for example
+``security: SecurityConfig``) contributes its own fields as flags of the same level. ``validate()``
+raises :class:`ConfigError` naming the flag. :func:`to_argv` is the inverse of :func:`from_args`:
+the flags that rebuild a config, which is how launchers start a component.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import argparse
 import dataclasses
 import enum
 import pathlib
+import types
 import typing
 from dataclasses import dataclass, field
 
@@ -22,24 +26,36 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _strip_optional(kind):
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return [a for a in typing.get_args(kind) if a is not type(None)][0]
+    return kind
+
+
+def _nested(kind) -> bool:
+    return dataclasses.is_dataclass(kind) and isinstance(kind, type)
+
+
+def _default(f: dataclasses.Field):
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+
+
 def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """Add one flag per field of the config dataclass ``cls``."""
+    """Add one flag per field of the config dataclass ``cls`` (nested config fields flattened)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip or not f.init:
             continue
-        kind = hints[f.name]
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        kind = _strip_optional(hints[f.name])
+        if _nested(kind):
+            add_arguments(parser, kind, skip)
+            continue
+        default = _default(f)
         help_text = f.metadata.get("help", "")
         if kind is bool:
             parser.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=default, help=help_text)
-            continue
-        origin = typing.get_origin(kind)
-        if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-            args = [a for a in typing.get_args(kind) if a is not type(None)]
-            kind = args[0]
-        if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        elif isinstance(kind, type) and issubclass(kind, enum.Enum):
             parser.add_argument(_flag(f.name), dest=f.name, default=default.value if default is not None else None,
                                 choices=[m.value for m in kind], help=help_text)
         elif typing.get_origin(kind) is tuple:
@@ -49,8 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
                                 help=f"{help_text} (default: {default})")
 
 
-def from_args(cls: type, args: argparse.Namespace, **overrides):
-    """Build and validate ``cls`` from parsed flags (plus explicit overrides)."""
+def _build(cls: type, args: argparse.Namespace, overrides: dict):
     hints = typing.get_type_hints(cls)
     values = {}
     for f in dataclasses.fields(cls):
@@ -59,12 +74,13 @@ def from_args(cls: type, args: argparse.Namespace, **overrides):
         if f.name in overrides:
             values[f.name] = overrides[f.name]
             continue
+        kind = _strip_optional(hints[f.name])
+        if _nested(kind):
+            values[f.name] = _build(kind, args, overrides)
+            continue
         if not hasattr(args, f.name):
             continue
         value = getattr(args, f.name)
-        kind = hints[f.name]
-        if typing.get_origin(kind) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-            kind = [a for a in typing.get_args(kind) if a is not type(None)][0]
         if isinstance(kind, type) and issubclass(kind, enum.Enum) and value is not None:
             value = kind(value)
         elif kind is pathlib.Path and value is not None:
@@ -72,20 +88,112 @@ def from_args(cls: type, args: argparse.Namespace, **overrides):
         elif typing.get_origin(kind) is tuple:
             value = tuple(value)
         values[f.name] = value
-    config = cls(**values)
+    return cls(**values)
+
+
+def from_args(cls: type, args: argparse.Namespace, **overrides):
+    """Build and validate ``cls`` from parsed flags (plus explicit overrides)."""
+    config = _build(cls, args, overrides)
     config.validate()
     return config
 
 
-def _check_address(name: str, value: str) -> None:
+def to_argv(config) -> list[str]:
+    """The flags that rebuild ``config`` with :func:`from_args`: one per field that differs from its default."""
+    argv: list[str] = []
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        if not f.init:
+            continue
+        value = getattr(config, f.name)
+        kind = _strip_optional(hints[f.name])
+        if _nested(kind):
+            argv += to_argv(value)
+            continue
+        if value == _default(f):
+            continue
+        if kind is bool:
+            argv.append(_flag(f.name) if value else "--no-" + f.name.replace("_", "-"))
+        elif typing.get_origin(kind) is tuple:
+            argv += [_flag(f.name), *map(str, value)]
+        elif isinstance(value, enum.Enum):
+            argv += [_flag(f.name), str(value.value)]
+        else:
+            argv += [_flag(f.name), str(value)]
+    return argv
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[IPV6]:PORT`` -> (host without brackets, port); ValueError when malformed."""
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not (0 <= int(port) < 65536):
-        raise ConfigError(f"{_flag(name)}: expected HOST:PORT, got {value!r}")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise ValueError(f"expected [IPV6]:PORT, got {value!r}")
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"an IPv6 address needs brackets, [ADDRESS]:PORT; got {value!r}")
+    return host, int(port)
+
+
+def join_host_port(host: str, port: int) -> str:
+    """The inverse of :func:`split_host_port` (IPv6 addresses get their brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+_ADVERTISE_HELP = ("HOST:PORT that peers dial to reach this node (default: the --listen address; with a wildcard "
+                   "host such as 0.0.0.0 or [::], the address the scheduler sees this node call from, with the "
+                   "listening port)")
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
+
+
+def _check_address(name: str, value: str) -> None:
+    try:
+        split_host_port(value)
+    except ValueError as exc:
+        raise ConfigError(f"{_flag(name)}: {exc}") from None
+
+
+def _check_advertise(value: str) -> None:
+    if not value:
+        return
+    _check_address("advertise", value)
+    host, port = split_host_port(value)
+    if host in WILDCARD_HOSTS or port == 0:
+        raise ConfigError(f"--advertise: peers cannot dial {value!r}; give the host and port they reach this node at")
 
 
 def _check_positive(name: str, value: float) -> None:
     if not value > 0:
         raise ConfigError(f"{_flag(name)}: must be positive, got {value}")
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    """TLS and the cluster token, the same flags on every component (DESIGN.md, Security).
+
+    With ``tls_cert``/``tls_key`` every gRPC port of the component serves TLS. ``tls_ca`` verifies
+    the servers this component dials and, on the control ports, the client certificates of peers
+    (mutual TLS); the component presents its own certificate when it dials. A cluster token from
+    ``token_file`` (or the environment variable ``NEXUS_TOKEN``) guards the control protocol.
+    """
+
+    tls_cert: str = field(default="", metadata={"help": "PEM certificate this component serves TLS with"})
+    tls_key: str = field(default="", metadata={"help": "PEM private key of --tls-cert"})
+    tls_ca: str = field(default="", metadata={
+        "help": "PEM CA bundle: verifies the servers this component dials, and the client certificates of "
+                "peers on its control ports (mutual TLS)"})
+    token_file: str = field(default="", metadata={
+        "help": "file holding the cluster token that guards the control protocol (default: $NEXUS_TOKEN)"})
+
+    def validate(self) -> None:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("--tls-cert and --tls-key go together: give both or neither")
+        for name in ("tls_cert", "tls_key", "tls_ca", "token_file"):
+            path = getattr(self, name)
+            if path and not pathlib.Path(path).is_file():
+                raise ConfigError(f"{_flag(name)}: no such file {path!r}")
 
 
 @dataclass(frozen=True)
@@ -114,9 +222,11 @@ class SchedulerConfig:
     colocation_report: str = field(default="", metadata={
         "help": "a `nexus profile multitenant` JSON report: l(b) of its models is inflated by the measured "
                 "co-location slowdown when planning"})
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> None:
         _check_address("listen", self.listen)
+        self.security.validate()
         if self.latency_split not in ("dp", "even", "proportional"):
             raise ConfigError(f"--latency-split: expected dp, even or proportional, got {self.latency_split!r}")
         for name in ("epoch_s", "node_timeout_s", "max_upload_mb", "default_slo_ms", "default_rate_rps"):
@@ -151,10 +261,18 @@ class BackendConfig:
                 "queue) or duty-cycle (wait for the planned batch, at most one duty cycle)"})
     prefix_batching: bool = field(default=True, metadata={
         "help": "run the shared prefix of a prefix group's models once per merged batch"})
+    advertise: str = field(default="", metadata={"help": _ADVERTISE_HELP})
+    drain_grace_s: float = field(default=20.0, metadata={
+        "help": "on SIGTERM: longest wait for the scheduler to move this backend's sessions and for its queues "
+                "to drain before it exits"})
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> None:
         _check_address("scheduler", self.scheduler)
         _check_address("listen", self.listen)
+        _check_advertise(self.advertise)
+        _check_positive("drain_grace_s", self.drain_grace_s)
+        self.security.validate()
         if not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"--metrics-port: expected 0 (off) or a port number, got {self.metrics_port}")
         if self.threads < 0:
@@ -181,10 +299,17 @@ class FrontendConfig:
     exec_path: str = field(default="stream", metadata={
         "help": "frontend-to-backend path, for benchmarks/frontend_path.py: stream (one Execute stream per "
                 "backend) | unary (one ExecuteOne RPC per request)"})
+    advertise: str = field(default="", metadata={"help": _ADVERTISE_HELP})
+    drain_grace_s: float = field(default=20.0, metadata={
+        "help": "on SIGTERM: longest wait for requests in flight to finish before the frontend exits"})
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> None:
         _check_address("scheduler", self.scheduler)
         _check_address("listen", self.listen)
+        _check_advertise(self.advertise)
+        _check_positive("drain_grace_s", self.drain_grace_s)
+        self.security.validate()
         _check_positive("report_interval_s", self.report_interval_s)
         if self.exec_path not in ("stream", "unary"):
             raise ConfigError(f"--exec-path: expected stream or unary, got {self.exec_path!r}")

@@ -1,32 +1,86 @@
-"""gRPC settings shared by every process: message limits and channel options."""
+"""gRPC settings shared by every process: message limits, channel options, servers and channels.
+
+Every server and channel of the project is made here, so TLS and the cluster token
+(:mod:`common.security`) apply everywhere the same way: :func:`server` guards the control
+protocol with the token when the process has one; :func:`bind` serves TLS when it has a
+certificate; :func:`aio_channel` and :func:`channel` dial over TLS when it has a CA or a
+certificate, and send the token when it has one.
+"""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import grpc
+
+from common.security import Credentials, SyncTokenInterceptor, TokenGuard, channel_credentials, control_methods, \
+    server_credentials, token_interceptors
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 UPLOAD_CHUNK_BYTES = 1024 * 1024
 
+# Keepalive: a peer whose machine vanished (no RST) is noticed within a few seconds on every
+# long-lived stream, without waiting for the OS's TCP timeouts.
+KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_time_ms", 2000),
+    ("grpc.keepalive_timeout_ms", 2000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.enable_retries", 0),
+    *KEEPALIVE_OPTIONS,
 ]
-SERVER_OPTIONS = CHANNEL_OPTIONS + [("grpc.so_reuseport", 0)]
+SERVER_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),
+    *KEEPALIVE_OPTIONS,
+    ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
+]
+
+NO_CREDENTIALS = Credentials()
 
 
-def aio_channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+def server(creds: Credentials = NO_CREDENTIALS, *, guarded: Callable[[str], bool] = control_methods,
+           interceptors: list | None = None) -> grpc.aio.Server:
+    """A grpc.aio server; with a token, the methods ``guarded`` names need it (UNAUTHENTICATED otherwise)."""
+    chain = list(interceptors or [])
+    if creds.token:
+        chain.insert(0, TokenGuard(creds.token, guarded))
+    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=chain or None)
 
 
-def channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-
-
-def bind(server: grpc.aio.Server, address: str) -> str:
-    """Bind ``address`` (port 0 picks a free port) and return the bound HOST:PORT."""
+def bind(srv: grpc.aio.Server, address: str, creds: Credentials = NO_CREDENTIALS, *,
+         require_client_cert: bool = False) -> str:
+    """Bind ``address`` (port 0 picks a free port), over TLS when ``creds`` has a certificate, and
+    return the bound HOST:PORT. ``require_client_cert`` with a CA asks peers for a certificate that
+    CA signed (mutual TLS): for ports that only components dial."""
     host = address.rpartition(":")[0]
-    port = server.add_insecure_port(address)
+    if creds.tls:
+        port = srv.add_secure_port(address, server_credentials(creds, require_client_cert))
+    else:
+        port = srv.add_insecure_port(address)
     if port == 0:
         raise OSError(f"could not bind {address}")
     return f"{host}:{port}"
+
+
+def aio_channel(address: str, creds: Credentials = NO_CREDENTIALS) -> grpc.aio.Channel:
+    interceptors = token_interceptors(creds.token) or None
+    if creds.dials_tls:
+        return grpc.aio.secure_channel(address, channel_credentials(creds), options=CHANNEL_OPTIONS,
+                                       interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)
+
+
+def channel(address: str, creds: Credentials = NO_CREDENTIALS) -> grpc.Channel:
+    """A synchronous channel (client commands)."""
+    if creds.dials_tls:
+        ch = grpc.secure_channel(address, channel_credentials(creds), options=CHANNEL_OPTIONS)
+    else:
+        ch = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return grpc.intercept_channel(ch, SyncTokenInterceptor(creds.token)) if creds.token else ch

@@ -16,6 +16,7 @@ import grpc
 
 from common import grpc_util
 from common.pb import control, control_grpc
+from common.security import Credentials
 
 log = logging.getLogger("nexus.frontend")
 
@@ -25,9 +26,9 @@ class BackendGone(Exception):
 
 
 class BackendConnection:
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, creds: Credentials = grpc_util.NO_CREDENTIALS) -> None:
         self.address = address
-        self.channel = grpc_util.aio_channel(address)
+        self.channel = grpc_util.aio_channel(address, creds)
         self.stub = control_grpc.BackendStub(self.channel)
         self.outstanding = 0
         self._pending: dict[int, asyncio.Future] = {}
@@ -102,7 +103,8 @@ class BackendConnection:
 class BackendPool:
     """Connections by address, opened and closed as routing tables change."""
 
-    def __init__(self) -> None:
+    def __init__(self, creds: Credentials = grpc_util.NO_CREDENTIALS) -> None:
+        self.creds = creds
         self.connections: dict[str, BackendConnection] = {}
         self._ids = itertools.count(1)
 
@@ -111,7 +113,7 @@ class BackendPool:
 
     def sync(self, addresses: set[str]) -> None:
         for address in addresses - set(self.connections):
-            self.connections[address] = BackendConnection(address)
+            self.connections[address] = BackendConnection(address, self.creds)
         for address in set(self.connections) - addresses:
             conn = self.connections.pop(address)
             asyncio.create_task(self._close_when_idle(conn))
@@ -127,7 +129,7 @@ class BackendPool:
     def get(self, address: str) -> BackendConnection:
         conn = self.connections.get(address)
         if conn is None:
-            conn = self.connections[address] = BackendConnection(address)
+            conn = self.connections[address] = BackendConnection(address, self.creds)
         return conn
 
     async def close(self) -> None:

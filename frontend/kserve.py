@@ -14,7 +14,9 @@ import time
 
 import grpc
 
+from common import grpc_util
 from common.pb import control, kserve, model_config
+from common.security import Credentials
 from frontend.backend_pool import BackendGone, BackendPool
 from frontend.requests import RequestError, parse_infer_request
 from frontend.routing import ModelEntry, RoutingTable
@@ -39,9 +41,10 @@ _DTYPE_ENUM = {name: model_config.DataType.Value(f"TYPE_{name}") for name in
 class FrontendState:
     """What the frontend knows: the routing table, backend connections, counters and rates."""
 
-    def __init__(self, use_stream: bool = True) -> None:
+    def __init__(self, use_stream: bool = True, creds: Credentials = grpc_util.NO_CREDENTIALS) -> None:
         self.table = RoutingTable.empty()
-        self.pool = BackendPool()
+        self.pool = BackendPool(creds)
+        self.health = None                               # common.health.Health, set by the server
         self.use_stream = use_stream
         self.ready = False
         self.requests_window: dict[str, int] = {}       # requests per model since the last report

@@ -14,12 +14,16 @@ import grpc
 
 from common import grpc_util
 from common.config import FrontendConfig
+from common.health import Health
 from common.pb import control, control_grpc, kserve_grpc
 from common.registration import keep_registered
+from common.security import Credentials
 from frontend.kserve import FrontendState, KServeService
 from frontend.routing import RoutingTable
 
 log = logging.getLogger("nexus.frontend")
+
+KSERVE_SERVICE = "inference.GRPCInferenceService"
 
 
 class FrontendControl(control_grpc.FrontendServicer):
@@ -30,6 +34,8 @@ class FrontendControl(control_grpc.FrontendServicer):
         if request.epoch < self.state.table.epoch:
             return control.RoutingTableReply()
         self.state.set_table(RoutingTable.from_proto(request))
+        if self.state.health is not None:
+            await self.state.health.set_ready(True)
         log.info("routing epoch %d: %s", request.epoch,
                  ", ".join(f"{m.name}->{len(m.backends)}" for m in self.state.table.models.values()) or "empty")
         return control.RoutingTableReply()
@@ -66,13 +72,16 @@ class _Node:
 
 async def serve(config: FrontendConfig, ready=None) -> None:
     """Run a frontend until cancelled; ``ready(address)`` is called once it listens."""
-    state = FrontendState(use_stream=config.exec_path == "stream")
-    channel = grpc_util.aio_channel(config.scheduler)
+    creds = Credentials.load(config.security)
+    state = FrontendState(use_stream=config.exec_path == "stream", creds=creds)
+    channel = grpc_util.aio_channel(config.scheduler, creds)
     scheduler = control_grpc.SchedulerStub(channel)
-    server = grpc.aio.server(options=grpc_util.SERVER_OPTIONS)
+    server = grpc_util.server(creds)
     kserve_grpc.add_GRPCInferenceServiceServicer_to_server(KServeService(state, scheduler), server)
     control_grpc.add_FrontendServicer_to_server(FrontendControl(state), server)
-    address = grpc_util.bind(server, config.listen)
+    state.health = await Health.attach(server, (KSERVE_SERVICE,))
+    # KServe clients present no certificate: the control service on this port is guarded by the token.
+    address = grpc_util.bind(server, config.listen, creds)
     await server.start()
     node = _Node()
     register = control.RegisterRequest(kind=control.NODE_KIND_FRONTEND, address=address)

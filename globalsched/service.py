@@ -22,8 +22,10 @@ import grpc
 
 from common import grpc_util
 from common.config import SchedulerConfig
+from common.health import Health
 from common.pb import control, control_grpc
 from common.profile import Profile, ProfileError
+from common.security import Credentials
 from globalsched.algorithms.config import PlannerConfig
 from globalsched.algorithms.replan import ReplanConfig
 from globalsched.cluster import MIN_PLANNED_RATE_RPS, ClusterPlan, SessionInput, plan_cluster
@@ -60,8 +62,10 @@ class Node:
 
 
 class SchedulerService(control_grpc.SchedulerServicer):
-    def __init__(self, config: SchedulerConfig, db: ModelDatabase, prefix_fn=None) -> None:
+    def __init__(self, config: SchedulerConfig, db: ModelDatabase, prefix_fn=None,
+                 creds: Credentials = grpc_util.NO_CREDENTIALS) -> None:
         self.config = config
+        self.creds = creds
         self.db = db
         self.prefix_fn = prefix_fn
         # The path allowance is the planner's network margin: spent outside the device on every hop.
@@ -122,7 +126,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
             await old.channel.close()
         node = Node(node_id, request.kind, request.address, request.device, request.device_type or request.device,
                     request.memory_mb)
-        node.channel = grpc_util.aio_channel(node.address)
+        node.channel = grpc_util.aio_channel(node.address, self.creds)
         if request.kind == control.NODE_KIND_BACKEND:
             node.stub = control_grpc.BackendStub(node.channel)
         else:
@@ -584,11 +588,14 @@ async def serve(config: SchedulerConfig, ready=None) -> None:
         from globalsched.prefix_groups import assign_prefix_group as prefix_fn  # noqa: F811
     except ImportError:
         pass
-    service = SchedulerService(config, db, prefix_fn)
-    server = grpc.aio.server(options=grpc_util.SERVER_OPTIONS)
+    creds = Credentials.load(config.security)
+    service = SchedulerService(config, db, prefix_fn, creds)
+    server = grpc_util.server(creds)
     control_grpc.add_SchedulerServicer_to_server(service, server)
-    address = grpc_util.bind(server, config.listen)
+    health = await Health.attach(server)
+    address = grpc_util.bind(server, config.listen, creds)
     await server.start()
+    await health.set_ready(True)
     service.start()
     log.info("scheduler listening on %s (data in %s)", address, config.data_dir)
     if ready:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from common.config import BackendConfig, ConfigError, FrontendConfig, SchedulerConfig, add_arguments, from_args
+from common.security import Credentials, SecurityError
 from nexus.process import run_until_signalled, setup_logging
 
 
@@ -12,8 +14,9 @@ def _run(name: str, cls, serve_path: str):
     def run(args: argparse.Namespace) -> int:
         try:
             config = from_args(cls, args)
-        except ConfigError as exc:
-            print(f"nexus {name}: error: {exc}", flush=True, file=__import__("sys").stderr)
+            Credentials.load(config.security)     # unreadable TLS files or token: refuse before starting
+        except (ConfigError, SecurityError) as exc:
+            print(f"nexus {name}: error: {exc}", flush=True, file=sys.stderr)
             return 2
         setup_logging(args.log_level)
         module, _, func = serve_path.rpartition(".")

@@ -44,6 +44,16 @@ class SchedulerStub:
                 request_serializer=nexus_dot_control__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=nexus_dot_control__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
+        self.Attach = channel.unary_stream(
+                '/nexus.control.Scheduler/Attach',
+                request_serializer=nexus_dot_control__pb2.AttachRequest.SerializeToString,
+                response_deserializer=nexus_dot_control__pb2.AttachEvent.FromString,
+                _registered_method=True)
+        self.Leave = channel.unary_unary(
+                '/nexus.control.Scheduler/Leave',
+                request_serializer=nexus_dot_control__pb2.LeaveRequest.SerializeToString,
+                response_deserializer=nexus_dot_control__pb2.LeaveReply.FromString,
+                _registered_method=True)
         self.ReportWorkload = channel.unary_unary(
                 '/nexus.control.Scheduler/ReportWorkload',
                 request_serializer=nexus_dot_control__pb2.WorkloadReport.SerializeToString,
@@ -101,6 +111,18 @@ class SchedulerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Attach(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Leave(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -172,6 +194,16 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=nexus_dot_control__pb2.HeartbeatRequest.FromString,
                     response_serializer=nexus_dot_control__pb2.HeartbeatReply.SerializeToString,
+            ),
+            'Attach': grpc.unary_stream_rpc_method_handler(
+                    servicer.Attach,
+                    request_deserializer=nexus_dot_control__pb2.AttachRequest.FromString,
+                    response_serializer=nexus_dot_control__pb2.AttachEvent.SerializeToString,
+            ),
+            'Leave': grpc.unary_unary_rpc_method_handler(
+                    servicer.Leave,
+                    request_deserializer=nexus_dot_control__pb2.LeaveRequest.FromString,
+                    response_serializer=nexus_dot_control__pb2.LeaveReply.SerializeToString,
             ),
             'ReportWorkload': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportWorkload,
@@ -273,6 +305,60 @@ class Scheduler:
             '/nexus.control.Scheduler/Heartbeat',
             nexus_dot_control__pb2.HeartbeatRequest.SerializeToString,
             nexus_dot_control__pb2.HeartbeatReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Attach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/nexus.control.Scheduler/Attach',
+            nexus_dot_control__pb2.AttachRequest.SerializeToString,
+            nexus_dot_control__pb2.AttachEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Leave(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nexus.control.Scheduler/Leave',
+            nexus_dot_control__pb2.LeaveRequest.SerializeToString,
+            nexus_dot_control__pb2.LeaveReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -507,12 +507,13 @@ async def serve(config: BackendConfig, ready=None) -> None:
     await server.start()
     metrics_server = None
     if config.metrics_port:
-        from backend.metrics import render, serve_metrics
+        from backend.metrics import registry
+        from common.metrics_http import start_metrics_server
 
         host = config.listen.rpartition(":")[0].strip("[]") or "127.0.0.1"
         try:
-            metrics_server = await serve_metrics(host, config.metrics_port,
-                                                 lambda: render(service.stats(), config.device))
+            metrics_server = await start_metrics_server(host, config.metrics_port,
+                                                        registry(service.stats, config.device))
         except OSError as exc:
             await server.stop(grace=0)
             raise SystemExit(f"nexus backend: error: cannot serve --metrics-port {config.metrics_port} on "
@@ -531,6 +532,6 @@ async def serve(config: BackendConfig, ready=None) -> None:
     finally:
         engine.stop()
         if metrics_server is not None:
-            metrics_server.close()
+            await metrics_server.close()
         await server.stop(grace=1)
         await channel.close()

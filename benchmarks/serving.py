@@ -242,7 +242,7 @@ class Cluster:
                 argv += ["--threads", str(self.threads)]
             self._start("backend", argv).wait_ready()
             self.frontend = self._start("frontend", [
-                "frontend", "--scheduler", self.scheduler, "--listen", "127.0.0.1:0",
+                "frontend", "--scheduler", self.scheduler, "--listen", "127.0.0.1:0", "--metrics-listen", "",
                 "--exec-path", self.exec_path]).wait_ready()
             self._wait_models_ready(ready_timeout_s)
         except BaseException:

@@ -302,6 +302,8 @@ class FrontendConfig:
     advertise: str = field(default="", metadata={"help": _ADVERTISE_HELP})
     drain_grace_s: float = field(default=20.0, metadata={
         "help": "on SIGTERM: longest wait for requests in flight to finish before the frontend exits"})
+    metrics_listen: str = field(default="127.0.0.1:8002", metadata={
+        "help": "HOST:PORT of the Prometheus endpoint /metrics (port 0: any free port; empty: off)"})
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> None:
@@ -311,5 +313,7 @@ class FrontendConfig:
         _check_positive("drain_grace_s", self.drain_grace_s)
         self.security.validate()
         _check_positive("report_interval_s", self.report_interval_s)
+        if self.metrics_listen:
+            _check_address("metrics_listen", self.metrics_listen)
         if self.exec_path not in ("stream", "unary"):
             raise ConfigError(f"--exec-path: expected stream or unary, got {self.exec_path!r}")

@@ -18,6 +18,7 @@ from common import grpc_util
 from common.pb import control, kserve, model_config
 from common.security import Credentials
 from frontend.backend_pool import BackendGone, BackendPool
+from frontend.metrics import FrontendMetrics
 from frontend.requests import RequestError, parse_infer_request
 from frontend.routing import ModelEntry, RoutingTable
 
@@ -51,6 +52,7 @@ class FrontendState:
         self.counters: dict[str, dict[str, int]] = {}   # per model: success/fail counts, ns, rows
         self.edge_window: dict[tuple[str, str, str], list[int]] = {}  # (query, parent, child) -> [parent, child] rows
         self.table_changed = asyncio.Event()
+        self.metrics = FrontendMetrics(lambda: self.table)   # Prometheus, served by frontend/server.py
 
     def set_table(self, table: RoutingTable) -> None:
         self.table = table
@@ -130,17 +132,33 @@ async def infer(state: FrontendState, request, deadline_s: float | None) -> kser
     query = state.table.queries.get(name)
     if query is not None:
         from frontend.queries import run_query
-        return await run_query(state, query, request, deadline_s)
+        try:
+            response = await run_query(state, query, request, deadline_s)
+        except RequestError as exc:
+            state.metrics.failure(name, exc.code)
+            raise
+        timeout_us = request.parameters["timeout"].int64_param if "timeout" in request.parameters else 0
+        state.metrics.success(name, request.inputs[0].shape[0], time.monotonic() - start,
+                              request_budget_s(query.slo_ms, max(timeout_us, 0), deadline_s))
+        return response
     model = _model(state, name)
     state.requests_window[model.name] = state.requests_window.get(model.name, 0) + 1
     if request.model_version and request.model_version != "1":
         raise RequestError(grpc.StatusCode.NOT_FOUND, f"model {model.name!r} has no version {request.model_version!r}")
-    parsed = parse_infer_request(request, model)
+    try:
+        parsed = parse_infer_request(request, model)
+    except RequestError as exc:
+        state.metrics.failure(model.name, exc.code)
+        raise
     end = start + request_budget_s(model.slo_ms, parsed.timeout_us, deadline_s)
     try:
         result = await dispatch(state, model, parsed.inputs, parsed.rows, end)
-    except RequestError:
+    except RequestError as exc:
         state.count(model.name, "fail")
+        state.metrics.failure(model.name, exc.code)
+        raise
+    except asyncio.CancelledError:
+        state.metrics.failure(model.name, grpc.StatusCode.CANCELLED)
         raise
     response = kserve.ModelInferResponse(model_name=model.name, model_version="1", id=request.id)
     for i in parsed.output_indices:
@@ -150,6 +168,7 @@ async def infer(state: FrontendState, request, deadline_s: float | None) -> kser
     state.count(model.name, "success")
     state.count(model.name, "rows", parsed.rows)
     state.count(model.name, "success_ns", int((time.monotonic() - start) * 1e9))
+    state.metrics.success(model.name, parsed.rows, time.monotonic() - start, end - start, result)
     return response
 
 

@@ -13,7 +13,7 @@ import time
 import grpc
 
 from common import grpc_util
-from common.config import FrontendConfig
+from common.config import FrontendConfig, split_host_port
 from common.health import Health
 from common.pb import control, control_grpc, kserve_grpc
 from common.registration import keep_registered
@@ -83,15 +83,35 @@ async def serve(config: FrontendConfig, ready=None) -> None:
     # KServe clients present no certificate: the control service on this port is guarded by the token.
     address = grpc_util.bind(server, config.listen, creds)
     await server.start()
+    metrics = await _start_metrics(config, state, server)
     node = _Node()
     register = control.RegisterRequest(kind=control.NODE_KIND_FRONTEND, address=address)
     reporter = asyncio.create_task(_report_loop(state, scheduler, node, config.report_interval_s))
     if ready:
-        ready(address)
+        ready(address, **({"metrics": metrics.url} if metrics else {}))
     try:
         await keep_registered(scheduler, register, node)
     finally:
         reporter.cancel()
+        if metrics is not None:
+            await metrics.close()
         await state.pool.close()
         await server.stop(grace=1)
         await channel.close()
+
+
+async def _start_metrics(config: FrontendConfig, state: FrontendState, server):
+    """The Prometheus endpoint on ``--metrics-listen`` (None when off); exits with a message when it cannot bind."""
+    if not config.metrics_listen:
+        return None
+    from common.metrics_http import start_metrics_server
+
+    host, port = split_host_port(config.metrics_listen)
+    try:
+        metrics = await start_metrics_server(host, port, state.metrics.registry)
+    except OSError as exc:
+        await server.stop(grace=0)
+        raise SystemExit(f"nexus frontend: error: cannot serve --metrics-listen {config.metrics_listen}: "
+                         f"{exc.strerror or exc}") from None
+    log.info("Prometheus metrics on %s", metrics.url)
+    return metrics

@@ -45,6 +45,7 @@ class Child:
                                      stderr=stderr, env=env, cwd=cwd, preexec_fn=_die_with_parent,
                                      start_new_session=start_new_session, text=True, bufsize=1)
         self.address = ""
+        self.info: dict[str, str] = {}      # key=value words of its ready line (e.g. metrics=URL)
         self._lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -62,7 +63,9 @@ class Child:
                     raise RuntimeError(f"{self.name} exited with status {self.proc.returncode} before it was ready")
                 continue
             if line.startswith(READY_PREFIX):
-                self.address = line.split()[2]
+                words = line.split()
+                self.address = words[2]
+                self.info = dict(w.split("=", 1) for w in words[3:] if "=" in w)
                 return self.address
         raise RuntimeError(f"{self.name} was not ready within {timeout_s:.0f} s")
 
@@ -144,7 +147,8 @@ def run(args) -> int:
             argv += ["--batch-start", args.batch_start]
             children.append(Child(f"backend-{i}", argv, env))
         frontend = Child("frontend", ["frontend", "--scheduler", sched_addr,
-                                      "--listen", f"{args.host}:{args.frontend_port}"], env)
+                                      "--listen", f"{args.host}:{args.frontend_port}",
+                                      "--metrics-listen", f"{args.host}:{args.metrics_port}"], env)
         children.append(frontend)
         for c in children[1:]:
             c.wait_ready(120)
@@ -153,10 +157,12 @@ def run(args) -> int:
             print(f"nexus serve: warning: not ready after {args.ready_timeout_s:.0f} s: {', '.join(missing)}",
                   file=sys.stderr, flush=True)
         print(f"Nexus is serving on {frontend.address} (KServe v2 gRPC); scheduler at {sched_addr}", flush=True)
+        metrics_url = frontend.info.get("metrics", "")
         print(f"  models: {', '.join(names) or '(none)'}", flush=True)
+        print(f"  metrics: {metrics_url} (Prometheus)", flush=True)
         print(f"  try:    nexus bench --frontend {frontend.address} --model resnet18_64 --rate 50 --slo-ms 100",
               flush=True)
-        print(f"{READY_PREFIX} serve {frontend.address} {sched_addr}", flush=True)
+        print(f"{READY_PREFIX} serve {frontend.address} {sched_addr} metrics={metrics_url}", flush=True)
         while True:
             for c in children:
                 if c.proc.poll() is not None:
@@ -182,6 +188,8 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per backend (0: all cores)")
     p.add_argument("--host", default="127.0.0.1", help="frontend host (default 127.0.0.1)")
     p.add_argument("--frontend-port", type=int, default=8001, help="frontend port (0: any free port)")
+    p.add_argument("--metrics-port", type=int, default=8002,
+                   help="frontend's Prometheus /metrics port (0: any free port)")
     p.add_argument("--scheduler-port", type=int, default=8100, help="scheduler port (0: any free port)")
     p.add_argument("--data-dir", default=".nexus-data", help="model database and sample models")
     p.add_argument("--epoch-s", type=float, default=30.0, help="scheduler re-planning period")

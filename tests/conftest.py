@@ -16,11 +16,13 @@ READY_PREFIX = "NEXUS-READY"
 
 
 class RunningCluster:
-    def __init__(self, proc: subprocess.Popen, frontend: str, scheduler: str, data_dir) -> None:
+    def __init__(self, proc: subprocess.Popen, frontend: str, scheduler: str, data_dir,
+                 info: dict[str, str] | None = None) -> None:
         self.proc = proc
         self.frontend = frontend
         self.scheduler = scheduler
         self.data_dir = data_dir
+        self.info = info or {}         # key=value words of the ready line: metrics (the /metrics URL)
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -37,8 +39,8 @@ def start_cluster(data_dir, *extra: str, timeout_s: float = 240) -> RunningClust
     """Run ``nexus serve`` on free ports; return once it printed its ready line."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_LOG=os.environ.get("NEXUS_LOG", "WARNING"))
     proc = subprocess.Popen([sys.executable, "-m", "nexus", "serve", "--frontend-port", "0", "--scheduler-port", "0",
-                             "--data-dir", str(data_dir), *extra], stdout=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+                             "--metrics-port", "0", "--data-dir", str(data_dir), *extra], stdout=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     deadline = time.monotonic() + timeout_s
@@ -52,8 +54,9 @@ def start_cluster(data_dir, *extra: str, timeout_s: float = 240) -> RunningClust
             continue
         seen.append(line)
         if line.startswith(READY_PREFIX):
-            _, _, frontend, scheduler = line.split()
-            return RunningCluster(proc, frontend, scheduler, data_dir)
+            words = line.split()
+            info = dict(w.split("=", 1) for w in words[4:] if "=" in w)
+            return RunningCluster(proc, words[2], words[3], data_dir, info)
     proc.kill()
     raise RuntimeError(f"nexus serve not ready in {timeout_s} s: {''.join(seen)}")
 

@@ -101,7 +101,13 @@ def run(args) -> int:
     from common.sample_queries import SAMPLE_QUERIES, sample_query_json
     from nexus.models_cmd import CommandError, list_models, upload_model
     from nexus.queries_cmd import list_queries, register_query
+    from common.emulated_gpus import UnknownGpuError, check_device
 
+    try:
+        check_device(args.device)
+    except UnknownGpuError as exc:
+        print(f"nexus serve: error: --device: {exc}", file=sys.stderr, flush=True)
+        return 2
     data_dir = pathlib.Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")

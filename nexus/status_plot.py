@@ -1,0 +1,100 @@
+"""``nexus status --plot FILE.png``: the plan as a picture (matplotlib's Agg canvas, no display).
+
+One horizontal bar per device, its length the duty cycle (100%), filled left to right by the batches
+of its sessions: each segment is l(batch) / duty cycle, coloured by model (a query's stages take their
+model's colour), labelled with the session and its batch where it fits. What is left of the cycle is
+idle, hatched. Beside each bar: occupancy, planned and measured rate. The title says how many devices
+the plan uses against the lower bound.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nexus.status_cmd import ClusterStatus
+
+_IDLE = "#eef0f2"
+_PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
+            "#9c755f", "#bab0ac", "#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#17becf")
+
+
+def _text_colour(hex_colour: str) -> str:
+    r, g, b = (int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.6 else "white"
+
+
+def model_colours(st: ClusterStatus) -> dict[str, str]:
+    models = sorted({s.model for d in st.devices for s in d.sessions})
+    return {m: _PALETTE[i % len(_PALETTE)] for i, m in enumerate(models)}
+
+
+def write_status_plot(st: ClusterStatus, path: str | os.PathLike) -> None:
+    """Write the plan picture to ``path`` (PNG, or any format matplotlib infers from the suffix)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    devices = list(st.devices)
+    n = max(len(devices), 1)
+    fig = Figure(figsize=(13, 1.9 + 0.95 * n), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    colours = model_colours(st)
+    height = 0.78
+    for row, d in enumerate(devices):
+        y = n - 1 - row
+        ax.barh(y, 100, height=height, color=_IDLE, edgecolor="#c8ccd0", hatch="//", linewidth=0.6, zorder=1)
+        left = 0.0
+        # Sessions of one model side by side, the longest batch first, so each model reads as one block.
+        for s in sorted(d.sessions, key=lambda x: (x.model, -x.latency_ms, x.session)):
+            width = 100 * s.share
+            colour = colours[s.model]
+            stage = "/" in s.session
+            ax.barh(y, width, left=left, height=height, color=colour, edgecolor="white", linewidth=1.2,
+                    hatch="...." if stage else None, zorder=2)
+            label = f"{s.session} ×{s.batch}"
+            ink = _text_colour(colour)
+            if width >= 0.68 * len(label):
+                ax.text(left + width / 2, y, label, ha="center", va="center", fontsize=8.5, color=ink, zorder=3,
+                        bbox=dict(boxstyle="round,pad=0.15", fc=colour, ec="none") if stage else None)
+            elif width >= 1.2:
+                short = s.session.rpartition("/")[2]
+                ax.text(left + width / 2, y, f"{short} ×{s.batch}" if len(short) <= 12 else short, rotation=90,
+                        ha="center", va="center", fontsize=6.5, color=ink, zorder=3,
+                        bbox=dict(boxstyle="square,pad=0.05", fc=colour, ec="none"))
+            left += width
+        if d.sessions:
+            memory = (f"{d.memory_used_mb / 1000:.1f} of {d.memory_mb / 1000:.0f} GB" if d.memory_mb
+                      else f"{d.memory_used_mb / 1000:.1f} GB")
+            measured = sum(s.measured_rate_rps * s.device_rate_rps / s.planned_rate_rps
+                           for s in d.sessions if s.planned_rate_rps > 0 and "/" not in s.session)
+            note = (f"{d.occupancy:.0%} busy\n{len(d.sessions)} session{'s' if len(d.sessions) != 1 else ''} · "
+                    f"{memory}\n{measured:,.0f} rps measured")
+        else:
+            note = "idle"
+        ax.text(101.5, y, note, ha="left", va="center", fontsize=9, color="#333333", linespacing=1.35)
+    ax.set_yticks(range(n))
+    ax.set_yticklabels([
+        f"{d.node_id}\n{d.device_type} · {d.duty_cycle_ms:.1f} ms cycle" if d.sessions else f"{d.node_id}\n{d.device_type}"
+        for d in reversed(devices)] if devices else ["(no devices)"], fontsize=9)
+    ax.set_xlim(0, 100)
+    ax.set_ylim(-0.6, n - 0.4)
+    ax.set_xlabel("share of the device's duty cycle (%): each segment is one session's batch, l(batch) / duty cycle")
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    ax.tick_params(axis="y", length=0)
+    ax.grid(axis="x", color="#dddddd", linewidth=0.6, zorder=0)
+    ax.set_axisbelow(True)
+    bound = f"lower bound {st.lower_bound}"
+    verdict = "optimal" if st.planned_devices and st.planned_devices <= st.lower_bound else \
+        f"{st.planned_devices - st.lower_bound} above the bound" if st.planned_devices else ""
+    fig.suptitle(f"{st.devices_in_use} of {len(devices)} devices in use · plan needs {st.planned_devices}, "
+                 f"{bound}" + (f" ({verdict})" if verdict else ""), fontsize=13, fontweight="bold")
+    ax.set_title(f"epoch {st.epoch} · solver {st.solver or '-'} · plan {st.plan_age_s:.0f} s old", fontsize=9.5,
+                 color="#555555", loc="left")
+    handles = [Patch(facecolor=c, label=m) for m, c in colours.items()]
+    if any("/" in s.session for d in devices for s in d.sessions):
+        handles.append(Patch(facecolor="#888888", edgecolor="white", hatch="....", label="query stage"))
+    handles.append(Patch(facecolor=_IDLE, edgecolor="#c8ccd0", hatch="//", label="idle"))
+    fig.legend(handles=handles, loc="outside right upper", frameon=False, title="model", fontsize=9)
+    fig.savefig(path, dpi=110)

@@ -16,6 +16,7 @@ import grpc
 
 from common import grpc_util
 from common.pb import control, control_grpc
+from common.query_def import QueryDef, QueryError, parse_query
 from nexus.models_cmd import DEFAULT_SCHEDULER, CommandError, _rpc_message
 
 
@@ -61,6 +62,8 @@ class QueryStatus:
     planned_rate_rps: float
     devices: int
     reason: str
+    stage_models: dict[str, str] = field(default_factory=dict)       # stage -> model
+    paths: tuple[tuple[str, ...], ...] = ()                          # root-to-leaf stage paths
 
 
 @dataclass(frozen=True)
@@ -112,15 +115,39 @@ def from_reply(reply: control.StatusReply) -> ClusterStatus:
     queries = []
     for q in routing.queries:
         try:
-            slo = float(json.loads(q.json).get("slo_ms", 0.0))
-        except (ValueError, AttributeError):
-            slo = 0.0
+            definition = parse_query(q.json)
+        except QueryError:     # the scheduler keeps only queries that parsed; show the figures anyway
+            definition = None
+        slo = definition.slo_ms if definition else 0.0
+        stage_models = {st.name: st.model for st in definition.stages} if definition else {}
         queries.append(QueryStatus(q.name, slo, q.split_method, dict(q.budgets_ms), dict(q.gamma),
-                                   q.planned_rate_rps, q.devices, q.reason))
+                                   q.planned_rate_rps, q.devices, q.reason, stage_models,
+                                   _paths(definition) if definition else ()))
     unplaced = {name: r.reason for name, r in routes.items() if not r.backends}
     return ClusterStatus(routing.epoch, reply.solver, reply.plan_age_s, routing.planned_devices, routing.lower_bound,
                          reply.frontends, tuple(devices), tuple(queries), unplaced, dict(reply.best_effort),
                          tuple(reply.notes))
+
+
+def _paths(q: QueryDef) -> tuple[tuple[str, ...], ...]:
+    """Every root-to-leaf path of stages in a query's DAG, in definition order."""
+    children: dict[str, list[str]] = {st.name: [] for st in q.stages}
+    for st in q.stages:
+        for parent in st.parents():
+            children[parent].append(st.name)
+    out = []
+
+    def walk(path: tuple[str, ...]) -> None:
+        kids = children[path[-1]]
+        if not kids:
+            out.append(path)
+        for k in kids:
+            walk(path + (k,))
+
+    for st in q.stages:
+        if not st.parents():
+            walk((st.name,))
+    return tuple(out)
 
 
 def fetch_status(scheduler: str, timeout_s: float = 30.0) -> ClusterStatus:

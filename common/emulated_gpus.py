@@ -9,13 +9,15 @@ models still need ``nexus models upload --profile``.
 
 How the figures are derived (estimates for emulation and planning, not measurements):
 
-- Per GPU type, an anchor: the order of magnitude of published large-batch ResNet-50 (224x224,
-  4.1 GMAC per image) inference throughput with an optimising runtime in the precision that GPU
-  serves best without INT8 calibration: FP32 on Pascal (GTX 1080 Ti has no tensor cores), FP16
-  tensor cores on Turing, Volta, Ampere and Hopper. Rounded figures consistent with the vendors'
-  inference performance pages and MLPerf Inference results scaled from INT8 to FP16, and with the
-  ratios of the spec-sheet peak arithmetic rates; memory is the spec-sheet capacity less ~10% for
-  the CUDA context and allocator. From the anchor: microseconds per MAC = 1e6 / (ips * 4.1e9).
+- Per GPU type, an anchor: large-batch ResNet-50 (224x224, 4.1 GMAC per image) inference images/s
+  with an optimising runtime in the precision that GPU serves best without INT8 calibration: FP32
+  on Pascal (the GTX 1080 Ti has no tensor cores), FP16 tensor cores on Turing, Volta, Ampere and
+  Hopper. The anchors are rounded estimates of the order of the published figures (vendor
+  inference-performance pages; MLPerf Inference offline results, which are INT8, scaled down to
+  FP16), cross-checked against the ratios of the spec-sheet peak arithmetic rates; they are not
+  quotes of one source. Memory is the spec-sheet capacity in decimal MB (11000 for the GTX 1080 Ti,
+  as in DESIGN.md's workload example); each model's m(b) carries the runtime's workspace.
+  From the anchor: microseconds per MAC = 1e6 / (ips * 4.1e9).
 - Per architecture class, the multiply-accumulates per item (counted from the sample graphs' Conv
   and Gemm nodes; ``tests/test_emulated_gpus.py`` recounts them), an efficiency relative to
   ResNet-50 at 224x224 (small 64x64 feature maps and narrow layers fill a GPU worse: fewer thread
@@ -48,7 +50,7 @@ class GpuType:
     name: str                 # the name in ``emulated:<name>`` and the profiles' device type
     product: str
     architecture: str
-    memory_mb: float          # usable for models (spec-sheet capacity less the context's share)
+    memory_mb: float          # spec-sheet capacity, decimal MB
     resnet50_ips: float       # anchor: large-batch ResNet-50 inference images/s (see module doc)
     precision: str            # the precision the anchor is for
     launch_us: float          # per kernel launch, including the runtime's per-node overhead
@@ -61,11 +63,11 @@ class GpuType:
 
 # Ordered from the oldest. Nexus (SOSP 2019) was evaluated on GTX 1080 Ti.
 GPU_TYPES: dict[str, GpuType] = {g.name: g for g in (
-    GpuType("gtx1080ti", "NVIDIA GeForce GTX 1080 Ti (11 GB)", "Pascal", 10_000, 1_000, "FP32", 12.0, 11.0),
-    GpuType("t4", "NVIDIA T4 (16 GB)", "Turing", 14_500, 1_800, "FP16", 12.0, 11.0),
-    GpuType("v100", "NVIDIA V100 SXM2 (16 GB)", "Volta", 14_500, 4_500, "FP16", 9.0, 11.0),
-    GpuType("a100", "NVIDIA A100 SXM (40 GB)", "Ampere", 37_000, 12_000, "FP16", 7.0, 22.0),
-    GpuType("h100", "NVIDIA H100 SXM (80 GB)", "Hopper", 74_000, 25_000, "FP16", 6.0, 45.0),
+    GpuType("gtx1080ti", "NVIDIA GeForce GTX 1080 Ti (11 GB)", "Pascal", 11_000, 1_000, "FP32", 12.0, 11.0),
+    GpuType("t4", "NVIDIA T4 (16 GB)", "Turing", 16_000, 1_800, "FP16", 12.0, 11.0),
+    GpuType("v100", "NVIDIA V100 SXM2 (16 GB)", "Volta", 16_000, 4_500, "FP16", 9.0, 11.0),
+    GpuType("a100", "NVIDIA A100 SXM (40 GB)", "Ampere", 40_000, 12_000, "FP16", 7.0, 22.0),
+    GpuType("h100", "NVIDIA H100 SXM (80 GB)", "Hopper", 80_000, 25_000, "FP16", 6.0, 45.0),
 )}
 
 

@@ -183,6 +183,26 @@ def test_nexus_status_shows_every_device_and_session(emulated_cluster, tmp_path)
 
 
 @pytest.mark.slow
+def test_routing_table_carries_the_planned_figures(emulated_cluster):
+    """The figures frontends get with their routes: batch and duty cycle per backend, planned and
+    measured rates per session, devices planned and the lower bound."""
+    from common import grpc_util
+    from common.pb import control, control_grpc
+
+    with grpc_util.channel(emulated_cluster.scheduler) as channel:
+        reply = control_grpc.SchedulerStub(channel).GetStatus(control.StatusRequest(), timeout=30)
+    table = reply.routing
+    assert table.planned_devices >= table.lower_bound >= 1
+    assert {r.session or r.model.name for r in table.routes} == _sessions()
+    for route in table.routes:
+        assert route.planned_rate_rps >= 1.0 and route.measured_rate_rps >= 0.0
+        assert route.backends, route
+        for b in route.backends:
+            assert b.batch >= 1 and b.duty_cycle_ms > 0 and b.weight > 0
+    assert reply.frontends == 1 and reply.solver
+
+
+@pytest.mark.slow
 def test_status_plot_to_an_unwritable_path_is_an_error(emulated_cluster, tmp_path):
     r = nexus_cli("status", "--scheduler", emulated_cluster.scheduler, "--plot", str(tmp_path / "no" / "dir.png"))
     assert r.returncode == 2

@@ -212,13 +212,21 @@ def _compare_with_onnxruntime(client, name: str, model, shape):
 
 
 @pytest.mark.slow
-def test_repository_models_are_served_with_onnxruntime_outputs(repository_cluster):
+def test_repository_models_are_served_with_onnxruntime_outputs(repository_cluster, tmp_path):
     client = grpcclient.InferenceServerClient(repository_cluster.frontend)
     try:
         _compare_with_onnxruntime(client, "mlp", mlp_small(), (3, 64))
         _compare_with_onnxruntime(client, "det", detector_64(), (2, 3, 64, 64))
+        served = client.get_model_config("mlp").config
     finally:
         client.close()
+    assert served.parameters["slo_ms"].string_value == "40"
+    # The config the server reports, written out as text, is a repository config this server accepts.
+    from google.protobuf import text_format
+
+    again = _model(tmp_path, "mlp", mlp_small(), text_format.MessageToString(served))
+    m = read_model(again)
+    assert (m.slo_ms, [t.shape for t in m.inputs], [t.shape for t in m.outputs]) == (40.0, [(64,)], [(10,)])
     listed = {m["name"]: m for m in json.loads(nexus_cli("models", "list", "--scheduler", repository_cluster.scheduler,
                                                          "--json").stdout)}
     assert listed["mlp"]["slo_ms"] == 40.0 and listed["mlp"]["loaded"] and listed["det"]["loaded"]

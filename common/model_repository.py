@@ -288,6 +288,8 @@ def read_model(model_dir: pathlib.Path) -> RepositoryModel:
     name = model_dir.name
     config_path = model_dir / CONFIG_FILE
     where = str(config_path)
+    if not name or len(name) > 128 or not all(c.isalnum() or c in "-_." for c in name):
+        raise RepositoryError(f"{model_dir}: invalid model name {name!r}: use 1-128 letters, digits, '-', '_' or '.'")
     if config_path.is_file():
         try:
             text = config_path.read_text()

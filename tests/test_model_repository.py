@@ -165,6 +165,10 @@ def test_torchscript_without_io_is_refused(tmp_path):
     assert "input must be listed in config.pbtxt" in _error(tmp_path / "t")
 
 
+def test_a_folder_name_that_is_no_model_name_is_refused(tmp_path):
+    assert "invalid model name 'my model'" in _error(_model(tmp_path, "my model", mlp_small(), None))
+
+
 def test_an_empty_repository_is_refused(tmp_path):
     with pytest.raises(RepositoryError, match="no model folders"):
         read_repository(tmp_path)

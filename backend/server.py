@@ -481,6 +481,11 @@ def detect_memory_mb(device: str) -> float:
             return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1024 * 1024)
         except (ValueError, OSError):
             return 0.0
+    if device.startswith("emulated:"):
+        from common.emulated_gpus import GPU_TYPES
+
+        gpu = GPU_TYPES.get(device.split(":", 1)[1])
+        return gpu.memory_mb if gpu else 0.0
     return 0.0
 
 

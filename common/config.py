@@ -280,6 +280,12 @@ class BackendConfig:
         _check_positive("max_queue", self.max_queue)
         if not (self.device == "cpu" or self.device.startswith("cuda") or self.device.startswith("emulated:")):
             raise ConfigError(f"--device: expected cpu, cuda[:N] or emulated:<gpu-name>, got {self.device!r}")
+        from common.emulated_gpus import UnknownGpuError, check_device
+
+        try:
+            check_device(self.device)
+        except UnknownGpuError as exc:
+            raise ConfigError(f"--device: {exc}") from None
 
     @property
     def resolved_device_type(self) -> str:

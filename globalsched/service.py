@@ -91,6 +91,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.query_plans: dict = {}
         self.planned_gammas: dict[tuple[str, str, str], float] = {}
         self.slowdowns = load_slowdowns(config.colocation_report)
+        self.session_rates: dict[str, float] = {}       # session -> rate the current plan serves
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -455,6 +456,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
                 for b in placement.backends:
                     previous[b.node_id] = frozenset(s.model for s in b.sessions)
         plan = plan_cluster(sessions, backends, previous, self.config.solver, self.planner_config)
+        self.session_rates = {s.model: max(s.rate_rps, MIN_PLANNED_RATE_RPS) for s in sessions}
         self.epoch += 1
         self.last_plan_time = now
         # The measured rates these sessions were planned for (before headroom): the drift band's centre.
@@ -545,6 +547,11 @@ class SchedulerService(control_grpc.SchedulerServicer):
         stored = [self._desc(m.name) for m in self.db.models() if m.name not in served]
         return control.RoutingTable(epoch=self.epoch, routes=routes, stored=stored, queries=self._query_infos(),
                                     planned_devices=plan.num_devices_planned, lower_bound=plan.lower_bound)
+
+    async def GetStatus(self, request, context):
+        from globalsched.status import status_reply
+
+        return status_reply(self)
 
     def _profiling_models(self) -> set[str]:
         return {m for m, _ in self._profiling}

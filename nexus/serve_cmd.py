@@ -104,7 +104,20 @@ def run(args) -> int:
     from common.sample_queries import SAMPLE_QUERIES, sample_query_json
     from nexus.models_cmd import CommandError, list_models, upload_model
     from nexus.queries_cmd import list_queries, register_query
+    from common.emulated_gpus import UnknownGpuError, check_device
 
+    try:
+        check_device(args.device)
+    except UnknownGpuError as exc:
+        print(f"nexus serve: error: --device: {exc}", file=sys.stderr, flush=True)
+        return 2
+    repository = []
+    if args.model_repository:
+        from nexus.repository_cmd import read_checked, upload_repository
+
+        repository = read_checked(args.model_repository, "nexus serve")
+        if repository is None:
+            return 2
     data_dir = pathlib.Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -139,6 +152,9 @@ def run(args) -> int:
                 if name not in known_queries:
                     register_query(sched_addr, sample_query_json(name))
                 names.append(name)
+        if repository:
+            upload_repository(sched_addr, repository)
+            names += [m.name for m in repository if m.name not in names]
         names += [m.name for m in list_models(sched_addr) if m.loaded and m.name not in names]
         for i in range(args.backends):
             argv = ["backend", "--scheduler", sched_addr, "--device", args.device, "--listen", "127.0.0.1:0"]
@@ -207,5 +223,7 @@ def register(sub) -> None:
                    help="scheduler: time per hop outside the device, taken from every SLO when planning "
                         f"(default {defaults.path_allowance_ms:g})")
     p.add_argument("--no-samples", action="store_true", help="do not build and upload the sample models")
+    p.add_argument("--model-repository", default="", metavar="DIR",
+                   help="also serve the models of a Triton model repository (<name>/config.pbtxt, <name>/1/model.onnx)")
     p.add_argument("--ready-timeout-s", type=float, default=180.0)
     p.set_defaults(func=run)

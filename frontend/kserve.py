@@ -257,28 +257,36 @@ class KServeService:
             inf.success.count = c.get("success", 0)
             inf.success.ns = c.get("success_ns", 0)
             inf.fail.count = c.get("fail", 0)
-            batches: dict[int, list[int]] = {}
+            batches: dict[int, list[int]] = {}     # size -> [batches, input ns, infer ns, output ns]
             last = 0
             for bs in backend_stats:
                 for s in bs.sessions:
                     if s.model != name:
                         continue
                     stats.execution_count += s.execution_count
-                    inf.queue.count += s.success_count
-                    inf.queue.ns += s.queue_ns
-                    inf.compute_infer.count += s.execution_count
-                    inf.compute_infer.ns += s.compute_ns
+                    # Triton's per-request phases: one sample per successful request in each, so
+                    # that queue and compute counts always agree (perf_analyzer checks they do).
+                    for phase, ns in ((inf.queue, s.queue_ns), (inf.compute_input, s.request_compute_input_ns),
+                                      (inf.compute_infer, s.request_compute_infer_ns),
+                                      (inf.compute_output, s.request_compute_output_ns)):
+                        phase.count += s.success_count
+                        phase.ns += ns
                     last = max(last, s.last_inference_ms)
                     for size, count in s.batch_histogram.items():
-                        entry = batches.setdefault(size, [0, 0])
+                        entry = batches.setdefault(size, [0, 0, 0, 0])
                         entry[0] += count
-                        entry[1] += s.batch_compute_ns.get(size, 0)
+                        entry[1] += s.batch_compute_input_ns.get(size, 0)
+                        entry[2] += s.batch_compute_ns.get(size, 0)
+                        entry[3] += s.batch_compute_output_ns.get(size, 0)
                     stats.memory_usage.add(type="CPU" if "cpu" in bs.node_id else "DEVICE",
                                            byte_size=s.memory_bytes)
             stats.last_inference = last
             for size in sorted(batches):
+                count, input_ns, infer_ns, output_ns = batches[size]
                 b = stats.batch_stats.add(batch_size=size)
-                b.compute_infer.count, b.compute_infer.ns = batches[size]
+                b.compute_input.count, b.compute_input.ns = count, input_ns
+                b.compute_infer.count, b.compute_infer.ns = count, infer_ns
+                b.compute_output.count, b.compute_output.ns = count, output_ns
         return reply
 
     async def _backend_stats(self) -> list:

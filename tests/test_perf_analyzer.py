@@ -36,8 +36,9 @@ TRITONCLIENT_VERSION = "2.50.0"
 CUDART_VERSION = "12.6.77"          # CUDA 12.6: what the 24.09 (2.50) release was built with
 TOOLS_DIR = Path(os.environ.get("NEXUS_TEST_TOOLS") or Path.home() / ".cache" / "nexus-test-tools")
 MODEL = "pa_mlp"
-# Short windows, loose stability: the figures only need to exist and be consistent, not be precise.
-WINDOW_ARGS = ["--measurement-interval", "800", "--stability-percentage", "100", "--max-trials", "10"]
+# Short windows and a stability bound (max/min of 3 windows <= 11) that a shared, loaded machine still
+# meets: the figures only need to exist and be consistent here, not be precise.
+WINDOW_ARGS = ["--measurement-interval", "800", "--stability-percentage", "1000", "--max-trials", "10"]
 SERVER_LINE = re.compile(r"Avg request latency: \d+ usec \(overhead \d+ usec \+ queue \d+ usec \+ compute input "
                          r"\d+ usec \+ compute infer \d+ usec \+ compute output \d+ usec\)")
 
@@ -208,7 +209,7 @@ def _check_server_sections(out: str, levels: int) -> None:
 @pytest.mark.slow
 def test_perf_analyzer_concurrency_sweep_reports_server_side_figures(perf_analyzer, served):
     out = run_perf_analyzer(perf_analyzer, served.frontend, "--concurrency-range", "1:16:5")
-    assert re.findall(r"Request concurrency: (\d+)", out) == ["1", "6", "11", "16"], out
+    assert re.findall(r"^Request concurrency: (\d+)$", out, re.M) == ["1", "6", "11", "16"], out
     _check_server_sections(out, 4)
 
 
@@ -219,5 +220,28 @@ def test_perf_analyzer_request_rate_reports_server_side_figures(perf_analyzer, s
     stability check whatever the server does; from 40/s on they pass."""
     out = run_perf_analyzer(perf_analyzer, served.frontend, "--request-rate-range", "40:120:80",
                             "--request-distribution", "poisson")
-    assert re.findall(r"Request Rate: (\d+)", out) == ["40", "120"], out
+    # (the rate prints as 120 or 120.00: an earlier warning may have left std::fixed on its stream)
+    assert [float(r) for r in re.findall(r"^Request Rate: ([\d.]+) inference", out, re.M)] == [40, 120], out
     _check_server_sections(out, 2)
+
+
+def test_an_unreachable_package_index_is_a_reason_to_skip(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "TOOLS_DIR", tmp_path / "tools")
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")     # nothing listens on the discard port
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    with pytest.raises(ToolUnavailable, match=f"pip download tritonclient=={TRITONCLIENT_VERSION} failed"):
+        fetch_perf_analyzer()
+    assert list((tmp_path / "tools").iterdir()) == []      # no half-filled folder left behind
+
+
+def test_a_binary_that_cannot_start_is_a_reason_to_skip(tmp_path, monkeypatch):
+    tools = tmp_path / "tools"
+    for name in (f"perf_analyzer-{TRITONCLIENT_VERSION}", f"cudart-{CUDART_VERSION}", "libb64-0d"):
+        (tools / name).mkdir(parents=True)
+    binary = tools / f"perf_analyzer-{TRITONCLIENT_VERSION}" / "perf_analyzer"
+    binary.write_text("#!/bin/sh\necho 'error while loading shared libraries: libb64.so.0d' >&2\nexit 127\n")
+    binary.chmod(0o755)
+    monkeypatch.setattr(sys.modules[__name__], "TOOLS_DIR", tools)
+    with pytest.raises(ToolUnavailable, match=r"--version failed \(127\): error while loading shared libraries"):
+        fetch_perf_analyzer()

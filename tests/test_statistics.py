@@ -16,6 +16,8 @@ from backend.policies import EarliestFirst
 from backend.runtimes import load_runtime
 from backend.server import backend_stats
 from common.onnx_prefix import find_shared_prefix
+from common.pb import control
+from frontend.statistics import StatsBook
 from common.sample_models import backbone_variant, mlp_small, model_bytes
 
 TIMEOUT_US = 20_000_000     # KServe 'timeout' parameter: no request of these tests is ever dropped
@@ -125,6 +127,51 @@ def test_prefix_group_members_count_the_merged_batch_phases():
         assert st.request_compute_input_ns == requests * st.batch_compute_input_ns[3] > 0
         assert st.request_compute_output_ns == requests * st.batch_compute_output_ns[3]
     assert sessions["v0"].stats.batch_compute_ns == sessions["v1"].stats.batch_compute_ns
+
+
+def _session(model: str, successes: int, batches: int) -> control.SessionStats:
+    return control.SessionStats(
+        model=model, success_count=successes, execution_count=batches, queue_ns=10 * successes,
+        request_compute_input_ns=successes, request_compute_infer_ns=100 * successes,
+        request_compute_output_ns=2 * successes, batch_histogram={1: batches}, batch_compute_ns={1: 50 * batches},
+        batch_compute_input_ns={1: batches}, batch_compute_output_ns={1: batches}, last_inference_ms=1000 + successes)
+
+
+def _stats(node: str, *sessions) -> control.BackendStats:
+    return control.BackendStats(node_id=node, sessions=list(sessions))
+
+
+def test_stats_book_stays_cumulative_when_sessions_move_restart_or_answer_late():
+    book = StatsBook()
+    seen = []
+
+    def check(expected_successes: int) -> None:
+        t = book.totals("m")
+        assert t.sums["success_count"] == expected_successes
+        assert t.sums["request_compute_infer_ns"] == 100 * expected_successes
+        assert t.sums["queue_ns"] == 10 * expected_successes
+        assert t.batches[1][0] == t.sums["execution_count"] and t.batches[1][2] == 50 * t.sums["execution_count"]
+        seen.append(expected_successes)
+
+    book.record("a:1", _stats("be-a", _session("m", 10, 5), _session("other", 7, 7)), 1.0)
+    check(10)
+    book.record("a:1", _stats("be-a", _session("m", 12, 6)), 2.0)                    # grows
+    check(12)
+    book.record("a:1", _stats("be-a", _session("m", 11, 6)), 1.5)                    # a late, older answer
+    check(12)
+    book.record("a:1", _stats("be-a"), 3.0)                                          # the session moved away ...
+    book.record("b:1", _stats("be-b", _session("m", 3, 1)), 3.0)                     # ... to another backend
+    check(15)
+    book.record("a:1", _stats("be-a", _session("m", 4, 2)), 4.0)                     # and back, counting anew
+    check(19)
+    book.record("a:1", _stats("be-a2", _session("m", 1, 1)), 5.0)                    # a restarted backend
+    check(20)
+    book.record("b:1", _stats("be-b", _session("m", 2, 1)), 6.0)                     # a session re-created
+    check(22)
+    assert seen == sorted(seen)
+    assert book.totals("m").last_inference_ms == 1000 + 12
+    assert book.totals("other").sums["success_count"] == 7                           # retired, not lost
+    assert book.totals("absent").sums["success_count"] == 0 and book.totals("absent").batches == {}
 
 
 def _figures(stats) -> dict[str, int]:

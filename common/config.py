@@ -290,6 +290,9 @@ class BackendConfig:
         return "cuda" if self.device.startswith("cuda") else "cpu"
 
 
+DEFAULT_HTTP_LISTEN = "127.0.0.1:8000"
+
+
 @dataclass(frozen=True)
 class FrontendConfig:
     scheduler: str = field(default="127.0.0.1:8100", metadata={"help": "scheduler address"})
@@ -302,14 +305,30 @@ class FrontendConfig:
     advertise: str = field(default="", metadata={"help": _ADVERTISE_HELP})
     drain_grace_s: float = field(default=20.0, metadata={
         "help": "on SIGTERM: longest wait for requests in flight to finish before the frontend exits"})
+    http_listen: str = field(default=DEFAULT_HTTP_LISTEN, metadata={
+        "help": "KServe v2 HTTP/REST address ('' turns HTTP off; left at its default while --listen has port 0, "
+                "HTTP takes any free port too)"})
+    http_max_body_mb: float = field(default=64.0, metadata={
+        "help": "largest HTTP request body; a larger one is answered 413"})
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> None:
         _check_address("scheduler", self.scheduler)
         _check_address("listen", self.listen)
+        if self.http_listen:
+            _check_address("http_listen", self.http_listen)
+        _check_positive("http_max_body_mb", self.http_max_body_mb)
         _check_advertise(self.advertise)
         _check_positive("drain_grace_s", self.drain_grace_s)
         self.security.validate()
         _check_positive("report_interval_s", self.report_interval_s)
         if self.exec_path not in ("stream", "unary"):
             raise ConfigError(f"--exec-path: expected stream or unary, got {self.exec_path!r}")
+
+    @property
+    def resolved_http_listen(self) -> str:
+        """Where HTTP binds ('' when off): a frontend asked for any free gRPC port (tests, benchmarks,
+        several frontends on one host) takes any free HTTP port too unless told otherwise."""
+        if self.http_listen == DEFAULT_HTTP_LISTEN and split_host_port(self.listen)[1] == 0:
+            return join_host_port(split_host_port(DEFAULT_HTTP_LISTEN)[0], 0)
+        return self.http_listen

@@ -17,10 +17,11 @@ def setup_logging(level: str = "") -> None:
 
 
 def run_until_signalled(name: str, serve, config) -> int:
-    """Run ``serve(config, ready)`` until SIGINT/SIGTERM; print ``NEXUS-READY <name> <address>`` once listening."""
+    """Run ``serve(config, ready)`` until SIGINT/SIGTERM; print ``NEXUS-READY <name> <address> [EXTRA...]``
+    once listening (a frontend adds its HTTP address after the gRPC one)."""
 
-    def ready(address: str) -> None:
-        print(f"{READY_PREFIX} {name} {address}", flush=True)
+    def ready(address: str, *extra: str) -> None:
+        print(" ".join([READY_PREFIX, name, address, *extra]), flush=True)
 
     async def main() -> None:
         task = asyncio.create_task(serve(config, ready))

@@ -19,7 +19,7 @@ import time
 
 import grpc
 
-from common.config import BatchStart, SchedulerConfig
+from common.config import BatchStart, SchedulerConfig, join_host_port
 from common import grpc_util
 from common.pb import kserve, kserve_grpc
 from nexus.process import READY_PREFIX
@@ -36,7 +36,8 @@ def _die_with_parent() -> None:
 
 class Child:
     """One ``nexus ARGV...`` process (``command`` replaces ``python -m nexus``) that dies with this
-    one; :meth:`wait_ready` returns the address from its ready line."""
+    one; :meth:`wait_ready` returns the address from its ready line (any further fields of that line,
+    such as a frontend's HTTP address, land in ``extra``)."""
 
     def __init__(self, name: str, argv: list[str], env: dict, *, command: list[str] | None = None,
                  stderr=None, cwd=None, start_new_session: bool = False) -> None:
@@ -45,6 +46,7 @@ class Child:
                                      stderr=stderr, env=env, cwd=cwd, preexec_fn=_die_with_parent,
                                      start_new_session=start_new_session, text=True, bufsize=1)
         self.address = ""
+        self.extra: list[str] = []
         self._lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -62,7 +64,7 @@ class Child:
                     raise RuntimeError(f"{self.name} exited with status {self.proc.returncode} before it was ready")
                 continue
             if line.startswith(READY_PREFIX):
-                self.address = line.split()[2]
+                self.address, *self.extra = line.split()[2:]
                 return self.address
         raise RuntimeError(f"{self.name} was not ready within {timeout_s:.0f} s")
 
@@ -144,7 +146,8 @@ def run(args) -> int:
             argv += ["--batch-start", args.batch_start]
             children.append(Child(f"backend-{i}", argv, env))
         frontend = Child("frontend", ["frontend", "--scheduler", sched_addr,
-                                      "--listen", f"{args.host}:{args.frontend_port}"], env)
+                                      "--listen", f"{args.host}:{args.frontend_port}",
+                                      "--http-listen", join_host_port(args.host, args.http_port)], env)
         children.append(frontend)
         for c in children[1:]:
             c.wait_ready(120)
@@ -152,11 +155,13 @@ def run(args) -> int:
         if missing:
             print(f"nexus serve: warning: not ready after {args.ready_timeout_s:.0f} s: {', '.join(missing)}",
                   file=sys.stderr, flush=True)
-        print(f"Nexus is serving on {frontend.address} (KServe v2 gRPC); scheduler at {sched_addr}", flush=True)
+        http_address = frontend.extra[0] if frontend.extra else ""
+        print(f"Nexus is serving on {frontend.address} (KServe v2 gRPC) and http://{http_address} (KServe v2 "
+              f"HTTP/REST); scheduler at {sched_addr}", flush=True)
         print(f"  models: {', '.join(names) or '(none)'}", flush=True)
         print(f"  try:    nexus bench --frontend {frontend.address} --model resnet18_64 --rate 50 --slo-ms 100",
               flush=True)
-        print(f"{READY_PREFIX} serve {frontend.address} {sched_addr}", flush=True)
+        print(f"{READY_PREFIX} serve {frontend.address} {sched_addr} {http_address}", flush=True)
         while True:
             for c in children:
                 if c.proc.poll() is not None:
@@ -182,6 +187,8 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per backend (0: all cores)")
     p.add_argument("--host", default="127.0.0.1", help="frontend host (default 127.0.0.1)")
     p.add_argument("--frontend-port", type=int, default=8001, help="frontend port (0: any free port)")
+    p.add_argument("--http-port", type=int, default=8000,
+                   help="frontend's KServe v2 HTTP/REST port (0: any free port; default 8000)")
     p.add_argument("--scheduler-port", type=int, default=8100, help="scheduler port (0: any free port)")
     p.add_argument("--data-dir", default=".nexus-data", help="model database and sample models")
     p.add_argument("--epoch-s", type=float, default=30.0, help="scheduler re-planning period")

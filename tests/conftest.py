@@ -16,9 +16,10 @@ READY_PREFIX = "NEXUS-READY"
 
 
 class RunningCluster:
-    def __init__(self, proc: subprocess.Popen, frontend: str, scheduler: str, data_dir) -> None:
+    def __init__(self, proc: subprocess.Popen, frontend: str, scheduler: str, data_dir, http: str = "") -> None:
         self.proc = proc
         self.frontend = frontend
+        self.http = http            # KServe v2 HTTP/REST HOST:PORT
         self.scheduler = scheduler
         self.data_dir = data_dir
 
@@ -37,6 +38,7 @@ def start_cluster(data_dir, *extra: str, timeout_s: float = 240) -> RunningClust
     """Run ``nexus serve`` on free ports; return once it printed its ready line."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_LOG=os.environ.get("NEXUS_LOG", "WARNING"))
     proc = subprocess.Popen([sys.executable, "-m", "nexus", "serve", "--frontend-port", "0", "--scheduler-port", "0",
+                             "--http-port", "0",
                              "--data-dir", str(data_dir), *extra], stdout=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     lines: queue.Queue = queue.Queue()
@@ -52,8 +54,8 @@ def start_cluster(data_dir, *extra: str, timeout_s: float = 240) -> RunningClust
             continue
         seen.append(line)
         if line.startswith(READY_PREFIX):
-            _, _, frontend, scheduler = line.split()
-            return RunningCluster(proc, frontend, scheduler, data_dir)
+            frontend, scheduler, http = line.split()[2:5]
+            return RunningCluster(proc, frontend, scheduler, data_dir, http)
     proc.kill()
     raise RuntimeError(f"nexus serve not ready in {timeout_s} s: {''.join(seen)}")
 
@@ -64,6 +66,16 @@ def cluster(tmp_path_factory):
     c = start_cluster(tmp_path_factory.mktemp("cluster"))
     yield c
     c.stop()
+
+
+@pytest.fixture(scope="session")
+def direct(tmp_path_factory):
+    """ONNX Runtime sessions run directly on the sample model files, by model name: the reference outputs."""
+    import onnxruntime as ort
+
+    from common.sample_models import write_sample_models
+    paths = write_sample_models(tmp_path_factory.mktemp("direct"))
+    return {name: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for name, p in paths.items()}
 
 
 def nexus_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:

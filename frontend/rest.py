@@ -93,12 +93,12 @@ class HttpCallContext:
 
 # ---- protobuf <-> JSON ------------------------------------------------------------------------------
 
-def _scalar(fd, value):
+def _value(fd, value, every_message: bool):
     if fd.enum_type is not None:
         known = fd.enum_type.values_by_number.get(value)
         return known.name if known is not None else value
     if fd.message_type is not None:
-        return message_to_json(value)
+        return message_to_json(value, every_message)
     return value
 
 
@@ -113,14 +113,14 @@ def message_to_json(message, every_message: bool = True) -> dict:
         value = getattr(message, fd.name)
         if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
             value_fd = fd.message_type.fields_by_name["value"]
-            out[fd.name] = {k: _scalar(value_fd, v) for k, v in value.items()}
+            out[fd.name] = {k: _value(value_fd, v, every_message) for k, v in value.items()}
         elif fd.is_repeated:
-            out[fd.name] = [_scalar(fd, v) for v in value]
+            out[fd.name] = [_value(fd, v, every_message) for v in value]
         elif fd.message_type is not None:
             if every_message or message.HasField(fd.name):
                 out[fd.name] = message_to_json(value, every_message)
         else:
-            out[fd.name] = _scalar(fd, value)
+            out[fd.name] = _value(fd, value, every_message)
     return out
 
 
@@ -399,9 +399,12 @@ class _Api:
         reply = await self._call("ModelInfer", message, request)
         header, sections = encode_infer_response(reply, form)
         if not sections:
-            return web.Response(body=header, content_type="application/json")
-        return web.Response(body=b"".join([header, *sections]), content_type="application/octet-stream",
-                            headers={HEADER_LENGTH: str(len(header))})
+            response = web.Response(body=header, content_type="application/json")
+        else:
+            response = web.Response(body=b"".join([header, *sections]), content_type="application/octet-stream",
+                                    headers={HEADER_LENGTH: str(len(header))})
+        response.enable_compression()      # gzip or deflate when the client's Accept-Encoding asks for it
+        return response
 
     async def repository_index(self, request):
         doc = await self._json_body(request)

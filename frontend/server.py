@@ -89,8 +89,13 @@ async def serve(config: FrontendConfig, ready=None) -> None:
     http_runner, http_address = None, ""
     if config.resolved_http_listen:
         tls = rest.tls_context(config.security.tls_cert, config.security.tls_key) if creds.tls else None
-        http_runner, http_address = await rest.start(kserve_service, config.resolved_http_listen,
-                                                     int(config.http_max_body_mb * 2**20), tls)
+        try:
+            http_runner, http_address = await rest.start(kserve_service, config.resolved_http_listen,
+                                                         int(config.http_max_body_mb * 2**20), tls)
+        except OSError:
+            await server.stop(None)
+            await channel.close()
+            raise
     node = _Node()
     register = control.RegisterRequest(kind=control.NODE_KIND_FRONTEND, address=address)
     reporter = asyncio.create_task(_report_loop(state, scheduler, node, config.report_interval_s))

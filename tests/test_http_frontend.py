@@ -7,6 +7,7 @@ sent as a real HTTP request and the server must keep serving afterwards.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import http.client
 import json
 import shutil
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+import zlib
 
 import numpy as np
 import pytest
@@ -112,6 +114,26 @@ def test_infer_without_requested_outputs_returns_all_in_binary(client, direct):
         assert result.get_output(out.name)["parameters"]["binary_data_size"] == exp.nbytes
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_request_and_response(cluster, client, direct, algorithm):
+    name, data = _small_input(direct, 2, seed=21)
+    tensor = httpclient.InferInput(name, list(data.shape), "FP32")
+    tensor.set_data_from_numpy(data)
+    result = client.infer(SMALL, [tensor], timeout=TIMEOUT_US, request_compression_algorithm=algorithm,
+                          response_compression_algorithm=algorithm)
+    out = direct[SMALL].get_outputs()[0].name
+    expected = direct[SMALL].run(None, {name: data})[0]
+    np.testing.assert_allclose(result.as_numpy(out), expected, rtol=1e-5, atol=1e-6)
+
+    body = json.dumps({"parameters": {"timeout": TIMEOUT_US}, "inputs": [
+        {"name": name, "shape": list(data.shape), "datatype": "FP32", "data": data.ravel().tolist()}]}).encode()
+    status, headers, raw = _send(cluster.http, "POST", f"/v2/models/{SMALL}/infer", body,
+                                 {"Accept-Encoding": algorithm})
+    assert status == 200 and headers["Content-Encoding"] == algorithm
+    doc = json.loads(gzip.decompress(raw) if algorithm == "gzip" else zlib.decompress(raw))
+    np.testing.assert_allclose(np.reshape(doc["outputs"][0]["data"], expected.shape), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_plain_json_request_nested_data(cluster, direct):
     """What curl sends: nested JSON data in, JSON data out."""
     name, data = _small_input(direct, 2, seed=5)
@@ -178,6 +200,27 @@ def _bad_requests(name: str, data: np.ndarray):
                                  400, "classification"),
         "unknown output": (*js({**good_json, "outputs": [{"name": "nope"}]}), 400, "'nope'"),
         "shape of strings": (*with_input(shape=["2"]), 400, "list of integers"),
+        "input without a name": (*js({"inputs": [{"shape": shape, "datatype": "FP32", "data": [1.0]}]}), 400,
+                                 "'name'"),
+        "input not an object": (*js({"inputs": [5]}), 400, "inputs[0]"),
+        "datatype unknown to JSON": (*with_input(datatype="BYTES"), 400, "BYTES"),
+        "fractions for integers": (*with_input(datatype="INT32", data=[1.5] * data.size), 400, "integers"),
+        "integer out of range": (*with_input(datatype="INT8", data=[300] * data.size), 400, "out of range"),
+        "booleans for floats": (*with_input(data=[True] * data.size), 400, "numbers"),
+        "both data and binary": (*with_input(parameters={"binary_data_size": 4}), 400, "both"),
+        "shared memory input": (*with_input(parameters={"shared_memory_region": "r"}), 400, "shared memory"),
+        "id not a string": (*js({**good_json, "id": 7}), 400, "'id'"),
+        "parameters not an object": (*js({**good_json, "parameters": [1]}), 400, "JSON object"),
+        "parameter of a list": (*js({**good_json, "parameters": {"p": [1]}}), 400, "expected a boolean"),
+        "parameter past 64 bits": (*js({**good_json, "parameters": {"p": 2**70}}), 400, "64 bits"),
+        "binary_data_output not boolean": (*js({**good_json, "parameters": {"binary_data_output": 1}}), 400,
+                                           "binary_data_output"),
+        "outputs not a list": (*js({**good_json, "outputs": {"name": "x"}}), 400, "'outputs'"),
+        "output without a name": (*js({**good_json, "outputs": [{}]}), 400, "'name'"),
+        "output binary_data not boolean": (*js({**good_json, "outputs": [{"name": "x", "parameters": {
+            "binary_data": "yes"}}]}), 400, "binary_data"),
+        "shared memory output": (*js({**good_json, "outputs": [{"name": "x", "parameters": {
+            "shared_memory_region": "r"}}]}), 400, "shared memory"),
     }
 
 
@@ -266,6 +309,9 @@ def test_repository_load_and_unload(cluster, client):
     status, message = _error(cluster.http, "POST", f"/v2/repository/models/{SMALL}/load",
                              b'{"parameters": {"config": "{}"}}')
     assert status == 400 and "config" in message
+    status, message = _error(cluster.http, "POST", f"/v2/repository/models/{SMALL}/load",
+                             b'{"parameters": {"file:1/model.onnx": "AAAA"}}')
+    assert status == 400 and "nexus models upload" in message
 
 
 @contextlib.contextmanager
@@ -334,3 +380,14 @@ def test_https_when_the_frontend_has_a_certificate(tmp_path):
             assert json.loads(response.read())["name"] == "nexus"
         with pytest.raises((OSError, http.client.HTTPException)):
             urllib.request.urlopen(f"http://{address}/v2/health/live", timeout=60).read()
+
+
+def test_http_address_in_use_is_a_clear_error():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        proc = subprocess.run([sys.executable, "-m", "nexus", "frontend", "--scheduler", "127.0.0.1:1", "--listen",
+                               "127.0.0.1:0", "--http-listen", address, "--log-level", "ERROR"],
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and f"could not bind HTTP {address}" in proc.stderr

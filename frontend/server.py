@@ -73,7 +73,7 @@ class _Node:
 
 
 async def serve(config: FrontendConfig, ready=None) -> None:
-    """Run a frontend until cancelled; ``ready(address[, http_address])`` is called once it listens."""
+    """Run a frontend until cancelled; ``ready(address, http=HTTP_ADDRESS)`` is called once it listens."""
     creds = Credentials.load(config.security)
     state = FrontendState(use_stream=config.exec_path == "stream", creds=creds)
     channel = grpc_util.aio_channel(config.scheduler, creds)
@@ -100,7 +100,7 @@ async def serve(config: FrontendConfig, ready=None) -> None:
     register = control.RegisterRequest(kind=control.NODE_KIND_FRONTEND, address=address)
     reporter = asyncio.create_task(_report_loop(state, scheduler, node, config.report_interval_s))
     if ready:
-        ready(address, *([http_address] if http_address else []))
+        ready(address, **({"http": http_address} if http_address else {}))
     try:
         await keep_registered(scheduler, register, node)
     finally:

@@ -17,11 +17,12 @@ def setup_logging(level: str = "") -> None:
 
 
 def run_until_signalled(name: str, serve, config) -> int:
-    """Run ``serve(config, ready)`` until SIGINT/SIGTERM; print ``NEXUS-READY <name> <address> [EXTRA...]``
-    once listening (a frontend adds its HTTP address after the gRPC one)."""
+    """Run ``serve(config, ready)`` until SIGINT/SIGTERM; print ``NEXUS-READY <name> <address> [key=value ...]``
+    once listening."""
 
-    def ready(address: str, *extra: str) -> None:
-        print(" ".join([READY_PREFIX, name, address, *extra]), flush=True)
+    def ready(address: str, **extra: str) -> None:
+        """``extra`` goes after the address as ``key=value`` words (for example ``metrics=URL``)."""
+        print(" ".join([READY_PREFIX, name, address, *(f"{k}={v}" for k, v in extra.items())]), flush=True)
 
     async def main() -> None:
         task = asyncio.create_task(serve(config, ready))

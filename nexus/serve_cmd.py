@@ -36,8 +36,7 @@ def _die_with_parent() -> None:
 
 class Child:
     """One ``nexus ARGV...`` process (``command`` replaces ``python -m nexus``) that dies with this
-    one; :meth:`wait_ready` returns the address from its ready line (any further fields of that line,
-    such as a frontend's HTTP address, land in ``extra``)."""
+    one; :meth:`wait_ready` returns the address from its ready line."""
 
     def __init__(self, name: str, argv: list[str], env: dict, *, command: list[str] | None = None,
                  stderr=None, cwd=None, start_new_session: bool = False) -> None:
@@ -46,7 +45,7 @@ class Child:
                                      stderr=stderr, env=env, cwd=cwd, preexec_fn=_die_with_parent,
                                      start_new_session=start_new_session, text=True, bufsize=1)
         self.address = ""
-        self.extra: list[str] = []
+        self.info: dict[str, str] = {}      # key=value words of its ready line (e.g. http=HOST:PORT)
         self._lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -64,7 +63,9 @@ class Child:
                     raise RuntimeError(f"{self.name} exited with status {self.proc.returncode} before it was ready")
                 continue
             if line.startswith(READY_PREFIX):
-                self.address, *self.extra = line.split()[2:]
+                words = line.split()
+                self.address = words[2]
+                self.info = dict(w.split("=", 1) for w in words[3:] if "=" in w)
                 return self.address
         raise RuntimeError(f"{self.name} was not ready within {timeout_s:.0f} s")
 
@@ -155,13 +156,13 @@ def run(args) -> int:
         if missing:
             print(f"nexus serve: warning: not ready after {args.ready_timeout_s:.0f} s: {', '.join(missing)}",
                   file=sys.stderr, flush=True)
-        http_address = frontend.extra[0] if frontend.extra else ""
+        http_address = frontend.info.get("http", "")
         print(f"Nexus is serving on {frontend.address} (KServe v2 gRPC) and http://{http_address} (KServe v2 "
               f"HTTP/REST); scheduler at {sched_addr}", flush=True)
         print(f"  models: {', '.join(names) or '(none)'}", flush=True)
         print(f"  try:    nexus bench --frontend {frontend.address} --model resnet18_64 --rate 50 --slo-ms 100",
               flush=True)
-        print(f"{READY_PREFIX} serve {frontend.address} {sched_addr} {http_address}", flush=True)
+        print(f"{READY_PREFIX} serve {frontend.address} {sched_addr} http={http_address}", flush=True)
         while True:
             for c in children:
                 if c.proc.poll() is not None:

@@ -16,12 +16,14 @@ READY_PREFIX = "NEXUS-READY"
 
 
 class RunningCluster:
-    def __init__(self, proc: subprocess.Popen, frontend: str, scheduler: str, data_dir, http: str = "") -> None:
+    def __init__(self, proc: subprocess.Popen, frontend: str, scheduler: str, data_dir,
+                 info: dict[str, str] | None = None) -> None:
         self.proc = proc
         self.frontend = frontend
-        self.http = http            # KServe v2 HTTP/REST HOST:PORT
         self.scheduler = scheduler
         self.data_dir = data_dir
+        self.info = info or {}         # key=value words of the ready line
+        self.http = self.info.get("http", "")    # KServe v2 HTTP/REST HOST:PORT
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -54,8 +56,9 @@ def start_cluster(data_dir, *extra: str, timeout_s: float = 240) -> RunningClust
             continue
         seen.append(line)
         if line.startswith(READY_PREFIX):
-            frontend, scheduler, http = line.split()[2:5]
-            return RunningCluster(proc, frontend, scheduler, data_dir, http)
+            words = line.split()
+            info = dict(w.split("=", 1) for w in words[4:] if "=" in w)
+            return RunningCluster(proc, words[2], words[3], data_dir, info)
     proc.kill()
     raise RuntimeError(f"nexus serve not ready in {timeout_s} s: {''.join(seen)}")
 

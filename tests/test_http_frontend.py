@@ -326,7 +326,7 @@ def _frontend_alone(*flags: str):
     try:
         line = proc.stdout.readline()
         assert line.startswith("NEXUS-READY frontend"), line
-        yield line.split()[3]
+        yield dict(w.split("=", 1) for w in line.split()[3:])["http"]
     finally:
         proc.terminate()
         proc.wait(timeout=30)

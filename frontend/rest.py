@@ -465,11 +465,12 @@ def tls_context(cert_path: str, key_path: str) -> ssl.SSLContext:
 
 
 async def start(service: KServeService, listen: str, max_body_bytes: int,
-                ssl_context: ssl.SSLContext | None = None) -> tuple[web.AppRunner, str]:
+                ssl_context: ssl.SSLContext | None = None, drain_s: float = 20.0) -> tuple[web.AppRunner, str]:
     """Serve HTTP/REST (HTTPS with ``ssl_context``) on ``listen`` (port 0: any free port) in the running
-    event loop; return the runner (``await runner.cleanup()`` stops it) and the bound HOST:PORT."""
+    event loop; return the runner and the bound HOST:PORT. ``await runner.cleanup()`` stops accepting
+    and waits at most ``drain_s`` for the requests in flight."""
     host, port = split_host_port(listen)
-    runner = web.AppRunner(build_app(service, max_body_bytes), access_log=None)
+    runner = web.AppRunner(build_app(service, max_body_bytes), access_log=None, shutdown_timeout=drain_s)
     await runner.setup()
     try:
         await web.TCPSite(runner, host or None, port, ssl_context=ssl_context).start()

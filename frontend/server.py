@@ -91,7 +91,8 @@ async def serve(config: FrontendConfig, ready=None) -> None:
         tls = rest.tls_context(config.security.tls_cert, config.security.tls_key) if creds.tls else None
         try:
             http_runner, http_address = await rest.start(kserve_service, config.resolved_http_listen,
-                                                         int(config.http_max_body_mb * 2**20), tls)
+                                                         int(config.http_max_body_mb * 2**20), tls,
+                                                         config.drain_grace_s)
         except OSError:
             await server.stop(None)
             await channel.close()

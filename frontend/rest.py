@@ -156,6 +156,8 @@ def _load_json(data: bytes, where: str):
         return json.loads(data) if data.strip() else None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _invalid(f"malformed JSON in {where}: {exc}") from None
+    except RecursionError:
+        raise _invalid(f"JSON in {where} is nested too deeply") from None
 
 
 def _json_tensor_bytes(name: str, datatype: str, shape: list[int], data) -> bytes:
@@ -234,6 +236,8 @@ def decode_infer_request(model: str, version: str, body: bytes, header_length: s
             raise _invalid(f"input {name!r}: 'shape' must be a list of integers")
         if any(d < 0 for d in shape):
             raise _invalid(f"input {name!r}: shape {shape} has a negative dimension")
+        if any(d >= 2**63 for d in shape):
+            raise _invalid(f"input {name!r}: shape {shape} has a dimension past 64 bits")
         params = dict(_object(tensor.get("parameters"), f"input {name!r} 'parameters'"))
         if "shared_memory_region" in params:
             raise _invalid(f"input {name!r}: shared memory is not supported; send the data in the body")

@@ -19,12 +19,17 @@ import urllib.error
 import urllib.request
 import zlib
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
 from common.sample_models import SAMPLE_MODELS
+from frontend.requests import RequestError
+from frontend.rest import decode_infer_request
 
 pytestmark = pytest.mark.slow
 
@@ -200,6 +205,8 @@ def _bad_requests(name: str, data: np.ndarray):
                                  400, "classification"),
         "unknown output": (*js({**good_json, "outputs": [{"name": "nope"}]}), 400, "'nope'"),
         "shape of strings": (*with_input(shape=["2"]), 400, "list of integers"),
+        "dimension past 64 bits": (*with_input(shape=[2**70, 1]), 400, "64 bits"),
+        "nested too deeply": (b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", {}, 400, "nested too deeply"),
         "input without a name": (*js({"inputs": [{"shape": shape, "datatype": "FP32", "data": [1.0]}]}), 400,
                                  "'name'"),
         "input not an object": (*js({"inputs": [5]}), 400, "inputs[0]"),
@@ -391,3 +398,30 @@ def test_http_address_in_use_is_a_clear_error():
                                "127.0.0.1:0", "--http-listen", address, "--log-level", "ERROR"],
                               capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and f"could not bind HTTP {address}" in proc.stderr
+
+
+_json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8),
+                            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                         max_size=4),
+                            max_leaves=12)
+_tensor = st.fixed_dictionaries({}, optional={"name": _json_values | st.just("input"),
+                                              "datatype": _json_values | st.sampled_from(["FP32", "INT8", "BOOL"]),
+                                              "shape": _json_values | st.lists(st.integers(-2, 2**64), max_size=3),
+                                              "data": _json_values, "parameters": _json_values | st.fixed_dictionaries(
+                                                  {"binary_data_size": st.integers(-1, 64)})})
+
+
+@settings(max_examples=150, deadline=None)
+@given(doc=st.fixed_dictionaries({}, optional={"id": _json_values, "parameters": _json_values,
+                                               "inputs": _json_values | st.lists(_tensor, max_size=3),
+                                               "outputs": _json_values}),
+       binary=st.binary(max_size=64), header=st.none() | st.integers(-5, 400).map(str) | st.text(max_size=4))
+def test_decoding_any_request_either_succeeds_or_names_the_problem(doc, binary, header):
+    """Whatever a client sends, the HTTP edge answers a RequestError (400), never an unexpected exception."""
+    body = json.dumps(doc).encode() + binary
+    try:
+        request, _ = decode_infer_request("m", "", body, header)
+    except RequestError as exc:
+        assert exc.code == grpc.StatusCode.INVALID_ARGUMENT and str(exc)
+    else:
+        assert len(request.raw_input_contents) == len(request.inputs) >= 1

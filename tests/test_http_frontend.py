@@ -27,6 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
+from common.config import ConfigError, FrontendConfig
 from common.sample_models import SAMPLE_MODELS
 from frontend.requests import RequestError
 from frontend.rest import decode_infer_request
@@ -425,3 +426,17 @@ def test_decoding_any_request_either_succeeds_or_names_the_problem(doc, binary, 
         assert exc.code == grpc.StatusCode.INVALID_ARGUMENT and str(exc)
     else:
         assert len(request.raw_input_contents) == len(request.inputs) >= 1
+
+
+@pytest.mark.parametrize("changes, flag", [({"http_listen": "8000"}, "--http-listen"),
+                                           ({"http_max_body_mb": 0}, "--http-max-body-mb")])
+def test_bad_http_flags_are_refused_naming_the_flag(changes, flag):
+    with pytest.raises(ConfigError, match=flag):
+        FrontendConfig(**changes).validate()
+
+
+def test_http_address_follows_an_ephemeral_grpc_port_unless_given():
+    assert FrontendConfig().resolved_http_listen == "127.0.0.1:8000"
+    assert FrontendConfig(listen="127.0.0.1:0").resolved_http_listen == "127.0.0.1:0"
+    assert FrontendConfig(listen="127.0.0.1:0", http_listen="0.0.0.0:9000").resolved_http_listen == "0.0.0.0:9000"
+    assert FrontendConfig(http_listen="").resolved_http_listen == ""

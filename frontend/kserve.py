@@ -27,7 +27,7 @@ log = logging.getLogger("nexus.frontend")
 
 SERVER_NAME = "nexus"
 SERVER_VERSION = "0.1.0"
-EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "statistics", "schedule_policy"]
+EXTENSIONS = ["binary_tensor_data", "model_repository", "model_repository(unload_dependents)", "statistics", "schedule_policy"]
 
 _EXEC_TO_GRPC = {
     control.EXEC_NOT_FOUND: grpc.StatusCode.UNAVAILABLE,

@@ -1,4 +1,5 @@
-"""The frontend process: KServe v2 on one port, plus the control service the scheduler pushes to.
+"""The frontend process: KServe v2 on one port, plus the control service the scheduler pushes to;
+KServe v2 HTTP/REST (``frontend.rest``) on a second port, in the same event loop.
 
 It registers with the scheduler, heartbeats, and reports per-model request rates every
 ``report_interval_s``. Routing tables arrive by push (``Frontend.UpdateRoutingTable``).
@@ -18,6 +19,7 @@ from common.health import Health
 from common.pb import control, control_grpc, kserve_grpc
 from common.registration import keep_registered
 from common.security import Credentials
+from frontend import rest
 from frontend.kserve import FrontendState, KServeService
 from frontend.routing import RoutingTable
 
@@ -71,30 +73,47 @@ class _Node:
 
 
 async def serve(config: FrontendConfig, ready=None) -> None:
-    """Run a frontend until cancelled; ``ready(address)`` is called once it listens."""
+    """Run a frontend until cancelled; ``ready(address, http=HTTP_ADDRESS)`` is called once it listens."""
     creds = Credentials.load(config.security)
     state = FrontendState(use_stream=config.exec_path == "stream", creds=creds)
     channel = grpc_util.aio_channel(config.scheduler, creds)
     scheduler = control_grpc.SchedulerStub(channel)
     server = grpc_util.server(creds)
-    kserve_grpc.add_GRPCInferenceServiceServicer_to_server(KServeService(state, scheduler), server)
+    kserve_service = KServeService(state, scheduler)
+    kserve_grpc.add_GRPCInferenceServiceServicer_to_server(kserve_service, server)
     control_grpc.add_FrontendServicer_to_server(FrontendControl(state), server)
     state.health = await Health.attach(server, (KSERVE_SERVICE,))
     # KServe clients present no certificate: the control service on this port is guarded by the token.
     address = grpc_util.bind(server, config.listen, creds)
     await server.start()
+    http_runner, http_address = None, ""
+    if config.resolved_http_listen:
+        tls = rest.tls_context(config.security.tls_cert, config.security.tls_key) if creds.tls else None
+        try:
+            http_runner, http_address = await rest.start(kserve_service, config.resolved_http_listen,
+                                                         int(config.http_max_body_mb * 2**20), tls,
+                                                         config.drain_grace_s)
+        except OSError:
+            await server.stop(None)
+            await channel.close()
+            raise
     metrics = await _start_metrics(config, state, server)
     node = _Node()
     register = control.RegisterRequest(kind=control.NODE_KIND_FRONTEND, address=address)
     reporter = asyncio.create_task(_report_loop(state, scheduler, node, config.report_interval_s))
     if ready:
-        ready(address, **({"metrics": metrics.url} if metrics else {}))
+        extra = {"http": http_address} if http_address else {}
+        if metrics:
+            extra["metrics"] = metrics.url
+        ready(address, **extra)
     try:
         await keep_registered(scheduler, register, node)
     finally:
         reporter.cancel()
         if metrics is not None:
             await metrics.close()
+        if http_runner is not None:
+            await http_runner.cleanup()
         await state.pool.close()
         await server.stop(grace=1)
         await channel.close()
@@ -102,11 +121,11 @@ async def serve(config: FrontendConfig, ready=None) -> None:
 
 async def _start_metrics(config: FrontendConfig, state: FrontendState, server):
     """The Prometheus endpoint on ``--metrics-listen`` (None when off); exits with a message when it cannot bind."""
-    if not config.metrics_listen:
+    if not config.resolved_metrics_listen:
         return None
     from common.metrics_http import start_metrics_server
 
-    host, port = split_host_port(config.metrics_listen)
+    host, port = split_host_port(config.resolved_metrics_listen)
     try:
         metrics = await start_metrics_server(host, port, state.metrics.registry)
     except OSError as exc:

@@ -19,7 +19,7 @@ import time
 
 import grpc
 
-from common.config import BatchStart, SchedulerConfig
+from common.config import BatchStart, SchedulerConfig, join_host_port
 from common import grpc_util
 from common.pb import kserve, kserve_grpc
 from nexus.process import READY_PREFIX
@@ -45,7 +45,7 @@ class Child:
                                      stderr=stderr, env=env, cwd=cwd, preexec_fn=_die_with_parent,
                                      start_new_session=start_new_session, text=True, bufsize=1)
         self.address = ""
-        self.info: dict[str, str] = {}      # key=value words of its ready line (e.g. metrics=URL)
+        self.info: dict[str, str] = {}      # key=value words of its ready line (metrics=URL, http=HOST:PORT)
         self._lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -164,7 +164,8 @@ def run(args) -> int:
             children.append(Child(f"backend-{i}", argv, env))
         frontend = Child("frontend", ["frontend", "--scheduler", sched_addr,
                                       "--listen", f"{args.host}:{args.frontend_port}",
-                                      "--metrics-listen", f"{args.host}:{args.metrics_port}"], env)
+                                      "--metrics-listen", join_host_port(args.host, args.metrics_port),
+                                      "--http-listen", join_host_port(args.host, args.http_port)], env)
         children.append(frontend)
         for c in children[1:]:
             c.wait_ready(120)
@@ -172,13 +173,15 @@ def run(args) -> int:
         if missing:
             print(f"nexus serve: warning: not ready after {args.ready_timeout_s:.0f} s: {', '.join(missing)}",
                   file=sys.stderr, flush=True)
-        print(f"Nexus is serving on {frontend.address} (KServe v2 gRPC); scheduler at {sched_addr}", flush=True)
+        http_address = frontend.info.get("http", "")
+        print(f"Nexus is serving on {frontend.address} (KServe v2 gRPC) and http://{http_address} (KServe v2 "
+              f"HTTP/REST); scheduler at {sched_addr}", flush=True)
         metrics_url = frontend.info.get("metrics", "")
         print(f"  models: {', '.join(names) or '(none)'}", flush=True)
         print(f"  metrics: {metrics_url} (Prometheus)", flush=True)
         print(f"  try:    nexus bench --frontend {frontend.address} --model resnet18_64 --rate 50 --slo-ms 100",
               flush=True)
-        print(f"{READY_PREFIX} serve {frontend.address} {sched_addr} metrics={metrics_url}", flush=True)
+        print(f"{READY_PREFIX} serve {frontend.address} {sched_addr} http={http_address} metrics={metrics_url}", flush=True)
         while True:
             for c in children:
                 if c.proc.poll() is not None:
@@ -206,6 +209,8 @@ def register(sub) -> None:
     p.add_argument("--frontend-port", type=int, default=8001, help="frontend port (0: any free port)")
     p.add_argument("--metrics-port", type=int, default=8002,
                    help="frontend's Prometheus /metrics port (0: any free port)")
+    p.add_argument("--http-port", type=int, default=8000,
+                   help="frontend's KServe v2 HTTP/REST port (0: any free port; default 8000)")
     p.add_argument("--scheduler-port", type=int, default=8100, help="scheduler port (0: any free port)")
     p.add_argument("--data-dir", default=".nexus-data", help="model database and sample models")
     p.add_argument("--epoch-s", type=float, default=30.0, help="scheduler re-planning period")

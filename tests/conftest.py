@@ -22,7 +22,8 @@ class RunningCluster:
         self.frontend = frontend
         self.scheduler = scheduler
         self.data_dir = data_dir
-        self.info = info or {}         # key=value words of the ready line: metrics (the /metrics URL)
+        self.info = info or {}         # key=value words of the ready line (metrics=URL, http=HOST:PORT)
+        self.http = self.info.get("http", "")    # KServe v2 HTTP/REST HOST:PORT
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -39,8 +40,8 @@ def start_cluster(data_dir, *extra: str, timeout_s: float = 240) -> RunningClust
     """Run ``nexus serve`` on free ports; return once it printed its ready line."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_LOG=os.environ.get("NEXUS_LOG", "WARNING"))
     proc = subprocess.Popen([sys.executable, "-m", "nexus", "serve", "--frontend-port", "0", "--scheduler-port", "0",
-                             "--metrics-port", "0", "--data-dir", str(data_dir), *extra], stdout=subprocess.PIPE,
-                            text=True, env=env, start_new_session=True)
+                             "--metrics-port", "0", "--http-port", "0", "--data-dir", str(data_dir), *extra],
+                            stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     deadline = time.monotonic() + timeout_s
@@ -67,6 +68,16 @@ def cluster(tmp_path_factory):
     c = start_cluster(tmp_path_factory.mktemp("cluster"))
     yield c
     c.stop()
+
+
+@pytest.fixture(scope="session")
+def direct(tmp_path_factory):
+    """ONNX Runtime sessions run directly on the sample model files, by model name: the reference outputs."""
+    import onnxruntime as ort
+
+    from common.sample_models import write_sample_models
+    paths = write_sample_models(tmp_path_factory.mktemp("direct"))
+    return {name: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for name, p in paths.items()}
 
 
 def nexus_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:

@@ -30,9 +30,9 @@ from tests.kube_manifests import (KUBE_DIR, ROOT, container_env, expand, find, p
 
 pytestmark = pytest.mark.slow
 
-# The pods started, in order; a workload's replicas are one pod each here.
-PODS = [("StatefulSet", "nexus-scheduler"), ("Deployment", "nexus-frontend"),
-        ("Deployment", "nexus-backend-emulated")]
+# The workloads started, in order; each replica (spec.replicas) is a pod of its own.
+WORKLOADS = [("StatefulSet", "nexus-scheduler"), ("Deployment", "nexus-frontend"),
+             ("Deployment", "nexus-backend-emulated")]
 READY_TIMEOUT_S = 180
 EMULATED_GPU = "gtx1080ti"
 PROFILE = Profile.linear(1.0, 5.0, 16, memory_base_mb=300, memory_per_item_mb=4, device_type=EMULATED_GPU)
@@ -91,15 +91,21 @@ class Network:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def _service_resolver(objects: list[dict], pod_ips: dict[str, str]):
+def _pods(objects: list[dict]) -> list[tuple[str, dict]]:
+    """(pod name, workload) for every replica of WORKLOADS, named as their controllers name them."""
+    return [(f"{name}-{i}", find(objects, kind, name)) for kind, name in WORKLOADS
+            for i in range(find(objects, kind, name)["spec"].get("replicas", 1))]
+
+
+def _service_resolver(objects: list[dict], pods: list[tuple[str, dict]], pod_ips: dict[str, str]):
     """Cluster DNS for arguments: ``<service>[.<ns>[.svc...]]:<port>`` becomes the address of the
-    pod the Service selects and the container port its targetPort names."""
+    first pod the Service selects and the container port its targetPort names."""
     services = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Service"}
 
     def target(service: dict, port: int) -> str:
         (spec_port,) = [p for p in service["spec"]["ports"] if p["port"] == port]
-        for workload_name, ip in pod_ips.items():
-            workload = next(o for o in objects if o["metadata"]["name"] == workload_name and "template" in o.get("spec", {}))
+        for pod_name, workload in pods:
+            ip = pod_ips[pod_name]
             labels = workload["spec"]["template"]["metadata"]["labels"]
             if service["spec"]["selector"].items() <= labels.items():
                 for c in pod_spec(workload)["containers"]:
@@ -116,14 +122,14 @@ def _service_resolver(objects: list[dict], pod_ips: dict[str, str]):
     return resolve
 
 
-def _pod_command(workload: dict, objects: list[dict], pod_ip: str, resolve, volumes: pathlib.Path):
+def _pod_command(pod: str, workload: dict, objects: list[dict], pod_ip: str, resolve, volumes: pathlib.Path):
     (c,) = pod_spec(workload)["containers"]
     assert c["command"] == ["nexus"], "the image's nexus command"
     env = container_env(c, objects, {"status.podIP": pod_ip})
     args = [resolve(expand(a, env)) for a in c["args"]]
     mounts = {}
     for mount in c.get("volumeMounts", []):
-        mounts[mount["mountPath"]] = volumes / workload["metadata"]["name"] / mount["name"]
+        mounts[mount["mountPath"]] = volumes / pod / mount["name"]
         mounts[mount["mountPath"]].mkdir(parents=True, exist_ok=True)
     args = [_in_volume(a, mounts) for a in args]
     # The image's own environment (Dockerfile ENV) plus what reaches this tree's code.
@@ -152,7 +158,7 @@ def network():
     reason = _netns_unavailable()
     if reason:
         pytest.skip(reason)
-    net = Network([name for _, name in PODS] + ["client"])
+    net = Network([pod for pod, _ in _pods(render(KUBE_DIR))] + ["client"])
     yield net
     net.close()
 
@@ -163,7 +169,10 @@ def network():
                    reason="backends and frontends do not register their --advertise address yet")
 def test_manifest_commands_serve_a_model_together(network, tmp_path):
     objects = render(KUBE_DIR)
-    resolve = _service_resolver(objects, {name: network.addresses[name] for _, name in PODS})
+    pods = _pods(objects)
+    assert sum(1 for _, w in pods if w["metadata"]["name"] == "nexus-backend-emulated") >= 2, \
+        "two backends on the same port in different pods are the case to prove"
+    resolve = _service_resolver(objects, pods, network.addresses)
     procs: list[tuple[str, subprocess.Popen, pathlib.Path]] = []
     client_env = dict(os.environ, PYTHONPATH=str(ROOT), NEXUS_LOG="WARNING")
 
@@ -175,20 +184,21 @@ def test_manifest_commands_serve_a_model_together(network, tmp_path):
         return "\n".join(f"--- {name} (exit {p.poll()}):\n{log.read_text()[-3000:]}" for name, p, log in procs)
 
     try:
-        for kind, name in PODS:
-            workload = find(objects, kind, name)
-            argv, env, container = _pod_command(workload, objects, network.addresses[name], resolve, tmp_path)
-            log = tmp_path / f"{name}.log"
+        for pod, workload in pods:
+            argv, env, container = _pod_command(pod, workload, objects, network.addresses[pod], resolve, tmp_path)
+            log = tmp_path / f"{pod}.log"
             with log.open("w") as out:
-                procs.append((name, subprocess.Popen(network.argv(name, argv), env=env, stdout=out,
-                                                     stderr=subprocess.STDOUT, start_new_session=True), log))
-            if kind == "StatefulSet":
+                procs.append((pod, subprocess.Popen(network.argv(pod, argv), env=env, stdout=out,
+                                                    stderr=subprocess.STDOUT, start_new_session=True), log))
+            if workload["kind"] == "StatefulSet":
                 # The scheduler is what the others register with: wait for it as a StatefulSet
                 # rollout would, before starting the rest.
-                _wait_ready(client, container, network.addresses[name], logs)
-        for _, name in PODS[1:]:
-            (container,) = pod_spec(find(objects, "Deployment", name))["containers"]
-            _wait_ready(client, container, network.addresses[name], logs)
+                _wait_ready(client, container, network.addresses[pod], logs)
+        # Every pod ready: a backend only once the scheduler reached it at its advertised address
+        # with its model table, a frontend once it holds a routing table and reaches the backends.
+        for pod, workload in pods:
+            (container,) = pod_spec(workload)["containers"]
+            _wait_ready(client, container, network.addresses[pod], logs)
 
         model, profile = tmp_path / "mlp.onnx", tmp_path / "profile.json"
         model.write_bytes(model_bytes(mlp_small()))
@@ -198,12 +208,14 @@ def test_manifest_commands_serve_a_model_together(network, tmp_path):
                      "--slo-ms", "200", "--scheduler", scheduler)
         assert up.returncode == 0, up.stderr + logs()
 
-        frontend = resolve("nexus-frontend:8001")          # the frontend Service's gRPC port
-        assert frontend == f"{network.addresses['nexus-frontend']}:8001"
-        done = client("-m", "tests.kube_client", "infer", frontend, "k8s_mlp", "3", "64")
-        assert done.returncode == 0, done.stderr + logs()
-        # emulated GPUs answer zeros of the declared shape: the request went the whole way
-        assert json.loads(done.stdout) == {"shape": [3, 10], "dtype": "float32"}
+        service = resolve("nexus-frontend:8001")           # the frontend Service's gRPC port
+        frontends = [f"{network.addresses[pod]}:8001" for pod, w in pods if w["metadata"]["name"] == "nexus-frontend"]
+        assert service in frontends and len(frontends) >= 2
+        for frontend in frontends:                         # whichever pod the Service picks
+            done = client("-m", "tests.kube_client", "infer", frontend, "k8s_mlp", "3", "64")
+            assert done.returncode == 0, done.stderr + logs()
+            # emulated GPUs answer zeros of the declared shape: the request went the whole way
+            assert json.loads(done.stdout) == {"shape": [3, 10], "dtype": "float32"}
         for name, proc, _ in procs:
             assert proc.poll() is None, f"{name} exited\n{logs()}"
     finally:

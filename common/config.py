@@ -302,6 +302,10 @@ class FrontendConfig:
     advertise: str = field(default="", metadata={"help": _ADVERTISE_HELP})
     drain_grace_s: float = field(default=20.0, metadata={
         "help": "on SIGTERM: longest wait for requests in flight to finish before the frontend exits"})
+    restricted_repository_header: str = field(default="", metadata={
+        "help": "KEY=VALUE: serve RepositoryModelLoad/Unload only to callers sending header "
+                "triton-grpc-protocol-KEY: VALUE (Triton's --grpc-restricted-protocol=model-repository:KEY=VALUE); "
+                "others get UNAVAILABLE"})
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> None:
@@ -311,5 +315,11 @@ class FrontendConfig:
         _check_positive("drain_grace_s", self.drain_grace_s)
         self.security.validate()
         _check_positive("report_interval_s", self.report_interval_s)
+        if self.restricted_repository_header:
+            from common.security import parse_restricted_header
+            try:
+                parse_restricted_header(self.restricted_repository_header)
+            except ValueError as exc:
+                raise ConfigError(f"--restricted-repository-header: {exc}") from None
         if self.exec_path not in ("stream", "unary"):
             raise ConfigError(f"--exec-path: expected stream or unary, got {self.exec_path!r}")

@@ -212,14 +212,14 @@ def token_problem(metadata, token: str) -> str | None:
     return None
 
 
-def _refusal(handler, message: str):
-    """A handler of ``handler``'s kind that answers UNAUTHENTICATED with ``message``."""
+def _refusal(handler, message: str, code: grpc.StatusCode = grpc.StatusCode.UNAUTHENTICATED):
+    """A handler of ``handler``'s kind that answers ``code`` with ``message``."""
 
     async def unary(request_or_iterator, context):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort(code, message)
 
     async def streaming(request_or_iterator, context):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort(code, message)
         yield  # pragma: no cover - an async generator that never yields a message
 
     kw = dict(request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
@@ -245,3 +245,40 @@ class TokenGuard(grpc.aio.ServerInterceptor):
             return handler
         problem = token_problem(handler_call_details.invocation_metadata, self.token)
         return handler if problem is None else _refusal(handler, problem)
+
+
+# ---- Triton's restricted protocol on the KServe port -----------------------------------------------
+
+RESTRICTED_HEADER_PREFIX = "triton-grpc-protocol-"
+REPOSITORY_METHODS = frozenset({"/inference.GRPCInferenceService/RepositoryModelLoad",
+                                "/inference.GRPCInferenceService/RepositoryModelUnload"})
+
+
+def parse_restricted_header(value: str) -> tuple[str, str]:
+    """``KEY=VALUE`` -> (header name ``triton-grpc-protocol-KEY``, VALUE), as Triton's
+    ``--grpc-restricted-protocol=model-repository:KEY=VALUE`` names it; ValueError when malformed."""
+    key, sep, expected = value.partition("=")
+    key = key.strip().lower()
+    if not sep or not key or not expected:
+        raise ValueError(f"expected KEY=VALUE, got {value!r}")
+    if not all(c.isascii() and (c.isalnum() or c in "-_.") for c in key):
+        raise ValueError(f"header key {key!r}: only letters, digits, '-', '_' and '.'")
+    return RESTRICTED_HEADER_PREFIX + key, expected
+
+
+class HeaderGuard(grpc.aio.ServerInterceptor):
+    """The methods ``methods`` names are served only to calls carrying header ``key`` with ``value``;
+    others are answered UNAVAILABLE, as Triton answers a restricted protocol, and the handler never runs."""
+
+    def __init__(self, key: str, value: str, methods: frozenset[str] = REPOSITORY_METHODS) -> None:
+        self.key, self.value, self.methods = key, value, methods
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method not in self.methods:
+            return handler
+        presented = dict(handler_call_details.invocation_metadata or ()).get(self.key)
+        if isinstance(presented, str) and hmac.compare_digest(presented.encode(), self.value.encode()):
+            return handler
+        return _refusal(handler, f"this protocol is restricted: expecting header {self.key!r} with the "
+                                 "value the server was started with", grpc.StatusCode.UNAVAILABLE)

@@ -28,6 +28,7 @@ from common.profile import Profile, ProfileError
 from common.security import Credentials
 from globalsched.algorithms.config import PlannerConfig
 from globalsched.algorithms.replan import ReplanConfig
+from globalsched.load_failures import LoadFailures
 from globalsched.cluster import MIN_PLANNED_RATE_RPS, ClusterPlan, SessionInput, plan_cluster
 from globalsched.convert import model_desc
 from globalsched.modeldb import ModelDatabase, UploadError
@@ -90,6 +91,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.query_plans: dict = {}
         self.planned_gammas: dict[tuple[str, str, str], float] = {}
         self.slowdowns = load_slowdowns(config.colocation_report)
+        self.load_failures = LoadFailures()     # model files a backend could not load: bounded retries
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -412,6 +414,8 @@ class SchedulerService(control_grpc.SchedulerServicer):
         models = {}
         for s in self.db.sessions():
             record = self.db.model(s.model)
+            if record and self.load_failures.exhausted_on_all(record.sha256, device_types):
+                continue                         # routed with its reason, never placed again
             out.append(SessionInput(s.model, s.slo_ms, rates.get(s.model, default_rate),
                                     self._profiles(s.model), record.prefix_group if record else "",
                                     self.db.prefix_share(s.model) if record and record.prefix_group else None))
@@ -499,6 +503,9 @@ class SchedulerService(control_grpc.SchedulerServicer):
                 for f in reply.failed:
                     name, _, reason = f.partition(": ")
                     failed[name] = f"failed to load on {node.node_id}: {reason}"
+                    record = self.db.model(self.session_models.get(name, name))
+                    if record and self.load_failures.record(record.sha256, node.device_type, node.node_id, reason):
+                        self.request_replan(f"{name} failed to load on {node.node_id}; trying again")
             except grpc.aio.AioRpcError as exc:
                 log.warning("model table push to %s failed: %s", node.node_id, exc.details())
         return failed
@@ -531,6 +538,12 @@ class SchedulerService(control_grpc.SchedulerServicer):
             routes.append(control.ModelRoute(model=self._desc(model), slo_ms=self.session_slos.get(session, 0.0),
                                              backends=backends, reason="" if backends else (reason or "not placed"),
                                              session=session if session != model else ""))
+        for s in self.db.sessions():        # models no backend could load: UNAVAILABLE with the reason
+            record = self.db.model(s.model)
+            if s.model not in served and record and self.load_failures.reason(record.sha256):
+                served.add(s.model)
+                routes.append(control.ModelRoute(model=self._desc(s.model), slo_ms=s.slo_ms,
+                                                 reason=self.load_failures.reason(record.sha256)))
         stored = [self._desc(m.name) for m in self.db.models() if m.name not in served]
         return control.RoutingTable(epoch=self.epoch, routes=routes, stored=stored, queries=self._query_infos())
 
@@ -541,10 +554,13 @@ class SchedulerService(control_grpc.SchedulerServicer):
 
     def _start_profiling(self, model: str, device_type: str) -> None:
         key = (model, device_type)
-        if key in self._profiling:
+        record = self.db.model(model)
+        if key in self._profiling or (record and self.load_failures.exhausted(record.sha256, device_type)):
             return
-        node = next((n for n in self.nodes.values()
-                     if n.kind == control.NODE_KIND_BACKEND and n.device_type == device_type), None)
+        tried = self.load_failures.tried(record.sha256, device_type) if record else set()
+        candidates = [n for n in self.nodes.values()
+                      if n.kind == control.NODE_KIND_BACKEND and n.device_type == device_type]
+        node = next((n for n in candidates if n.node_id not in tried), candidates[0] if candidates else None)
         if node is None:
             return
         self._profiling.add(key)
@@ -556,15 +572,23 @@ class SchedulerService(control_grpc.SchedulerServicer):
                                                  timeout=300)
             if reply.error:
                 log.warning("profiling %s on %s failed: %s", model, node.node_id, reply.error)
+                self._record_load_failure(model, node, reply.error)
                 return
             profile = Profile.from_json(reply.profile_json)
             self.db.add_profile(model, profile)
             log.info("profiled %s on %s (max batch %d)", model, profile.device_type, profile.max_batch)
         except (grpc.aio.AioRpcError, ProfileError, KeyError) as exc:
             log.warning("profiling %s on %s failed: %s", model, node.node_id, exc)
+            self._record_load_failure(model, node, str(exc))
         finally:
             self._profiling.discard(key)
             self.request_replan(f"profile of {model} done")
+
+
+    def _record_load_failure(self, model: str, node: Node, reason: str) -> None:
+        record = self.db.model(model)
+        if record is not None:
+            self.load_failures.record(record.sha256, node.device_type, node.node_id, reason)
 
 
 def load_slowdowns(path: str) -> dict[str, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import queue
 import signal
 import subprocess
@@ -13,6 +14,8 @@ import time
 import pytest
 
 READY_PREFIX = "NEXUS-READY"
+# scheduler address -> the cluster token `nexus serve` made: nexus_cli sends it, as an operator would
+_CLUSTER_TOKENS: dict[str, str] = {}
 
 
 class RunningCluster:
@@ -21,6 +24,16 @@ class RunningCluster:
         self.frontend = frontend
         self.scheduler = scheduler
         self.data_dir = data_dir
+        token_file = pathlib.Path(data_dir) / "token"
+        self.token = token_file.read_text().strip() if token_file.exists() else ""
+        if self.token:
+            _CLUSTER_TOKENS[scheduler] = self.token
+
+    @property
+    def creds(self):
+        """Credentials for admin calls from the test process (the cluster token)."""
+        from common.security import Credentials
+        return Credentials(token=self.token or None)
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -31,6 +44,18 @@ class RunningCluster:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float = 30) -> int:
+    """SIGTERM, then SIGKILL after ``timeout_s``; the exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
 
 
 def start_cluster(data_dir, *extra: str, timeout_s: float = 240) -> RunningCluster:
@@ -67,5 +92,11 @@ def cluster(tmp_path_factory):
 
 
 def nexus_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
-    """Run the ``nexus`` command as a user would."""
-    return subprocess.run([sys.executable, "-m", "nexus", *args], capture_output=True, text=True, timeout=timeout_s)
+    """Run the ``nexus`` command as a user would; against a cluster started by :func:`start_cluster`,
+    with its token in ``$NEXUS_TOKEN``, as its operator would."""
+    env = None
+    if "--scheduler" in args and "--token-file" not in args:
+        token = _CLUSTER_TOKENS.get(args[args.index("--scheduler") + 1])
+        env = dict(os.environ, NEXUS_TOKEN=token) if token else None
+    return subprocess.run([sys.executable, "-m", "nexus", *args], capture_output=True, text=True, timeout=timeout_s,
+                          env=env)

@@ -58,12 +58,13 @@ def stop_process(proc: subprocess.Popen, timeout_s: float = 30) -> int:
     return proc.returncode
 
 
-def start_cluster(data_dir, *extra: str, timeout_s: float = 240) -> RunningCluster:
-    """Run ``nexus serve`` on free ports; return once it printed its ready line."""
+def start_cluster(data_dir, *extra: str, timeout_s: float = 240, stderr=None) -> RunningCluster:
+    """Run ``nexus serve`` on free ports; return once it printed its ready line. ``stderr``: where the
+    logs of serve and its components go (default: the test's)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_LOG=os.environ.get("NEXUS_LOG", "WARNING"))
     proc = subprocess.Popen([sys.executable, "-m", "nexus", "serve", "--frontend-port", "0", "--scheduler-port", "0",
                              "--data-dir", str(data_dir), *extra], stdout=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True, stderr=stderr)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     deadline = time.monotonic() + timeout_s
@@ -89,6 +90,28 @@ def cluster(tmp_path_factory):
     c = start_cluster(tmp_path_factory.mktemp("cluster"))
     yield c
     c.stop()
+
+
+class NexusProcess:
+    """``nexus ARGV`` with its log (stderr) in a file; the address from its ready line."""
+
+    def __init__(self, log_path: pathlib.Path, *argv: str, env: dict | None = None) -> None:
+        self.log_path = log_path
+        self.log = log_path.open("w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "nexus", *argv], stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", "NEXUS_LOG": "INFO", **(env or {})})
+        line = self.proc.stdout.readline()
+        assert line.startswith(READY_PREFIX), (line, self.logs())
+        self.address = line.split()[2]
+
+    def logs(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+        self.log.close()
 
 
 def nexus_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:

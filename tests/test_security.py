@@ -26,31 +26,7 @@ from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from common.security import Credentials, HeaderGuard, parse_restricted_header
 from tests.certs import make_pki
-from tests.conftest import nexus_cli, start_cluster, stop_process
-
-
-class Proc:
-    """``nexus ARGV`` with its log in a file; the address from its ready line."""
-
-    def __init__(self, log_path: pathlib.Path, *argv: str, env: dict | None = None, wait: bool = True) -> None:
-        self.log_path = log_path
-        self.log = log_path.open("w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "nexus", *argv], stdout=subprocess.PIPE,
-                                     stderr=self.log, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", "NEXUS_LOG": "INFO", **(env or {})})
-        self.address = ""
-        if wait:
-            line = self.proc.stdout.readline()
-            assert line.startswith("NEXUS-READY"), (line, self.logs())
-            self.address = line.split()[2]
-
-    def logs(self) -> str:
-        self.log.flush()
-        return self.log_path.read_text()
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self.log.close()
+from tests.conftest import NexusProcess as Proc, nexus_cli, start_cluster
 
 
 def _wait_for(predicate, timeout_s: float = 90, what: str = "condition"):

@@ -504,8 +504,9 @@ class SchedulerService(control_grpc.SchedulerServicer):
                     name, _, reason = f.partition(": ")
                     failed[name] = f"failed to load on {node.node_id}: {reason}"
                     record = self.db.model(self.session_models.get(name, name))
-                    if record and self.load_failures.record(record.sha256, node.device_type, node.node_id, reason):
-                        self.request_replan(f"{name} failed to load on {node.node_id}; trying again")
+                    if record:     # the next plan tries again, or routes it UNAVAILABLE once attempts are spent
+                        self.load_failures.record(record.sha256, node.device_type, node.node_id, reason)
+                        self.request_replan(f"{name} failed to load on {node.node_id}")
             except grpc.aio.AioRpcError as exc:
                 log.warning("model table push to %s failed: %s", node.node_id, exc.details())
         return failed

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import pathlib
 import stat
 import subprocess
 import sys
@@ -234,19 +233,24 @@ def _ready(client, model: str) -> bool:
 
 
 @pytest.mark.slow
-def test_serve_makes_a_private_token_and_guards_admin_calls_with_it(tmp_path):
+def test_serve_makes_a_private_token_and_passes_tls_to_its_components(tmp_path, pki):
     data = tmp_path / "data"
-    cluster = start_cluster(data, "--no-samples", "--backends", "0")
+    cluster = start_cluster(data, "--no-samples", "--backends", "0", *pki.flags())
     try:
         token_file = data / "token"
         assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
         assert len(token_file.read_text().strip()) >= 32
-        refused = subprocess.run([sys.executable, "-m", "nexus", "models", "list", "--scheduler", cluster.scheduler],
+        tls = ["--scheduler", cluster.scheduler, "--tls-ca", str(pki.ca)]
+        refused = subprocess.run([sys.executable, "-m", "nexus", "models", "list", *tls],
                                  capture_output=True, text=True, timeout=60,
                                  env={k: v for k, v in os.environ.items() if k != "NEXUS_TOKEN"})
         assert refused.returncode == 2 and "missing cluster token" in refused.stderr
-        ok = nexus_cli("models", "list", "--scheduler", cluster.scheduler, "--token-file", str(token_file))
+        ok = nexus_cli("models", "list", *tls, "--token-file", str(token_file))
         assert ok.returncode == 0, ok.stderr
+        assert grpcclient.InferenceServerClient(cluster.frontend, ssl=True,
+                                                root_certificates=str(pki.ca)).is_server_live()
+        with pytest.raises(InferenceServerException):
+            grpcclient.InferenceServerClient(cluster.frontend).is_server_live()
     finally:
         cluster.stop()
 

@@ -4,8 +4,9 @@ A model file can pass upload validation (the ONNX checker) and still fail in the
 example an operator attribute out of range. Each failure, while profiling it or while loading it
 from a model table, is recorded against the file's sha256 and the device type. The scheduler tries
 again, on a backend not tried yet when there is one, until ``max_attempts`` failures; then it stops
-placing the model, and the routing table carries the reason so that clients see the model
-UNAVAILABLE and why. A new upload (another sha256) starts afresh. Other models are not affected.
+placing the model (and query stages that run it), and the routing table carries the reason so
+that clients see the model UNAVAILABLE and why. A new upload (another sha256) or an explicit load
+starts afresh. Other models are not affected.
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ class LoadFailures:
         tries = self._failures.setdefault((sha256, device_type), [])
         tries.append((node_id, reason))
         return len(tries) < self.max_attempts
+
+    def forget(self, sha256: str) -> None:
+        """Attempts start afresh for this file (an operator's explicit load)."""
+        for key in [k for k in self._failures if k[0] == sha256]:
+            del self._failures[key]
 
     def tried(self, sha256: str, device_type: str) -> set[str]:
         return {node for node, _ in self._failures.get((sha256, device_type), ())}

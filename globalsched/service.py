@@ -287,6 +287,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         if request.slo_ms < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"slo_ms must be positive, got {request.slo_ms}")
         self.db.set_session(request.name, request.slo_ms or record.default_slo_ms)
+        self.load_failures.forget(record.sha256)      # an explicit load tries afresh
         self.request_replan(f"model {request.name} loaded")
         return control.LoadReply()
 
@@ -414,7 +415,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         models = {}
         for s in self.db.sessions():
             record = self.db.model(s.model)
-            if record and self.load_failures.exhausted_on_all(record.sha256, device_types):
+            if self._cannot_load(s.model, device_types):
                 continue                         # routed with its reason, never placed again
             out.append(SessionInput(s.model, s.slo_ms, rates.get(s.model, default_rate),
                                     self._profiles(s.model), record.prefix_group if record else "",
@@ -439,7 +440,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.session_models = models
         self.stage_sessions = {q.session_name(st.name) for q in queries.values() for st in q.stages}
         self.planned_query_rates = {name: max(rates.get(name, default_rate), MIN_PLANNED_RATE_RPS) for name in queries}
-        out += stage_sessions
+        out += [s for s in stage_sessions if not self._cannot_load(models[s.model], device_types)]
         self.session_slos = {s.model: s.slo_ms for s in out}
         return out
 
@@ -504,7 +505,8 @@ class SchedulerService(control_grpc.SchedulerServicer):
                     name, _, reason = f.partition(": ")
                     failed[name] = f"failed to load on {node.node_id}: {reason}"
                     record = self.db.model(self.session_models.get(name, name))
-                    if record:     # the next plan tries again, or routes it UNAVAILABLE once attempts are spent
+                    if record and not self.load_failures.exhausted(record.sha256, node.device_type):
+                        # The next plan tries again, or routes it UNAVAILABLE once the attempts are spent.
                         self.load_failures.record(record.sha256, node.device_type, node.node_id, reason)
                         self.request_replan(f"{name} failed to load on {node.node_id}")
             except grpc.aio.AioRpcError as exc:
@@ -533,7 +535,9 @@ class SchedulerService(control_grpc.SchedulerServicer):
                 node = self.nodes.get(node_id)
                 if node is not None and model not in failed:
                     backends.append(control.BackendRoute(node_id=node_id, address=node.address, weight=share))
-            reason = failed.get(model) or plan.unplaced.get(session, "")
+            record = self.db.model(model)
+            reason = (failed.get(model) or (self.load_failures.reason(record.sha256) if record else "")
+                      or plan.unplaced.get(session, ""))
             if model in profiling:
                 reason = reason or "being profiled"
             routes.append(control.ModelRoute(model=self._desc(model), slo_ms=self.session_slos.get(session, 0.0),
@@ -541,7 +545,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
                                              session=session if session != model else ""))
         for s in self.db.sessions():        # models no backend could load: UNAVAILABLE with the reason
             record = self.db.model(s.model)
-            if s.model not in served and record and self.load_failures.reason(record.sha256):
+            if s.model not in self.session_models and record and self.load_failures.reason(record.sha256):
                 served.add(s.model)
                 routes.append(control.ModelRoute(model=self._desc(s.model), slo_ms=s.slo_ms,
                                                  reason=self.load_failures.reason(record.sha256)))
@@ -585,6 +589,11 @@ class SchedulerService(control_grpc.SchedulerServicer):
             self._profiling.discard(key)
             self.request_replan(f"profile of {model} done")
 
+
+    def _cannot_load(self, model: str, device_types) -> bool:
+        """No backend of any present device type could load the model's file (attempts spent)."""
+        record = self.db.model(model)
+        return bool(record) and self.load_failures.exhausted_on_all(record.sha256, device_types)
 
     def _record_load_failure(self, model: str, node: Node, reason: str) -> None:
         record = self.db.model(model)

@@ -7,6 +7,7 @@ a profile fails while being profiled, one uploaded with a profile fails while lo
 
 from __future__ import annotations
 
+import json
 import time
 
 import grpc
@@ -44,6 +45,8 @@ def test_load_failures_allow_a_bounded_number_of_attempts_per_file_and_device_ty
     assert failures.exhausted_on_all("sha", ["cpu"]) and not failures.exhausted_on_all("sha", ["cpu", "cuda"])
     assert not failures.exhausted_on_all("sha", [])
     assert not failures.exhausted("other", "cpu")          # a new upload starts afresh
+    failures.forget("sha")                                 # so does an explicit load
+    assert not failures.exhausted("sha", "cpu") and failures.reason("sha") == ""
 
 
 @pytest.mark.slow
@@ -63,6 +66,14 @@ def test_a_model_onnxruntime_cannot_load_is_unavailable_with_the_reason_and_othe
             up = nexus_cli("models", "upload", str(path), "--name", name, "--slo-ms", "1000", *extra,
                            "--scheduler", cluster.scheduler)
             assert up.returncode == 0, up.stderr        # the checker accepts all three
+        # A query with a stage on the model that cannot load: it must not keep the scheduler retrying.
+        query = tmp_path / "bad_query.json"
+        query.write_text(json.dumps({
+            "name": "bad_query", "slo_ms": 1000, "inputs": [{"name": "x", "datatype": "FP32", "shape": [8]}],
+            "stages": [{"name": "s", "model": "bad_loaded", "inputs": {"input": "x"}}],
+            "outputs": {"probs": "s.probs"}}))
+        registered = nexus_cli("queries", "register", str(query), "--scheduler", cluster.scheduler)
+        assert registered.returncode == 0, registered.stderr
 
         with grpc_util.channel(cluster.frontend) as channel:
             stub = kserve_grpc.GRPCInferenceServiceStub(channel)
@@ -93,8 +104,12 @@ def test_a_model_onnxruntime_cannot_load_is_unavailable_with_the_reason_and_othe
             good.inputs.add(name="input", datatype="FP32", shape=[2, 64])
             good.raw_input_contents.append(np.ones((2, 64), np.float32).tobytes())
             assert stub.ModelInfer(good, timeout=30).outputs[0].shape == [2, 10]
+            assert not stub.ModelReady(kserve.ModelReadyRequest(name="bad_query"), timeout=10).ready
         logs = log_path.read_text()
         assert logs.count("profiling bad_profiled on") == MAX_LOAD_ATTEMPTS   # bounded: no retry loop
+        # The model and the query stage share the file's attempts; one push may try both at once.
+        assert MAX_LOAD_ATTEMPTS <= logs.count("cannot load bad_loaded") + logs.count("cannot load bad_query/s") \
+            <= 2 * MAX_LOAD_ATTEMPTS
         assert "Traceback" not in logs
     finally:
         cluster.stop()

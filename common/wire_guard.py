@@ -6,7 +6,8 @@ server by :func:`common.grpc_util.server`, wraps each method's request deseriali
 message protobuf cannot parse becomes a marker instead of an exception, and wraps the handler so
 that the marker is answered INVALID_ARGUMENT ("undecodable <Message>: ...") before any servicer
 code sees it. For streaming requests the marker ends the call at the message where it appears.
-Servicers therefore only ever receive well-formed messages.
+Servicers therefore only ever receive well-formed messages (through their request argument or
+iterator; none of this project's servicers reads with ``context.read()``, which is not covered).
 """
 
 from __future__ import annotations

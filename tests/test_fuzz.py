@@ -32,7 +32,7 @@ from tests.conftest import NexusProcess, nexus_cli, start_cluster
 pytestmark = pytest.mark.slow
 
 MODEL, INPUT, FEATURES = "mlp", "input", 64
-FUZZ = settings(max_examples=120, deadline=None, derandomize=True, database=None,
+FUZZ = settings(max_examples=100, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 SEEN: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
 
@@ -112,7 +112,7 @@ def test_mutated_infer_bytes_get_expected_statuses(served, payload):
     _check("ModelInfer (mutated bytes)", fuzzing.call_unary(channel, fuzzing.KSERVE_INFER, payload))
 
 
-@settings(FUZZ, max_examples=60)
+@settings(FUZZ, max_examples=50)
 @given(stream=fuzzing.upload_streams(model_bytes(mlp_small(8, 8, 2))))
 def test_mutated_upload_streams_get_expected_statuses(scheduler, stream):
     proc, token = scheduler
@@ -124,7 +124,7 @@ def test_mutated_upload_streams_get_expected_statuses(scheduler, stream):
         _check("UploadModel (mutated, no token)", code)
 
 
-@settings(FUZZ, max_examples=60)
+@settings(FUZZ, max_examples=50)
 @given(payload=fuzzing.register_requests())
 def test_mutated_registrations_get_expected_statuses(scheduler, payload):
     proc, token = scheduler

@@ -8,8 +8,9 @@ Contracts (DESIGN.md, Security):
   or a client command makes on the control protocol (:func:`token_interceptors`).
 - A server guards the methods its ``guarded(method)`` predicate names (:class:`TokenGuard`): a
   missing or wrong token is answered UNAUTHENTICATED, saying which, and the handler never runs.
-  The KServe inference service and ``grpc.health.v1`` are never guarded: clients and probes carry
-  no cluster token.
+  KServe inference and ``grpc.health.v1`` are never guarded: clients and probes carry no cluster
+  token. KServe's repository load/unload are admin calls: the frontend guards them with the token,
+  or with Triton's restricted-protocol header when one is configured (:class:`HeaderGuard`).
 """
 
 from __future__ import annotations

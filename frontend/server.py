@@ -17,7 +17,7 @@ from common.config import FrontendConfig
 from common.health import Health
 from common.pb import control, control_grpc, kserve_grpc
 from common.registration import keep_registered
-from common.security import Credentials, HeaderGuard, parse_restricted_header
+from common.security import REPOSITORY_METHODS, Credentials, HeaderGuard, control_methods, parse_restricted_header
 from frontend.kserve import FrontendState, KServeService
 from frontend.routing import RoutingTable
 
@@ -76,9 +76,13 @@ async def serve(config: FrontendConfig, ready=None) -> None:
     state = FrontendState(use_stream=config.exec_path == "stream", creds=creds)
     channel = grpc_util.aio_channel(config.scheduler, creds)
     scheduler = control_grpc.SchedulerStub(channel)
-    guards = [HeaderGuard(*parse_restricted_header(config.restricted_repository_header))] \
-        if config.restricted_repository_header else []
-    server = grpc_util.server(creds, interceptors=guards)
+    # Repository load/unload are admin calls: the restricted header when configured (as Triton's
+    # restricted protocol), else the cluster token like the rest of the control plane.
+    if config.restricted_repository_header:
+        guards, guarded = [HeaderGuard(*parse_restricted_header(config.restricted_repository_header))], control_methods
+    else:
+        guards, guarded = [], lambda method: control_methods(method) or method in REPOSITORY_METHODS
+    server = grpc_util.server(creds, guarded=guarded, interceptors=guards)
     kserve_grpc.add_GRPCInferenceServiceServicer_to_server(KServeService(state, scheduler), server)
     control_grpc.add_FrontendServicer_to_server(FrontendControl(state), server)
     state.health = await Health.attach(server, (KSERVE_SERVICE,))

@@ -251,6 +251,14 @@ def test_serve_makes_a_private_token_and_passes_tls_to_its_components(tmp_path, 
                                                 root_certificates=str(pki.ca)).is_server_live()
         with pytest.raises(InferenceServerException):
             grpcclient.InferenceServerClient(cluster.frontend).is_server_live()
+        # Without a restricted header, KServe's repository calls need the cluster token.
+        client = grpcclient.InferenceServerClient(cluster.frontend, ssl=True, root_certificates=str(pki.ca))
+        with pytest.raises(InferenceServerException) as e:
+            client.unload_model("absent")
+        assert "UNAUTHENTICATED" in str(e.value.status()) and "missing cluster token" in e.value.message()
+        with pytest.raises(InferenceServerException) as e:       # past the guard: the scheduler answers
+            client.unload_model("absent", headers={"authorization": f"Bearer {cluster.token}"})
+        assert "NOT_FOUND" in str(e.value.status())
     finally:
         cluster.stop()
 

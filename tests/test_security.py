@@ -6,6 +6,7 @@ Certificates are made at test time with openssl (tests/certs.py).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import stat
 import subprocess
@@ -197,6 +198,9 @@ def test_tls_cluster_with_token_serves_tritonclient_and_refuses_strangers(tmp_pa
         inp.set_data_from_numpy(x)
         result = client.infer("mlp", [inp])
         assert result.as_numpy(result.get_response().outputs[0].name).shape == (3, 10)
+        bench = nexus_cli("bench", "--frontend", frontend.address, "--tls-ca", str(pki.ca), "--model", "mlp",
+                          "--rate", "20", "--duration-s", "1", "--slo-ms", "1000", "--json", "--quiet")
+        assert bench.returncode == 0 and json.loads(bench.stdout)["ok"] > 0, bench.stderr
 
         # Plain text on the TLS port, and TLS verified against another CA, are refused.
         with pytest.raises(InferenceServerException) as e:

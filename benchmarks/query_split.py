@@ -73,8 +73,9 @@ def gpus_needed(method: str, rate: float, scale: float, headroom: float, allowan
 class PlanWatch:
     """Polls the scheduler's view of the query once a second while the load runs."""
 
-    def __init__(self, scheduler: str) -> None:
+    def __init__(self, scheduler: str, creds) -> None:
         self.scheduler = scheduler
+        self.creds = creds
         self.samples: list[tuple[float, int, float]] = []   # (time, devices, planned qps)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -83,7 +84,7 @@ class PlanWatch:
     def _run(self) -> None:
         while not self._stop.wait(1.0):
             try:
-                info = next(q for q in list_queries(self.scheduler) if q.name == "traffic")
+                info = next(q for q in list_queries(self.scheduler, self.creds) if q.name == "traffic")
             except Exception:   # a poll that fails is skipped
                 continue
             self.samples.append((time.monotonic(), info.devices, info.planned_rate_rps))
@@ -113,17 +114,18 @@ def run_method(method: str, args, workdir: pathlib.Path) -> dict:
             path.write_bytes(model_bytes(model))
             prof = workdir / f"{name}.json"
             prof.write_text(profile(name, args.profile_scale).to_json())
-            upload_model(cluster.scheduler, path, name, profile_path=str(prof), slo_ms=400, load=False)
-        register_query(cluster.scheduler, json.dumps(QUERY))
+            upload_model(cluster.scheduler, path, name, profile_path=str(prof), slo_ms=400, load=False,
+                         creds=cluster.creds)
+        register_query(cluster.scheduler, json.dumps(QUERY), cluster.creds)
         time.sleep(2)
         # One continuous open-loop run: the warm-up lets the scheduler measure the rate and gamma and
         # re-plan (gaps between runs would read as a falling rate); only the rest is measured.
-        watch = PlanWatch(cluster.scheduler)
+        watch = PlanWatch(cluster.scheduler, cluster.creds)
         measured_from = time.monotonic() + args.warmup_s
         report = run_bench(cluster.frontend, "traffic", args.rate, args.duration_s, 400.0, seed=args.seed,
                            warmup_s=args.warmup_s)
         watch.stop()
-        info = next(q for q in list_queries(cluster.scheduler) if q.name == "traffic")
+        info = next(q for q in list_queries(cluster.scheduler, cluster.creds) if q.name == "traffic")
     finally:
         cluster.stop()
     window = watch.window(measured_from) or [(info.devices, info.planned_rate_rps)]

@@ -320,6 +320,10 @@ class FrontendConfig:
                 "HTTP takes any free port too)"})
     http_max_body_mb: float = field(default=64.0, metadata={
         "help": "largest HTTP request body; a larger one is answered 413"})
+    restricted_repository_header: str = field(default="", metadata={
+        "help": "KEY=VALUE: serve RepositoryModelLoad/Unload only to callers sending header "
+                "triton-grpc-protocol-KEY: VALUE (Triton's --grpc-restricted-protocol=model-repository:KEY=VALUE); "
+                "others get UNAVAILABLE"})
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> None:
@@ -334,6 +338,12 @@ class FrontendConfig:
         _check_positive("report_interval_s", self.report_interval_s)
         if self.metrics_listen:
             _check_address("metrics_listen", self.metrics_listen)
+        if self.restricted_repository_header:
+            from common.security import parse_restricted_header
+            try:
+                parse_restricted_header(self.restricted_repository_header)
+            except ValueError as exc:
+                raise ConfigError(f"--restricted-repository-header: {exc}") from None
         if self.exec_path not in ("stream", "unary"):
             raise ConfigError(f"--exec-path: expected stream or unary, got {self.exec_path!r}")
 

@@ -15,6 +15,7 @@ import grpc
 
 from common.security import Credentials, SyncTokenInterceptor, TokenGuard, channel_credentials, control_methods, \
     server_credentials, token_interceptors
+from common.wire_guard import DecodeGuard
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 UPLOAD_CHUNK_BYTES = 1024 * 1024
@@ -47,11 +48,12 @@ NO_CREDENTIALS = Credentials()
 
 def server(creds: Credentials = NO_CREDENTIALS, *, guarded: Callable[[str], bool] = control_methods,
            interceptors: list | None = None) -> grpc.aio.Server:
-    """A grpc.aio server; with a token, the methods ``guarded`` names need it (UNAUTHENTICATED otherwise)."""
-    chain = list(interceptors or [])
+    """A grpc.aio server; with a token, the methods ``guarded`` names need it (UNAUTHENTICATED otherwise).
+    Requests that do not decode are answered INVALID_ARGUMENT on every method (:mod:`common.wire_guard`)."""
+    chain = [*(interceptors or []), DecodeGuard()]     # innermost: undecodable bytes never reach a handler
     if creds.token:
         chain.insert(0, TokenGuard(creds.token, guarded))
-    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=chain or None)
+    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=chain)
 
 
 def bind(srv: grpc.aio.Server, address: str, creds: Credentials = NO_CREDENTIALS, *,

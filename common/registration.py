@@ -33,5 +33,9 @@ async def keep_registered(scheduler, register: control.RegisterRequest, node) ->
                     log.warning("scheduler forgot %s; registering again", node.node_id)
                     break
         except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                log.error("the scheduler refused this node: %s", exc.details())
+                await asyncio.sleep(5.0)
+                continue
             log.warning("scheduler unreachable (%s); retrying", exc.code().name)
             await asyncio.sleep(min(interval, 1.0))

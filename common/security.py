@@ -8,8 +8,9 @@ Contracts (DESIGN.md, Security):
   or a client command makes on the control protocol (:func:`token_interceptors`).
 - A server guards the methods its ``guarded(method)`` predicate names (:class:`TokenGuard`): a
   missing or wrong token is answered UNAUTHENTICATED, saying which, and the handler never runs.
-  The KServe inference service and ``grpc.health.v1`` are never guarded: clients and probes carry
-  no cluster token.
+  KServe inference and ``grpc.health.v1`` are never guarded: clients and probes carry no cluster
+  token. KServe's repository load/unload are admin calls: the frontend guards them with the token,
+  or with Triton's restricted-protocol header when one is configured (:class:`HeaderGuard`).
 """
 
 from __future__ import annotations
@@ -212,14 +213,14 @@ def token_problem(metadata, token: str) -> str | None:
     return None
 
 
-def _refusal(handler, message: str):
-    """A handler of ``handler``'s kind that answers UNAUTHENTICATED with ``message``."""
+def _refusal(handler, message: str, code: grpc.StatusCode = grpc.StatusCode.UNAUTHENTICATED):
+    """A handler of ``handler``'s kind that answers ``code`` with ``message``."""
 
     async def unary(request_or_iterator, context):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort(code, message)
 
     async def streaming(request_or_iterator, context):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort(code, message)
         yield  # pragma: no cover - an async generator that never yields a message
 
     kw = dict(request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
@@ -245,3 +246,65 @@ class TokenGuard(grpc.aio.ServerInterceptor):
             return handler
         problem = token_problem(handler_call_details.invocation_metadata, self.token)
         return handler if problem is None else _refusal(handler, problem)
+
+
+# ---- Triton's restricted protocol on the KServe port -----------------------------------------------
+
+RESTRICTED_HEADER_PREFIX = "triton-grpc-protocol-"
+REPOSITORY_METHODS = frozenset({"/inference.GRPCInferenceService/RepositoryModelLoad",
+                                "/inference.GRPCInferenceService/RepositoryModelUnload"})
+
+
+def parse_restricted_header(value: str) -> tuple[str, str]:
+    """``KEY=VALUE`` -> (header name ``triton-grpc-protocol-KEY``, VALUE), as Triton's
+    ``--grpc-restricted-protocol=model-repository:KEY=VALUE`` names it; ValueError when malformed."""
+    key, sep, expected = value.partition("=")
+    key = key.strip().lower()
+    if not sep or not key or not expected:
+        raise ValueError(f"expected KEY=VALUE, got {value!r}")
+    if not all(c.isascii() and (c.isalnum() or c in "-_.") for c in key):
+        raise ValueError(f"header key {key!r}: only letters, digits, '-', '_' and '.'")
+    return RESTRICTED_HEADER_PREFIX + key, expected
+
+
+class HeaderGuard(grpc.aio.ServerInterceptor):
+    """The methods ``methods`` names are served only to calls carrying header ``key`` with ``value``;
+    others are answered UNAVAILABLE, as Triton answers a restricted protocol, and the handler never runs."""
+
+    def __init__(self, key: str, value: str, methods: frozenset[str] = REPOSITORY_METHODS) -> None:
+        self.key, self.value, self.methods = key, value, methods
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method not in self.methods:
+            return handler
+        problem = restricted_header_problem(handler_call_details.invocation_metadata, self.key, self.value)
+        return handler if problem is None else _refusal(handler, problem, grpc.StatusCode.UNAVAILABLE)
+
+
+def restricted_header_problem(metadata, key: str, value: str) -> str | None:
+    """Why ``metadata`` does not carry the restricted protocol's header ``key: value`` (None when it does)."""
+    presented = dict(metadata or ()).get(key)
+    if isinstance(presented, str) and hmac.compare_digest(presented.encode(), value.encode()):
+        return None
+    return f"this protocol is restricted: expecting header {key!r} with the value the server was started with"
+
+
+@dataclass(frozen=True, repr=False)
+class RepositoryAccess:
+    """Who may call the KServe repository load and unload, the same rule on gRPC and on HTTP: with a
+    restricted header (``--restricted-repository-header``) the callers presenting it, else with a
+    cluster token the callers presenting that, else everyone."""
+
+    restricted: tuple[str, str] | None = None      # (header name, value)
+    token: str | None = None
+
+    def problem(self, metadata) -> tuple[grpc.StatusCode, str] | None:
+        """(status, message) refusing a call with ``metadata`` (lower-case keys), or None to serve it."""
+        if self.restricted is not None:
+            why = restricted_header_problem(metadata, *self.restricted)
+            return None if why is None else (grpc.StatusCode.UNAVAILABLE, why)
+        if self.token:
+            why = token_problem(metadata, self.token)
+            return None if why is None else (grpc.StatusCode.UNAUTHENTICATED, why)
+        return None

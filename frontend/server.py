@@ -18,7 +18,8 @@ from common.config import FrontendConfig, split_host_port
 from common.health import Health
 from common.pb import control, control_grpc, kserve_grpc
 from common.registration import keep_registered
-from common.security import Credentials
+from common.security import (REPOSITORY_METHODS, Credentials, HeaderGuard, RepositoryAccess, control_methods,
+                             parse_restricted_header)
 from frontend import rest
 from frontend.kserve import FrontendState, KServeService
 from frontend.routing import RoutingTable
@@ -78,7 +79,13 @@ async def serve(config: FrontendConfig, ready=None) -> None:
     state = FrontendState(use_stream=config.exec_path == "stream", creds=creds)
     channel = grpc_util.aio_channel(config.scheduler, creds)
     scheduler = control_grpc.SchedulerStub(channel)
-    server = grpc_util.server(creds)
+    # Repository load/unload are admin calls: the restricted header when configured (as Triton's
+    # restricted protocol), else the cluster token like the rest of the control plane.
+    if config.restricted_repository_header:
+        guards, guarded = [HeaderGuard(*parse_restricted_header(config.restricted_repository_header))], control_methods
+    else:
+        guards, guarded = [], lambda method: control_methods(method) or method in REPOSITORY_METHODS
+    server = grpc_util.server(creds, guarded=guarded, interceptors=guards)
     kserve_service = KServeService(state, scheduler)
     kserve_grpc.add_GRPCInferenceServiceServicer_to_server(kserve_service, server)
     control_grpc.add_FrontendServicer_to_server(FrontendControl(state), server)
@@ -90,9 +97,12 @@ async def serve(config: FrontendConfig, ready=None) -> None:
     if config.resolved_http_listen:
         tls = rest.tls_context(config.security.tls_cert, config.security.tls_key) if creds.tls else None
         try:
+            restricted = (parse_restricted_header(config.restricted_repository_header)
+                          if config.restricted_repository_header else None)
             http_runner, http_address = await rest.start(kserve_service, config.resolved_http_listen,
                                                          int(config.http_max_body_mb * 2**20), tls,
-                                                         config.drain_grace_s)
+                                                         config.drain_grace_s,
+                                                         RepositoryAccess(restricted, creds.token))
         except OSError:
             await server.stop(None)
             await channel.close()

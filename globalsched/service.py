@@ -28,6 +28,7 @@ from common.profile import Profile, ProfileError
 from common.security import Credentials
 from globalsched.algorithms.config import PlannerConfig
 from globalsched.algorithms.replan import ReplanConfig
+from globalsched.load_failures import LoadFailures
 from globalsched.cluster import MIN_PLANNED_RATE_RPS, ClusterPlan, SessionInput, plan_cluster
 from globalsched.convert import model_desc
 from globalsched.modeldb import ModelDatabase, UploadError
@@ -92,6 +93,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.planned_gammas: dict[tuple[str, str, str], float] = {}
         self.slowdowns = load_slowdowns(config.colocation_report)
         self.session_rates: dict[str, float] = {}       # session -> rate the current plan serves
+        self.load_failures = LoadFailures()     # model files a backend could not load: bounded retries
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -287,6 +289,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         if request.slo_ms < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"slo_ms must be positive, got {request.slo_ms}")
         self.db.set_session(request.name, request.slo_ms or record.default_slo_ms)
+        self.load_failures.forget(record.sha256)      # an explicit load tries afresh
         self.request_replan(f"model {request.name} loaded")
         return control.LoadReply()
 
@@ -414,6 +417,8 @@ class SchedulerService(control_grpc.SchedulerServicer):
         models = {}
         for s in self.db.sessions():
             record = self.db.model(s.model)
+            if self._cannot_load(s.model, device_types):
+                continue                         # routed with its reason, never placed again
             out.append(SessionInput(s.model, s.slo_ms, rates.get(s.model, default_rate),
                                     self._profiles(s.model), record.prefix_group if record else "",
                                     self.db.prefix_share(s.model) if record and record.prefix_group else None))
@@ -437,7 +442,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.session_models = models
         self.stage_sessions = {q.session_name(st.name) for q in queries.values() for st in q.stages}
         self.planned_query_rates = {name: max(rates.get(name, default_rate), MIN_PLANNED_RATE_RPS) for name in queries}
-        out += stage_sessions
+        out += [s for s in stage_sessions if not self._cannot_load(models[s.model], device_types)]
         self.session_slos = {s.model: s.slo_ms for s in out}
         self.session_rates = {s.model: max(s.rate_rps, MIN_PLANNED_RATE_RPS) for s in out}
         return out
@@ -503,6 +508,11 @@ class SchedulerService(control_grpc.SchedulerServicer):
                 for f in reply.failed:
                     name, _, reason = f.partition(": ")
                     failed[name] = f"failed to load on {node.node_id}: {reason}"
+                    record = self.db.model(self.session_models.get(name, name))
+                    if record and not self.load_failures.exhausted(record.sha256, node.device_type):
+                        # The next plan tries again, or routes it UNAVAILABLE once the attempts are spent.
+                        self.load_failures.record(record.sha256, node.device_type, node.node_id, reason)
+                        self.request_replan(f"{name} failed to load on {node.node_id}")
             except grpc.aio.AioRpcError as exc:
                 log.warning("model table push to %s failed: %s", node.node_id, exc.details())
         return failed
@@ -536,7 +546,9 @@ class SchedulerService(control_grpc.SchedulerServicer):
                 if node is not None and model not in failed:
                     backends.append(control.BackendRoute(node_id=node_id, address=node.address, weight=share,
                                                          batch=batch, duty_cycle_ms=duty_cycle_ms))
-            reason = failed.get(model) or plan.unplaced.get(session, "")
+            record = self.db.model(model)
+            reason = (failed.get(model) or (self.load_failures.reason(record.sha256) if record else "")
+                      or plan.unplaced.get(session, ""))
             if model in profiling:
                 reason = reason or "being profiled"
             routes.append(control.ModelRoute(model=self._desc(model), slo_ms=self.session_slos.get(session, 0.0),
@@ -544,6 +556,12 @@ class SchedulerService(control_grpc.SchedulerServicer):
                                              session=session if session != model else "",
                                              planned_rate_rps=self.session_rates.get(session, 0.0),
                                              measured_rate_rps=measured.get(session, 0.0)))
+        for s in self.db.sessions():        # models no backend could load: UNAVAILABLE with the reason
+            record = self.db.model(s.model)
+            if s.model not in self.session_models and record and self.load_failures.reason(record.sha256):
+                served.add(s.model)
+                routes.append(control.ModelRoute(model=self._desc(s.model), slo_ms=s.slo_ms,
+                                                 reason=self.load_failures.reason(record.sha256)))
         stored = [self._desc(m.name) for m in self.db.models() if m.name not in served]
         return control.RoutingTable(epoch=self.epoch, routes=routes, stored=stored, queries=self._query_infos(),
                                     planned_devices=plan.num_devices_planned, lower_bound=plan.lower_bound)
@@ -560,10 +578,13 @@ class SchedulerService(control_grpc.SchedulerServicer):
 
     def _start_profiling(self, model: str, device_type: str) -> None:
         key = (model, device_type)
-        if key in self._profiling:
+        record = self.db.model(model)
+        if key in self._profiling or (record and self.load_failures.exhausted(record.sha256, device_type)):
             return
-        node = next((n for n in self.nodes.values()
-                     if n.kind == control.NODE_KIND_BACKEND and n.device_type == device_type), None)
+        tried = self.load_failures.tried(record.sha256, device_type) if record else set()
+        candidates = [n for n in self.nodes.values()
+                      if n.kind == control.NODE_KIND_BACKEND and n.device_type == device_type]
+        node = next((n for n in candidates if n.node_id not in tried), candidates[0] if candidates else None)
         if node is None:
             return
         self._profiling.add(key)
@@ -575,15 +596,28 @@ class SchedulerService(control_grpc.SchedulerServicer):
                                                  timeout=300)
             if reply.error:
                 log.warning("profiling %s on %s failed: %s", model, node.node_id, reply.error)
+                self._record_load_failure(model, node, reply.error)
                 return
             profile = Profile.from_json(reply.profile_json)
             self.db.add_profile(model, profile)
             log.info("profiled %s on %s (max batch %d)", model, profile.device_type, profile.max_batch)
         except (grpc.aio.AioRpcError, ProfileError, KeyError) as exc:
             log.warning("profiling %s on %s failed: %s", model, node.node_id, exc)
+            self._record_load_failure(model, node, str(exc))
         finally:
             self._profiling.discard(key)
             self.request_replan(f"profile of {model} done")
+
+
+    def _cannot_load(self, model: str, device_types) -> bool:
+        """No backend of any present device type could load the model's file (attempts spent)."""
+        record = self.db.model(model)
+        return bool(record) and self.load_failures.exhausted_on_all(record.sha256, device_types)
+
+    def _record_load_failure(self, model: str, node: Node, reason: str) -> None:
+        record = self.db.model(model)
+        if record is not None:
+            self.load_failures.record(record.sha256, node.device_type, node.node_id, reason)
 
 
 def load_slowdowns(path: str) -> dict[str, float]:

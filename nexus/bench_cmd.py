@@ -8,6 +8,7 @@ import sys
 
 from nexus.bench.loadgen import DEFAULT_ADDRESS, BenchError, run_bench
 from nexus.bench.report import lag_warning
+from nexus.client_flags import ClientFlagError, add_client_security, client_credentials
 
 PROG = "nexus bench"
 
@@ -59,6 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="do not send the SLO as the request parameter 'timeout' (microseconds)",
     )
+    add_client_security(p, token=False)
     p.add_argument("--json", action="store_true", help="print the report as JSON only")
     p.add_argument("-o", "--output", metavar="REPORT.json", help="also write the JSON report to this file")
     p.add_argument("--plot", metavar="OUT.png", help="write latency-over-time and latency-CDF plots")
@@ -93,6 +95,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         _check_writable(args.output, "-o")
         _check_writable(args.plot, "--plot")
+        try:
+            ca = client_credentials(args).ca
+        except ClientFlagError as e:
+            raise BenchError(str(e)) from None
         report = run_bench(
             args.frontend,
             args.model,
@@ -110,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
             connect_timeout_s=args.connect_timeout_s,
             progress=not args.quiet,
             timeout_param=not args.no_timeout_param,
+            root_certificates=ca,
         )
     except BenchError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

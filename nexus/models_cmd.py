@@ -11,6 +11,8 @@ import grpc
 
 from common import grpc_util
 from common.pb import control, control_grpc
+from common.security import Credentials
+from nexus.client_flags import ClientFlagError, add_client_security, client_credentials
 
 DEFAULT_SCHEDULER = "127.0.0.1:8100"
 
@@ -31,7 +33,7 @@ def _chunks(header: control.UploadHeader, path: pathlib.Path) -> Iterator[contro
 
 def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile_path: str | None = None,
                  slo_ms: float = 0.0, runtime: str = "", io_path: str | None = None, load: bool = True,
-                 timeout_s: float = 300) -> control.ModelDesc:
+                 timeout_s: float = 300, creds: Credentials = grpc_util.NO_CREDENTIALS) -> control.ModelDesc:
     """Stream a model file to the scheduler; raise CommandError with the scheduler's reason if refused."""
     path = pathlib.Path(path)
     if not path.is_file():
@@ -44,7 +46,7 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
                 setattr(header, attr, pathlib.Path(file).read_text())
             except OSError as exc:
                 raise CommandError(f"cannot read {file}: {exc.strerror}") from None
-    with grpc_util.channel(scheduler) as channel:
+    with grpc_util.channel(scheduler, creds) as channel:
         stub = control_grpc.SchedulerStub(channel)
         try:
             return stub.UploadModel(_chunks(header, path), timeout=timeout_s).model
@@ -52,8 +54,8 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
             raise CommandError(_rpc_message(exc, scheduler)) from None
 
 
-def list_models(scheduler: str) -> list[control.ModelDesc]:
-    with grpc_util.channel(scheduler) as channel:
+def list_models(scheduler: str, creds: Credentials = grpc_util.NO_CREDENTIALS) -> list[control.ModelDesc]:
+    with grpc_util.channel(scheduler, creds) as channel:
         try:
             return list(control_grpc.SchedulerStub(channel).ListModels(control.ListModelsRequest(), timeout=30).models)
         except grpc.RpcError as exc:
@@ -77,8 +79,9 @@ def _describe(m: control.ModelDesc) -> dict:
 def _run_upload(args) -> int:
     try:
         model = upload_model(args.scheduler, args.file, args.name, profile_path=args.profile, slo_ms=args.slo_ms,
-                             runtime=args.runtime, io_path=args.io, load=not args.no_load)
-    except CommandError as exc:
+                             runtime=args.runtime, io_path=args.io, load=not args.no_load,
+                             creds=client_credentials(args))
+    except (CommandError, ClientFlagError) as exc:
         print(f"nexus models upload: error: {exc}", file=sys.stderr)
         return 2
     print(f"uploaded {model.name} ({model.size_bytes} bytes, sha256 {model.sha256[:12]}, runtime {model.runtime})")
@@ -87,8 +90,8 @@ def _run_upload(args) -> int:
 
 def _run_list(args) -> int:
     try:
-        models = list_models(args.scheduler)
-    except CommandError as exc:
+        models = list_models(args.scheduler, client_credentials(args))
+    except (CommandError, ClientFlagError) as exc:
         print(f"nexus models list: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
@@ -116,9 +119,11 @@ def register(sub) -> None:
     up.add_argument("--io", help="JSON with inputs/outputs (required for torch models)")
     up.add_argument("--no-load", action="store_true", help="store only; do not start serving it")
     up.add_argument("--scheduler", default=DEFAULT_SCHEDULER)
+    add_client_security(up)
     up.set_defaults(func=_run_upload)
     ls = msub.add_parser("list", help="list the models the scheduler knows")
     ls.add_argument("--scheduler", default=DEFAULT_SCHEDULER)
+    add_client_security(ls)
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=_run_list)
     from nexus.repository_cmd import add_import_parser

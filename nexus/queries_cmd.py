@@ -10,20 +10,22 @@ import grpc
 
 from common import grpc_util
 from common.pb import control, control_grpc
+from common.security import Credentials
+from nexus.client_flags import ClientFlagError, add_client_security, client_credentials
 from nexus.models_cmd import DEFAULT_SCHEDULER, CommandError, _rpc_message
 
 
-def register_query(scheduler: str, text: str) -> str:
+def register_query(scheduler: str, text: str, creds: Credentials = grpc_util.NO_CREDENTIALS) -> str:
     """Register a query definition; raise CommandError with the scheduler's reason if refused."""
-    with grpc_util.channel(scheduler) as channel:
+    with grpc_util.channel(scheduler, creds) as channel:
         try:
             return control_grpc.SchedulerStub(channel).RegisterQuery(control.QueryDefinition(json=text), timeout=30).name
         except grpc.RpcError as exc:
             raise CommandError(_rpc_message(exc, scheduler)) from None
 
 
-def list_queries(scheduler: str) -> list[control.QueryInfo]:
-    with grpc_util.channel(scheduler) as channel:
+def list_queries(scheduler: str, creds: Credentials = grpc_util.NO_CREDENTIALS) -> list[control.QueryInfo]:
+    with grpc_util.channel(scheduler, creds) as channel:
         try:
             return list(control_grpc.SchedulerStub(channel).ListQueries(control.ListQueriesRequest(), timeout=30).queries)
         except grpc.RpcError as exc:
@@ -37,8 +39,8 @@ def _run_register(args) -> int:
         print(f"nexus queries register: error: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
         return 2
     try:
-        name = register_query(args.scheduler, text)
-    except CommandError as exc:
+        name = register_query(args.scheduler, text, client_credentials(args))
+    except (CommandError, ClientFlagError) as exc:
         print(f"nexus queries register: error: {exc}", file=sys.stderr)
         return 2
     print(f"registered query {name}")
@@ -47,8 +49,8 @@ def _run_register(args) -> int:
 
 def _run_list(args) -> int:
     try:
-        queries = list_queries(args.scheduler)
-    except CommandError as exc:
+        queries = list_queries(args.scheduler, client_credentials(args))
+    except (CommandError, ClientFlagError) as exc:
         print(f"nexus queries list: error: {exc}", file=sys.stderr)
         return 2
     out = [{"name": q.name, "split": q.split_method, "budgets_ms": dict(q.budgets_ms), "gamma": dict(q.gamma),
@@ -72,8 +74,10 @@ def register(sub) -> None:
     reg = qsub.add_parser("register", help="register a query definition file (JSON)")
     reg.add_argument("file")
     reg.add_argument("--scheduler", default=DEFAULT_SCHEDULER)
+    add_client_security(reg)
     reg.set_defaults(func=_run_register)
     ls = qsub.add_parser("list", help="list queries with their latency split and measured fan-out")
     ls.add_argument("--scheduler", default=DEFAULT_SCHEDULER)
+    add_client_security(ls)
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=_run_list)

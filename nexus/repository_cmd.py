@@ -12,7 +12,10 @@ import json
 import sys
 import tempfile
 
+from common import grpc_util
 from common.model_repository import RepositoryError, RepositoryModel, describe, read_repository
+from common.security import Credentials
+from nexus.client_flags import ClientFlagError, add_client_security, client_credentials
 from nexus.models_cmd import DEFAULT_SCHEDULER, CommandError, list_models, upload_model
 
 
@@ -37,9 +40,10 @@ def _sha256(path) -> str:
     return digest.hexdigest()
 
 
-def upload_repository(scheduler: str, models: list[RepositoryModel], *, load: bool = True) -> list[str]:
+def upload_repository(scheduler: str, models: list[RepositoryModel], *, load: bool = True,
+                      creds: Credentials = grpc_util.NO_CREDENTIALS) -> list[str]:
     """Upload every model (skipping one the scheduler holds with the same bytes); return what was uploaded."""
-    stored = {m.name: m.sha256 for m in list_models(scheduler)}
+    stored = {m.name: m.sha256 for m in list_models(scheduler, creds)}
     uploaded = []
     for m in models:
         if stored.get(m.name) == _sha256(m.path):
@@ -50,7 +54,8 @@ def upload_repository(scheduler: str, models: list[RepositoryModel], *, load: bo
                 io_file.write(m.io_json)
                 io_file.flush()
                 io_path = io_file.name
-            upload_model(scheduler, m.path, m.name, slo_ms=m.slo_ms, runtime=m.runtime, io_path=io_path, load=load)
+            upload_model(scheduler, m.path, m.name, slo_ms=m.slo_ms, runtime=m.runtime, io_path=io_path, load=load,
+                         creds=creds)
         uploaded.append(m.name)
     return uploaded
 
@@ -64,8 +69,8 @@ def _run_import(args) -> int:
         print(json.dumps([describe(m) for m in models], indent=2))
         return 0
     try:
-        uploaded = upload_repository(args.scheduler, models, load=not args.no_load)
-    except CommandError as exc:
+        uploaded = upload_repository(args.scheduler, models, load=not args.no_load, creds=client_credentials(args))
+    except (CommandError, ClientFlagError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     for m in models:
@@ -83,4 +88,5 @@ def add_import_parser(msub) -> None:
     p.add_argument("--scheduler", default=DEFAULT_SCHEDULER)
     p.add_argument("--no-load", action="store_true", help="store only; do not start serving them")
     p.add_argument("--dry-run", action="store_true", help="check the repository and print what would be uploaded")
+    add_client_security(p)
     p.set_defaults(func=_run_import)

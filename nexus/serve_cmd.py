@@ -19,8 +19,9 @@ import time
 
 import grpc
 
-from common.config import BatchStart, SchedulerConfig, join_host_port
+from common.config import BatchStart, ConfigError, SchedulerConfig, SecurityConfig, join_host_port, to_argv
 from common import grpc_util
+from common.security import TOKEN_ENV, Credentials, SecurityError, ensure_token_file
 from common.pb import kserve, kserve_grpc
 from nexus.process import READY_PREFIX
 
@@ -79,11 +80,12 @@ class Child:
                 self.proc.wait()
 
 
-def wait_models_ready(frontend: str, names: list[str], timeout_s: float) -> list[str]:
+def wait_models_ready(frontend: str, names: list[str], timeout_s: float,
+                      creds: Credentials = grpc_util.NO_CREDENTIALS) -> list[str]:
     """Poll the frontend until every model is ready; return those still not ready at the timeout."""
     deadline = time.monotonic() + timeout_s
     pending = list(names)
-    with grpc_util.channel(frontend) as channel:
+    with grpc_util.channel(frontend, creds) as channel:
         stub = kserve_grpc.GRPCInferenceServiceStub(channel)
         while pending and time.monotonic() < deadline:
             still = []
@@ -97,6 +99,37 @@ def wait_models_ready(frontend: str, names: list[str], timeout_s: float) -> list
             if pending:
                 time.sleep(0.3)
     return pending
+
+
+def cluster_security(args, data_dir: pathlib.Path) -> tuple[list[str], Credentials]:
+    """The security flags every child gets, and the credentials of serve's own calls.
+
+    The cluster token: ``--token-file``, else ``$NEXUS_TOKEN`` (the children inherit it), else
+    ``<data-dir>/token``, created with mode 0600 at first start. TLS: the children serve with
+    ``--tls-cert``/``--tls-key`` and verify each other against ``--tls-ca`` (mutual TLS)."""
+    if args.tls_cert and not args.tls_ca:
+        raise ConfigError("--tls-cert needs --tls-ca: the CA that signed it, which the components verify "
+                          "each other against")
+    token_file = args.token_file
+    if not token_file and not os.environ.get(TOKEN_ENV, "").strip():
+        token_file = str(data_dir / "token")
+        ensure_token_file(pathlib.Path(token_file))
+    config = SecurityConfig(tls_cert=_abs(args.tls_cert), tls_key=_abs(args.tls_key), tls_ca=_abs(args.tls_ca),
+                            token_file=_abs(token_file))
+    config.validate()
+    creds = Credentials.load(config)
+    # serve dials as a client: it verifies against the CA and needs no certificate of its own.
+    return to_argv(config), Credentials(ca=creds.ca, token=creds.token)
+
+
+def _client_flags(security: list[str]) -> list[str]:
+    """The flags of ``security`` that an admin command needs too (the CA and the token file)."""
+    return [f"{flag} {value}" for flag, value in zip(security[::2], security[1::2])
+            if flag in ("--tls-ca", "--token-file")]
+
+
+def _abs(path: str) -> str:
+    return str(pathlib.Path(path).resolve()) if path else ""
 
 
 def run(args) -> int:
@@ -129,9 +162,14 @@ def run(args) -> int:
         stopping = True
         raise KeyboardInterrupt
 
+    try:
+        security, creds = cluster_security(args, data_dir)
+    except (ConfigError, SecurityError) as exc:
+        print(f"nexus serve: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     signal.signal(signal.SIGTERM, stop_all)
     try:
-        scheduler = Child("scheduler", ["scheduler", "--listen", f"127.0.0.1:{args.scheduler_port}",
+        scheduler = Child("scheduler", ["scheduler", *security, "--listen", f"127.0.0.1:{args.scheduler_port}",
                                         "--data-dir", str(data_dir / "db"), "--epoch-s", str(args.epoch_s),
                                         "--latency-split", args.latency_split,
                                         "--rate-headroom", str(args.rate_headroom),
@@ -141,35 +179,35 @@ def run(args) -> int:
         sched_addr = scheduler.wait_ready(60)
         names = []
         if not args.no_samples:
-            known = {m.name for m in list_models(sched_addr)}
+            known = {m.name for m in list_models(sched_addr, creds)}
             paths = write_sample_models(data_dir / "samples")
             for name, path in paths.items():
                 names.append(name)
                 if name not in known:
-                    upload_model(sched_addr, path, name, slo_ms=SAMPLE_MODELS[name].slo_ms)
-            known_queries = {q.name for q in list_queries(sched_addr)}
+                    upload_model(sched_addr, path, name, slo_ms=SAMPLE_MODELS[name].slo_ms, creds=creds)
+            known_queries = {q.name for q in list_queries(sched_addr, creds)}
             for name in SAMPLE_QUERIES:
                 if name not in known_queries:
-                    register_query(sched_addr, sample_query_json(name))
+                    register_query(sched_addr, sample_query_json(name), creds)
                 names.append(name)
         if repository:
-            upload_repository(sched_addr, repository)
+            upload_repository(sched_addr, repository, creds=creds)
             names += [m.name for m in repository if m.name not in names]
-        names += [m.name for m in list_models(sched_addr) if m.loaded and m.name not in names]
+        names += [m.name for m in list_models(sched_addr, creds) if m.loaded and m.name not in names]
         for i in range(args.backends):
-            argv = ["backend", "--scheduler", sched_addr, "--device", args.device, "--listen", "127.0.0.1:0"]
+            argv = ["backend", *security, "--scheduler", sched_addr, "--device", args.device, "--listen", "127.0.0.1:0"]
             if args.threads:
                 argv += ["--threads", str(args.threads)]
             argv += ["--batch-start", args.batch_start]
             children.append(Child(f"backend-{i}", argv, env))
-        frontend = Child("frontend", ["frontend", "--scheduler", sched_addr,
+        frontend = Child("frontend", ["frontend", *security, "--scheduler", sched_addr,
                                       "--listen", f"{args.host}:{args.frontend_port}",
                                       "--metrics-listen", join_host_port(args.host, args.metrics_port),
                                       "--http-listen", join_host_port(args.host, args.http_port)], env)
         children.append(frontend)
         for c in children[1:]:
             c.wait_ready(120)
-        missing = wait_models_ready(frontend.address, names, args.ready_timeout_s)
+        missing = wait_models_ready(frontend.address, names, args.ready_timeout_s, creds)
         if missing:
             print(f"nexus serve: warning: not ready after {args.ready_timeout_s:.0f} s: {', '.join(missing)}",
                   file=sys.stderr, flush=True)
@@ -179,6 +217,8 @@ def run(args) -> int:
         metrics_url = frontend.info.get("metrics", "")
         print(f"  models: {', '.join(names) or '(none)'}", flush=True)
         print(f"  metrics: {metrics_url} (Prometheus)", flush=True)
+        print(f"  admin:  nexus models list --scheduler {sched_addr} {' '.join(_client_flags(security))}".rstrip(),
+              flush=True)
         print(f"  try:    nexus bench --frontend {frontend.address} --model resnet18_64 --rate 50 --slo-ms 100",
               flush=True)
         print(f"{READY_PREFIX} serve {frontend.address} {sched_addr} http={http_address} metrics={metrics_url}", flush=True)
@@ -230,5 +270,12 @@ def register(sub) -> None:
     p.add_argument("--no-samples", action="store_true", help="do not build and upload the sample models")
     p.add_argument("--model-repository", default="", metavar="DIR",
                    help="also serve the models of a Triton model repository (<name>/config.pbtxt, <name>/1/model.onnx)")
+    p.add_argument("--tls-cert", default="", help="PEM certificate every component serves TLS with (with --tls-key, "
+                   "--tls-ca); it must name the addresses peers dial, e.g. IP:127.0.0.1")
+    p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
+    p.add_argument("--tls-ca", default="", help="PEM CA that signed --tls-cert: components verify each other "
+                   "against it (mutual TLS); clients pass it as --tls-ca or tritonclient's root_certificates")
+    p.add_argument("--token-file", default="", help="cluster token guarding registration and admin calls "
+                   "(default: $NEXUS_TOKEN, else <data-dir>/token, created with mode 0600 at first start)")
     p.add_argument("--ready-timeout-s", type=float, default=180.0)
     p.set_defaults(func=run)

@@ -17,6 +17,8 @@ import grpc
 from common import grpc_util
 from common.pb import control, control_grpc
 from common.query_def import QueryDef, QueryError, parse_query
+from common.security import Credentials
+from nexus.client_flags import ClientFlagError, add_client_security, client_credentials
 from nexus.models_cmd import DEFAULT_SCHEDULER, CommandError, _rpc_message
 
 
@@ -150,8 +152,9 @@ def _paths(q: QueryDef) -> tuple[tuple[str, ...], ...]:
     return tuple(out)
 
 
-def fetch_status(scheduler: str, timeout_s: float = 30.0) -> ClusterStatus:
-    with grpc_util.channel(scheduler) as channel:
+def fetch_status(scheduler: str, timeout_s: float = 30.0,
+                 creds: Credentials = grpc_util.NO_CREDENTIALS) -> ClusterStatus:
+    with grpc_util.channel(scheduler, creds) as channel:
         try:
             reply = control_grpc.SchedulerStub(channel).GetStatus(control.StatusRequest(), timeout=timeout_s)
         except grpc.RpcError as exc:
@@ -205,8 +208,8 @@ def render_text(st: ClusterStatus) -> str:
 
 def _run(args) -> int:
     try:
-        st = fetch_status(args.scheduler)
-    except CommandError as exc:
+        st = fetch_status(args.scheduler, creds=client_credentials(args))
+    except (CommandError, ClientFlagError) as exc:
         print(f"nexus status: error: {exc}", file=sys.stderr)
         return 2
     if args.plot:
@@ -232,6 +235,7 @@ def register(sub) -> None:
                                    "occupancy, the sessions on it, the queries' latency split and the lower bound.")
     p.add_argument("--scheduler", default=DEFAULT_SCHEDULER, help=f"scheduler address (default {DEFAULT_SCHEDULER})")
     p.add_argument("--json", action="store_true", help="print the status as JSON")
+    add_client_security(p)
     p.add_argument("--plot", metavar="FILE.png", default="",
                    help="also draw the devices as bars filled by their sessions' shares of the duty cycle")
     p.set_defaults(func=_run)

@@ -189,7 +189,7 @@ def test_routing_table_carries_the_planned_figures(emulated_cluster):
     from common import grpc_util
     from common.pb import control, control_grpc
 
-    with grpc_util.channel(emulated_cluster.scheduler) as channel:
+    with grpc_util.channel(emulated_cluster.scheduler, emulated_cluster.creds) as channel:
         reply = control_grpc.SchedulerStub(channel).GetStatus(control.StatusRequest(), timeout=30)
     table = reply.routing
     assert table.planned_devices >= table.lower_bound >= 1

@@ -174,6 +174,7 @@ class LoadClient:
         connect_timeout_s: float = 5.0,
         raw: bool = True,
         timeout_param: bool = True,
+        root_certificates: bytes | None = None,
     ) -> None:
         self.address = check_address(address)
         if not model:
@@ -191,6 +192,7 @@ class LoadClient:
         self.connect_timeout_s = connect_timeout_s
         self.raw = raw
         self.timeout_param = timeout_param
+        self.root_certificates = root_certificates    # a CA: TLS to the frontend
         self.metadata: Any = None
         self.request: Any = None
         self._channels: list[grpc.aio.Channel] = []
@@ -208,7 +210,11 @@ class LoadClient:
         if self.n_channels > 1:
             # Without a local subchannel pool, channels to one target share one TCP connection.
             options.append(("grpc.use_local_subchannel_pool", 1))
-        self._channels = [grpc.aio.insecure_channel(self.address, options=options) for _ in range(self.n_channels)]
+        if self.root_certificates is not None:
+            tls = grpc.ssl_channel_credentials(root_certificates=self.root_certificates)
+            self._channels = [grpc.aio.secure_channel(self.address, tls, options=options) for _ in range(self.n_channels)]
+        else:
+            self._channels = [grpc.aio.insecure_channel(self.address, options=options) for _ in range(self.n_channels)]
         try:
             stub = kserve_grpc.GRPCInferenceServiceStub(self._channels[0])
             req = kserve.ModelMetadataRequest(name=self.model, version=self.model_version)
@@ -504,6 +510,7 @@ async def run_bench_async(
     progress: bool = False,
     raw: bool = True,
     timeout_param: bool = True,
+    root_certificates: bytes | None = None,
 ) -> BenchReport:
     """Open-loop Poisson load at ``rate_rps`` against ``model`` at ``address``; see :class:`BenchReport`.
 
@@ -522,6 +529,7 @@ async def run_bench_async(
         connect_timeout_s=connect_timeout_s,
         raw=raw,
         timeout_param=timeout_param,
+        root_certificates=root_certificates,
     )
     async with client:
         return await client.run(

@@ -1,0 +1,162 @@
+"""Fuzzing at scale: requests tried and statuses seen, with the servers checked alive throughout.
+
+Runs the strategies of ``tests/fuzzing.py`` (property-based and byte-mutated ModelInfer requests
+against a `nexus serve` cluster; mutated UploadModel streams and registrations against a standalone
+scheduler with a cluster token) for ``--examples`` requests each. Every ``--check-every`` requests
+it asks the frontend for ServerReady and ModelReady and runs one valid inference, and the scheduler
+for its health. Writes ``benchmarks/out/fuzz.json``; the page is ``benchmarks/fuzz.md``.
+
+    python benchmarks/fuzz.py [--examples 1000] [--check-every 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import pathlib
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import grpc  # noqa: E402
+import numpy as np  # noqa: E402
+from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+from common import grpc_util  # noqa: E402
+from common.pb import kserve, kserve_grpc  # noqa: E402
+from common.profile import Profile  # noqa: E402
+from common.sample_models import mlp_small, model_bytes  # noqa: E402
+from common.security import token_metadata  # noqa: E402
+from tests import fuzzing  # noqa: E402
+from tests.conftest import NexusProcess, nexus_cli, start_cluster  # noqa: E402
+
+MODEL, INPUT, FEATURES = "mlp", "input", 64
+
+
+def _valid_infer() -> kserve.ModelInferRequest:
+    req = kserve.ModelInferRequest(model_name=MODEL)
+    req.inputs.add(name=INPUT, datatype="FP32", shape=[2, FEATURES])
+    req.raw_input_contents.append(np.ones((2, FEATURES), np.float32).tobytes())
+    return req
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--examples", type=int, default=1000, help="requests per kind")
+    ap.add_argument("--check-every", type=int, default=100)
+    ap.add_argument("-o", "--output", default=str(ROOT / "benchmarks" / "out" / "fuzz.json"))
+    args = ap.parse_args()
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="nexus-fuzz-"))
+    serve_log = (tmp / "serve.log").open("w")
+    cluster = start_cluster(tmp / "data", "--no-samples", stderr=serve_log)
+    token_file = tmp / "token"
+    token_file.write_text("fuzz-token\n")
+    scheduler = NexusProcess(tmp / "scheduler.log", "scheduler", "--listen", "127.0.0.1:0",
+                             "--data-dir", str(tmp / "db"), "--token-file", str(token_file), "--max-upload-mb", "1")
+    seen: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    checks = {"done": 0, "failed": 0}
+    sent = [0]
+    try:
+        model = tmp / "mlp.onnx"
+        model.write_bytes(model_bytes(mlp_small()))
+        profile = tmp / "profile.json"
+        profile.write_text(Profile.linear(0.2, 1.0, 32, memory_base_mb=5, device_type="cpu").to_json())
+        up = nexus_cli("models", "upload", str(model), "--name", MODEL, "--profile", str(profile), "--slo-ms", "1000",
+                       "--scheduler", cluster.scheduler)
+        assert up.returncode == 0, up.stderr
+        frontend = grpc_util.channel(cluster.frontend)
+        control = grpc_util.channel(scheduler.address)
+        stub = kserve_grpc.GRPCInferenceServiceStub(frontend)
+        deadline = time.monotonic() + 120
+        while not _model_ready(stub) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+        def alive() -> None:
+            sent[0] += 1
+            if sent[0] % args.check_every:
+                return
+            checks["done"] += 1
+            try:
+                ok = (stub.ServerReady(kserve.ServerReadyRequest(), timeout=10).ready and _model_ready(stub)
+                      and stub.ModelInfer(_valid_infer(), timeout=30).outputs[0].shape == [2, 10]
+                      and health_pb2_grpc.HealthStub(control).Check(health_pb2.HealthCheckRequest(), timeout=10)
+                      .status == health_pb2.HealthCheckResponse.SERVING)
+            except grpc.RpcError:
+                ok = False
+            checks["failed"] += not ok
+
+        run = settings(max_examples=args.examples, deadline=None, database=None,
+                       suppress_health_check=list(HealthCheck))
+        meta = token_metadata("fuzz-token")
+
+        @run
+        @given(fuzzing.infer_requests(MODEL, INPUT, FEATURES))
+        def infer(request):
+            seen["ModelInfer, property-based"][fuzzing.call_unary(frontend, fuzzing.KSERVE_INFER,
+                                                                  request.SerializeToString())] += 1
+            alive()
+
+        @run
+        @given(fuzzing.mutated(_valid_infer().SerializeToString()))
+        def infer_bytes(payload):
+            seen["ModelInfer, mutated bytes"][fuzzing.call_unary(frontend, fuzzing.KSERVE_INFER, payload)] += 1
+            alive()
+
+        @run
+        @given(fuzzing.upload_streams(model_bytes(mlp_small(8, 8, 2))))
+        def upload(stream):
+            seen["UploadModel, mutated, with token"][fuzzing.call_stream_unary(control, fuzzing.UPLOAD, stream,
+                                                                               metadata=meta)] += 1
+            seen["UploadModel, mutated, no token"][fuzzing.call_stream_unary(control, fuzzing.UPLOAD, stream)] += 1
+            alive()
+
+        @run
+        @given(fuzzing.register_requests())
+        def register(payload):
+            seen["Register, mutated, with token"][fuzzing.call_unary(control, fuzzing.REGISTER, payload,
+                                                                     metadata=meta)] += 1
+            seen["Register, mutated, no token"][fuzzing.call_unary(control, fuzzing.REGISTER, payload)] += 1
+            alive()
+
+        started = time.monotonic()
+        for phase in (infer, infer_bytes, upload, register):
+            phase()
+        elapsed = time.monotonic() - started
+        serve_log.flush()
+        logs = (tmp / "serve.log").read_text() + scheduler.logs()
+        report = {
+            "requests": {k: sum(v.values()) for k, v in seen.items()},
+            "statuses": {k: dict(sorted(v.items())) for k, v in seen.items()},
+            "unexpected": {k: {c: n for c, n in v.items() if c not in fuzzing.EXPECTED} for k, v in seen.items()},
+            "liveness_checks": checks["done"], "liveness_failures": checks["failed"],
+            "tracebacks_in_logs": logs.count("Traceback"),
+            "undecodable_log_lines": logs.count("refused undecodable request"),
+            "elapsed_s": round(elapsed, 1),
+        }
+        frontend.close()
+        control.close()
+    finally:
+        scheduler.stop()
+        cluster.stop()
+        serve_log.close()
+    out = pathlib.Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+    return 0 if not any(report["unexpected"].values()) and not report["liveness_failures"] else 1
+
+
+def _model_ready(stub) -> bool:
+    try:
+        return stub.ModelReady(kserve.ModelReadyRequest(name=MODEL), timeout=5).ready
+    except grpc.RpcError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

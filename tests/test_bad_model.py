@@ -1,0 +1,115 @@
+"""A model file that passes upload validation but that ONNX Runtime cannot load.
+
+The model ends UNAVAILABLE with the runtime's reason after a bounded number of attempts (spread
+over the backends), and the other models keep serving. Both ways in are covered: a model without
+a profile fails while being profiled, one uploaded with a profile fails while loading.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import grpc
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from common import grpc_util
+from common.pb import kserve, kserve_grpc
+from common.profile import Profile
+from common.sample_models import mlp_small, model_bytes
+from globalsched.load_failures import MAX_LOAD_ATTEMPTS, LoadFailures
+from tests.conftest import nexus_cli, start_cluster
+
+
+def softmax_out_of_range(axis: int) -> bytes:
+    """Valid ONNX (the checker accepts it) whose Softmax axis is out of range: ONNX Runtime refuses it."""
+    graph = helper.make_graph([helper.make_node("Softmax", ["input"], ["probs"], axis=axis)], "bad",
+                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 8])],
+                              [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def test_load_failures_allow_a_bounded_number_of_attempts_per_file_and_device_type():
+    failures = LoadFailures(max_attempts=3)
+    assert failures.record("sha", "cpu", "be-1", "bad axis")
+    assert failures.record("sha", "cpu", "be-2", "bad axis")
+    assert not failures.exhausted("sha", "cpu") and failures.reason("sha") == ""
+    assert not failures.record("sha", "cpu", "be-1", "bad axis")
+    assert failures.exhausted("sha", "cpu") and failures.tried("sha", "cpu") == {"be-1", "be-2"}
+    assert failures.reason("sha") == "cannot load on cpu (3 attempts on 2 backends): bad axis"
+    assert failures.exhausted_on_all("sha", ["cpu"]) and not failures.exhausted_on_all("sha", ["cpu", "cuda"])
+    assert not failures.exhausted_on_all("sha", [])
+    assert not failures.exhausted("other", "cpu")          # a new upload starts afresh
+    failures.forget("sha")                                 # so does an explicit load
+    assert not failures.exhausted("sha", "cpu") and failures.reason("sha") == ""
+
+
+@pytest.mark.slow
+def test_a_model_onnxruntime_cannot_load_is_unavailable_with_the_reason_and_others_keep_serving(tmp_path):
+    log_path = tmp_path / "serve.log"
+    with log_path.open("w") as log:
+        cluster = start_cluster(tmp_path / "data", "--no-samples", "--backends", "2", "--threads", "1", stderr=log)
+    try:
+        profile = tmp_path / "profile.json"
+        profile.write_text(Profile.linear(0.2, 1.0, 32, memory_base_mb=5, device_type="cpu").to_json())
+        files = {"mlp": model_bytes(mlp_small()), "bad_profiled": softmax_out_of_range(7),
+                 "bad_loaded": softmax_out_of_range(9)}
+        for name, data in files.items():
+            path = tmp_path / f"{name}.onnx"
+            path.write_bytes(data)
+            extra = [] if name == "bad_profiled" else ["--profile", str(profile)]
+            up = nexus_cli("models", "upload", str(path), "--name", name, "--slo-ms", "1000", *extra,
+                           "--scheduler", cluster.scheduler)
+            assert up.returncode == 0, up.stderr        # the checker accepts all three
+        # A query with a stage on the model that cannot load: it must not keep the scheduler retrying.
+        query = tmp_path / "bad_query.json"
+        query.write_text(json.dumps({
+            "name": "bad_query", "slo_ms": 1000, "inputs": [{"name": "x", "datatype": "FP32", "shape": [8]}],
+            "stages": [{"name": "s", "model": "bad_loaded", "inputs": {"input": "x"}}],
+            "outputs": {"probs": "s.probs"}}))
+        registered = nexus_cli("queries", "register", str(query), "--scheduler", cluster.scheduler)
+        assert registered.returncode == 0, registered.stderr
+
+        with grpc_util.channel(cluster.frontend) as channel:
+            stub = kserve_grpc.GRPCInferenceServiceStub(channel)
+            deadline = time.monotonic() + 180
+            index = {}
+            while time.monotonic() < deadline:
+                index = {m.name: m for m in stub.RepositoryIndex(kserve.RepositoryIndexRequest(), timeout=10).models}
+                if (index.get("mlp") and index["mlp"].state == "READY"
+                        and all("attempts on" in getattr(index.get(n), "reason", "") for n in files if n != "mlp")):
+                    break
+                time.sleep(0.3)
+            for name in ("bad_profiled", "bad_loaded"):
+                entry = index[name]
+                assert entry.state == "UNAVAILABLE", entry
+                assert f"({MAX_LOAD_ATTEMPTS} attempts on" in entry.reason and "axis" in entry.reason, entry.reason
+                assert not stub.ModelReady(kserve.ModelReadyRequest(name=name), timeout=10).ready
+            # Profiling tried a backend not tried before while there was one.
+            assert "attempts on 2 backends" in index["bad_profiled"].reason, index["bad_profiled"].reason
+
+            bad = kserve.ModelInferRequest(model_name="bad_profiled")
+            bad.inputs.add(name="input", datatype="FP32", shape=[1, 8])
+            bad.raw_input_contents.append(np.ones((1, 8), np.float32).tobytes())
+            with pytest.raises(grpc.RpcError) as err:
+                stub.ModelInfer(bad, timeout=10)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "axis" in err.value.details()
+
+            good = kserve.ModelInferRequest(model_name="mlp")
+            good.inputs.add(name="input", datatype="FP32", shape=[2, 64])
+            good.raw_input_contents.append(np.ones((2, 64), np.float32).tobytes())
+            assert stub.ModelInfer(good, timeout=30).outputs[0].shape == [2, 10]
+            assert not stub.ModelReady(kserve.ModelReadyRequest(name="bad_query"), timeout=10).ready
+        logs = log_path.read_text()
+        assert logs.count("profiling bad_profiled on") == MAX_LOAD_ATTEMPTS   # bounded: no retry loop
+        # The model and the query stage share the file's attempts; one push may try both at once.
+        assert MAX_LOAD_ATTEMPTS <= logs.count("cannot load bad_loaded") + logs.count("cannot load bad_query/s") \
+            <= 2 * MAX_LOAD_ATTEMPTS
+        assert "Traceback" not in logs
+    finally:
+        cluster.stop()

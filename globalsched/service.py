@@ -27,11 +27,12 @@ from common.pb import control, control_grpc
 from common.profile import Profile, ProfileError
 from common.security import Credentials
 from globalsched.algorithms.config import PlannerConfig
-from globalsched.algorithms.replan import ReplanConfig
+from globalsched.algorithms.replan import ReplanConfig, ReplanReason
 from globalsched.cluster import MIN_PLANNED_RATE_RPS, ClusterPlan, SessionInput, plan_cluster
 from globalsched.convert import model_desc
 from globalsched.modeldb import ModelDatabase, UploadError
 from globalsched.placement import BackendSlot
+from globalsched.planning_loop import PlanningLoop
 from globalsched.query_sessions import plan_query_sessions
 from globalsched.querydb import QueryStore
 from common.query_def import ModelIO, QueryError, parse_query, validate_query
@@ -83,6 +84,10 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self._replan = asyncio.Event()
         self._profiling: set[tuple[str, str]] = set()
         self._tasks: list[asyncio.Task] = []
+        self._stopping = False
+        self._force: ReplanReason | None = None
+        self.planning = PlanningLoop(ReplanConfig(epoch_s=config.epoch_s, planner=self.planner_config),
+                                     config.min_replicas)
         self.query_store = QueryStore(config.data_dir)
         self.edges: dict[str, dict[tuple[str, str, str], tuple[int, int, float]]] = {}  # frontend -> edge -> counts
         self.session_models: dict[str, str] = {}        # session -> model it runs
@@ -99,14 +104,22 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self._replan.set()
 
     async def stop(self) -> None:
+        self._stopping = True
         for t in self._tasks:
             t.cancel()
         for node in self.nodes.values():
             if node.channel is not None:
                 await node.channel.close()
 
-    def request_replan(self, why: str) -> None:
+    def request_replan(self, why: str, membership: bool = False) -> None:
+        """Re-plan now (forced: something the plan depends on changed)."""
         log.info("re-plan requested: %s", why)
+        self._force = ReplanReason.MEMBERSHIP if membership or self._force is ReplanReason.MEMBERSHIP \
+            else ReplanReason.SESSIONS_CHANGED
+        self._replan.set()
+
+    def request_evaluation(self) -> None:
+        """Let the re-planner decide whether the plan still fits (rate band, epoch; after its cooldown)."""
         self._replan.set()
 
     # ---- registration ------------------------------------------------------------------------------
@@ -134,6 +147,33 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.nodes[node_id] = node
         self.request_replan(f"{node_id} registered at {node.address}")
         return control.RegisterReply(node_id=node_id, heartbeat_interval_ms=self.config.heartbeat_interval_ms)
+
+    async def Attach(self, request, context):
+        """Held open by every registered node: its end (the node died or stopped) removes the node
+        at once, without waiting for missed heartbeats."""
+        node = self.nodes.get(request.node_id)
+        if node is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown node {request.node_id!r}; register first")
+        try:
+            while self.nodes.get(request.node_id) is node:
+                yield control.AttachEvent(epoch=self.epoch)
+                await asyncio.sleep(self.config.heartbeat_interval_ms / 1000)
+        finally:
+            if not self._stopping and self.nodes.get(request.node_id) is node:
+                await self.remove_node(node.node_id, "its Attach stream ended")
+
+    async def remove_node(self, node_id: str, why: str) -> None:
+        """Forget a node now (its stream ended, or it missed heartbeats) and repair the plan."""
+        node = self.nodes.pop(node_id, None)
+        if node is None:
+            return
+        log.warning("%s removed: %s", node_id, why)
+        self.rates.pop(node_id, None)
+        self.rate_history.pop(node_id, None)
+        self.edges.pop(node_id, None)
+        self.request_replan(f"{node_id} left", membership=True)
+        if node.channel is not None:
+            await node.channel.close()
 
     async def Heartbeat(self, request, context):
         node = self.nodes.get(request.node_id)
@@ -208,31 +248,23 @@ class SchedulerService(control_grpc.SchedulerServicer):
         return {k: c / p for k, (p, c) in totals.items() if p >= MIN_EDGE_SAMPLES}
 
     def _check_rate_band(self, now: float) -> None:
-        """On a workload report: re-plan early when the plan no longer fits (after a cooldown)."""
+        """On a workload report: after the re-planner's cooldown, let it decide whether the plan still
+        fits the rates (globalsched/planning_loop.py); a query's drifted fan-out re-plans at once."""
         if now - self.last_plan_time < EARLY_REPLAN_COOLDOWN_S:
             return
         why = self.plan_outdated(now)
         if why:
             self.request_replan(why)
+        else:
+            self.request_evaluation()
 
     def plan_outdated(self, now: float) -> str:
-        """Why the current plan no longer fits the measured workload ("" when it still does).
-
-        A measured gamma or rate outside RATE_BAND of the one planned for (the rate before headroom:
-        the headroom is for bursts, not growth). Frontends report every served model and query, idle
-        ones at 0, so a rate that stops falls out of the band.
-        """
+        """Why the current latency split no longer fits ("" when it still does): a measured gamma
+        outside RATE_BAND of the one planned for. (Rates are the re-planner's to judge.)"""
         for key, gamma in self.current_gammas(now).items():
             planned = self.planned_gammas.get(key)
             if planned is None or not (RATE_BAND[0] * planned <= gamma <= RATE_BAND[1] * planned):
                 return f"gamma of {key[0]}: {key[1]}->{key[2]} is {gamma:.2f}, planned {planned}"
-        for model, rate in self.current_rates(now).items():
-            planned = self.planned_rates.get(model)
-            if planned is None or model in self.stage_sessions:   # a stage follows its query's rate and gammas
-                continue
-            rate, planned = max(rate, MIN_PLANNED_RATE_RPS), max(planned, MIN_PLANNED_RATE_RPS)
-            if not (RATE_BAND[0] * planned <= rate <= RATE_BAND[1] * planned):
-                return f"rate of {model} is {rate:.1f} rps, planned {planned:.1f}"
         return ""
 
     # ---- model database ----------------------------------------------------------------------------
@@ -261,7 +293,8 @@ class SchedulerService(control_grpc.SchedulerServicer):
             record = await asyncio.to_thread(
                 self.db.add_model, header.name, parts, runtime=header.runtime or "onnxruntime",
                 profile_json=header.profile_json, slo_ms=header.slo_ms, io_json=header.io_json,
-                default_slo_ms=self.config.default_slo_ms, create_session=header.load, prefix_fn=self.prefix_fn)
+                default_slo_ms=self.config.default_slo_ms, create_session=header.load, prefix_fn=self.prefix_fn,
+                min_replicas=header.min_replicas)
         except UploadError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"upload of {header.name!r} refused: {exc}")
         self.request_replan(f"model {record.name} uploaded")
@@ -284,6 +317,11 @@ class SchedulerService(control_grpc.SchedulerServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {request.name!r}")
         if request.slo_ms < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"slo_ms must be positive, got {request.slo_ms}")
+        if request.min_replicas:
+            try:
+                self.db.set_min_replicas(request.name, request.min_replicas)
+            except ValueError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         self.db.set_session(request.name, request.slo_ms or record.default_slo_ms)
         self.request_replan(f"model {request.name} loaded")
         return control.LoadReply()
@@ -355,18 +393,22 @@ class SchedulerService(control_grpc.SchedulerServicer):
     def _desc(self, name: str) -> control.ModelDesc:
         record = self.db.model(name)
         loaded = any(s.model == name for s in self.db.sessions())
-        return model_desc(record, self.db.profiles(name), loaded)
+        desc = model_desc(record, self.db.profiles(name), loaded)
+        desc.min_replicas = self.db.min_replicas(name)
+        return desc
 
     # ---- planning ----------------------------------------------------------------------------------
 
     async def _epoch_timer(self) -> None:
-        """Every epoch, re-plan if the plan no longer fits the workload (no cooldown). A plan that
-        still fits stands: re-planning on noise would move sessions, and a move costs their queues."""
+        """Now and then, let the re-planner judge the plan (its epoch, rate band and cooldown decide;
+        a plan that still fits stands: re-planning on noise would move sessions and cost their queues)."""
         while True:
-            await asyncio.sleep(self.config.epoch_s)
+            await asyncio.sleep(min(self.config.epoch_s, EARLY_REPLAN_COOLDOWN_S))
             why = self.plan_outdated(time.monotonic())
             if why:
                 self.request_replan(f"epoch: {why}")
+            else:
+                self.request_evaluation()
 
     async def _reaper(self) -> None:
         interval = self.config.heartbeat_interval_ms / 1000
@@ -375,13 +417,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
             now = time.monotonic()
             for node in list(self.nodes.values()):
                 if now - node.last_seen > self.config.node_timeout_s:
-                    log.warning("%s missed heartbeats for %.1f s; removing it", node.node_id, now - node.last_seen)
-                    self.nodes.pop(node.node_id, None)
-                    self.rates.pop(node.node_id, None)
-                    self.rate_history.pop(node.node_id, None)
-                    if node.channel is not None:
-                        await node.channel.close()
-                    self.request_replan(f"{node.node_id} left")
+                    await self.remove_node(node.node_id, f"missed heartbeats for {now - node.last_seen:.1f} s")
 
     async def _planner(self) -> None:
         while True:
@@ -452,7 +488,12 @@ class SchedulerService(control_grpc.SchedulerServicer):
             for placement in self.plan.placements.values():
                 for b in placement.backends:
                     previous[b.node_id] = frozenset(s.model for s in b.sessions)
-        plan = plan_cluster(sessions, backends, previous, self.config.solver, self.planner_config)
+        force, self._force = self._force, None
+        self.planning.begin(now, self._min_replicas(), force)
+        plan = plan_cluster(sessions, backends, previous, self.config.solver, self.planner_config,
+                            solve_type=self.planning.solve_type)
+        if force is None and self.plan is not None and not self.planning.changed:
+            return self.plan          # the re-planner kept the plan: nothing to push
         self.epoch += 1
         self.last_plan_time = now
         # The measured rates these sessions were planned for (before headroom): the drift band's centre.
@@ -473,6 +514,10 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.plan = plan
         await self._push_routing_tables(plan, failed)
         return plan
+
+    def _min_replicas(self) -> dict[str, int]:
+        """Backends each model session keeps at least (0: the scheduler's default)."""
+        return {s.model: self.db.min_replicas(s.model) for s in self.db.sessions()}
 
     async def _push_model_tables(self, plan: ClusterPlan) -> dict[str, str]:
         """Send each backend its table; return models that failed to load, with reasons."""

@@ -1,0 +1,186 @@
+"""Faults and overload on real processes with emulated GPUs (issue 11); figures in faults.md.
+
+Scenarios, each on a fresh cluster of separately started processes (scheduler, one frontend,
+emulated backends; tests/components.py):
+
+* ``kill``: a model at a steady open-loop rate (default 300 rps), then ``kill -9`` of the backend
+  serving it, once with the scheduler's default of one replica and once with ``--min-replicas 2``
+  (then the backend killed is one of the two). Reported: requests failed (any status but OK) and
+  late (OK after the SLO), requests that got no response at all, the requests in flight at the
+  kill, and the time from the kill until goodput is back: the send time of the last request that
+  failed or was late, less the kill time (every later request was answered on time).
+* ``overload``: one backend whose capacity is known from the profile (the saturated batch over its
+  latency), offered 1x, 2x and 5x that rate. Reported: goodput (OK within the SLO per second) over
+  capacity, statuses, and the frontend's and backend's peak resident memory during each phase.
+
+Usage: python benchmarks/faults.py [--rate 300] [--out benchmarks/out/faults.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from common.profile import Profile  # noqa: E402
+from common.sample_models import mlp_small, model_bytes  # noqa: E402
+from nexus.models_cmd import upload_model  # noqa: E402
+from tests.components import Cluster, OpenLoop, start_cluster, wait_ready  # noqa: E402
+
+DEVICE_TYPE = "gtx1080ti"
+FAST = Profile.linear(1.0, 5.0, 32, device_type=DEVICE_TYPE)          # l(b) = 5 + b ms
+FAST_SLO_MS = 100.0
+# l(b) = 40 + 8b ms, SLO 400 ms: the saturated batch is 20 (2 * l(20) = 400), 200 ms: 100 rps.
+HEAVY = Profile.linear(8.0, 40.0, 32, device_type=DEVICE_TYPE)
+HEAVY_SLO_MS = 400.0
+HEAVY_CAPACITY_RPS = 20 / 0.200
+
+
+def _upload(cluster: Cluster, tmp: pathlib.Path, name: str, profile: Profile, slo_ms: float,
+            min_replicas: int = 0) -> None:
+    model, prof = tmp / f"{name}.onnx", tmp / f"{name}.json"
+    model.write_bytes(model_bytes(mlp_small()))
+    prof.write_text(profile.to_json())
+    upload_model(cluster.scheduler.address, model, name, profile_path=str(prof), slo_ms=slo_ms,
+                 min_replicas=min_replicas)
+    wait_ready(cluster.frontend.address, name)
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class RssSampler:
+    def __init__(self, pids: dict[str, int], every_s: float = 0.1) -> None:
+        self.pids, self.every_s = pids, every_s
+        self.peak = {name: 0.0 for name in pids}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for name, pid in self.pids.items():
+                self.peak[name] = max(self.peak[name], _rss_mb(pid))
+            time.sleep(self.every_s)
+
+    def __enter__(self) -> "RssSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def kill_scenario(tmp: pathlib.Path, rate: float, replicas: int, steady_s: float, after_s: float) -> dict:
+    cluster = start_cluster(tmp / f"kill{replicas}", 3, f"emulated:{DEVICE_TYPE}")
+    try:
+        _upload(cluster, tmp, "victim", FAST, FAST_SLO_MS, replicas)
+        deadline = time.monotonic() + 30
+        while len(cluster.serving("victim")) < replicas and time.monotonic() < deadline:
+            time.sleep(0.2)
+        serving = cluster.serving("victim")
+        load = OpenLoop(cluster.frontend.address, "victim", rate).start()
+        time.sleep(steady_s)
+        in_flight = load.in_flight()
+        kill_t = time.monotonic()
+        serving[0].kill()
+        time.sleep(after_s)
+        result = load.stop()
+        replicas_after = len(cluster.serving("victim"))
+    finally:
+        cluster.stop()
+    slo_s = FAST_SLO_MS / 1000
+    bad_after = [t for s, t, d in zip(result.statuses, result.send_times, result.done_times)
+                 if (s != "OK" or d - t > slo_s) and t >= kill_t - slo_s]
+    late = sum(1 for s, t, d in zip(result.statuses, result.send_times, result.done_times) if s == "OK" and d - t > slo_s)
+    bins = {}
+    for s, t, d in zip(result.statuses, result.send_times, result.done_times):
+        k = round((t - kill_t) // 0.25 * 0.25, 2)
+        if -1.0 <= k < 3.0:
+            ok, n = bins.get(k, (0, 0))
+            bins[k] = (ok + (s == "OK" and d - t <= slo_s), n + 1)
+    return {
+        "min_replicas": replicas, "rate_rps": rate, "sent": result.sent, "codes": result.codes,
+        "failed": result.failed, "late": late, "no_response": result.codes.get("NO_RESPONSE", 0),
+        "in_flight_at_kill": in_flight, "backends_serving_before": len(serving),
+        "backends_serving_after": replicas_after,
+        "recovery_s": round(max(bad_after) - kill_t, 3) if bad_after else 0.0,
+        "good_fraction_by_250ms_after_kill": {f"{k:+.2f}": round(ok / n, 3) for k, (ok, n) in sorted(bins.items())},
+    }
+
+
+def overload_scenario(tmp: pathlib.Path, factors: list[float], phase_s: float) -> list[dict]:
+    cluster = start_cluster(tmp / "overload", 1, f"emulated:{DEVICE_TYPE}")
+    out = []
+    try:
+        _upload(cluster, tmp, "heavy", HEAVY, HEAVY_SLO_MS)
+        pids = {"frontend": cluster.frontend.proc.pid, "backend": cluster.backends[0].proc.pid}
+        slo_s = HEAVY_SLO_MS / 1000
+        for factor in factors:
+            rate = factor * HEAVY_CAPACITY_RPS
+            with RssSampler(pids) as rss:
+                load = OpenLoop(cluster.frontend.address, "heavy", rate).start()
+                time.sleep(phase_s)
+                result = load.stop()
+            warm = result.send_times[0] + 1.0          # the first second fills the queues
+            end = result.send_times[-1]
+            good = sum(1 for s, t, d in zip(result.statuses, result.send_times, result.done_times)
+                       if s == "OK" and d - t <= slo_s and warm <= t <= end)
+            goodput = good / (end - warm)
+            out.append({"factor": factor, "offered_rps": rate, "sent": result.sent, "codes": result.codes,
+                        "goodput_rps": round(goodput, 1), "goodput_over_capacity": round(goodput / HEAVY_CAPACITY_RPS, 3),
+                        "no_response": result.codes.get("NO_RESPONSE", 0),
+                        "peak_rss_mb": {k: round(v, 1) for k, v in rss.peak.items()}})
+            time.sleep(1.0)      # let the queues drain before the next phase
+    finally:
+        cluster.stop()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=float, default=300.0, help="offered rate of the kill scenario")
+    parser.add_argument("--steady-s", type=float, default=4.0)
+    parser.add_argument("--after-s", type=float, default=5.0)
+    parser.add_argument("--phase-s", type=float, default=8.0, help="length of each overload phase")
+    parser.add_argument("--factors", default="1,2,5", help="overload factors (offered / capacity)")
+    parser.add_argument("--skip", default="", help="comma-separated scenarios to skip: kill, overload")
+    parser.add_argument("--out", default="benchmarks/out/faults.json")
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    report: dict = {}
+    with tempfile.TemporaryDirectory() as d:
+        tmp = pathlib.Path(d)
+        if "kill" not in skip:
+            report["kill"] = [kill_scenario(tmp, args.rate, r, args.steady_s, args.after_s) for r in (1, 2)]
+            for k in report["kill"]:
+                print(f"kill -9, min_replicas {k['min_replicas']}: sent {k['sent']}, failed {k['failed']}, "
+                      f"late {k['late']}, no response {k['no_response']}, in flight at the kill "
+                      f"{k['in_flight_at_kill']}, goodput back after {k['recovery_s']} s; {k['codes']}", flush=True)
+        if "overload" not in skip:
+            report["overload"] = overload_scenario(tmp, [float(f) for f in args.factors.split(",")], args.phase_s)
+            for o in report["overload"]:
+                print(f"overload {o['factor']:g}x ({o['offered_rps']:.0f} rps): goodput {o['goodput_rps']} rps = "
+                      f"{o['goodput_over_capacity']} of capacity; peak RSS {o['peak_rss_mb']}; {o['codes']}", flush=True)
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -40,6 +40,8 @@ _EXEC_TO_GRPC = {
 # answered DEADLINE_EXCEEDED (the backend drops expired requests itself; this covers a backend
 # busy with a long batch or hung).
 DEADLINE_GRACE_S = 0.02
+PATH_SMOOTHING = 0.05
+RETURN_ALLOWANCE_MAX_S = 0.1
 _DTYPE_ENUM = {name: model_config.DataType.Value(f"TYPE_{name}") for name in
                ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64")}
 
@@ -57,6 +59,7 @@ class FrontendState:
         self.counters: dict[str, dict[str, int]] = {}   # per model: success/fail counts, ns, rows
         self.edge_window: dict[tuple[str, str, str], list[int]] = {}  # (query, parent, child) -> [parent, child] rows
         self.table_changed = asyncio.Event()
+        self.path_overhead_s = 0.0                      # smoothed frontend-backend-frontend overhead
 
     def set_table(self, table: RoutingTable) -> None:
         self.table = table
@@ -64,6 +67,16 @@ class FrontendState:
         self.ready = True
         self.table_changed.set()
         self.table_changed = asyncio.Event()
+
+    def return_allowance_s(self) -> float:
+        """Time kept off a request's budget at the backend for the way back: twice the smoothed
+        overhead of the frontend-backend path (at most RETURN_ALLOWANCE_MAX_S)."""
+        return min(2 * self.path_overhead_s, RETURN_ALLOWANCE_MAX_S)
+
+    def observe_path(self, sent_s: float, result: control.ExecResult) -> None:
+        """Smooth the path's overhead: a request's time at the frontend less its queue and compute."""
+        overhead = time.monotonic() - sent_s - (result.queue_ns + result.compute_ns) / 1e9
+        self.path_overhead_s += PATH_SMOOTHING * (max(overhead, 0.0) - self.path_overhead_s)
 
     def count(self, model: str, key: str, value: int = 1) -> None:
         c = self.counters.setdefault(model, {})
@@ -114,7 +127,10 @@ async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes],
             model = state.table.models.get(model.name) or model
             tried = set()
             continue
-        item = control.ExecItem(request_id=state.pool.next_id(), model=model.name, budget_us=int(left * 1e6),
+        # The backend must finish early enough for the answer to travel back: the path's measured
+        # overhead comes off the budget (it grows when the machine is loaded, as under overload).
+        budget_s = max(left - state.return_allowance_s(), left / 2)
+        item = control.ExecItem(request_id=state.pool.next_id(), model=model.name, budget_us=int(budget_s * 1e6),
                                 inputs=inputs, rows=rows)
         conn = state.pool.get(route.address)
         try:
@@ -130,6 +146,8 @@ async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes],
         except asyncio.TimeoutError:
             raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                f"model {model.name!r}: deadline passed while queued") from None
+        if result.status == control.EXEC_OK:
+            state.observe_path(end_s - left, result)
         if result.status in (control.EXEC_NOT_FOUND, control.EXEC_UNAVAILABLE):  # stale route, or draining
             tried.add(route.address)
             last_reason = result.message

@@ -77,7 +77,9 @@ class PlanningLoop:
         st = self.types.setdefault(device_type, _TypeState())
         alive = frozenset(b.node_id for b in slots)
         force = self.force
-        signature = tuple(sorted((s.name, s.slo_ms, self.replicas_of(s.name), s.prefix_group or "") for s in specs))
+        # An SLO that changes by itself is a query stage's budget, which follows the rates: judged by
+        # the rate band like them (a model's SLO changes through LoadModel, which forces a re-plan).
+        signature = tuple(sorted((s.name, self.replicas_of(s.name), s.prefix_group or "") for s in specs))
         if signature != st.signature:
             force = force or ReplanReason.SESSIONS_CHANGED
         if alive != st.slots:

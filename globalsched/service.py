@@ -1,10 +1,13 @@
 """The global scheduler service: model database, node registry, epoch re-planning, table pushes.
 
 One asyncio loop. Every change that can alter the plan (a node joins or leaves, a model is
-uploaded, loaded or unloaded, a profile arrives, a rate or gamma drifts out of its band, checked on
-every report and again by the epoch timer) sets an event; a single planner task re-plans with
-:func:`globalsched.cluster.plan_cluster` and pushes model tables to backends first, then routing
-tables to frontends, so a frontend never routes to a backend that has not loaded the model.
+uploaded, loaded or unloaded, a profile arrives, a query's measured fan-out drifts out of its band)
+sets an event and forces a re-plan; workload reports and a timer ask the re-planner to judge the
+rates (its epoch, band and cooldown decide). A single planner task plans through
+:class:`globalsched.planning_loop.PlanningLoop` (the minimal-movement re-planner, with minimum
+replicas) and pushes model tables to backends first, then routing tables to frontends, so a
+frontend never routes to a backend that has not loaded the model. A node is removed the moment its
+Attach stream ends (missed heartbeats are the backstop), and the plan is repaired at once.
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ RATE_REPORT_TTL_S = 10.0        # a frontend's report counts this long
 RATE_SMOOTHING = 0.3            # weight of the newest report in the exponentially smoothed rate
 PLAN_RATE_WINDOW_S = 10.0       # plans use the mean rate of the reports of this window
 MIN_EDGE_SAMPLES = 20           # parent rows before a measured gamma is trusted
+# What _inputs derives along with the sessions: kept as they were when the re-planner keeps the plan.
+_PLAN_VIEW = ("planned_gammas", "session_models", "stage_sessions", "planned_query_rates", "session_slos",
+              "query_plans")
 
 
 @dataclass
@@ -482,6 +488,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         counts: dict[str, int] = {}
         for b in backends:
             counts[b.device_type] = counts.get(b.device_type, 0) + 1
+        saved = {name: getattr(self, name) for name in _PLAN_VIEW}
         sessions = self._inputs(now, sorted(counts, key=lambda t: (-counts[t], t)))
         previous: dict[str, frozenset[str]] = {}
         if self.plan is not None:
@@ -493,7 +500,9 @@ class SchedulerService(control_grpc.SchedulerServicer):
         plan = plan_cluster(sessions, backends, previous, self.config.solver, self.planner_config,
                             solve_type=self.planning.solve_type)
         if force is None and self.plan is not None and not self.planning.changed:
-            return self.plan          # the re-planner kept the plan: nothing to push
+            for name, value in saved.items():   # the re-planner kept the plan: so are its split and rates
+                setattr(self, name, value)
+            return self.plan
         self.epoch += 1
         self.last_plan_time = now
         # The measured rates these sessions were planned for (before headroom): the drift band's centre.

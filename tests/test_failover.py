@@ -24,14 +24,23 @@ pytestmark = pytest.mark.slow
 
 DEVICE = "emulated:gtx1080ti"
 FAST = Profile.linear(1.0, 5.0, 32, device_type="gtx1080ti")      # l(b) = 5 + b ms
-SLOW = Profile.linear(1.0, 199.0, 1, device_type="gtx1080ti")     # one request at a time, 200 ms each
+SLOW = Profile.linear(1.0, 599.0, 1, device_type="gtx1080ti")     # one request at a time, 600 ms each
+# Generous SLOs: on a loaded machine the only failures then are the ones a kill causes.
+FAST_SLO_MS = 2000.0
 MAX_QUEUE = 8
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = start_cluster(tmp_path_factory.mktemp("failover"), 3, DEVICE, ("--node-timeout-s", "3600"),
-                      ("--max-queue", str(MAX_QUEUE)))
+    c = start_cluster(tmp_path_factory.mktemp("failover"), 3, DEVICE, ("--node-timeout-s", "3600"))
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """One backend with a short queue: a session cannot be spread, so its queue fills."""
+    c = start_cluster(tmp_path_factory.mktemp("admission"), 1, DEVICE, (), ("--max-queue", str(MAX_QUEUE)))
     yield c
     c.stop()
 
@@ -54,14 +63,15 @@ def _unload(cluster, name: str) -> None:
 
 # ---- admission ----------------------------------------------------------------------------------
 
-def test_queue_full_cancellation_and_deadline(cluster, tmp_path):
+def test_queue_full_cancellation_and_deadline(single, tmp_path):
+    cluster = single
     _upload(cluster, tmp_path, "slow", SLOW, 20000)
     try:
         with grpc.insecure_channel(cluster.frontend.address) as ch:
             stub = kserve_grpc.GRPCInferenceServiceStub(ch)
             # Full queue: one request runs, MAX_QUEUE wait, the rest are answered UNAVAILABLE at once.
             before = cluster.executed("slow")
-            futures = [stub.ModelInfer.future(infer_request("slow"), timeout=60) for _ in range(MAX_QUEUE + 6)]
+            futures = [stub.ModelInfer.future(infer_request("slow"), timeout=60) for _ in range(MAX_QUEUE + 12)]
             codes = [f.code() for f in futures]
             assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, codes
             unavailable = [f for f in futures if f.code() == grpc.StatusCode.UNAVAILABLE]
@@ -78,7 +88,7 @@ def test_queue_full_cancellation_and_deadline(cluster, tmp_path):
             for f in cancelled:
                 f.cancel()
             assert running.result() is not None
-            time.sleep(1.0)          # were they still queued, they would have run by now (200 ms each)
+            time.sleep(2.5)          # were they still queued, they would have run by now (600 ms each)
             assert all(f.cancelled() for f in cancelled)
             assert cluster.executed("slow") - before == 1
 
@@ -91,16 +101,16 @@ def test_queue_full_cancellation_and_deadline(cluster, tmp_path):
                 stub.ModelInfer(infer_request("slow", timeout_us=50_000), timeout=60)
             assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, late.value
             assert running.result() is not None
-            time.sleep(0.5)
+            time.sleep(1.0)
             assert cluster.executed("slow") - before == 1
     finally:
-        _unload(cluster, "slow")
+        single.stop()
 
 
 # ---- failover -----------------------------------------------------------------------------------
 
 def test_kill_9_of_a_replica_fails_at_most_the_requests_in_flight(cluster, tmp_path):
-    _upload(cluster, tmp_path, "twin", FAST, 200, "--min-replicas", "2")
+    _upload(cluster, tmp_path, "twin", FAST, FAST_SLO_MS, "--min-replicas", "2")
     listed = json.loads(nexus_cli("models", "list", "--scheduler", cluster.scheduler.address, "--json").stdout)
     assert [m["min_replicas"] for m in listed if m["name"] == "twin"] == [2]
     deadline = time.monotonic() + 30
@@ -126,7 +136,7 @@ def test_kill_9_of_a_replica_fails_at_most_the_requests_in_flight(cluster, tmp_p
 
 
 def test_kill_9_of_the_only_backend_of_a_session_is_repaired_without_heartbeat_timeouts(cluster, tmp_path):
-    _upload(cluster, tmp_path, "solo", FAST, 200)
+    _upload(cluster, tmp_path, "solo", FAST, FAST_SLO_MS)
     [serving] = cluster.serving("solo")
     load = OpenLoop(cluster.frontend.address, "solo", 100).start()
     time.sleep(2.0)

@@ -38,12 +38,17 @@ from tests.components import Cluster, OpenLoop, start_cluster, wait_ready  # noq
 DEVICE_TYPE = "gtx1080ti"
 FAST = Profile.linear(1.0, 5.0, 32, device_type=DEVICE_TYPE)          # l(b) = 5 + b ms
 FAST_SLO_MS = 100.0
-# l(b) = 100 + 20b ms, SLO 1 s: the saturated batch is 20 (2 * l(20) = 1000 ms), 500 ms: 40 rps.
-# A low capacity keeps 5x overload (200 rps) within what the Python processes of a shared 2-core
-# machine serve, so that the figure measures admission, not the CPU.
-HEAVY = Profile.linear(20.0, 100.0, 32, device_type=DEVICE_TYPE)
-HEAVY_SLO_MS = 1000.0
-HEAVY_CAPACITY_RPS = 20 / 0.500
+SATURATED_BATCH = 20
+
+
+def heavy(capacity_rps: float) -> tuple[Profile, float]:
+    """A profile and SLO whose saturated batch is 20 and whose capacity is ``capacity_rps``:
+    l(20) = 20 / capacity, l(b) = l(20) / 5 + b * (l(20) * 4/5) / 20, SLO = 2 l(20). (At 40 rps:
+    l(b) = 100 + 20b ms, SLO 1 s.) A low capacity keeps 5x overload within what the Python processes
+    of a shared 2-core machine serve, so that the figure measures admission rather than the CPU."""
+    full_ms = SATURATED_BATCH / capacity_rps * 1000
+    return (Profile.linear(full_ms * 0.8 / SATURATED_BATCH, full_ms * 0.2, 32, device_type=DEVICE_TYPE),
+            2 * full_ms)
 WINDOW_S = 2.0       # failures of the kill: those sent in this window from the kill, against the one before
 BIN_S = 0.25
 
@@ -142,15 +147,16 @@ def kill_scenario(tmp: pathlib.Path, rate: float, replicas: int, steady_s: float
     }
 
 
-def overload_scenario(tmp: pathlib.Path, factors: list[float], phase_s: float) -> list[dict]:
-    cluster = start_cluster(tmp / "overload", 1, f"emulated:{DEVICE_TYPE}")
+def overload_scenario(tmp: pathlib.Path, factors: list[float], phase_s: float, capacity_rps: float) -> list[dict]:
+    cluster = start_cluster(tmp / f"overload{capacity_rps:g}", 1, f"emulated:{DEVICE_TYPE}")
     out = []
+    profile, slo_ms = heavy(capacity_rps)
     try:
-        _upload(cluster, tmp, "heavy", HEAVY, HEAVY_SLO_MS)
+        _upload(cluster, tmp, "heavy", profile, slo_ms)
         pids = {"frontend": cluster.frontend.proc.pid, "backend": cluster.backends[0].proc.pid}
-        slo_s = HEAVY_SLO_MS / 1000
+        slo_s = slo_ms / 1000
         for factor in factors:
-            rate = factor * HEAVY_CAPACITY_RPS
+            rate = factor * capacity_rps
             with RssSampler(pids) as rss:
                 load = OpenLoop(cluster.frontend.address, "heavy", rate).start()
                 time.sleep(phase_s)
@@ -162,7 +168,8 @@ def overload_scenario(tmp: pathlib.Path, factors: list[float], phase_s: float) -
             goodput = good / (end - warm)
             out.append({"factor": factor, "offered_rps": rate, "sent": result.sent, "codes": result.codes,
                         "load_average": round(os.getloadavg()[0], 1),
-                        "goodput_rps": round(goodput, 1), "goodput_over_capacity": round(goodput / HEAVY_CAPACITY_RPS, 3),
+                        "goodput_rps": round(goodput, 1), "goodput_over_capacity": round(goodput / capacity_rps, 3),
+                        "capacity_rps": capacity_rps, "slo_ms": slo_ms,
                         "no_response": result.codes.get("NO_RESPONSE", 0),
                         "peak_rss_mb": {k: round(v, 1) for k, v in rss.peak.items()}})
             time.sleep(1.0)      # let the queues drain before the next phase
@@ -178,6 +185,7 @@ def main() -> int:
     parser.add_argument("--after-s", type=float, default=5.0)
     parser.add_argument("--phase-s", type=float, default=8.0, help="length of each overload phase")
     parser.add_argument("--factors", default="1,2,5", help="overload factors (offered / capacity)")
+    parser.add_argument("--capacities", default="20,40", help="capacities (rps) of the overloaded device")
     parser.add_argument("--skip", default="", help="comma-separated scenarios to skip: kill, overload")
     parser.add_argument("--out", default="benchmarks/out/faults.json")
     args = parser.parse_args()
@@ -195,9 +203,10 @@ def main() -> int:
                       f"{k['in_flight_at_kill']}, goodput back after {k['recovery_s']} s (good before the kill: "
                       f"{k['good_fraction_before_kill']}, load {k['load_average']}); {k['codes']}", flush=True)
         if "overload" not in skip:
-            report["overload"] = overload_scenario(tmp, [float(f) for f in args.factors.split(",")], args.phase_s)
+            report["overload"] = [o for c in args.capacities.split(",") for o in overload_scenario(
+                tmp, [float(f) for f in args.factors.split(",")], args.phase_s, float(c))]
             for o in report["overload"]:
-                print(f"overload {o['factor']:g}x ({o['offered_rps']:.0f} rps): goodput {o['goodput_rps']} rps = "
+                print(f"capacity {o['capacity_rps']:g} rps, overload {o['factor']:g}x ({o['offered_rps']:.0f} rps): goodput {o['goodput_rps']} rps = "
                       f"{o['goodput_over_capacity']} of capacity; peak RSS {o['peak_rss_mb']}; {o['codes']}", flush=True)
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -41,6 +41,7 @@ _EXEC_TO_GRPC = {
 # busy with a long batch or hung).
 DEADLINE_GRACE_S = 0.02
 PATH_SMOOTHING = 0.05
+CLIENT_PATH_SHARE = 0.05
 RETURN_ALLOWANCE_MAX_S = 0.1
 _DTYPE_ENUM = {name: model_config.DataType.Value(f"TYPE_{name}") for name in
                ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64")}
@@ -60,6 +61,7 @@ class FrontendState:
         self.edge_window: dict[tuple[str, str, str], list[int]] = {}  # (query, parent, child) -> [parent, child] rows
         self.table_changed = asyncio.Event()
         self.path_overhead_s = 0.0                      # smoothed frontend-backend-frontend overhead
+        self.path_deviation_s = 0.0                     # and its smoothed mean deviation
 
     def set_table(self, table: RoutingTable) -> None:
         self.table = table
@@ -69,14 +71,16 @@ class FrontendState:
         self.table_changed = asyncio.Event()
 
     def return_allowance_s(self) -> float:
-        """Time kept off a request's budget at the backend for the way back: twice the smoothed
-        overhead of the frontend-backend path (at most RETURN_ALLOWANCE_MAX_S)."""
-        return min(2 * self.path_overhead_s, RETURN_ALLOWANCE_MAX_S)
+        """Time kept off a request's budget at the backend for the way there and back: the smoothed
+        overhead of the frontend-backend path plus four smoothed deviations (at most RETURN_ALLOWANCE_MAX_S)."""
+        return min(self.path_overhead_s + 4 * self.path_deviation_s, RETURN_ALLOWANCE_MAX_S)
 
     def observe_path(self, sent_s: float, result: control.ExecResult) -> None:
-        """Smooth the path's overhead: a request's time at the frontend less its queue and compute."""
-        overhead = time.monotonic() - sent_s - (result.queue_ns + result.compute_ns) / 1e9
-        self.path_overhead_s += PATH_SMOOTHING * (max(overhead, 0.0) - self.path_overhead_s)
+        """Smooth the path's overhead (a request's time at the frontend less its queue and compute)
+        and its deviation, as TCP smooths round-trip times."""
+        overhead = max(time.monotonic() - sent_s - (result.queue_ns + result.compute_ns) / 1e9, 0.0)
+        self.path_deviation_s += PATH_SMOOTHING * (abs(overhead - self.path_overhead_s) - self.path_deviation_s)
+        self.path_overhead_s += PATH_SMOOTHING * (overhead - self.path_overhead_s)
 
     def count(self, model: str, key: str, value: int = 1) -> None:
         c = self.counters.setdefault(model, {})
@@ -127,9 +131,11 @@ async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes],
             model = state.table.models.get(model.name) or model
             tried = set()
             continue
-        # The backend must finish early enough for the answer to travel back: the path's measured
-        # overhead comes off the budget (it grows when the machine is loaded, as under overload).
-        budget_s = max(left - state.return_allowance_s(), left / 2)
+        # The backend must finish early enough for the answer to travel back to the client: the
+        # measured overhead of the path to the backend, and at least a share of the budget for the
+        # way in and out of this frontend (it grows when the machine is loaded, as under overload,
+        # where a batch that only just meets its oldest request's deadline would answer it late).
+        budget_s = max(left - max(state.return_allowance_s(), CLIENT_PATH_SHARE * left), left / 2)
         item = control.ExecItem(request_id=state.pool.next_id(), model=model.name, budget_us=int(budget_s * 1e6),
                                 inputs=inputs, rows=rows)
         conn = state.pool.get(route.address)

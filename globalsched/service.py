@@ -428,7 +428,8 @@ class SchedulerService(control_grpc.SchedulerServicer):
     async def _planner(self) -> None:
         while True:
             await self._replan.wait()
-            await asyncio.sleep(0.05)   # coalesce bursts of changes into one plan
+            # Coalesce bursts of changes into one plan; a lost node is repaired without delay.
+            await asyncio.sleep(0.005 if self._force is ReplanReason.MEMBERSHIP else 0.05)
             self._replan.clear()
             try:
                 await self.replan_once()

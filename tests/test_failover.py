@@ -103,11 +103,38 @@ def test_queue_full_cancellation_and_deadline(single, tmp_path):
             assert running.result() is not None
             time.sleep(1.0)
             assert cluster.executed("slow") - before == 1
+
+            # The only backend lost: a request waits for the repaired table, which has no backend left.
+            cluster.backends[0].kill()
+            with pytest.raises(grpc.RpcError) as gone:
+                stub.ModelInfer(infer_request("slow", timeout_us=5_000_000), timeout=30)
+            assert gone.value.code() == grpc.StatusCode.UNAVAILABLE, gone.value
+            assert "not available" in gone.value.details()
     finally:
         single.stop()
 
 
 # ---- failover -----------------------------------------------------------------------------------
+
+def test_bad_replica_counts_and_unknown_attach_are_refused(cluster, tmp_path):
+    model = tmp_path / "m.onnx"
+    model.write_bytes(model_bytes(mlp_small()))
+    bad = nexus_cli("models", "upload", str(model), "--name", "m", "--min-replicas", "-1",
+                    "--scheduler", cluster.scheduler.address)
+    assert bad.returncode == 2 and "--min-replicas must not be negative" in bad.stderr
+    huge = nexus_cli("models", "upload", str(model), "--name", "m", "--min-replicas", "65",
+                     "--scheduler", cluster.scheduler.address)
+    assert huge.returncode == 2 and "min_replicas must be between 0 and 64" in huge.stderr
+    with grpc.insecure_channel(cluster.scheduler.address) as ch:
+        stub = control_grpc.SchedulerStub(ch)
+        with pytest.raises(grpc.RpcError) as unknown:
+            stub.LoadModel(control.LoadRequest(name="m", min_replicas=2), timeout=10)
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.RpcError) as stranger:
+            next(iter(stub.Attach(control.AttachRequest(node_id="be-nobody"), timeout=10)))
+        assert stranger.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "register first" in stranger.value.details()
+
 
 def test_kill_9_of_a_replica_fails_at_most_the_requests_in_flight(cluster, tmp_path):
     _upload(cluster, tmp_path, "twin", FAST, FAST_SLO_MS, "--min-replicas", "2")

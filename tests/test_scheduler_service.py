@@ -47,7 +47,8 @@ def test_bad_scheduler_flags_are_refused(tmp_path):
                            (["--latency-split", "random"], "--latency-split"),
                            (["--rate-headroom", "-0.1"], "--rate-headroom: must not be negative"),
                            (["--burst-sigma", "-1"], "--burst-sigma: must not be negative"),
-                           (["--path-allowance-ms", "-1"], "--path-allowance-ms: must not be negative")):
+                           (["--path-allowance-ms", "-1"], "--path-allowance-ms: must not be negative"),
+                           (["--min-replicas", "0"], "--min-replicas: must be positive")):
         done = subprocess.run([sys.executable, "-m", "nexus", "scheduler", "--data-dir", str(tmp_path), *flags],
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and message in done.stderr, (flags, done.stderr)

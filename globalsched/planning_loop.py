@@ -54,10 +54,14 @@ class PlanningLoop:
         self.min_replicas: Mapping[str, int] = {}
         self.reasons: dict[str, ReplanReason] = {}     # last decision per device type
         self.force: ReplanReason | None = None
+        self.previous: Mapping[str, frozenset[str]] = {}
 
-    def begin(self, now_s: float, min_replicas: Mapping[str, int], force: ReplanReason | None = None) -> None:
-        """Set the inputs of the next :func:`plan_cluster` call."""
+    def begin(self, now_s: float, min_replicas: Mapping[str, int], force: ReplanReason | None = None,
+              previous: Mapping[str, frozenset[str]] | None = None) -> None:
+        """Set the inputs of the next :func:`plan_cluster` call; ``previous`` maps a backend to the
+        sessions it ran (new GPUs go to the free backend that ran most of theirs)."""
         self.now_s = now_s
+        self.previous = previous or {}
         self.min_replicas = min_replicas
         self.force = force
         self.reasons = {}
@@ -112,7 +116,7 @@ class PlanningLoop:
         gpus, replicas = add_replicas(plan.gpus, specs, gpu, {s.name: self.replicas_of(s.name) for s in specs},
                                       len(slots), self.config.planner, st.plan, st.replicas)
         plan = replace(plan, gpus=tuple(gpus))
-        placement, nodes = _assign(plan.gpus, slots, st.nodes)
+        placement, nodes = _assign(plan.gpus, slots, st.nodes, self.previous)
         st.plan, st.state, st.nodes, st.replicas = plan, state, nodes, replicas
         st.signature, st.slots, st.placement = signature, alive, placement
         return placement, len(plan.gpus), plan.lower_bound
@@ -221,10 +225,11 @@ def _with(g: GpuPlan, spec: SessionSpec, rate: float, gpu: GpuSpec, margins_ms: 
                    (*g.sessions, SessionAlloc(spec.name, batch, batch * 1000.0 / g.duty_cycle_ms)), g.shared_prefixes)
 
 
-def _assign(gpus: Sequence[GpuPlan], slots: Sequence[BackendSlot],
-            nodes_before: Mapping[int, str]) -> tuple[Placement, dict[int, str]]:
-    """GPUs onto backends: each GPU stays on the backend that ran it; new GPUs take free backends;
-    the rest fold onto the least-loaded backends."""
+def _assign(gpus: Sequence[GpuPlan], slots: Sequence[BackendSlot], nodes_before: Mapping[int, str],
+            previous: Mapping[str, frozenset[str]] = {}) -> tuple[Placement, dict[int, str]]:
+    """GPUs onto backends: each GPU stays on the backend that ran it; new GPUs take the free backend
+    that ran most of their sessions before (``previous``), else the first free one; the rest fold
+    onto the least-loaded backends."""
     alive = [b.node_id for b in slots]
     nodes: dict[int, str] = {}
     used: set[str] = set()
@@ -238,7 +243,10 @@ def _assign(gpus: Sequence[GpuPlan], slots: Sequence[BackendSlot],
     overcommitted = 0
     for g in sorted((g for g in gpus if g.id not in nodes), key=lambda g: -len(g.sessions)):
         if free:
-            nodes[g.id] = free.pop(0)
+            names = g.session_names()
+            best = max(free, key=lambda n: (len(names & previous.get(n, frozenset())), -free.index(n)))
+            nodes[g.id] = best
+            free.remove(best)
         else:
             target = min(alive, key=lambda n: (sum(len(x.sessions) for x in folded[n])
                                                + sum(len(x.sessions) for x in gpus if nodes.get(x.id) == n),

@@ -497,7 +497,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
                 for b in placement.backends:
                     previous[b.node_id] = frozenset(s.model for s in b.sessions)
         force, self._force = self._force, None
-        self.planning.begin(now, self._min_replicas(), force)
+        self.planning.begin(now, self._min_replicas(), force, previous)
         plan = plan_cluster(sessions, backends, previous, self.config.solver, self.planner_config,
                             solve_type=self.planning.solve_type)
         if force is None and self.plan is not None and not self.planning.changed:

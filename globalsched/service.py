@@ -82,7 +82,6 @@ class SchedulerService(control_grpc.SchedulerServicer):
         # frontend -> model -> (time, requests, window seconds) of its reports over PLAN_RATE_WINDOW_S
         self.rate_history: dict[str, dict[str, collections.deque]] = {}
         self.plan: ClusterPlan | None = None
-        self.planned_rates: dict[str, float] = {}          # session or query -> measured rate planned for
         self.planned_query_rates: dict[str, float] = {}    # query -> rate with headroom
         self.stage_sessions: set[str] = set()              # "<query>/<stage>" sessions of the plan
         self.epoch = 0
@@ -506,10 +505,6 @@ class SchedulerService(control_grpc.SchedulerServicer):
             return self.plan
         self.epoch += 1
         self.last_plan_time = now
-        # The measured rates these sessions were planned for (before headroom): the drift band's centre.
-        self.planned_rates = {name: rate / (1.0 + self.config.rate_headroom)
-                              for name, rate in [*((s.model, s.rate_rps) for s in sessions),
-                                                 *self.planned_query_rates.items()]}
         for placement in plan.placements.values():
             for b in placement.backends:
                 log.info("epoch %d: %s duty cycle %.1f ms: %s", self.epoch, b.node_id, b.duty_cycle_ms,

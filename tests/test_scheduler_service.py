@@ -113,7 +113,7 @@ def test_path_allowance_and_burst_sigma_reach_the_planner(tmp_path):
                                      "served best effort at batch 1")
 
 
-def test_plans_use_the_windowed_mean_rate_while_the_band_watches_the_smoothed_one(tmp_path):
+def test_plans_use_the_windowed_mean_rate_not_the_smoothed_one(tmp_path):
     import asyncio
     import time
 
@@ -128,7 +128,7 @@ def test_plans_use_the_windowed_mean_rate_while_the_band_watches_the_smoothed_on
         asyncio.run(service.ReportWorkload(Report(requests), None))
     now = time.monotonic()
     smoothed = service.current_rates(now)["m"]
-    assert smoothed > 27                                              # the excursion that starts a re-plan
+    assert smoothed > 27                                              # the excursion of the last report
     assert abs(service.planning_rates(now)["m"] - 124 / 5) < 1e-9     # what the plan is made for
     service.rate_history["fe"]["m"].clear()                           # no counts: the smoothed rate
     assert service.planning_rates(now)["m"] == smoothed

@@ -116,7 +116,7 @@ def test_queue_full_cancellation_and_deadline(single, tmp_path):
 
 # ---- failover -----------------------------------------------------------------------------------
 
-def test_bad_replica_counts_and_unknown_attach_are_refused(cluster, tmp_path):
+def test_replica_counts_are_validated_and_stored_and_strangers_cannot_attach(cluster, tmp_path):
     model = tmp_path / "m.onnx"
     model.write_bytes(model_bytes(mlp_small()))
     bad = nexus_cli("models", "upload", str(model), "--name", "m", "--min-replicas", "-1",
@@ -130,6 +130,17 @@ def test_bad_replica_counts_and_unknown_attach_are_refused(cluster, tmp_path):
         with pytest.raises(grpc.RpcError) as unknown:
             stub.LoadModel(control.LoadRequest(name="m", min_replicas=2), timeout=10)
         assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        stored = nexus_cli("models", "upload", str(model), "--name", "m", "--no-load",
+                           "--scheduler", cluster.scheduler.address)
+        assert stored.returncode == 0, stored.stderr
+        with pytest.raises(grpc.RpcError) as too_many:
+            stub.LoadModel(control.LoadRequest(name="m", min_replicas=65), timeout=10)
+        assert too_many.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "min_replicas must be between 0 and 64" in too_many.value.details()
+        stub.LoadModel(control.LoadRequest(name="m", min_replicas=3), timeout=10)
+        [desc] = [m for m in stub.ListModels(control.ListModelsRequest(), timeout=10).models if m.name == "m"]
+        assert desc.min_replicas == 3 and desc.loaded
+        stub.UnloadModel(control.UnloadRequest(name="m"), timeout=10)
         with pytest.raises(grpc.RpcError) as stranger:
             next(iter(stub.Attach(control.AttachRequest(node_id="be-nobody"), timeout=10)))
         assert stranger.value.code() == grpc.StatusCode.NOT_FOUND

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from common.plan import GpuPlan, GpuSpec, Plan, SessionAlloc, SessionSpec
+from common.plan import GpuPlan, GpuSpec, Plan, PlanningError, SessionAlloc, SessionSpec
 from globalsched.algorithms.config import PlannerConfig
 from globalsched.algorithms.replan import ReplanConfig, ReplanReason, ReplanState, replan
 from globalsched.placement import BackendAssignment, BackendSlot, PlacedSession, Placement
@@ -46,8 +46,10 @@ class _TypeState:
 class PlanningLoop:
     """Re-planning state of the scheduler, per device type (see the module docstring)."""
 
-    def __init__(self, config: ReplanConfig = ReplanConfig(), default_min_replicas: int = 1) -> None:
+    def __init__(self, config: ReplanConfig = ReplanConfig(), default_min_replicas: int = 1,
+                 solver: str = "squishy") -> None:
         self.config = config
+        self.solver = solver          # the first plan of a device type; repairs are the re-planner's
         self.default_min_replicas = max(1, default_min_replicas)
         self.types: dict[str, _TypeState] = {}
         self.now_s = 0.0
@@ -102,11 +104,18 @@ class PlanningLoop:
             plan = Plan("replan", (), 0, 0.0)
             state, reason = st.state, (ReplanReason.NONE if current is not None and not current.gpus
                                        and force is None else ReplanReason.SESSIONS_CHANGED)
+        elif current is None and self.solver != "squishy":
+            from globalsched.prefix_groups import solve_with_prefix_groups
+
+            plan = solve_with_prefix_groups(specs, gpu, self.solver, self.config.planner, shares=shares)
+            reason = ReplanReason.INITIAL
+            state = ReplanState(self.now_s, tuple((s.name, s.rate_rps) for s in specs), (), reason,
+                                st.state.replans + 1)
         else:
             grouped, groups = planning_groups(specs, shares)
             try:
                 plan, state = replan(current, grouped, gpu, self.now_s, st.state, self.config, groups, force=force)
-            except Exception:   # a prefix-grouped plan the re-planner cannot make: plan without groups
+            except PlanningError:   # a prefix-grouped plan the re-planner cannot make: plan without groups
                 plain = [SessionSpec(s.name, s.model, s.slo_ms, s.rate_rps, s.profile) for s in specs]
                 plan, state = replan(current, plain, gpu, self.now_s, st.state, self.config, force=force)
             reason = state.reason

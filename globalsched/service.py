@@ -92,7 +92,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self._stopping = False
         self._force: ReplanReason | None = None
         self.planning = PlanningLoop(ReplanConfig(epoch_s=config.epoch_s, planner=self.planner_config),
-                                     config.min_replicas)
+                                     config.min_replicas, config.solver)
         self.query_store = QueryStore(config.data_dir)
         self.edges: dict[str, dict[tuple[str, str, str], tuple[int, int, float]]] = {}  # frontend -> edge -> counts
         self.session_models: dict[str, str] = {}        # session -> model it runs

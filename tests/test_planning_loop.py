@@ -85,3 +85,15 @@ def test_rates_are_judged_by_the_band_after_the_cooldown():
     assert sum(share for _, share in plan.backends_of("m")) >= 400.0
     _plan(loop, doubled, slots, 13.0, force=ReplanReason.SESSIONS_CHANGED)    # the service forces a change
     assert loop.changed
+
+
+def test_the_first_plan_uses_the_configured_solver_and_repairs_use_the_re_planner():
+    loop = PlanningLoop(ReplanConfig(), solver="cpsat")
+    sessions = [SessionInput(f"m{i}", 100.0, 300.0, {"gpu": PROFILE}) for i in range(2)]
+    slots = _slots("a", "b", "c")
+    before = _where(_plan(loop, sessions, slots, 0.0))
+    assert loop.reasons["gpu"] is ReplanReason.INITIAL and len(set().union(*before.values())) == 2
+    [lost] = before["m0"]
+    after = _where(_plan(loop, sessions, [s for s in slots if s.node_id != lost], 1.0))
+    assert loop.reasons["gpu"] is ReplanReason.MEMBERSHIP
+    assert after["m1"] == before["m1"] and lost not in after["m0"]

@@ -122,6 +122,7 @@ class PlanningLoop:
         self.reasons[device_type] = reason
         if reason is ReplanReason.NONE and st.placement is not None:
             return st.placement, len(st.plan.gpus) if st.plan else 0, st.plan.lower_bound if st.plan else 0
+        plan = replace(plan, gpus=_fresh_ids(plan.gpus, current, st.plan))
         gpus, replicas = add_replicas(plan.gpus, specs, gpu, {s.name: self.replicas_of(s.name) for s in specs},
                                       len(slots), self.config.planner, st.plan, st.replicas)
         plan = replace(plan, gpus=tuple(gpus))
@@ -129,6 +130,23 @@ class PlanningLoop:
         st.plan, st.state, st.nodes, st.replicas = plan, state, nodes, replicas
         st.signature, st.slots, st.placement = signature, alive, placement
         return placement, len(plan.gpus), plan.lower_bound
+
+
+def _fresh_ids(gpus: Sequence[GpuPlan], current: Plan | None, before: Plan | None) -> tuple[GpuPlan, ...]:
+    """New GPUs renumbered past every id of ``before``: the re-planner numbers them after the GPUs it
+    was given, which may reuse the id of a GPU taken out (a replica's, or a lost backend's) and so
+    land on that GPU's backend."""
+    if before is None:
+        return tuple(gpus)
+    given = {g.id for g in current.gpus} if current is not None else set()
+    old = {g.id for g in before.gpus}
+    fresh = max(old | {g.id for g in gpus} | {-1}) + 1
+    out = []
+    for g in gpus:
+        if g.id in old and g.id not in given:
+            g, fresh = GpuPlan(fresh, g.duty_cycle_ms, g.sessions, g.shared_prefixes), fresh + 1
+        out.append(g)
+    return tuple(out)
 
 
 def _strip_replicas(plan: Plan, replicas: set[tuple[int, str]]) -> Plan:

@@ -97,3 +97,16 @@ def test_the_first_plan_uses_the_configured_solver_and_repairs_use_the_re_planne
     after = _where(_plan(loop, sessions, [s for s in slots if s.node_id != lost], 1.0))
     assert loop.reasons["gpu"] is ReplanReason.MEMBERSHIP
     assert after["m1"] == before["m1"] and lost not in after["m0"]
+
+
+def test_replicas_stay_where_they_are_across_re_plans():
+    loop = PlanningLoop(ReplanConfig(cooldown_s=5.0, epoch_s=30.0))
+    slots = _slots("a", "b", "c", "d")
+    sessions = [SessionInput("twin", 100.0, 100.0, {"gpu": PROFILE}), SessionInput("other", 100.0, 300.0, {"gpu": PROFILE})]
+    before = _where(_plan(loop, sessions, slots, 0.0, {"twin": 2}))
+    assert len(before["twin"]) == 2
+    grown = [SessionInput("twin", 100.0, 150.0, {"gpu": PROFILE}), SessionInput("other", 100.0, 450.0, {"gpu": PROFILE})]
+    after = _where(_plan(loop, grown, slots, 10.0, {"twin": 2}))      # out of band, after the cooldown
+    assert loop.changed
+    assert after["twin"] == before["twin"]
+    assert before["other"] <= after["other"]

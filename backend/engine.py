@@ -96,6 +96,7 @@ class SessionStats:
     queue_ns: int = 0
     compute_ns: int = 0
     dropped: int = 0
+    cancelled: int = 0            # requests taken off the queue by their frontend, never run
     last_inference_ms: int = 0
     batch_histogram: dict[int, int] = field(default_factory=dict)
     batch_compute_ns: dict[int, int] = field(default_factory=dict)          # the infer phase
@@ -353,7 +354,8 @@ class Engine:
 
     # ---- requests (loop thread) --------------------------------------------------------------------
 
-    def submit(self, work: Work) -> None:
+    def submit(self, work: Work) -> Pending:
+        """Queue ``work``; return its queue entry (for :meth:`cancel`)."""
         with self._cv:
             session = self.sessions.get(work.model)
             if session is None:
@@ -365,6 +367,22 @@ class Engine:
             item = Pending(next(self._ids), work.deadline_s, work.arrival_s, work)
             bisect.insort(session.queue, item, key=lambda p: (p.deadline_s, p.request_id))
             self._cv.notify()
+            return item
+
+    def cancel(self, item: Pending) -> bool:
+        """Take a queued request off its queue: True when it was still queued (it will never run and
+        its ``done`` is not called), False when it already ran, runs now or was dropped."""
+        with self._cv:
+            session = self.sessions.get(item.payload.model)
+            if session is None:
+                return False
+            i = bisect.bisect_left(session.queue, (item.deadline_s, item.request_id),
+                                   key=lambda p: (p.deadline_s, p.request_id))
+            if i < len(session.queue) and session.queue[i] is item:
+                del session.queue[i]
+                session.stats.cancelled += 1
+                return True
+            return False
 
     def utilization(self, window_s: float | None = None) -> float:
         """Busy fraction of the device: since start, or over the last ``window_s`` seconds."""

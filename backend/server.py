@@ -310,6 +310,8 @@ class BackendService(control_grpc.BackendServicer):
         results: asyncio.Queue = asyncio.Queue()
         clock = self.engine.clock
 
+        queued: dict[int, object] = {}      # this stream's request id -> its queue entry, until answered
+
         def completer(request_id: int):
             def done(outcome: Outcome) -> None:
                 loop.call_soon_threadsafe(results.put_nowait, (request_id, outcome))
@@ -318,8 +320,14 @@ class BackendService(control_grpc.BackendServicer):
         async def reader() -> None:
             try:
                 async for item in request_iterator:
+                    if item.cancel:     # the client gave up: a request still queued never runs
+                        entry = queued.pop(item.request_id, None)
+                        if entry is not None and self.engine.cancel(entry):
+                            results.put_nowait((item.request_id, Outcome("EXEC_CANCELLED", "cancelled by the frontend")))
+                        continue
                     try:
-                        self.engine.submit(self._work(item, clock(), completer(item.request_id)))
+                        queued[item.request_id] = self.engine.submit(
+                            self._work(item, clock(), completer(item.request_id)))
                     except ExecError as exc:
                         results.put_nowait((item.request_id, Outcome(exc.status, str(exc))))
             finally:
@@ -331,9 +339,12 @@ class BackendService(control_grpc.BackendServicer):
                 entry = await results.get()
                 if entry is None:
                     break
+                queued.pop(entry[0], None)
                 yield encode_result(entry[0], entry[1])
         finally:
             task.cancel()
+            for entry in queued.values():   # the frontend is gone: nobody waits for these any more
+                self.engine.cancel(entry)
 
     async def ExecuteOne(self, request, context):
         loop = asyncio.get_running_loop()

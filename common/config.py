@@ -222,11 +222,15 @@ class SchedulerConfig:
     colocation_report: str = field(default="", metadata={
         "help": "a `nexus profile multitenant` JSON report: l(b) of its models is inflated by the measured "
                 "co-location slowdown when planning"})
+    min_replicas: int = field(default=1, metadata={
+        "help": "backends every session keeps at least when enough exist (a model's own --min-replicas "
+                "overrides it); 2 or more: losing a backend needs no re-plan"})
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> None:
         _check_address("listen", self.listen)
         self.security.validate()
+        _check_positive("min_replicas", self.min_replicas)
         if self.latency_split not in ("dp", "even", "proportional"):
             raise ConfigError(f"--latency-split: expected dp, even or proportional, got {self.latency_split!r}")
         for name in ("epoch_s", "node_timeout_s", "max_upload_mb", "default_slo_ms", "default_rate_rps"):

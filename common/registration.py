@@ -12,22 +12,54 @@ from common.pb import control
 log = logging.getLogger("nexus.registration")
 
 
-async def keep_registered(scheduler, register: control.RegisterRequest, node) -> None:
-    """Register, then heartbeat forever; register again when the scheduler forgets or restarts.
+async def _attached(scheduler, node_id: str) -> str:
+    """Hold the scheduler's Attach stream open until it ends; return why it ended.
 
+    "unsupported": the scheduler predates Attach (heartbeats alone then); anything else means the
+    scheduler is gone or no longer knows this node, so the node registers again.
+    """
+    try:
+        async for _ in scheduler.Attach(control.AttachRequest(node_id=node_id)):
+            pass
+        return "the scheduler closed the Attach stream"
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+            return "unsupported"
+        return f"Attach stream broke ({exc.code().name})"
+
+
+async def keep_registered(scheduler, register: control.RegisterRequest, node) -> None:
+    """Register, hold the Attach stream open and heartbeat forever; register again when the
+    scheduler forgets this node, restarts, or its Attach stream ends.
+
+    The Attach stream is how the scheduler learns at once that this node is gone (its end); the
+    heartbeats are the backstop for a connection that hangs without breaking.
     ``node.node_id`` is set after each successful registration; a re-registration asks for the
     same id so the scheduler's tables stay meaningful across its restarts.
     """
     interval = 1.0
     while True:
+        attach: asyncio.Task | None = None
         try:
             reply = await scheduler.Register(register, timeout=10)
             node.node_id = reply.node_id
             register.node_id = reply.node_id
             interval = max(reply.heartbeat_interval_ms / 1000, 0.05)
             log.info("registered as %s", reply.node_id)
+            attach = asyncio.create_task(_attached(scheduler, reply.node_id))
             while True:
-                await asyncio.sleep(interval)
+                if attach is not None:
+                    await asyncio.wait({attach}, timeout=interval)
+                    if attach.done():
+                        why = attach.result()
+                        attach = None
+                        if why != "unsupported":
+                            log.warning("%s; registering again", why)
+                            await asyncio.sleep(min(interval, 0.2))
+                            break
+                        continue
+                else:
+                    await asyncio.sleep(interval)
                 beat = await scheduler.Heartbeat(control.HeartbeatRequest(node_id=node.node_id), timeout=5)
                 if not beat.known:
                     log.warning("scheduler forgot %s; registering again", node.node_id)
@@ -39,3 +71,6 @@ async def keep_registered(scheduler, register: control.RegisterRequest, node) ->
                 continue
             log.warning("scheduler unreachable (%s); retrying", exc.code().name)
             await asyncio.sleep(min(interval, 1.0))
+        finally:
+            if attach is not None:
+                attach.cancel()

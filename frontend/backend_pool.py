@@ -4,6 +4,12 @@ Contract: :meth:`BackendConnection.execute` is called on the frontend's event lo
 backend's ExecResult, or raises :class:`BackendGone` when the stream broke before the result came
 (the caller may retry elsewhere while the deadline allows). Requests are multiplexed by id; a
 single writer task drains an asyncio queue into the stream so callers never block on each other.
+A caller that is cancelled while it waits (its client cancelled, or its deadline passed) sends the
+backend ``ExecItem.cancel`` so that the request leaves the backend's queue without running.
+
+A stream that ends while in use marks its backend down in the pool at once: no request is routed
+there until a routing table without it arrives (the scheduler learns of the loss from its own
+Attach stream) or ``DOWN_HOLD_S`` passes (a backend that comes back at the same address).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 
 import grpc
 
@@ -20,14 +27,17 @@ from common.security import Credentials
 
 log = logging.getLogger("nexus.frontend")
 
+DOWN_HOLD_S = 3.0
+
 
 class BackendGone(Exception):
     """The backend's stream failed; the request was not answered."""
 
 
 class BackendConnection:
-    def __init__(self, address: str, creds: Credentials = grpc_util.NO_CREDENTIALS) -> None:
+    def __init__(self, address: str, creds: Credentials = grpc_util.NO_CREDENTIALS, on_broken=None) -> None:
         self.address = address
+        self.on_broken = on_broken       # called with the address when the stream ends while open
         self.channel = grpc_util.aio_channel(address, creds)
         self.stub = control_grpc.BackendStub(self.channel)
         self.outstanding = 0
@@ -59,6 +69,8 @@ class BackendConnection:
             if not self._closed:
                 log.warning("stream to backend %s broke: %s", self.address, exc.code().name)
         finally:
+            if not self._closed and self.on_broken is not None:
+                self.on_broken(self.address)
             pending, self._pending = self._pending, {}
             for future in pending.values():
                 if not future.done():
@@ -74,6 +86,11 @@ class BackendConnection:
         try:
             self._outbox.put_nowait(item)
             return await future
+        except asyncio.CancelledError:
+            if self._pending.pop(item.request_id, None) is not None and self._task is not None \
+                    and not self._task.done():
+                self._outbox.put_nowait(control.ExecItem(request_id=item.request_id, cancel=True))
+            raise
         finally:
             self.outstanding -= 1
             self._pending.pop(item.request_id, None)
@@ -107,13 +124,30 @@ class BackendPool:
         self.creds = creds
         self.connections: dict[str, BackendConnection] = {}
         self._ids = itertools.count(1)
+        self.down: dict[str, float] = {}     # address -> when its stream broke
+
+    def mark_down(self, address: str) -> None:
+        if address not in self.down:
+            log.warning("backend %s is down: not routing to it", address)
+        self.down[address] = time.monotonic()
+
+    def is_down(self, address: str) -> bool:
+        since = self.down.get(address)
+        if since is None:
+            return False
+        if time.monotonic() - since > DOWN_HOLD_S:
+            del self.down[address]
+            return False
+        return True
 
     def next_id(self) -> int:
         return next(self._ids)
 
     def sync(self, addresses: set[str]) -> None:
+        for address in set(self.down) - addresses:   # gone from the table: a later return starts afresh
+            del self.down[address]
         for address in addresses - set(self.connections):
-            self.connections[address] = BackendConnection(address, self.creds)
+            self.connections[address] = BackendConnection(address, self.creds, self.mark_down)
         for address in set(self.connections) - addresses:
             conn = self.connections.pop(address)
             asyncio.create_task(self._close_when_idle(conn))
@@ -129,7 +163,7 @@ class BackendPool:
     def get(self, address: str) -> BackendConnection:
         conn = self.connections.get(address)
         if conn is None:
-            conn = self.connections[address] = BackendConnection(address, self.creds)
+            conn = self.connections[address] = BackendConnection(address, self.creds, self.mark_down)
         return conn
 
     async def close(self) -> None:

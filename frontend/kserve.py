@@ -33,9 +33,18 @@ _EXEC_TO_GRPC = {
     control.EXEC_NOT_FOUND: grpc.StatusCode.UNAVAILABLE,
     control.EXEC_INVALID: grpc.StatusCode.INVALID_ARGUMENT,
     control.EXEC_DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
-    control.EXEC_OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    control.EXEC_OVERLOADED: grpc.StatusCode.UNAVAILABLE,      # a full queue, as Triton answers it
     control.EXEC_INTERNAL: grpc.StatusCode.INTERNAL,
+    control.EXEC_CANCELLED: grpc.StatusCode.CANCELLED,
+    control.EXEC_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
 }
+# A request whose backend has not answered this long after its deadline is cancelled there and
+# answered DEADLINE_EXCEEDED (the backend drops expired requests itself; this covers a backend
+# busy with a long batch or hung).
+DEADLINE_GRACE_S = 0.02
+PATH_SMOOTHING = 0.05
+CLIENT_PATH_SHARE = 0.05
+RETURN_ALLOWANCE_MAX_S = 0.1
 _DTYPE_ENUM = {name: model_config.DataType.Value(f"TYPE_{name}") for name in
                ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64")}
 
@@ -54,6 +63,8 @@ class FrontendState:
         self.edge_window: dict[tuple[str, str, str], list[int]] = {}  # (query, parent, child) -> [parent, child] rows
         self.table_changed = asyncio.Event()
         self.metrics = FrontendMetrics(lambda: self.table)   # Prometheus, served by frontend/server.py
+        self.path_overhead_s = 0.0                      # smoothed frontend-backend-frontend overhead
+        self.path_deviation_s = 0.0                     # and its smoothed mean deviation
 
     def set_table(self, table: RoutingTable) -> None:
         self.table = table
@@ -61,6 +72,18 @@ class FrontendState:
         self.ready = True
         self.table_changed.set()
         self.table_changed = asyncio.Event()
+
+    def return_allowance_s(self) -> float:
+        """Time kept off a request's budget at the backend for the way there and back: the smoothed
+        overhead of the frontend-backend path plus four smoothed deviations (at most RETURN_ALLOWANCE_MAX_S)."""
+        return min(self.path_overhead_s + 4 * self.path_deviation_s, RETURN_ALLOWANCE_MAX_S)
+
+    def observe_path(self, sent_s: float, result: control.ExecResult) -> None:
+        """Smooth the path's overhead (a request's time at the frontend less its queue and compute)
+        and its deviation, as TCP smooths round-trip times."""
+        overhead = max(time.monotonic() - sent_s - (result.queue_ns + result.compute_ns) / 1e9, 0.0)
+        self.path_deviation_s += PATH_SMOOTHING * (abs(overhead - self.path_overhead_s) - self.path_deviation_s)
+        self.path_overhead_s += PATH_SMOOTHING * (overhead - self.path_overhead_s)
 
     def count(self, model: str, key: str, value: int = 1) -> None:
         c = self.counters.setdefault(model, {})
@@ -76,7 +99,7 @@ def _model(state: FrontendState, name: str) -> ModelEntry:
 
 def _pick(state: FrontendState, model: ModelEntry, exclude: set[str]):
     """Least outstanding work per unit of planned share, ties broken at random."""
-    choices = [r for r in model.backends if r.address not in exclude]
+    choices = [r for r in model.backends if r.address not in exclude and not state.pool.is_down(r.address)]
     if not choices:
         return None
     return min(choices, key=lambda r: ((state.pool.get(r.address).outstanding + 1) / max(r.weight, 1e-6),
@@ -88,7 +111,9 @@ async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes],
     """Run one request of ``rows`` rows on a backend of ``model`` before ``end_s`` (monotonic).
 
     Retries on another backend when one disappears or no longer has the model, while time is
-    left; raises RequestError with the gRPC status otherwise.
+    left; when every backend of a served model is gone, waits (within the deadline) for the routing
+    table the scheduler sends after repairing the plan. Raises RequestError with the gRPC status
+    otherwise. A request still waiting on its backend past the deadline is cancelled there.
     """
     tried: set[str] = set()
     last_reason = model.reason or "no backend serves it"
@@ -98,20 +123,41 @@ async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes],
         if left <= 0:
             raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED, f"model {model.name!r}: deadline passed")
         if route is None:
-            raise RequestError(grpc.StatusCode.UNAVAILABLE, f"model {model.name!r} is not available: {last_reason}")
-        item = control.ExecItem(request_id=state.pool.next_id(), model=model.name, budget_us=int(left * 1e6),
+            if not model.backends:
+                raise RequestError(grpc.StatusCode.UNAVAILABLE, f"model {model.name!r} is not available: {last_reason}")
+            changed = state.table_changed   # its backends are lost: the repaired table comes soon
+            try:
+                await asyncio.wait_for(changed.wait(), timeout=left)
+            except asyncio.TimeoutError:
+                raise RequestError(grpc.StatusCode.UNAVAILABLE,
+                                   f"model {model.name!r} is not available: {last_reason}") from None
+            model = state.table.models.get(model.name) or model
+            tried = set()
+            continue
+        # The backend must finish early enough for the answer to travel back to the client: the
+        # measured overhead of the path to the backend, and at least a share of the budget for the
+        # way in and out of this frontend (it grows when the machine is loaded, as under overload,
+        # where a batch that only just meets its oldest request's deadline would answer it late).
+        budget_s = max(left - max(state.return_allowance_s(), CLIENT_PATH_SHARE * left), left / 2)
+        item = control.ExecItem(request_id=state.pool.next_id(), model=model.name, budget_us=int(budget_s * 1e6),
                                 inputs=inputs, rows=rows)
         conn = state.pool.get(route.address)
         try:
             if state.use_stream:
-                result = await conn.execute(item)
+                async with asyncio.timeout(left + DEADLINE_GRACE_S):
+                    result = await conn.execute(item)
             else:
                 result = await conn.execute_unary(item, left + 1.0)
         except BackendGone as exc:
             tried.add(route.address)
             last_reason = str(exc)
             continue
-        if result.status == control.EXEC_NOT_FOUND:     # stale route: the backend dropped the model
+        except asyncio.TimeoutError:
+            raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                               f"model {model.name!r}: deadline passed while queued") from None
+        if result.status == control.EXEC_OK:
+            state.observe_path(end_s - left, result)
+        if result.status in (control.EXEC_NOT_FOUND, control.EXEC_UNAVAILABLE):  # stale route, or draining
             tried.add(route.address)
             last_reason = result.message
             continue

@@ -9,12 +9,13 @@ The service (``globalsched/service.py``) turns that into RPCs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from common.profile import Profile
 from globalsched.placement import BackendAssignment, BackendSlot, PlacedSession, Placement, assign_backends
 
 if TYPE_CHECKING:
+    from common.plan import GpuSpec, SessionSpec
     from globalsched.algorithms.config import PlannerConfig
 
 MIN_PLANNED_RATE_RPS = 1.0
@@ -55,13 +56,18 @@ class ClusterPlan:
 
 def plan_cluster(sessions: Sequence[SessionInput], backends: Sequence[BackendSlot],
                  previous: Mapping[str, frozenset[str]], solver: str = "squishy",
-                 config: PlannerConfig | None = None) -> ClusterPlan:
+                 config: PlannerConfig | None = None, solve_type: "SolveType | None" = None) -> ClusterPlan:
     """Plan every session onto the registered backends, one device type at a time.
 
     A session is planned on the device type of the most backends it has a profile for. A session
     with no profile for any present device type is listed in ``need_profile`` (the service asks a
     backend of that type to profile it); one whose SLO, less ``config.margins_ms`` (the path
     allowance), is below 2*l(1) on every type is served best effort at batch 1.
+
+    ``solve_type(device_type, specs, gpu, slots, prefix_shares) -> (placement, devices planned,
+    lower bound)`` plans one device type; by default a fresh solve with ``solver`` whose devices are
+    matched to the backends that ran the same sessions before (``previous``). The scheduler passes
+    its re-planning loop instead (globalsched/planning_loop.py).
     """
     from common.plan import GpuSpec, SessionSpec
     from globalsched.algorithms.config import PlannerConfig
@@ -101,29 +107,20 @@ def plan_cluster(sessions: Sequence[SessionInput], backends: Sequence[BackendSlo
     planned = 0
     bound = 0
     notes = []
+    solve_type = solve_type or _solve_type(solver, config, previous)
     for device_type, group in chosen.items():
         slots = by_type[device_type]
-        if not group:
-            placements[device_type] = assign_backends([], slots, previous)
-            continue
         memory = min(b.memory_mb for b in slots)
+        gpu = GpuSpec(name=device_type, memory_mb=memory if memory > 0 else UNBOUNDED_MEMORY_MB)
         specs = [SessionSpec(name=s.model, model=s.model, slo_ms=s.slo_ms,
                              rate_rps=max(s.rate_rps, MIN_PLANNED_RATE_RPS),
-                             profile=s.profiles[device_type])
+                             profile=s.profiles[device_type], prefix_group=s.prefix_group or None)
                  for s in group]
-        from globalsched.prefix_groups import solve_with_prefix_groups   # a prefix group's members share its prefix
-        plan = solve_with_prefix_groups(
-            [SessionSpec(x.name, x.model, x.slo_ms, x.rate_rps, x.profile, s.prefix_group or None)
-             for x, s in zip(specs, group)],
-            GpuSpec(name=device_type, memory_mb=memory if memory > 0 else UNBOUNDED_MEMORY_MB), solver, config,
-            shares={s.model: s.prefix_share for s in group})
-        planned += len(plan.gpus)
-        bound += plan.lower_bound
-        device_plans = [(g.duty_cycle_ms, tuple(PlacedSession(a.session, a.batch, a.throughput) for a in g.sessions))
-                        for g in plan.gpus]
-        placement = assign_backends(device_plans, slots, previous)
+        placement, n_devices, lb = solve_type(device_type, specs, gpu, slots, {s.model: s.prefix_share for s in group})
+        planned += n_devices
+        bound += lb
         if placement.overcommitted:
-            notes.append(f"{device_type}: the plan needs {len(plan.gpus)} devices, {len(slots)} registered; "
+            notes.append(f"{device_type}: the plan needs {n_devices} devices, {len(slots)} registered; "
                          f"{placement.overcommitted} folded onto busy backends")
         placements[device_type] = placement
     for device_type, group in infeasible.items():
@@ -140,3 +137,21 @@ def _add_best_effort(placement: Placement, sessions: Sequence[SessionInput]) -> 
         backends[i] = BackendAssignment(b.node_id, b.duty_cycle_ms,
                                         b.sessions + (PlacedSession(s.model, 1, max(s.rate_rps, MIN_PLANNED_RATE_RPS)),))
     return Placement(tuple(backends), placement.overcommitted, placement.moved)
+
+
+SolveType = Callable[[str, Sequence["SessionSpec"], "GpuSpec", Sequence[BackendSlot], Mapping[str, "float | None"]],
+                     tuple[Placement, int, int]]
+
+
+def _solve_type(solver: str, config: "PlannerConfig", previous: Mapping[str, frozenset[str]]) -> SolveType:
+    """A fresh solve per device type (prefix groups where they pay), matched to the backends."""
+    def solve_type(device_type, specs, gpu, slots, shares):
+        from globalsched.prefix_groups import solve_with_prefix_groups   # a prefix group's members share its prefix
+
+        if not specs:
+            return assign_backends([], slots, previous), 0, 0
+        plan = solve_with_prefix_groups(specs, gpu, solver, config, shares=shares)
+        device_plans = [(g.duty_cycle_ms, tuple(PlacedSession(a.session, a.batch, a.throughput) for a in g.sessions))
+                        for g in plan.gpus]
+        return assign_backends(device_plans, slots, previous), len(plan.gpus), plan.lower_bound
+    return solve_type

@@ -29,6 +29,7 @@ from common.profile import Profile, ProfileError
 from common.tensors import TensorSpec
 
 RUNTIMES = ("onnxruntime", "torch", "emulated")
+MAX_MIN_REPLICAS = 64
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS models (
@@ -51,6 +52,10 @@ CREATE TABLE IF NOT EXISTS profiles (
 CREATE TABLE IF NOT EXISTS sessions (
     model TEXT PRIMARY KEY REFERENCES models(name) ON DELETE CASCADE,
     slo_ms REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS model_replicas (
+    model TEXT PRIMARY KEY REFERENCES models(name) ON DELETE CASCADE,
+    min_replicas INTEGER NOT NULL
 );
 """
 
@@ -128,7 +133,7 @@ class ModelDatabase:
 
     def add_model(self, name: str, chunks: Iterable[bytes], *, runtime: str = "onnxruntime",
                   profile_json: str = "", slo_ms: float = 0.0, io_json: str = "", default_slo_ms: float = 100.0,
-                  create_session: bool = True, prefix_fn=None) -> ModelRecord:
+                  create_session: bool = True, prefix_fn=None, min_replicas: int = 0) -> ModelRecord:
         """Validate and register a model streamed as ``chunks``; raise :class:`UploadError` if refused.
 
         ``prefix_fn(model_bytes, existing: dict[name, (sha256, group, signature)]) -> (group, signature)``
@@ -142,6 +147,8 @@ class ModelDatabase:
             raise UploadError(f"unknown runtime {runtime!r}; expected one of {', '.join(RUNTIMES)}")
         if slo_ms < 0:
             raise UploadError(f"slo_ms must be positive, got {slo_ms}")
+        if min_replicas < 0 or min_replicas > MAX_MIN_REPLICAS:
+            raise UploadError(f"min_replicas must be between 0 and {MAX_MIN_REPLICAS}, got {min_replicas}")
         profile = None
         if profile_json:
             try:
@@ -182,12 +189,12 @@ class ModelDatabase:
             # so two variants uploaded concurrently still find each other (readers are not blocked).
             with self._upload_lock:
                 return self._register(name, sha, runtime, size, inputs, outputs, data, tmp, profile,
-                                      slo_ms or default_slo_ms, create_session, prefix_fn)
+                                      slo_ms or default_slo_ms, create_session, prefix_fn, min_replicas)
         finally:
             tmp.unlink(missing_ok=True)
 
     def _register(self, name, sha, runtime, size, inputs, outputs, data, tmp, profile, default_slo_ms,
-                  create_session, prefix_fn) -> ModelRecord:
+                  create_session, prefix_fn, min_replicas=0) -> ModelRecord:
         prefix_group, signature, joining = "", "", []
         if prefix_fn is not None and runtime == "onnxruntime":
             existing = self._signatures(exclude=name)
@@ -214,6 +221,8 @@ class ModelDatabase:
                                      (name, profile.device_type, profile.to_json()))
                 if create_session:
                     self._db.execute("INSERT INTO sessions VALUES (?,?)", (name, record.default_slo_ms))
+                if min_replicas:
+                    self._db.execute("INSERT OR REPLACE INTO model_replicas VALUES (?,?)", (name, min_replicas))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -291,6 +300,20 @@ class ModelDatabase:
             if not self._db.execute("SELECT 1 FROM models WHERE name=?", (model,)).fetchone():
                 raise KeyError(f"unknown model {model!r}")
             self._db.execute("INSERT OR REPLACE INTO sessions VALUES (?,?)", (model, slo_ms))
+
+    def min_replicas(self, model: str) -> int:
+        """Backends the model's session keeps at least; 0: the scheduler's default."""
+        with self._lock:
+            row = self._db.execute("SELECT min_replicas FROM model_replicas WHERE model=?", (model,)).fetchone()
+        return row[0] if row else 0
+
+    def set_min_replicas(self, model: str, min_replicas: int) -> None:
+        if min_replicas < 0 or min_replicas > MAX_MIN_REPLICAS:
+            raise ValueError(f"min_replicas must be between 0 and {MAX_MIN_REPLICAS}, got {min_replicas}")
+        with self._lock:
+            if not self._db.execute("SELECT 1 FROM models WHERE name=?", (model,)).fetchone():
+                raise KeyError(f"unknown model {model!r}")
+            self._db.execute("INSERT OR REPLACE INTO model_replicas VALUES (?,?)", (model, min_replicas))
 
     def remove_session(self, model: str) -> bool:
         with self._lock:

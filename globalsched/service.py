@@ -1,10 +1,13 @@
 """The global scheduler service: model database, node registry, epoch re-planning, table pushes.
 
 One asyncio loop. Every change that can alter the plan (a node joins or leaves, a model is
-uploaded, loaded or unloaded, a profile arrives, a rate or gamma drifts out of its band, checked on
-every report and again by the epoch timer) sets an event; a single planner task re-plans with
-:func:`globalsched.cluster.plan_cluster` and pushes model tables to backends first, then routing
-tables to frontends, so a frontend never routes to a backend that has not loaded the model.
+uploaded, loaded or unloaded, a profile arrives, a query's measured fan-out drifts out of its band)
+sets an event and forces a re-plan; workload reports and a timer ask the re-planner to judge the
+rates (its epoch, band and cooldown decide). A single planner task plans through
+:class:`globalsched.planning_loop.PlanningLoop` (the minimal-movement re-planner, with minimum
+replicas) and pushes model tables to backends first, then routing tables to frontends, so a
+frontend never routes to a backend that has not loaded the model. A node is removed the moment its
+Attach stream ends (missed heartbeats are the backstop), and the plan is repaired at once.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ from common.pb import control, control_grpc
 from common.profile import Profile, ProfileError
 from common.security import Credentials
 from globalsched.algorithms.config import PlannerConfig
-from globalsched.algorithms.replan import ReplanConfig
+from globalsched.algorithms.replan import ReplanConfig, ReplanReason
 from globalsched.load_failures import LoadFailures
 from globalsched.cluster import MIN_PLANNED_RATE_RPS, ClusterPlan, SessionInput, plan_cluster
 from globalsched.convert import model_desc
 from globalsched.modeldb import ModelDatabase, UploadError
 from globalsched.placement import BackendSlot
+from globalsched.planning_loop import PlanningLoop
 from globalsched.query_sessions import plan_query_sessions
 from globalsched.querydb import QueryStore
 from common.query_def import ModelIO, QueryError, parse_query, validate_query
@@ -47,6 +51,9 @@ RATE_REPORT_TTL_S = 10.0        # a frontend's report counts this long
 RATE_SMOOTHING = 0.3            # weight of the newest report in the exponentially smoothed rate
 PLAN_RATE_WINDOW_S = 10.0       # plans use the mean rate of the reports of this window
 MIN_EDGE_SAMPLES = 20           # parent rows before a measured gamma is trusted
+# What _inputs derives along with the sessions: kept as they were when the re-planner keeps the plan.
+_PLAN_VIEW = ("planned_gammas", "session_models", "stage_sessions", "planned_query_rates", "session_slos",
+              "query_plans")
 
 
 @dataclass
@@ -76,7 +83,6 @@ class SchedulerService(control_grpc.SchedulerServicer):
         # frontend -> model -> (time, requests, window seconds) of its reports over PLAN_RATE_WINDOW_S
         self.rate_history: dict[str, dict[str, collections.deque]] = {}
         self.plan: ClusterPlan | None = None
-        self.planned_rates: dict[str, float] = {}          # session or query -> measured rate planned for
         self.planned_query_rates: dict[str, float] = {}    # query -> rate with headroom
         self.stage_sessions: set[str] = set()              # "<query>/<stage>" sessions of the plan
         self.epoch = 0
@@ -84,6 +90,10 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self._replan = asyncio.Event()
         self._profiling: set[tuple[str, str]] = set()
         self._tasks: list[asyncio.Task] = []
+        self._stopping = False
+        self._force: ReplanReason | None = None
+        self.planning = PlanningLoop(ReplanConfig(epoch_s=config.epoch_s, planner=self.planner_config),
+                                     config.min_replicas, config.solver)
         self.query_store = QueryStore(config.data_dir)
         self.edges: dict[str, dict[tuple[str, str, str], tuple[int, int, float]]] = {}  # frontend -> edge -> counts
         self.session_models: dict[str, str] = {}        # session -> model it runs
@@ -103,14 +113,22 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self._replan.set()
 
     async def stop(self) -> None:
+        self._stopping = True
         for t in self._tasks:
             t.cancel()
         for node in self.nodes.values():
             if node.channel is not None:
                 await node.channel.close()
 
-    def request_replan(self, why: str) -> None:
+    def request_replan(self, why: str, membership: bool = False) -> None:
+        """Re-plan now (forced: something the plan depends on changed)."""
         log.info("re-plan requested: %s", why)
+        self._force = ReplanReason.MEMBERSHIP if membership or self._force is ReplanReason.MEMBERSHIP \
+            else ReplanReason.SESSIONS_CHANGED
+        self._replan.set()
+
+    def request_evaluation(self) -> None:
+        """Let the re-planner decide whether the plan still fits (rate band, epoch; after its cooldown)."""
         self._replan.set()
 
     # ---- registration ------------------------------------------------------------------------------
@@ -138,6 +156,33 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.nodes[node_id] = node
         self.request_replan(f"{node_id} registered at {node.address}")
         return control.RegisterReply(node_id=node_id, heartbeat_interval_ms=self.config.heartbeat_interval_ms)
+
+    async def Attach(self, request, context):
+        """Held open by every registered node: its end (the node died or stopped) removes the node
+        at once, without waiting for missed heartbeats."""
+        node = self.nodes.get(request.node_id)
+        if node is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown node {request.node_id!r}; register first")
+        try:
+            while self.nodes.get(request.node_id) is node:
+                yield control.AttachEvent(epoch=self.epoch)
+                await asyncio.sleep(self.config.heartbeat_interval_ms / 1000)
+        finally:
+            if not self._stopping and self.nodes.get(request.node_id) is node:
+                await self.remove_node(node.node_id, "its Attach stream ended")
+
+    async def remove_node(self, node_id: str, why: str) -> None:
+        """Forget a node now (its stream ended, or it missed heartbeats) and repair the plan."""
+        node = self.nodes.pop(node_id, None)
+        if node is None:
+            return
+        log.warning("%s removed: %s", node_id, why)
+        self.rates.pop(node_id, None)
+        self.rate_history.pop(node_id, None)
+        self.edges.pop(node_id, None)
+        self.request_replan(f"{node_id} left", membership=True)
+        if node.channel is not None:
+            await node.channel.close()
 
     async def Heartbeat(self, request, context):
         node = self.nodes.get(request.node_id)
@@ -212,31 +257,23 @@ class SchedulerService(control_grpc.SchedulerServicer):
         return {k: c / p for k, (p, c) in totals.items() if p >= MIN_EDGE_SAMPLES}
 
     def _check_rate_band(self, now: float) -> None:
-        """On a workload report: re-plan early when the plan no longer fits (after a cooldown)."""
+        """On a workload report: after the re-planner's cooldown, let it decide whether the plan still
+        fits the rates (globalsched/planning_loop.py); a query's drifted fan-out re-plans at once."""
         if now - self.last_plan_time < EARLY_REPLAN_COOLDOWN_S:
             return
         why = self.plan_outdated(now)
         if why:
             self.request_replan(why)
+        else:
+            self.request_evaluation()
 
     def plan_outdated(self, now: float) -> str:
-        """Why the current plan no longer fits the measured workload ("" when it still does).
-
-        A measured gamma or rate outside RATE_BAND of the one planned for (the rate before headroom:
-        the headroom is for bursts, not growth). Frontends report every served model and query, idle
-        ones at 0, so a rate that stops falls out of the band.
-        """
+        """Why the current latency split no longer fits ("" when it still does): a measured gamma
+        outside RATE_BAND of the one planned for. (Rates are the re-planner's to judge.)"""
         for key, gamma in self.current_gammas(now).items():
             planned = self.planned_gammas.get(key)
             if planned is None or not (RATE_BAND[0] * planned <= gamma <= RATE_BAND[1] * planned):
                 return f"gamma of {key[0]}: {key[1]}->{key[2]} is {gamma:.2f}, planned {planned}"
-        for model, rate in self.current_rates(now).items():
-            planned = self.planned_rates.get(model)
-            if planned is None or model in self.stage_sessions:   # a stage follows its query's rate and gammas
-                continue
-            rate, planned = max(rate, MIN_PLANNED_RATE_RPS), max(planned, MIN_PLANNED_RATE_RPS)
-            if not (RATE_BAND[0] * planned <= rate <= RATE_BAND[1] * planned):
-                return f"rate of {model} is {rate:.1f} rps, planned {planned:.1f}"
         return ""
 
     # ---- model database ----------------------------------------------------------------------------
@@ -265,7 +302,8 @@ class SchedulerService(control_grpc.SchedulerServicer):
             record = await asyncio.to_thread(
                 self.db.add_model, header.name, parts, runtime=header.runtime or "onnxruntime",
                 profile_json=header.profile_json, slo_ms=header.slo_ms, io_json=header.io_json,
-                default_slo_ms=self.config.default_slo_ms, create_session=header.load, prefix_fn=self.prefix_fn)
+                default_slo_ms=self.config.default_slo_ms, create_session=header.load, prefix_fn=self.prefix_fn,
+                min_replicas=header.min_replicas)
         except UploadError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"upload of {header.name!r} refused: {exc}")
         self.request_replan(f"model {record.name} uploaded")
@@ -288,6 +326,11 @@ class SchedulerService(control_grpc.SchedulerServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {request.name!r}")
         if request.slo_ms < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"slo_ms must be positive, got {request.slo_ms}")
+        if request.min_replicas:
+            try:
+                self.db.set_min_replicas(request.name, request.min_replicas)
+            except ValueError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         self.db.set_session(request.name, request.slo_ms or record.default_slo_ms)
         self.load_failures.forget(record.sha256)      # an explicit load tries afresh
         self.request_replan(f"model {request.name} loaded")
@@ -360,18 +403,22 @@ class SchedulerService(control_grpc.SchedulerServicer):
     def _desc(self, name: str) -> control.ModelDesc:
         record = self.db.model(name)
         loaded = any(s.model == name for s in self.db.sessions())
-        return model_desc(record, self.db.profiles(name), loaded)
+        desc = model_desc(record, self.db.profiles(name), loaded)
+        desc.min_replicas = self.db.min_replicas(name)
+        return desc
 
     # ---- planning ----------------------------------------------------------------------------------
 
     async def _epoch_timer(self) -> None:
-        """Every epoch, re-plan if the plan no longer fits the workload (no cooldown). A plan that
-        still fits stands: re-planning on noise would move sessions, and a move costs their queues."""
+        """Now and then, let the re-planner judge the plan (its epoch, rate band and cooldown decide;
+        a plan that still fits stands: re-planning on noise would move sessions and cost their queues)."""
         while True:
-            await asyncio.sleep(self.config.epoch_s)
+            await asyncio.sleep(min(self.config.epoch_s, EARLY_REPLAN_COOLDOWN_S))
             why = self.plan_outdated(time.monotonic())
             if why:
                 self.request_replan(f"epoch: {why}")
+            else:
+                self.request_evaluation()
 
     async def _reaper(self) -> None:
         interval = self.config.heartbeat_interval_ms / 1000
@@ -380,18 +427,13 @@ class SchedulerService(control_grpc.SchedulerServicer):
             now = time.monotonic()
             for node in list(self.nodes.values()):
                 if now - node.last_seen > self.config.node_timeout_s:
-                    log.warning("%s missed heartbeats for %.1f s; removing it", node.node_id, now - node.last_seen)
-                    self.nodes.pop(node.node_id, None)
-                    self.rates.pop(node.node_id, None)
-                    self.rate_history.pop(node.node_id, None)
-                    if node.channel is not None:
-                        await node.channel.close()
-                    self.request_replan(f"{node.node_id} left")
+                    await self.remove_node(node.node_id, f"missed heartbeats for {now - node.last_seen:.1f} s")
 
     async def _planner(self) -> None:
         while True:
             await self._replan.wait()
-            await asyncio.sleep(0.05)   # coalesce bursts of changes into one plan
+            # Coalesce bursts of changes into one plan; a lost node is repaired without delay.
+            await asyncio.sleep(0.005 if self._force is ReplanReason.MEMBERSHIP else 0.05)
             self._replan.clear()
             try:
                 await self.replan_once()
@@ -454,20 +496,24 @@ class SchedulerService(control_grpc.SchedulerServicer):
         counts: dict[str, int] = {}
         for b in backends:
             counts[b.device_type] = counts.get(b.device_type, 0) + 1
+        saved = {name: getattr(self, name) for name in _PLAN_VIEW}
         sessions = self._inputs(now, sorted(counts, key=lambda t: (-counts[t], t)))
         previous: dict[str, frozenset[str]] = {}
         if self.plan is not None:
             for placement in self.plan.placements.values():
                 for b in placement.backends:
                     previous[b.node_id] = frozenset(s.model for s in b.sessions)
-        plan = plan_cluster(sessions, backends, previous, self.config.solver, self.planner_config)
+        force, self._force = self._force, None
+        self.planning.begin(now, self._min_replicas(), force, previous)
+        plan = plan_cluster(sessions, backends, previous, self.config.solver, self.planner_config,
+                            solve_type=self.planning.solve_type)
+        if force is None and self.plan is not None and not self.planning.changed:
+            for name, value in saved.items():   # the re-planner kept the plan: so are its split and rates
+                setattr(self, name, value)
+            return self.plan
         self.session_rates = {s.model: max(s.rate_rps, MIN_PLANNED_RATE_RPS) for s in sessions}
         self.epoch += 1
         self.last_plan_time = now
-        # The measured rates these sessions were planned for (before headroom): the drift band's centre.
-        self.planned_rates = {name: rate / (1.0 + self.config.rate_headroom)
-                              for name, rate in [*((s.model, s.rate_rps) for s in sessions),
-                                                 *self.planned_query_rates.items()]}
         for placement in plan.placements.values():
             for b in placement.backends:
                 log.info("epoch %d: %s duty cycle %.1f ms: %s", self.epoch, b.node_id, b.duty_cycle_ms,
@@ -482,6 +528,10 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.plan = plan
         await self._push_routing_tables(plan, failed)
         return plan
+
+    def _min_replicas(self) -> dict[str, int]:
+        """Backends each model session keeps at least (0: the scheduler's default)."""
+        return {s.model: self.db.min_replicas(s.model) for s in self.db.sessions()}
 
     async def _push_model_tables(self, plan: ClusterPlan) -> dict[str, str]:
         """Send each backend its table; return models that failed to load, with reasons."""

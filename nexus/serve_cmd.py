@@ -174,7 +174,8 @@ def run(args) -> int:
                                         "--latency-split", args.latency_split,
                                         "--rate-headroom", str(args.rate_headroom),
                                         "--burst-sigma", str(args.burst_sigma),
-                                        "--path-allowance-ms", str(args.path_allowance_ms)], env)
+                                        "--path-allowance-ms", str(args.path_allowance_ms),
+                                        "--min-replicas", str(args.min_replicas)], env)
         children.append(scheduler)
         sched_addr = scheduler.wait_ready(60)
         names = []
@@ -267,6 +268,9 @@ def register(sub) -> None:
     p.add_argument("--path-allowance-ms", type=float, default=defaults.path_allowance_ms,
                    help="scheduler: time per hop outside the device, taken from every SLO when planning "
                         f"(default {defaults.path_allowance_ms:g})")
+    p.add_argument("--min-replicas", type=int, default=defaults.min_replicas,
+                   help="scheduler: backends every session keeps at least, when enough exist "
+                        f"(default {defaults.min_replicas})")
     p.add_argument("--no-samples", action="store_true", help="do not build and upload the sample models")
     p.add_argument("--model-repository", default="", metavar="DIR",
                    help="also serve the models of a Triton model repository (<name>/config.pbtxt, <name>/1/model.onnx)")

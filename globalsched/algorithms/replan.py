@@ -55,6 +55,7 @@ class ReplanReason(str, enum.Enum):
     EPOCH = "epoch"
     RATE_BAND = "rate-band"
     OVERLOAD = "overload"
+    MEMBERSHIP = "membership"      # forced by the caller: devices were lost or added (repair in place)
 
 
 @dataclass(frozen=True)
@@ -106,10 +107,17 @@ def _trigger(current: Plan | None, sessions: Sequence[SessionSpec], now_s: float
 
 def replan(current: Plan | None, sessions: Sequence[SessionSpec], gpu: GpuSpec, now_s: float,
            state: ReplanState = ReplanState(), config: ReplanConfig = ReplanConfig(),
-           prefix_groups: Iterable[PrefixGroup] = ()) -> tuple[Plan, ReplanState]:
-    """The plan for this epoch and the next state; see the module docstring for when and how."""
+           prefix_groups: Iterable[PrefixGroup] = (), force: ReplanReason | None = None) -> tuple[Plan, ReplanState]:
+    """The plan for this epoch and the next state; see the module docstring for when and how.
+
+    ``force`` re-plans now for that reason (no cooldown), e.g. :attr:`ReplanReason.MEMBERSHIP` when
+    the caller removed the GPUs of lost devices from ``current``: their sessions' deficits are then
+    placed like any other, moving nothing else. Without a current plan the reason is INITIAL.
+    """
     groups = tuple(prefix_groups)
     reason = _trigger(current, sessions, now_s, state, config)
+    if force is not None and reason is ReplanReason.NONE:
+        reason = force
     if reason is ReplanReason.NONE:
         assert current is not None
         return current, ReplanState(state.last_replan_s, state.planned_rates, state.moved_at_s,

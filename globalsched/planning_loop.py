@@ -1,0 +1,296 @@
+"""The scheduler's re-planning policy: every re-plan goes through the minimal-movement re-planner.
+
+:class:`PlanningLoop` keeps, per device type, the current abstract plan (``common.plan.Plan``), the
+re-planner's state and which backend runs each planned GPU. Each call of :meth:`PlanningLoop.solve_type`
+(through :func:`globalsched.cluster.plan_cluster`) does, for one device type:
+
+1. drops the GPUs of backends that are gone (a lost node), and forces a re-plan when that happened,
+   when backends joined, or when a session's SLO or minimum replicas changed;
+2. takes the extra replicas (below) out of the plan, then asks
+   :func:`globalsched.algorithms.replan.replan` for the next plan: it decides *whether* to re-plan
+   (sessions changed, the epoch, a rate out of its band, after a cooldown) and repairs the plan
+   in place, so a lost GPU's sessions are placed on the room left elsewhere or a new GPU, and nothing
+   else moves;
+3. adds replicas so that every session runs on at least its ``min_replicas`` GPUs when the backends
+   allow (:func:`add_replicas`); a replica serves the same batch as the session's largest allocation,
+   so each of them can carry the whole rate alone and losing one needs no re-plan;
+4. keeps every GPU on the backend that ran it, gives new GPUs the free backends, and folds what
+   does not fit onto the least-loaded backends (overcommitted, reported).
+
+Pure apart from its own state: time is passed in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
+
+from common.plan import GpuPlan, GpuSpec, Plan, PlanningError, SessionAlloc, SessionSpec
+from globalsched.algorithms.config import PlannerConfig
+from globalsched.algorithms.replan import ReplanConfig, ReplanReason, ReplanState, replan
+from globalsched.placement import BackendAssignment, BackendSlot, PlacedSession, Placement
+
+
+@dataclass
+class _TypeState:
+    plan: Plan | None = None
+    state: ReplanState = field(default_factory=ReplanState)
+    nodes: dict[int, str] = field(default_factory=dict)          # GPU id -> backend running it
+    replicas: set[tuple[int, str]] = field(default_factory=set)  # (GPU id, session) added by add_replicas
+    signature: tuple = ()
+    slots: frozenset[str] = frozenset()
+    placement: Placement | None = None
+
+
+class PlanningLoop:
+    """Re-planning state of the scheduler, per device type (see the module docstring)."""
+
+    def __init__(self, config: ReplanConfig = ReplanConfig(), default_min_replicas: int = 1,
+                 solver: str = "squishy") -> None:
+        self.config = config
+        self.solver = solver          # the first plan of a device type; repairs are the re-planner's
+        self.default_min_replicas = max(1, default_min_replicas)
+        self.types: dict[str, _TypeState] = {}
+        self.now_s = 0.0
+        self.min_replicas: Mapping[str, int] = {}
+        self.reasons: dict[str, ReplanReason] = {}     # last decision per device type
+        self.force: ReplanReason | None = None
+        self.previous: Mapping[str, frozenset[str]] = {}
+
+    def begin(self, now_s: float, min_replicas: Mapping[str, int], force: ReplanReason | None = None,
+              previous: Mapping[str, frozenset[str]] | None = None) -> None:
+        """Set the inputs of the next :func:`plan_cluster` call; ``previous`` maps a backend to the
+        sessions it ran (new GPUs go to the free backend that ran most of theirs)."""
+        self.now_s = now_s
+        self.previous = previous or {}
+        self.min_replicas = min_replicas
+        self.force = force
+        self.reasons = {}
+
+    def replicas_of(self, session: str) -> int:
+        return max(1, self.min_replicas.get(session, 0) or self.default_min_replicas)
+
+    @property
+    def changed(self) -> bool:
+        """Whether the last plan differs from the one before (some device type re-planned)."""
+        return any(r is not ReplanReason.NONE for r in self.reasons.values())
+
+    def solve_type(self, device_type: str, specs: Sequence[SessionSpec], gpu: GpuSpec,
+                   slots: Sequence[BackendSlot], shares: Mapping[str, float | None]) -> tuple[Placement, int, int]:
+        from globalsched.prefix_groups import planning_groups
+
+        st = self.types.setdefault(device_type, _TypeState())
+        alive = frozenset(b.node_id for b in slots)
+        force = self.force
+        # An SLO that changes by itself is a query stage's budget, which follows the rates: judged by
+        # the rate band like them (a model's SLO changes through LoadModel, which forces a re-plan).
+        signature = tuple(sorted((s.name, self.replicas_of(s.name), s.prefix_group or "") for s in specs))
+        if signature != st.signature:
+            force = force or ReplanReason.SESSIONS_CHANGED
+        if alive != st.slots:
+            force = ReplanReason.MEMBERSHIP
+        current = st.plan
+        if current is not None:
+            kept = []
+            for g in current.gpus:
+                node = st.nodes.get(g.id)
+                if node is not None and node not in alive:
+                    continue                         # a lost backend: its sessions become deficits
+                kept.append(g)
+            current = replace(current, gpus=tuple(kept))
+            current = _strip_replicas(current, st.replicas)
+        if not specs:
+            plan = Plan("replan", (), 0, 0.0)
+            state, reason = st.state, (ReplanReason.NONE if current is not None and not current.gpus
+                                       and force is None else ReplanReason.SESSIONS_CHANGED)
+        elif current is None and self.solver != "squishy":
+            from globalsched.prefix_groups import solve_with_prefix_groups
+
+            plan = solve_with_prefix_groups(specs, gpu, self.solver, self.config.planner, shares=shares)
+            reason = ReplanReason.INITIAL
+            state = ReplanState(self.now_s, tuple((s.name, s.rate_rps) for s in specs), (), reason,
+                                st.state.replans + 1)
+        else:
+            grouped, groups = planning_groups(specs, shares)
+            try:
+                plan, state = replan(current, grouped, gpu, self.now_s, st.state, self.config, groups, force=force)
+            except PlanningError:   # a prefix-grouped plan the re-planner cannot make: plan without groups
+                plain = [SessionSpec(s.name, s.model, s.slo_ms, s.rate_rps, s.profile) for s in specs]
+                plan, state = replan(current, plain, gpu, self.now_s, st.state, self.config, force=force)
+            reason = state.reason
+        self.reasons[device_type] = reason
+        if reason is ReplanReason.NONE and st.placement is not None:
+            return st.placement, len(st.plan.gpus) if st.plan else 0, st.plan.lower_bound if st.plan else 0
+        plan = replace(plan, gpus=_fresh_ids(plan.gpus, current, st.plan))
+        gpus, replicas = add_replicas(plan.gpus, specs, gpu, {s.name: self.replicas_of(s.name) for s in specs},
+                                      len(slots), self.config.planner, st.plan, st.replicas)
+        plan = replace(plan, gpus=tuple(gpus))
+        placement, nodes = _assign(plan.gpus, slots, st.nodes, self.previous)
+        st.plan, st.state, st.nodes, st.replicas = plan, state, nodes, replicas
+        st.signature, st.slots, st.placement = signature, alive, placement
+        return placement, len(plan.gpus), plan.lower_bound
+
+
+def _fresh_ids(gpus: Sequence[GpuPlan], current: Plan | None, before: Plan | None) -> tuple[GpuPlan, ...]:
+    """New GPUs renumbered past every id of ``before``: the re-planner numbers them after the GPUs it
+    was given, which may reuse the id of a GPU taken out (a replica's, or a lost backend's) and so
+    land on that GPU's backend."""
+    if before is None:
+        return tuple(gpus)
+    given = {g.id for g in current.gpus} if current is not None else set()
+    old = {g.id for g in before.gpus}
+    fresh = max(old | {g.id for g in gpus} | {-1}) + 1
+    out = []
+    for g in gpus:
+        if g.id in old and g.id not in given:
+            g, fresh = GpuPlan(fresh, g.duty_cycle_ms, g.sessions, g.shared_prefixes), fresh + 1
+        out.append(g)
+    return tuple(out)
+
+
+def _strip_replicas(plan: Plan, replicas: set[tuple[int, str]]) -> Plan:
+    """The plan without the replicas that :func:`add_replicas` added, except where a session has no
+    other allocation left (its primary's backend was lost): that replica becomes its primary."""
+    primaries: dict[str, int] = {}
+    for g in plan.gpus:
+        for a in g.sessions:
+            if (g.id, a.session) not in replicas:
+                primaries[a.session] = primaries.get(a.session, 0) + 1
+    promoted: set[str] = set()
+    gpus = []
+    for g in plan.gpus:
+        keep = []
+        for a in g.sessions:
+            if (g.id, a.session) in replicas and (primaries.get(a.session) or a.session in promoted):
+                continue
+            if (g.id, a.session) in replicas:
+                promoted.add(a.session)
+            keep.append(a)
+        if keep:
+            gpus.append(GpuPlan(g.id, g.duty_cycle_ms, tuple(keep), g.shared_prefixes))
+    return replace(plan, gpus=tuple(gpus))
+
+
+def add_replicas(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: GpuSpec, wanted: Mapping[str, int],
+                 max_gpus: int, planner: PlannerConfig, before: Plan | None = None,
+                 replicas_before: set[tuple[int, str]] = frozenset()) -> tuple[list[GpuPlan], set[tuple[int, str]]]:
+    """``gpus`` with each session on at least ``wanted[session]`` GPUs where possible, and the
+    (GPU id, session) replicas added.
+
+    A replica runs the session's largest allocation (its batch; so the same throughput on a GPU of the
+    same duty cycle). Where it goes, in order: the GPU it was on in ``before`` (no load, no move); a
+    new GPU while fewer than ``max_gpus`` exist; an existing GPU with room (duty cycle, SLO and memory
+    checked, least occupied first). A session that fits nowhere keeps fewer replicas.
+    """
+    out = {g.id: g for g in gpus}
+    by_name = {s.name: s for s in specs}
+    added: set[tuple[int, str]] = set()
+    margins = planner.margins_ms
+    previous_ids: dict[str, list[int]] = {}
+    if before is not None:
+        for g in before.gpus:
+            for a in g.sessions:
+                if (g.id, a.session) in replicas_before:
+                    previous_ids.setdefault(a.session, []).append(g.id)
+    next_id = max([*out, *((g.id for g in before.gpus) if before else ()), -1]) + 1
+    for name in sorted(wanted):
+        k = wanted[name]
+        spec = by_name.get(name)
+        holders = [g for g in out.values() if name in g.session_names()]
+        if spec is None or not holders or len(holders) >= k:
+            continue
+        primary_gpu, primary = max(((g, a) for g in holders for a in g.sessions if a.session == name),
+                                   key=lambda ga: ga[1].throughput)
+        for _ in range(k - len(holders)):
+            have = {g.id for g in out.values() if name in g.session_names()}
+            candidates = [gid for gid in previous_ids.get(name, []) if gid not in have]
+            placed = None
+            for gid in candidates:
+                if gid not in out and len(out) < max_gpus:
+                    placed = GpuPlan(gid, primary_gpu.duty_cycle_ms, (primary,))
+                elif gid in out:
+                    placed = _with(out[gid], spec, primary.throughput, gpu, margins, by_name)
+                if placed is not None:
+                    break
+            if placed is None and len(out) < max_gpus:
+                placed = GpuPlan(next_id, primary_gpu.duty_cycle_ms, (primary,))
+                next_id += 1
+            if placed is None:
+                for g in sorted(out.values(), key=lambda g: _busy_ms(g, by_name) / g.duty_cycle_ms):
+                    if g.id in have:
+                        continue
+                    placed = _with(g, spec, primary.throughput, gpu, margins, by_name)
+                    if placed is not None:
+                        break
+            if placed is None:
+                break
+            out[placed.id] = placed
+            added.add((placed.id, name))
+    return sorted(out.values(), key=lambda g: g.id), added
+
+
+def _busy_ms(g: GpuPlan, specs: Mapping[str, SessionSpec]) -> float:
+    return sum(specs[a.session].profile.latency_ms(a.batch) for a in g.sessions if a.session in specs)
+
+
+def _with(g: GpuPlan, spec: SessionSpec, rate: float, gpu: GpuSpec, margins_ms: float,
+          specs: Mapping[str, SessionSpec]) -> GpuPlan | None:
+    """``g`` with ``spec`` added at the batch its duty cycle needs for ``rate``, or None when that
+    breaks the GPU: its batches' latencies must fit the duty cycle, duty cycle plus the replica's
+    batch must fit its SLO, and the memory must fit (prefix sharing ignored: conservative)."""
+    p = spec.profile
+    batch = min(max(1, math.ceil(rate * g.duty_cycle_ms / 1000 - 1e-9)), p.max_batch)
+    if g.duty_cycle_ms + p.latency_ms(batch) > spec.slo_ms - margins_ms:
+        return None
+    if _busy_ms(g, specs) + p.latency_ms(batch) > g.duty_cycle_ms:
+        return None
+    memory = sum(specs[a.session].profile.memory_mb(a.batch) for a in g.sessions if a.session in specs)
+    if memory + p.memory_mb(batch) > gpu.memory_mb:
+        return None
+    return GpuPlan(g.id, g.duty_cycle_ms,
+                   (*g.sessions, SessionAlloc(spec.name, batch, batch * 1000.0 / g.duty_cycle_ms)), g.shared_prefixes)
+
+
+def _assign(gpus: Sequence[GpuPlan], slots: Sequence[BackendSlot], nodes_before: Mapping[int, str],
+            previous: Mapping[str, frozenset[str]] = {}) -> tuple[Placement, dict[int, str]]:
+    """GPUs onto backends: each GPU stays on the backend that ran it; new GPUs take the free backend
+    that ran most of their sessions before (``previous``), else the first free one; the rest fold
+    onto the least-loaded backends."""
+    alive = [b.node_id for b in slots]
+    nodes: dict[int, str] = {}
+    used: set[str] = set()
+    for g in gpus:
+        n = nodes_before.get(g.id)
+        if n in alive and n not in used:
+            nodes[g.id] = n
+            used.add(n)
+    free = [n for n in alive if n not in used]
+    folded: dict[str, list[GpuPlan]] = {n: [] for n in alive}
+    overcommitted = 0
+    for g in sorted((g for g in gpus if g.id not in nodes), key=lambda g: -len(g.sessions)):
+        if free:
+            names = g.session_names()
+            best = max(free, key=lambda n: (len(names & previous.get(n, frozenset())), -free.index(n)))
+            nodes[g.id] = best
+            free.remove(best)
+        else:
+            target = min(alive, key=lambda n: (sum(len(x.sessions) for x in folded[n])
+                                               + sum(len(x.sessions) for x in gpus if nodes.get(x.id) == n),
+                                               alive.index(n)))
+            folded[target].append(g)
+            overcommitted += 1
+    result = []
+    for n in alive:
+        mine = [g for g in gpus if nodes.get(g.id) == n] + folded[n]
+        sessions: dict[str, PlacedSession] = {}
+        for g in mine:
+            for a in g.sessions:
+                s = PlacedSession(a.session, a.batch, a.throughput)
+                old = sessions.get(a.session)
+                if old is not None:
+                    s = PlacedSession(s.model, max(s.batch, old.batch), s.throughput_rps + old.throughput_rps)
+                sessions[a.session] = s
+        duty = max((g.duty_cycle_ms for g in mine), default=0.0)
+        result.append(BackendAssignment(n, duty, tuple(sorted(sessions.values(), key=lambda s: s.model))))
+    return Placement(tuple(result), overcommitted, 0), nodes

@@ -1,0 +1,190 @@
+"""Faults and admission with real processes: a scheduler, a frontend and three emulated backends,
+each started on its own so that one can be killed with SIGKILL.
+
+The scheduler runs with a node timeout of an hour: every failover seen here comes from the signals
+that arrive at once (the scheduler's Attach stream, the frontend's Execute stream), never from
+missed heartbeats. Counts are asserted, never times.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import grpc
+import pytest
+
+from common.pb import control, control_grpc, kserve_grpc
+from common.profile import Profile
+from common.sample_models import mlp_small, model_bytes
+from tests.components import OpenLoop, infer_request, start_cluster, wait_ready
+from tests.conftest import nexus_cli
+
+pytestmark = pytest.mark.slow
+
+DEVICE = "emulated:gtx1080ti"
+FAST = Profile.linear(1.0, 5.0, 32, device_type="gtx1080ti")      # l(b) = 5 + b ms
+SLOW = Profile.linear(1.0, 599.0, 1, device_type="gtx1080ti")     # one request at a time, 600 ms each
+# Generous SLOs: on a loaded machine the only failures then are the ones a kill causes.
+FAST_SLO_MS = 2000.0
+MAX_QUEUE = 8
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = start_cluster(tmp_path_factory.mktemp("failover"), 3, DEVICE, ("--node-timeout-s", "3600"))
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """One backend with a short queue: a session cannot be spread, so its queue fills."""
+    c = start_cluster(tmp_path_factory.mktemp("admission"), 1, DEVICE, (), ("--max-queue", str(MAX_QUEUE)))
+    yield c
+    c.stop()
+
+
+def _upload(cluster, tmp_path, name: str, profile: Profile, slo_ms: float, *extra: str) -> None:
+    model = tmp_path / f"{name}.onnx"
+    model.write_bytes(model_bytes(mlp_small()))
+    prof = tmp_path / f"{name}.json"
+    prof.write_text(profile.to_json())
+    up = nexus_cli("models", "upload", str(model), "--name", name, "--profile", str(prof), "--slo-ms", str(slo_ms),
+                   "--scheduler", cluster.scheduler.address, *extra)
+    assert up.returncode == 0, up.stderr
+    wait_ready(cluster.frontend.address, name)
+
+
+def _unload(cluster, name: str) -> None:
+    with grpc.insecure_channel(cluster.scheduler.address) as ch:
+        control_grpc.SchedulerStub(ch).UnloadModel(control.UnloadRequest(name=name), timeout=10)
+
+
+# ---- admission ----------------------------------------------------------------------------------
+
+def test_queue_full_cancellation_and_deadline(single, tmp_path):
+    cluster = single
+    _upload(cluster, tmp_path, "slow", SLOW, 20000)
+    try:
+        with grpc.insecure_channel(cluster.frontend.address) as ch:
+            stub = kserve_grpc.GRPCInferenceServiceStub(ch)
+            # Full queue: one request runs, MAX_QUEUE wait, the rest are answered UNAVAILABLE at once.
+            before = cluster.executed("slow")
+            futures = [stub.ModelInfer.future(infer_request("slow"), timeout=60) for _ in range(MAX_QUEUE + 12)]
+            codes = [f.code() for f in futures]
+            assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, codes
+            unavailable = [f for f in futures if f.code() == grpc.StatusCode.UNAVAILABLE]
+            assert len(unavailable) >= 5, codes
+            assert "full" in unavailable[0].details()
+            assert cluster.executed("slow") - before == codes.count(grpc.StatusCode.OK)
+
+            # Cancellation: a request queued behind a running one, cancelled by its client, never runs.
+            before = cluster.executed("slow")
+            running = stub.ModelInfer.future(infer_request("slow"), timeout=60)
+            time.sleep(0.05)
+            cancelled = [stub.ModelInfer.future(infer_request("slow"), timeout=60) for _ in range(3)]
+            time.sleep(0.05)
+            for f in cancelled:
+                f.cancel()
+            assert running.result() is not None
+            time.sleep(2.5)          # were they still queued, they would have run by now (600 ms each)
+            assert all(f.cancelled() for f in cancelled)
+            assert cluster.executed("slow") - before == 1
+
+            # Deadline: a request whose "timeout" passes while it waits is answered DEADLINE_EXCEEDED
+            # and never runs.
+            before = cluster.executed("slow")
+            running = stub.ModelInfer.future(infer_request("slow"), timeout=60)
+            time.sleep(0.05)
+            with pytest.raises(grpc.RpcError) as late:
+                stub.ModelInfer(infer_request("slow", timeout_us=50_000), timeout=60)
+            assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, late.value
+            assert running.result() is not None
+            time.sleep(1.0)
+            assert cluster.executed("slow") - before == 1
+
+            # The only backend lost: a request waits for the repaired table, which has no backend left.
+            cluster.backends[0].kill()
+            with pytest.raises(grpc.RpcError) as gone:
+                stub.ModelInfer(infer_request("slow", timeout_us=5_000_000), timeout=30)
+            assert gone.value.code() == grpc.StatusCode.UNAVAILABLE, gone.value
+            assert "not available" in gone.value.details()
+    finally:
+        single.stop()
+
+
+# ---- failover -----------------------------------------------------------------------------------
+
+def test_replica_counts_are_validated_and_stored_and_strangers_cannot_attach(cluster, tmp_path):
+    model = tmp_path / "m.onnx"
+    model.write_bytes(model_bytes(mlp_small()))
+    bad = nexus_cli("models", "upload", str(model), "--name", "m", "--min-replicas", "-1",
+                    "--scheduler", cluster.scheduler.address)
+    assert bad.returncode == 2 and "--min-replicas must not be negative" in bad.stderr
+    huge = nexus_cli("models", "upload", str(model), "--name", "m", "--min-replicas", "65",
+                     "--scheduler", cluster.scheduler.address)
+    assert huge.returncode == 2 and "min_replicas must be between 0 and 64" in huge.stderr
+    with grpc.insecure_channel(cluster.scheduler.address) as ch:
+        stub = control_grpc.SchedulerStub(ch)
+        with pytest.raises(grpc.RpcError) as unknown:
+            stub.LoadModel(control.LoadRequest(name="m", min_replicas=2), timeout=10)
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        stored = nexus_cli("models", "upload", str(model), "--name", "m", "--no-load",
+                           "--scheduler", cluster.scheduler.address)
+        assert stored.returncode == 0, stored.stderr
+        with pytest.raises(grpc.RpcError) as too_many:
+            stub.LoadModel(control.LoadRequest(name="m", min_replicas=65), timeout=10)
+        assert too_many.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "min_replicas must be between 0 and 64" in too_many.value.details()
+        stub.LoadModel(control.LoadRequest(name="m", min_replicas=3), timeout=10)
+        [desc] = [m for m in stub.ListModels(control.ListModelsRequest(), timeout=10).models if m.name == "m"]
+        assert desc.min_replicas == 3 and desc.loaded
+        stub.UnloadModel(control.UnloadRequest(name="m"), timeout=10)
+        with pytest.raises(grpc.RpcError) as stranger:
+            next(iter(stub.Attach(control.AttachRequest(node_id="be-nobody"), timeout=10)))
+        assert stranger.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "register first" in stranger.value.details()
+
+
+def test_kill_9_of_a_replica_fails_at_most_the_requests_in_flight(cluster, tmp_path):
+    _upload(cluster, tmp_path, "twin", FAST, FAST_SLO_MS, "--min-replicas", "2")
+    listed = json.loads(nexus_cli("models", "list", "--scheduler", cluster.scheduler.address, "--json").stdout)
+    assert [m["min_replicas"] for m in listed if m["name"] == "twin"] == [2]
+    deadline = time.monotonic() + 30
+    while len(cluster.serving("twin")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    serving = cluster.serving("twin")
+    assert len(serving) == 2
+    load = OpenLoop(cluster.frontend.address, "twin", 100).start()
+    time.sleep(2.0)
+    in_flight = load.in_flight()
+    serving[0].kill()
+    time.sleep(3.0)
+    result = load.stop()
+    print("twin:", result.codes, "in flight at the kill:", in_flight)
+    assert "NO_RESPONSE" not in result.codes
+    assert result.failed <= in_flight, result.codes
+    # The plan is repaired: the session is back on two backends (the third one took a replica).
+    deadline = time.monotonic() + 30
+    while len(cluster.serving("twin")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(cluster.serving("twin")) == 2
+    _unload(cluster, "twin")
+
+
+def test_kill_9_of_the_only_backend_of_a_session_is_repaired_without_heartbeat_timeouts(cluster, tmp_path):
+    _upload(cluster, tmp_path, "solo", FAST, FAST_SLO_MS)
+    [serving] = cluster.serving("solo")
+    load = OpenLoop(cluster.frontend.address, "solo", 100).start()
+    time.sleep(2.0)
+    serving.kill()
+    time.sleep(3.0)
+    result = load.stop()
+    print("solo:", result.codes)
+    assert "NO_RESPONSE" not in result.codes
+    assert set(result.codes) <= {"OK", "UNAVAILABLE", "DEADLINE_EXCEEDED"}, result.codes
+    # The node timeout is an hour: only the Attach stream can have told the scheduler.
+    assert len(cluster.serving("solo")) == 1
+    after_kill = [s for s, t in zip(result.statuses, result.send_times) if t > result.send_times[-1] - 1.0]
+    assert after_kill and all(s == "OK" for s in after_kill), result.codes

@@ -3,59 +3,39 @@
 from __future__ import annotations
 
 import os
-import queue
-import signal
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
-READY_PREFIX = "NEXUS-READY"
+from nexus.launcher import Child, nexus_command
+from nexus.process import READY_PREFIX  # noqa: F401  (tests import it from here)
 
 
 class RunningCluster:
-    def __init__(self, proc: subprocess.Popen, frontend: str, scheduler: str, data_dir) -> None:
-        self.proc = proc
+    def __init__(self, child: Child, frontend: str, scheduler: str, data_dir) -> None:
+        self.child = child
+        self.proc = child.proc
         self.frontend = frontend
         self.scheduler = scheduler
         self.data_dir = data_dir
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return self.child.stop(timeout_s=30)
 
 
-def start_cluster(data_dir, *extra: str, timeout_s: float = 240) -> RunningCluster:
-    """Run ``nexus serve`` on free ports; return once it printed its ready line."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_LOG=os.environ.get("NEXUS_LOG", "WARNING"))
-    proc = subprocess.Popen([sys.executable, "-m", "nexus", "serve", "--frontend-port", "0", "--scheduler-port", "0",
-                             "--data-dir", str(data_dir), *extra], stdout=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    deadline = time.monotonic() + timeout_s
-    seen = []
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=0.5)
-        except queue.Empty:
-            if proc.poll() is not None:
-                raise RuntimeError(f"nexus serve exited with {proc.returncode}: {''.join(seen)}") from None
-            continue
-        seen.append(line)
-        if line.startswith(READY_PREFIX):
-            _, _, frontend, scheduler = line.split()
-            return RunningCluster(proc, frontend, scheduler, data_dir)
-    proc.kill()
-    raise RuntimeError(f"nexus serve not ready in {timeout_s} s: {''.join(seen)}")
+def start_cluster(data_dir, *extra: str, timeout_s: float = 240, stderr=None) -> RunningCluster:
+    """Run ``nexus serve`` (through nexus.launcher) on free ports; return once it printed its ready line."""
+    env = dict(os.environ, NEXUS_LOG=os.environ.get("NEXUS_LOG", "WARNING"))
+    child = Child("nexus serve", ["serve", "--frontend-port", "0", "--scheduler-port", "0",
+                                  "--data-dir", str(data_dir), *extra], env, stderr=stderr, start_new_session=True)
+    try:
+        child.wait_ready(timeout_s)
+    except RuntimeError:
+        child.stop()
+        raise
+    _, _, frontend, scheduler = child.ready_fields
+    return RunningCluster(child, frontend, scheduler, data_dir)
 
 
 @pytest.fixture(scope="session")
@@ -68,4 +48,4 @@ def cluster(tmp_path_factory):
 
 def nexus_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
     """Run the ``nexus`` command as a user would."""
-    return subprocess.run([sys.executable, "-m", "nexus", *args], capture_output=True, text=True, timeout=timeout_s)
+    return subprocess.run([*nexus_command(), *args], capture_output=True, text=True, timeout=timeout_s)

@@ -18,6 +18,7 @@ from common.health import Health
 from common.pb import control, control_grpc, kserve_grpc
 from common.registration import keep_registered
 from common.security import Credentials
+from frontend import readiness
 from frontend.kserve import FrontendState, KServeService
 from frontend.routing import RoutingTable
 
@@ -34,8 +35,7 @@ class FrontendControl(control_grpc.FrontendServicer):
         if request.epoch < self.state.table.epoch:
             return control.RoutingTableReply()
         self.state.set_table(RoutingTable.from_proto(request))
-        if self.state.health is not None:
-            await self.state.health.set_ready(True)
+        await readiness.evaluate(self.state)
         log.info("routing epoch %d: %s", request.epoch,
                  ", ".join(f"{m.name}->{len(m.backends)}" for m in self.state.table.models.values()) or "empty")
         return control.RoutingTableReply()
@@ -84,14 +84,30 @@ async def serve(config: FrontendConfig, ready=None) -> None:
     address = grpc_util.bind(server, config.listen, creds)
     await server.start()
     node = _Node()
-    register = control.RegisterRequest(kind=control.NODE_KIND_FRONTEND, address=address)
+    register = control.RegisterRequest(kind=control.NODE_KIND_FRONTEND, address=config.advertise or address)
     reporter = asyncio.create_task(_report_loop(state, scheduler, node, config.report_interval_s))
+    checker = asyncio.create_task(readiness.keep_evaluating(state))
     if ready:
         ready(address)
     try:
         await keep_registered(scheduler, register, node)
     finally:
         reporter.cancel()
+        checker.cancel()
+        await drain(state, server, scheduler, node, config.drain_grace_s)
         await state.pool.close()
-        await server.stop(grace=1)
         await channel.close()
+
+
+async def drain(state: FrontendState, server, scheduler, node, grace_s: float) -> None:
+    """On SIGTERM: readiness NOT_SERVING first (load balancers stop sending), leave the scheduler's
+    tables, refuse new requests and finish those in flight within ``grace_s``; then exit."""
+    state.ready = False
+    if state.health is not None:
+        await state.health.start_draining()
+    if node.node_id:
+        try:
+            await scheduler.Leave(control.LeaveRequest(node_id=node.node_id), timeout=2)
+        except grpc.aio.AioRpcError as exc:
+            log.info("could not leave the scheduler's tables (%s); draining anyway", exc.code().name)
+    await server.stop(grace=grace_s)

@@ -25,6 +25,7 @@ from frontend.routing import RoutingTable
 log = logging.getLogger("nexus.frontend")
 
 KSERVE_SERVICE = "inference.GRPCInferenceService"
+DRAIN_SETTLE_S = 0.2
 
 
 class FrontendControl(control_grpc.FrontendServicer):
@@ -110,4 +111,13 @@ async def drain(state: FrontendState, server, scheduler, node, grace_s: float) -
             await scheduler.Leave(control.LeaveRequest(node_id=node.node_id), timeout=2)
         except grpc.aio.AioRpcError as exc:
             log.info("could not leave the scheduler's tables (%s); draining anyway", exc.code().name)
-    await server.stop(grace=grace_s)
+    # Refuse new calls from now on; wait for the requests in flight on backends (long-lived streams
+    # such as health watches never end by themselves, so waiting for every call would take the whole grace).
+    stopping = asyncio.create_task(server.stop(grace=grace_s))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    while loop.time() < deadline and any(c.outstanding for c in state.pool.connections.values()):
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(DRAIN_SETTLE_S)        # the last replies are written
+    await server.stop(grace=0)
+    await stopping

@@ -19,6 +19,7 @@ from common.pb import control, control_grpc, kserve_grpc
 from common.registration import keep_registered
 from common.security import Credentials
 from frontend import readiness
+from frontend.gate import RequestGate
 from frontend.kserve import FrontendState, KServeService
 from frontend.routing import RoutingTable
 
@@ -77,7 +78,8 @@ async def serve(config: FrontendConfig, ready=None) -> None:
     state = FrontendState(use_stream=config.exec_path == "stream", creds=creds)
     channel = grpc_util.aio_channel(config.scheduler, creds)
     scheduler = control_grpc.SchedulerStub(channel)
-    server = grpc_util.server(creds)
+    gate = RequestGate(state)
+    server = grpc_util.server(creds, interceptors=[gate])
     kserve_grpc.add_GRPCInferenceServiceServicer_to_server(KServeService(state, scheduler), server)
     control_grpc.add_FrontendServicer_to_server(FrontendControl(state), server)
     state.health = await Health.attach(server, (KSERVE_SERVICE,))
@@ -95,12 +97,12 @@ async def serve(config: FrontendConfig, ready=None) -> None:
     finally:
         reporter.cancel()
         checker.cancel()
-        await drain(state, server, scheduler, node, config.drain_grace_s)
+        await drain(state, server, scheduler, node, config.drain_grace_s, gate)
         await state.pool.close()
         await channel.close()
 
 
-async def drain(state: FrontendState, server, scheduler, node, grace_s: float) -> None:
+async def drain(state: FrontendState, server, scheduler, node, grace_s: float, gate: RequestGate) -> None:
     """On SIGTERM: readiness NOT_SERVING first (load balancers stop sending), leave the scheduler's
     tables, refuse new requests and finish those in flight within ``grace_s``; then exit."""
     state.ready = False
@@ -111,13 +113,19 @@ async def drain(state: FrontendState, server, scheduler, node, grace_s: float) -
             await scheduler.Leave(control.LeaveRequest(node_id=node.node_id), timeout=2)
         except grpc.aio.AioRpcError as exc:
             log.info("could not leave the scheduler's tables (%s); draining anyway", exc.code().name)
-    # Refuse new calls from now on; wait for the requests in flight on backends (long-lived streams
-    # such as health watches never end by themselves, so waiting for every call would take the whole grace).
+    # Refuse new calls from now on; wait for the inference calls in flight (long-lived streams such as
+    # health watches never end by themselves, so waiting for every call would take the whole grace).
     stopping = asyncio.create_task(server.stop(grace=grace_s))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace_s
-    while loop.time() < deadline and any(c.outstanding for c in state.pool.connections.values()):
+    quiet_since = None                         # calls accepted just before the stop still come in: wait for a lull
+    while loop.time() < deadline:
+        if gate.in_flight or any(c.outstanding for c in state.pool.connections.values()):
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = loop.time()
+        elif loop.time() - quiet_since >= DRAIN_SETTLE_S:
+            break
         await asyncio.sleep(0.02)
-    await asyncio.sleep(DRAIN_SETTLE_S)        # the last replies are written
     await server.stop(grace=0)
     await stopping

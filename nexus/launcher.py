@@ -12,7 +12,6 @@ itself, the tests and the benchmarks).
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import os
 import pathlib
@@ -26,9 +25,7 @@ import time
 from typing import Callable, Sequence
 
 from common.config import BackendConfig, FrontendConfig, SchedulerConfig, split_host_port, to_argv
-from nexus.process import READY_PREFIX
-
-PR_SET_PDEATHSIG = 1
+from nexus.process import PARENT_PID_ENV, READY_PREFIX
 
 COMPONENTS: dict[type, str] = {SchedulerConfig: "scheduler", FrontendConfig: "frontend", BackendConfig: "backend"}
 
@@ -51,15 +48,8 @@ def component_argv(config) -> list[str]:
     return [name, *to_argv(config)]
 
 
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
-
-
 class Child:
-    """One ``nexus ARGV...`` process that dies with this one.
+    """One ``nexus ARGV...`` process that dies with this one (``$NEXUS_PARENT_PID``, see nexus/process.py).
 
     ``command`` replaces the ``nexus`` command (the benchmarks' boot wrapper); ``wrap`` goes before
     it (for example ``["ip", "netns", "exec", NAME]``). :meth:`wait_ready` returns the address from
@@ -92,8 +82,8 @@ class Child:
         self.address = ""
         self.ready_fields = []
         self._lines = queue.Queue()
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.stderr, env=self.env,
-                                     cwd=self.cwd, preexec_fn=_die_with_parent,
+        env = dict(self.env, **{PARENT_PID_ENV: str(os.getpid())})
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.stderr, env=env, cwd=self.cwd,
                                      start_new_session=self.start_new_session, text=True, bufsize=1)
         self.starts += 1
         threading.Thread(target=self._pump, args=(self.proc, self._lines), daemon=True).start()

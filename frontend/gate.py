@@ -16,6 +16,7 @@ import grpc
 KSERVE_PREFIX = "/inference.GRPCInferenceService/"
 HELD_METHODS = frozenset({KSERVE_PREFIX + "ModelInfer"})
 FIRST_TABLE_WAIT_S = 5.0
+ANSWER_MARGIN_S = 0.1     # stop waiting this long before the call's deadline, to answer in time
 
 
 class RequestGate(grpc.aio.ServerInterceptor):
@@ -26,7 +27,8 @@ class RequestGate(grpc.aio.ServerInterceptor):
     async def _first_table(self, context) -> None:
         loop = asyncio.get_running_loop()
         remaining = context.time_remaining()
-        deadline = loop.time() + min(FIRST_TABLE_WAIT_S, remaining if remaining is not None else FIRST_TABLE_WAIT_S)
+        wait_s = FIRST_TABLE_WAIT_S if remaining is None else min(FIRST_TABLE_WAIT_S, remaining - ANSWER_MARGIN_S)
+        deadline = loop.time() + wait_s
         while self.state.table.epoch == 0 and loop.time() < deadline:
             try:
                 await asyncio.wait_for(self.state.table_changed.wait(), deadline - loop.time())

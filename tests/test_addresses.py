@@ -121,6 +121,8 @@ def test_register_rpc_answers_failed_precondition_naming_the_address(scheduler):
         with pytest.raises(grpc.RpcError) as err:
             stub.Register(control.RegisterRequest(kind=control.NODE_KIND_BACKEND, address="fd00::1:9"), timeout=30)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # leaving when unknown (never registered, or left already) is a no-op
+        assert stub.Leave(control.LeaveRequest(node_id="be-unknown"), timeout=10).sessions_moved == 0
         # the scheduler is unharmed
         assert stub.ListModels(control.ListModelsRequest(), timeout=10).models == []
 

@@ -14,6 +14,7 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.config import BackendConfig, FrontendConfig, SchedulerConfig
@@ -57,11 +58,14 @@ def wait_for(predicate, timeout_s: float = 120, what: str = "") -> None:
     raise AssertionError(f"not within {timeout_s} s: {what}")
 
 
-def infer(frontend: str, model: str = "mlp") -> np.ndarray:
-    client = grpcclient.InferenceServerClient(frontend)
+def _input() -> grpcclient.InferInput:
     x = grpcclient.InferInput("input", [1, 64], "FP32")
     x.set_data_from_numpy(np.ones((1, 64), np.float32))
-    return client.infer(model, [x], client_timeout=30).as_numpy("logits")
+    return x
+
+
+def infer(frontend: str, model: str = "mlp") -> np.ndarray:
+    return grpcclient.InferenceServerClient(frontend).infer(model, [_input()], client_timeout=30).as_numpy("logits")
 
 
 def upload(tmp_path, scheduler: str, latency_ms: float) -> None:
@@ -88,6 +92,9 @@ def test_readiness_before_and_after_a_table_and_without_the_scheduler(tmp_path):
         assert check(b) == NOT_SERVING and check(b, "liveness") == SERVING
         assert check(f) == NOT_SERVING and check(f, KSERVE) == NOT_SERVING and check(f, "liveness") == SERVING
         assert not server_ready(f)
+        # An inference call before any table waits for one (never past its deadline), then gets NOT_FOUND.
+        with pytest.raises(InferenceServerException, match="unknown model"):
+            grpcclient.InferenceServerClient(f).infer("mlp", [_input()], client_timeout=30)
         scheduler = launch(SchedulerConfig(listen=scheduler_address, data_dir=tmp_path / "db"), env=_env())
         scheduler.wait_ready(60)
         assert check(scheduler_address) == SERVING and check(scheduler_address, "liveness") == SERVING
@@ -109,6 +116,8 @@ def test_readiness_before_and_after_a_table_and_without_the_scheduler(tmp_path):
         backend.proc.wait(timeout=30)
         wait_for(lambda: check(f) == NOT_SERVING, what="frontend not ready without a reachable backend")
         assert not server_ready(f) and check(f, "liveness") == SERVING
+        # Without a scheduler to leave, SIGTERM still drains and exits cleanly.
+        assert frontend.stop(timeout_s=60) == 0
     finally:
         for c in (frontend, backend, scheduler):
             if c is not None:

@@ -110,7 +110,9 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.planned_rates: dict[str, float] = {}          # session or query -> measured rate planned for
         self.planned_query_rates: dict[str, float] = {}    # query -> rate with headroom
         self.stage_sessions: set[str] = set()              # "<query>/<stage>" sessions of the plan
-        self.epoch = 0
+        # Nodes ignore tables older than the last they applied; a restarted scheduler's epochs must be
+        # newer than its previous life's, so they start from the wall clock in milliseconds.
+        self.epoch = int(time.time() * 1000)
         self.last_plan_time = 0.0
         self._replan = asyncio.Event()
         self._plan_lock = asyncio.Lock()

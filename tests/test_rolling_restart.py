@@ -72,5 +72,12 @@ def test_nexus_serve_restarts_a_killed_backend_and_keeps_serving(tmp_path):
         assert counts["answered"] + counts["failed_total"] == counts["sent"], counts
         assert set(counts["failed"]) <= CLEAR, counts
         assert not wait_models_ready(cluster.frontend, [MODEL], 60)
+        # The scheduler too comes back, at the address its nodes know, and they register again.
+        scheduler_pid = int(_wait_line(log_path, r"scheduler started \(pid (\d+)\)").group(1))
+        os.kill(scheduler_pid, signal.SIGKILL)
+        back = _wait_line(log_path, rf"scheduler is back \(pid \d+\) at {re.escape(cluster.scheduler)}")
+        upload_model(cluster.scheduler, model, "mlp2", profile_path=str(profile), slo_ms=SLO_MS)
+        assert not wait_models_ready(cluster.frontend, [MODEL, "mlp2"], 120)
+        assert back and cluster.proc.poll() is None
     finally:
         assert cluster.stop() == 0

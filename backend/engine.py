@@ -23,6 +23,15 @@ once per member present in it, under the size of the *merged* batch (``batch_his
 the time of the whole group batch (``compute_ns``): what its requests experienced. Memory: a
 member reports its suffix; the group's first member (by name) also reports the prefix, so the
 prefix's weights are counted once when memory is summed over sessions.
+
+Statistics, phase by phase, as Triton reports them (:class:`Phases`): a batch's time on the executor
+is cut into gathering its inputs (concatenating the requests' arrays), running the model (in a
+group: the prefix and every suffix) and splitting its outputs into each request's part. Each
+successful request adds its queue time and its batch's three phases to the session's per-request
+sums, in one step with ``success_count``, under :attr:`Engine.stats_lock`, so that a snapshot
+always holds as many queue and compute samples as successes (perf_analyzer refuses figures whose
+compute counts differ). Serialising the outputs (on the event loop, per request) is not a phase:
+like Triton's gRPC encoding, it falls in the overhead outside queue and compute.
 """
 
 from __future__ import annotations
@@ -89,7 +98,60 @@ class SessionStats:
     dropped: int = 0
     last_inference_ms: int = 0
     batch_histogram: dict[int, int] = field(default_factory=dict)
-    batch_compute_ns: dict[int, int] = field(default_factory=dict)
+    batch_compute_ns: dict[int, int] = field(default_factory=dict)          # the infer phase
+    # Triton's phases (module docstring, "Statistics"): per successful request, its batch's time in each.
+    request_compute_input_ns: int = 0
+    request_compute_infer_ns: int = 0
+    request_compute_output_ns: int = 0
+    # Per batch size (rows): the batches' input and output phases (batch_compute_ns holds the infer phase).
+    batch_compute_input_ns: dict[int, int] = field(default_factory=dict)
+    batch_compute_output_ns: dict[int, int] = field(default_factory=dict)
+
+    def add_batch(self, rows: int, phases: "Phases") -> None:
+        """One batch of ``rows`` rows that this session ran (or, in a prefix group, took part in)."""
+        self.execution_count += 1
+        self.compute_ns += phases.total_ns
+        self.batch_histogram[rows] = self.batch_histogram.get(rows, 0) + 1
+        self.batch_compute_input_ns[rows] = self.batch_compute_input_ns.get(rows, 0) + phases.input_ns
+        self.batch_compute_ns[rows] = self.batch_compute_ns.get(rows, 0) + phases.infer_ns
+        self.batch_compute_output_ns[rows] = self.batch_compute_output_ns.get(rows, 0) + phases.output_ns
+
+    def add_success(self, queue_ns: int, success_ns: int, phases: "Phases") -> None:
+        """One request answered from a batch: its queue time, and its batch's phases."""
+        self.success_count += 1
+        self.success_ns += success_ns
+        self.queue_ns += queue_ns
+        self.request_compute_input_ns += phases.input_ns
+        self.request_compute_infer_ns += phases.infer_ns
+        self.request_compute_output_ns += phases.output_ns
+
+
+@dataclass(frozen=True)
+class Phases:
+    """A batch's time on the executor, cut where Triton cuts it (clock readings in seconds):
+    gathering the requests' inputs into the batch (``start`` to ``gathered``), running the model
+    (to ``ran``) and splitting the outputs into each request's part (to ``end``)."""
+
+    start: float
+    gathered: float
+    ran: float
+    end: float
+
+    @property
+    def input_ns(self) -> int:
+        return max(int((self.gathered - self.start) * 1e9), 0)
+
+    @property
+    def infer_ns(self) -> int:
+        return max(int((self.ran - self.gathered) * 1e9), 0)
+
+    @property
+    def output_ns(self) -> int:
+        return max(int((self.end - self.ran) * 1e9), 0)
+
+    @property
+    def total_ns(self) -> int:
+        return self.input_ns + self.infer_ns + self.output_ns
 
 
 _BYTES_PER_MB = 1024 * 1024
@@ -247,6 +309,7 @@ class Engine:
         self._busy_s = 0.0
         self._busy_log: collections.deque[tuple[float, float]] = collections.deque()   # (end, seconds)
         self._busy_lock = threading.Lock()
+        self.stats_lock = threading.Lock()   # guards every session's and group's stats (executor vs Stats)
         self._started = clock()
         self._solo: list[Session] = []
         self.groups: list[SharedPrefix] = []
@@ -296,7 +359,8 @@ class Engine:
             if session is None:
                 raise ExecError("EXEC_NOT_FOUND", f"model {work.model!r} is not loaded on this backend")
             if len(session.queue) >= session.max_queue:
-                session.stats.dropped += 1
+                with self.stats_lock:
+                    session.stats.dropped += 1
                 raise ExecError("EXEC_OVERLOADED", f"queue of {work.model!r} is full ({session.max_queue})")
             item = Pending(next(self._ids), work.deadline_s, work.arrival_s, work)
             bisect.insort(session.queue, item, key=lambda p: (p.deadline_s, p.request_id))
@@ -391,8 +455,9 @@ class Engine:
             now = self.clock()
             for p in dropped:
                 session = unit if isinstance(unit, Session) else unit.by_name[p.payload.model]
-                session.stats.dropped += 1
-                session.stats.fail_count += 1
+                with self.stats_lock:
+                    session.stats.dropped += 1
+                    session.stats.fail_count += 1
                 p.payload.done(Outcome("EXEC_DEADLINE", f"dropped: cannot meet its deadline "
                                                         f"({(p.deadline_s - now) * 1000:.1f} ms left)"))
             if batch:
@@ -403,43 +468,46 @@ class Engine:
 
     def _run(self, session: Session, batch: list[Pending]) -> None:
         works = [p.payload for p in batch]
-        start = self.clock()
+        start = gathered = ran = self.clock()
+        parts: list[list[np.ndarray]] = []
         try:
             if len(works) == 1:
                 feeds = {spec.name: works[0].arrays[i] for i, spec in enumerate(session.inputs)}
             else:
                 feeds = {spec.name: np.concatenate([w.arrays[i] for w in works])
                          for i, spec in enumerate(session.inputs)}
+            gathered = self.clock()
             result = session.runtime.run(feeds)
+            ran = self.clock()
             outputs = [result[spec.name] for spec in session.outputs]
+            offset = 0
+            for w in works:
+                parts.append([o[offset:offset + w.rows] for o in outputs])
+                offset += w.rows
             error = None
         except Exception as exc:  # a failing batch fails its requests, not the backend
-            outputs, error = None, f"{exc.__class__.__name__}: {exc}"
+            error = f"{exc.__class__.__name__}: {exc}"
         end = self.clock()
-        compute_ns = int((end - start) * 1e9)
+        phases = _phases(start, gathered, ran, end, error)
         self._account_busy(end, end - start)
         rows = sum(w.rows for w in works)
         stats = session.stats
-        stats.execution_count += 1
-        stats.inference_count += rows
-        stats.compute_ns += compute_ns
-        stats.batch_histogram[rows] = stats.batch_histogram.get(rows, 0) + 1
-        stats.batch_compute_ns[rows] = stats.batch_compute_ns.get(rows, 0) + compute_ns
-        stats.last_inference_ms = int(time.time() * 1000)
-        offset = 0
-        for w in works:
-            queue_ns = int((start - w.arrival_s) * 1e9)
-            stats.queue_ns += max(queue_ns, 0)
+        with self.stats_lock:       # a Stats snapshot sees the whole batch or none of it
+            stats.inference_count += rows
+            stats.add_batch(rows, phases)
+            stats.last_inference_ms = int(time.time() * 1000)
+            for w in works:
+                if error is None:
+                    stats.add_success(max(int((start - w.arrival_s) * 1e9), 0), int((end - w.arrival_s) * 1e9),
+                                      phases)
+                else:
+                    stats.fail_count += 1
+        for i, w in enumerate(works):
             if error is not None:
-                stats.fail_count += 1
                 w.done(Outcome("EXEC_INTERNAL", f"model {session.name!r} failed: {error}"))
                 continue
-            part = [o[offset:offset + w.rows] for o in outputs]
-            offset += w.rows
-            stats.success_count += 1
-            stats.success_ns += int((end - w.arrival_s) * 1e9)
-            w.done(Outcome("EXEC_OK", outputs=part, queue_ns=max(queue_ns, 0), compute_ns=compute_ns,
-                           batch_size=rows))
+            w.done(Outcome("EXEC_OK", outputs=parts[i], queue_ns=max(int((start - w.arrival_s) * 1e9), 0),
+                           compute_ns=phases.total_ns, batch_size=rows))
 
     def _run_group(self, group: SharedPrefix, batch: list[Pending]) -> None:
         """The prefix once on every request's rows, then each member's suffix on its slice."""
@@ -448,7 +516,7 @@ class Engine:
             by_session.setdefault(p.payload.model, []).append(p.payload)
         order = [(m, by_session[m.name]) for m in group.members if m.name in by_session]
         works = [w for _, ws in order for w in ws]
-        start = self.clock()
+        start = gathered = prefix_end = self.clock()
         error = None
         try:
             specs = group.runtime.inputs    # positional: members' inputs match the prefix's (same hashes)
@@ -456,6 +524,7 @@ class Engine:
                 feeds = {spec.name: works[0].arrays[i] for i, spec in enumerate(specs)}
             else:
                 feeds = {spec.name: np.concatenate([w.arrays[i] for w in works]) for i, spec in enumerate(specs)}
+            gathered = self.clock()
             features = group.runtime.run(feeds)[group.cut_tensor]
         except Exception as exc:  # a failing prefix fails the whole merged batch, not the backend
             features, error = None, f"shared prefix {group.name[:12]!r} failed: {exc.__class__.__name__}: {exc}"
@@ -473,40 +542,56 @@ class Engine:
                 except Exception as exc:
                     results[m.name] = (None, f"model {m.name!r} failed: {exc.__class__.__name__}: {exc}")
             offset += rows
-        end = self.clock()
-        compute_ns = int((end - start) * 1e9)
-        self._account_busy(end, end - start)
-        total_rows = offset
-        gs = group.stats
-        gs.execution_count += 1
-        gs.inference_count += total_rows
-        gs.compute_ns += compute_ns
-        gs.prefix_ns += int((prefix_end - start) * 1e9)
-        gs.batch_histogram[total_rows] = gs.batch_histogram.get(total_rows, 0) + 1
-        now_ms = int(time.time() * 1000)
+        ran = self.clock()
+        parts: dict[int, list[np.ndarray]] = {}     # id(work) -> its outputs
         for m, ws in order:
             outputs, err = results[m.name]
-            stats = m.stats
-            stats.execution_count += 1
-            stats.inference_count += sum(w.rows for w in ws)
-            stats.compute_ns += compute_ns
-            stats.batch_histogram[total_rows] = stats.batch_histogram.get(total_rows, 0) + 1
-            stats.batch_compute_ns[total_rows] = stats.batch_compute_ns.get(total_rows, 0) + compute_ns
-            stats.last_inference_ms = now_ms
             row = 0
             for w in ws:
-                queue_ns = max(int((start - w.arrival_s) * 1e9), 0)
-                stats.queue_ns += queue_ns
+                if err is None:
+                    parts[id(w)] = [o[row:row + w.rows] for o in outputs]
+                row += w.rows
+        end = self.clock()
+        phases = _phases(start, gathered, ran, end, error)
+        compute_ns = phases.total_ns
+        self._account_busy(end, end - start)
+        total_rows = offset
+        now_ms = int(time.time() * 1000)
+        with self.stats_lock:
+            gs = group.stats
+            gs.execution_count += 1
+            gs.inference_count += total_rows
+            gs.compute_ns += compute_ns
+            gs.prefix_ns += int((prefix_end - start) * 1e9)
+            gs.batch_histogram[total_rows] = gs.batch_histogram.get(total_rows, 0) + 1
+            for m, ws in order:
+                err = results[m.name][1]
+                stats = m.stats
+                stats.inference_count += sum(w.rows for w in ws)
+                stats.add_batch(total_rows, phases)
+                stats.last_inference_ms = now_ms
+                for w in ws:
+                    if err is None:
+                        stats.add_success(max(int((start - w.arrival_s) * 1e9), 0),
+                                          int((end - w.arrival_s) * 1e9), phases)
+                    else:
+                        stats.fail_count += 1
+        for m, ws in order:
+            err = results[m.name][1]
+            for w in ws:
                 if err is not None:
-                    stats.fail_count += 1
                     w.done(Outcome("EXEC_INTERNAL", err))
                     continue
-                part = [o[row:row + w.rows] for o in outputs]
-                row += w.rows
-                stats.success_count += 1
-                stats.success_ns += int((end - w.arrival_s) * 1e9)
-                w.done(Outcome("EXEC_OK", outputs=part, queue_ns=queue_ns, compute_ns=compute_ns,
-                               batch_size=total_rows))
+                w.done(Outcome("EXEC_OK", outputs=parts[id(w)], queue_ns=max(int((start - w.arrival_s) * 1e9), 0),
+                               compute_ns=compute_ns, batch_size=total_rows))
+
+
+def _phases(start: float, gathered: float, ran: float, end: float, error: str | None) -> Phases:
+    """The batch's phases; a failed batch's time all counts as its infer phase (where it failed is
+    not worth telling apart, and only the batch's counters see it)."""
+    if error is not None:
+        return Phases(start, start, end, end)
+    return Phases(start, gathered, ran, end)
 
 
 def _trim(selection, max_rows: int) -> tuple[list[Pending], set[int]]:

@@ -12,10 +12,13 @@ DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 def measure_profile(model_bytes: bytes, runtime_kind: str, device: str, device_type: str,
                     io: tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]], batch_sizes: list[int],
                     budget_s: float, threads: int | None) -> Profile:
-    """Measure a profile with the profiler's own routine; emulated devices cannot be measured."""
+    """Measure a profile with the profiler's own routine. An emulated device cannot measure one: it
+    answers from its datasheet for the sample models (:mod:`common.emulated_gpus`), else ValueError."""
     if device.startswith("emulated:"):
-        raise ValueError(f"an emulated device ({device}) executes a given profile and cannot measure one; "
-                         f"upload the model with --profile for device type {device_type!r}")
+        from common.emulated_gpus import datasheet_profile
+
+        sheet = datasheet_profile(model_bytes, device.split(":", 1)[1])
+        return Profile.from_rows(sheet.rows, device_type, sheet.meta)
     from profiler.profiling import profile_model
 
     return profile_model(model_bytes, device, runtime_kind, list(batch_sizes or DEFAULT_BATCH_SIZES),

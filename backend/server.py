@@ -399,26 +399,33 @@ def backend_stats(engine: Engine, node_id: str = "") -> control.BackendStats:
     reply = control.BackendStats(node_id=node_id, utilization=engine.utilization(UTILIZATION_WINDOW_S),
                                  utilization_total=engine.utilization())
     total = 0
-    for name, s in list(engine.sessions.items()):
-        st = s.stats
-        group = s.group if s.group in engine.groups else None
-        memory = int(s.memory_mb * _BYTES_PER_MB)
-        total += memory
-        reply.sessions.append(control.SessionStats(
-            model=name, inference_count=st.inference_count, execution_count=st.execution_count,
-            success_count=st.success_count, success_ns=st.success_ns, fail_count=st.fail_count,
-            queue_ns=st.queue_ns, compute_ns=st.compute_ns, dropped=st.dropped, queue_length=len(s.queue),
-            batch_histogram=dict(st.batch_histogram), batch_compute_ns=dict(st.batch_compute_ns),
-            memory_bytes=memory, last_inference_ms=st.last_inference_ms,
-            prefix_group=group.name if group else "",
-            shared_memory_bytes=int(group.memory_mb * _BYTES_PER_MB) if group else 0))
-    for g in list(engine.groups):
-        gs = g.stats
-        reply.prefix_groups.append(control.PrefixGroupStats(
-            group=g.name, prefix_id=g.prefix_id, sessions=[m.name for m in g.members],
-            execution_count=gs.execution_count, inference_count=gs.inference_count, compute_ns=gs.compute_ns,
-            prefix_compute_ns=gs.prefix_ns, batch_histogram=dict(gs.batch_histogram),
-            memory_bytes=int(g.memory_mb * _BYTES_PER_MB), max_batch=g.max_batch))
+    sessions, groups = list(engine.sessions.items()), list(engine.groups)
+    memory = {name: int(s.memory_mb * _BYTES_PER_MB) for name, s in sessions}
+    with engine.stats_lock:     # one consistent snapshot: no batch half counted
+        for name, s in sessions:
+            st = s.stats
+            group = s.group if s.group in groups else None
+            total += memory[name]
+            reply.sessions.append(control.SessionStats(
+                model=name, inference_count=st.inference_count, execution_count=st.execution_count,
+                success_count=st.success_count, success_ns=st.success_ns, fail_count=st.fail_count,
+                queue_ns=st.queue_ns, compute_ns=st.compute_ns, dropped=st.dropped, queue_length=len(s.queue),
+                batch_histogram=dict(st.batch_histogram), batch_compute_ns=dict(st.batch_compute_ns),
+                memory_bytes=memory[name], last_inference_ms=st.last_inference_ms,
+                prefix_group=group.name if group else "",
+                shared_memory_bytes=int(group.memory_mb * _BYTES_PER_MB) if group else 0,
+                request_compute_input_ns=st.request_compute_input_ns,
+                request_compute_infer_ns=st.request_compute_infer_ns,
+                request_compute_output_ns=st.request_compute_output_ns,
+                batch_compute_input_ns=dict(st.batch_compute_input_ns),
+                batch_compute_output_ns=dict(st.batch_compute_output_ns)))
+        for g in groups:
+            gs = g.stats
+            reply.prefix_groups.append(control.PrefixGroupStats(
+                group=g.name, prefix_id=g.prefix_id, sessions=[m.name for m in g.members],
+                execution_count=gs.execution_count, inference_count=gs.inference_count, compute_ns=gs.compute_ns,
+                prefix_compute_ns=gs.prefix_ns, batch_histogram=dict(gs.batch_histogram),
+                memory_bytes=int(g.memory_mb * _BYTES_PER_MB), max_batch=g.max_batch))
     reply.memory_bytes = total
     return reply
 
@@ -511,6 +518,11 @@ def detect_memory_mb(device: str) -> float:
             return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1024 * 1024)
         except (ValueError, OSError):
             return 0.0
+    if device.startswith("emulated:"):
+        from common.emulated_gpus import GPU_TYPES
+
+        gpu = GPU_TYPES.get(device.split(":", 1)[1])
+        return gpu.memory_mb if gpu else 0.0
     return 0.0
 
 
@@ -537,12 +549,13 @@ async def serve(config: BackendConfig, ready=None) -> None:
     await server.start()
     metrics_server = None
     if config.metrics_port:
-        from backend.metrics import render, serve_metrics
+        from backend.metrics import registry
+        from common.metrics_http import start_metrics_server
 
         host = config.listen.rpartition(":")[0].strip("[]") or "127.0.0.1"
         try:
-            metrics_server = await serve_metrics(host, config.metrics_port,
-                                                 lambda: render(service.stats(), config.device))
+            metrics_server = await start_metrics_server(host, config.metrics_port,
+                                                        registry(service.stats, config.device))
         except OSError as exc:
             await server.stop(grace=0)
             raise SystemExit(f"nexus backend: error: cannot serve --metrics-port {config.metrics_port} on "
@@ -563,6 +576,6 @@ async def serve(config: BackendConfig, ready=None) -> None:
         await drain(service, scheduler, config.drain_grace_s)
         engine.stop()
         if metrics_server is not None:
-            metrics_server.close()
+            await metrics_server.close()
         await server.stop(grace=1)
         await channel.close()

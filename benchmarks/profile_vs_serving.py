@@ -8,7 +8,7 @@ benchmarks/serving.py) serves the sample models; the backend profiles each one w
 as in ``nexus serve``. Then, one model at a time, Poisson load at a mix of rates (fractions of the
 model's saturated throughput from its profile, low to slightly over, so that many batch sizes
 occur) goes through the frontend, and ModelStatistics gives, per batch size, the backend's
-compute_infer time (ns / count: concatenating the batch and running it). After the cluster stops,
+compute_infer time (ns / count: running the batch; gathering its inputs is compute_input). After the cluster stops,
 the profile the scheduler holds is read from its model database.
 
 Per batch size b up to the backend's largest batch (the largest b with 2*l(b) <= SLO under the

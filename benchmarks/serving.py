@@ -23,7 +23,7 @@ Per repeat, in one run and on one machine:
 (c) ADDED LATENCY: p50 of the full path (client -> frontend -> backend -> ORT) at a low rate,
     batch 1, minus ORT's own batch-1 p50; served and ORT-direct phases alternate so both see the
     same background. Where the time goes: the frontend's own per-request time (ModelStatistics
-    inference_stats.success), the backend's queue and compute times (queue / compute_infer), the
+    inference_stats.success), the backend's queue and compute times (queue, compute_input + _infer + _output), the
     CPU each process spent per request (/proc/PID/stat), and the p50 of one bare gRPC hop with the
     same client (``nexus.bench.fake_kserve`` answering at once).
 
@@ -242,7 +242,8 @@ class Cluster:
                 scheduler=self.scheduler, listen="127.0.0.1:0", device="cpu", threads=self.threads,
                 batch_start=BatchStart(self.batch_start)))).wait_ready()
             self.frontend = self._start("frontend", component_argv(FrontendConfig(
-                scheduler=self.scheduler, listen="127.0.0.1:0", exec_path=self.exec_path))).wait_ready()
+                scheduler=self.scheduler, listen="127.0.0.1:0", metrics_listen="",
+                exec_path=self.exec_path))).wait_ready()
             self._wait_models_ready(ready_timeout_s)
         except BaseException:
             self.stop()
@@ -316,7 +317,9 @@ def model_stats(frontend: str, model: str) -> dict:
     return {
         "success_count": inf.success.count, "success_ns": inf.success.ns, "fail_count": inf.fail.count,
         "queue_count": inf.queue.count, "queue_ns": inf.queue.ns,
-        "compute_count": inf.compute_infer.count, "compute_ns": inf.compute_infer.ns,
+        # per request (Triton's count: one sample per success): the phases of the batch it ran in
+        "compute_count": inf.compute_infer.count,
+        "compute_ns": inf.compute_input.ns + inf.compute_infer.ns + inf.compute_output.ns,
         "execution_count": s.execution_count, "inference_count": s.inference_count,
         "batches": {b.batch_size: (b.compute_infer.count, b.compute_infer.ns) for b in s.batch_stats},
     }
@@ -549,12 +552,12 @@ def low_load(cluster: Cluster, model: str, rate: float, duration_s: float, slo_m
     d = extra["stats"]
     sent = sum(r.sent for r in reports)
     n = max(d["success_count"], 1)
-    nb = max(d["compute_count"], 1)
+    nb = max(d["execution_count"], 1)
     e2e_p50 = float(np.percentile(lat, 50))
     ort_p50 = float(np.percentile(ort, 50))
     frontend_ms = d["success_ns"] / n / 1e6
     queue_ms = d["queue_ns"] / max(d["queue_count"], 1) / 1e6
-    compute_ms = d["compute_ns"] / nb / 1e6
+    compute_ms = d["compute_ns"] / max(d["compute_count"], 1) / 1e6
     e2e_mean = float(np.mean(lat))
     ort_mean = float(np.mean(ort))
     return {

@@ -287,6 +287,12 @@ class BackendConfig:
         _check_positive("max_queue", self.max_queue)
         if not (self.device == "cpu" or self.device.startswith("cuda") or self.device.startswith("emulated:")):
             raise ConfigError(f"--device: expected cpu, cuda[:N] or emulated:<gpu-name>, got {self.device!r}")
+        from common.emulated_gpus import UnknownGpuError, check_device
+
+        try:
+            check_device(self.device)
+        except UnknownGpuError as exc:
+            raise ConfigError(f"--device: {exc}") from None
 
     @property
     def resolved_device_type(self) -> str:
@@ -295,6 +301,10 @@ class BackendConfig:
         if self.device.startswith("emulated:"):
             return self.device.split(":", 1)[1]
         return "cuda" if self.device.startswith("cuda") else "cpu"
+
+
+DEFAULT_HTTP_LISTEN = "127.0.0.1:8000"
+DEFAULT_METRICS_LISTEN = "127.0.0.1:8002"
 
 
 @dataclass(frozen=True)
@@ -309,14 +319,44 @@ class FrontendConfig:
     advertise: str = field(default="", metadata={"help": _ADVERTISE_HELP})
     drain_grace_s: float = field(default=20.0, metadata={
         "help": "on SIGTERM: longest wait for requests in flight to finish before the frontend exits"})
+    metrics_listen: str = field(default=DEFAULT_METRICS_LISTEN, metadata={
+        "help": "HOST:PORT of the Prometheus endpoint /metrics (port 0: any free port; empty: off; left at its "
+                "default while --listen has port 0, it takes any free port too)"})
+    http_listen: str = field(default=DEFAULT_HTTP_LISTEN, metadata={
+        "help": "KServe v2 HTTP/REST address ('' turns HTTP off; left at its default while --listen has port 0, "
+                "HTTP takes any free port too)"})
+    http_max_body_mb: float = field(default=64.0, metadata={
+        "help": "largest HTTP request body; a larger one is answered 413"})
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> None:
         _check_address("scheduler", self.scheduler)
         _check_address("listen", self.listen)
+        if self.http_listen:
+            _check_address("http_listen", self.http_listen)
+        _check_positive("http_max_body_mb", self.http_max_body_mb)
         _check_advertise(self.advertise)
         _check_positive("drain_grace_s", self.drain_grace_s)
         self.security.validate()
         _check_positive("report_interval_s", self.report_interval_s)
+        if self.metrics_listen:
+            _check_address("metrics_listen", self.metrics_listen)
         if self.exec_path not in ("stream", "unary"):
             raise ConfigError(f"--exec-path: expected stream or unary, got {self.exec_path!r}")
+
+    def _companion_listen(self, value: str, default: str) -> str:
+        """A frontend asked for any free gRPC port (tests, benchmarks, several frontends on one host)
+        takes any free port for its other listeners too, unless they were given explicitly."""
+        if value == default and split_host_port(self.listen)[1] == 0:
+            return join_host_port(split_host_port(default)[0], 0)
+        return value
+
+    @property
+    def resolved_http_listen(self) -> str:
+        """Where HTTP binds ('' when off)."""
+        return self._companion_listen(self.http_listen, DEFAULT_HTTP_LISTEN)
+
+    @property
+    def resolved_metrics_listen(self) -> str:
+        """Where /metrics is served ('' when off)."""
+        return self._companion_listen(self.metrics_listen, DEFAULT_METRICS_LISTEN)

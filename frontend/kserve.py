@@ -18,14 +18,16 @@ from common import grpc_util
 from common.pb import control, kserve, model_config
 from common.security import Credentials
 from frontend.backend_pool import BackendGone, BackendPool
+from frontend.metrics import FrontendMetrics
 from frontend.requests import RequestError, parse_infer_request
 from frontend.routing import ModelEntry, RoutingTable
+from frontend.statistics import StatsBook
 
 log = logging.getLogger("nexus.frontend")
 
 SERVER_NAME = "nexus"
 SERVER_VERSION = "0.1.0"
-EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "statistics", "schedule_policy"]
+EXTENSIONS = ["binary_tensor_data", "model_repository", "model_repository(unload_dependents)", "statistics", "schedule_policy"]
 
 _EXEC_TO_GRPC = {
     control.EXEC_NOT_FOUND: grpc.StatusCode.UNAVAILABLE,
@@ -51,6 +53,7 @@ class FrontendState:
         self.counters: dict[str, dict[str, int]] = {}   # per model: success/fail counts, ns, rows
         self.edge_window: dict[tuple[str, str, str], list[int]] = {}  # (query, parent, child) -> [parent, child] rows
         self.table_changed = asyncio.Event()
+        self.metrics = FrontendMetrics(lambda: self.table)   # Prometheus, served by frontend/server.py
 
     def set_table(self, table: RoutingTable) -> None:
         self.table = table
@@ -129,17 +132,33 @@ async def infer(state: FrontendState, request, deadline_s: float | None) -> kser
     query = state.table.queries.get(name)
     if query is not None:
         from frontend.queries import run_query
-        return await run_query(state, query, request, deadline_s)
+        try:
+            response = await run_query(state, query, request, deadline_s)
+        except RequestError as exc:
+            state.metrics.failure(name, exc.code)
+            raise
+        timeout_us = request.parameters["timeout"].int64_param if "timeout" in request.parameters else 0
+        state.metrics.success(name, request.inputs[0].shape[0], time.monotonic() - start,
+                              request_budget_s(query.slo_ms, max(timeout_us, 0), deadline_s))
+        return response
     model = _model(state, name)
     state.requests_window[model.name] = state.requests_window.get(model.name, 0) + 1
     if request.model_version and request.model_version != "1":
         raise RequestError(grpc.StatusCode.NOT_FOUND, f"model {model.name!r} has no version {request.model_version!r}")
-    parsed = parse_infer_request(request, model)
+    try:
+        parsed = parse_infer_request(request, model)
+    except RequestError as exc:
+        state.metrics.failure(model.name, exc.code)
+        raise
     end = start + request_budget_s(model.slo_ms, parsed.timeout_us, deadline_s)
     try:
         result = await dispatch(state, model, parsed.inputs, parsed.rows, end)
-    except RequestError:
+    except RequestError as exc:
         state.count(model.name, "fail")
+        state.metrics.failure(model.name, exc.code)
+        raise
+    except asyncio.CancelledError:
+        state.metrics.failure(model.name, grpc.StatusCode.CANCELLED)
         raise
     response = kserve.ModelInferResponse(model_name=model.name, model_version="1", id=request.id)
     for i in parsed.output_indices:
@@ -149,6 +168,7 @@ async def infer(state: FrontendState, request, deadline_s: float | None) -> kser
     state.count(model.name, "success")
     state.count(model.name, "rows", parsed.rows)
     state.count(model.name, "success_ns", int((time.monotonic() - start) * 1e9))
+    state.metrics.success(model.name, parsed.rows, time.monotonic() - start, end - start, result)
     return response
 
 
@@ -158,6 +178,7 @@ class KServeService:
     def __init__(self, state: FrontendState, scheduler_stub=None) -> None:
         self.state = state
         self.scheduler = scheduler_stub
+        self.stats_book = StatsBook()       # backends' statistics, kept cumulative across their changes
 
     async def ServerLive(self, request, context):
         return kserve.ServerLiveResponse(live=True)
@@ -256,35 +277,42 @@ class KServeService:
             inf.success.count = c.get("success", 0)
             inf.success.ns = c.get("success_ns", 0)
             inf.fail.count = c.get("fail", 0)
-            batches: dict[int, list[int]] = {}
-            last = 0
+            totals = self.stats_book.totals(name)
+            stats.execution_count = totals.sums["execution_count"]
+            # Triton's per-request phases: one sample per successful request in each, so that queue
+            # and compute counts always agree (perf_analyzer checks they do).
+            for phase, key in ((inf.queue, "queue_ns"), (inf.compute_input, "request_compute_input_ns"),
+                               (inf.compute_infer, "request_compute_infer_ns"),
+                               (inf.compute_output, "request_compute_output_ns")):
+                phase.count = totals.sums["success_count"]
+                phase.ns = totals.sums[key]
+            stats.last_inference = totals.last_inference_ms
+            for size in sorted(totals.batches):
+                count, input_ns, infer_ns, output_ns = totals.batches[size]
+                b = stats.batch_stats.add(batch_size=size)
+                b.compute_input.count, b.compute_input.ns = count, input_ns
+                b.compute_infer.count, b.compute_infer.ns = count, infer_ns
+                b.compute_output.count, b.compute_output.ns = count, output_ns
             for bs in backend_stats:
                 for s in bs.sessions:
-                    if s.model != name:
-                        continue
-                    stats.execution_count += s.execution_count
-                    inf.queue.count += s.success_count
-                    inf.queue.ns += s.queue_ns
-                    inf.compute_infer.count += s.execution_count
-                    inf.compute_infer.ns += s.compute_ns
-                    last = max(last, s.last_inference_ms)
-                    for size, count in s.batch_histogram.items():
-                        entry = batches.setdefault(size, [0, 0])
-                        entry[0] += count
-                        entry[1] += s.batch_compute_ns.get(size, 0)
-                    stats.memory_usage.add(type="CPU" if "cpu" in bs.node_id else "DEVICE",
-                                           byte_size=s.memory_bytes)
-            stats.last_inference = last
-            for size in sorted(batches):
-                b = stats.batch_stats.add(batch_size=size)
-                b.compute_infer.count, b.compute_infer.ns = batches[size]
+                    if s.model == name:
+                        stats.memory_usage.add(type="CPU" if "cpu" in bs.node_id else "DEVICE",
+                                               byte_size=s.memory_bytes)
         return reply
 
     async def _backend_stats(self) -> list:
-        calls = [conn.stub.Stats(control.BackendStatsRequest(), timeout=5)
-                 for conn in list(self.state.pool.connections.values())]
+        """Every reachable backend's stats now; each also goes into the stats book (which keeps the
+        figures of backends that fail to answer, or are gone, at their last values)."""
+        issued_at = time.monotonic()
+        conns = list(self.state.pool.connections.items())
+        calls = [conn.stub.Stats(control.BackendStatsRequest(), timeout=5) for _, conn in conns]
         results = await asyncio.gather(*calls, return_exceptions=True)
-        return [r for r in results if not isinstance(r, BaseException)]
+        replies = []
+        for (address, _), result in zip(conns, results):
+            if not isinstance(result, BaseException):
+                self.stats_book.record(address, result, issued_at)
+                replies.append(result)
+        return replies
 
     async def RepositoryIndex(self, request, context):
         reply = kserve.RepositoryIndexResponse()

@@ -14,6 +14,8 @@ class Route:
     node_id: str
     address: str
     weight: float
+    batch: int = 0                   # planned batch of the session on this backend
+    duty_cycle_ms: float = 0.0       # the backend's planned duty cycle
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,8 @@ class ModelEntry:
     served: bool                     # a session exists for it (loaded), even if no backend yet
     backends: tuple[Route, ...]
     reason: str = ""                 # why it has no backend
+    planned_rate_rps: float = 0.0    # the rate the plan serves
+    measured_rate_rps: float = 0.0   # the rate frontends reported, summed
 
     @property
     def ready(self) -> bool:
@@ -62,12 +66,14 @@ def _query_entry(info: control.QueryInfo, models: dict[str, ModelEntry]) -> Quer
                       latest_finish_ms=dict(info.latest_finish_ms))
 
 
-def _entry(desc: control.ModelDesc, slo_ms: float, served: bool, routes=(), reason: str = "") -> ModelEntry:
+def _entry(desc: control.ModelDesc, slo_ms: float, served: bool, routes=(), reason: str = "",
+           planned_rate_rps: float = 0.0, measured_rate_rps: float = 0.0) -> ModelEntry:
     spec = lambda t: TensorSpec(t.name, t.datatype, tuple(t.shape))  # noqa: E731
     return ModelEntry(desc.name, desc.runtime, tuple(spec(t) for t in desc.inputs),
                       tuple(spec(t) for t in desc.outputs), slo_ms or desc.default_slo_ms,
                       desc.max_batch or DEFAULT_MAX_BATCH, served,
-                      tuple(Route(r.node_id, r.address, r.weight) for r in routes), reason)
+                      tuple(Route(r.node_id, r.address, r.weight, r.batch, r.duty_cycle_ms) for r in routes), reason,
+                      planned_rate_rps, measured_rate_rps)
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,8 @@ class RoutingTable:
     epoch: int
     models: dict[str, ModelEntry]          # by session name: a model's, or "<query>/<stage>"
     queries: dict[str, QueryEntry] = field(default_factory=dict)
+    planned_devices: int = 0               # devices the plan uses
+    lower_bound: int = 0                   # devices no plan can do with fewer
 
     @staticmethod
     def empty() -> "RoutingTable":
@@ -114,7 +122,7 @@ class RoutingTable:
     def from_proto(table: control.RoutingTable) -> "RoutingTable":
         models = {}
         for r in table.routes:
-            entry = _entry(r.model, r.slo_ms, True, r.backends, r.reason)
+            entry = _entry(r.model, r.slo_ms, True, r.backends, r.reason, r.planned_rate_rps, r.measured_rate_rps)
             if r.session:
                 entry = replace(entry, name=r.session)
             models[entry.name] = entry
@@ -125,7 +133,7 @@ class RoutingTable:
             q = _query_entry(info, models)
             if q is not None:
                 queries[q.name] = q
-        return RoutingTable(table.epoch, models, queries)
+        return RoutingTable(table.epoch, models, queries, table.planned_devices, table.lower_bound)
 
     def addresses(self) -> set[str]:
         return {r.address for m in self.models.values() for r in m.backends}

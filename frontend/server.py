@@ -1,4 +1,5 @@
-"""The frontend process: KServe v2 on one port, plus the control service the scheduler pushes to.
+"""The frontend process: KServe v2 on one port, plus the control service the scheduler pushes to;
+KServe v2 HTTP/REST (``frontend.rest``) on a second port, in the same event loop.
 
 It registers with the scheduler, heartbeats, and reports per-model request rates every
 ``report_interval_s``. Routing tables arrive by push (``Frontend.UpdateRoutingTable``).
@@ -13,12 +14,12 @@ import time
 import grpc
 
 from common import grpc_util
-from common.config import FrontendConfig
+from common.config import FrontendConfig, split_host_port
 from common.health import Health
 from common.pb import control, control_grpc, kserve_grpc
 from common.registration import keep_registered
 from common.security import Credentials
-from frontend import readiness
+from frontend import readiness, rest
 from frontend.gate import RequestGate
 from frontend.kserve import FrontendState, KServeService
 from frontend.routing import RoutingTable
@@ -73,38 +74,59 @@ class _Node:
 
 
 async def serve(config: FrontendConfig, ready=None) -> None:
-    """Run a frontend until cancelled; ``ready(address)`` is called once it listens."""
+    """Run a frontend until cancelled; ``ready(address, http=HTTP_ADDRESS)`` is called once it listens."""
     creds = Credentials.load(config.security)
     state = FrontendState(use_stream=config.exec_path == "stream", creds=creds)
     channel = grpc_util.aio_channel(config.scheduler, creds)
     scheduler = control_grpc.SchedulerStub(channel)
     gate = RequestGate(state)
     server = grpc_util.server(creds, interceptors=[gate])
-    kserve_grpc.add_GRPCInferenceServiceServicer_to_server(KServeService(state, scheduler), server)
+    kserve_service = KServeService(state, scheduler)
+    kserve_grpc.add_GRPCInferenceServiceServicer_to_server(kserve_service, server)
     control_grpc.add_FrontendServicer_to_server(FrontendControl(state), server)
     state.health = await Health.attach(server, (KSERVE_SERVICE,))
     # KServe clients present no certificate: the control service on this port is guarded by the token.
     address = grpc_util.bind(server, config.listen, creds)
     await server.start()
+    http_runner, http_address = None, ""
+    if config.resolved_http_listen:
+        tls = rest.tls_context(config.security.tls_cert, config.security.tls_key) if creds.tls else None
+        try:
+            http_runner, http_address = await rest.start(kserve_service, config.resolved_http_listen,
+                                                         int(config.http_max_body_mb * 2**20), tls,
+                                                         config.drain_grace_s)
+        except OSError:
+            await server.stop(None)
+            await channel.close()
+            raise
+    metrics = await _start_metrics(config, state, server)
     node = _Node()
     register = control.RegisterRequest(kind=control.NODE_KIND_FRONTEND, address=config.advertise or address)
     reporter = asyncio.create_task(_report_loop(state, scheduler, node, config.report_interval_s))
     checker = asyncio.create_task(readiness.keep_evaluating(state))
     if ready:
-        ready(address)
+        extra = {"http": http_address} if http_address else {}
+        if metrics:
+            extra["metrics"] = metrics.url
+        ready(address, **extra)
     try:
         await keep_registered(scheduler, register, node)
     finally:
         reporter.cancel()
         checker.cancel()
-        await drain(state, server, scheduler, node, config.drain_grace_s, gate)
+        await drain(state, server, scheduler, node, config.drain_grace_s, gate,
+                    http_runner.cleanup if http_runner is not None else None)
+        if metrics is not None:
+            await metrics.close()
         await state.pool.close()
         await channel.close()
 
 
-async def drain(state: FrontendState, server, scheduler, node, grace_s: float, gate: RequestGate) -> None:
+async def drain(state: FrontendState, server, scheduler, node, grace_s: float, gate: RequestGate,
+                stop_http=None) -> None:
     """On SIGTERM: readiness NOT_SERVING first (load balancers stop sending), leave the scheduler's
-    tables, refuse new requests and finish those in flight within ``grace_s``; then exit."""
+    tables, refuse new requests and finish those in flight within ``grace_s`` (gRPC here; HTTP in
+    ``stop_http()``, which stops its own way at the same time); then exit."""
     state.ready = False
     if state.health is not None:
         await state.health.start_draining()
@@ -116,6 +138,7 @@ async def drain(state: FrontendState, server, scheduler, node, grace_s: float, g
     # Refuse new calls from now on; wait for the inference calls in flight (long-lived streams such as
     # health watches never end by themselves, so waiting for every call would take the whole grace).
     stopping = asyncio.create_task(server.stop(grace=grace_s))
+    http_stopping = asyncio.create_task(stop_http()) if stop_http is not None else None
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace_s
     quiet_since = None                         # calls accepted just before the stop still come in: wait for a lull
@@ -129,3 +152,22 @@ async def drain(state: FrontendState, server, scheduler, node, grace_s: float, g
         await asyncio.sleep(0.02)
     await server.stop(grace=0)
     await stopping
+    if http_stopping is not None:
+        await http_stopping
+
+
+async def _start_metrics(config: FrontendConfig, state: FrontendState, server):
+    """The Prometheus endpoint on ``--metrics-listen`` (None when off); exits with a message when it cannot bind."""
+    if not config.resolved_metrics_listen:
+        return None
+    from common.metrics_http import start_metrics_server
+
+    host, port = split_host_port(config.resolved_metrics_listen)
+    try:
+        metrics = await start_metrics_server(host, port, state.metrics.registry)
+    except OSError as exc:
+        await server.stop(grace=0)
+        raise SystemExit(f"nexus frontend: error: cannot serve --metrics-listen {config.metrics_listen}: "
+                         f"{exc.strerror or exc}") from None
+    log.info("Prometheus metrics on %s", metrics.url)
+    return metrics

@@ -122,9 +122,11 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.edges: dict[str, dict[tuple[str, str, str], tuple[int, int, float]]] = {}  # frontend -> edge -> counts
         self.session_models: dict[str, str] = {}        # session -> model it runs
         self.session_slos: dict[str, float] = {}
+        self.session_rates: dict[str, float] = {}       # session -> rate planned (headroom included)
         self.query_plans: dict = {}
         self.planned_gammas: dict[tuple[str, str, str], float] = {}
         self.slowdowns = load_slowdowns(config.colocation_report)
+        self.session_rates: dict[str, float] = {}       # session -> rate the current plan serves
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -519,6 +521,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.planned_query_rates = {name: max(rates.get(name, default_rate), MIN_PLANNED_RATE_RPS) for name in queries}
         out += stage_sessions
         self.session_slos = {s.model: s.slo_ms for s in out}
+        self.session_rates = {s.model: max(s.rate_rps, MIN_PLANNED_RATE_RPS) for s in out}
         return out
 
     async def replan_once(self) -> ClusterPlan:
@@ -539,6 +542,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
                 for b in placement.backends:
                     previous[b.node_id] = frozenset(s.model for s in b.sessions)
         plan = plan_cluster(sessions, backends, previous, self.config.solver, self.planner_config)
+        self.session_rates = {s.model: max(s.rate_rps, MIN_PLANNED_RATE_RPS) for s in sessions}
         self.epoch += 1
         self.last_plan_time = now
         # The measured rates these sessions were planned for (before headroom): the drift band's centre.
@@ -604,21 +608,36 @@ class SchedulerService(control_grpc.SchedulerServicer):
         routes = []
         served = set()
         profiling = self._profiling_models()
+        measured = self.current_rates(time.monotonic())
+        placed: dict[str, list[tuple[str, float, int, float]]] = {}   # session -> (node, share, batch, duty cycle)
+        for placement in plan.placements.values():
+            for b in placement.backends:
+                for s in b.sessions:
+                    placed.setdefault(s.model, []).append((b.node_id, s.throughput_rps, s.batch, b.duty_cycle_ms))
         for session, model in self.session_models.items():
             served.add(model)
             backends = []
-            for node_id, share in plan.backends_of(session):
+            for node_id, share, batch, duty_cycle_ms in placed.get(session, ()):
                 node = self.nodes.get(node_id)
                 if node is not None and model not in failed:
-                    backends.append(control.BackendRoute(node_id=node_id, address=node.address, weight=share))
+                    backends.append(control.BackendRoute(node_id=node_id, address=node.address, weight=share,
+                                                         batch=batch, duty_cycle_ms=duty_cycle_ms))
             reason = failed.get(model) or plan.unplaced.get(session, "")
             if model in profiling:
                 reason = reason or "being profiled"
             routes.append(control.ModelRoute(model=self._desc(model), slo_ms=self.session_slos.get(session, 0.0),
                                              backends=backends, reason="" if backends else (reason or "not placed"),
-                                             session=session if session != model else ""))
+                                             session=session if session != model else "",
+                                             planned_rate_rps=self.session_rates.get(session, 0.0),
+                                             measured_rate_rps=measured.get(session, 0.0)))
         stored = [self._desc(m.name) for m in self.db.models() if m.name not in served]
-        return control.RoutingTable(epoch=self.epoch, routes=routes, stored=stored, queries=self._query_infos())
+        return control.RoutingTable(epoch=self.epoch, routes=routes, stored=stored, queries=self._query_infos(),
+                                    planned_devices=plan.num_devices_planned, lower_bound=plan.lower_bound)
+
+    async def GetStatus(self, request, context):
+        from globalsched.status import status_reply
+
+        return status_reply(self)
 
     def _profiling_models(self) -> set[str]:
         return {m for m, _ in self._profiling}

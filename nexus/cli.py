@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "nexus.plan_cmd",
     "nexus.bench_cmd",
     "nexus.queries_cmd",
+    "nexus.status_cmd",
 )
 
 

@@ -69,6 +69,7 @@ class Child:
         self.start_new_session = start_new_session
         self.address = ""
         self.ready_fields: list[str] = []   # the ready line, split: NEXUS-READY <name> <address> ...
+        self.info: dict[str, str] = {}      # its key=value words (metrics=URL, http=HOST:PORT)
         self.starts = 0
         self.proc: subprocess.Popen = None  # type: ignore[assignment]
         self._lines: queue.Queue = queue.Queue()
@@ -81,6 +82,7 @@ class Child:
     def start(self) -> None:
         self.address = ""
         self.ready_fields = []
+        self.info = {}
         self._lines = queue.Queue()
         env = dict(self.env, **{PARENT_PID_ENV: str(os.getpid())})
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.stderr, env=env, cwd=self.cwd,
@@ -99,6 +101,7 @@ class Child:
         if line is not None and line.startswith(READY_PREFIX) and not self.ready_fields:
             self.ready_fields = line.split()
             self.address = self.ready_fields[2] if len(self.ready_fields) > 2 else ""
+            self.info = dict(w.split("=", 1) for w in self.ready_fields[3:] if "=" in w)
         return line
 
     def poll_ready(self) -> bool:
@@ -152,15 +155,23 @@ def launch(config, name: str = "", **kwargs) -> Child:
     return Child(name or argv[0], argv, **kwargs)
 
 
-def pin_listen(child: Child, config):
-    """``config`` listening where ``child`` bound: a restarted scheduler or frontend keeps the address
-    its peers and clients know, also when it was started on port 0."""
-    if not child.address:
+def pin_listen(child: Child, config, **bound: str):
+    """``config`` listening where ``child`` bound: a restarted scheduler or frontend keeps the addresses
+    its peers and clients know, also where it was started on port 0. ``bound`` names other listening
+    fields and where they bound (a frontend's ``http_listen=HOST:PORT``); only port-0 fields change."""
+    changes = {}
+    for name, address in {"listen": child.address, **bound}.items():
+        current = getattr(config, name, "")
+        if not address or not current:
+            continue
+        try:
+            if split_host_port(current)[1] == 0:
+                changes[name] = address
+        except ValueError:
+            continue
+    if not changes:
         return config
-    host, port = split_host_port(config.listen)
-    if port != 0:
-        return config
-    pinned = dataclasses.replace(config, listen=child.address)
+    pinned = dataclasses.replace(config, **changes)
     child.argv = component_argv(pinned)
     return pinned
 

@@ -121,3 +121,6 @@ def register(sub) -> None:
     ls.add_argument("--scheduler", default=DEFAULT_SCHEDULER)
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=_run_list)
+    from nexus.repository_cmd import add_import_parser
+
+    add_import_parser(msub)

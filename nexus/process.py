@@ -37,10 +37,12 @@ def setup_logging(level: str = "") -> None:
 
 
 def run_until_signalled(name: str, serve, config) -> int:
-    """Run ``serve(config, ready)`` until SIGINT/SIGTERM; print ``NEXUS-READY <name> <address>`` once listening."""
+    """Run ``serve(config, ready)`` until SIGINT/SIGTERM; print ``NEXUS-READY <name> <address> [key=value ...]``
+    once listening."""
 
-    def ready(address: str) -> None:
-        print(f"{READY_PREFIX} {name} {address}", flush=True)
+    def ready(address: str, **extra: str) -> None:
+        """``extra`` goes after the address as ``key=value`` words (for example ``metrics=URL``)."""
+        print(" ".join([READY_PREFIX, name, address, *(f"{k}={v}" for k, v in extra.items())]), flush=True)
 
     async def main() -> None:
         task = asyncio.create_task(serve(config, ready))

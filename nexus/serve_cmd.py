@@ -16,11 +16,13 @@ import pathlib
 import signal
 import sys
 import time
+import urllib.parse
 
 import grpc
 
 from common import grpc_util
-from common.config import BackendConfig, ConfigError, FrontendConfig, SchedulerConfig, add_arguments, from_args
+from common.config import BackendConfig, ConfigError, FrontendConfig, SchedulerConfig, add_arguments, from_args, \
+    join_host_port
 from common.pb import kserve, kserve_grpc
 from nexus.launcher import Child, Supervisor, launch, pin_listen
 from nexus.process import READY_PREFIX
@@ -31,7 +33,7 @@ __all__ = ["Child", "wait_models_ready", "register", "run"]
 # sense for several processes at once (one metrics port); every other field is a flag of `nexus serve`.
 SCHEDULER_OWN = ("listen", "data_dir", "security")
 BACKEND_OWN = ("scheduler", "listen", "advertise", "metrics_port", "security")
-FRONTEND_OWN = ("scheduler", "listen", "advertise", "security")
+FRONTEND_OWN = ("scheduler", "listen", "advertise", "security", "metrics_listen", "http_listen")
 FRONTEND_PREFIX = "frontend"
 
 
@@ -65,7 +67,9 @@ def configs(args) -> tuple[SchedulerConfig, BackendConfig, FrontendConfig]:
     scheduler = from_args(SchedulerConfig, args, listen=f"127.0.0.1:{args.scheduler_port}", data_dir=data_dir / "db")
     backend = from_args(BackendConfig, args, scheduler=scheduler.listen, listen="127.0.0.1:0")
     frontend = from_args(FrontendConfig, args, prefix=FRONTEND_PREFIX, scheduler=scheduler.listen,
-                         listen=f"{args.host}:{args.frontend_port}")
+                         listen=join_host_port(args.host, args.frontend_port),
+                         metrics_listen=join_host_port(args.host, args.serve_metrics_port),
+                         http_listen=join_host_port(args.host, args.serve_http_port))
     return scheduler, backend, frontend
 
 
@@ -76,12 +80,24 @@ def run(args) -> int:
     from common.sample_queries import SAMPLE_QUERIES, sample_query_json
     from nexus.models_cmd import CommandError, list_models, upload_model
     from nexus.queries_cmd import list_queries, register_query
+    from common.emulated_gpus import UnknownGpuError, check_device
 
     try:
         sched_cfg, backend_cfg, frontend_cfg = configs(args)
+        check_device(args.device)
     except ConfigError as exc:
         print(f"nexus serve: error: {exc}", file=sys.stderr, flush=True)
         return 2
+    except UnknownGpuError as exc:
+        print(f"nexus serve: error: --device: {exc}", file=sys.stderr, flush=True)
+        return 2
+    repository = []
+    if args.model_repository:
+        from nexus.repository_cmd import read_checked, upload_repository
+
+        repository = read_checked(args.model_repository, "nexus serve")
+        if repository is None:
+            return 2
     data_dir = pathlib.Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -108,6 +124,9 @@ def run(args) -> int:
                 if name not in known_queries:
                     register_query(sched_addr, sample_query_json(name))
                 names.append(name)
+        if repository:
+            upload_repository(sched_addr, repository)
+            names += [m.name for m in repository if m.name not in names]
         names += [m.name for m in list_models(sched_addr) if m.loaded and m.name not in names]
         backend_cfg = dataclasses.replace(backend_cfg, scheduler=sched_addr)
         for i in range(args.backends):
@@ -116,17 +135,24 @@ def run(args) -> int:
         frontend = supervisor.add(launch(frontend_cfg, env=env))
         for c in supervisor.children[1:]:
             c.wait_ready(120)
-        pin_listen(frontend, frontend_cfg)        # clients keep the frontend's address across restarts
+        http_address = frontend.info.get("http", "")
+        metrics_url = frontend.info.get("metrics", "")
+        # clients keep the frontend's addresses across restarts, also those it was given port 0 for
+        pin_listen(frontend, frontend_cfg, http_listen=http_address,
+                   metrics_listen=urllib.parse.urlsplit(metrics_url).netloc)
         for c in supervisor.children:
             _log(f"{c.name} started (pid {c.proc.pid}) at {c.address}")
         missing = wait_models_ready(frontend.address, names, args.ready_timeout_s)
         if missing:
             _log(f"warning: not ready after {args.ready_timeout_s:.0f} s: {', '.join(missing)}")
-        print(f"Nexus is serving on {frontend.address} (KServe v2 gRPC); scheduler at {sched_addr}", flush=True)
+        print(f"Nexus is serving on {frontend.address} (KServe v2 gRPC) and http://{http_address} (KServe v2 "
+              f"HTTP/REST); scheduler at {sched_addr}", flush=True)
         print(f"  models: {', '.join(names) or '(none)'}", flush=True)
+        print(f"  metrics: {metrics_url} (Prometheus)", flush=True)
         print(f"  try:    nexus bench --frontend {frontend.address} --model resnet18_64 --rate 50 --slo-ms 100",
               flush=True)
-        print(f"{READY_PREFIX} serve {frontend.address} {sched_addr}", flush=True)
+        print(f"{READY_PREFIX} serve {frontend.address} {sched_addr} http={http_address} metrics={metrics_url}",
+              flush=True)
         while True:
             supervisor.check()
             time.sleep(0.2)
@@ -147,9 +173,16 @@ def register(sub) -> None:
     p.add_argument("--backends", type=int, default=1, help="number of backend processes (default 1)")
     p.add_argument("--host", default="127.0.0.1", help="frontend host (default 127.0.0.1)")
     p.add_argument("--frontend-port", type=int, default=8001, help="frontend port (0: any free port)")
+    # dests apart from the components' fields (BackendConfig.metrics_port is another port)
+    p.add_argument("--metrics-port", dest="serve_metrics_port", type=int, default=8002,
+                   help="frontend's Prometheus /metrics port (0: any free port)")
+    p.add_argument("--http-port", dest="serve_http_port", type=int, default=8000,
+                   help="frontend's KServe v2 HTTP/REST port (0: any free port; default 8000)")
     p.add_argument("--scheduler-port", type=int, default=8100, help="scheduler port (0: any free port)")
     p.add_argument("--data-dir", default=".nexus-data", help="model database and sample models")
     p.add_argument("--no-samples", action="store_true", help="do not build and upload the sample models")
+    p.add_argument("--model-repository", default="", metavar="DIR",
+                   help="also serve the models of a Triton model repository (<name>/config.pbtxt, <name>/1/model.onnx)")
     p.add_argument("--ready-timeout-s", type=float, default=180.0)
     add_arguments(p.add_argument_group("scheduler (as `nexus scheduler`)"), SchedulerConfig, skip=SCHEDULER_OWN)
     add_arguments(p.add_argument_group("every backend (as `nexus backend`)"), BackendConfig, skip=BACKEND_OWN)

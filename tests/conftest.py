@@ -19,6 +19,8 @@ class RunningCluster:
         self.frontend = frontend
         self.scheduler = scheduler
         self.data_dir = data_dir
+        self.info = child.info         # key=value words of the ready line (metrics=URL, http=HOST:PORT)
+        self.http = self.info.get("http", "")    # KServe v2 HTTP/REST HOST:PORT
 
     def stop(self) -> int:
         return self.child.stop(timeout_s=30)
@@ -27,14 +29,15 @@ class RunningCluster:
 def start_cluster(data_dir, *extra: str, timeout_s: float = 240, stderr=None) -> RunningCluster:
     """Run ``nexus serve`` (through nexus.launcher) on free ports; return once it printed its ready line."""
     env = dict(os.environ, NEXUS_LOG=os.environ.get("NEXUS_LOG", "WARNING"))
-    child = Child("nexus serve", ["serve", "--frontend-port", "0", "--scheduler-port", "0",
-                                  "--data-dir", str(data_dir), *extra], env, stderr=stderr, start_new_session=True)
+    child = Child("nexus serve", ["serve", "--frontend-port", "0", "--scheduler-port", "0", "--metrics-port", "0",
+                                  "--http-port", "0", "--data-dir", str(data_dir), *extra], env, stderr=stderr,
+                  start_new_session=True)
     try:
         child.wait_ready(timeout_s)
     except RuntimeError:
         child.stop()
         raise
-    _, _, frontend, scheduler = child.ready_fields
+    frontend, scheduler = child.ready_fields[2:4]
     return RunningCluster(child, frontend, scheduler, data_dir)
 
 
@@ -44,6 +47,16 @@ def cluster(tmp_path_factory):
     c = start_cluster(tmp_path_factory.mktemp("cluster"))
     yield c
     c.stop()
+
+
+@pytest.fixture(scope="session")
+def direct(tmp_path_factory):
+    """ONNX Runtime sessions run directly on the sample model files, by model name: the reference outputs."""
+    import onnxruntime as ort
+
+    from common.sample_models import write_sample_models
+    paths = write_sample_models(tmp_path_factory.mktemp("direct"))
+    return {name: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for name, p in paths.items()}
 
 
 def nexus_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:

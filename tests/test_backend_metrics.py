@@ -13,6 +13,7 @@ import urllib.request
 import grpc
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from backend.metrics import render
 from common.config import BackendConfig, SchedulerConfig
@@ -55,6 +56,10 @@ def test_render_is_valid_prometheus_text_with_a_cumulative_histogram():
     assert buckets["1"] == 1 and buckets["2"] == 2 and buckets["4"] == 3 and buckets["+Inf"] == 3
     assert samples[("nexus_backend_batch_size_sum", frozenset({model}))] == 7
     assert samples[("nexus_backend_prefix_group_memory_bytes", frozenset({("group", "g")}))] == 50
+    types = {f.name: f.type for f in text_string_to_metric_families(render(stats, "cpu"))}
+    assert types["nexus_backend_inference_count"] == "counter"       # exposed as ..._total
+    assert types["nexus_backend_batch_size"] == "histogram"
+    assert types["nexus_backend_queue_length"] == "gauge"
 
 
 def _free_port() -> int:

@@ -52,7 +52,8 @@ def test_serve_flags_default_to_the_components_own_defaults(tmp_path):
     scheduler, backend, frontend = serve_cmd.configs(args)
     assert scheduler == SchedulerConfig(listen="127.0.0.1:8100", data_dir=tmp_path.resolve() / "db")
     assert backend == BackendConfig(scheduler="127.0.0.1:8100", listen="127.0.0.1:0")
-    assert frontend == FrontendConfig(scheduler="127.0.0.1:8100", listen="127.0.0.1:8001")
+    assert frontend == FrontendConfig(scheduler="127.0.0.1:8100", listen="127.0.0.1:8001",
+                                      metrics_listen="127.0.0.1:8002", http_listen="127.0.0.1:8000")
 
 
 def test_every_component_field_is_a_serve_flag(tmp_path):
@@ -60,12 +61,15 @@ def test_every_component_field_is_a_serve_flag(tmp_path):
     args = _serve_parser().parse_args([
         "serve", "--data-dir", str(tmp_path), "--epoch-s", "7", "--solver", "exact", "--threads", "3",
         "--batch-start", "duty-cycle", "--no-prefix-batching", "--drain-grace-s", "4",
-        "--frontend-drain-grace-s", "6", "--frontend-exec-path", "unary", "--frontend-default-slo-ms", "50"])
+        "--frontend-drain-grace-s", "6", "--frontend-exec-path", "unary", "--frontend-default-slo-ms", "50",
+        "--metrics-port", "9"])
     scheduler, backend, frontend = serve_cmd.configs(args)
     assert (scheduler.epoch_s, scheduler.solver) == (7.0, "exact")
     assert (backend.threads, backend.batch_start, backend.prefix_batching, backend.drain_grace_s) == \
         (3, BatchStart.DUTY_CYCLE, False, 4.0)
     assert (frontend.drain_grace_s, frontend.exec_path, frontend.default_slo_ms) == (6.0, "unary", 50.0)
+    assert frontend.metrics_listen == "127.0.0.1:9" and backend.metrics_port == 0   # serve's own flag, not the backends'
+    assert frontend.http_listen == "127.0.0.1:8000"
     own = {"scheduler": serve_cmd.SCHEDULER_OWN, "backend": serve_cmd.BACKEND_OWN, "frontend": serve_cmd.FRONTEND_OWN}
     flags = {a.dest for a in _serve_parser()._subparsers._group_actions[0].choices["serve"]._actions}
     for name, cls, prefix in (("scheduler", SchedulerConfig, ""), ("backend", BackendConfig, ""),

@@ -17,6 +17,7 @@ from tritonclient.utils import InferenceServerException
 from common.sample_models import model_bytes, detector_64, face_cls, vehicle_cls
 from common.sample_queries import SAMPLE_QUERIES
 from tests.conftest import nexus_cli
+from tests.test_frontend_metrics import scrape
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +55,8 @@ def test_traffic_query_matches_its_stages_run_by_hand(cluster, stages):
         assert {o.name for o in meta.outputs} == {"scores", "vehicles", "faces"}
         config = client.get_model_config("traffic").config
         assert config.max_batch_size > 0 and list(config.input[0].dims) == [3, 64, 64]
+        traffic = frozenset({("model", "traffic"), ("version", "1")})
+        before = scrape(cluster.info["metrics"])[0].get(("nv_inference_request_success", traffic), 0)
         for seed in range(4):
             image = _image(seed)
             x = grpcclient.InferInput("image", list(image.shape), "FP32")
@@ -69,6 +72,10 @@ def test_traffic_query_matches_its_stages_run_by_hand(cluster, stages):
                     np.testing.assert_allclose(got, expected[name], rtol=1e-5, atol=1e-5)
         index = {m.name: m.state for m in client.get_model_repository_index().models}
         assert index.get("traffic") == "READY" and "traffic/detect" not in index
+        samples = scrape(cluster.info["metrics"])[0]           # a query is counted as the model it is served as
+        assert samples[("nv_inference_request_success", traffic)] == before + 4
+        assert samples[("nexus_request_latency_seconds_count", traffic)] >= 4
+        assert samples[("nexus_session_planned_rate_rps", frozenset({("model", "traffic/detect")}))] > 0
     finally:
         client.close()
 

@@ -138,3 +138,30 @@ def test_plans_use_the_windowed_mean_rate_while_the_band_watches_the_smoothed_on
     assert abs(service.planning_rates(now)["m"] - 124 / 5) < 1e-9     # what the plan is made for
     service.rate_history["fe"]["m"].clear()                           # no counts: the smoothed rate
     assert service.planning_rates(now)["m"] == smoothed
+
+
+def test_routing_table_carries_the_planned_figures(tmp_path):
+    """Frontends export these as gauges: batch and duty cycle per route, planned and measured rate per
+    session, planned devices and the lower bound."""
+    import time
+
+    from globalsched.cluster import plan_cluster
+    from globalsched.placement import BackendSlot
+    from globalsched.service import Node
+
+    service = _service(tmp_path)
+    service.db.set_session("m", 50)
+    now = time.monotonic()
+    service.rates["fe"] = {"m": (12.0, now)}
+    service.nodes["be-1"] = Node("be-1", control.NODE_KIND_BACKEND, "127.0.0.1:1", "cpu", "cpu", 1000.0)
+    plan = plan_cluster(service._inputs(now, ["cpu"]), [BackendSlot("be-1", "cpu", 1000.0)], {})
+    table = service.routing_table(plan)
+    assert table.planned_devices == plan.num_devices_planned == 1
+    assert table.lower_bound == plan.lower_bound == 1
+    [route] = table.routes
+    assert route.measured_rate_rps == 12.0
+    assert route.planned_rate_rps == 12.0
+    [backend] = route.backends
+    [placed] = plan.placements["cpu"].backends[0].sessions
+    assert backend.node_id == "be-1" and backend.batch == placed.batch >= 1
+    assert backend.duty_cycle_ms == plan.placements["cpu"].backends[0].duty_cycle_ms > 0

@@ -7,14 +7,13 @@ import queue
 
 import grpc
 import numpy as np
-import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
 from common.pb import kserve, kserve_grpc
-from common.sample_models import SAMPLE_MODELS, write_sample_models
+from common.sample_models import SAMPLE_MODELS
 
 pytestmark = pytest.mark.slow
 
@@ -26,13 +25,6 @@ def client(cluster):
     c = grpcclient.InferenceServerClient(cluster.frontend)
     yield c
     c.close()
-
-
-@pytest.fixture(scope="module")
-def direct(tmp_path_factory):
-    """ONNX Runtime run directly on the same model files."""
-    paths = write_sample_models(tmp_path_factory.mktemp("direct"))
-    return {name: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for name, p in paths.items()}
 
 
 def _input(client, model: str, batch: int, seed: int = 0):

@@ -99,6 +99,11 @@ class SchedulerStub:
                 request_serializer=nexus_dot_control__pb2.ListQueriesRequest.SerializeToString,
                 response_deserializer=nexus_dot_control__pb2.ListQueriesReply.FromString,
                 _registered_method=True)
+        self.GetStatus = channel.unary_unary(
+                '/nexus.control.Scheduler/GetStatus',
+                request_serializer=nexus_dot_control__pb2.StatusRequest.SerializeToString,
+                response_deserializer=nexus_dot_control__pb2.StatusReply.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -182,6 +187,13 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStatus(self, request, context):
+        """What the scheduler is doing now (read-only; `nexus status`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -249,6 +261,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.ListQueries,
                     request_deserializer=nexus_dot_control__pb2.ListQueriesRequest.FromString,
                     response_serializer=nexus_dot_control__pb2.ListQueriesReply.SerializeToString,
+            ),
+            'GetStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStatus,
+                    request_deserializer=nexus_dot_control__pb2.StatusRequest.FromString,
+                    response_serializer=nexus_dot_control__pb2.StatusReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -602,6 +619,33 @@ class Scheduler:
             '/nexus.control.Scheduler/ListQueries',
             nexus_dot_control__pb2.ListQueriesRequest.SerializeToString,
             nexus_dot_control__pb2.ListQueriesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nexus.control.Scheduler/GetStatus',
+            nexus_dot_control__pb2.StatusRequest.SerializeToString,
+            nexus_dot_control__pb2.StatusReply.FromString,
             options,
             channel_credentials,
             insecure,

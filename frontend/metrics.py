@@ -1,0 +1,236 @@
+"""Prometheus metrics of a frontend, served at ``/metrics`` on ``--metrics-listen`` (default 127.0.0.1:8002).
+
+:class:`FrontendMetrics` owns a per-process ``prometheus_client.CollectorRegistry``. The KServe
+service calls :meth:`FrontendMetrics.success` and :meth:`FrontendMetrics.failure` once per inference
+request of a model or query it knows; the plan's figures are read from the routing table at each
+scrape. Labels: ``model`` (a model, a query, or a query's stage session ``<query>/<stage>``) and
+``version`` (always ``"1"``), as Triton labels its per-model metrics.
+
+Triton's per-model metrics, with Triton's series names and meaning:
+
+- ``nv_inference_request_success``, ``nv_inference_request_failure{reason}``: requests (a request of
+  many rows counts once). ``reason`` is Triton's: ``REJECTED`` (dropped at its deadline, shed under
+  overload, or no backend), ``CANCELED``, ``BACKEND`` (the model failed), ``OTHER`` (invalid input).
+- ``nv_inference_count``: rows of successful requests.
+- ``nv_inference_exec_count``: this frontend's share of batch executions: a request of r rows that ran
+  in a batch of b rows adds r/b, so summed over the frontends it is the number of batches run.
+- ``nv_inference_request_duration_us``: cumulative end-to-end time of successful requests at the
+  frontend; ``nv_inference_queue_duration_us`` and ``nv_inference_compute_infer_duration_us``:
+  cumulative time they waited in a backend's queue and the time of the batch they ran in (models;
+  a query's stages are counted under their stage sessions' names only in the plan gauges).
+
+Triton declares these as counters without the ``_total`` suffix; ``prometheus_client`` writes a
+counter only with that suffix, so they are exposed untyped under Triton's exact names, which is what
+dashboards built for Triton query. ``rate()`` and ``increase()`` work on them as on counters.
+
+This system's own:
+
+- ``nexus_request_latency_seconds{model,version}`` histogram of end-to-end latency of successful
+  requests, buckets around typical SLOs; ``nexus_request_latency_slo_ratio`` histogram of latency / SLO
+  (the bucket ``le="1.0"`` counts requests within their SLO, whatever the model's SLO).
+- ``nexus_requests_late_total{model,version}``: successful requests answered after their SLO (their own
+  ``timeout`` parameter, or the model's SLO, capped by the gRPC deadline).
+- ``nexus_requests_dropped_total{model,version,reason}``: requests dropped or shed, by gRPC status:
+  ``DEADLINE_EXCEEDED`` (could not meet its deadline), ``RESOURCE_EXHAUSTED`` (a backend's queue was
+  full), ``UNAVAILABLE`` (no backend serves the model now).
+- From the routing table the scheduler pushed: ``nexus_routing_epoch``, ``nexus_planned_devices``,
+  ``nexus_lower_bound_devices``; per session ``nexus_session_planned_rate_rps``,
+  ``nexus_session_measured_rate_rps``, ``nexus_session_slo_seconds``, ``nexus_session_backends``; per
+  session and backend (label ``backend`` = node id) ``nexus_session_planned_batch``,
+  ``nexus_session_planned_throughput_rps`` and ``nexus_session_duty_cycle_seconds``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable
+
+import grpc
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, UnknownMetricFamily
+from prometheus_client.registry import Collector
+
+from common.pb import control
+
+# ``*_created`` series (creation timestamps) only mean something to OpenMetrics scrapers and double
+# the size of every scrape; this process's registries leave them out.
+prometheus_client.disable_created_metrics()
+
+VERSION = "1"
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+                     1.0, 2.0, 5.0, 10.0)
+SLO_RATIO_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.25, 1.5, 2.0, 4.0)
+
+# Triton's failure reasons (``nv_inference_request_failure{reason}``) for the gRPC statuses a request can end with.
+_FAILURE_REASON = {
+    grpc.StatusCode.DEADLINE_EXCEEDED: "REJECTED",
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "REJECTED",
+    grpc.StatusCode.UNAVAILABLE: "REJECTED",
+    grpc.StatusCode.CANCELLED: "CANCELED",
+    grpc.StatusCode.INTERNAL: "BACKEND",
+    grpc.StatusCode.UNKNOWN: "BACKEND",
+}
+DROP_STATUSES = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
+
+
+def failure_reason(code: grpc.StatusCode) -> str:
+    return _FAILURE_REASON.get(code, "OTHER")
+
+
+@dataclass
+class _TritonCounts:
+    success: int = 0
+    failure: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    inferences: int = 0
+    executions: float = 0.0
+    request_us: float = 0.0
+    queue_us: float = 0.0
+    compute_us: float = 0.0
+
+
+class _TritonCollector(Collector):
+    """Triton's per-model counters, untyped under Triton's exact series names (see the module doc)."""
+
+    _SERIES = (
+        ("nv_inference_count", "Number of inferences performed (rows of successful requests)", "inferences"),
+        ("nv_inference_exec_count", "Number of model executions performed (this frontend's share of batches)",
+         "executions"),
+        ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds", "request_us"),
+        ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds", "queue_us"),
+        ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds",
+         "compute_us"),
+    )
+
+    def __init__(self, counts: dict[str, _TritonCounts]) -> None:
+        self.counts = counts
+
+    def collect(self):
+        labels = ["model", "version"]
+        success = UnknownMetricFamily("nv_inference_request_success",
+                                      "Number of successful inference requests, all batch sizes", labels=labels)
+        failure = UnknownMetricFamily("nv_inference_request_failure",
+                                      "Number of failed inference requests, all batch sizes",
+                                      labels=[*labels, "reason"])
+        series = [(UnknownMetricFamily(name, doc, labels=labels), attr) for name, doc, attr in self._SERIES]
+        for model, c in sorted(self.counts.items()):
+            success.add_metric([model, VERSION], c.success)
+            for reason, n in sorted(c.failure.items()):
+                failure.add_metric([model, VERSION, reason], n)
+            for family, attr in series:
+                family.add_metric([model, VERSION], getattr(c, attr))
+        yield success
+        yield failure
+        for family, _ in series:
+            yield family
+
+
+class _PlanCollector(Collector):
+    """Gauges from the routing table the scheduler pushed last."""
+
+    def __init__(self, table: Callable[[], object]) -> None:
+        self.table = table
+
+    def collect(self):
+        table = self.table()
+        epoch = GaugeMetricFamily("nexus_routing_epoch", "Plan epoch of the routing table this frontend holds")
+        epoch.add_metric([], table.epoch)
+        devices = GaugeMetricFamily("nexus_planned_devices", "Devices the scheduler's plan uses")
+        devices.add_metric([], table.planned_devices)
+        bound = GaugeMetricFamily("nexus_lower_bound_devices",
+                                  "Lower bound on the devices any plan needs for the planned rates")
+        bound.add_metric([], table.lower_bound)
+        yield from (epoch, devices, bound)
+        per_session = {
+            "planned": GaugeMetricFamily("nexus_session_planned_rate_rps",
+                                         "Request rate the plan serves for the session", labels=["model"]),
+            "measured": GaugeMetricFamily("nexus_session_measured_rate_rps",
+                                          "Request rate the frontends reported for the session, summed",
+                                          labels=["model"]),
+            "slo": GaugeMetricFamily("nexus_session_slo_seconds", "Latency SLO of the session", labels=["model"]),
+            "backends": GaugeMetricFamily("nexus_session_backends", "Backends the session is routed to",
+                                          labels=["model"]),
+        }
+        per_route = {
+            "batch": GaugeMetricFamily("nexus_session_planned_batch", "Planned batch of the session on a backend",
+                                       labels=["model", "backend"]),
+            "throughput": GaugeMetricFamily("nexus_session_planned_throughput_rps",
+                                            "Throughput the plan gives the session on a backend",
+                                            labels=["model", "backend"]),
+            "duty": GaugeMetricFamily("nexus_session_duty_cycle_seconds",
+                                      "Planned duty cycle of the backend the session runs on",
+                                      labels=["model", "backend"]),
+        }
+        for name, entry in sorted(table.models.items()):
+            if not entry.served:
+                continue
+            per_session["planned"].add_metric([name], entry.planned_rate_rps)
+            per_session["measured"].add_metric([name], entry.measured_rate_rps)
+            per_session["slo"].add_metric([name], entry.slo_ms / 1000)
+            per_session["backends"].add_metric([name], len(entry.backends))
+            for route in entry.backends:
+                per_route["batch"].add_metric([name, route.node_id], route.batch)
+                per_route["throughput"].add_metric([name, route.node_id], route.weight)
+                per_route["duty"].add_metric([name, route.node_id], route.duty_cycle_ms / 1000)
+        yield from per_session.values()
+        yield from per_route.values()
+
+
+class FrontendMetrics:
+    """The frontend's recorder and its registry; see the module doc for the metrics."""
+
+    def __init__(self, table: Callable[[], object]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._triton: dict[str, _TritonCounts] = defaultdict(_TritonCounts)
+        self.registry.register(_TritonCollector(self._triton))
+        self.registry.register(_PlanCollector(table))
+        labels = ["model", "version"]
+        self._latency = Histogram("nexus_request_latency_seconds", "End-to-end latency of successful requests",
+                                  labels, buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        self._slo_ratio = Histogram("nexus_request_latency_slo_ratio",
+                                    "Latency of successful requests divided by their SLO (le=1.0: within SLO)",
+                                    labels, buckets=SLO_RATIO_BUCKETS, registry=self.registry)
+        self._late = Counter("nexus_requests_late", "Successful requests answered after their SLO", labels,
+                             registry=self.registry)
+        self._dropped = Counter("nexus_requests_dropped", "Requests dropped or shed, by gRPC status",
+                                [*labels, "reason"], registry=self.registry)
+        self._seen: set[str] = set()
+
+    def _first_sight(self, model: str) -> None:
+        """Show a model's late and dropped counters at 0 before anything happens to them (ratios need them)."""
+        if model not in self._seen:
+            self._seen.add(model)
+            self._late.labels(model, VERSION)
+            for code in DROP_STATUSES:
+                self._dropped.labels(model, VERSION, code.name)
+
+    def success(self, model: str, rows: int, latency_s: float, slo_s: float,
+                result: control.ExecResult | None = None) -> None:
+        """A successful request of ``rows`` rows that took ``latency_s`` against a budget of ``slo_s``;
+        ``result`` is the backend's answer (None for a query, whose stages ran on several backends)."""
+        self._first_sight(model)
+        c = self._triton[model]
+        c.success += 1
+        c.inferences += rows
+        c.request_us += latency_s * 1e6
+        if result is not None:
+            c.executions += rows / max(result.batch_size, rows, 1)
+            c.queue_us += result.queue_ns / 1000
+            c.compute_us += result.compute_ns / 1000
+        self._latency.labels(model, VERSION).observe(latency_s)
+        if slo_s > 0:
+            self._slo_ratio.labels(model, VERSION).observe(latency_s / slo_s)
+            if latency_s > slo_s:
+                self._late.labels(model, VERSION).inc()
+
+    def failure(self, model: str, code: grpc.StatusCode) -> None:
+        """A request of a known model that ended with ``code``."""
+        self._first_sight(model)
+        self._triton[model].failure[failure_reason(code)] += 1
+        if code in DROP_STATUSES:
+            self._dropped.labels(model, VERSION, code.name).inc()
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric (what ``/metrics`` serves)."""
+        return prometheus_client.generate_latest(self.registry)

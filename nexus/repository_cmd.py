@@ -1,0 +1,86 @@
+"""``nexus models import DIR`` and ``nexus serve --model-repository DIR``: Triton model repositories.
+
+The whole repository is read and checked first (:mod:`common.model_repository`), so a bad model
+uploads nothing; then every model is uploaded to the scheduler (one whose file the scheduler already
+holds under that name is left as it is).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import tempfile
+
+from common.model_repository import RepositoryError, RepositoryModel, describe, read_repository
+from nexus.models_cmd import DEFAULT_SCHEDULER, CommandError, list_models, upload_model
+
+
+def read_checked(root: str, prog: str) -> list[RepositoryModel] | None:
+    """Read the repository, printing its warnings; None (after printing the error) when it cannot be served."""
+    try:
+        models = read_repository(root)
+    except RepositoryError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        return None
+    for m in models:
+        for w in m.warnings:
+            print(f"{prog}: warning: {w}", file=sys.stderr, flush=True)
+    return models
+
+
+def _sha256(path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def upload_repository(scheduler: str, models: list[RepositoryModel], *, load: bool = True) -> list[str]:
+    """Upload every model (skipping one the scheduler holds with the same bytes); return what was uploaded."""
+    stored = {m.name: m.sha256 for m in list_models(scheduler)}
+    uploaded = []
+    for m in models:
+        if stored.get(m.name) == _sha256(m.path):
+            continue
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as io_file:
+            io_path = None
+            if m.runtime == "torch":     # TorchScript carries no description: the config's is the one
+                io_file.write(m.io_json)
+                io_file.flush()
+                io_path = io_file.name
+            upload_model(scheduler, m.path, m.name, slo_ms=m.slo_ms, runtime=m.runtime, io_path=io_path, load=load)
+        uploaded.append(m.name)
+    return uploaded
+
+
+def _run_import(args) -> int:
+    prog = "nexus models import"
+    models = read_checked(args.dir, prog)
+    if models is None:
+        return 2
+    if args.dry_run:
+        print(json.dumps([describe(m) for m in models], indent=2))
+        return 0
+    try:
+        uploaded = upload_repository(args.scheduler, models, load=not args.no_load)
+    except CommandError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    for m in models:
+        state = "uploaded" if m.name in uploaded else "unchanged"
+        slo = f"SLO {m.slo_ms:g} ms" if m.slo_ms else "default SLO"
+        print(f"{m.name}: version {m.version}, {m.runtime}, {slo}: {state}")
+    return 0
+
+
+def add_import_parser(msub) -> None:
+    p = msub.add_parser("import", help="upload every model of a Triton model repository",
+                        description="Read a Triton model repository (<name>/config.pbtxt, <name>/<version>/model.onnx "
+                                    "or model.pt), check each config against its model file, and upload the models.")
+    p.add_argument("dir", help="the repository folder")
+    p.add_argument("--scheduler", default=DEFAULT_SCHEDULER)
+    p.add_argument("--no-load", action="store_true", help="store only; do not start serving them")
+    p.add_argument("--dry-run", action="store_true", help="check the repository and print what would be uploaded")
+    p.set_defaults(func=_run_import)

@@ -1,0 +1,263 @@
+"""deploy/kubernetes/ and the Dockerfile: strict schema validation offline, and the rules every
+container follows (probes, non-root, resources, the image the Dockerfile builds).
+
+The slow test that runs the manifests' commands as processes is tests/test_kubernetes_commands.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.metadata
+import re
+import subprocess
+import sys
+
+import kubernetes_validate
+import pytest
+
+from common.config import BackendConfig, FrontendConfig, SchedulerConfig, add_arguments, from_args
+from tests.kube_manifests import (KUBE_DIR, ROOT, RenderError, config_maps, container_env, containers, expand, find,
+                                  image_name, kustomization_dirs, load_documents, manifest_files, pod_spec,
+                                  references, render, workloads)
+
+# The Kubernetes release whose schema the manifests must satisfy (gRPC probes are GA from 1.27).
+KUBERNETES_VERSION = "1.33.0"
+DEFAULT = KUBE_DIR                       # kubectl apply -k deploy/kubernetes: no GPU needed
+GPU = KUBE_DIR / "gpu"                   # kubectl apply -k deploy/kubernetes/gpu
+COMPONENT_CONFIGS = {"scheduler": SchedulerConfig, "frontend": FrontendConfig, "backend": BackendConfig}
+SAMPLE_FIELDS = {"status.podIP": "10.244.1.7", "metadata.name": "pod-0", "metadata.namespace": "nexus"}
+PRESTOP_S = 5
+
+
+def _documents():
+    return [pytest.param(doc, id=f"{path.relative_to(KUBE_DIR)}:{doc['kind']}/{doc['metadata']['name']}")
+            for path in manifest_files() for doc in load_documents(path)]
+
+
+def _rendered():
+    return [pytest.param(d, id=str(d.relative_to(ROOT))) for d in kustomization_dirs()]
+
+
+@pytest.mark.parametrize("doc", _documents())
+def test_every_manifest_validates_strictly(doc):
+    kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("directory", _rendered())
+def test_every_kustomization_renders_to_valid_objects(directory):
+    objects = render(directory)
+    assert objects
+    for obj in objects:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_strict_validation_rejects_an_unknown_field():
+    """The validation above can fail: a misspelt probe field is an error in strict mode."""
+    doc = copy.deepcopy(find(render(DEFAULT), "Deployment", "nexus-frontend"))
+    probe = pod_spec(doc)["containers"][0]["readinessProbe"]
+    probe["grpc"]["serviceName"] = probe["grpc"].pop("service")
+    with pytest.raises(kubernetes_validate.ValidationError, match="serviceName"):
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_renderer_refuses_what_it_does_not_implement(tmp_path):
+    (tmp_path / "kustomization.yaml").write_text("resources: [a.yaml]\npatches: []\n")
+    with pytest.raises(RenderError, match="patches"):
+        render(tmp_path)
+    (tmp_path / "kustomization.yaml").write_text("resources: [missing.yaml]\n")
+    with pytest.raises(RenderError, match="no such resource"):
+        render(tmp_path)
+
+
+@pytest.mark.parametrize("directory", [DEFAULT, GPU], ids=["default", "gpu"])
+def test_every_container_has_grpc_probes_resources_and_a_non_root_context(directory):
+    objects = render(directory)
+    assert len(containers(objects)) >= 3
+    for workload, c in containers(objects):
+        where = f"{workload['metadata']['name']}/{c['name']}"
+        ports = {p["containerPort"] for p in c["ports"]}
+        assert c["livenessProbe"]["grpc"]["service"] == "liveness", where
+        assert c["readinessProbe"]["grpc"]["service"] == "", where
+        assert c["startupProbe"]["grpc"]["service"] == "liveness", where
+        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+            assert c[probe]["grpc"]["port"] in ports, (where, probe)
+
+        requests, limits = c["resources"]["requests"], c["resources"]["limits"]
+        assert {"cpu", "memory"} <= set(requests), where
+        assert "memory" in limits, where
+
+        pod, sc = pod_spec(workload)["securityContext"], c["securityContext"]
+        assert sc["runAsNonRoot"] is True and pod["runAsNonRoot"] is True, where
+        assert pod["runAsUser"] > 0 and pod.get("runAsGroup", 1) > 0, where
+        assert pod["seccompProfile"]["type"] == "RuntimeDefault", where
+        assert sc["allowPrivilegeEscalation"] is False, where
+        assert sc["capabilities"]["drop"] == ["ALL"], where
+        assert sc["readOnlyRootFilesystem"] is True, where
+        volumes = {v["name"]: v for v in pod_spec(workload).get("volumes", [])}
+        tmp = [m for m in c["volumeMounts"] if m["mountPath"] == "/tmp"]
+        assert tmp and "emptyDir" in volumes[tmp[0]["name"]], f"{where}: a read-only root needs a writable /tmp"
+        assert pod_spec(workload)["automountServiceAccountToken"] is False, where
+
+
+def test_the_image_user_is_the_manifests_user():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    user = re.search(r"^USER (\d+):(\d+)$", dockerfile, re.M)
+    assert user, "the Dockerfile sets a numeric USER (runAsNonRoot needs one)"
+    for workload in workloads(render(DEFAULT) + render(GPU)):
+        pod = pod_spec(workload)["securityContext"]
+        assert (pod["runAsUser"], pod["runAsGroup"]) == (int(user.group(1)), int(user.group(2)))
+
+
+def test_images_are_the_ones_the_dockerfile_builds():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    for variant in ("cpu", "cuda"):
+        assert f"-t {image_name(variant)} " in dockerfile, f"the Dockerfile's build line for {variant}"
+    default = {c["image"] for _, c in containers(render(DEFAULT))}
+    assert default == {image_name("cpu")}, "a cluster without GPUs runs the cpu image only"
+    gpu = {w["metadata"]["name"]: c["image"] for w, c in containers(render(GPU))}
+    assert gpu.pop("nexus-backend-gpu") == image_name("cuda")
+    assert set(gpu.values()) == {image_name("cpu")}
+
+
+def test_gpu_backends_take_one_gpu_each_and_the_default_needs_none():
+    backend = find(render(GPU), "Deployment", "nexus-backend-gpu")
+    (c,) = pod_spec(backend)["containers"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == 1
+    assert c["args"][c["args"].index("--device") + 1] == "cuda:0"
+    for _, other in containers(render(DEFAULT)):
+        assert "nvidia.com/gpu" not in str(other["resources"])
+    emulated = find(render(DEFAULT), "Deployment", "nexus-backend-emulated")
+    (c,) = pod_spec(emulated)["containers"]
+    device = c["args"][c["args"].index("--device") + 1]
+    assert expand(device, container_env(c, render(DEFAULT), SAMPLE_FIELDS)).startswith("emulated:")
+
+
+def test_the_scheduler_is_one_statefulset_replica_with_its_database_on_a_claim():
+    objects = render(DEFAULT)
+    (scheduler,) = [w for w in workloads(objects) if "scheduler" in w["metadata"]["name"]]
+    assert scheduler["kind"] == "StatefulSet"
+    assert scheduler["spec"]["replicas"] == 1
+    (claim,) = scheduler["spec"]["volumeClaimTemplates"]
+    (c,) = pod_spec(scheduler)["containers"]
+    data_dir = c["args"][c["args"].index("--data-dir") + 1]
+    assert {"name": claim["metadata"]["name"], "mountPath": data_dir} in c["volumeMounts"]
+    assert find(objects, "Service", scheduler["spec"]["serviceName"])["spec"]["clusterIP"] == "None"
+    # frontends and backends dial the scheduler's ClusterIP Service, on the port it listens on
+    service = find(objects, "Service", "nexus-scheduler")
+    address = config_maps(objects)["nexus-config"]["NEXUS_SCHEDULER_ADDRESS"]
+    assert address == f"nexus-scheduler:{service['spec']['ports'][0]['port']}"
+
+
+@pytest.mark.parametrize("directory", [DEFAULT, GPU], ids=["default", "gpu"])
+def test_services_select_pods_and_name_their_ports(directory):
+    objects = render(directory)
+    services = [o for o in objects if o["kind"] == "Service"]
+    assert {s["metadata"]["name"] for s in services} >= {"nexus-scheduler", "nexus-frontend"}
+    for service in services:
+        selected = [w for w in workloads(objects)
+                    if service["spec"]["selector"].items() <= w["spec"]["template"]["metadata"]["labels"].items()]
+        assert selected, service["metadata"]["name"]
+        names = {p["name"] for w in selected for c in pod_spec(w)["containers"] for p in c["ports"]}
+        for port in service["spec"]["ports"]:
+            assert port["targetPort"] in names, (service["metadata"]["name"], port)
+    frontend = find(objects, "Service", "nexus-frontend")
+    assert {(p["name"], p["port"]) for p in frontend["spec"]["ports"]} == {("grpc", 8001), ("http", 8000)}
+
+
+@pytest.mark.parametrize("directory", [DEFAULT, GPU], ids=["default", "gpu"])
+def test_container_args_are_valid_component_flags(directory):
+    """Every $(VAR) comes from the container's env, and the expanded args parse and validate as the
+    component's config (the same parser as `nexus scheduler|frontend|backend`)."""
+    objects = render(directory)
+    for workload, c in containers(objects):
+        where = f"{workload['metadata']['name']}/{c['name']}"
+        assert c["command"] == ["nexus"], where
+        env = container_env(c, objects, SAMPLE_FIELDS)
+        for arg in c["args"]:
+            assert references(arg) <= set(env), (where, arg)
+        args = [expand(a, env) for a in c["args"]]
+        component, flags = args[0], args[1:]
+        parser = argparse.ArgumentParser(exit_on_error=False)
+        add_arguments(parser, COMPONENT_CONFIGS[component])
+        config = from_args(COMPONENT_CONFIGS[component], parser.parse_args(flags))
+        assert config.listen.startswith("0.0.0.0:"), where
+        if component != "scheduler":
+            assert config.advertise == f"{SAMPLE_FIELDS['status.podIP']}:{config.listen.rsplit(':', 1)[1]}", where
+            assert config.scheduler == "nexus-scheduler:8100", where
+
+
+@pytest.mark.parametrize("directory", [DEFAULT, GPU], ids=["default", "gpu"])
+def test_pods_get_time_to_drain_before_they_are_killed(directory):
+    """terminationGracePeriodSeconds covers the preStop pause and the component's --drain-grace-s."""
+    objects = render(directory)
+    for workload, c in containers(objects):
+        if "--drain-grace-s" not in c["args"]:
+            continue
+        env = container_env(c, objects, SAMPLE_FIELDS)
+        grace = float(expand(c["args"][c["args"].index("--drain-grace-s") + 1], env))
+        pre_stop = c["lifecycle"]["preStop"]["exec"]["command"]
+        assert pre_stop == ["sleep", str(PRESTOP_S)]
+        assert pod_spec(workload)["terminationGracePeriodSeconds"] >= PRESTOP_S + grace + 5, workload["metadata"]["name"]
+
+
+def test_frontends_keep_serving_through_voluntary_disruptions():
+    objects = render(DEFAULT)
+    pdb = find(objects, "PodDisruptionBudget", "nexus-frontend")
+    frontend = find(objects, "Deployment", "nexus-frontend")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= frontend["spec"]["template"]["metadata"]["labels"].items()
+    assert frontend["spec"]["replicas"] > pdb["spec"]["maxUnavailable"]
+
+
+def test_env_references_unknown_configmap_keys_fail(tmp_path):
+    """A container naming a key the ConfigMap lacks is caught (the kubelet would refuse to start it)."""
+    objects = render(DEFAULT)
+    c = copy.deepcopy(pod_spec(find(objects, "Deployment", "nexus-frontend"))["containers"][0])
+    c["env"].append({"name": "X", "valueFrom": {"configMapKeyRef": {"name": "nexus-config", "key": "NO_SUCH_KEY"}}})
+    with pytest.raises(KeyError, match="NO_SUCH_KEY"):
+        container_env(c, objects, SAMPLE_FIELDS)
+    c["env"][-1] = {"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "token"}}}
+    with pytest.raises(RenderError, match="required"):
+        container_env(c, objects, SAMPLE_FIELDS)
+
+
+def test_expansion_follows_kubernetes_rules():
+    env = {"A": "1", "POD_IP": "10.0.0.2"}
+    assert expand("$(POD_IP):8001", env) == "10.0.0.2:8001"
+    assert expand("$(MISSING)-$(A)", env) == "$(MISSING)-1"
+    assert expand("$$(A)", env) == "$(A)"
+
+
+# The image's Python requirements (deploy/docker/requirements.py, run by the Dockerfile).
+REQUIREMENTS = [sys.executable, str(ROOT / "deploy" / "docker" / "requirements.py")]
+
+
+def _requirements(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*REQUIREMENTS, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_image_variants_carry_exactly_one_onnx_runtime():
+    cpu = _requirements("cpu").stdout.split()
+    cuda = _requirements("cuda").stdout.split()
+    assert [r for r in cpu if r.startswith("onnxruntime")] == [r for r in cpu if re.match(r"onnxruntime[<>=]", r)]
+    assert not any(r.startswith("onnxruntime-gpu") for r in cpu)
+    assert [r for r in cuda if r.startswith("onnxruntime")] == [r for r in cuda if r.startswith("onnxruntime-gpu[")]
+    assert not any(r.startswith("torch") for r in cpu + cuda), "torch only when asked for"
+    assert "torch==2.13.0" in _requirements("cpu", "--torch").stdout.split()
+    # everything else is the project's own runtime dependency list
+    assert [r for r in cpu if not r.startswith("onnxruntime")] == [r for r in cuda if not r.startswith("onnxruntime")]
+
+
+def test_the_variant_check_names_the_wrong_runtime():
+    """The check passes for the runtime installed here and fails for the other, naming what it found."""
+    installed = {d.metadata["Name"].lower() for d in importlib.metadata.distributions()} & {"onnxruntime",
+                                                                                           "onnxruntime-gpu"}
+    assert len(installed) == 1, installed
+    here, other = ("cpu", "cuda") if installed == {"onnxruntime"} else ("cuda", "cpu")
+    assert _requirements("--check", here).returncode == 0
+    wrong = _requirements("--check", other)
+    assert wrong.returncode == 1
+    assert f"installed: {sorted(installed)}" in wrong.stderr
+    bad = _requirements("rocm")
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr

@@ -166,13 +166,15 @@ class Cluster:
         self.backends = [self._launch(BackendConfig(scheduler=self.scheduler_address, listen="127.0.0.1:0",
                                                     device=f"emulated:{DEVICE_TYPE}"), f"backend-{i}")
                          for i in range(backends)]
-        self.frontends = [self._launch(FrontendConfig(scheduler=self.scheduler_address, listen="127.0.0.1:0"),
-                                       f"frontend-{i}") for i in range(frontends)]
+        # gRPC only: HTTP and /metrics would want the same default ports on every frontend once pinned
+        frontend = FrontendConfig(scheduler=self.scheduler_address, listen="127.0.0.1:0", http_listen="",
+                                  metrics_listen="")
+        self.frontends = [self._launch(frontend, f"frontend-{i}") for i in range(frontends)]
         for b in self.backends:
             wait_serving(b.wait_ready(60))
         for f in self.frontends:
             f.wait_ready(60)
-            pin_listen(f, FrontendConfig(scheduler=self.scheduler_address, listen="127.0.0.1:0"))
+            pin_listen(f, frontend)
             wait_serving(f.address)
             if wait_models_ready(f.address, [MODEL], 120):
                 raise RuntimeError(f"{MODEL} not ready on {f.address}")

@@ -146,13 +146,6 @@ def _in_volume(arg: str, mounts: dict[str, pathlib.Path]) -> str:
     return arg
 
 
-def _advertise_registered() -> bool:
-    """Whether nodes register under their --advertise address (issue 10, item 1, on another branch
-    at the time of writing): the manifests rely on it, as peers must dial $(POD_IP), not 0.0.0.0."""
-    sources = [*(ROOT / "backend").glob("*.py"), *(ROOT / "frontend").glob("*.py"), ROOT / "common" / "registration.py"]
-    return any("advertise" in path.read_text() for path in sources)
-
-
 @pytest.fixture
 def network():
     reason = _netns_unavailable()
@@ -163,10 +156,6 @@ def network():
     net.close()
 
 
-# Remove this marker once --advertise reaches registration (then the test runs for real; strict: a
-# pass while it is here is reported as a failure, so it cannot be forgotten).
-@pytest.mark.xfail(not _advertise_registered(), run=False, strict=True,
-                   reason="backends and frontends do not register their --advertise address yet")
 def test_manifest_commands_serve_a_model_together(network, tmp_path):
     objects = render(KUBE_DIR)
     pods = _pods(objects)

@@ -101,6 +101,7 @@ class BackendService(control_grpc.BackendServicer):
         self._prefixes: dict[str, tuple[str, object, str]] = {}
         self._scheduler_stub = None
         self.health = None                   # common.health.Health, set by serve()
+        self.in_flight = 0                   # requests accepted and not answered yet (drain waits for 0)
         self._table_lock = asyncio.Lock()
         self._profile_lock = asyncio.Lock()   # one measurement at a time, or they disturb each other
 
@@ -312,9 +313,13 @@ class BackendService(control_grpc.BackendServicer):
 
         queued: dict[int, object] = {}      # this stream's request id -> its queue entry, until answered
 
+        def finished(entry) -> None:
+            self.in_flight -= 1
+            results.put_nowait(entry)
+
         def completer(request_id: int):
             def done(outcome: Outcome) -> None:
-                loop.call_soon_threadsafe(results.put_nowait, (request_id, outcome))
+                loop.call_soon_threadsafe(finished, (request_id, outcome))
             return done
 
         async def reader() -> None:
@@ -323,11 +328,12 @@ class BackendService(control_grpc.BackendServicer):
                     if item.cancel:     # the client gave up: a request still queued never runs
                         entry = queued.pop(item.request_id, None)
                         if entry is not None and self.engine.cancel(entry):
-                            results.put_nowait((item.request_id, Outcome("EXEC_CANCELLED", "cancelled by the frontend")))
+                            finished((item.request_id, Outcome("EXEC_CANCELLED", "cancelled by the frontend")))
                         continue
                     try:
                         queued[item.request_id] = self.engine.submit(
                             self._work(item, clock(), completer(item.request_id)))
+                        self.in_flight += 1
                     except ExecError as exc:
                         results.put_nowait((item.request_id, Outcome(exc.status, str(exc))))
             finally:
@@ -344,7 +350,8 @@ class BackendService(control_grpc.BackendServicer):
         finally:
             task.cancel()
             for entry in queued.values():   # the frontend is gone: nobody waits for these any more
-                self.engine.cancel(entry)
+                if self.engine.cancel(entry):
+                    self.in_flight -= 1
 
     async def ExecuteOne(self, request, context):
         loop = asyncio.get_running_loop()
@@ -357,7 +364,11 @@ class BackendService(control_grpc.BackendServicer):
             self.engine.submit(self._work(request, self.engine.clock(), done))
         except ExecError as exc:
             return encode_result(request.request_id, Outcome(exc.status, str(exc)))
-        return encode_result(request.request_id, await future)
+        self.in_flight += 1
+        try:
+            return encode_result(request.request_id, await future)
+        finally:
+            self.in_flight -= 1
 
     def stats(self) -> control.BackendStats:
         """A snapshot of every session's and prefix group's counters (``Stats`` and ``/metrics``)."""
@@ -429,6 +440,26 @@ def backend_stats(engine: Engine, node_id: str = "") -> control.BackendStats:
                 memory_bytes=int(g.memory_mb * _BYTES_PER_MB), max_batch=g.max_batch))
     reply.memory_bytes = total
     return reply
+
+
+async def drain(service: BackendService, scheduler, grace_s: float) -> None:
+    """On SIGTERM: readiness NOT_SERVING; ask the scheduler to move this backend's sessions (its
+    Leave replies once every frontend's routing table leaves this backend out); then answer every
+    request still queued or running here. All within ``grace_s``; a second signal cuts it short."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    if service.health is not None:
+        await service.health.start_draining()
+    if service.node_id:
+        try:
+            reply = await scheduler.Leave(control.LeaveRequest(node_id=service.node_id), timeout=grace_s)
+            log.info("left the plan; %d sessions moved", reply.sessions_moved)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("could not leave the plan (%s: %s); draining anyway", exc.code().name, exc.details())
+    while service.in_flight and loop.time() < deadline:
+        await asyncio.sleep(0.02)
+    if service.in_flight:
+        log.warning("%d requests still in flight after the %.0f s drain grace", service.in_flight, grace_s)
 
 
 def device_problem(device: str) -> str | None:
@@ -546,13 +577,15 @@ async def serve(config: BackendConfig, ready=None) -> None:
     scheduler = control_grpc.SchedulerStub(channel)
     service.attach_scheduler(scheduler)
     memory = config.memory_mb or detect_memory_mb(config.device)
-    register = control.RegisterRequest(kind=control.NODE_KIND_BACKEND, address=address, device=config.device,
-                                       device_type=config.resolved_device_type, memory_mb=memory)
+    register = control.RegisterRequest(kind=control.NODE_KIND_BACKEND, address=config.advertise or address,
+                                       device=config.device, device_type=config.resolved_device_type,
+                                       memory_mb=memory)
     if ready:
         ready(address)
     try:
         await keep_registered(scheduler, register, service)
     finally:
+        await drain(service, scheduler, config.drain_grace_s)
         engine.stop()
         if metrics_server is not None:
             await metrics_server.close()

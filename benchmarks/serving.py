@@ -63,7 +63,9 @@ import time
 import grpc
 import numpy as np
 
-from nexus.serve_cmd import Child, wait_models_ready
+from common.config import BackendConfig, BatchStart, FrontendConfig, SchedulerConfig
+from nexus.launcher import Child, component_argv
+from nexus.serve_cmd import wait_models_ready
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "out"
@@ -230,20 +232,18 @@ class Cluster:
         from nexus.models_cmd import upload_model
 
         try:
-            sched = self._start("scheduler", ["scheduler", "--listen", "127.0.0.1:0", "--data-dir",
-                                              str(self.dir / "db"), "--epoch-s", str(self.epoch_s)])
+            sched = self._start("scheduler", component_argv(SchedulerConfig(
+                listen="127.0.0.1:0", data_dir=self.dir / "db", epoch_s=self.epoch_s)))
             self.scheduler = sched.wait_ready()
             paths = write_sample_models(self.dir / "samples", self.models)
             for name, path in paths.items():
                 upload_model(self.scheduler, path, name, slo_ms=SAMPLE_MODELS[name].slo_ms)
-            argv = ["backend", "--scheduler", self.scheduler, "--device", "cpu", "--listen", "127.0.0.1:0",
-                    "--batch-start", self.batch_start]
-            if self.threads:
-                argv += ["--threads", str(self.threads)]
-            self._start("backend", argv).wait_ready()
-            self.frontend = self._start("frontend", [
-                "frontend", "--scheduler", self.scheduler, "--listen", "127.0.0.1:0", "--metrics-listen", "",
-                "--exec-path", self.exec_path]).wait_ready()
+            self._start("backend", component_argv(BackendConfig(
+                scheduler=self.scheduler, listen="127.0.0.1:0", device="cpu", threads=self.threads,
+                batch_start=BatchStart(self.batch_start)))).wait_ready()
+            self.frontend = self._start("frontend", component_argv(FrontendConfig(
+                scheduler=self.scheduler, listen="127.0.0.1:0", metrics_listen="",
+                exec_path=self.exec_path))).wait_ready()
             self._wait_models_ready(ready_timeout_s)
         except BaseException:
             self.stop()

@@ -40,32 +40,37 @@ def _default(f: dataclasses.Field):
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """Add one flag per field of the config dataclass ``cls`` (nested config fields flattened)."""
+def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (), prefix: str = "") -> None:
+    """Add one flag per field of the config dataclass ``cls`` (nested config fields flattened).
+
+    With ``prefix`` (for one command that configures several components, such as ``nexus serve``)
+    the flags are ``--PREFIX-FIELD`` and :func:`from_args` must be given the same prefix.
+    """
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip or not f.init:
             continue
         kind = _strip_optional(hints[f.name])
         if _nested(kind):
-            add_arguments(parser, kind, skip)
+            add_arguments(parser, kind, skip, prefix)
             continue
         default = _default(f)
         help_text = f.metadata.get("help", "")
+        name = f"{prefix}_{f.name}" if prefix else f.name
         if kind is bool:
-            parser.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
+            parser.add_argument(_flag(name), dest=name, action=argparse.BooleanOptionalAction,
                                 default=default, help=help_text)
         elif isinstance(kind, type) and issubclass(kind, enum.Enum):
-            parser.add_argument(_flag(f.name), dest=f.name, default=default.value if default is not None else None,
+            parser.add_argument(_flag(name), dest=name, default=default.value if default is not None else None,
                                 choices=[m.value for m in kind], help=help_text)
         elif typing.get_origin(kind) is tuple:
-            parser.add_argument(_flag(f.name), dest=f.name, default=list(default), nargs="*", help=help_text)
+            parser.add_argument(_flag(name), dest=name, default=list(default), nargs="*", help=help_text)
         else:
-            parser.add_argument(_flag(f.name), dest=f.name, default=default, type=kind if kind in (int, float, str) else str,
+            parser.add_argument(_flag(name), dest=name, default=default, type=kind if kind in (int, float, str) else str,
                                 help=f"{help_text} (default: {default})")
 
 
-def _build(cls: type, args: argparse.Namespace, overrides: dict):
+def _build(cls: type, args: argparse.Namespace, overrides: dict, prefix: str = ""):
     hints = typing.get_type_hints(cls)
     values = {}
     for f in dataclasses.fields(cls):
@@ -76,11 +81,12 @@ def _build(cls: type, args: argparse.Namespace, overrides: dict):
             continue
         kind = _strip_optional(hints[f.name])
         if _nested(kind):
-            values[f.name] = _build(kind, args, overrides)
+            values[f.name] = _build(kind, args, overrides, prefix)
             continue
-        if not hasattr(args, f.name):
+        dest = f"{prefix}_{f.name}" if prefix else f.name
+        if not hasattr(args, dest):
             continue
-        value = getattr(args, f.name)
+        value = getattr(args, dest)
         if isinstance(kind, type) and issubclass(kind, enum.Enum) and value is not None:
             value = kind(value)
         elif kind is pathlib.Path and value is not None:
@@ -91,9 +97,10 @@ def _build(cls: type, args: argparse.Namespace, overrides: dict):
     return cls(**values)
 
 
-def from_args(cls: type, args: argparse.Namespace, **overrides):
-    """Build and validate ``cls`` from parsed flags (plus explicit overrides)."""
-    config = _build(cls, args, overrides)
+def from_args(cls: type, args: argparse.Namespace, prefix: str = "", **overrides):
+    """Build and validate ``cls`` from parsed flags (plus explicit overrides; ``prefix`` as given to
+    :func:`add_arguments`)."""
+    config = _build(cls, args, overrides, prefix)
     config.validate()
     return config
 

@@ -11,6 +11,8 @@ from common.pb import control
 
 log = logging.getLogger("nexus.registration")
 
+REFUSED_RETRY_MAX_S = 10.0
+
 
 async def _attached(scheduler, node_id: str) -> str:
     """Hold the scheduler's Attach stream open until it ends; return why it ended.
@@ -35,9 +37,12 @@ async def keep_registered(scheduler, register: control.RegisterRequest, node) ->
     The Attach stream is how the scheduler learns at once that this node is gone (its end); the
     heartbeats are the backstop for a connection that hangs without breaking.
     ``node.node_id`` is set after each successful registration; a re-registration asks for the
-    same id so the scheduler's tables stay meaningful across its restarts.
+    same id so the scheduler's tables stay meaningful across its restarts. A node the scheduler
+    cannot dial back at its address (FAILED_PRECONDITION) logs the scheduler's reason as an error
+    and tries again, more slowly.
     """
     interval = 1.0
+    refused = 0
     while True:
         attach: asyncio.Task | None = None
         try:
@@ -45,7 +50,8 @@ async def keep_registered(scheduler, register: control.RegisterRequest, node) ->
             node.node_id = reply.node_id
             register.node_id = reply.node_id
             interval = max(reply.heartbeat_interval_ms / 1000, 0.05)
-            log.info("registered as %s", reply.node_id)
+            refused = 0
+            log.info("registered as %s; peers reach it at %s", reply.node_id, reply.address or register.address)
             attach = asyncio.create_task(_attached(scheduler, reply.node_id))
             while True:
                 if attach is not None:
@@ -68,6 +74,11 @@ async def keep_registered(scheduler, register: control.RegisterRequest, node) ->
             if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                 log.error("the scheduler refused this node: %s", exc.details())
                 await asyncio.sleep(5.0)
+                continue
+            if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
+                refused += 1
+                log.error("registration refused: %s (retrying)", exc.details())
+                await asyncio.sleep(min(2.0 * refused, REFUSED_RETRY_MAX_S))
                 continue
             log.warning("scheduler unreachable (%s); retrying", exc.code().name)
             await asyncio.sleep(min(interval, 1.0))

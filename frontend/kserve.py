@@ -68,8 +68,7 @@ class FrontendState:
 
     def set_table(self, table: RoutingTable) -> None:
         self.table = table
-        self.pool.sync(table.addresses())
-        self.ready = True
+        self.pool.sync(table.addresses())     # readiness follows in frontend/readiness.py
         self.table_changed.set()
         self.table_changed = asyncio.Event()
 

@@ -20,13 +20,15 @@ from common.pb import control, control_grpc, kserve_grpc
 from common.registration import keep_registered
 from common.security import (REPOSITORY_METHODS, Credentials, HeaderGuard, RepositoryAccess, control_methods,
                              parse_restricted_header)
-from frontend import rest
+from frontend import readiness, rest
+from frontend.gate import RequestGate
 from frontend.kserve import FrontendState, KServeService
 from frontend.routing import RoutingTable
 
 log = logging.getLogger("nexus.frontend")
 
 KSERVE_SERVICE = "inference.GRPCInferenceService"
+DRAIN_SETTLE_S = 0.2
 
 
 class FrontendControl(control_grpc.FrontendServicer):
@@ -37,8 +39,7 @@ class FrontendControl(control_grpc.FrontendServicer):
         if request.epoch < self.state.table.epoch:
             return control.RoutingTableReply()
         self.state.set_table(RoutingTable.from_proto(request))
-        if self.state.health is not None:
-            await self.state.health.set_ready(True)
+        await readiness.evaluate(self.state)
         log.info("routing epoch %d: %s", request.epoch,
                  ", ".join(f"{m.name}->{len(m.backends)}" for m in self.state.table.models.values()) or "empty")
         return control.RoutingTableReply()
@@ -85,7 +86,8 @@ async def serve(config: FrontendConfig, ready=None) -> None:
         guards, guarded = [HeaderGuard(*parse_restricted_header(config.restricted_repository_header))], control_methods
     else:
         guards, guarded = [], lambda method: control_methods(method) or method in REPOSITORY_METHODS
-    server = grpc_util.server(creds, guarded=guarded, interceptors=guards)
+    gate = RequestGate(state)
+    server = grpc_util.server(creds, guarded=guarded, interceptors=[*guards, gate])
     kserve_service = KServeService(state, scheduler)
     kserve_grpc.add_GRPCInferenceServiceServicer_to_server(kserve_service, server)
     control_grpc.add_FrontendServicer_to_server(FrontendControl(state), server)
@@ -109,8 +111,9 @@ async def serve(config: FrontendConfig, ready=None) -> None:
             raise
     metrics = await _start_metrics(config, state, server)
     node = _Node()
-    register = control.RegisterRequest(kind=control.NODE_KIND_FRONTEND, address=address)
+    register = control.RegisterRequest(kind=control.NODE_KIND_FRONTEND, address=config.advertise or address)
     reporter = asyncio.create_task(_report_loop(state, scheduler, node, config.report_interval_s))
+    checker = asyncio.create_task(readiness.keep_evaluating(state))
     if ready:
         extra = {"http": http_address} if http_address else {}
         if metrics:
@@ -120,13 +123,47 @@ async def serve(config: FrontendConfig, ready=None) -> None:
         await keep_registered(scheduler, register, node)
     finally:
         reporter.cancel()
+        checker.cancel()
+        await drain(state, server, scheduler, node, config.drain_grace_s, gate,
+                    http_runner.cleanup if http_runner is not None else None)
         if metrics is not None:
             await metrics.close()
-        if http_runner is not None:
-            await http_runner.cleanup()
         await state.pool.close()
-        await server.stop(grace=1)
         await channel.close()
+
+
+async def drain(state: FrontendState, server, scheduler, node, grace_s: float, gate: RequestGate,
+                stop_http=None) -> None:
+    """On SIGTERM: readiness NOT_SERVING first (load balancers stop sending), leave the scheduler's
+    tables, refuse new requests and finish those in flight within ``grace_s`` (gRPC here; HTTP in
+    ``stop_http()``, which stops its own way at the same time); then exit."""
+    state.ready = False
+    if state.health is not None:
+        await state.health.start_draining()
+    if node.node_id:
+        try:
+            await scheduler.Leave(control.LeaveRequest(node_id=node.node_id), timeout=2)
+        except grpc.aio.AioRpcError as exc:
+            log.info("could not leave the scheduler's tables (%s); draining anyway", exc.code().name)
+    # Refuse new calls from now on; wait for the inference calls in flight (long-lived streams such as
+    # health watches never end by themselves, so waiting for every call would take the whole grace).
+    stopping = asyncio.create_task(server.stop(grace=grace_s))
+    http_stopping = asyncio.create_task(stop_http()) if stop_http is not None else None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    quiet_since = None                         # calls accepted just before the stop still come in: wait for a lull
+    while loop.time() < deadline:
+        if gate.in_flight or any(c.outstanding for c in state.pool.connections.values()):
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = loop.time()
+        elif loop.time() - quiet_since >= DRAIN_SETTLE_S:
+            break
+        await asyncio.sleep(0.02)
+    await server.stop(grace=0)
+    await stopping
+    if http_stopping is not None:
+        await http_stopping
 
 
 async def _start_metrics(config: FrontendConfig, state: FrontendState, server):

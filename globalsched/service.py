@@ -14,18 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ipaddress
 import json
 import logging
 import pathlib
 import time
+import urllib.parse
 import uuid
 from dataclasses import dataclass, field
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common import grpc_util
-from common.config import SchedulerConfig
-from common.health import Health
+from common.config import WILDCARD_HOSTS, SchedulerConfig, join_host_port, split_host_port
+from common.health import LIVENESS, Health
 from common.pb import control, control_grpc
 from common.profile import Profile, ProfileError
 from common.security import Credentials
@@ -54,6 +57,35 @@ MIN_EDGE_SAMPLES = 20           # parent rows before a measured gamma is trusted
 # What _inputs derives along with the sessions: kept as they were when the re-planner keeps the plan.
 _PLAN_VIEW = ("planned_gammas", "session_models", "stage_sessions", "planned_query_rates", "session_slos",
               "query_plans")
+DIAL_BACK_TIMEOUT_S = 3.0       # a registering node must answer the scheduler's health check within this
+
+
+def peer_host(peer: str) -> str:
+    """The IP address in a gRPC peer string (``ipv4:10.0.0.2:5123``, ``ipv6:[fd00::2]:5123``, the
+    brackets possibly %-encoded); an IPv4-mapped IPv6 address gives its IPv4 form. ValueError for
+    peers without one (a Unix socket)."""
+    kind, _, rest = urllib.parse.unquote(peer).partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        raise ValueError(f"cannot tell the address of a peer on {peer!r}")
+    host, _ = split_host_port(rest)
+    ip = ipaddress.ip_address(host.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return host
+
+
+def advertised_address(address: str, peer: str) -> str:
+    """Where peers reach a registering node: its own ``address`` (its --advertise, or where it listens),
+    with a wildcard host (0.0.0.0, [::]) replaced by the host the registration came from."""
+    try:
+        host, port = split_host_port(address)
+    except ValueError as exc:
+        raise ValueError(f"address must be HOST:PORT, got {address!r} ({exc})") from None
+    if port == 0:
+        raise ValueError(f"address {address!r} has no port")
+    if host in WILDCARD_HOSTS:
+        host = peer_host(peer)
+    return join_host_port(host, port)
 
 
 @dataclass
@@ -85,9 +117,12 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.plan: ClusterPlan | None = None
         self.planned_query_rates: dict[str, float] = {}    # query -> rate with headroom
         self.stage_sessions: set[str] = set()              # "<query>/<stage>" sessions of the plan
-        self.epoch = 0
+        # Nodes ignore tables older than the last they applied; a restarted scheduler's epochs must be
+        # newer than its previous life's, so they start from the wall clock in milliseconds.
+        self.epoch = int(time.time() * 1000)
         self.last_plan_time = 0.0
         self._replan = asyncio.Event()
+        self._plan_lock = asyncio.Lock()
         self._profiling: set[tuple[str, str]] = set()
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
@@ -137,16 +172,21 @@ class SchedulerService(control_grpc.SchedulerServicer):
         if request.kind not in (control.NODE_KIND_FRONTEND, control.NODE_KIND_BACKEND):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "kind must be FRONTEND or BACKEND")
         try:
-            host, _, port = request.address.rpartition(":")
-            if not host or not port.isdigit():
-                raise ValueError
-        except ValueError:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"address must be HOST:PORT, got {request.address!r}")
+            address = advertised_address(request.address, context.peer())
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        kind = "frontend" if request.kind == control.NODE_KIND_FRONTEND else "backend"
+        problem = await self._dial_back(address)
+        if problem:
+            log.warning("refused %s registering from %s: %s", kind, context.peer(), problem)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"the scheduler cannot reach this {kind} at {address} ({problem}); start it with "
+                                f"--advertise HOST:PORT, an address the scheduler and the frontends can dial")
         node_id = request.node_id or f"{'fe' if request.kind == control.NODE_KIND_FRONTEND else 'be'}-{uuid.uuid4().hex[:8]}"
         old = self.nodes.pop(node_id, None)
         if old is not None and old.channel is not None:
             await old.channel.close()
-        node = Node(node_id, request.kind, request.address, request.device, request.device_type or request.device,
+        node = Node(node_id, request.kind, address, request.device, request.device_type or request.device,
                     request.memory_mb)
         node.channel = grpc_util.aio_channel(node.address, self.creds)
         if request.kind == control.NODE_KIND_BACKEND:
@@ -155,7 +195,50 @@ class SchedulerService(control_grpc.SchedulerServicer):
             node.stub = control_grpc.FrontendStub(node.channel)
         self.nodes[node_id] = node
         self.request_replan(f"{node_id} registered at {node.address}")
-        return control.RegisterReply(node_id=node_id, heartbeat_interval_ms=self.config.heartbeat_interval_ms)
+        return control.RegisterReply(node_id=node_id, heartbeat_interval_ms=self.config.heartbeat_interval_ms,
+                                     address=address)
+
+    async def _dial_back(self, address: str) -> str:
+        """Why the scheduler cannot reach a registering node at ``address`` ("" when it answers a health
+        check): a node its peers cannot dial would otherwise be a silent black hole."""
+        channel = grpc_util.aio_channel(address, self.creds)
+        try:
+            await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=LIVENESS),
+                                                            timeout=DIAL_BACK_TIMEOUT_S)
+            return ""
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return f"no answer within {DIAL_BACK_TIMEOUT_S:g} s"
+            return f"{exc.code().name}: {exc.details()}"
+        finally:
+            await channel.close()
+
+    async def Leave(self, request, context):
+        """A stopping node leaves the plan: its sessions are planned elsewhere and every table pushed
+        before the reply, so once it has the reply no frontend routes to it any more."""
+        node = self.nodes.pop(request.node_id, None)
+        if node is None:
+            return control.LeaveReply()
+        self.rates.pop(node.node_id, None)
+        self.rate_history.pop(node.node_id, None)
+        self.edges.pop(node.node_id, None)
+        moved = 0
+        if node.kind == control.NODE_KIND_BACKEND:
+            if self.plan is not None:
+                moved = sum(len(b.sessions) for p in self.plan.placements.values() for b in p.backends
+                            if b.node_id == node.node_id)
+            log.info("%s leaves; moving its %d sessions", node.node_id, moved)
+            self._force = ReplanReason.MEMBERSHIP      # a repair, whatever the re-planner's cooldowns say
+            try:
+                await self.replan_once()
+            except Exception:
+                log.exception("re-planning without %s failed", node.node_id)
+                await context.abort(grpc.StatusCode.INTERNAL, f"could not re-plan without {node.node_id}")
+        else:
+            log.info("%s leaves", node.node_id)
+        if node.channel is not None:
+            await node.channel.close()
+        return control.LeaveReply(sessions_moved=moved)
 
     async def Attach(self, request, context):
         """Held open by every registered node: its end (the node died or stopped) removes the node
@@ -490,6 +573,10 @@ class SchedulerService(control_grpc.SchedulerServicer):
         return out
 
     async def replan_once(self) -> ClusterPlan:
+        async with self._plan_lock:     # the planner task and Leave never plan at the same time
+            return await self._replan_locked()
+
+    async def _replan_locked(self) -> ClusterPlan:
         now = time.monotonic()
         backends = [BackendSlot(n.node_id, n.device_type, n.memory_mb) for n in self.nodes.values()
                     if n.kind == control.NODE_KIND_BACKEND]

@@ -9,6 +9,26 @@ import signal
 import sys
 
 READY_PREFIX = "NEXUS-READY"
+# Set by nexus/launcher.py to its own pid: the child asks the kernel for SIGTERM when that parent dies.
+PARENT_PID_ENV = "NEXUS_PARENT_PID"
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """When started by a launcher (``$NEXUS_PARENT_PID``), get SIGTERM if it dies (PR_SET_PDEATHSIG);
+    exit at once when it died already. Done here, in the child, rather than between fork and exec in
+    the launcher, where a process with gRPC threads must not run Python code."""
+    pid = os.environ.pop(PARENT_PID_ENV, "")
+    if not pid.isdigit():
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(pid):
+        sys.exit(1)
 
 
 def setup_logging(level: str = "") -> None:

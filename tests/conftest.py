@@ -4,28 +4,26 @@ from __future__ import annotations
 
 import os
 import pathlib
-import queue
-import signal
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
-READY_PREFIX = "NEXUS-READY"
+from nexus.launcher import Child, nexus_command
+from nexus.process import READY_PREFIX  # noqa: F401  (tests import it from here)
+
 # scheduler address -> the cluster token `nexus serve` made: nexus_cli sends it, as an operator would
 _CLUSTER_TOKENS: dict[str, str] = {}
 
 
 class RunningCluster:
-    def __init__(self, proc: subprocess.Popen, frontend: str, scheduler: str, data_dir,
-                 info: dict[str, str] | None = None) -> None:
-        self.proc = proc
+    def __init__(self, child: Child, frontend: str, scheduler: str, data_dir) -> None:
+        self.child = child
+        self.proc = child.proc
         self.frontend = frontend
         self.scheduler = scheduler
         self.data_dir = data_dir
-        self.info = info or {}         # key=value words of the ready line (metrics=URL, http=HOST:PORT)
+        self.info = child.info         # key=value words of the ready line (metrics=URL, http=HOST:PORT)
         self.http = self.info.get("http", "")    # KServe v2 HTTP/REST HOST:PORT
         token_file = pathlib.Path(data_dir) / "token"
         self.token = token_file.read_text().strip() if token_file.exists() else ""
@@ -39,53 +37,22 @@ class RunningCluster:
         return Credentials(token=self.token or None)
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-
-def stop_process(proc: subprocess.Popen, timeout_s: float = 30) -> int:
-    """SIGTERM, then SIGKILL after ``timeout_s``; the exit status."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
+        return self.child.stop(timeout_s=30)
 
 
 def start_cluster(data_dir, *extra: str, timeout_s: float = 240, stderr=None) -> RunningCluster:
-    """Run ``nexus serve`` on free ports; return once it printed its ready line. ``stderr``: where the
-    logs of serve and its components go (default: the test's)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_LOG=os.environ.get("NEXUS_LOG", "WARNING"))
-    proc = subprocess.Popen([sys.executable, "-m", "nexus", "serve", "--frontend-port", "0", "--scheduler-port", "0",
-                             "--metrics-port", "0", "--http-port", "0", "--data-dir", str(data_dir), *extra],
-                            stdout=subprocess.PIPE, text=True, env=env, start_new_session=True, stderr=stderr)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    deadline = time.monotonic() + timeout_s
-    seen = []
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=0.5)
-        except queue.Empty:
-            if proc.poll() is not None:
-                raise RuntimeError(f"nexus serve exited with {proc.returncode}: {''.join(seen)}") from None
-            continue
-        seen.append(line)
-        if line.startswith(READY_PREFIX):
-            words = line.split()
-            info = dict(w.split("=", 1) for w in words[4:] if "=" in w)
-            return RunningCluster(proc, words[2], words[3], data_dir, info)
-    proc.kill()
-    raise RuntimeError(f"nexus serve not ready in {timeout_s} s: {''.join(seen)}")
+    """Run ``nexus serve`` (through nexus.launcher) on free ports; return once it printed its ready line."""
+    env = dict(os.environ, NEXUS_LOG=os.environ.get("NEXUS_LOG", "WARNING"))
+    child = Child("nexus serve", ["serve", "--frontend-port", "0", "--scheduler-port", "0", "--metrics-port", "0",
+                                  "--http-port", "0", "--data-dir", str(data_dir), *extra], env, stderr=stderr,
+                  start_new_session=True)
+    try:
+        child.wait_ready(timeout_s)
+    except RuntimeError:
+        child.stop()
+        raise
+    frontend, scheduler = child.ready_fields[2:4]
+    return RunningCluster(child, frontend, scheduler, data_dir)
 
 
 @pytest.fixture(scope="session")
@@ -107,24 +74,24 @@ def direct(tmp_path_factory):
 
 
 class NexusProcess:
-    """``nexus ARGV`` with its log (stderr) in a file; the address from its ready line."""
+    """``nexus ARGV`` (through nexus.launcher) with its log (stderr) in a file; the address from its ready line."""
 
     def __init__(self, log_path: pathlib.Path, *argv: str, env: dict | None = None) -> None:
         self.log_path = log_path
         self.log = log_path.open("w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "nexus", *argv], stdout=subprocess.PIPE,
-                                     stderr=self.log, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", "NEXUS_LOG": "INFO", **(env or {})})
-        line = self.proc.stdout.readline()
-        assert line.startswith(READY_PREFIX), (line, self.logs())
-        self.address = line.split()[2]
+        self.child = Child(argv[0], argv, {**os.environ, "NEXUS_LOG": "INFO", **(env or {})}, stderr=self.log)
+        try:
+            self.address = self.child.wait_ready(60)
+        except RuntimeError as exc:
+            raise AssertionError(f"{exc}: {self.logs()}") from None
+        self.proc = self.child.proc
 
     def logs(self) -> str:
         self.log.flush()
         return self.log_path.read_text()
 
     def stop(self) -> None:
-        stop_process(self.proc)
+        self.child.stop(timeout_s=30)
         self.log.close()
 
 
@@ -135,5 +102,4 @@ def nexus_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess
     if "--scheduler" in args and "--token-file" not in args:
         token = _CLUSTER_TOKENS.get(args[args.index("--scheduler") + 1])
         env = dict(os.environ, NEXUS_TOKEN=token) if token else None
-    return subprocess.run([sys.executable, "-m", "nexus", *args], capture_output=True, text=True, timeout=timeout_s,
-                          env=env)
+    return subprocess.run([*nexus_command(), *args], capture_output=True, text=True, timeout=timeout_s, env=env)

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,9 +16,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from backend.metrics import render
+from common.config import BackendConfig, SchedulerConfig
 from common.pb import control, control_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
+from nexus.launcher import Child, launch
 from tests.conftest import nexus_cli
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*\})? (\S+)$')
@@ -69,30 +68,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class Proc:
-    def __init__(self, *argv: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "nexus", *argv], stdout=subprocess.PIPE, text=True,
-                                     env=dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_LOG="WARNING"))
-        line = self.proc.stdout.readline()
-        assert line.startswith("NEXUS-READY"), line
-        self.address = line.split()[2]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+def _launch(config) -> Child:
+    child = launch(config, env=dict(os.environ, NEXUS_LOG="WARNING"))
+    child.wait_ready(60)
+    return child
 
 
 @pytest.mark.slow
 def test_metrics_endpoint_of_a_real_backend(tmp_path):
-    scheduler = Proc("scheduler", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "db"))
+    scheduler = _launch(SchedulerConfig(listen="127.0.0.1:0", data_dir=tmp_path / "db"))
     port = _free_port()
-    backend = Proc("backend", "--scheduler", scheduler.address, "--listen", "127.0.0.1:0",
-                   "--metrics-port", str(port), "--threads", "1")
+    backend = _launch(BackendConfig(scheduler=scheduler.address, listen="127.0.0.1:0", metrics_port=port, threads=1))
     try:
         model = tmp_path / "mlp.onnx"
         model.write_bytes(model_bytes(mlp_small()))
@@ -141,8 +127,7 @@ def test_backend_on_a_missing_cuda_device_fails_with_a_clear_message():
     from backend.server import device_problem
     if device_problem("cuda:0") is None:
         pytest.skip("this machine has a usable CUDA device (cuda:0)")
-    result = subprocess.run([sys.executable, "-m", "nexus", "backend", "--device", "cuda:0",
-                             "--scheduler", "127.0.0.1:9"], capture_output=True, text=True, timeout=60)
+    result = nexus_cli("backend", "--device", "cuda:0", "--scheduler", "127.0.0.1:9", timeout_s=60)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().startswith("nexus backend: error: device cuda:0 is not available"), result.stderr

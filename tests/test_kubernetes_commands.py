@@ -26,6 +26,7 @@ import pytest
 
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
+from nexus.launcher import Child
 from tests.kube_manifests import (KUBE_DIR, ROOT, container_env, expand, find, pod_spec, render)
 
 pytestmark = pytest.mark.slow
@@ -135,7 +136,7 @@ def _pod_command(pod: str, workload: dict, objects: list[dict], pod_ip: str, res
     # The image's own environment (Dockerfile ENV) plus what reaches this tree's code.
     env.update(PATH=os.environ["PATH"], PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1",
                HOME=str(volumes), MPLCONFIGDIR=str(volumes / "matplotlib"))
-    return [sys.executable, "-m", "nexus", *args], env, c
+    return args, env, c
 
 
 def _in_volume(arg: str, mounts: dict[str, pathlib.Path]) -> str:
@@ -144,13 +145,6 @@ def _in_volume(arg: str, mounts: dict[str, pathlib.Path]) -> str:
         if arg == path or arg.startswith(path.rstrip("/") + "/"):
             return str(mounts[path]) + arg[len(path):]
     return arg
-
-
-def _advertise_registered() -> bool:
-    """Whether nodes register under their --advertise address (issue 10, item 1, on another branch
-    at the time of writing): the manifests rely on it, as peers must dial $(POD_IP), not 0.0.0.0."""
-    sources = [*(ROOT / "backend").glob("*.py"), *(ROOT / "frontend").glob("*.py"), ROOT / "common" / "registration.py"]
-    return any("advertise" in path.read_text() for path in sources)
 
 
 @pytest.fixture
@@ -163,17 +157,13 @@ def network():
     net.close()
 
 
-# Remove this marker once --advertise reaches registration (then the test runs for real; strict: a
-# pass while it is here is reported as a failure, so it cannot be forgotten).
-@pytest.mark.xfail(not _advertise_registered(), run=False, strict=True,
-                   reason="backends and frontends do not register their --advertise address yet")
 def test_manifest_commands_serve_a_model_together(network, tmp_path):
     objects = render(KUBE_DIR)
     pods = _pods(objects)
     assert sum(1 for _, w in pods if w["metadata"]["name"] == "nexus-backend-emulated") >= 2, \
         "two backends on the same port in different pods are the case to prove"
     resolve = _service_resolver(objects, pods, network.addresses)
-    procs: list[tuple[str, subprocess.Popen, pathlib.Path]] = []
+    procs: list[tuple[str, Child, pathlib.Path]] = []
     client_env = dict(os.environ, PYTHONPATH=str(ROOT), NEXUS_LOG="WARNING")
 
     def client(*argv: str, timeout_s: float = 240) -> subprocess.CompletedProcess:
@@ -181,15 +171,15 @@ def test_manifest_commands_serve_a_model_together(network, tmp_path):
                               env=client_env, timeout=timeout_s, cwd=ROOT)
 
     def logs() -> str:
-        return "\n".join(f"--- {name} (exit {p.poll()}):\n{log.read_text()[-3000:]}" for name, p, log in procs)
+        return "\n".join(f"--- {name} (exit {c.proc.poll()}):\n{log.read_text()[-3000:]}" for name, c, log in procs)
 
     try:
         for pod, workload in pods:
             argv, env, container = _pod_command(pod, workload, objects, network.addresses[pod], resolve, tmp_path)
             log = tmp_path / f"{pod}.log"
-            with log.open("w") as out:
-                procs.append((pod, subprocess.Popen(network.argv(pod, argv), env=env, stdout=out,
-                                                    stderr=subprocess.STDOUT, start_new_session=True), log))
+            with log.open("w") as out:     # the image's `nexus`, started by the project's one launcher
+                procs.append((pod, Child(pod, argv, env, command=[sys.executable, "-m", "nexus"],
+                                         wrap=network.argv(pod, []), stderr=out, start_new_session=True), log))
             if workload["kind"] == "StatefulSet":
                 # The scheduler is what the others register with: wait for it as a StatefulSet
                 # rollout would, before starting the rest.
@@ -216,18 +206,13 @@ def test_manifest_commands_serve_a_model_together(network, tmp_path):
             assert done.returncode == 0, done.stderr + logs()
             # emulated GPUs answer zeros of the declared shape: the request went the whole way
             assert json.loads(done.stdout) == {"shape": [3, 10], "dtype": "float32"}
-        for name, proc, _ in procs:
-            assert proc.poll() is None, f"{name} exited\n{logs()}"
+        for name, child, _ in procs:
+            assert child.running(), f"{name} exited\n{logs()}"
     finally:
-        for _, proc, _ in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for _, proc, _ in procs:
-            try:
-                proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        for _, child, _ in procs:
+            child.signal(signal.SIGTERM)
+        for _, child, _ in procs:
+            child.stop(timeout_s=40)
 
 
 def _wait_ready(client, container: dict, pod_ip: str, logs) -> None:

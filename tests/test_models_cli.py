@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -15,6 +12,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from common.sample_models import backbone_variant, mlp_small, model_bytes
+from nexus.launcher import Child
 from tests.conftest import nexus_cli
 
 pytestmark = pytest.mark.slow
@@ -24,16 +22,13 @@ class Scheduler:
     """A lone `nexus scheduler` process on a free port."""
 
     def __init__(self, data_dir, *extra: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "nexus", "scheduler", "--listen", "127.0.0.1:0",
-                                      "--data-dir", str(data_dir), *extra], stdout=subprocess.PIPE, text=True,
-                                     env=dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_LOG="WARNING"))
-        line = self.proc.stdout.readline()
-        assert line.startswith("NEXUS-READY scheduler"), line
-        self.address = line.split()[2]
+        self.child = Child("scheduler", ["scheduler", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir), *extra],
+                           dict(os.environ, NEXUS_LOG="WARNING"))
+        self.proc = self.child.proc
+        self.address = self.child.wait_ready(60)
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(timeout=30) == 0
+        assert self.child.stop(timeout_s=30) == 0
 
 
 def _list(address: str) -> list[dict]:

@@ -1,0 +1,190 @@
+"""grpc.health.v1 on every component, at the moments the README documents: not ready before a
+table, ready after; a frontend that loses the scheduler stays ready and keeps serving its last
+table; on SIGTERM readiness turns NOT_SERVING first, requests in flight still finish, and the
+process exits cleanly. Liveness stays SERVING throughout."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from common.config import BackendConfig, FrontendConfig, SchedulerConfig
+from common.pb import kserve, kserve_grpc
+from common.profile import Profile
+from common.sample_models import mlp_small, model_bytes
+from nexus.launcher import launch
+from nexus.models_cmd import upload_model
+
+pytestmark = pytest.mark.slow
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+KSERVE = "inference.GRPCInferenceService"
+DEVICE = "t4"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check(address: str, service: str = "") -> int:
+    with grpc.insecure_channel(address) as channel:
+        return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
+                                                         timeout=10).status
+
+
+def server_ready(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        return kserve_grpc.GRPCInferenceServiceStub(channel).ServerReady(kserve.ServerReadyRequest(), timeout=10).ready
+
+
+def wait_for(predicate, timeout_s: float = 120, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def _input() -> grpcclient.InferInput:
+    x = grpcclient.InferInput("input", [1, 64], "FP32")
+    x.set_data_from_numpy(np.ones((1, 64), np.float32))
+    return x
+
+
+def infer(frontend: str, model: str = "mlp") -> np.ndarray:
+    return grpcclient.InferenceServerClient(frontend).infer(model, [_input()], client_timeout=30).as_numpy("logits")
+
+
+def upload(tmp_path, scheduler: str, latency_ms: float) -> None:
+    path = tmp_path / "mlp.onnx"
+    path.write_bytes(model_bytes(mlp_small()))
+    profile = tmp_path / "profile.json"
+    profile.write_text(Profile.linear(0.1, latency_ms, 16, device_type=DEVICE).to_json())
+    upload_model(scheduler, path, "mlp", profile_path=str(profile), slo_ms=max(20 * latency_ms, 1000))
+
+
+def _env() -> dict:
+    return dict(os.environ, NEXUS_LOG="WARNING")
+
+
+def test_readiness_before_and_after_a_table_and_without_the_scheduler(tmp_path):
+    scheduler_address = f"127.0.0.1:{_free_port()}"
+    backend = launch(BackendConfig(scheduler=scheduler_address, listen="127.0.0.1:0", device=f"emulated:{DEVICE}"),
+                     env=_env())
+    frontend = launch(FrontendConfig(scheduler=scheduler_address, listen="127.0.0.1:0"), env=_env())
+    scheduler = None
+    try:
+        b, f = backend.wait_ready(60), frontend.wait_ready(60)
+        # No scheduler yet: no table, so not ready; live all the same.
+        assert check(b) == NOT_SERVING and check(b, "liveness") == SERVING
+        assert check(f) == NOT_SERVING and check(f, KSERVE) == NOT_SERVING and check(f, "liveness") == SERVING
+        assert not server_ready(f)
+        # An inference call before any table waits for one (never past its deadline), then gets NOT_FOUND.
+        with pytest.raises(InferenceServerException, match="unknown model"):
+            grpcclient.InferenceServerClient(f).infer("mlp", [_input()], client_timeout=30)
+        scheduler = launch(SchedulerConfig(listen=scheduler_address, data_dir=tmp_path / "db"), env=_env())
+        scheduler.wait_ready(60)
+        assert check(scheduler_address) == SERVING and check(scheduler_address, "liveness") == SERVING
+        upload(tmp_path, scheduler_address, latency_ms=2.0)
+        wait_for(lambda: check(b) == SERVING, what="backend ready once its model table is loaded")
+        wait_for(lambda: check(f) == SERVING, what="frontend ready with a table whose backends answer")
+        assert check(f, KSERVE) == SERVING and server_ready(f)
+        wait_for(lambda: infer_ok(f), what="mlp served")
+        # The scheduler dies: the frontend keeps its last table, stays ready and keeps serving.
+        scheduler.proc.kill()
+        scheduler.proc.wait(timeout=30)
+        for _ in range(3):                      # across several of the frontend's readiness checks
+            assert check(f) == SERVING and server_ready(f) and check(f, "liveness") == SERVING
+            assert infer(f).shape == (1, 10)
+            time.sleep(1.0)
+        assert check(b) == SERVING
+        # Its backend goes away too: nothing can serve the table's model, so not ready (still live).
+        backend.proc.kill()
+        backend.proc.wait(timeout=30)
+        wait_for(lambda: check(f) == NOT_SERVING, what="frontend not ready without a reachable backend")
+        assert not server_ready(f) and check(f, "liveness") == SERVING
+        # Without a scheduler to leave, SIGTERM still drains and exits cleanly.
+        assert frontend.stop(timeout_s=60) == 0
+    finally:
+        for c in (frontend, backend, scheduler):
+            if c is not None:
+                c.stop()
+
+
+def infer_ok(frontend: str) -> bool:
+    try:
+        return infer(frontend).shape == (1, 10)
+    except Exception:
+        return False
+
+
+class Watch:
+    """Every status a health Watch stream reports, collected on a thread."""
+
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.insecure_channel(address)
+        self.statuses: list[int] = []
+        self._call = health_pb2_grpc.HealthStub(self.channel).Watch(health_pb2.HealthCheckRequest(service=""))
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            for reply in self._call:
+                self.statuses.append(reply.status)
+        except grpc.RpcError:
+            pass
+
+    def close(self) -> None:
+        self._call.cancel()
+        self.channel.close()
+
+
+def test_sigterm_turns_not_serving_first_and_finishes_requests_in_flight(tmp_path):
+    scheduler = launch(SchedulerConfig(listen="127.0.0.1:0", data_dir=tmp_path / "db"), env=_env())
+    backend = frontend = None
+    try:
+        s = scheduler.wait_ready(60)
+        # each request takes a second on the device: it is surely in flight when the signal comes
+        upload(tmp_path, s, latency_ms=1000.0)
+        backend = launch(BackendConfig(scheduler=s, listen="127.0.0.1:0", device=f"emulated:{DEVICE}"), env=_env())
+        frontend = launch(FrontendConfig(scheduler=s, listen="127.0.0.1:0", drain_grace_s=30), env=_env())
+        b, f = backend.wait_ready(60), frontend.wait_ready(60)
+        wait_for(lambda: check(f) == SERVING, what="frontend ready")
+        wait_for(lambda: infer_ok(f), what="mlp served")
+
+        watch = Watch(f)
+        wait_for(lambda: watch.statuses == [SERVING], what="watch sees SERVING")
+        results: list = []
+        sender = threading.Thread(target=lambda: results.append(infer(f)))
+        sender.start()
+        time.sleep(0.3)                      # the request is on the device now (it takes a second)
+        frontend.signal(15)
+        wait_for(lambda: NOT_SERVING in watch.statuses, what="frontend NOT_SERVING after SIGTERM")
+        sender.join(timeout=60)
+        assert results and results[0].shape == (1, 10)     # the request in flight was answered
+        assert frontend.proc.wait(timeout=60) == 0
+        watch.close()
+
+        watch = Watch(b)
+        wait_for(lambda: watch.statuses == [SERVING], what="backend watch sees SERVING")
+        backend.signal(15)
+        wait_for(lambda: NOT_SERVING in watch.statuses, what="backend NOT_SERVING after SIGTERM")
+        assert backend.proc.wait(timeout=60) == 0
+        watch.close()
+    finally:
+        for c in (frontend, backend, scheduler):
+            if c is not None:
+                c.stop()

@@ -4,10 +4,8 @@ kill one of them; and an open-loop load of raw KServe requests that records ever
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,8 +14,7 @@ import grpc
 import numpy as np
 
 from common.pb import control, control_grpc, kserve, kserve_grpc
-
-READY_PREFIX = "NEXUS-READY"
+from nexus.launcher import Child
 
 
 @dataclass
@@ -42,24 +39,16 @@ class Component:
 
 
 def start(kind: str, *args: str, timeout_s: float = 120) -> Component:
-    """Run ``nexus KIND ARGS``; return once it printed its ready line."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_LOG=os.environ.get("NEXUS_LOG", "WARNING"))
-    proc = subprocess.Popen([sys.executable, "-m", "nexus", kind, *args], stdout=subprocess.PIPE,
-                            stderr=None, text=True, env=env, start_new_session=True)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=0.5)
-        except queue.Empty:
-            if proc.poll() is not None:
-                raise RuntimeError(f"nexus {kind} exited with {proc.returncode}") from None
-            continue
-        if line.startswith(READY_PREFIX):
-            return Component(kind, proc, line.split()[2])
-    proc.kill()
-    raise RuntimeError(f"nexus {kind} not ready in {timeout_s} s")
+    """Run ``nexus KIND ARGS`` through the project's launcher; return once it printed its ready line."""
+    env = dict(os.environ, NEXUS_LOG=os.environ.get("NEXUS_LOG", "WARNING"))
+    child = Child(kind, [kind, *args], env, start_new_session=True)
+    try:
+        address = child.wait_ready(timeout_s)
+    except RuntimeError:
+        child.proc.kill()
+        child.proc.wait()
+        raise
+    return Component(kind, child.proc, address)
 
 
 @dataclass

@@ -116,13 +116,10 @@ def run(args) -> int:
     from nexus.queries_cmd import list_queries, register_query
     from common.emulated_gpus import UnknownGpuError, check_device
 
-    data_dir = pathlib.Path(args.data_dir).resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
     try:
-        security, creds = cluster_security(args, data_dir)
-        sched_cfg, backend_cfg, frontend_cfg = configs(args, security)
+        configs(args)                             # bad flags are refused before anything is created
         check_device(args.device)
-    except (ConfigError, SecurityError) as exc:
+    except ConfigError as exc:
         print(f"nexus serve: error: {exc}", file=sys.stderr, flush=True)
         return 2
     except UnknownGpuError as exc:
@@ -135,6 +132,14 @@ def run(args) -> int:
         repository = read_checked(args.model_repository, "nexus serve")
         if repository is None:
             return 2
+    data_dir = pathlib.Path(args.data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        security, creds = cluster_security(args, data_dir)
+        sched_cfg, backend_cfg, frontend_cfg = configs(args, security)
+    except (ConfigError, SecurityError) as exc:
+        print(f"nexus serve: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     supervisor = Supervisor(_log)
 

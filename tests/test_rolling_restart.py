@@ -56,7 +56,7 @@ def test_nexus_serve_restarts_a_killed_backend_and_keeps_serving(tmp_path):
         model, profile = tmp_path / "mlp.onnx", tmp_path / "profile.json"
         model.write_bytes(model_bytes(mlp_small()))
         profile.write_text(Profile.linear(0.5, 5.0, 32, device_type=DEVICE_TYPE).to_json())
-        upload_model(cluster.scheduler, model, MODEL, profile_path=str(profile), slo_ms=SLO_MS)
+        upload_model(cluster.scheduler, model, MODEL, profile_path=str(profile), slo_ms=SLO_MS, creds=cluster.creds)
         assert not wait_models_ready(cluster.frontend, [MODEL], 120)
         pid = int(_wait_line(log_path, r"backend-0 started \(pid (\d+)\)").group(1))
         load = Load(cluster.frontend, rate_rps=30).start()
@@ -76,7 +76,8 @@ def test_nexus_serve_restarts_a_killed_backend_and_keeps_serving(tmp_path):
         scheduler_pid = int(_wait_line(log_path, r"scheduler started \(pid (\d+)\)").group(1))
         os.kill(scheduler_pid, signal.SIGKILL)
         back = _wait_line(log_path, rf"scheduler is back \(pid \d+\) at {re.escape(cluster.scheduler)}")
-        upload_model(cluster.scheduler, model, "mlp2", profile_path=str(profile), slo_ms=SLO_MS)
+        upload_model(cluster.scheduler, model, "mlp2", profile_path=str(profile), slo_ms=SLO_MS,
+                     creds=cluster.creds)
         assert not wait_models_ready(cluster.frontend, [MODEL, "mlp2"], 120)
         assert back and cluster.proc.poll() is None
     finally:

@@ -15,17 +15,18 @@ if TYPE_CHECKING:
 
 
 def status_reply(service: SchedulerService) -> control.StatusReply:
-    plan = service.plan
+    planner = service.planner
+    plan = planner.plan
     now = time.monotonic()
     reply = control.StatusReply(frontends=sum(1 for n in service.nodes.values()
                                               if n.kind == control.NODE_KIND_FRONTEND))
     if plan is None:
-        reply.routing.CopyFrom(control.RoutingTable(epoch=service.epoch))
+        reply.routing.CopyFrom(control.RoutingTable(epoch=planner.epoch))
     else:
         reply.routing.CopyFrom(service.routing_table(plan))
         reply.solver = plan.solver
         reply.notes.extend(plan.notes)
-        reply.plan_age_s = max(now - service.last_plan_time, 0.0)
+        reply.plan_age_s = max(now - planner.last_plan_time, 0.0)
         reply.best_effort.update(plan.best_effort)
     assigned = {}
     if plan is not None:
@@ -41,12 +42,12 @@ def status_reply(service: SchedulerService) -> control.StatusReply:
         if b is not None:
             device.duty_cycle_ms = b.duty_cycle_ms
             for s in b.sessions:
-                model = service.session_models.get(s.model, s.model)
-                profile = service._profiles(model).get(node.device_type)
+                model = planner.session_models.get(s.model, s.model)
+                profile = service.admin.profiles(model).get(node.device_type)
                 batch = min(s.batch, profile.max_batch) if profile is not None else 0
                 device.sessions.append(control.DeviceSession(
                     session=s.model, model=model, batch=s.batch, planned_rate_rps=s.throughput_rps,
-                    slo_ms=service.session_slos.get(s.model, 0.0),
+                    slo_ms=planner.session_slos.get(s.model, 0.0),
                     latency_ms=profile.latency_ms(batch) if batch else 0.0,
                     memory_mb=profile.memory_mb(batch) if batch else 0.0))
         reply.devices.append(device)

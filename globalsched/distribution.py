@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Mapping
 import grpc
 
 from common.pb import control
+from globalsched import convert
 from globalsched.cluster import ClusterPlan
 from globalsched.membership import Node
 from globalsched.model_admin import ModelAdmin
@@ -47,12 +48,9 @@ class Distribution:
                 entries = []
                 for s in b.sessions:
                     model = view.session_models.get(s.model, s.model)
-                    profiles = self.admin.profiles(model)
-                    entries.append(control.SessionEntry(
-                        model=self.admin.desc(model), slo_ms=view.session_slos.get(s.model, 0.0), batch=s.batch,
-                        profile_json=profiles[node.device_type].to_json() if node.device_type in profiles else "",
-                        rate_rps=s.throughput_rps, session=s.model if s.model != model else ""))
-                table = control.ModelTable(epoch=view.epoch, duty_cycle_ms=b.duty_cycle_ms, sessions=entries)
+                    entries.append(convert.session_entry(self.admin.desc(model), s, view.session_slos.get(s.model, 0.0),
+                                                         self.admin.profiles(model).get(node.device_type)))
+                table = convert.model_table(view.epoch, b, entries)
                 calls.append((node, node.stub.UpdateModelTable(table, timeout=MODEL_TABLE_TIMEOUT_S)))
         for node, call in calls:
             try:
@@ -94,40 +92,27 @@ class Distribution:
             for node_id, share, batch, duty_cycle_ms in placed.get(session, ()):
                 node = self.nodes.get(node_id)
                 if node is not None and model not in failed:
-                    backends.append(control.BackendRoute(node_id=node_id, address=node.address, weight=share,
-                                                         batch=batch, duty_cycle_ms=duty_cycle_ms))
+                    backends.append(convert.backend_route(node_id, node.address, share, batch, duty_cycle_ms))
             reason = (failed.get(model) or self.admin.load_failure_reason(model) or plan.unplaced.get(session, ""))
             if model in profiling:
                 reason = reason or "being profiled"
-            routes.append(control.ModelRoute(model=self.admin.desc(model), slo_ms=view.session_slos.get(session, 0.0),
-                                             backends=backends, reason="" if backends else (reason or "not placed"),
-                                             session=session if session != model else "",
-                                             planned_rate_rps=view.session_rates.get(session, 0.0),
-                                             measured_rate_rps=measured.get(session, 0.0)))
+            routes.append(convert.model_route(self.admin.desc(model), view.session_slos.get(session, 0.0), session,
+                                              backends, "" if backends else (reason or "not placed"),
+                                              view.session_rates.get(session, 0.0), measured.get(session, 0.0)))
         for s in db.sessions():        # models no backend could load: UNAVAILABLE with the reason
             why = self.admin.load_failure_reason(s.model)
             if s.model not in view.session_models and why:
                 served.add(s.model)
-                routes.append(control.ModelRoute(model=self.admin.desc(s.model), slo_ms=s.slo_ms, reason=why))
+                routes.append(convert.model_route(self.admin.desc(s.model), s.slo_ms, s.model, reason=why))
         stored = [self.admin.desc(m.name) for m in db.models() if m.name not in served]
-        return control.RoutingTable(epoch=view.epoch, routes=routes, stored=stored, queries=self.query_infos(view),
-                                    planned_devices=plan.num_devices_planned, lower_bound=plan.lower_bound)
+        return convert.routing_table(view.epoch, plan, routes, stored, self.query_infos(view))
 
     def query_infos(self, view: Planner) -> list[control.QueryInfo]:
         infos = []
         for name, text in self.admin.query_store.all().items():
             plan = view.query_plans.get(name)
-            info = control.QueryInfo(name=name, json=text)
-            if plan is not None:
-                info.budgets_ms.update(plan.budgets_ms)
-                info.gamma.update(plan.gammas)
-                info.split_method = plan.method
-                info.reason = plan.reason
-                info.planned_rate_rps = view.planned_query_rates.get(name, 0.0)
-                info.latest_finish_ms.update(plan.latest_finish_ms)
-                if view.plan is not None:
-                    prefix = name + "/"
-                    info.devices = len({node for st in plan.budgets_ms
-                                        for node, _ in view.plan.backends_of(prefix + st)})
-            infos.append(info)
+            devices = 0
+            if plan is not None and view.plan is not None:
+                devices = len({node for st in plan.budgets_ms for node, _ in view.plan.backends_of(f"{name}/{st}")})
+            infos.append(convert.query_info(name, text, plan, view.planned_query_rates.get(name, 0.0), devices))
         return infos

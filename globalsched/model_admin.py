@@ -137,9 +137,7 @@ class ModelAdmin:
     def desc(self, name: str) -> control.ModelDesc:
         record = self.db.model(name)
         loaded = any(s.model == name for s in self.db.sessions())
-        desc = model_desc(record, self.db.profiles(name), loaded)
-        desc.min_replicas = self.db.min_replicas(name)
-        return desc
+        return model_desc(record, self.db.profiles(name), loaded, self.db.min_replicas(name))
 
     def profiles(self, model: str) -> dict[str, Profile]:
         """The model's profiles by device type, inflated by its measured co-location slowdown."""

@@ -90,17 +90,29 @@ class ModelAdmin:
         return control.UploadReply(model=self.desc(record.name))
 
     async def download(self, sha256: str):
+        """The model file in chunks, each read in a thread (a large file never blocks the loop, nor
+        sits in memory whole)."""
         try:
-            chunks = list(self.db.iter_blob(sha256, grpc_util.UPLOAD_CHUNK_BYTES))
+            f = await asyncio.to_thread(self.db.open_blob, sha256)
         except KeyError as exc:
             raise Refused(grpc.StatusCode.NOT_FOUND, str(exc.args[0])) from None
-        for c in chunks:
-            yield control.DownloadChunk(data=c)
+        try:
+            while chunk := await asyncio.to_thread(f.read, grpc_util.UPLOAD_CHUNK_BYTES):
+                yield control.DownloadChunk(data=chunk)
+        finally:
+            f.close()
 
     def list_models(self) -> control.ListModelsReply:
         return control.ListModelsReply(models=[self.desc(m.name) for m in self.db.models()])
 
-    def load(self, request: control.LoadRequest) -> control.LoadReply:
+    async def load(self, request: control.LoadRequest) -> control.LoadReply:
+        record = await asyncio.to_thread(self._load, request)
+        self.load_failures.forget(record.sha256)      # an explicit load tries afresh
+        self.planner.request_replan(f"model {request.name} loaded")
+        return control.LoadReply()
+
+    def _load(self, request: control.LoadRequest):
+        """The database part of a load (in a thread): the session and its minimum replicas."""
         record = self.db.model(request.name)
         if record is None:
             raise Refused(grpc.StatusCode.NOT_FOUND, f"unknown model {request.name!r}")
@@ -112,21 +124,22 @@ class ModelAdmin:
             except ValueError as exc:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         self.db.set_session(request.name, request.slo_ms or record.default_slo_ms)
-        self.load_failures.forget(record.sha256)      # an explicit load tries afresh
-        self.planner.request_replan(f"model {request.name} loaded")
-        return control.LoadReply()
+        return record
 
-    def unload(self, request: control.UnloadRequest) -> control.UnloadReply:
-        if self.db.model(request.name) is None:
-            raise Refused(grpc.StatusCode.NOT_FOUND, f"unknown model {request.name!r}")
-        self.db.remove_session(request.name)
+    async def unload(self, request: control.UnloadRequest) -> control.UnloadReply:
+        await asyncio.to_thread(self._unload, request.name)
         self.planner.request_replan(f"model {request.name} unloaded")
         return control.UnloadReply()
 
-    def add_profile(self, request: control.ProfileUpload) -> control.ProfileReply:
+    def _unload(self, name: str) -> None:
+        if self.db.model(name) is None:
+            raise Refused(grpc.StatusCode.NOT_FOUND, f"unknown model {name!r}")
+        self.db.remove_session(name)
+
+    async def add_profile(self, request: control.ProfileUpload) -> control.ProfileReply:
         try:
             profile = Profile.from_json(request.profile_json)
-            self.db.add_profile(request.model, profile)
+            await asyncio.to_thread(self.db.add_profile, request.model, profile)
         except ProfileError as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"invalid profile: {exc}") from None
         except KeyError as exc:
@@ -163,16 +176,16 @@ class ModelAdmin:
                 min_latency[name] = min(p.latency_ms(1) for p in profiles.values())
         return models, min_latency
 
-    def register_query(self, text: str) -> control.QueryReply:
+    async def register_query(self, text: str) -> control.QueryReply:
         try:
             q = parse_query(text)
-            models, min_latency = self._query_context()
+            models, min_latency = await asyncio.to_thread(self._query_context)
             if q.name in models:
                 raise QueryError(f"query {q.name!r}: a model already has that name")
             validate_query(q, models, min_latency)
         except QueryError as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        self.query_store.put(q.name, text)
+        await asyncio.to_thread(self.query_store.put, q.name, text)
         self.planner.request_replan(f"query {q.name} registered")
         return control.QueryReply(name=q.name)
 
@@ -214,7 +227,7 @@ class ModelAdmin:
                 self._record_load_failure(model, node, reply.error)
                 return
             profile = Profile.from_json(reply.profile_json)
-            self.db.add_profile(model, profile)
+            await asyncio.to_thread(self.db.add_profile, model, profile)
             log.info("profiled %s on %s (max batch %d)", model, profile.device_type, profile.max_batch)
         except (grpc.aio.AioRpcError, ProfileError, KeyError) as exc:
             log.warning("profiling %s on %s failed: %s", model, node.node_id, exc)

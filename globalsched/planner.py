@@ -10,6 +10,9 @@ minimal-movement re-planner, with minimum replicas), and hands the plan to
 
 What the planner derives along with the sessions (which model each session runs, its SLO and
 rate, the latency split of each query) is kept here and read by the distribution and the status.
+
+Planning runs on the event loop and reads the model database there: each read is one short SQLite
+statement, never behind an upload (see globalsched/modeldb.py); writes run in threads.
 """
 
 from __future__ import annotations

@@ -127,25 +127,25 @@ class SchedulerService(control_grpc.SchedulerServicer):
 
     async def LoadModel(self, request, context):
         try:
-            return self.admin.load(request)
+            return await self.admin.load(request)
         except Refused as r:
             await context.abort(r.code, r.message)
 
     async def UnloadModel(self, request, context):
         try:
-            return self.admin.unload(request)
+            return await self.admin.unload(request)
         except Refused as r:
             await context.abort(r.code, r.message)
 
     async def AddProfile(self, request, context):
         try:
-            return self.admin.add_profile(request)
+            return await self.admin.add_profile(request)
         except Refused as r:
             await context.abort(r.code, r.message)
 
     async def RegisterQuery(self, request, context):
         try:
-            return self.admin.register_query(request.json)
+            return await self.admin.register_query(request.json)
         except Refused as r:
             await context.abort(r.code, r.message)
 

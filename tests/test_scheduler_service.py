@@ -159,3 +159,31 @@ def test_routing_table_carries_the_planned_figures(tmp_path):
     [placed] = plan.placements["cpu"].backends[0].sessions
     assert backend.node_id == "be-1" and backend.batch == placed.batch >= 1
     assert backend.duty_cycle_ms == plan.placements["cpu"].backends[0].duty_cycle_ms > 0
+
+
+
+def test_model_files_are_downloaded_in_chunks_and_unknown_ones_refused(tmp_path, monkeypatch):
+    """DownloadModel reads the file a chunk at a time in a thread; the chunks make up the file."""
+    import asyncio
+
+    import grpc
+    import pytest
+
+    from common import grpc_util
+    from globalsched.refusal import Refused
+
+    service = _service(tmp_path)
+    sha256 = service.db.model("m").sha256
+    monkeypatch.setattr(grpc_util, "UPLOAD_CHUNK_BYTES", 1000)     # several chunks from a small model
+
+    async def download(sha256):
+        return [c.data async for c in service.admin.download(sha256)]
+
+    chunks = asyncio.run(download(sha256))
+    assert len(chunks) > 1 and all(len(c) <= 1000 for c in chunks)
+    assert b"".join(chunks) == service.db.read_blob(sha256)
+    for bad in ("0" * 64, "not-a-sha", ""):
+        with pytest.raises(Refused) as refused:
+            asyncio.run(download(bad))
+        assert refused.value.code == grpc.StatusCode.NOT_FOUND
+        assert "no model file with sha256" in refused.value.message

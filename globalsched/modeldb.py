@@ -9,6 +9,13 @@ Layout under the data directory::
 Contract: an upload is validated completely before anything is registered, and registration is one
 SQLite transaction, so a failed upload leaves no model behind. Blobs are immutable; a blob that no
 model row references is garbage and is removed at start-up.
+
+Threads and the event loop: uploads run in a thread (``asyncio.to_thread``); the long parts of an
+upload (streaming to disk, hashing, validating, choosing the prefix group) hold only
+``_upload_lock``, which nothing on the scheduler's event loop takes. ``_lock`` guards the SQLite
+connection and is held for one statement, or for the registration transaction (a few statements),
+so a metadata read on the loop waits at most that long. Model files are never read on the loop:
+:meth:`open_blob` and the reads go through a thread.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import BinaryIO, Iterable
 
 from common.model_io import ModelFileError, io_to_json, onnx_io, parse_io_json, torch_archive_check
 from common.profile import Profile, ProfileError
@@ -110,16 +117,19 @@ class ModelDatabase:
     def blob_path(self, sha256: str) -> pathlib.Path:
         return self.blob_dir / sha256[:2] / sha256
 
-    def read_blob(self, sha256: str) -> bytes:
-        path = self.blob_path(sha256)
-        if len(sha256) != 64 or not all(c in "0123456789abcdef" for c in sha256) or not path.exists():
+    def open_blob(self, sha256: str) -> BinaryIO:
+        """The model file with this SHA-256, open for reading (blocking: call it from a thread);
+        KeyError when there is none. The open file stays readable if the model is replaced meanwhile."""
+        if len(sha256) != 64 or not all(c in "0123456789abcdef" for c in sha256):
             raise KeyError(f"no model file with sha256 {sha256!r}")
-        return path.read_bytes()
+        try:
+            return self.blob_path(sha256).open("rb")
+        except FileNotFoundError:
+            raise KeyError(f"no model file with sha256 {sha256!r}") from None
 
-    def iter_blob(self, sha256: str, chunk_bytes: int) -> Iterator[bytes]:
-        data = self.read_blob(sha256)
-        for i in range(0, len(data), chunk_bytes):
-            yield data[i:i + chunk_bytes]
+    def read_blob(self, sha256: str) -> bytes:
+        with self.open_blob(sha256) as f:
+            return f.read()
 
     def _collect_garbage(self) -> None:
         for leftover in self.tmp_dir.iterdir():

@@ -1,6 +1,7 @@
 """The scheduler's ``GetStatus`` reply: the current plan per device, for ``nexus status``.
 
 Read-only: it looks at the service's plan, nodes, profiles and measured rates and changes nothing.
+The messages are built in globalsched/convert.py.
 """
 
 from __future__ import annotations
@@ -9,45 +10,32 @@ import time
 from typing import TYPE_CHECKING
 
 from common.pb import control
+from globalsched import convert
 
 if TYPE_CHECKING:
     from globalsched.service import SchedulerService
 
 
 def status_reply(service: SchedulerService) -> control.StatusReply:
-    plan = service.plan
+    planner = service.planner
+    plan = planner.plan
     now = time.monotonic()
-    reply = control.StatusReply(frontends=sum(1 for n in service.nodes.values()
-                                              if n.kind == control.NODE_KIND_FRONTEND))
-    if plan is None:
-        reply.routing.CopyFrom(control.RoutingTable(epoch=service.epoch))
-    else:
-        reply.routing.CopyFrom(service.routing_table(plan))
-        reply.solver = plan.solver
-        reply.notes.extend(plan.notes)
-        reply.plan_age_s = max(now - service.last_plan_time, 0.0)
-        reply.best_effort.update(plan.best_effort)
     assigned = {}
     if plan is not None:
         for placement in plan.placements.values():
             for b in placement.backends:
                 assigned[b.node_id] = b
-    for node in service.nodes.values():
-        if node.kind != control.NODE_KIND_BACKEND:
-            continue
-        device = control.DeviceStatus(node_id=node.node_id, address=node.address, device=node.device,
-                                      device_type=node.device_type, memory_mb=node.memory_mb)
+    devices = []
+    for node in service.membership.backends():
         b = assigned.get(node.node_id)
+        sessions = []
         if b is not None:
-            device.duty_cycle_ms = b.duty_cycle_ms
             for s in b.sessions:
-                model = service.session_models.get(s.model, s.model)
-                profile = service._profiles(model).get(node.device_type)
-                batch = min(s.batch, profile.max_batch) if profile is not None else 0
-                device.sessions.append(control.DeviceSession(
-                    session=s.model, model=model, batch=s.batch, planned_rate_rps=s.throughput_rps,
-                    slo_ms=service.session_slos.get(s.model, 0.0),
-                    latency_ms=profile.latency_ms(batch) if batch else 0.0,
-                    memory_mb=profile.memory_mb(batch) if batch else 0.0))
-        reply.devices.append(device)
-    return reply
+                model = planner.session_models.get(s.model, s.model)
+                sessions.append(convert.device_session(s, model, planner.session_slos.get(s.model, 0.0),
+                                                       service.admin.profiles(model).get(node.device_type)))
+        devices.append(convert.device_status(node.node_id, node.address, node.device, node.device_type,
+                                             node.memory_mb, b.duty_cycle_ms if b is not None else 0.0, sessions))
+    routing = control.RoutingTable(epoch=planner.epoch) if plan is None else service.routing_table(plan)
+    return convert.status_reply(len(service.membership.frontends()), routing, devices, plan,
+                                max(now - planner.last_plan_time, 0.0))

@@ -24,8 +24,8 @@ def _service(tmp_path, **config) -> SchedulerService:
 def test_colocation_report_inflates_planning_latency(tmp_path):
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"models": [{"name": "m", "slowdown": 1.5}]}))
-    plain = _service(tmp_path / "a")._profiles("m")["cpu"]
-    inflated = _service(tmp_path / "b", colocation_report=str(report))._profiles("m")["cpu"]
+    plain = _service(tmp_path / "a").admin.profiles("m")["cpu"]
+    inflated = _service(tmp_path / "b", colocation_report=str(report)).admin.profiles("m")["cpu"]
     for b in range(1, plain.max_batch + 1):
         assert abs(inflated.latency_ms(b) - 1.5 * plain.latency_ms(b)) < 1e-9
     assert inflated.meta["colocation_slowdown"] == 1.5
@@ -56,7 +56,7 @@ def test_bad_scheduler_flags_are_refused(tmp_path):
 
 def test_reported_rates_are_smoothed(tmp_path):
     service = _service(tmp_path)
-    service.rates["fe"] = {}
+    service.workload.rates["fe"] = {}
 
     def Report(rate):
         return control.WorkloadReport(node_id="fe", rates=[control.SessionRate(model="m", rate_rps=rate)])
@@ -67,7 +67,7 @@ def test_reported_rates_are_smoothed(tmp_path):
     asyncio.run(service.ReportWorkload(Report(100.0), None))
     asyncio.run(service.ReportWorkload(Report(200.0), None))
     expected = RATE_SMOOTHING * 200.0 + (1 - RATE_SMOOTHING) * 100.0
-    assert abs(service.rates["fe"]["m"][0] - expected) < 1e-9
+    assert abs(service.workload.rates["fe"]["m"][0] - expected) < 1e-9
 
 
 def test_sessions_are_planned_with_the_rate_headroom(tmp_path):
@@ -76,11 +76,11 @@ def test_sessions_are_planned_with_the_rate_headroom(tmp_path):
     service = _service(tmp_path, rate_headroom=0.5)
     service.db.set_session("m", 50)
     now = time.monotonic()
-    service.rates["fe"] = {"m": (10.0, now)}
-    [session] = service._inputs(now, ["cpu"])
+    service.workload.rates["fe"] = {"m": (10.0, now)}
+    [session] = service.planner.inputs(now, ["cpu"])
     assert abs(session.rate_rps - 15.0) < 1e-9
-    service.rates["fe"] = {}
-    [idle] = service._inputs(now, ["cpu"])   # no report yet: the default rate, with headroom too
+    service.workload.rates["fe"] = {}
+    [idle] = service.planner.inputs(now, ["cpu"])   # no report yet: the default rate, with headroom too
     assert abs(idle.rate_rps - 1.5 * service.config.default_rate_rps) < 1e-9
 
 
@@ -90,12 +90,12 @@ def test_the_latency_split_is_outdated_only_when_a_gamma_leaves_its_band(tmp_pat
 
     service = _service(tmp_path, rate_headroom=0.5)
     now = time.monotonic()
-    service.rates["fe"] = {"m": (100.0, now)}       # far from any planned rate: not this check's business
-    service.planned_gammas = {("q", "a", "b"): 3.0}
-    service.edges["fe"] = {("q", "a", "b"): (100, 300, now)}
-    assert service.plan_outdated(now) == ""
-    service.edges["fe"] = {("q", "a", "b"): (100, 400, now)}
-    assert service.plan_outdated(now) == "gamma of q: a->b is 4.00, planned 3.0"
+    service.workload.rates["fe"] = {"m": (100.0, now)}       # far from any planned rate: not this check's business
+    service.planner.planned_gammas = {("q", "a", "b"): 3.0}
+    service.workload.edges["fe"] = {("q", "a", "b"): (100, 300, now)}
+    assert service.planner.plan_outdated(now) == ""
+    service.workload.edges["fe"] = {("q", "a", "b"): (100, 400, now)}
+    assert service.planner.plan_outdated(now) == "gamma of q: a->b is 4.00, planned 3.0"
 
 
 def test_path_allowance_and_burst_sigma_reach_the_planner(tmp_path):
@@ -103,12 +103,12 @@ def test_path_allowance_and_burst_sigma_reach_the_planner(tmp_path):
     from globalsched.placement import BackendSlot
 
     service = _service(tmp_path, path_allowance_ms=12.0, burst_sigma=1.5)
-    assert service.planner_config.margins_ms == 12.0 and service.planner_config.burst_sigma == 1.5
+    assert service.planner.planner_config.margins_ms == 12.0 and service.planner.planner_config.burst_sigma == 1.5
     profile = Profile.linear(1.0, 20.0, 8, device_type="cpu")     # 2*l(1) = 42 ms
     sessions = [SessionInput("m", 50.0, 10.0, {"cpu": profile})]
     backends = [BackendSlot("b0", "cpu", 0.0)]
     assert not plan_cluster(sessions, backends, {}).best_effort
-    plan = plan_cluster(sessions, backends, {}, config=service.planner_config)
+    plan = plan_cluster(sessions, backends, {}, config=service.planner.planner_config)
     assert plan.best_effort["m"] == ("SLO 50 ms less the 12 ms path allowance is below 2*l(1) = 42.0 ms on cpu; "
                                      "served best effort at batch 1")
 
@@ -127,11 +127,11 @@ def test_plans_use_the_windowed_mean_rate_not_the_smoothed_one(tmp_path):
     for requests in (20, 20, 20, 20, 44):   # a noisy last second
         asyncio.run(service.ReportWorkload(Report(requests), None))
     now = time.monotonic()
-    smoothed = service.current_rates(now)["m"]
+    smoothed = service.workload.current_rates(now)["m"]
     assert smoothed > 27                                              # the excursion of the last report
-    assert abs(service.planning_rates(now)["m"] - 124 / 5) < 1e-9     # what the plan is made for
-    service.rate_history["fe"]["m"].clear()                           # no counts: the smoothed rate
-    assert service.planning_rates(now)["m"] == smoothed
+    assert abs(service.workload.planning_rates(now)["m"] - 124 / 5) < 1e-9     # what the plan is made for
+    service.workload.rate_history["fe"]["m"].clear()                           # no counts: the smoothed rate
+    assert service.workload.planning_rates(now)["m"] == smoothed
 
 
 def test_routing_table_carries_the_planned_figures(tmp_path):
@@ -146,9 +146,9 @@ def test_routing_table_carries_the_planned_figures(tmp_path):
     service = _service(tmp_path)
     service.db.set_session("m", 50)
     now = time.monotonic()
-    service.rates["fe"] = {"m": (12.0, now)}
+    service.workload.rates["fe"] = {"m": (12.0, now)}
     service.nodes["be-1"] = Node("be-1", control.NODE_KIND_BACKEND, "127.0.0.1:1", "cpu", "cpu", 1000.0)
-    plan = plan_cluster(service._inputs(now, ["cpu"]), [BackendSlot("be-1", "cpu", 1000.0)], {})
+    plan = plan_cluster(service.planner.inputs(now, ["cpu"]), [BackendSlot("be-1", "cpu", 1000.0)], {})
     table = service.routing_table(plan)
     assert table.planned_devices == plan.num_devices_planned == 1
     assert table.lower_bound == plan.lower_bound == 1
@@ -159,3 +159,31 @@ def test_routing_table_carries_the_planned_figures(tmp_path):
     [placed] = plan.placements["cpu"].backends[0].sessions
     assert backend.node_id == "be-1" and backend.batch == placed.batch >= 1
     assert backend.duty_cycle_ms == plan.placements["cpu"].backends[0].duty_cycle_ms > 0
+
+
+
+def test_model_files_are_downloaded_in_chunks_and_unknown_ones_refused(tmp_path, monkeypatch):
+    """DownloadModel reads the file a chunk at a time in a thread; the chunks make up the file."""
+    import asyncio
+
+    import grpc
+    import pytest
+
+    from common import grpc_util
+    from globalsched.refusal import Refused
+
+    service = _service(tmp_path)
+    sha256 = service.db.model("m").sha256
+    monkeypatch.setattr(grpc_util, "UPLOAD_CHUNK_BYTES", 1000)     # several chunks from a small model
+
+    async def download(sha256):
+        return [c.data async for c in service.admin.download(sha256)]
+
+    chunks = asyncio.run(download(sha256))
+    assert len(chunks) > 1 and all(len(c) <= 1000 for c in chunks)
+    assert b"".join(chunks) == service.db.read_blob(sha256)
+    for bad in ("0" * 64, "not-a-sha", ""):
+        with pytest.raises(Refused) as refused:
+            asyncio.run(download(bad))
+        assert refused.value.code == grpc.StatusCode.NOT_FOUND
+        assert "no model file with sha256" in refused.value.message

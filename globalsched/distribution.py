@@ -1,0 +1,118 @@
+"""Table distribution: model tables to backends, then routing tables to frontends.
+
+Backends get their tables first, and a frontend's routing table leaves out every model that a
+backend reported it could not load, so a frontend never routes to a backend that has not loaded the
+model. A failed push is logged and the next plan pushes again; a model that failed to load is
+reported to model administration (bounded retries, then UNAVAILABLE with the reason).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Mapping
+
+import grpc
+
+from common.pb import control
+from globalsched import convert
+from globalsched.cluster import ClusterPlan
+from globalsched.membership import Node
+from globalsched.model_admin import ModelAdmin
+from globalsched.workload import Workload
+
+if TYPE_CHECKING:
+    from globalsched.planner import Planner
+
+log = logging.getLogger("nexus.scheduler")
+
+MODEL_TABLE_TIMEOUT_S = 120     # a backend loads its models before it answers
+ROUTING_TABLE_TIMEOUT_S = 10
+
+
+class Distribution:
+    def __init__(self, nodes: Mapping[str, Node], admin: ModelAdmin, workload: Workload) -> None:
+        self.nodes = nodes
+        self.admin = admin
+        self.workload = workload
+
+    async def push_model_tables(self, plan: ClusterPlan, view: Planner) -> dict[str, str]:
+        """Send each backend its table; return models that failed to load, with reasons."""
+        failed: dict[str, str] = {}
+        calls = []
+        for placement in plan.placements.values():
+            for b in placement.backends:
+                node = self.nodes.get(b.node_id)
+                if node is None:
+                    continue
+                entries = []
+                for s in b.sessions:
+                    model = view.session_models.get(s.model, s.model)
+                    entries.append(convert.session_entry(self.admin.desc(model), s, view.session_slos.get(s.model, 0.0),
+                                                         self.admin.profiles(model).get(node.device_type)))
+                table = convert.model_table(view.epoch, b, entries)
+                calls.append((node, node.stub.UpdateModelTable(table, timeout=MODEL_TABLE_TIMEOUT_S)))
+        for node, call in calls:
+            try:
+                reply = await call
+                for f in reply.failed:
+                    name, _, reason = f.partition(": ")
+                    failed[name] = f"failed to load on {node.node_id}: {reason}"
+                    self.admin.failed_to_load(view.session_models.get(name, name), name, node, reason)
+            except grpc.aio.AioRpcError as exc:
+                log.warning("model table push to %s failed: %s", node.node_id, exc.details())
+        return failed
+
+    async def push_routing_tables(self, plan: ClusterPlan, failed: dict[str, str], view: Planner) -> None:
+        table = self.routing_table(plan, view, failed)
+        calls = [(n, n.stub.UpdateRoutingTable(table, timeout=ROUTING_TABLE_TIMEOUT_S)) for n in self.nodes.values()
+                 if n.kind == control.NODE_KIND_FRONTEND]
+        for node, call in calls:
+            try:
+                await call
+            except grpc.aio.AioRpcError as exc:
+                log.warning("routing table push to %s failed: %s", node.node_id, exc.details())
+
+    def routing_table(self, plan: ClusterPlan, view: Planner, failed: dict[str, str] | None = None
+                      ) -> control.RoutingTable:
+        failed = failed or {}
+        db = self.admin.db
+        routes = []
+        served = set()
+        profiling = self.admin.profiling_models()
+        measured = self.workload.current_rates(time.monotonic())
+        placed: dict[str, list[tuple[str, float, int, float]]] = {}   # session -> (node, share, batch, duty cycle)
+        for placement in plan.placements.values():
+            for b in placement.backends:
+                for s in b.sessions:
+                    placed.setdefault(s.model, []).append((b.node_id, s.throughput_rps, s.batch, b.duty_cycle_ms))
+        for session, model in view.session_models.items():
+            served.add(model)
+            backends = []
+            for node_id, share, batch, duty_cycle_ms in placed.get(session, ()):
+                node = self.nodes.get(node_id)
+                if node is not None and model not in failed:
+                    backends.append(convert.backend_route(node_id, node.address, share, batch, duty_cycle_ms))
+            reason = (failed.get(model) or self.admin.load_failure_reason(model) or plan.unplaced.get(session, ""))
+            if model in profiling:
+                reason = reason or "being profiled"
+            routes.append(convert.model_route(self.admin.desc(model), view.session_slos.get(session, 0.0), session,
+                                              backends, "" if backends else (reason or "not placed"),
+                                              view.session_rates.get(session, 0.0), measured.get(session, 0.0)))
+        for s in db.sessions():        # models no backend could load: UNAVAILABLE with the reason
+            why = self.admin.load_failure_reason(s.model)
+            if s.model not in view.session_models and why:
+                served.add(s.model)
+                routes.append(convert.model_route(self.admin.desc(s.model), s.slo_ms, s.model, reason=why))
+        stored = [self.admin.desc(m.name) for m in db.models() if m.name not in served]
+        return convert.routing_table(view.epoch, plan, routes, stored, self.query_infos(view))
+
+    def query_infos(self, view: Planner) -> list[control.QueryInfo]:
+        infos = []
+        for name, text in self.admin.query_store.all().items():
+            plan = view.query_plans.get(name)
+            devices = 0
+            if plan is not None and view.plan is not None:
+                devices = len({node for st in plan.budgets_ms for node, _ in view.plan.backends_of(f"{name}/{st}")})
+            infos.append(convert.query_info(name, text, plan, view.planned_query_rates.get(name, 0.0), devices))
+        return infos

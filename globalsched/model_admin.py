@@ -1,0 +1,275 @@
+"""Model administration: the model database behind the admin RPCs, queries, profiling, load failures.
+
+Uploads are validated and stored in a thread (globalsched/modeldb.py); loads, unloads, profiles and
+query registrations change what the plan must serve and so ask for a re-plan. A model without a
+profile for a present device type is profiled on a backend of that type on demand. A model file
+that a backend cannot load (while profiling it or from a model table) is recorded in
+:class:`globalsched.load_failures.LoadFailures`: retried on another backend a bounded number of
+times, then routed UNAVAILABLE with the reason. Every refusal raises :class:`Refused`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import pathlib
+from typing import TYPE_CHECKING, Mapping
+
+import grpc
+
+from common import grpc_util
+from common.config import SchedulerConfig
+from common.pb import control
+from common.profile import Profile, ProfileError
+from common.query_def import ModelIO, QueryError, parse_query, validate_query
+from globalsched.convert import model_desc
+from globalsched.load_failures import LoadFailures
+from globalsched.membership import Node
+from globalsched.modeldb import ModelDatabase, UploadError
+from globalsched.querydb import QueryStore
+from globalsched.refusal import Refused
+
+if TYPE_CHECKING:
+    from globalsched.planner import Planner
+
+log = logging.getLogger("nexus.scheduler")
+
+PROFILE_BUDGET_S = 20.0         # what a backend may spend measuring a model's profile
+PROFILE_TIMEOUT_S = 300         # how long the scheduler waits for that profile
+
+
+class ModelAdmin:
+    """``planner`` is set by the service once the planner exists (loads and uploads ask it to re-plan)."""
+
+    def __init__(self, config: SchedulerConfig, db: ModelDatabase, nodes: Mapping[str, Node], prefix_fn=None) -> None:
+        self.config = config
+        self.db = db
+        self.nodes = nodes
+        self.prefix_fn = prefix_fn
+        self.query_store = QueryStore(config.data_dir)
+        self.slowdowns = load_slowdowns(config.colocation_report)
+        self.load_failures = LoadFailures()     # model files a backend could not load: bounded retries
+        self.profiling: set[tuple[str, str]] = set()
+        self.planner: Planner | None = None
+
+    def close(self) -> None:
+        self.query_store.close()
+
+    # ---- the model database ------------------------------------------------------------------------
+
+    async def upload(self, request_iterator) -> control.UploadReply:
+        header = None
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in request_iterator:
+            which = chunk.WhichOneof("part")
+            if which == "header":
+                if header is not None:
+                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "upload: header sent twice")
+                header = chunk.header
+            elif which == "data":
+                if header is None:
+                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "upload: the header must come first")
+                size += len(chunk.data)
+                if size > self.db.max_upload_bytes:
+                    raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                  f"model file exceeds the upload limit of {self.db.max_upload_bytes} bytes")
+                parts.append(chunk.data)
+        if header is None:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "upload: no header")
+        try:
+            record = await asyncio.to_thread(
+                self.db.add_model, header.name, parts, runtime=header.runtime or "onnxruntime",
+                profile_json=header.profile_json, slo_ms=header.slo_ms, io_json=header.io_json,
+                default_slo_ms=self.config.default_slo_ms, create_session=header.load, prefix_fn=self.prefix_fn,
+                min_replicas=header.min_replicas)
+        except UploadError as exc:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"upload of {header.name!r} refused: {exc}") from None
+        self.planner.request_replan(f"model {record.name} uploaded")
+        return control.UploadReply(model=self.desc(record.name))
+
+    async def download(self, sha256: str):
+        """The model file in chunks, each read in a thread (a large file never blocks the loop, nor
+        sits in memory whole)."""
+        try:
+            f = await asyncio.to_thread(self.db.open_blob, sha256)
+        except KeyError as exc:
+            raise Refused(grpc.StatusCode.NOT_FOUND, str(exc.args[0])) from None
+        try:
+            while chunk := await asyncio.to_thread(f.read, grpc_util.UPLOAD_CHUNK_BYTES):
+                yield control.DownloadChunk(data=chunk)
+        finally:
+            f.close()
+
+    def list_models(self) -> control.ListModelsReply:
+        return control.ListModelsReply(models=[self.desc(m.name) for m in self.db.models()])
+
+    async def load(self, request: control.LoadRequest) -> control.LoadReply:
+        record = await asyncio.to_thread(self._load, request)
+        self.load_failures.forget(record.sha256)      # an explicit load tries afresh
+        self.planner.request_replan(f"model {request.name} loaded")
+        return control.LoadReply()
+
+    def _load(self, request: control.LoadRequest):
+        """The database part of a load (in a thread): the session and its minimum replicas."""
+        record = self.db.model(request.name)
+        if record is None:
+            raise Refused(grpc.StatusCode.NOT_FOUND, f"unknown model {request.name!r}")
+        if request.slo_ms < 0:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"slo_ms must be positive, got {request.slo_ms}")
+        if request.min_replicas:
+            try:
+                self.db.set_min_replicas(request.name, request.min_replicas)
+            except ValueError as exc:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        self.db.set_session(request.name, request.slo_ms or record.default_slo_ms)
+        return record
+
+    async def unload(self, request: control.UnloadRequest) -> control.UnloadReply:
+        await asyncio.to_thread(self._unload, request.name)
+        self.planner.request_replan(f"model {request.name} unloaded")
+        return control.UnloadReply()
+
+    def _unload(self, name: str) -> None:
+        if self.db.model(name) is None:
+            raise Refused(grpc.StatusCode.NOT_FOUND, f"unknown model {name!r}")
+        self.db.remove_session(name)
+
+    async def add_profile(self, request: control.ProfileUpload) -> control.ProfileReply:
+        try:
+            profile = Profile.from_json(request.profile_json)
+            await asyncio.to_thread(self.db.add_profile, request.model, profile)
+        except ProfileError as exc:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"invalid profile: {exc}") from None
+        except KeyError as exc:
+            raise Refused(grpc.StatusCode.NOT_FOUND, str(exc.args[0])) from None
+        self.planner.request_replan(f"profile of {request.model} for {profile.device_type}")
+        return control.ProfileReply()
+
+    def desc(self, name: str) -> control.ModelDesc:
+        record = self.db.model(name)
+        loaded = any(s.model == name for s in self.db.sessions())
+        return model_desc(record, self.db.profiles(name), loaded, self.db.min_replicas(name))
+
+    def profiles(self, model: str) -> dict[str, Profile]:
+        """The model's profiles by device type, inflated by its measured co-location slowdown."""
+        profiles = self.db.profiles(model)
+        factor = self.slowdowns.get(model) or self.slowdowns.get(self.db.model(model).sha256 if self.db.model(model) else "")
+        if factor and factor > 1.0:
+            from profiler.slowdown import apply_colocation_slowdown
+            profiles = {t: apply_colocation_slowdown(p, factor) for t, p in profiles.items()}
+        return profiles
+
+    def min_replicas(self) -> dict[str, int]:
+        """Backends each model session keeps at least (0: the scheduler's default)."""
+        return {s.model: self.db.min_replicas(s.model) for s in self.db.sessions()}
+
+    # ---- queries -----------------------------------------------------------------------------------
+
+    def _query_context(self):
+        models = {m.name: ModelIO(m.inputs, m.outputs) for m in self.db.models()}
+        min_latency = {}
+        for name in models:
+            profiles = self.db.profiles(name)
+            if profiles:
+                min_latency[name] = min(p.latency_ms(1) for p in profiles.values())
+        return models, min_latency
+
+    async def register_query(self, text: str) -> control.QueryReply:
+        try:
+            q = parse_query(text)
+            models, min_latency = await asyncio.to_thread(self._query_context)
+            if q.name in models:
+                raise QueryError(f"query {q.name!r}: a model already has that name")
+            validate_query(q, models, min_latency)
+        except QueryError as exc:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        await asyncio.to_thread(self.query_store.put, q.name, text)
+        self.planner.request_replan(f"query {q.name} registered")
+        return control.QueryReply(name=q.name)
+
+    def queries(self) -> dict:
+        """The stored queries that still parse, by name."""
+        queries = {}
+        for name, text in self.query_store.all().items():
+            try:
+                queries[name] = parse_query(text)
+            except QueryError as exc:
+                log.warning("stored query %s no longer parses: %s", name, exc)
+        return queries
+
+    # ---- profiling on demand -----------------------------------------------------------------------
+
+    def profiling_models(self) -> set[str]:
+        return {m for m, _ in self.profiling}
+
+    def start_profiling(self, model: str, device_type: str) -> None:
+        key = (model, device_type)
+        record = self.db.model(model)
+        if key in self.profiling or (record and self.load_failures.exhausted(record.sha256, device_type)):
+            return
+        tried = self.load_failures.tried(record.sha256, device_type) if record else set()
+        candidates = [n for n in self.nodes.values()
+                      if n.kind == control.NODE_KIND_BACKEND and n.device_type == device_type]
+        node = next((n for n in candidates if n.node_id not in tried), candidates[0] if candidates else None)
+        if node is None:
+            return
+        self.profiling.add(key)
+        asyncio.create_task(self._profile(node, model, key))
+
+    async def _profile(self, node: Node, model: str, key: tuple[str, str]) -> None:
+        try:
+            reply = await node.stub.ProfileModel(control.ProfileRequest(model=self.desc(model), budget_s=PROFILE_BUDGET_S),
+                                                 timeout=PROFILE_TIMEOUT_S)
+            if reply.error:
+                log.warning("profiling %s on %s failed: %s", model, node.node_id, reply.error)
+                self._record_load_failure(model, node, reply.error)
+                return
+            profile = Profile.from_json(reply.profile_json)
+            await asyncio.to_thread(self.db.add_profile, model, profile)
+            log.info("profiled %s on %s (max batch %d)", model, profile.device_type, profile.max_batch)
+        except (grpc.aio.AioRpcError, ProfileError, KeyError) as exc:
+            log.warning("profiling %s on %s failed: %s", model, node.node_id, exc)
+            self._record_load_failure(model, node, str(exc))
+        finally:
+            self.profiling.discard(key)
+            self.planner.request_replan(f"profile of {model} done")
+
+    # ---- load failures -----------------------------------------------------------------------------
+
+    def cannot_load(self, model: str, device_types) -> bool:
+        """No backend of any present device type could load the model's file (attempts spent)."""
+        record = self.db.model(model)
+        return bool(record) and self.load_failures.exhausted_on_all(record.sha256, device_types)
+
+    def load_failure_reason(self, model: str) -> str:
+        """Why no backend can serve the model ("" when none of its attempts are spent)."""
+        record = self.db.model(model)
+        return self.load_failures.reason(record.sha256) if record else ""
+
+    def failed_to_load(self, model: str, session: str, node: Node, reason: str) -> None:
+        """A backend's model table reply says it could not load ``model`` (for ``session``): the next
+        plan tries again, or routes it UNAVAILABLE once the attempts are spent."""
+        record = self.db.model(model)
+        if record and not self.load_failures.exhausted(record.sha256, node.device_type):
+            self.load_failures.record(record.sha256, node.device_type, node.node_id, reason)
+            self.planner.request_replan(f"{session} failed to load on {node.node_id}")
+
+    def _record_load_failure(self, model: str, node: Node, reason: str) -> None:
+        record = self.db.model(model)
+        if record is not None:
+            self.load_failures.record(record.sha256, node.device_type, node.node_id, reason)
+
+
+def load_slowdowns(path: str) -> dict[str, float]:
+    """Slowdown factors by model name and sha256 from a multi-tenant report; {} without one."""
+    if not path:
+        return {}
+    from profiler.slowdown import slowdowns_from_report
+
+    try:
+        report = json.loads(pathlib.Path(path).read_text())
+        return slowdowns_from_report(report)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"nexus scheduler: error: --colocation-report {path}: {exc}") from None

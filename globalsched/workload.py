@@ -1,0 +1,94 @@
+"""What the frontends report: request rates per session and fan-out counts per query edge.
+
+Each frontend's rate is smoothed exponentially (it decides *when* to re-plan) and its request counts
+are kept over a window (the window's mean is what a plan is made for). Fan-out counts per query edge
+give the measured gamma of each edge. A frontend that leaves takes its reports with it (:meth:`forget`).
+Pure bookkeeping: time is passed in.
+"""
+
+from __future__ import annotations
+
+import collections
+
+from common.pb import control
+
+RATE_REPORT_TTL_S = 10.0        # a frontend's report counts this long
+RATE_SMOOTHING = 0.3            # weight of the newest report in the exponentially smoothed rate
+PLAN_RATE_WINDOW_S = 10.0       # plans use the mean rate of the reports of this window
+MIN_EDGE_SAMPLES = 20           # parent rows before a measured gamma is trusted
+
+
+class Workload:
+    def __init__(self) -> None:
+        self.rates: dict[str, dict[str, tuple[float, float]]] = {}   # frontend -> model -> (rate, t)
+        # frontend -> model -> (time, requests, window seconds) of its reports over PLAN_RATE_WINDOW_S
+        self.rate_history: dict[str, dict[str, collections.deque]] = {}
+        self.edges: dict[str, dict[tuple[str, str, str], tuple[int, int, float]]] = {}  # frontend -> edge -> counts
+
+    def report(self, request: control.WorkloadReport, now: float) -> None:
+        """Take one frontend's report (its node is known: the caller checked)."""
+        table = self.rates.setdefault(request.node_id, {})
+        for r in request.rates:
+            rate = max(r.rate_rps, 0.0)
+            old = table.get(r.model)
+            if old is not None and now - old[1] <= RATE_REPORT_TTL_S:   # smooth Poisson noise of short windows
+                rate = RATE_SMOOTHING * rate + (1 - RATE_SMOOTHING) * old[0]
+            table[r.model] = (rate, now)
+            if r.window_ms > 0:
+                history = self.rate_history.setdefault(request.node_id, {}).setdefault(r.model, collections.deque())
+                history.append((now, r.requests, r.window_ms / 1000))
+                while history and history[0][0] < now - PLAN_RATE_WINDOW_S:
+                    history.popleft()
+        edges = self.edges.setdefault(request.node_id, {})
+        for e in request.edges:
+            key = (e.query, e.parent, e.child)
+            old = edges.get(key)
+            if old is not None and now - old[2] <= RATE_REPORT_TTL_S:   # keep a window of recent counts
+                edges[key] = (old[0] + e.parent_requests, old[1] + e.child_requests, old[2])
+            else:
+                edges[key] = (e.parent_requests, e.child_requests, now)
+
+    def forget(self, node_id: str) -> None:
+        """A node left: its reports no longer count."""
+        self.rates.pop(node_id, None)
+        self.rate_history.pop(node_id, None)
+        self.edges.pop(node_id, None)
+
+    def planning_rates(self, now: float) -> dict[str, float]:
+        """The rates a plan is made for: requests over time across the reports of the last
+        PLAN_RATE_WINDOW_S, per frontend, summed (the smoothed rate where a frontend sent no counts).
+
+        The smoothed rate decides *when* to re-plan, and a re-plan starts when it is at a high (or
+        low) excursion; planning on that value would keep the excursion. The window's mean is steadier.
+        """
+        totals: dict[str, float] = {}
+        for node, per_model in self.rates.items():
+            for model, (smoothed, t) in per_model.items():
+                if now - t > RATE_REPORT_TTL_S:
+                    continue
+                fresh = [(n, w) for at, n, w in self.rate_history.get(node, {}).get(model, ())
+                         if now - at <= PLAN_RATE_WINDOW_S]
+                window_s = sum(w for _, w in fresh)
+                rate = sum(n for n, _ in fresh) / window_s if window_s > 0 else smoothed
+                totals[model] = totals.get(model, 0.0) + rate
+        return totals
+
+    def current_rates(self, now: float) -> dict[str, float]:
+        """The smoothed rate per session, summed over frontends."""
+        totals: dict[str, float] = {}
+        for per_model in self.rates.values():
+            for model, (rate, t) in per_model.items():
+                if now - t <= RATE_REPORT_TTL_S:
+                    totals[model] = totals.get(model, 0.0) + rate
+        return totals
+
+    def current_gammas(self, now: float) -> dict[tuple[str, str, str], float]:
+        """Measured fan-out per query edge: child rows per parent row over the recent window."""
+        totals: dict[tuple[str, str, str], list[int]] = {}
+        for per_edge in self.edges.values():
+            for key, (parent, child, t) in per_edge.items():
+                if now - t <= 2 * RATE_REPORT_TTL_S:
+                    acc = totals.setdefault(key, [0, 0])
+                    acc[0] += parent
+                    acc[1] += child
+        return {k: c / p for k, (p, c) in totals.items() if p >= MIN_EDGE_SAMPLES}

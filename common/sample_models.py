@@ -176,13 +176,14 @@ def _pool_flatten(b: _GraphBuilder, x: str) -> str:
     return b.node("Flatten", [pooled], axis=1)
 
 
-def resnet18_64(num_classes: int = 1000) -> onnx.ModelProto:
+def resnet18_64(num_classes: int = 1000, seed: int = RESNET_SEED) -> onnx.ModelProto:
     """ResNet-18 for 3x64x64 input: 7x7/2 stem + 3x3/2 max pool, 4 stages x 2 basic blocks.
 
     Channels 64/128/256/512, spatial 16/8/4/2, global average pool, FC to ``num_classes``.
-    About 0.15 GFLOP per image, 11.7 M parameters with 1000 classes.
+    About 0.15 GFLOP per image, 11.7 M parameters with 1000 classes. Another ``seed`` gives a
+    different file of the same architecture (benchmarks/vs_triton.py).
     """
-    b = _GraphBuilder(RESNET_SEED)
+    b = _GraphBuilder(seed)
     # Stem gain 0.5: the 3x3 max pool that follows roughly doubles the RMS of a ReLU map.
     x = b.relu(b.conv("input", 3, 64, 7, stride=2, gain=0.5))
     x = b.node("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])

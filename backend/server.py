@@ -290,9 +290,7 @@ class BackendService(control_grpc.BackendServicer):
             return control.ModelTableReply(loaded=list(sessions), failed=failed)
 
     def _fail_queue(self, session: Session, why: str) -> None:
-        queue, session.queue = session.queue, []
-        for p in queue:
-            p.payload.done(Outcome("EXEC_NOT_FOUND", why))
+        self.engine.fail_queued(session, Outcome("EXEC_NOT_FOUND", why))
 
     # ---- execution -----------------------------------------------------------------------------
 
@@ -303,18 +301,18 @@ class BackendService(control_grpc.BackendServicer):
         arrays = decode_inputs(session, item)
         budget_s = item.budget_us / 1e6 if item.budget_us else session.slo_ms / 1000
         # The reply still has to travel back: a batch must end this much before the deadline.
-        return Work(item.model, arrays, arrays[0].shape[0], now + budget_s - RESPONSE_MARGIN_S, now, done)
+        return Work(item.model, arrays, arrays[0].shape[0], now + budget_s - RESPONSE_MARGIN_S, now, done,
+                    asyncio.get_running_loop().call_soon_threadsafe)    # one hand-over per batch
 
     async def Execute(self, request_iterator, context):
-        loop = asyncio.get_running_loop()
         results: asyncio.Queue = asyncio.Queue()
         clock = self.engine.clock
 
         queued: dict[int, object] = {}      # this stream's request id -> its queue entry, until answered
 
         def completer(request_id: int):
-            def done(outcome: Outcome) -> None:
-                loop.call_soon_threadsafe(results.put_nowait, (request_id, outcome))
+            def done(outcome: Outcome) -> None:     # on the loop: the engine delivers a batch at a time
+                results.put_nowait((request_id, outcome))
             return done
 
         async def reader() -> None:
@@ -350,8 +348,8 @@ class BackendService(control_grpc.BackendServicer):
         loop = asyncio.get_running_loop()
         future = loop.create_future()
 
-        def done(outcome: Outcome) -> None:
-            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(outcome))
+        def done(outcome: Outcome) -> None:     # on the loop: the engine delivers a batch at a time
+            future.done() or future.set_result(outcome)
 
         try:
             self.engine.submit(self._work(request, self.engine.clock(), done))
@@ -410,7 +408,7 @@ def backend_stats(engine: Engine, node_id: str = "") -> control.BackendStats:
             reply.sessions.append(control.SessionStats(
                 model=name, inference_count=st.inference_count, execution_count=st.execution_count,
                 success_count=st.success_count, success_ns=st.success_ns, fail_count=st.fail_count,
-                queue_ns=st.queue_ns, compute_ns=st.compute_ns, dropped=st.dropped, queue_length=len(s.queue),
+                queue_ns=st.queue_ns, compute_ns=st.compute_ns, dropped=st.dropped, queue_length=s.depth.queued,
                 batch_histogram=dict(st.batch_histogram), batch_compute_ns=dict(st.batch_compute_ns),
                 memory_bytes=memory[name], last_inference_ms=st.last_inference_ms,
                 prefix_group=group.name if group else "",
@@ -509,7 +507,7 @@ def detect_memory_mb(device: str) -> float:
 
 async def serve(config: BackendConfig, ready=None) -> None:
     """Run a backend until cancelled: serve, register, heartbeat (re-registering if forgotten)."""
-    from backend.policies import POLICIES
+    from common.batching import POLICIES
 
     if config.policy not in POLICIES:
         raise SystemExit(f"nexus backend: error: unknown --policy {config.policy!r}; "

@@ -47,7 +47,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from backend.engine import Engine, Session, SharedPrefix, Work  # noqa: E402
-from backend.policies import SlidingWindowEarlyDrop  # noqa: E402
+from common.batching import SlidingWindowEarlyDrop  # noqa: E402
 from backend.runtimes import load_runtime  # noqa: E402
 from backend.server import suffix_threads  # noqa: E402
 from common.onnx_prefix import find_shared_prefix  # noqa: E402

@@ -584,7 +584,7 @@ def batching_bound(latency_ms: dict[int, float], max_batch: int, slo_ms: float) 
     """The largest Poisson rate at which an ideal server (no RPC, no CPU contention: exactly the
     ORT-direct l(b), the backend's early-drop policy, work-conserving) keeps 99% within the SLO,
     from ``backend.simulate`` (bisection, 3 seeds x 40 s). What batching itself allows."""
-    from backend.policies import SlidingWindowEarlyDrop
+    from common.batching import SlidingWindowEarlyDrop
     from backend.simulate import poisson_arrivals, simulate
 
     sizes = sorted(latency_ms)

@@ -125,7 +125,7 @@ class BackendService(control_grpc.BackendServicer):
         return b"".join(parts)
 
     async def _runtime_for(self, entry: control.SessionEntry):
-        from backend.runtimes import load_runtime
+        from common.runtimes import load_runtime
 
         model = entry.model
         runtime_kind = "emulated" if self.config.device.startswith("emulated:") else model.runtime
@@ -162,7 +162,7 @@ class BackendService(control_grpc.BackendServicer):
         group formed elsewhere), ``find_shared_prefix`` finds the longest prefix the models share.
         Raises LookupError when they share none.
         """
-        from backend.runtimes import load_runtime
+        from common.runtimes import load_runtime
         from common.onnx_prefix import find_shared_prefix, split_at
 
         threads = self._threads()
@@ -435,7 +435,7 @@ def device_problem(device: str) -> str | None:
     CPU and emulated devices always work. A CUDA device works when onnxruntime's CUDA execution
     provider actually starts on it (probed with a one-node model) or torch sees it.
     """
-    from backend.runtimes import DeviceSpec
+    from common.runtimes import DeviceSpec
 
     try:
         spec = DeviceSpec.parse(device)

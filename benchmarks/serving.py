@@ -37,7 +37,7 @@ Harness-only experiment switches (environment of the component processes, set on
 file; the project never reads them): ``--cprofile frontend,backend`` runs those components under
 cProfile (main thread: the event loop) into benchmarks/out/<tag>.<name>.prof; ``--ort-no-spin``
 starts the backend with ORT's intra-op spin-waiting off (a proposed fix in
-backend/runtimes/onnx_runtime.py, which this benchmark does not own); ``--budget-margin-ms M``
+common/runtimes/onnx_runtime.py, which this benchmark does not own); ``--budget-margin-ms M``
 makes the frontend send backends a budget M ms below the time left (a proposed fix in
 frontend/kserve.py: reserve the return trip); ``--pin`` (with ``--threads 1``) puts the backend's
 executor thread, where ORT runs, alone on the last CPU and every other thread of the cluster and
@@ -384,7 +384,7 @@ class on_exec_cpus:
 
 
 def ort_session(model_bytes: bytes, threads: int, no_spin: bool = True):
-    """An InferenceSession with the options backend/runtimes/onnx_runtime.py uses (since commit
+    """An InferenceSession with the options common/runtimes/onnx_runtime.py uses (since commit
     d54f56d that includes intra-op spinning off; ``no_spin=False`` measures the old default)."""
     import onnxruntime as ort
 

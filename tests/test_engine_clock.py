@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from backend.engine import Engine, ExecError, Session, Work
-from backend.runtimes import load_runtime
+from common.runtimes import load_runtime
 from common.batching import EarliestFirst, SlidingWindowEarlyDrop
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from backend.engine import Engine, Session, SharedPrefix, Work
 from common.batching import EarliestFirst, SlidingWindowEarlyDrop
-from backend.runtimes import load_runtime
+from common.runtimes import load_runtime
 from backend.server import BackendService, backend_stats
 from common.config import BackendConfig, BatchStart
 from common.onnx_prefix import find_shared_prefix

@@ -13,7 +13,7 @@ import tritonclient.grpc.aio as aioclient
 
 from backend.engine import Engine, Session, SharedPrefix, Work
 from common.batching import EarliestFirst
-from backend.runtimes import load_runtime
+from common.runtimes import load_runtime
 from backend.server import backend_stats
 from common.onnx_prefix import find_shared_prefix
 from common.pb import control

@@ -703,9 +703,9 @@ def one_repeat(args, i: int) -> dict:
         c.stop()
         prof = c.profiles()[model].get("cpu")
         if prof is not None:
-            from backend.engine import saturated_batch
+            from backend.engine import session_max_batch
             res["scheduler_profile_ms"] = {r.batch: r.latency_ms for r in prof.rows}
-            res["backend_max_batch"] = saturated_batch(prof, args.slo_ms)
+            res["backend_max_batch"] = session_max_batch(prof, args.slo_ms)
     lat = {int(k): v for k, v in res["limit_scan"]["latency_ms"].items()}
     res["batching_bound_rps"] = batching_bound(lat, res["b_star"], args.slo_ms)
     res["batching_bound_ratio"] = res["batching_bound_rps"] / (res["b_star"] * 1000 / lat[res["b_star"]])

@@ -2,15 +2,25 @@
 
 Contracts:
 - :meth:`Engine.submit` is called on the event-loop thread with a request already validated against
-  the session's input specs; it never blocks.
-- The executor thread is the only caller of ``Runtime.run``. Each turn it picks the session whose
-  earliest deadline is soonest (EDF across sessions), asks the session's batch policy what to run
-  and what to drop *now* (``BatchPolicy.select(queue, now_s, max_batch, latency_ms)``), runs the
-  batch, and hands results back to the loop through ``done`` callbacks (``loop.call_soon_threadsafe``),
-  where splitting and serialisation happen, off the executor thread.
+  the session's input specs; it never blocks and never takes the executor's lock: it appends the
+  request to an inbox (a deque) and sets an event. :meth:`Engine.cancel` claims a queued request
+  lock-free as well (a request is answered by whoever takes it out of the live set first: the
+  executor, running or dropping it, or ``cancel``).
+- The executor thread is the only caller of ``Runtime.run``. Each turn (:meth:`Engine.step`) it moves
+  the inbox into the per-session queues and asks :func:`common.batching.schedule` (the one batching
+  decision, shared with the simulation and the profiler's harness) what to run and what to drop
+  *now*: EDF across sessions, the policy within one. It runs the batch and hands every outcome of
+  the turn back in one ``deliver`` call (``loop.call_soon_threadsafe`` in the server: one per batch,
+  not one per request); the ``done`` callbacks then run on the loop, where serialisation happens.
+- Time comes from outside: ``clock`` (monotonic seconds: deadlines, queue and compute times) and
+  ``wall_clock`` (``last_inference``). With ``start=False`` no thread runs and a test drives
+  :meth:`Engine.step` itself on a fake clock.
+- Batches are counted in rows (:mod:`common.batching`): max and planned batches, l(b), the policy's
+  window and the statistics' batch sizes.
 - Work-conserving: a batch starts as soon as the device is free and a request waits; under load
   the queue grows while a batch runs, so the next batch is larger, up to the session's max batch
-  (the largest b with 2*l(b) <= SLO, never below the planned batch).
+  (the largest b with 2*l(b) <= SLO, never below the planned batch). With a duty cycle set
+  (``--batch-start duty-cycle``) a batch waits for the planned batch, at most one duty cycle.
 - Prefix batching (Nexus section 6.1): sessions of one :class:`SharedPrefix` (models that share
   their first layers, split by the backend into one prefix runtime and a suffix runtime per model)
   are scheduled as one unit. Their queues are merged in deadline order, the policy picks one batch
@@ -38,20 +48,23 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import heapq
 import itertools
-import math
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
-from backend.policies import BatchPolicy, Pending
+from common.batching import BatchPolicy, Decision, Pending, Queue, remove_taken, saturated_batch, schedule
 from common.profile import Profile
 from common.tensors import TensorSpec
 
+
+log = logging.getLogger("nexus.backend.engine")
 
 BUSY_LOG_S = 60.0   # batches remembered for windowed utilisation
 
@@ -74,6 +87,9 @@ class Work:
     deadline_s: float
     arrival_s: float
     done: Callable[["Outcome"], None]
+    # deliver(fn, arg) runs fn(arg) where ``done`` belongs (a server passes its loop's
+    # call_soon_threadsafe); None: the engine's ``deliver``.
+    deliver: Callable[..., object] | None = None
 
 
 @dataclass
@@ -181,9 +197,10 @@ class Session:
         self.slo_ms = slo_ms
         self.profile = profile
         self.planned_batch = max(1, planned_batch)
-        self.max_batch = max(self.planned_batch, saturated_batch(profile, slo_ms))
+        self.max_batch = max(self.planned_batch, session_max_batch(profile, slo_ms))
         self.max_queue = max_queue
-        self.queue: list[Pending] = []          # sorted by (deadline, id)
+        self.queue: list[Pending] = []          # sorted by (deadline, id); the executor's
+        self.depth = QueueDepth()
         self.stats = SessionStats()
         self.group: SharedPrefix | None = None
 
@@ -207,32 +224,26 @@ class Session:
         return p.latency_ms(p.max_batch) + per_item * (batch - p.max_batch)
 
 
-def batch_ready_at(queue: "list[Pending]", planned_batch: int, duty_cycle_s: float,
-                   latency_ms: Callable[[int], float]) -> float:
-    """When the next batch of a queue should start (Nexus's duty cycle, on a clock in seconds).
-
-    At once when the queue holds the planned batch; otherwise when its oldest request has waited
-    one duty cycle, or when the earliest deadline leaves just the time to run the planned batch,
-    whichever comes first. Starting every tiny batch as soon as the device is free would pay the
-    fixed cost of a batch again and again: on a GPU-like profile (l(b) = 10b + 30 ms) the device
-    then saturates at 40 requests/s where the plan counted on 70. With a planned batch of 1
-    (low rates) this is eager execution.
-    """
-    if len(queue) >= planned_batch:
-        return -math.inf
-    oldest = min(p.arrival_s for p in queue)
-    return min(oldest + duty_cycle_s, queue[0].deadline_s - latency_ms(planned_batch) / 1000)
-
-
-def saturated_batch(profile: Profile | None, slo_ms: float) -> int:
-    """Largest b with 2*l(b) <= SLO (DESIGN.md, saturated GPU); 1 when even b=1 misses; 32 unprofiled."""
+def session_max_batch(profile: Profile | None, slo_ms: float) -> int:
+    """The saturated batch of a session (:func:`common.batching.saturated_batch`) at least 1; 32 unprofiled."""
     if profile is None:
         return 32
-    best = 1
-    for b in range(1, profile.max_batch + 1):
-        if 2 * profile.latency_ms(b) <= slo_ms:
-            best = b
-    return best
+    return max(1, saturated_batch(profile.latency_ms, slo_ms, profile.max_batch))
+
+
+@dataclass
+class QueueDepth:
+    """Requests of a session in the engine, from counters each written by one thread only (so no
+    update is lost without a lock): ``submitted`` and ``cancelled`` by the loop, ``retired`` (run or
+    dropped) by the executor."""
+
+    submitted: int = 0
+    cancelled: int = 0
+    retired: int = 0
+
+    @property
+    def queued(self) -> int:
+        return self.submitted - self.cancelled - self.retired
 
 
 @dataclass
@@ -270,10 +281,7 @@ class SharedPrefix:
         planned = sum(m.planned_batch for m in self.members)
         profiled = [m.profile for m in self.members if m.profile is not None]
         if profiled:
-            best = 1
-            for b in range(1, max(p.max_batch for p in profiled) + 1):
-                if 2 * self.latency_ms(b) <= self.slo_ms:
-                    best = b
+            best = max(1, saturated_batch(self.latency_ms, self.slo_ms, max(p.max_batch for p in profiled)))
         else:
             best = max(m.max_batch for m in self.members)
         self.max_batch = max(planned, best)
@@ -297,14 +305,24 @@ class SharedPrefix:
 
 
 class Engine:
-    """Sessions of one device and the thread that executes their batches."""
+    """Sessions of one device and the thread that executes their batches (module docstring)."""
 
-    def __init__(self, policy: BatchPolicy, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, policy: BatchPolicy, clock: Callable[[], float] = time.monotonic, *,
+                 wall_clock: Callable[[], float] = time.time,
+                 deliver: Callable[..., object] | None = None, start: bool = True) -> None:
         self.policy = policy
         self.clock = clock
+        self.wall_clock = wall_clock
+        # deliver(fn, arg) runs fn(arg) where the done callbacks belong (the server passes
+        # loop.call_soon_threadsafe); None calls them on the executor thread.
+        self.deliver = deliver
         self.sessions: dict[str, Session] = {}
         self.duty_cycle_s = 0.0     # the plan's duty cycle; 0 runs every batch as soon as it can
-        self._cv = threading.Condition()
+        self._lock = threading.Lock()     # the executor's: queues and the session table
+        self._inbox: collections.deque[Pending] = collections.deque()
+        self._live: dict[int, Pending] = {}     # queued requests nobody has taken yet (see cancel)
+        self._purge = False                     # a cancelled request may still sit in a queue
+        self._wake = threading.Event()
         self._ids = itertools.count(1)
         self._stop = False
         self._busy_s = 0.0
@@ -314,8 +332,10 @@ class Engine:
         self._started = clock()
         self._solo: list[Session] = []
         self.groups: list[SharedPrefix] = []
-        self._thread = threading.Thread(target=self._loop, name="executor", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if start:
+            self._thread = threading.Thread(target=self._loop, name="executor", daemon=True)
+            self._thread.start()
 
     # ---- table changes (loop thread) ---------------------------------------------------------------
 
@@ -323,19 +343,19 @@ class Engine:
         """Replace the session table (and its prefix groups, whose members must be in ``sessions``).
 
         Queues and counters of sessions that stay carry over; returns the replaced or removed
-        sessions (the caller fails the queued work of removed ones).
+        sessions (the caller fails the queued work of removed ones with :meth:`fail_queued`).
         """
         groups = list(groups)
         for g in groups:
             for m in g.members:
                 if sessions.get(m.name) is not m:
                     raise ValueError(f"group {g.name!r}: member {m.name!r} is not in the session table")
-        with self._cv:
+        with self._lock:
             removed = [s for name, s in self.sessions.items() if sessions.get(name) is not s]
             for new in sessions.values():
                 old = self.sessions.get(new.name)
                 if old is not None and old is not new:   # keep queue and counters across re-plans
-                    new.queue, new.stats = old.queue, old.stats
+                    new.queue, new.stats, new.depth = old.queue, old.stats, old.depth
             for g in groups:
                 old_group = next((o for o in self.groups if o.name == g.name), None)
                 if old_group is not None:
@@ -343,46 +363,63 @@ class Engine:
             self.sessions = dict(sessions)
             self.groups = groups
             self._solo = [s for s in sessions.values() if s.group is None or s.group not in groups]
-            self._cv.notify()
+        self._wake.set()
         return removed
 
+    def fail_queued(self, session: Session, outcome: "Outcome") -> int:
+        """Answer every request still queued on a session that left the table with ``outcome`` (on
+        the caller's thread); returns how many."""
+        with self._lock:
+            queue, session.queue = session.queue, []
+        n = 0
+        for p in queue:
+            if self._live.pop(p.request_id, None) is not None:
+                p.payload.done(outcome)
+                n += 1
+        return n
+
     def stop(self) -> None:
-        with self._cv:
-            self._stop = True
-            self._cv.notify()
-        self._thread.join(timeout=5)
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold the executor between two decisions (requests submitted meanwhile are decided together)."""
+        with self._lock:
+            yield
 
     # ---- requests (loop thread) --------------------------------------------------------------------
 
     def submit(self, work: Work) -> Pending:
-        """Queue ``work``; return its queue entry (for :meth:`cancel`)."""
-        with self._cv:
-            session = self.sessions.get(work.model)
-            if session is None:
-                raise ExecError("EXEC_NOT_FOUND", f"model {work.model!r} is not loaded on this backend")
-            if len(session.queue) >= session.max_queue:
-                with self.stats_lock:
-                    session.stats.dropped += 1
-                raise ExecError("EXEC_OVERLOADED", f"queue of {work.model!r} is full ({session.max_queue})")
-            item = Pending(next(self._ids), work.deadline_s, work.arrival_s, work)
-            bisect.insort(session.queue, item, key=lambda p: (p.deadline_s, p.request_id))
-            self._cv.notify()
-            return item
+        """Queue ``work``; return its queue entry (for :meth:`cancel`). Takes no lock the executor holds."""
+        session = self.sessions.get(work.model)
+        if session is None:
+            raise ExecError("EXEC_NOT_FOUND", f"model {work.model!r} is not loaded on this backend")
+        if session.depth.queued >= session.max_queue:
+            with self.stats_lock:
+                session.stats.dropped += 1
+            raise ExecError("EXEC_OVERLOADED", f"queue of {work.model!r} is full ({session.max_queue})")
+        item = Pending(next(self._ids), work.deadline_s, work.arrival_s, work, work.rows)
+        session.depth.submitted += 1
+        self._live[item.request_id] = item
+        self._inbox.append(item)
+        self._wake.set()
+        return item
 
     def cancel(self, item: Pending) -> bool:
         """Take a queued request off its queue: True when it was still queued (it will never run and
         its ``done`` is not called), False when it already ran, runs now or was dropped."""
-        with self._cv:
-            session = self.sessions.get(item.payload.model)
-            if session is None:
-                return False
-            i = bisect.bisect_left(session.queue, (item.deadline_s, item.request_id),
-                                   key=lambda p: (p.deadline_s, p.request_id))
-            if i < len(session.queue) and session.queue[i] is item:
-                del session.queue[i]
-                session.stats.cancelled += 1
-                return True
+        if self._live.pop(item.request_id, None) is None:
             return False
+        self._purge = True
+        session = self.sessions.get(item.payload.model)
+        if session is not None:
+            session.depth.cancelled += 1
+            with self.stats_lock:
+                session.stats.cancelled += 1
+        return True
 
     def utilization(self, window_s: float | None = None) -> float:
         """Busy fraction of the device: since start, or over the last ``window_s`` seconds."""
@@ -407,84 +444,121 @@ class Engine:
 
     # ---- executor thread ---------------------------------------------------------------------------
 
-    def _next(self) -> "tuple[Session | SharedPrefix, list[Pending], list[Pending]] | float | None":
-        """Under the lock: choose a session (or group) and what to run/drop now.
-
-        Returns None when nothing is queued, or the clock time at which the earliest queued batch
-        becomes ready (:func:`batch_ready_at`) when none is ready yet.
-        """
-        best = None
-        best_deadline = math.inf
-        wake = math.inf
-        now = self.clock()
-        for s in self._solo:
-            q = s.queue
-            if q and q[0].deadline_s < best_deadline:
-                ready = batch_ready_at(q, s.planned_batch, self.duty_cycle_s, s.latency_ms)
-                if ready <= now:
-                    best, best_deadline = s, q[0].deadline_s
-                else:
-                    wake = min(wake, ready)
-        for g in self.groups:
-            queued = [p for m in g.members for p in m.queue]
-            if not queued:
+    def _admit(self) -> None:
+        """Under the lock: move the inbox into the queues; drop cancelled requests from them."""
+        inbox = self._inbox
+        unknown: list[Pending] = []
+        while inbox:
+            item = inbox.popleft()
+            if item.request_id not in self._live:
+                continue        # cancelled before it got here
+            session = self.sessions.get(item.payload.model)
+            if session is None:   # unloaded between submit and here
+                unknown.append(item)
                 continue
-            head = min(queued, key=_order)
-            if head.deadline_s < best_deadline:
-                merged = sorted(queued, key=_order)
-                planned = sum(m.planned_batch for m in g.members)
-                ready = batch_ready_at(merged, planned, self.duty_cycle_s, g.latency_ms)
-                if ready <= now:
-                    best, best_deadline = g, head.deadline_s
-                else:
-                    wake = min(wake, ready)
-        if best is None:
-            return wake if wake < math.inf else None
-        if isinstance(best, SharedPrefix):
-            return self._select_group(best, now)
-        session = best
-        selection = self.policy.select(session.queue, now, session.max_batch, session.latency_ms)
-        kept, taken = _trim(selection, session.max_batch)
-        session.queue = [p for p in session.queue if p.request_id not in taken]
-        return session, kept, list(selection.dropped)
+            q = session.queue
+            if not q or (q[-1].deadline_s, q[-1].request_id) < (item.deadline_s, item.request_id):
+                q.append(item)
+            else:
+                bisect.insort(q, item, key=_order)
+        if self._purge:
+            self._purge = False
+            for s in self.sessions.values():
+                if any(p.request_id not in self._live for p in s.queue):
+                    s.queue = [p for p in s.queue if p.request_id in self._live]
+        for item in unknown:
+            if self._live.pop(item.request_id, None) is not None:
+                self._post([(item.payload, Outcome(
+                    "EXEC_NOT_FOUND", f"model {item.payload.model!r} is not loaded on this backend"))])
 
-    def _select_group(self, group: SharedPrefix, now: float) -> tuple[SharedPrefix, list[Pending], list[Pending]]:
-        queues = [m.queue for m in group.members if m.queue]
-        merged = queues[0] if len(queues) == 1 else list(heapq.merge(*queues, key=_order))
-        selection = self.policy.select(merged, now, group.max_batch, group.latency_ms)
-        kept, taken = _trim(selection, group.max_batch)
-        for m in group.members:
-            if m.queue:
-                m.queue = [p for p in m.queue if p.request_id not in taken]
-        return group, kept, list(selection.dropped)
+    def _decide(self) -> "tuple[Decision, Session | SharedPrefix | None, list[Pending], list[Pending]]":
+        """Under the lock: the scheduling decision now, its unit, and the requests it runs and drops
+        that the executor took (a request cancelled meanwhile is neither)."""
+        self._admit()
+        units: list[Session | SharedPrefix] = []
+        queues: list[Queue] = []
+        for s in self._solo:
+            if s.queue:
+                queues.append(Queue(str(len(units)), tuple(s.queue), s.max_batch, s.latency_ms, s.planned_batch))
+                units.append(s)
+        for g in self.groups:
+            member_queues = [m.queue for m in g.members if m.queue]
+            if not member_queues:
+                continue
+            merged = member_queues[0] if len(member_queues) == 1 else list(heapq.merge(*member_queues, key=_order))
+            queues.append(Queue(str(len(units)), tuple(merged), g.max_batch, g.latency_ms,
+                                sum(m.planned_batch for m in g.members)))
+            units.append(g)
+        decision = schedule(queues, self.clock(), policy=self.policy, duty_cycle_s=self.duty_cycle_s)
+        if decision.queue is None:
+            return decision, None, [], []
+        unit = units[int(decision.queue)]
+        if isinstance(unit, Session):
+            remove_taken(unit.queue, decision)
+        else:
+            taken = decision.taken
+            for m in unit.members:
+                if m.queue:
+                    m.queue = [p for p in m.queue if p.request_id not in taken]
+        live = self._live
+        batch = [p for p in decision.batch if live.pop(p.request_id, None) is not None]
+        dropped = [p for p in decision.dropped if live.pop(p.request_id, None) is not None]
+        for p in batch + dropped:
+            session = self.sessions.get(p.payload.model)
+            if session is not None:
+                session.depth.retired += 1
+        return decision, unit, batch, dropped
+
+    def step(self) -> Decision:
+        """One turn of the executor: decide at ``clock()``, answer the dropped requests, run the batch.
+        Returns the decision (``queue`` None: nothing was ready; ``wake_s``: when something will be)."""
+        with self._lock:
+            decision, unit, batch, dropped = self._decide()
+        if unit is None:
+            return decision
+        now = self.clock()
+        answers: list[tuple[Work, Outcome]] = []
+        for p in dropped:
+            session = unit if isinstance(unit, Session) else unit.by_name[p.payload.model]
+            with self.stats_lock:
+                session.stats.dropped += 1
+                session.stats.fail_count += 1
+            answers.append((p.payload, Outcome("EXEC_DEADLINE", f"dropped: cannot meet its deadline "
+                                                                     f"({(p.deadline_s - now) * 1000:.1f} ms left)")))
+        if batch:
+            if isinstance(unit, Session):
+                self._run(unit, batch, answers)
+            else:
+                self._run_group(unit, batch, answers)
+        self._post(answers)
+        return decision
+
+    def _post(self, answers: "list[tuple[Work, Outcome]]") -> None:
+        """Hand a turn's outcomes back in one go: one ``deliver`` call per batch (per consumer)."""
+        if not answers:
+            return
+        by_consumer: dict[object, list[tuple[Work, Outcome]]] = {}
+        for answer in answers:
+            by_consumer.setdefault(answer[0].deliver or self.deliver, []).append(answer)
+        for deliver, some in by_consumer.items():
+            if deliver is None:
+                _complete(some)
+                continue
+            try:
+                deliver(_complete, some)
+            except RuntimeError as exc:    # the consumer's loop is closed: nobody waits any more
+                log.warning("dropping %d outcomes: %s", len(some), exc)
 
     def _loop(self) -> None:
-        while True:
-            with self._cv:
-                while not self._stop:
-                    chosen = self._next()
-                    if chosen is not None and not isinstance(chosen, float):
-                        break
-                    # Nothing ready: sleep until new work arrives or the earliest batch is due.
-                    self._cv.wait(None if chosen is None else max(chosen - self.clock(), 0.0005))
-                if self._stop:
-                    return
-            unit, batch, dropped = chosen
-            now = self.clock()
-            for p in dropped:
-                session = unit if isinstance(unit, Session) else unit.by_name[p.payload.model]
-                with self.stats_lock:
-                    session.stats.dropped += 1
-                    session.stats.fail_count += 1
-                p.payload.done(Outcome("EXEC_DEADLINE", f"dropped: cannot meet its deadline "
-                                                        f"({(p.deadline_s - now) * 1000:.1f} ms left)"))
-            if batch:
-                if isinstance(unit, Session):
-                    self._run(unit, batch)
-                else:
-                    self._run_group(unit, batch)
+        while not self._stop:
+            self._wake.clear()
+            decision = self.step()
+            if decision.queue is not None or self._stop:
+                continue
+            # Nothing ready: sleep until new work arrives or the earliest batch is due.
+            self._wake.wait(None if decision.wake_s is None else max(decision.wake_s - self.clock(), 0.0005))
 
-    def _run(self, session: Session, batch: list[Pending]) -> None:
+    def _run(self, session: Session, batch: list[Pending], answers: list) -> None:
         works = [p.payload for p in batch]
         start = gathered = ran = self.clock()
         parts: list[list[np.ndarray]] = []
@@ -513,7 +587,7 @@ class Engine:
         with self.stats_lock:       # a Stats snapshot sees the whole batch or none of it
             stats.inference_count += rows
             stats.add_batch(rows, phases)
-            stats.last_inference_ms = int(time.time() * 1000)
+            stats.last_inference_ms = int(self.wall_clock() * 1000)
             for w in works:
                 if error is None:
                     stats.add_success(max(int((start - w.arrival_s) * 1e9), 0), int((end - w.arrival_s) * 1e9),
@@ -522,12 +596,13 @@ class Engine:
                     stats.fail_count += 1
         for i, w in enumerate(works):
             if error is not None:
-                w.done(Outcome("EXEC_INTERNAL", f"model {session.name!r} failed: {error}"))
+                answers.append((w, Outcome("EXEC_INTERNAL", f"model {session.name!r} failed: {error}")))
                 continue
-            w.done(Outcome("EXEC_OK", outputs=parts[i], queue_ns=max(int((start - w.arrival_s) * 1e9), 0),
-                           compute_ns=phases.total_ns, batch_size=rows))
+            answers.append((w, Outcome("EXEC_OK", outputs=parts[i],
+                                            queue_ns=max(int((start - w.arrival_s) * 1e9), 0),
+                                            compute_ns=phases.total_ns, batch_size=rows)))
 
-    def _run_group(self, group: SharedPrefix, batch: list[Pending]) -> None:
+    def _run_group(self, group: SharedPrefix, batch: list[Pending], answers: list) -> None:
         """The prefix once on every request's rows, then each member's suffix on its slice."""
         by_session: dict[str, list[Work]] = {}
         for p in batch:
@@ -574,7 +649,7 @@ class Engine:
         compute_ns = phases.total_ns
         self._account_busy(end, end - start)
         total_rows = offset
-        now_ms = int(time.time() * 1000)
+        now_ms = int(self.wall_clock() * 1000)
         with self.stats_lock:
             gs = group.stats
             gs.execution_count += 1
@@ -598,10 +673,11 @@ class Engine:
             err = results[m.name][1]
             for w in ws:
                 if err is not None:
-                    w.done(Outcome("EXEC_INTERNAL", err))
+                    answers.append((w, Outcome("EXEC_INTERNAL", err)))
                     continue
-                w.done(Outcome("EXEC_OK", outputs=parts[id(w)], queue_ns=max(int((start - w.arrival_s) * 1e9), 0),
-                               compute_ns=compute_ns, batch_size=total_rows))
+                answers.append((w, Outcome("EXEC_OK", outputs=parts[id(w)],
+                                                queue_ns=max(int((start - w.arrival_s) * 1e9), 0),
+                                                compute_ns=compute_ns, batch_size=total_rows)))
 
 
 def _phases(start: float, gathered: float, ran: float, end: float, error: str | None) -> Phases:
@@ -612,16 +688,6 @@ def _phases(start: float, gathered: float, ran: float, end: float, error: str | 
     return Phases(start, gathered, ran, end)
 
 
-def _trim(selection, max_rows: int) -> tuple[list[Pending], set[int]]:
-    """The batch cut to ``max_rows`` rows (a request may carry several; one always runs) and the ids
-    taken off the queue (run or dropped)."""
-    taken = {p.request_id for p in selection.batch} | {p.request_id for p in selection.dropped}
-    rows = 0
-    kept = []
-    for p in selection.batch:
-        if kept and rows + p.payload.rows > max_rows:
-            taken.discard(p.request_id)
-            continue
-        kept.append(p)
-        rows += p.payload.rows
-    return kept, taken
+def _complete(answers: "list[tuple[Work, Outcome]]") -> None:
+    for work, outcome in answers:
+        work.done(outcome)

@@ -126,7 +126,7 @@ class BackendService(control_grpc.BackendServicer):
         return b"".join(parts)
 
     async def _runtime_for(self, entry: control.SessionEntry):
-        from backend.runtimes import load_runtime
+        from common.runtimes import load_runtime
 
         model = entry.model
         runtime_kind = "emulated" if self.config.device.startswith("emulated:") else model.runtime
@@ -163,7 +163,7 @@ class BackendService(control_grpc.BackendServicer):
         group formed elsewhere), ``find_shared_prefix`` finds the longest prefix the models share.
         Raises LookupError when they share none.
         """
-        from backend.runtimes import load_runtime
+        from common.runtimes import load_runtime
         from common.onnx_prefix import find_shared_prefix, split_at
 
         threads = self._threads()
@@ -291,9 +291,7 @@ class BackendService(control_grpc.BackendServicer):
             return control.ModelTableReply(loaded=list(sessions), failed=failed)
 
     def _fail_queue(self, session: Session, why: str) -> None:
-        queue, session.queue = session.queue, []
-        for p in queue:
-            p.payload.done(Outcome("EXEC_NOT_FOUND", why))
+        self.engine.fail_queued(session, Outcome("EXEC_NOT_FOUND", why))
 
     # ---- execution -----------------------------------------------------------------------------
 
@@ -304,10 +302,10 @@ class BackendService(control_grpc.BackendServicer):
         arrays = decode_inputs(session, item)
         budget_s = item.budget_us / 1e6 if item.budget_us else session.slo_ms / 1000
         # The reply still has to travel back: a batch must end this much before the deadline.
-        return Work(item.model, arrays, arrays[0].shape[0], now + budget_s - RESPONSE_MARGIN_S, now, done)
+        return Work(item.model, arrays, arrays[0].shape[0], now + budget_s - RESPONSE_MARGIN_S, now, done,
+                    asyncio.get_running_loop().call_soon_threadsafe)    # one hand-over per batch
 
     async def Execute(self, request_iterator, context):
-        loop = asyncio.get_running_loop()
         results: asyncio.Queue = asyncio.Queue()
         clock = self.engine.clock
 
@@ -318,8 +316,8 @@ class BackendService(control_grpc.BackendServicer):
             results.put_nowait(entry)
 
         def completer(request_id: int):
-            def done(outcome: Outcome) -> None:
-                loop.call_soon_threadsafe(finished, (request_id, outcome))
+            def done(outcome: Outcome) -> None:     # on the loop: the engine delivers a batch at a time
+                finished((request_id, outcome))
             return done
 
         async def reader() -> None:
@@ -357,8 +355,8 @@ class BackendService(control_grpc.BackendServicer):
         loop = asyncio.get_running_loop()
         future = loop.create_future()
 
-        def done(outcome: Outcome) -> None:
-            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(outcome))
+        def done(outcome: Outcome) -> None:     # on the loop: the engine delivers a batch at a time
+            future.done() or future.set_result(outcome)
 
         try:
             self.engine.submit(self._work(request, self.engine.clock(), done))
@@ -421,7 +419,7 @@ def backend_stats(engine: Engine, node_id: str = "") -> control.BackendStats:
             reply.sessions.append(control.SessionStats(
                 model=name, inference_count=st.inference_count, execution_count=st.execution_count,
                 success_count=st.success_count, success_ns=st.success_ns, fail_count=st.fail_count,
-                queue_ns=st.queue_ns, compute_ns=st.compute_ns, dropped=st.dropped, queue_length=len(s.queue),
+                queue_ns=st.queue_ns, compute_ns=st.compute_ns, dropped=st.dropped, queue_length=s.depth.queued,
                 batch_histogram=dict(st.batch_histogram), batch_compute_ns=dict(st.batch_compute_ns),
                 memory_bytes=memory[name], last_inference_ms=st.last_inference_ms,
                 prefix_group=group.name if group else "",
@@ -468,7 +466,7 @@ def device_problem(device: str) -> str | None:
     CPU and emulated devices always work. A CUDA device works when onnxruntime's CUDA execution
     provider actually starts on it (probed with a one-node model) or torch sees it.
     """
-    from backend.runtimes import DeviceSpec
+    from common.runtimes import DeviceSpec
 
     try:
         spec = DeviceSpec.parse(device)
@@ -540,7 +538,7 @@ def detect_memory_mb(device: str) -> float:
 
 async def serve(config: BackendConfig, ready=None) -> None:
     """Run a backend until cancelled: serve, register, heartbeat (re-registering if forgotten)."""
-    from backend.policies import POLICIES
+    from common.batching import POLICIES
 
     if config.policy not in POLICIES:
         raise SystemExit(f"nexus backend: error: unknown --policy {config.policy!r}; "

@@ -1,8 +1,8 @@
 """A discrete-event simulation of one device serving one session with a batch policy (pure, no clock).
 
-The device is work-conserving: whenever it is idle and requests are queued, it asks the policy for
-a selection at the current simulated time, drops what the policy drops and runs the batch for
-``latency_ms(len(batch))``. Requests arrive at the given times, each with deadline arrival + SLO,
+The device is work-conserving: whenever it is idle and requests are queued, it asks the one
+batching decision (:func:`common.batching.schedule`, as the engine does) what to do at the current
+simulated time, drops what it drops and runs the batch for ``latency_ms(rows)``. Requests arrive at the given times, each with deadline arrival + SLO,
 and queue in deadline order. A request is *on time* when its batch finishes by its deadline, *late*
 when it finishes after, *dropped* when the policy drops it (or it is still queued when a policy
 that waits has no further arrival to wait for).
@@ -18,7 +18,8 @@ import random
 from dataclasses import dataclass
 from typing import Sequence
 
-from backend.policies import BatchPolicy, LatencyFn, Pending
+from common.batching import BatchPolicy, LatencyFn, Pending, Queue, remove_taken, schedule
+from common.batching import saturated_batch as _saturated_batch
 
 
 @dataclass(frozen=True)
@@ -47,11 +48,8 @@ def capacity_rps(latency_ms: LatencyFn, batch: int) -> float:
 
 
 def saturated_batch(latency_ms: LatencyFn, slo_ms: float, max_batch: int) -> int:
-    """Nexus's saturated batch: the largest b <= max_batch with 2*l(b) <= SLO (ValueError if none)."""
-    best = 0
-    for b in range(1, max_batch + 1):
-        if 2.0 * latency_ms(b) <= slo_ms:
-            best = b
+    """Nexus's saturated batch (:func:`common.batching.saturated_batch`); ValueError if none fits."""
+    best = _saturated_batch(latency_ms, slo_ms, max_batch)
     if best == 0:
         raise ValueError(f"SLO {slo_ms} ms is below 2*l(1) = {2.0 * latency_ms(1)} ms")
     return best
@@ -76,19 +74,6 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[index]
 
 
-def _remove(queue: list[Pending], chosen: tuple[Pending, ...]) -> None:
-    """Remove ``chosen`` from ``queue`` (fast when it is a prefix, as for both built-in policies)."""
-    k = len(chosen)
-    if k <= len(queue) and all(queue[j] is item for j, item in enumerate(chosen)):
-        del queue[:k]
-        return
-    ids = {id(item) for item in chosen}
-    kept = [item for item in queue if id(item) not in ids]
-    if len(queue) - len(kept) != k:
-        raise ValueError("the policy selected requests that are not queued (or the same request twice)")
-    queue[:] = kept
-
-
 def simulate(policy: BatchPolicy, arrivals_s: Sequence[float], slo_ms: float, latency_ms: LatencyFn,
              max_batch: int) -> SimResult:
     """Serve requests arriving at ``arrivals_s`` (non-decreasing) with SLO ``slo_ms`` on one device."""
@@ -110,13 +95,13 @@ def simulate(policy: BatchPolicy, arrivals_s: Sequence[float], slo_ms: float, la
             t = arrivals_s[next_arrival]
             queue.append(Pending(next_arrival, t + slo_s, t))  # one SLO: arrival order is deadline order
             next_arrival += 1
-        selection = policy.select(queue, now, max_batch, latency_ms)
-        if len(selection.batch) > max_batch:
-            raise ValueError(f"the policy selected {len(selection.batch)} requests, more than max_batch={max_batch}")
-        _remove(queue, selection.dropped + selection.batch)
+        selection = schedule([Queue("device", tuple(queue), max_batch, latency_ms)], now, policy=policy)
+        if selection.rows > max_batch:
+            raise ValueError(f"the policy selected {selection.rows} rows, more than max_batch={max_batch}")
+        remove_taken(queue, selection)
         dropped += len(selection.dropped)
         if selection.batch:
-            finish = now + latency_ms(len(selection.batch)) / 1000.0
+            finish = now + latency_ms(selection.rows) / 1000.0
             for item in selection.batch:
                 latencies_ms.append((finish - item.arrival_s) * 1000.0)
                 if finish <= item.deadline_s + 1e-12:

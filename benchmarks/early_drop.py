@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from backend.policies import EarliestFirst, SlidingWindowEarlyDrop
+from common.batching import EarliestFirst, SlidingWindowEarlyDrop
 from backend.simulate import capacity_rps, poisson_arrivals, saturated_batch, simulate
 
 POLICIES = {

@@ -47,8 +47,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from backend.engine import Engine, Session, SharedPrefix, Work  # noqa: E402
-from backend.policies import SlidingWindowEarlyDrop  # noqa: E402
-from backend.runtimes import load_runtime  # noqa: E402
+from common.batching import SlidingWindowEarlyDrop  # noqa: E402
+from common.runtimes import load_runtime  # noqa: E402
 from backend.server import suffix_threads  # noqa: E402
 from common.onnx_prefix import find_shared_prefix  # noqa: E402
 from common.profile import Profile  # noqa: E402
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=32, help="largest batch profiled and run")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--emulate", action="store_true",
-                        help="run the models on the emulated GPU (backend/runtimes/emulated.py) with a GPU-like "
+                        help="run the models on the emulated GPU (common/runtimes/emulated.py) with a GPU-like "
                              "profile l(b) = beta + alpha*b instead of ONNX Runtime on the CPU")
     parser.add_argument("--alpha-ms", type=float, default=0.5, help="--emulate: per-item latency of a whole model")
     parser.add_argument("--beta-ms", type=float, default=5.0, help="--emulate: fixed latency of a whole model")

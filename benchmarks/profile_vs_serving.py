@@ -41,9 +41,9 @@ RATE_MIX = (0.05, 0.15, 0.3, 0.5, 0.7, 0.85, 1.0, 1.15)
 
 def saturated(profile, slo_ms: float) -> tuple[int, float]:
     """(largest b with 2*l(b) <= SLO, its throughput b/l(b) in rps) under the planning latency."""
-    from backend.engine import saturated_batch
+    from backend.engine import session_max_batch
 
-    b = saturated_batch(profile, slo_ms)
+    b = session_max_batch(profile, slo_ms)
     return b, b * 1000.0 / profile.latency_ms(b)
 
 

@@ -37,7 +37,7 @@ Harness-only experiment switches (environment of the component processes, set on
 file; the project never reads them): ``--cprofile frontend,backend`` runs those components under
 cProfile (main thread: the event loop) into benchmarks/out/<tag>.<name>.prof; ``--ort-no-spin``
 starts the backend with ORT's intra-op spin-waiting off (a proposed fix in
-backend/runtimes/onnx_runtime.py, which this benchmark does not own); ``--budget-margin-ms M``
+common/runtimes/onnx_runtime.py, which this benchmark does not own); ``--budget-margin-ms M``
 makes the frontend send backends a budget M ms below the time left (a proposed fix in
 frontend/kserve.py: reserve the return trip); ``--pin`` (with ``--threads 1``) puts the backend's
 executor thread, where ORT runs, alone on the last CPU and every other thread of the cluster and
@@ -384,7 +384,7 @@ class on_exec_cpus:
 
 
 def ort_session(model_bytes: bytes, threads: int, no_spin: bool = True):
-    """An InferenceSession with the options backend/runtimes/onnx_runtime.py uses (since commit
+    """An InferenceSession with the options common/runtimes/onnx_runtime.py uses (since commit
     d54f56d that includes intra-op spinning off; ``no_spin=False`` measures the old default)."""
     import onnxruntime as ort
 
@@ -584,7 +584,7 @@ def batching_bound(latency_ms: dict[int, float], max_batch: int, slo_ms: float) 
     """The largest Poisson rate at which an ideal server (no RPC, no CPU contention: exactly the
     ORT-direct l(b), the backend's early-drop policy, work-conserving) keeps 99% within the SLO,
     from ``backend.simulate`` (bisection, 3 seeds x 40 s). What batching itself allows."""
-    from backend.policies import SlidingWindowEarlyDrop
+    from common.batching import SlidingWindowEarlyDrop
     from backend.simulate import poisson_arrivals, simulate
 
     sizes = sorted(latency_ms)
@@ -703,9 +703,9 @@ def one_repeat(args, i: int) -> dict:
         c.stop()
         prof = c.profiles()[model].get("cpu")
         if prof is not None:
-            from backend.engine import saturated_batch
+            from backend.engine import session_max_batch
             res["scheduler_profile_ms"] = {r.batch: r.latency_ms for r in prof.rows}
-            res["backend_max_batch"] = saturated_batch(prof, args.slo_ms)
+            res["backend_max_batch"] = session_max_batch(prof, args.slo_ms)
     lat = {int(k): v for k, v in res["limit_scan"]["latency_ms"].items()}
     res["batching_bound_rps"] = batching_bound(lat, res["b_star"], args.slo_ms)
     res["batching_bound_ratio"] = res["batching_bound_rps"] / (res["b_star"] * 1000 / lat[res["b_star"]])

@@ -1,7 +1,7 @@
 """Emulated GPU types and the batch-latency profiles of the sample models on them.
 
 ``nexus serve --device emulated:<gpu>`` runs backends that execute each batch by waiting the latency
-that the model's profile gives (``backend/runtimes/emulated.py``). An emulated device cannot measure
+that the model's profile gives (``common/runtimes/emulated.py``). An emulated device cannot measure
 a profile, so when the scheduler asks one to profile a model (``Backend.ProfileModel``) it answers
 from this datasheet: a sample model (one built by :mod:`common.sample_models`, recognised by its
 ONNX producer and graph name) gets the profile of its architecture class on that GPU type. Other

@@ -19,7 +19,7 @@ from profiler.errors import ProfilerError
 
 def parse_device(device: str) -> str:
     """Normalise ``cpu`` / ``cuda`` / ``cuda:N`` / ``emulated:<gpu>`` (the backend's device strings)."""
-    from backend.runtimes.base import DeviceSpec
+    from common.runtimes.base import DeviceSpec
 
     try:
         return str(DeviceSpec.parse(device))

@@ -1,19 +1,17 @@
-"""A small in-process serving harness: real execution, the backend's batching rule, open-loop load.
+"""A small in-process serving harness: real execution, the backend's batching decision, open-loop load.
 
 One executor thread per device serves every model placed on it. Each model has a queue in deadline
-order (all of a model's requests carry the same SLO, so deadline order is arrival order and the
-queue is a window ``[head, tail)`` over its arrival schedule). The executor visits the models
-round-robin; at a model's turn it
+order (all of a model's requests carry the same SLO, so deadline order is arrival order). At each
+turn the executor admits every request whose arrival time has passed and asks
+:func:`common.batching.schedule`, the decision the backend's engine serves with, what to do: EDF
+across the models, the backend's early-drop policy within one (eager batch start, at most the
+model's max batch: the largest b with 2*l(b) <= SLO, as the backend and the scheduler use, with l(b)
+the model's *dedicated* profile latency). So a co-location slowdown measured here is measured under
+the batching that serves it.
 
-1. admits every request whose arrival time has passed,
-2. drops requests that cannot finish by their deadline even in a batch of one (early drop),
-3. runs the largest batch b <= the model's max batch (the largest b with 2*l(b) <= SLO, as the
-   backend and the scheduler use) such that now + l(b) still meets the oldest request's deadline,
-   with l(b) the model's *dedicated* profile latency,
-
-and executes it for real through the model's runtime. Latency is completion time minus scheduled
-arrival. A step passes for a model when at most ``max_bad_rate`` of its requests were dropped or late
-and the ``percentile`` of its completed latencies is within the SLO.
+The chosen batch executes for real through the model's runtime. Latency is completion time minus
+scheduled arrival. A step passes for a model when at most ``max_bad_rate`` of its requests were
+dropped or late and the ``percentile`` of its completed latencies is within the SLO.
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from common.batching import BatchPolicy, Pending, Queue, SlidingWindowEarlyDrop, remove_taken, saturated_batch, schedule
 from common.profile import Profile
 from profiler.errors import ProfilerError
 from profiler.inputs import make_feeds
@@ -33,11 +32,7 @@ from profiler.loadgen import poisson_arrivals
 
 def max_batch_for_slo(profile: Profile, slo_ms: float) -> int:
     """The largest b with 2*l(b) <= SLO (0 when even batch 1 does not fit)."""
-    best = 0
-    for row in profile.rows:
-        if 2.0 * row.latency_ms <= slo_ms:
-            best = row.batch
-    return best
+    return saturated_batch(profile.latency_ms, slo_ms, profile.max_batch)
 
 
 @dataclass
@@ -114,40 +109,36 @@ def _r(x: float) -> float | None:
 
 
 class _Queue:
-    """A model's arrivals, admitted/served window and per-request latencies for one step."""
+    """A model's arrivals, queued requests and per-request latencies for one step."""
 
-    def __init__(self, model: TenantModel, arrivals: np.ndarray) -> None:
+    def __init__(self, index: int, model: TenantModel, arrivals: np.ndarray) -> None:
+        self.name = str(index)
         self.model = model
         self.arrivals = arrivals
         self.latency = np.full(len(arrivals), np.nan)
-        self.head = 0  # first request not yet served or dropped
+        self.queue: list[Pending] = []   # arrived, neither served nor dropped
         self.tail = 0  # first request not yet arrived
         self.dropped = 0
         self.slo_s = model.slo_ms / 1000.0
-        self.lat_s = [0.0] + [model.profile.latency_ms(b) / 1000.0 for b in range(1, model.max_batch + 1)]
         self.exec_ms: dict[int, list[float]] = {}
 
     def admit(self, now: float) -> None:
         if self.tail < len(self.arrivals):
-            self.tail = int(np.searchsorted(self.arrivals, now, side="right"))
+            tail = int(np.searchsorted(self.arrivals, now, side="right"))
+            for i in range(self.tail, tail):
+                t = float(self.arrivals[i])
+                self.queue.append(Pending(i, t + self.slo_s, t))
+            self.tail = tail
 
-    def early_drop(self, now: float) -> None:
-        """Drop queued requests whose deadline falls before now + l(1)."""
-        if self.head < self.tail and self.arrivals[self.head] + self.slo_s < now + self.lat_s[1]:
-            cut = int(np.searchsorted(self.arrivals, now + self.lat_s[1] - self.slo_s, side="left"))
-            cut = min(cut, self.tail)
-            self.dropped += cut - self.head
-            self.head = cut
-
-    @property
-    def finished(self) -> bool:
-        return self.head >= len(self.arrivals)
+    def view(self) -> Queue:
+        return Queue(self.name, tuple(self.queue), self.model.max_batch, self.model.profile.latency_ms)
 
 
 class Harness:
     """Serves ``models`` on one device with one executor thread; see the module docstring."""
 
-    def __init__(self, models: list[TenantModel], *, percentile: float = 99.0, max_bad_rate: float = 0.01) -> None:
+    def __init__(self, models: list[TenantModel], *, percentile: float = 99.0, max_bad_rate: float = 0.01,
+                 policy: BatchPolicy | None = None) -> None:
         names = [m.name for m in models]
         if len(set(names)) != len(names):
             raise ProfilerError(f"model names must be distinct, got {names}")
@@ -158,6 +149,7 @@ class Harness:
         self.models = {m.name: m for m in models}
         self.percentile = percentile
         self.max_bad_rate = max_bad_rate
+        self.policy = policy or SlidingWindowEarlyDrop()
 
     def run_step(self, rates_rps: dict[str, float], duration_s: float, seed: int = 0) -> dict[str, ModelStepStats]:
         """Offer ``rates_rps`` (model -> rate; models not named get no load) for ``duration_s``."""
@@ -170,7 +162,7 @@ class Harness:
         for i, (name, model) in enumerate(self.models.items()):
             rate = float(rates_rps.get(name, 0.0))
             rng = np.random.default_rng([seed, i])
-            queues.append(_Queue(model, poisson_arrivals(rate, duration_s, rng)))
+            queues.append(_Queue(i, model, poisson_arrivals(rate, duration_s, rng)))
         error: list[BaseException] = []
         worker = threading.Thread(target=self._execute, args=(queues, error), name="harness-executor", daemon=True)
         worker.start()
@@ -188,37 +180,37 @@ class Harness:
 
     def _loop(self, queues: list[_Queue]) -> None:
         clock = time.perf_counter
-        n = len(queues)
-        rr = 0
         t0 = clock()
         while True:
             now = clock() - t0
-            chosen = None
-            for k in range(n):
-                q = queues[(rr + k) % n]
+            for q in queues:
                 q.admit(now)
-                q.early_drop(now)
-                if chosen is None and q.head < q.tail:
-                    chosen = q
-                    rr = (rr + k + 1) % n
-            if chosen is None:
+            decision = schedule([q.view() for q in queues if q.queue], now, policy=self.policy)
+            if decision.queue is None:
                 pending = [q.arrivals[q.tail] for q in queues if q.tail < len(q.arrivals)]
-                if not pending:
+                if not pending and decision.wake_s is None:
+                    for q in queues:    # a policy that waits, with nothing left to wait for
+                        q.dropped += len(q.queue)
+                        q.queue.clear()
                     return  # every request served or dropped
-                wait = min(pending) - (clock() - t0)
+                wake = min(pending) if pending else decision.wake_s
+                if decision.wake_s is not None:
+                    wake = min(wake, decision.wake_s)
+                wait = wake - (clock() - t0)
                 if wait > 0:
                     time.sleep(wait)
                 continue
-            q = chosen
-            b = min(q.tail - q.head, q.model.max_batch)
-            deadline = q.arrivals[q.head] + q.slo_s
-            while b > 1 and now + q.lat_s[b] > deadline:
-                b -= 1
+            q = queues[int(decision.queue)]
+            remove_taken(q.queue, decision)
+            q.dropped += len(decision.dropped)
+            if not decision.batch:
+                continue
+            b = decision.rows
             start = clock()
             q.model.runtime.run(q.model.feeds(b))
             end = clock()
-            q.latency[q.head:q.head + b] = (end - t0) - q.arrivals[q.head:q.head + b]
-            q.head += b
+            ids = np.fromiter((p.request_id for p in decision.batch), dtype=np.int64, count=len(decision.batch))
+            q.latency[ids] = (end - t0) - q.arrivals[ids]
             q.exec_ms.setdefault(b, []).append((end - start) * 1000.0)
 
     def _stats(self, q: _Queue, rate: float, duration_s: float) -> ModelStepStats:

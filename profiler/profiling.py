@@ -1,7 +1,7 @@
 """Profiling a model: measure batch sizes with the serving runtime and build a :class:`Profile`.
 
 :func:`profile_model` is the entry point the CLI (``nexus profile``), the scheduler (profiling on
-upload) and the backend call. It loads the model through ``backend.runtimes.load_runtime``, measures
+upload) and the backend call. It loads the model through ``common.runtimes.load_runtime``, measures
 the planned batch sizes in increasing order (see :mod:`profiler.auto_batch`), fills the sizes in
 between (:mod:`profiler.fill`) and records what makes the result reproducible in ``meta``. A batch
 size that fails (runtime error, out of memory, wrong output shape) ends the profile at the largest

@@ -1,6 +1,6 @@
 """Loading a model into the runtime the backend uses, so the profiler measures what is served.
 
-Everything the profiler executes goes through :func:`backend.runtimes.load_runtime`; this module
+Everything the profiler executes goes through :func:`common.runtimes.load_runtime`; this module
 only translates the profiler's options (thread count, device) and turns load failures into
 :class:`ProfilerError`.
 """
@@ -21,7 +21,7 @@ def open_runtime(kind: str, model_bytes: bytes, device: str, *, threads: int | N
     ``io``: (inputs, outputs) TensorSpecs, needed by TorchScript files (see ``load_runtime``)."""
     if kind not in RUNTIME_KINDS:
         raise ProfilerError(f"unknown runtime {kind!r}; choose one of {', '.join(RUNTIME_KINDS)}")
-    from backend.runtimes import load_runtime
+    from common.runtimes import load_runtime
 
     try:
         return load_runtime(kind, model_bytes, device, profile=profile, intra_op_threads=threads, io=io)
@@ -34,7 +34,7 @@ def open_runtime(kind: str, model_bytes: bytes, device: str, *, threads: int | N
 
 def import_runtime(kind: str) -> None:
     """Import the runtime's libraries now (so that a memory baseline taken next excludes them)."""
-    import backend.runtimes  # noqa: F401
+    import common.runtimes  # noqa: F401
 
     try:
         if kind == "onnxruntime":

@@ -1,5 +1,8 @@
 """Tests of ``nexus bench``: the open-loop load generator, its report, and its command.
 
+They assert outcomes (counts, classification, errors); the wall-clock figures (latencies, client
+lag) are reported by ``benchmarks/timing_checks.py``.
+
 The server side is :mod:`nexus.bench.fake_kserve`, a real KServe v2 gRPC server on loopback run as a
 subprocess, whose models answer after a sleep or follow a scripted pattern of late answers and
 error statuses, so that the classification can be checked exactly.
@@ -205,7 +208,6 @@ def test_classifies_late_dropped_failed_exactly(server):
     }
     assert r.goodput_rps == pytest.approx(n_ok / 2.0)
     assert r.bad_rate == pytest.approx(1 - n_ok / n)
-    assert r.max_ms >= 350.0 and r.max_ms < SLO_MS + GRACE_MS
     assert r.first_error and r.first_error.split(":")[0] in r.errors
     table = r.format_table()
     for word in ("goodput", "bad rate", "latency p99", "within SLO", "late", "dropped", "failed", "client lag"):
@@ -218,8 +220,6 @@ def test_open_loop_does_not_wait_for_slow_responses(server):
     check_invariants(r)
     assert r.ok == r.within_slo == r.sent
     assert abs(r.sent - 50) < 5 * math.sqrt(50)
-    assert r.p50_ms >= 300.0
-    assert r.client_lag_ms < 200.0
 
 
 def test_client_lag_is_reported_and_late_sends_still_go_out(server):
@@ -235,7 +235,6 @@ def test_client_lag_is_reported_and_late_sends_still_go_out(server):
 
     r = asyncio.run(main())
     check_invariants(r)
-    assert r.client_lag_ms >= 150.0
     assert lag_warning(r) and "fell behind" in r.format_table()
     assert abs(r.sent - 100) < 5 * math.sqrt(100)  # arrivals due during the stall were sent late, not skipped
     assert r.ok == r.sent

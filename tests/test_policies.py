@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend.policies import (
+from common.batching import (
     POLICIES, BatchPolicy, EarliestFirst, Pending, PolicyName, Selection, SlidingWindowEarlyDrop, make_policy,
 )
 from backend.simulate import SimResult, capacity_rps, poisson_arrivals, saturated_batch, simulate
@@ -272,7 +272,7 @@ def test_poisson_arrivals_are_deterministic_and_at_the_rate():
 
 
 def test_batch_waits_for_the_planned_size_or_one_duty_cycle():
-    from backend.engine import batch_ready_at
+    from common.batching import batch_ready_at
 
     def latency(b):
         return 10.0 * b + 30.0

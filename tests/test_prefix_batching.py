@@ -14,8 +14,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from backend.engine import Engine, Session, SharedPrefix, Work
-from backend.policies import EarliestFirst, SlidingWindowEarlyDrop
-from backend.runtimes import load_runtime
+from common.batching import EarliestFirst, SlidingWindowEarlyDrop
+from common.runtimes import load_runtime
 from backend.server import BackendService, backend_stats
 from common.config import BackendConfig, BatchStart
 from common.onnx_prefix import find_shared_prefix
@@ -208,7 +208,7 @@ def _submit_all(engine: Engine, requests) -> dict[int, object]:
                 done.set()
         return f
 
-    with engine._cv:                       # the executor cannot pick anything until all are queued
+    with engine.paused():                       # the executor cannot pick anything until all are queued
         now = engine.clock()
         for i, (model, x) in enumerate(requests):
             engine.submit(Work(model, [x], x.shape[0], now + 60.0, now, cb(i)))
@@ -288,7 +288,7 @@ def test_group_early_drop_and_max_batch_follow_the_profiles(variants):
         engine.set_sessions(tight, [group])
         x = np.zeros((1, 3, 64, 64), np.float32)
         outcomes = []
-        with engine._cv:
+        with engine.paused():
             now = engine.clock()
             engine.submit(Work("v0", [x], 1, now + 0.001, now, outcomes.append))   # cannot make it
             for i in range(12):

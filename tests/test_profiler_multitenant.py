@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from backend.runtimes import load_runtime
+from common.runtimes import load_runtime
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes, write_sample_models
 from profiler.errors import ProfilerError

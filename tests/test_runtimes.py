@@ -15,12 +15,12 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from backend.runtimes import (
+from common.runtimes import (
     DeviceKind, DeviceSpec, DeviceUnavailableError, FeedError, ModelFileError, RuntimeClosedError, RuntimeKind,
     load_runtime,
 )
-from backend.runtimes.emulated import precise_sleep
-from backend.runtimes.onnx_runtime import CPU_EP, CUDA_EP, providers_for
+from common.runtimes.emulated import precise_sleep
+from common.runtimes.onnx_runtime import CPU_EP, CUDA_EP, providers_for
 from common import sample_models as sm
 from common.profile import BatchLatency, Profile
 from common.tensors import TensorSpec
@@ -499,7 +499,7 @@ def test_torchscript_needs_io(torch_mod):
 
 
 def test_torch_output_mismatching_its_specs_is_an_error(torch_mod):
-    from backend.runtimes.torch_runtime import ModelOutputError
+    from common.runtimes.torch_runtime import ModelOutputError
 
     Head, _, Ints = _modules(torch_mod)
     ints = _script_bytes(torch_mod, Ints())

@@ -12,8 +12,8 @@ import pytest
 import tritonclient.grpc.aio as aioclient
 
 from backend.engine import Engine, Session, SharedPrefix, Work
-from backend.policies import EarliestFirst
-from backend.runtimes import load_runtime
+from common.batching import EarliestFirst
+from common.runtimes import load_runtime
 from backend.server import backend_stats
 from common.onnx_prefix import find_shared_prefix
 from common.pb import control
@@ -35,7 +35,7 @@ def _submit_together(engine: Engine, requests: list[tuple[str, np.ndarray]]) -> 
                 done.set()
         return f
 
-    with engine._cv:
+    with engine.paused():
         now = engine.clock()
         for i, (model, x) in enumerate(requests):
             engine.submit(Work(model, [x], x.shape[0], now + 60.0, now, callback(i)))

@@ -11,6 +11,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from common.batching import saturated_batch
 from common.plan import EPS_MS, GpuSpec, PlanningError, SessionSpec
 
 from .config import PlannerConfig
@@ -82,10 +83,8 @@ def saturated(sm: SessionModel) -> tuple[int, float]:
     (every GPU-like profile) that is DESIGN.md's "largest b with 2*l(b) <= SLO".
     """
     best_b, best_t = 1, 1000.0 / sm.lat(1)
-    for b in range(2, sm.max_batch + 1):
+    for b in range(2, usable_batch(sm) + 1):
         lat = sm.lat(b)
-        if 2 * lat > sm.budget_ms + EPS_MS:
-            break
         t = b * 1000.0 / lat
         if t >= best_t:
             best_b, best_t = b, t
@@ -138,10 +137,10 @@ def residual_config_published(sm: SessionModel, rate_rps: float) -> tuple[int, f
 
 def min_cost_ms_per_request(sm: SessionModel) -> float:
     """min over usable b with 2*l(b) <= budget of l(b)/b: GPU-milliseconds one request needs at best."""
-    best = math.inf
-    for b in range(1, sm.max_batch + 1):
-        lat = sm.lat(b)
-        if 2 * lat > sm.budget_ms + EPS_MS:
-            break
-        best = min(best, lat / b)
-    return best
+    return min((sm.lat(b) / b for b in range(1, usable_batch(sm) + 1)), default=math.inf)
+
+
+def usable_batch(sm: SessionModel) -> int:
+    """The saturated batch (:func:`common.batching.saturated_batch`, the rule the backend serves
+    with) against the SLO budget, up to the session's max batch; 0 when even batch 1 misses."""
+    return saturated_batch(sm.lat, sm.budget_ms, sm.max_batch, EPS_MS)

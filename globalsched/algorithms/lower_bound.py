@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Iterable, Sequence
 
+from common.batching import saturated_batch
 from common.plan import EPS_MS, GpuSpec, PrefixGroup, SessionSpec
 
 from .batching import SessionModel, prepare
@@ -22,10 +23,8 @@ from .prefix import check_prefix_groups, group_lower_bound_gpus, prefix_models
 def session_lower_bound_gpus(spec: SessionSpec, sm: SessionModel, gpu: GpuSpec | None) -> float:
     best = math.inf
     p = spec.profile
-    for b in range(1, p.max_batch + 1):
+    for b in range(1, saturated_batch(p.latency_ms, sm.budget_ms, p.max_batch, EPS_MS) + 1):
         lat = p.latency_ms(b)
-        if 2 * lat > sm.budget_ms + EPS_MS:
-            break
         if gpu is not None and p.memory_mb(b) > gpu.memory_mb + EPS_MS:
             continue  # memory need not grow monotonically with the batch
         best = min(best, lat / b)

@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from backend.runtimes.base import (
+from common.runtimes.base import (
     DeviceSpec, DeviceUnavailableError, IOSpecs, ModelFileError, Runtime, RuntimeClosedError, RuntimeKind,
     io_nbytes,
 )

@@ -4,7 +4,7 @@ Use :func:`load_runtime`; runtime modules (and onnxruntime / torch) are imported
 of their kind is loaded.
 """
 
-from backend.runtimes.base import (
+from common.runtimes.base import (
     DeviceKind,
     DeviceSpec,
     DeviceUnavailableError,

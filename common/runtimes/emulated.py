@@ -15,7 +15,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from backend.runtimes.base import DeviceSpec, IOSpecs, Runtime, RuntimeKind
+from common.runtimes.base import DeviceSpec, IOSpecs, Runtime, RuntimeKind
 from common.model_io import onnx_io
 from common.profile import Profile
 

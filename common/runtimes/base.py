@@ -261,12 +261,12 @@ def load_runtime(kind: "RuntimeKind | str", model_bytes: bytes, device: "DeviceS
         raise ValueError(f"runtime kind {kind.value!r} cannot run on device {str(spec)!r}: the emulated runtime "
                          f"runs exactly on emulated:<gpu> devices")
     if kind is RuntimeKind.ONNXRUNTIME:
-        from backend.runtimes.onnx_runtime import OnnxRuntime
+        from common.runtimes.onnx_runtime import OnnxRuntime
         return OnnxRuntime(model_bytes, spec, intra_op_threads=intra_op_threads, io=io)
     if kind is RuntimeKind.TORCH:
-        from backend.runtimes.torch_runtime import TorchRuntime
+        from common.runtimes.torch_runtime import TorchRuntime
         return TorchRuntime(model_bytes, spec, intra_op_threads=intra_op_threads, io=io)
-    from backend.runtimes.emulated import EmulatedRuntime
+    from common.runtimes.emulated import EmulatedRuntime
     if profile is None:
         raise ValueError("the emulated runtime needs the model's profile (profile=...)")
     return EmulatedRuntime(model_bytes, spec, profile, io=io)

@@ -12,7 +12,7 @@ from typing import Mapping
 
 import numpy as np
 
-from backend.runtimes.base import (
+from common.runtimes.base import (
     DeviceSpec, DeviceUnavailableError, IOSpecs, ModelFileError, Runtime, RuntimeClosedError, RuntimeKind, io_nbytes,
 )
 from common.tensors import TensorSpec

@@ -1,0 +1,252 @@
+"""The engine's batching decisions in virtual time (issue 12): a fake clock is injected, no executor
+thread runs and the test drives :meth:`Engine.step` itself, so nothing sleeps and no assertion
+depends on how fast the machine is. The model is a real (tiny) ONNX model."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from backend.engine import Engine, ExecError, Session, Work
+from common.runtimes import load_runtime
+from common.batching import EarliestFirst, SlidingWindowEarlyDrop
+from common.profile import Profile
+from common.sample_models import mlp_small, model_bytes
+
+PROFILE = Profile.linear(2.0, 10.0, 16, device_type="cpu")      # l(b) = 2b + 10 ms; 2*l(b) <= 100: b <= 20 -> 16
+
+
+class FakeClock:
+    def __init__(self, t: float = 100.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    rt = load_runtime("onnxruntime", model_bytes(mlp_small()), "cpu")
+    yield rt
+    rt.close()
+
+
+def _engine(runtime, policy=None, *, planned: int = 1, max_queue: int = 4096, names=("m",), deliver=None):
+    clock = FakeClock()
+    engine = Engine(policy or SlidingWindowEarlyDrop(), clock, wall_clock=lambda: 1_700_000_000.5,
+                    deliver=deliver, start=False)
+    engine.set_sessions({n: Session(n, runtime, 100.0, planned, PROFILE, max_queue=max_queue) for n in names})
+    return engine, clock
+
+
+def _submit(engine, clock, outcomes, *, model="m", rows=1, slo_s=0.1, key=None):
+    x = np.ones((rows, 64), np.float32)
+    key = len(outcomes) if key is None else key
+    outcomes[key] = None
+
+    def done(outcome):
+        outcomes[key] = outcome
+    return engine.submit(Work(model, [x], rows, clock() + slo_s, clock(), done))
+
+
+def test_nothing_queued_nothing_to_wake_for(runtime):
+    engine, _ = _engine(runtime)
+    decision = engine.step()
+    assert decision.queue is None and decision.wake_s is None
+
+
+def test_eager_start_runs_what_is_queued_at_once(runtime):
+    engine, clock = _engine(runtime, planned=8)
+    outcomes = {}
+    for _ in range(3):
+        _submit(engine, clock, outcomes)
+    decision = engine.step()
+    assert decision.rows == 3 and len(decision.batch) == 3
+    assert [o.status for o in outcomes.values()] == ["EXEC_OK"] * 3
+    assert all(o.batch_size == 3 for o in outcomes.values())
+    st = engine.sessions["m"].stats
+    assert st.batch_histogram == {3: 1} and st.last_inference_ms == 1_700_000_000_500
+
+
+def test_duty_cycle_waits_for_the_planned_batch_or_one_cycle(runtime):
+    engine, clock = _engine(runtime, planned=4)
+    engine.duty_cycle_s = 0.03
+    outcomes = {}
+    _submit(engine, clock, outcomes)
+    clock.t += 0.01
+    _submit(engine, clock, outcomes)
+    decision = engine.step()
+    assert decision.queue is None
+    assert decision.wake_s == pytest.approx(100.03)      # the oldest request has waited one duty cycle
+    assert all(o is None for o in outcomes.values())
+    clock.t = 100.03
+    decision = engine.step()
+    assert decision.rows == 2 and [o.status for o in outcomes.values()] == ["EXEC_OK"] * 2
+
+
+def test_duty_cycle_starts_at_once_when_the_planned_batch_is_there(runtime):
+    engine, clock = _engine(runtime, planned=2)
+    engine.duty_cycle_s = 1.0
+    outcomes = {}
+    _submit(engine, clock, outcomes, rows=2)               # rows count towards the planned batch
+    assert engine.step().rows == 2
+
+
+def test_early_drop_answers_what_cannot_make_it_and_runs_the_rest(runtime):
+    engine, clock = _engine(runtime)
+    outcomes = {}
+    _submit(engine, clock, outcomes, slo_s=0.005)          # l(1) = 12 ms > 5 ms left
+    for _ in range(3):
+        _submit(engine, clock, outcomes)
+    decision = engine.step()
+    assert [p.request_id for p in decision.dropped] == [1] and decision.rows == 3
+    assert outcomes[0].status == "EXEC_DEADLINE"
+    assert [outcomes[i].status for i in (1, 2, 3)] == ["EXEC_OK"] * 3
+    assert engine.sessions["m"].stats.dropped == 1
+
+
+def test_a_request_expires_while_it_waits_in_virtual_time(runtime):
+    engine, clock = _engine(runtime, EarliestFirst())
+    outcomes = {}
+    _submit(engine, clock, outcomes, slo_s=0.05)
+    clock.t += 0.06
+    decision = engine.step()
+    assert len(decision.dropped) == 1 and not decision.batch
+    assert outcomes[0].status == "EXEC_DEADLINE"
+
+
+def test_earliest_deadline_first_across_sessions(runtime):
+    engine, clock = _engine(runtime, names=("a", "b"))
+    outcomes = {}
+    _submit(engine, clock, outcomes, model="a", slo_s=0.09, key="a")
+    _submit(engine, clock, outcomes, model="b", slo_s=0.05, key="b")
+    engine.step()
+    assert outcomes["b"].status == "EXEC_OK" and outcomes["a"] is None
+    engine.step()
+    assert outcomes["a"].status == "EXEC_OK"
+
+
+def test_batches_are_sized_in_rows(runtime):
+    engine, clock = _engine(runtime, EarliestFirst())
+    session = engine.sessions["m"]
+    assert session.max_batch == 16                          # 2 * (2*16 + 10) = 84 <= 100
+    outcomes = {}
+    for _ in range(3):
+        _submit(engine, clock, outcomes, rows=6)
+    decision = engine.step()
+    assert decision.rows == 12 and len(decision.batch) == 2     # a third request would make 18 rows
+    assert all(outcomes[i].batch_size == 12 for i in (0, 1)) and outcomes[2] is None
+    assert engine.step().rows == 6
+    assert session.stats.inference_count == 18 and session.stats.batch_histogram == {12: 1, 6: 1}
+
+
+def test_a_request_larger_than_the_max_batch_still_runs_alone(runtime):
+    engine, clock = _engine(runtime, EarliestFirst())
+    outcomes = {}
+    _submit(engine, clock, outcomes, rows=20, slo_s=10.0)
+    assert engine.step().rows == 20 and outcomes[0].status == "EXEC_OK"
+
+
+def test_one_hand_over_per_batch(runtime):
+    calls = []
+    engine, clock = _engine(runtime, deliver=lambda fn, arg: calls.append((fn, arg)))
+    outcomes = {}
+    _submit(engine, clock, outcomes, slo_s=0.001)          # dropped in the same turn
+    for _ in range(5):
+        _submit(engine, clock, outcomes)
+    engine.step()
+    assert len(calls) == 1 and len(calls[0][1]) == 6
+    assert all(o is None for o in outcomes.values())        # nothing ran on the executor's side
+    fn, arg = calls[0]
+    fn(arg)                                                 # the loop's side
+    assert sorted(o.status for o in outcomes.values()) == ["EXEC_DEADLINE"] + ["EXEC_OK"] * 5
+
+
+def test_cancel_takes_a_queued_request_off_and_only_once(runtime):
+    engine, clock = _engine(runtime)
+    outcomes = {}
+    first = _submit(engine, clock, outcomes)
+    _submit(engine, clock, outcomes)
+    assert engine.cancel(first) is True
+    assert engine.cancel(first) is False
+    assert engine.step().rows == 1
+    assert outcomes[0] is None and outcomes[1].status == "EXEC_OK"
+    assert engine.sessions["m"].stats.cancelled == 1
+    ran = _submit(engine, clock, outcomes)
+    engine.step()
+    assert engine.cancel(ran) is False                      # it already ran
+
+
+def test_full_queue_is_refused_and_counts_queued_requests_only(runtime):
+    engine, clock = _engine(runtime, max_queue=2)
+    outcomes = {}
+    first = _submit(engine, clock, outcomes)
+    _submit(engine, clock, outcomes)
+    with pytest.raises(ExecError) as err:
+        _submit(engine, clock, outcomes)
+    assert err.value.status == "EXEC_OVERLOADED"
+    engine.cancel(first)
+    _submit(engine, clock, outcomes)                        # room again
+    assert engine.step().rows == 2
+    assert engine.sessions["m"].depth.queued == 0
+
+
+def test_submit_does_not_wait_for_the_executor(runtime):
+    engine, clock = _engine(runtime)
+    outcomes = {}
+    submitted = threading.Event()
+    with engine.paused():                                   # the executor's lock is held
+        t = threading.Thread(target=lambda: (_submit(engine, clock, outcomes), submitted.set()))
+        t.start()
+        assert submitted.wait(30)
+    t.join()
+    assert engine.step().rows == 1
+
+
+def test_unknown_model_and_a_model_unloaded_before_its_turn(runtime):
+    engine, clock = _engine(runtime)
+    outcomes = {}
+    with pytest.raises(ExecError) as err:
+        _submit(engine, clock, outcomes, model="nope")
+    assert err.value.status == "EXEC_NOT_FOUND"
+    outcomes.clear()
+    _submit(engine, clock, outcomes)
+    engine.set_sessions({})                                 # unloaded while still in the inbox
+    assert engine.step().queue is None
+    assert outcomes[0].status == "EXEC_NOT_FOUND"
+
+
+def test_fail_queued_answers_a_removed_sessions_queue(runtime):
+    engine, clock = _engine(runtime)
+    engine.duty_cycle_s = 1.0
+    engine.sessions["m"].planned_batch = 4
+    outcomes = {}
+    item = _submit(engine, clock, outcomes)
+    assert engine.step().queue is None                      # admitted, waiting for its duty cycle
+    from backend.engine import Outcome
+
+    (removed,) = engine.set_sessions({})
+    assert engine.fail_queued(removed, Outcome("EXEC_NOT_FOUND", "gone")) == 1
+    assert outcomes[0].status == "EXEC_NOT_FOUND" and engine.cancel(item) is False
+
+
+def test_each_consumer_gets_one_hand_over_and_a_closed_one_disturbs_nothing(runtime):
+    engine, clock = _engine(runtime)
+    handed: list = []
+    x = np.ones((1, 64), np.float32)
+    outcomes = {}
+
+    def closed(fn, arg):
+        raise RuntimeError("Event loop is closed")
+
+    def keep(fn, arg):
+        handed.append(len(arg))
+        fn(arg)
+
+    for i, deliver in enumerate([closed, keep, keep, closed]):
+        engine.submit(Work("m", [x], 1, clock() + 1.0, clock(), lambda o, i=i: outcomes.__setitem__(i, o), deliver))
+    assert engine.step().rows == 4                          # the closed consumer did not stop the executor
+    assert handed == [2] and sorted(outcomes) == [1, 2]
+    assert engine.step().queue is None

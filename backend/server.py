@@ -22,9 +22,12 @@ Prometheus text endpoint (backend/metrics.py).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import sys
+import threading
+import time
 
 import grpc
 import numpy as np
@@ -60,11 +63,31 @@ def _io_json(model: control.ModelDesc) -> tuple[tuple[TensorSpec, ...], tuple[Te
     return tuple(_spec(t) for t in model.inputs), tuple(_spec(t) for t in model.outputs)
 
 
-def decode_inputs(session: Session, item: control.ExecItem) -> list[np.ndarray]:
-    """Raw input bytes -> arrays of shape (rows, *spec.shape); ExecError(EXEC_INVALID) if they do not fit."""
+def item_nbytes(session: Session) -> tuple[int | None, ...]:
+    """Bytes of one batch row of each of the session's inputs (None where a dimension is variable)."""
+    return tuple(spec.item_nbytes() for spec in session.inputs)
+
+
+def decode_inputs(session: Session, item: control.ExecItem,
+                  row_nbytes: tuple[int | None, ...] | None = None) -> list[np.ndarray]:
+    """Raw input bytes -> arrays of shape (rows, *spec.shape); ExecError(EXEC_INVALID) if they do not fit.
+
+    The frontend validated the request against the model's description already; this only checks
+    that each tensor's length fits its shape (``row_nbytes``: :func:`item_nbytes`, computed once per
+    session by the caller) before ``np.frombuffer`` (which copies nothing)."""
     if len(item.inputs) != len(session.inputs):
         raise ExecError("EXEC_INVALID", f"expected {len(session.inputs)} inputs, got {len(item.inputs)}")
     rows = item.rows or 1
+    if row_nbytes is None:
+        row_nbytes = item_nbytes(session)
+    if not item.input_shapes and None not in row_nbytes:      # the common case: fixed item shapes
+        arrays = []
+        for spec, raw, size in zip(session.inputs, item.inputs, row_nbytes):
+            if len(raw) != rows * size:
+                raise ExecError("EXEC_INVALID", f"input {spec.name!r}: expected {rows * size} bytes for shape "
+                                                f"{[rows, *spec.shape]}, got {len(raw)}")
+            arrays.append(np.frombuffer(raw, dtype=spec.dtype).reshape(rows, *spec.shape))
+        return arrays
     shapes = {d.name: tuple(d.shape) for d in item.input_shapes}
     arrays = []
     for spec, raw in zip(session.inputs, item.inputs):
@@ -79,10 +102,13 @@ def decode_inputs(session: Session, item: control.ExecItem) -> list[np.ndarray]:
     return arrays
 
 
-def encode_result(request_id: int, outcome: Outcome) -> control.ExecResult:
+def encode_result(request_id: int, outcome: Outcome, received_ns: int = 0) -> control.ExecResult:
+    """The reply to a request; ``received_ns`` (``time.monotonic_ns`` when the item arrived) gives its
+    ``backend_ns``."""
     result = control.ExecResult(request_id=request_id, status=_STATUS[outcome.status], message=outcome.message,
                                 queue_ns=outcome.queue_ns, compute_ns=outcome.compute_ns,
-                                batch_size=outcome.batch_size)
+                                batch_size=outcome.batch_size, compute_input_ns=outcome.input_ns,
+                                backend_ns=time.monotonic_ns() - received_ns if received_ns else 0)
     if outcome.outputs is not None:
         for arr in outcome.outputs:
             result.outputs.append(np.ascontiguousarray(arr).tobytes())
@@ -103,6 +129,7 @@ class BackendService(control_grpc.BackendServicer):
         self.health = None                   # common.health.Health, set by serve()
         self._table_lock = asyncio.Lock()
         self._profile_lock = asyncio.Lock()   # one measurement at a time, or they disturb each other
+        self._row_nbytes: dict[str, tuple[Session, tuple[int | None, ...]]] = {}   # per session, see _work
 
     def _threads(self) -> int | None:
         """Intra-op threads per model: as configured, else on a CPU one core fewer than the machine
@@ -300,7 +327,10 @@ class BackendService(control_grpc.BackendServicer):
         session = self.engine.sessions.get(item.model)
         if session is None:
             raise ExecError("EXEC_NOT_FOUND", f"model {item.model!r} is not loaded on this backend")
-        arrays = decode_inputs(session, item)
+        cached = self._row_nbytes.get(item.model)
+        if cached is None or cached[0] is not session:      # computed once per loaded session
+            cached = self._row_nbytes[item.model] = (session, item_nbytes(session))
+        arrays = decode_inputs(session, item, cached[1])
         budget_s = item.budget_us / 1e6 if item.budget_us else session.slo_ms / 1000
         # The reply still has to travel back: a batch must end this much before the deadline.
         return Work(item.model, arrays, arrays[0].shape[0], now + budget_s - RESPONSE_MARGIN_S, now, done)
@@ -311,25 +341,43 @@ class BackendService(control_grpc.BackendServicer):
         clock = self.engine.clock
 
         queued: dict[int, object] = {}      # this stream's request id -> its queue entry, until answered
+        # Results come from the executor thread. They wait in ``finished`` and one loop callback moves
+        # all that are there: one wake-up of this loop per batch, not one per request.
+        finished: collections.deque = collections.deque()
+        wake = threading.Lock()
+        woken = [False]
 
-        def completer(request_id: int):
+        def move() -> None:
+            with wake:
+                woken[0] = False
+            while finished:
+                results.put_nowait(finished.popleft())
+
+        def completer(request_id: int, received_ns: int):
             def done(outcome: Outcome) -> None:
-                loop.call_soon_threadsafe(results.put_nowait, (request_id, outcome))
+                finished.append((request_id, outcome, received_ns))
+                with wake:
+                    if woken[0]:
+                        return
+                    woken[0] = True
+                loop.call_soon_threadsafe(move)
             return done
 
         async def reader() -> None:
             try:
                 async for item in request_iterator:
+                    received_ns = time.monotonic_ns()
                     if item.cancel:     # the client gave up: a request still queued never runs
                         entry = queued.pop(item.request_id, None)
                         if entry is not None and self.engine.cancel(entry):
-                            results.put_nowait((item.request_id, Outcome("EXEC_CANCELLED", "cancelled by the frontend")))
+                            results.put_nowait((item.request_id, Outcome("EXEC_CANCELLED", "cancelled by the frontend"),
+                                                received_ns))
                         continue
                     try:
                         queued[item.request_id] = self.engine.submit(
-                            self._work(item, clock(), completer(item.request_id)))
+                            self._work(item, clock(), completer(item.request_id, received_ns)))
                     except ExecError as exc:
-                        results.put_nowait((item.request_id, Outcome(exc.status, str(exc))))
+                        results.put_nowait((item.request_id, Outcome(exc.status, str(exc)), received_ns))
             finally:
                 results.put_nowait(None)
 
@@ -340,13 +388,14 @@ class BackendService(control_grpc.BackendServicer):
                 if entry is None:
                     break
                 queued.pop(entry[0], None)
-                yield encode_result(entry[0], entry[1])
+                yield encode_result(*entry)
         finally:
             task.cancel()
             for entry in queued.values():   # the frontend is gone: nobody waits for these any more
                 self.engine.cancel(entry)
 
     async def ExecuteOne(self, request, context):
+        received_ns = time.monotonic_ns()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
 
@@ -356,8 +405,8 @@ class BackendService(control_grpc.BackendServicer):
         try:
             self.engine.submit(self._work(request, self.engine.clock(), done))
         except ExecError as exc:
-            return encode_result(request.request_id, Outcome(exc.status, str(exc)))
-        return encode_result(request.request_id, await future)
+            return encode_result(request.request_id, Outcome(exc.status, str(exc)), received_ns)
+        return encode_result(request.request_id, await future, received_ns)
 
     def stats(self) -> control.BackendStats:
         """A snapshot of every session's and prefix group's counters (``Stats`` and ``/metrics``)."""

@@ -20,7 +20,8 @@ capacity: completions per second under overload (``--cap-rate`` offered, at most
 outstanding, deadline ``--cap-deadline-ms``). Ratios are taken within each repeat, then the median.
 
 ``threads``: this checkout with ``--threads 1`` and ``--threads 2`` on the backend (the same three
-measurements, capacity at the model's SLO as the deadline: completions within the SLO per second).
+measurements, the last one with the model's SLO as the deadline: completions within the SLO per
+second; with ``--cap-inflight 0`` an open-loop Poisson run at ``--cap-rate``, i.e. its goodput).
 
 ``trace``: this checkout with ``--trace``: the median of each phase at a low and a high rate.
 
@@ -60,11 +61,15 @@ def measure(args, tag: str, *, code_dir=None, env=None, backend_args=(), cap_dea
         res["cpu_ms_per_request"] = {k: v * 1000 / max(r.sent, 1) for k, v in cpu["cpu_s"].items()}
         time.sleep(1.0)
         deadline = cap_deadline_ms or args.cap_deadline_ms
-        r = run_bench(c.frontend, args.model, args.cap_rate, args.cap_s, deadline, concurrency_limit=args.cap_inflight)
+        r = run_bench(c.frontend, args.model, args.cap_rate, args.cap_s, deadline,
+                      concurrency_limit=args.cap_inflight or None, warmup_s=args.cap_warmup_s)
         res["capacity"] = report_dict(r)
         res["capacity_rps"] = r.goodput_rps
     res["uptime_after"] = uptime()
     cpu = res["cpu_ms_per_request"]
+    if res["low"]["p50_ms"] is None:
+        print(f"  {tag:24s}: no request succeeded at the low rate: {res['low']}", flush=True)
+        return res
     print(f"  {tag:24s}: low p50 {res['low']['p50_ms']:.2f} ms p99 {res['low']['p99_ms']:.2f} ms | CPU ms/req "
           f"frontend {cpu['frontend']:.3f} backend {cpu['backend']:.3f} | capacity {res['capacity_rps']:.0f} rps "
           f"| {res['uptime_after'].split('load average:')[-1].strip()}", flush=True)
@@ -136,6 +141,9 @@ def trace_breakdown(args) -> dict:
             time.sleep(1.5)                      # the frontend writes its trace at each report
             recs = [json.loads(line) for line in path.read_text().splitlines()]
             recs = [x for x in recs if t0 + 1.0 <= x["time"] <= t1 and x["status"] == "OK"]
+            if not recs:
+                print(f"{load}: no traced request in the window; client report {report_dict(r)}", flush=True)
+                return out
             med = {p: statistics.median(x["phases_ns"][p] for x in recs) / 1e3 for p in PHASES}
             out[load] = {"rate": rate, "report": report_dict(r), "traced": len(recs),
                          "median_us": med, "median_total_us": statistics.median(x["total_ns"] for x in recs) / 1e3,
@@ -168,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-s", type=float, default=8.0)
     p.add_argument("--cap-rate", type=float, default=3000.0)
     p.add_argument("--cap-s", type=float, default=6.0)
-    p.add_argument("--cap-inflight", type=int, default=32)
+    p.add_argument("--cap-inflight", type=int, default=32, help="0: no limit (open loop: goodput at --cap-rate)")
+    p.add_argument("--cap-warmup-s", type=float, default=0.0, help="unmeasured lead-in of the capacity run")
     p.add_argument("--cap-deadline-ms", type=float, default=2000.0)
     p.add_argument("--quiet-wait-s", type=float, default=30.0)
     args = p.parse_args(argv)

@@ -20,6 +20,7 @@ import enum
 import itertools
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -61,7 +62,7 @@ class Reply:
 
     status: ReplyStatus
     message: str = ""
-    outputs: list[bytes] | None = None
+    outputs: Sequence[bytes] | None = None
     output_shapes: list[tuple[int, ...]] | None = None
     queue_ns: int = 0
     compute_ns: int = 0
@@ -71,7 +72,8 @@ class Reply:
 
     @staticmethod
     def from_pb(result: control.ExecResult) -> "Reply":
-        return Reply(_STATUSES.get(result.status, ReplyStatus.INTERNAL), result.message, list(result.outputs),
+        # ``outputs`` stays the message's read-only sequence: each tensor's bytes are made once, when used.
+        return Reply(_STATUSES.get(result.status, ReplyStatus.INTERNAL), result.message, result.outputs,
                      [tuple(d.shape) for d in result.output_shapes], result.queue_ns, result.compute_ns,
                      result.compute_input_ns, result.backend_ns, result.batch_size)
 

@@ -109,7 +109,7 @@ def _pick(state: FrontendState, model: ModelEntry, exclude: set[str]):
                                        random.random()))
 
 
-async def dispatch(state: FrontendState, model: ModelEntry, inputs, rows: int,
+async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes], rows: int,
                    end_s: float, marks: Marks | None = None) -> Reply:
     """Run one request of ``rows`` rows on a backend of ``model`` before ``end_s`` (monotonic).
 
@@ -117,8 +117,7 @@ async def dispatch(state: FrontendState, model: ModelEntry, inputs, rows: int,
     left; when every backend of a served model is gone, waits (within the deadline) for the routing
     table the scheduler sends after repairing the plan. Raises RequestError with the gRPC status
     otherwise. A request still waiting on its backend past the deadline is cancelled there.
-    ``inputs`` are the raw tensors in the model's input order (bytes, or the request's own
-    ``raw_input_contents``, which go into the item without a copy in Python). ``marks``, when the
+    ``inputs`` are the raw tensors in the model's input order. ``marks``, when the
     request is traced, get the clock readings of the last attempt's send and reply.
     """
     tried: set[str] = set()

@@ -32,7 +32,7 @@ class RequestError(Exception):
 
 @dataclass(frozen=True)
 class ParsedRequest:
-    inputs: list[bytes]                  # or the request's raw_input_contents itself, when in the model's order
+    inputs: list[bytes]
     rows: int
     output_indices: tuple[int, ...]     # which of the model's outputs to return, in order
     timeout_us: int                      # from the request's "timeout" parameter, 0 when absent
@@ -65,11 +65,9 @@ def parse_infer_request(request, model: ModelEntry) -> ParsedRequest:
         raise _invalid(f"raw_input_contents has {raw_count} entries for {len(by_name)} inputs")
     rows = None
     raws = []
-    in_order = True
     item_counts = model.input_item_counts
     for k, spec in enumerate(specs):
         index, tensor = by_name[spec.name]
-        in_order = in_order and index == k
         if tensor.datatype != spec.datatype:
             raise _invalid(f"input {spec.name!r}: datatype {tensor.datatype} does not match the model's "
                            f"{spec.datatype}")
@@ -111,8 +109,6 @@ def parse_infer_request(request, model: ModelEntry) -> ParsedRequest:
                                f"{list(shape)}, got {len(values)}")
             raw = np.asarray(values).astype(dtype).tobytes()
         raws.append(raw)
-    if raw_count and in_order:
-        raws = raw_contents             # passed on as it is: no Python copy of each tensor
     if rows > model.max_batch:
         raise _invalid(f"batch of {rows} rows exceeds the model's max_batch_size {model.max_batch}")
     if request.outputs:

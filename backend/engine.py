@@ -100,6 +100,7 @@ class Outcome:
     queue_ns: int = 0
     compute_ns: int = 0
     batch_size: int = 0
+    input_ns: int = 0                            # part of compute_ns: gathering the batch's inputs
 
 
 @dataclass
@@ -600,7 +601,8 @@ class Engine:
                 continue
             answers.append((w, Outcome("EXEC_OK", outputs=parts[i],
                                             queue_ns=max(int((start - w.arrival_s) * 1e9), 0),
-                                            compute_ns=phases.total_ns, batch_size=rows)))
+                                            compute_ns=phases.total_ns, batch_size=rows,
+                                            input_ns=phases.input_ns)))
 
     def _run_group(self, group: SharedPrefix, batch: list[Pending], answers: list) -> None:
         """The prefix once on every request's rows, then each member's suffix on its slice."""
@@ -677,7 +679,8 @@ class Engine:
                     continue
                 answers.append((w, Outcome("EXEC_OK", outputs=parts[id(w)],
                                                 queue_ns=max(int((start - w.arrival_s) * 1e9), 0),
-                                                compute_ns=compute_ns, batch_size=total_rows)))
+                                                compute_ns=compute_ns, batch_size=total_rows,
+                                                input_ns=phases.input_ns)))
 
 
 def _phases(start: float, gathered: float, ran: float, end: float, error: str | None) -> Phases:

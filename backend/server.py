@@ -22,9 +22,12 @@ Prometheus text endpoint (backend/metrics.py).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import sys
+import threading
+import time
 
 import grpc
 import numpy as np
@@ -60,11 +63,31 @@ def _io_json(model: control.ModelDesc) -> tuple[tuple[TensorSpec, ...], tuple[Te
     return tuple(_spec(t) for t in model.inputs), tuple(_spec(t) for t in model.outputs)
 
 
-def decode_inputs(session: Session, item: control.ExecItem) -> list[np.ndarray]:
-    """Raw input bytes -> arrays of shape (rows, *spec.shape); ExecError(EXEC_INVALID) if they do not fit."""
+def item_nbytes(session: Session) -> tuple[int | None, ...]:
+    """Bytes of one batch row of each of the session's inputs (None where a dimension is variable)."""
+    return tuple(spec.item_nbytes() for spec in session.inputs)
+
+
+def decode_inputs(session: Session, item: control.ExecItem,
+                  row_nbytes: tuple[int | None, ...] | None = None) -> list[np.ndarray]:
+    """Raw input bytes -> arrays of shape (rows, *spec.shape); ExecError(EXEC_INVALID) if they do not fit.
+
+    The frontend validated the request against the model's description already; this only checks
+    that each tensor's length fits its shape (``row_nbytes``: :func:`item_nbytes`, computed once per
+    session by the caller) before ``np.frombuffer`` (which copies nothing)."""
     if len(item.inputs) != len(session.inputs):
         raise ExecError("EXEC_INVALID", f"expected {len(session.inputs)} inputs, got {len(item.inputs)}")
     rows = item.rows or 1
+    if row_nbytes is None:
+        row_nbytes = item_nbytes(session)
+    if not item.input_shapes and None not in row_nbytes:      # the common case: fixed item shapes
+        arrays = []
+        for spec, raw, size in zip(session.inputs, item.inputs, row_nbytes):
+            if len(raw) != rows * size:
+                raise ExecError("EXEC_INVALID", f"input {spec.name!r}: expected {rows * size} bytes for shape "
+                                                f"{[rows, *spec.shape]}, got {len(raw)}")
+            arrays.append(np.frombuffer(raw, dtype=spec.dtype).reshape(rows, *spec.shape))
+        return arrays
     shapes = {d.name: tuple(d.shape) for d in item.input_shapes}
     arrays = []
     for spec, raw in zip(session.inputs, item.inputs):
@@ -79,10 +102,13 @@ def decode_inputs(session: Session, item: control.ExecItem) -> list[np.ndarray]:
     return arrays
 
 
-def encode_result(request_id: int, outcome: Outcome) -> control.ExecResult:
+def encode_result(request_id: int, outcome: Outcome, received_ns: int = 0) -> control.ExecResult:
+    """The reply to a request; ``received_ns`` (``time.monotonic_ns`` when the item arrived) gives its
+    ``backend_ns``."""
     result = control.ExecResult(request_id=request_id, status=_STATUS[outcome.status], message=outcome.message,
                                 queue_ns=outcome.queue_ns, compute_ns=outcome.compute_ns,
-                                batch_size=outcome.batch_size)
+                                batch_size=outcome.batch_size, compute_input_ns=outcome.input_ns,
+                                backend_ns=time.monotonic_ns() - received_ns if received_ns else 0)
     if outcome.outputs is not None:
         for arr in outcome.outputs:
             result.outputs.append(np.ascontiguousarray(arr).tobytes())
@@ -104,6 +130,7 @@ class BackendService(control_grpc.BackendServicer):
         self.in_flight = 0                   # requests accepted and not answered yet (drain waits for 0)
         self._table_lock = asyncio.Lock()
         self._profile_lock = asyncio.Lock()   # one measurement at a time, or they disturb each other
+        self._row_nbytes: dict[str, tuple[Session, tuple[int | None, ...]]] = {}   # per session, see _work
 
     def _threads(self) -> int | None:
         """Intra-op threads per model: as configured, else on a CPU one core fewer than the machine
@@ -299,7 +326,10 @@ class BackendService(control_grpc.BackendServicer):
         session = self.engine.sessions.get(item.model)
         if session is None:
             raise ExecError("EXEC_NOT_FOUND", f"model {item.model!r} is not loaded on this backend")
-        arrays = decode_inputs(session, item)
+        cached = self._row_nbytes.get(item.model)
+        if cached is None or cached[0] is not session:      # computed once per loaded session
+            cached = self._row_nbytes[item.model] = (session, item_nbytes(session))
+        arrays = decode_inputs(session, item, cached[1])
         budget_s = item.budget_us / 1e6 if item.budget_us else session.slo_ms / 1000
         # The reply still has to travel back: a batch must end this much before the deadline.
         return Work(item.model, arrays, arrays[0].shape[0], now + budget_s - RESPONSE_MARGIN_S, now, done,
@@ -315,25 +345,27 @@ class BackendService(control_grpc.BackendServicer):
             self.in_flight -= 1
             results.put_nowait(entry)
 
-        def completer(request_id: int):
+        def completer(request_id: int, received_ns: int):
             def done(outcome: Outcome) -> None:     # on the loop: the engine delivers a batch at a time
-                finished((request_id, outcome))
+                finished((request_id, outcome, received_ns))
             return done
 
         async def reader() -> None:
             try:
                 async for item in request_iterator:
+                    received_ns = time.monotonic_ns()
                     if item.cancel:     # the client gave up: a request still queued never runs
                         entry = queued.pop(item.request_id, None)
                         if entry is not None and self.engine.cancel(entry):
-                            finished((item.request_id, Outcome("EXEC_CANCELLED", "cancelled by the frontend")))
+                            finished((item.request_id, Outcome("EXEC_CANCELLED", "cancelled by the frontend"),
+                                      received_ns))
                         continue
                     try:
                         queued[item.request_id] = self.engine.submit(
-                            self._work(item, clock(), completer(item.request_id)))
+                            self._work(item, clock(), completer(item.request_id, received_ns)))
                         self.in_flight += 1
                     except ExecError as exc:
-                        results.put_nowait((item.request_id, Outcome(exc.status, str(exc))))
+                        results.put_nowait((item.request_id, Outcome(exc.status, str(exc)), received_ns))
             finally:
                 results.put_nowait(None)
 
@@ -344,7 +376,7 @@ class BackendService(control_grpc.BackendServicer):
                 if entry is None:
                     break
                 queued.pop(entry[0], None)
-                yield encode_result(entry[0], entry[1])
+                yield encode_result(*entry)
         finally:
             task.cancel()
             for entry in queued.values():   # the frontend is gone: nobody waits for these any more
@@ -352,6 +384,7 @@ class BackendService(control_grpc.BackendServicer):
                     self.in_flight -= 1
 
     async def ExecuteOne(self, request, context):
+        received_ns = time.monotonic_ns()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
 
@@ -361,10 +394,10 @@ class BackendService(control_grpc.BackendServicer):
         try:
             self.engine.submit(self._work(request, self.engine.clock(), done))
         except ExecError as exc:
-            return encode_result(request.request_id, Outcome(exc.status, str(exc)))
+            return encode_result(request.request_id, Outcome(exc.status, str(exc)), received_ns)
         self.in_flight += 1
         try:
-            return encode_result(request.request_id, await future)
+            return encode_result(request.request_id, await future, received_ns)
         finally:
             self.in_flight -= 1
 

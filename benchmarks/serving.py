@@ -170,9 +170,10 @@ def exit_on_sigterm() -> None:
 class Component(Child):
     """One ``nexus <name>`` process started through the harness's boot code, stderr to a log file."""
 
-    def __init__(self, name: str, argv: list[str], env: dict, log_dir: pathlib.Path) -> None:
+    def __init__(self, name: str, argv: list[str], env: dict, log_dir: pathlib.Path,
+                 code_dir: pathlib.Path = ROOT) -> None:
         self.log = open(log_dir / f"{name}.log", "w")
-        super().__init__(name, argv, env, command=[sys.executable, "-c", _BOOT], stderr=self.log, cwd=ROOT,
+        super().__init__(name, argv, env, command=[sys.executable, "-c", _BOOT], stderr=self.log, cwd=code_dir,
                          start_new_session=True)
 
     def stop(self) -> None:
@@ -186,8 +187,15 @@ class Cluster:
     def __init__(self, models: list[str], *, threads: int = 0, exec_path: str = "stream",
                  cprofile: tuple[str, ...] = (), ort_no_spin: bool = False, budget_margin_ms: float = 0.0,
                  pin: bool = False, batch_start: str = "eager", epoch_s: float = 30.0, tag: str = "cluster",
-                 keep_dir: bool = False) -> None:
+                 keep_dir: bool = False, code_dir: pathlib.Path | None = None, env: dict | None = None,
+                 frontend_args: tuple[str, ...] = (), backend_args: tuple[str, ...] = ()) -> None:
+        """``code_dir``: run the components from another checkout of the project (A/B of two
+        versions in one run, benchmarks/hotpath.py); ``env``: more environment for every component."""
         self.models = models
+        self.code_dir = pathlib.Path(code_dir) if code_dir else ROOT
+        self.extra_env = dict(env or {})
+        self.frontend_args = tuple(frontend_args)
+        self.backend_args = tuple(backend_args)
         self.threads = threads
         self.exec_path = exec_path
         self.cprofile = cprofile
@@ -220,10 +228,13 @@ class Cluster:
             env["NEXUS_BENCH_CPROFILE_OUT"] = str(OUT / f"{self.tag}.{name}.prof")
         if name == "backend" and self.ort_no_spin:
             env["NEXUS_BENCH_ORT_NOSPIN"] = "1"
+        if self.code_dir != ROOT:
+            env["PYTHONPATH"] = str(self.code_dir)
+        env.update(self.extra_env)
         return env
 
     def _start(self, name: str, argv: list[str]) -> Component:
-        c = Component(name, argv, self._env(name), self.dir)
+        c = Component(name, argv, self._env(name), self.dir, self.code_dir)
         self.components[name] = c
         return c
 
@@ -238,12 +249,12 @@ class Cluster:
             paths = write_sample_models(self.dir / "samples", self.models)
             for name, path in paths.items():
                 upload_model(self.scheduler, path, name, slo_ms=SAMPLE_MODELS[name].slo_ms)
-            self._start("backend", component_argv(BackendConfig(
+            self._start("backend", [*component_argv(BackendConfig(
                 scheduler=self.scheduler, listen="127.0.0.1:0", device="cpu", threads=self.threads,
-                batch_start=BatchStart(self.batch_start)))).wait_ready()
-            self.frontend = self._start("frontend", component_argv(FrontendConfig(
+                batch_start=BatchStart(self.batch_start))), *self.backend_args]).wait_ready()
+            self.frontend = self._start("frontend", [*component_argv(FrontendConfig(
                 scheduler=self.scheduler, listen="127.0.0.1:0", metrics_listen="",
-                exec_path=self.exec_path))).wait_ready()
+                exec_path=self.exec_path)), *self.frontend_args]).wait_ready()
             self._wait_models_ready(ready_timeout_s)
         except BaseException:
             self.stop()

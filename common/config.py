@@ -335,11 +335,16 @@ class FrontendConfig:
         "help": "KEY=VALUE: serve RepositoryModelLoad/Unload only to callers sending header "
                 "triton-grpc-protocol-KEY: VALUE (Triton's --grpc-restricted-protocol=model-repository:KEY=VALUE); "
                 "others get UNAVAILABLE"})
+    trace: str = field(default="", metadata={
+        "help": "append per-request timelines (validate, hop, queue, batch assembly, compute, ...) to this file "
+                "as JSON lines; see frontend/trace.py ('' : off)"})
+    trace_every: int = field(default=1, metadata={"help": "with --trace: trace one model request in this many"})
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> None:
         _check_address("scheduler", self.scheduler)
         _check_address("listen", self.listen)
+        _check_positive("trace_every", self.trace_every)
         if self.http_listen:
             _check_address("http_listen", self.http_listen)
         _check_positive("http_max_body_mb", self.http_max_body_mb)

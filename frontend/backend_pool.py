@@ -1,7 +1,8 @@
 """Connections from a frontend to its backends: one long-lived Execute stream per backend.
 
 Contract: :meth:`BackendConnection.execute` is called on the frontend's event loop; it returns the
-backend's ExecResult, or raises :class:`BackendGone` when the stream broke before the result came
+backend's answer as a :class:`Reply` (the protobuf ``ExecResult`` is converted here, at the edge), or
+raises :class:`BackendGone` when the stream broke before the result came
 (the caller may retry elsewhere while the deadline allows). Requests are multiplexed by id; a
 single writer task drains an asyncio queue into the stream so callers never block on each other.
 A caller that is cancelled while it waits (its client cancelled, or its deadline passed) sends the
@@ -15,9 +16,12 @@ Attach stream) or ``DOWN_HOLD_S`` passes (a backend that comes back at the same 
 from __future__ import annotations
 
 import asyncio
+import enum
 import itertools
 import logging
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import grpc
 
@@ -32,6 +36,46 @@ DOWN_HOLD_S = 3.0
 
 class BackendGone(Exception):
     """The backend's stream failed; the request was not answered."""
+
+
+class ReplyStatus(enum.IntEnum):
+    """How a backend answered a request (the values of ``control.ExecStatus``)."""
+
+    OK = control.EXEC_OK
+    NOT_FOUND = control.EXEC_NOT_FOUND          # the model is not loaded there (a stale route)
+    INVALID = control.EXEC_INVALID
+    DEADLINE = control.EXEC_DEADLINE
+    OVERLOADED = control.EXEC_OVERLOADED
+    INTERNAL = control.EXEC_INTERNAL
+    CANCELLED = control.EXEC_CANCELLED
+    UNAVAILABLE = control.EXEC_UNAVAILABLE      # draining, or the model failed to load there
+
+
+_STATUSES = {s.value: s for s in ReplyStatus}
+
+
+@dataclass(slots=True)
+class Reply:
+    """A backend's answer to one request. ``outputs`` are raw tensors in the model's output order and
+    ``output_shapes`` their full shapes; the times are the backend's (``backend_ns``: from receiving
+    the item to encoding this answer; ``compute_input_ns``: the batch assembly part of ``compute_ns``)."""
+
+    status: ReplyStatus
+    message: str = ""
+    outputs: Sequence[bytes] | None = None
+    output_shapes: list[tuple[int, ...]] | None = None
+    queue_ns: int = 0
+    compute_ns: int = 0
+    compute_input_ns: int = 0
+    backend_ns: int = 0
+    batch_size: int = 0
+
+    @staticmethod
+    def from_pb(result: control.ExecResult) -> "Reply":
+        # ``outputs`` stays the message's read-only sequence: each tensor's bytes are made once, when used.
+        return Reply(_STATUSES.get(result.status, ReplyStatus.INTERNAL), result.message, result.outputs,
+                     [tuple(d.shape) for d in result.output_shapes], result.queue_ns, result.compute_ns,
+                     result.compute_input_ns, result.backend_ns, result.batch_size)
 
 
 class BackendConnection:
@@ -64,7 +108,7 @@ class BackendConnection:
             async for result in call:
                 future = self._pending.pop(result.request_id, None)
                 if future is not None and not future.done():
-                    future.set_result(result)
+                    future.set_result(Reply.from_pb(result))
         except grpc.aio.AioRpcError as exc:
             if not self._closed:
                 log.warning("stream to backend %s broke: %s", self.address, exc.code().name)
@@ -76,7 +120,7 @@ class BackendConnection:
                 if not future.done():
                     future.set_exception(BackendGone(f"backend {self.address} went away"))
 
-    async def execute(self, item: control.ExecItem) -> control.ExecResult:
+    async def execute(self, item: control.ExecItem) -> Reply:
         if self._closed:
             raise BackendGone(f"backend {self.address} is closed")
         self._ensure_stream()
@@ -95,11 +139,11 @@ class BackendConnection:
             self.outstanding -= 1
             self._pending.pop(item.request_id, None)
 
-    async def execute_unary(self, item: control.ExecItem, timeout_s: float) -> control.ExecResult:
+    async def execute_unary(self, item: control.ExecItem, timeout_s: float) -> Reply:
         """One RPC per request (kept for the path benchmark)."""
         self.outstanding += 1
         try:
-            return await self.stub.ExecuteOne(item, timeout=timeout_s)
+            return Reply.from_pb(await self.stub.ExecuteOne(item, timeout=timeout_s))
         except grpc.aio.AioRpcError as exc:
             raise BackendGone(f"backend {self.address}: {exc.code().name}") from None
         finally:

@@ -17,11 +17,12 @@ import grpc
 from common import grpc_util
 from common.pb import control, kserve, model_config
 from common.security import Credentials
-from frontend.backend_pool import BackendGone, BackendPool
+from frontend.backend_pool import BackendGone, BackendPool, Reply, ReplyStatus
 from frontend.metrics import FrontendMetrics
 from frontend.requests import RequestError, parse_infer_request
 from frontend.routing import ModelEntry, RoutingTable
 from frontend.statistics import StatsBook
+from frontend.trace import Marks, Tracer
 
 log = logging.getLogger("nexus.frontend")
 
@@ -30,13 +31,13 @@ SERVER_VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data", "model_repository", "model_repository(unload_dependents)", "statistics", "schedule_policy"]
 
 _EXEC_TO_GRPC = {
-    control.EXEC_NOT_FOUND: grpc.StatusCode.UNAVAILABLE,
-    control.EXEC_INVALID: grpc.StatusCode.INVALID_ARGUMENT,
-    control.EXEC_DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
-    control.EXEC_OVERLOADED: grpc.StatusCode.UNAVAILABLE,      # a full queue, as Triton answers it
-    control.EXEC_INTERNAL: grpc.StatusCode.INTERNAL,
-    control.EXEC_CANCELLED: grpc.StatusCode.CANCELLED,
-    control.EXEC_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ReplyStatus.NOT_FOUND: grpc.StatusCode.UNAVAILABLE,
+    ReplyStatus.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    ReplyStatus.DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ReplyStatus.OVERLOADED: grpc.StatusCode.UNAVAILABLE,      # a full queue, as Triton answers it
+    ReplyStatus.INTERNAL: grpc.StatusCode.INTERNAL,
+    ReplyStatus.CANCELLED: grpc.StatusCode.CANCELLED,
+    ReplyStatus.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
 }
 # A request whose backend has not answered this long after its deadline is cancelled there and
 # answered DEADLINE_EXCEEDED (the backend drops expired requests itself; this covers a backend
@@ -52,8 +53,10 @@ _DTYPE_ENUM = {name: model_config.DataType.Value(f"TYPE_{name}") for name in
 class FrontendState:
     """What the frontend knows: the routing table, backend connections, counters and rates."""
 
-    def __init__(self, use_stream: bool = True, creds: Credentials = grpc_util.NO_CREDENTIALS) -> None:
+    def __init__(self, use_stream: bool = True, creds: Credentials = grpc_util.NO_CREDENTIALS,
+                 tracer: Tracer | None = None) -> None:
         self.table = RoutingTable.empty()
+        self.tracer = tracer                             # --trace: per-request timelines (frontend/trace.py)
         self.pool = BackendPool(creds)
         self.health = None                               # common.health.Health, set by the server
         self.use_stream = use_stream
@@ -77,7 +80,7 @@ class FrontendState:
         overhead of the frontend-backend path plus four smoothed deviations (at most RETURN_ALLOWANCE_MAX_S)."""
         return min(self.path_overhead_s + 4 * self.path_deviation_s, RETURN_ALLOWANCE_MAX_S)
 
-    def observe_path(self, sent_s: float, result: control.ExecResult) -> None:
+    def observe_path(self, sent_s: float, result: Reply) -> None:
         """Smooth the path's overhead (a request's time at the frontend less its queue and compute)
         and its deviation, as TCP smooths round-trip times."""
         overhead = max(time.monotonic() - sent_s - (result.queue_ns + result.compute_ns) / 1e9, 0.0)
@@ -106,13 +109,15 @@ def _pick(state: FrontendState, model: ModelEntry, exclude: set[str]):
 
 
 async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes], rows: int,
-                   end_s: float) -> control.ExecResult:
+                   end_s: float, marks: Marks | None = None) -> Reply:
     """Run one request of ``rows`` rows on a backend of ``model`` before ``end_s`` (monotonic).
 
     Retries on another backend when one disappears or no longer has the model, while time is
     left; when every backend of a served model is gone, waits (within the deadline) for the routing
     table the scheduler sends after repairing the plan. Raises RequestError with the gRPC status
     otherwise. A request still waiting on its backend past the deadline is cancelled there.
+    ``inputs`` are the raw tensors in the model's input order. ``marks``, when the
+    request is traced, get the clock readings of the last attempt's send and reply.
     """
     tried: set[str] = set()
     last_reason = model.reason or "no backend serves it"
@@ -141,6 +146,8 @@ async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes],
         item = control.ExecItem(request_id=state.pool.next_id(), model=model.name, budget_us=int(budget_s * 1e6),
                                 inputs=inputs, rows=rows)
         conn = state.pool.get(route.address)
+        if marks is not None:
+            marks.sent = time.monotonic_ns()
         try:
             if state.use_stream:
                 async with asyncio.timeout(left + DEADLINE_GRACE_S):
@@ -154,13 +161,15 @@ async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes],
         except asyncio.TimeoutError:
             raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                f"model {model.name!r}: deadline passed while queued") from None
-        if result.status == control.EXEC_OK:
+        if marks is not None:
+            marks.replied = time.monotonic_ns()
+        if result.status is ReplyStatus.OK:
             state.observe_path(end_s - left, result)
-        if result.status in (control.EXEC_NOT_FOUND, control.EXEC_UNAVAILABLE):  # stale route, or draining
+        if result.status in (ReplyStatus.NOT_FOUND, ReplyStatus.UNAVAILABLE):  # stale route, or draining
             tried.add(route.address)
             last_reason = result.message
             continue
-        if result.status != control.EXEC_OK:
+        if result.status is not ReplyStatus.OK:
             raise RequestError(_EXEC_TO_GRPC.get(result.status, grpc.StatusCode.INTERNAL), result.message)
         return result
 
@@ -174,6 +183,7 @@ def request_budget_s(slo_ms: float, timeout_us: int, deadline_s: float | None) -
 async def infer(state: FrontendState, request, deadline_s: float | None) -> kserve.ModelInferResponse:
     """Serve one ModelInferRequest (a model or a query); raise RequestError with the gRPC status on failure."""
     start = time.monotonic()
+    marks = state.tracer.start() if state.tracer is not None else None
     name = request.model_name
     query = state.table.queries.get(name)
     if query is not None:
@@ -197,8 +207,10 @@ async def infer(state: FrontendState, request, deadline_s: float | None) -> kser
         state.metrics.failure(model.name, exc.code)
         raise
     end = start + request_budget_s(model.slo_ms, parsed.timeout_us, deadline_s)
+    if marks is not None:
+        marks.validated = time.monotonic_ns()
     try:
-        result = await dispatch(state, model, parsed.inputs, parsed.rows, end)
+        result = await dispatch(state, model, parsed.inputs, parsed.rows, end, marks)
     except RequestError as exc:
         state.count(model.name, "fail")
         state.metrics.failure(model.name, exc.code)
@@ -209,12 +221,14 @@ async def infer(state: FrontendState, request, deadline_s: float | None) -> kser
     response = kserve.ModelInferResponse(model_name=model.name, model_version="1", id=request.id)
     for i in parsed.output_indices:
         spec = model.outputs[i]
-        response.outputs.add(name=spec.name, datatype=spec.datatype, shape=list(result.output_shapes[i].shape))
+        response.outputs.add(name=spec.name, datatype=spec.datatype, shape=result.output_shapes[i])
         response.raw_output_contents.append(result.outputs[i])
     state.count(model.name, "success")
     state.count(model.name, "rows", parsed.rows)
     state.count(model.name, "success_ns", int((time.monotonic() - start) * 1e9))
     state.metrics.success(model.name, parsed.rows, time.monotonic() - start, end - start, result)
+    if marks is not None:
+        state.tracer.record(model.name, parsed.rows, marks, result)
     return response
 
 

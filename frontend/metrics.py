@@ -52,7 +52,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, UnknownMetricFamily
 from prometheus_client.registry import Collector
 
-from common.pb import control
 
 # ``*_created`` series (creation timestamps) only mean something to OpenMetrics scrapers and double
 # the size of every scrape; this process's registries leave them out.
@@ -206,9 +205,9 @@ class FrontendMetrics:
                 self._dropped.labels(model, VERSION, code.name)
 
     def success(self, model: str, rows: int, latency_s: float, slo_s: float,
-                result: control.ExecResult | None = None) -> None:
+                result=None) -> None:
         """A successful request of ``rows`` rows that took ``latency_s`` against a budget of ``slo_s``;
-        ``result`` is the backend's answer (None for a query, whose stages ran on several backends)."""
+        ``result`` is the backend's answer, a ``frontend.backend_pool.Reply`` (None for a query, whose stages ran on several backends)."""
         self._first_sight(model)
         c = self._triton[model]
         c.success += 1

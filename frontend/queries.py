@@ -28,7 +28,7 @@ from frontend.routing import ModelEntry, QueryEntry
 def _decode(result, entry: ModelEntry) -> dict[str, np.ndarray]:
     out = {}
     for spec, raw, shape in zip(entry.outputs, result.outputs, result.output_shapes):
-        out[spec.name] = np.frombuffer(raw, dtype=spec.dtype).reshape(tuple(shape.shape))
+        out[spec.name] = np.frombuffer(raw, dtype=spec.dtype).reshape(shape)
     return out
 
 

@@ -65,7 +65,8 @@ def parse_infer_request(request, model: ModelEntry) -> ParsedRequest:
         raise _invalid(f"raw_input_contents has {raw_count} entries for {len(by_name)} inputs")
     rows = None
     raws = []
-    for spec in specs:
+    item_counts = model.input_item_counts
+    for k, spec in enumerate(specs):
         index, tensor = by_name[spec.name]
         if tensor.datatype != spec.datatype:
             raise _invalid(f"input {spec.name!r}: datatype {tensor.datatype} does not match the model's "
@@ -89,7 +90,9 @@ def parse_infer_request(request, model: ModelEntry) -> ParsedRequest:
         if min(shape) < 0:
             raise _invalid(f"input {spec.name!r}: shape {list(shape)} has a negative dimension")
         dtype = KSERVE_TO_NUMPY[spec.datatype]
-        count = math.prod(shape)          # exact (Python ints): no int64 wrap-around on absurd shapes
+        item_count = item_counts[k]
+        # exact (Python ints): no int64 wrap-around on absurd shapes
+        count = rows * item_count if item_count is not None else math.prod(shape)
         if raw_count:
             raw = raw_contents[index]
             nbytes = count * dtype.itemsize

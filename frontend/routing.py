@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from common.pb import control
 from common.query_def import QueryDef, QueryError, even_budgets_ms, parse_query
 from common.tensors import TensorSpec
+
+
+def item_counts(inputs: tuple[TensorSpec, ...]) -> tuple[int | None, ...]:
+    """Values in one batch row of each input (None where a dimension is variable): computed once per
+    routing table entry, not per request."""
+    return tuple(None if any(d < 0 for d in s.shape) else math.prod(s.shape) for s in inputs)
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,10 @@ class ModelEntry:
     @property
     def ready(self) -> bool:
         return bool(self.backends)
+
+    @cached_property
+    def input_item_counts(self) -> tuple[int | None, ...]:
+        return item_counts(self.inputs)
 
     @property
     def platform(self) -> str:
@@ -96,6 +108,10 @@ class QueryEntry:
     @property
     def name(self) -> str:
         return self.definition.name
+
+    @cached_property
+    def input_item_counts(self) -> tuple[int | None, ...]:
+        return item_counts(self.inputs)
 
     @property
     def slo_ms(self) -> float:

@@ -49,6 +49,8 @@ async def _report_loop(state: FrontendState, scheduler, node, interval_s: float)
     last = time.monotonic()
     while True:
         await asyncio.sleep(interval_s)
+        if state.tracer is not None:
+            state.tracer.flush()
         now = time.monotonic()
         window, state.requests_window = state.requests_window, {}
         elapsed = max(now - last, 1e-6)
@@ -77,7 +79,15 @@ class _Node:
 async def serve(config: FrontendConfig, ready=None) -> None:
     """Run a frontend until cancelled; ``ready(address, http=HTTP_ADDRESS)`` is called once it listens."""
     creds = Credentials.load(config.security)
-    state = FrontendState(use_stream=config.exec_path == "stream", creds=creds)
+    tracer = None
+    if config.trace:
+        from frontend.trace import Tracer
+        try:
+            tracer = Tracer(config.trace, config.trace_every)
+        except OSError as exc:
+            raise SystemExit(f"nexus frontend: error: cannot write --trace {config.trace}: "
+                             f"{exc.strerror or exc}") from None
+    state = FrontendState(use_stream=config.exec_path == "stream", creds=creds, tracer=tracer)
     channel = grpc_util.aio_channel(config.scheduler, creds)
     scheduler = control_grpc.SchedulerStub(channel)
     # Repository load/unload are admin calls: the restricted header when configured (as Triton's
@@ -123,6 +133,8 @@ async def serve(config: FrontendConfig, ready=None) -> None:
         await keep_registered(scheduler, register, node)
     finally:
         reporter.cancel()
+        if state.tracer is not None:
+            state.tracer.flush()
         checker.cancel()
         await drain(state, server, scheduler, node, config.drain_grace_s, gate,
                     http_runner.cleanup if http_runner is not None else None)

@@ -31,6 +31,26 @@ def die_with_parent() -> None:
         sys.exit(1)
 
 
+# The event loop of every component: uvloop when it is installed (a dependency; measured faster on
+# the request path, benchmarks/serving.md), else asyncio's own. NEXUS_EVENT_LOOP=asyncio picks
+# asyncio's loop even where uvloop is installed (for A/B measurements and as an escape hatch).
+EVENT_LOOP_ENV = "NEXUS_EVENT_LOOP"
+
+
+def loop_factory():
+    """The event loop factory for ``asyncio.Runner`` (None: asyncio's default loop)."""
+    choice = os.environ.get(EVENT_LOOP_ENV, "uvloop").strip().lower()
+    if choice == "asyncio":
+        return None
+    if choice != "uvloop":
+        raise SystemExit(f"nexus: error: {EVENT_LOOP_ENV}={choice!r}: expected uvloop or asyncio")
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def setup_logging(level: str = "") -> None:
     logging.basicConfig(level=(level or os.environ.get("NEXUS_LOG", "INFO")).upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
@@ -54,5 +74,6 @@ def run_until_signalled(name: str, serve, config) -> int:
         except asyncio.CancelledError:
             pass
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        runner.run(main())
     return 0

@@ -443,7 +443,8 @@ def run_nexus(args, paths, work: pathlib.Path) -> dict:
             p = json.loads(prof.read_text())
             profiles[name] = {"max_batch": max(int(b) for b in p["meta"]["measured_batches"])}
             subprocess.run([*nexus, "models", "upload", str(paths[name]), "--name", name, "--profile", str(prof),
-                            "--slo-ms", str(MODELS[name][0]), "--scheduler", scheduler],
+                            "--slo-ms", str(MODELS[name][0]), "--scheduler", scheduler,
+                            "--token-file", str(data / "token")],     # the cluster token nexus serve made
                            check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
         wait_ready(frontend, args.models, 180)
         favour_tree(srv.proc.pid, args.nice)

@@ -201,19 +201,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def cpu_seconds(pid: int) -> float:
-    try:
-        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine_jiffies() -> tuple[float, float]:
-    parts = [int(x) for x in pathlib.Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return float(sum(parts) - parts[3] - parts[4]), float(sum(parts))
-
-
 def descendants(pid: int) -> list[int]:
     out, todo = [], [pid]
     while todo:
@@ -468,6 +455,7 @@ def run_nexus(args, paths, work: pathlib.Path) -> dict:
 
 def make_near_max(args, pids: dict[str, int], work: pathlib.Path, model: str):
     """A step at ``rate`` with CPU accounting per process and py-spy on frontend and backend."""
+    from benchmarks.serving import cpu_seconds, machine_busy     # one /proc reader for the benchmarks
 
     async def near_max(client, rate: float) -> dict:
         slo = MODELS[model][0]
@@ -483,10 +471,10 @@ def make_near_max(args, pids: dict[str, int], work: pathlib.Path, model: str):
         await asyncio.sleep(0.5)
         watched = {**{k: v for k, v in pids.items() if k != "serve"}, "client": os.getpid()}
         c0 = {k: cpu_seconds(p) for k, p in watched.items()}
-        m0, w0 = machine_jiffies(), time.monotonic()
+        m0, w0 = machine_busy(), time.monotonic()
         r = await client.run(rate, duration, slo, warmup_s=0.0, seed=999)
         wall = time.monotonic() - w0
-        m1 = machine_jiffies()
+        m1 = machine_busy()
         cores = {k: round((cpu_seconds(p) - c0[k]) / wall, 3) for k, p in watched.items()}
         cores["machine"] = round((m1[0] - m0[0]) / max(m1[1] - m0[1], 1) * (os.cpu_count() or 1), 3)
         cores["others"] = round(cores["machine"] - sum(v for k, v in cores.items() if k != "machine"), 3)

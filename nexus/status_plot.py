@@ -18,6 +18,15 @@ _PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#
             "#9c755f", "#bab0ac", "#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#17becf")
 
 
+
+def _bar_axis_style(ax) -> None:
+    """The look both bar charts share: no frame but the bottom, light vertical grid behind the bars."""
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    ax.tick_params(axis="y", length=0)
+    ax.grid(axis="x", color="#dddddd", linewidth=0.6, zorder=0)
+    ax.set_axisbelow(True)
+
 def _text_colour(hex_colour: str) -> str:
     r, g, b = (int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5))
     return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.6 else "white"
@@ -95,11 +104,7 @@ def write_status_plot(st: ClusterStatus, path: str | os.PathLike) -> None:
     ax.set_xlim(0, 100)
     ax.set_ylim(-0.6, n - 0.4)
     ax.set_xlabel("share of the device's duty cycle (%): each segment is one session's batch, l(batch) / duty cycle")
-    for side in ("top", "right", "left"):
-        ax.spines[side].set_visible(False)
-    ax.tick_params(axis="y", length=0)
-    ax.grid(axis="x", color="#dddddd", linewidth=0.6, zorder=0)
-    ax.set_axisbelow(True)
+    _bar_axis_style(ax)
     bound = f"lower bound {st.lower_bound}"
     verdict = "optimal" if st.planned_devices and st.planned_devices <= st.lower_bound else \
         f"{st.planned_devices - st.lower_bound} above the bound" if st.planned_devices else ""
@@ -144,8 +149,4 @@ def _draw_queries(ax, paths, colours: dict[str, str]) -> None:
     ax.set_xlim(0, top * 1.025)
     ax.set_ylim(-0.6, n - 0.4)
     ax.set_xlabel("latency budget per stage along each path of a query (ms); red: the query's SLO")
-    for side in ("top", "right", "left"):
-        ax.spines[side].set_visible(False)
-    ax.tick_params(axis="y", length=0)
-    ax.grid(axis="x", color="#dddddd", linewidth=0.6, zorder=0)
-    ax.set_axisbelow(True)
+    _bar_axis_style(ax)

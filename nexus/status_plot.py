@@ -18,7 +18,6 @@ _PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#
             "#9c755f", "#bab0ac", "#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#17becf")
 
 
-
 def _bar_axis_style(ax) -> None:
     """The look both bar charts share: no frame but the bottom, light vertical grid behind the bars."""
     for side in ("top", "right", "left"):
@@ -26,6 +25,7 @@ def _bar_axis_style(ax) -> None:
     ax.tick_params(axis="y", length=0)
     ax.grid(axis="x", color="#dddddd", linewidth=0.6, zorder=0)
     ax.set_axisbelow(True)
+
 
 def _text_colour(hex_colour: str) -> str:
     r, g, b = (int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5))

@@ -46,7 +46,7 @@ def random_query(rng: random.Random, name: str, dag: bool) -> QuerySpec:
             edges += [QueryEdge(stages[p].name, stages[i].name, rng.uniform(0.5, 4.0)) for p in sorted(parents)]
         q = QuerySpec(name, rng.uniform(150, 600), math.exp(rng.uniform(math.log(5), math.log(500))),
                       tuple(stages), tuple(edges))
-        if all(sum(2 * q.stage(u).profile.latency_ms(1) for u in path) <= q.slo_ms for path in q.paths()):
+        if all(sum(2 * q.stage(u).profile.latency_ms(1) for u in path) <= q.slo_ms for path in q.graph.paths()):
             return q
 
 

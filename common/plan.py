@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, replace as _replace
+from dataclasses import dataclass, field, replace as _replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from common.profile import Profile
+from common.query_graph import QueryError, QueryGraph
 
 # Floating-point slack for comparisons of times (ms) and rates (relative).
 EPS_MS = 1e-6
@@ -99,10 +100,12 @@ class QueryEdge:
 
 @dataclass(frozen=True)
 class QuerySpec:
-    """A DAG of stages with an end-to-end SLO; each root receives ``rate_rps``.
+    """The planning view of a query: its graph (:class:`common.query_graph.QueryGraph`, shared with
+    the served :class:`common.query_def.QueryDef`), a profile per stage, a gamma per edge and an
+    end-to-end SLO; each root receives ``rate_rps``.
 
-    Invariants (:meth:`validate`): unique stage names, edges between known stages, positive gammas,
-    no cycles, SLO and rate positive.
+    Invariants (:meth:`validate`): those of the graph (unique stage names, edges between known
+    stages, no duplicate edge, no cycle), positive gammas, SLO and rate positive.
     """
 
     name: str
@@ -110,32 +113,22 @@ class QuerySpec:
     rate_rps: float
     stages: tuple[QueryStage, ...]
     edges: tuple[QueryEdge, ...] = ()
+    graph: QueryGraph = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
         where = f"query {self.name!r}"
-        if not self.stages:
-            raise ValueError(f"{where}: needs at least one stage")
         if not (self.slo_ms > 0 and math.isfinite(self.slo_ms)):
-            raise ValueError(f"{where}: slo_ms must be positive")
+            raise QueryError(f"{where}: slo_ms must be positive")
         if not (self.rate_rps > 0 and math.isfinite(self.rate_rps)):
-            raise ValueError(f"{where}: rate must be positive")
-        names = [s.name for s in self.stages]
-        if len(set(names)) != len(names):
-            raise ValueError(f"{where}: duplicate stage names")
-        seen: set[tuple[str, str]] = set()
+            raise QueryError(f"{where}: rate must be positive")
         for e in self.edges:
-            for end in (e.parent, e.child):
-                if end not in names:
-                    raise ValueError(f"{where}: edge names unknown stage {end!r}")
             if not (e.gamma > 0 and math.isfinite(e.gamma)):
-                raise ValueError(f"{where}: edge {e.parent}->{e.child} gamma must be positive")
-            if (e.parent, e.child) in seen:
-                raise ValueError(f"{where}: duplicate edge {e.parent}->{e.child}")
-            seen.add((e.parent, e.child))
-        self.topological_order()  # raises on cycles
+                raise QueryError(f"{where}: edge {e.parent}->{e.child} gamma must be positive")
+        graph = QueryGraph(self.name, tuple(s.name for s in self.stages), tuple((e.parent, e.child) for e in self.edges))
+        object.__setattr__(self, "graph", graph)
 
     def stage(self, name: str) -> QueryStage:
         for s in self.stages:
@@ -144,60 +137,18 @@ class QuerySpec:
         raise KeyError(name)
 
     def children(self, name: str) -> list[QueryEdge]:
+        """The edges out of stage ``name``, with their gammas."""
         return [e for e in self.edges if e.parent == name]
-
-    def parents(self, name: str) -> list[QueryEdge]:
-        return [e for e in self.edges if e.child == name]
-
-    def roots(self) -> list[str]:
-        return [s.name for s in self.stages if not self.parents(s.name)]
-
-    def topological_order(self) -> list[str]:
-        indeg = {s.name: len(self.parents(s.name)) for s in self.stages}
-        order = [n for n in indeg if indeg[n] == 0]
-        i = 0
-        while i < len(order):
-            for e in self.children(order[i]):
-                indeg[e.child] -= 1
-                if indeg[e.child] == 0:
-                    order.append(e.child)
-            i += 1
-        if len(order) != len(self.stages):
-            raise ValueError(f"query {self.name!r}: edges form a cycle")
-        return order
-
-    def is_tree(self) -> bool:
-        """True when every stage has at most one parent (a forest of trees)."""
-        return all(len(self.parents(s.name)) <= 1 for s in self.stages)
 
     def stage_rates_rps(self) -> dict[str, float]:
         """Requests per second reaching each stage: roots get the query rate, children sum gamma*parent."""
         rates = {s.name: 0.0 for s in self.stages}
-        for name in self.topological_order():
-            if not self.parents(name):
+        for name in self.graph.topological_order():
+            if not self.graph.parents(name):
                 rates[name] = self.rate_rps
             for e in self.children(name):
                 rates[e.child] += rates[name] * e.gamma
         return rates
-
-    def paths(self) -> list[tuple[str, ...]]:
-        """Every root-to-leaf path (exponential in the worst case; queries are small)."""
-        out: list[tuple[str, ...]] = []
-
-        def walk(name: str, prefix: tuple[str, ...]) -> None:
-            here = prefix + (name,)
-            kids = self.children(name)
-            if not kids:
-                out.append(here)
-            for e in kids:
-                walk(e.child, here)
-
-        for r in self.roots():
-            walk(r, ())
-        return out
-
-    def session_name(self, stage: str) -> str:
-        return f"{self.name}/{stage}"
 
 
 class SplitMethod(str, enum.Enum):
@@ -226,7 +177,7 @@ class LatencySplit:
         rates = query.stage_rates_rps()
         budgets = dict(self.budgets_ms)
         return tuple(
-            SessionSpec(query.session_name(s.name), s.model, budgets[s.name], rates[s.name], s.profile,
+            SessionSpec(query.graph.session_name(s.name), s.model, budgets[s.name], rates[s.name], s.profile,
                         s.prefix_group)
             for s in query.stages)
 

@@ -26,18 +26,16 @@ latency budget with it. Outputs of a fan-out stage have one row per child reques
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from common.query_graph import QueryError, QueryGraph
 from common.tensors import KSERVE_TO_NUMPY, TensorSpec
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-
-
-class QueryError(ValueError):
-    """A query definition that cannot be served; the message names the problem."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +74,10 @@ class StageDef:
 
 @dataclass(frozen=True)
 class QueryDef:
+    """A served query: its tensors and wiring. Its structure is :attr:`graph`, whose edges come from
+    the stages' sources; the graph is built when first asked for, so that :func:`validate_query`
+    can name an unknown stage before the graph would."""
+
     name: str
     slo_ms: float
     inputs: tuple[TensorSpec, ...]
@@ -89,61 +91,11 @@ class QueryDef:
                 return s
         raise KeyError(name)
 
-    def edges(self) -> list[tuple[str, str]]:
-        """(parent, child) pairs, in stage order."""
-        return [(p, s.name) for s in self.stages for p in s.parents()]
-
-    def topological_order(self) -> list[str]:
-        indeg = {s.name: len(s.parents()) for s in self.stages}
-        children: dict[str, list[str]] = {s.name: [] for s in self.stages}
-        for parent, child in self.edges():
-            children[parent].append(child)
-        order = [n for n, d in indeg.items() if d == 0]
-        i = 0
-        while i < len(order):
-            for child in children[order[i]]:
-                indeg[child] -= 1
-                if indeg[child] == 0:
-                    order.append(child)
-            i += 1
-        if len(order) != len(self.stages):
-            raise QueryError(f"query {self.name!r}: stages form a cycle: {_cycle(self)}")
-        return order
-
-    def paths(self) -> list[tuple[str, ...]]:
-        children: dict[str, list[str]] = {s.name: [] for s in self.stages}
-        for parent, child in self.edges():
-            children[parent].append(child)
-        out: list[tuple[str, ...]] = []
-
-        def walk(name: str, prefix: tuple[str, ...]) -> None:
-            here = prefix + (name,)
-            if not children[name]:
-                out.append(here)
-            for c in children[name]:
-                walk(c, here)
-
-        for s in self.stages:
-            if not s.parents():
-                walk(s.name, ())
-        return out
-
-    def session_name(self, stage: str) -> str:
-        return f"{self.name}/{stage}"
-
-
-def _cycle(q: QueryDef) -> str:
-    parents = {s.name: s.parents() for s in q.stages}
-    for start in parents:
-        path, node, seen = [start], start, {start}
-        while parents.get(node):
-            node = parents[node][0]
-            path.append(node)
-            if node == start or node in seen:
-                cut = path[path.index(node):]
-                return " -> ".join(reversed(cut))
-            seen.add(node)
-    return "unknown"
+    @functools.cached_property
+    def graph(self) -> QueryGraph:
+        """QueryError when the stages repeat a name, read an unknown stage or form a cycle."""
+        return QueryGraph(self.name, tuple(s.name for s in self.stages),
+                          tuple((p, s.name) for s in self.stages for p in s.parents()))
 
 
 # ---- parsing ------------------------------------------------------------------------------------
@@ -250,7 +202,7 @@ def validate_query(q: QueryDef, models: Mapping[str, ModelIO], min_latency_ms: M
         if s.fanout and s.fanout.select:
             _expect(s.fanout.select.stage in names,
                     f"{where}: stage {s.name!r} selects on unknown stage {s.fanout.select.stage!r}")
-    q.topological_order()   # raises on a cycle, naming it
+    q.graph   # raises on a cycle, naming it
 
     def spec_of(src: Source, reader: str) -> TensorSpec:
         if src.stage is None:
@@ -294,7 +246,7 @@ def validate_query(q: QueryDef, models: Mapping[str, ModelIO], min_latency_ms: M
         _expect(src.stage is not None and src.stage in names,
                 f"{where}: output {out_name!r} must name 'stage.tensor', got {src}")
         spec_of(src, f"output {out_name!r}")
-    for path in q.paths():
+    for path in q.graph.paths():
         known = [min_latency_ms[q.stage(s).model] for s in path if q.stage(s).model in min_latency_ms]
         need = sum(known)
         _expect(need <= q.slo_ms, f"{where}: SLO {q.slo_ms:g} ms is below the sum of minimal latencies "
@@ -317,7 +269,7 @@ def output_specs(q: QueryDef, models: Mapping[str, ModelIO]) -> tuple[TensorSpec
 def stage_deadlines_ms(q: QueryDef, budgets_ms: Mapping[str, float]) -> dict[str, float]:
     """Finish time of each stage after the query starts: its budget plus its latest parent's."""
     finish: dict[str, float] = {}
-    for name in q.topological_order():
+    for name in q.graph.topological_order():
         s = q.stage(name)
         start = max((finish[p] for p in s.parents()), default=0.0)
         finish[name] = min(start + budgets_ms.get(name, 0.0), q.slo_ms)
@@ -331,16 +283,13 @@ def latest_finish_ms(q: QueryDef, min_stage_ms: Mapping[str, float]) -> dict[str
     A stage whose batch runs past its budget need not be dropped while this holds: the stages after
     it may be quicker than their budgets (slack passes down the DAG).
     """
-    children: dict[str, list[str]] = {s.name: [] for s in q.stages}
-    for parent, child in q.edges():
-        children[parent].append(child)
     below: dict[str, float] = {}
-    for name in reversed(q.topological_order()):
-        below[name] = max((min_stage_ms.get(c, 0.0) + below[c] for c in children[name]), default=0.0)
+    for name in reversed(q.graph.topological_order()):
+        below[name] = max((min_stage_ms.get(c, 0.0) + below[c] for c in q.graph.children(name)), default=0.0)
     return {name: max(q.slo_ms - tail, 0.0) for name, tail in below.items()}
 
 
 def even_budgets_ms(q: QueryDef) -> dict[str, float]:
     """SLO divided evenly along the longest path through each stage (before any split is known)."""
-    longest = max(len(p) for p in q.paths())
+    longest = max(len(p) for p in q.graph.paths())
     return {s.name: q.slo_ms / longest for s in q.stages}

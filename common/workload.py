@@ -27,6 +27,7 @@ from typing import Any
 
 from common.plan import GpuSpec, PrefixGroup, QueryEdge, QuerySpec, QueryStage, SessionSpec
 from common.profile import Profile, ProfileError
+from common.query_graph import session_name
 
 
 class WorkloadError(ValueError):
@@ -163,10 +164,10 @@ def parse_workload(obj: Any) -> Workload:
             if sname in stage_names:
                 raise WorkloadError(f"{sw}.name: duplicate stage name {sname!r}")
             stage_names.add(sname)
-            session_name = f"{qname}/{sname}"
-            if session_name in names:
-                raise WorkloadError(f"{sw}.name: session name {session_name!r} already used")
-            names.add(session_name)
+            session = session_name(qname, sname)
+            if session in names:
+                raise WorkloadError(f"{sw}.name: session name {session!r} already used")
+            names.add(session)
             profile = _profile(so["profile"], f"{sw}.profile")
             stages.append(QueryStage(sname, _name(so["model"], f"{sw}.model"), profile, group_of(so, sw, profile)))
         edges: list[QueryEdge] = []

@@ -114,7 +114,7 @@ async def run_query(state: FrontendState, query: QueryEntry, request, deadline_s
         end_s = start + min(finish_ms[stage.name] * scale / 1000, budget_s)
         return await _run_stage(state, query, stage, values, end_s)
 
-    for name in q.topological_order():
+    for name in q.graph.topological_order():
         tasks[name] = asyncio.ensure_future(stage_task(q.stage(name)))
     try:
         await asyncio.gather(*tasks.values())

@@ -64,10 +64,10 @@ def _query_entry(info: control.QueryInfo, models: dict[str, ModelEntry]) -> Quer
     stage_models = {}
     reason = info.reason
     for s in q.stages:
-        entry = models.get(q.session_name(s.name))
+        entry = models.get(q.graph.session_name(s.name))
         if entry is None:
             reason = reason or f"stage {s.name!r} is not placed yet"
-            entry = ModelEntry(q.session_name(s.name), "", (), (), 0.0, DEFAULT_MAX_BATCH, True, (), "not placed")
+            entry = ModelEntry(q.graph.session_name(s.name), "", (), (), 0.0, DEFAULT_MAX_BATCH, True, (), "not placed")
         stage_models[s.name] = entry
     outputs = []
     for out_name, src in q.outputs:

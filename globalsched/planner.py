@@ -168,11 +168,11 @@ class Planner:
             self.planner_config)
         for q in queries.values():
             for st in q.stages:
-                models[q.session_name(st.name)] = st.model
+                models[q.graph.session_name(st.name)] = st.model
         self.planned_gammas = {(q, *k.split("->")): g for q, plan in self.query_plans.items()
                                for k, g in plan.gammas.items()}
         self.session_models = models
-        self.stage_sessions = {q.session_name(st.name) for q in queries.values() for st in q.stages}
+        self.stage_sessions = {q.graph.session_name(st.name) for q in queries.values() for st in q.stages}
         self.planned_query_rates = {name: max(rates.get(name, default_rate), MIN_PLANNED_RATE_RPS) for name in queries}
         out += [s for s in stage_sessions if not admin.cannot_load(models[s.model], device_types)]
         self.session_slos = {s.model: s.slo_ms for s in out}

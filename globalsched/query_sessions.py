@@ -62,7 +62,7 @@ def plan_query_sessions(queries: Mapping[str, QueryDef], rates_rps: Mapping[str,
     sessions: list[SessionInput] = []
     plans: dict[str, QueryPlan] = {}
     for name, q in queries.items():
-        edges = q.edges()
+        edges = q.graph.edges
         used = {f"{p}->{c}": gammas.get((name, p, c), DEFAULT_GAMMA) for p, c in edges}
         device_type = next((t for t in device_types
                             if all(t in profiles.get(s.model, {}) for s in q.stages)), None)
@@ -88,7 +88,7 @@ def plan_query_sessions(queries: Mapping[str, QueryDef], rates_rps: Mapping[str,
             budgets, chosen, reason = even_budgets_ms(q), "even", f"{exc}; served best effort"
         stage_rates = spec.stage_rates_rps()
         for s in q.stages:
-            sessions.append(SessionInput(q.session_name(s.name), budgets[s.name],
+            sessions.append(SessionInput(q.graph.session_name(s.name), budgets[s.name],
                                          max(stage_rates[s.name], MIN_PLANNED_RATE_RPS), profiles[s.model]))
         minimal = {s.name: 2 * profiles[s.model][device_type].latency_ms(1) + config.margins_ms for s in q.stages}
         plans[name] = QueryPlan(name, budgets, used, chosen, reason, stage_rates, latest_finish_ms(q, minimal))

@@ -43,7 +43,7 @@ def brute_force(q: QuerySpec, steps: int) -> float:
     rates = q.stage_rates_rps()
     costs = {u: [stage_cost_gpus(q, u, k * step, PlannerConfig(), None, rates[u]) for k in range(steps + 1)]
              for u in names}
-    paths = q.paths()
+    paths = q.graph.paths()
     best = math.inf
     for ks in itertools.product(range(1, steps + 1), repeat=len(names)):
         k = dict(zip(names, ks))
@@ -92,7 +92,7 @@ def test_reference_splits_are_sound_and_the_dp_never_loses_to_them(q: QuerySpec)
 def _assert_paths_fit(q: QuerySpec, split) -> None:
     budgets = dict(split.budgets_ms)
     assert set(budgets) == {s.name for s in q.stages}
-    for path in q.paths():
+    for path in q.graph.paths():
         assert sum(budgets[u] for u in path) <= q.slo_ms + 1e-6
     for s in q.stages:
         assert budgets[s.name] >= 2 * s.profile.latency_ms(1) - 1e-6 or math.isinf(split.est_gpus)

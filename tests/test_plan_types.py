@@ -149,8 +149,8 @@ def test_query_rates_paths_and_sessions() -> None:
                   (QueryEdge("a", "b", 2.0), QueryEdge("a", "c", 0.5), QueryEdge("b", "d", 1.0),
                    QueryEdge("c", "d", 4.0)))
     assert q.stage_rates_rps() == {"a": 10.0, "b": 20.0, "c": 5.0, "d": 40.0}
-    assert sorted(q.paths()) == [("a", "b", "d"), ("a", "c", "d")]
-    assert not q.is_tree() and q.roots() == ["a"]
+    assert sorted(q.graph.paths()) == [("a", "b", "d"), ("a", "c", "d")]
+    assert not q.graph.is_tree() and q.graph.roots() == ["a"]
     split = LatencySplit("q", SplitMethod.EVEN, (("a", 100.0), ("b", 100.0), ("c", 100.0), ("d", 100.0)), 0.0)
     sessions = split.sessions(q)
     assert [(s.name, s.slo_ms, s.rate_rps) for s in sessions] == [

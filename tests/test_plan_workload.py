@@ -127,7 +127,7 @@ DELETE = object()
     (FULL, "queries[0].edges[0].gamma", 0, r"queries\[0\]\.edges\[0\]\.gamma: must be positive"),
     (FULL, "queries[0].edges[0].child", "det", r"queries\[0\]\.edges\[0\]: an edge from a stage to itself"),
     (FULL, "queries[0].edges[1]", {"parent": "rec", "child": "det", "gamma": 1},
-     r"queries\[0\]\.edges: query 'q': edges form a cycle"),
+     r"queries\[0\]\.edges: query 'q': stages form a cycle: det -> rec -> det"),
     (FULL, "queries[0].edges[1]", {"parent": "det", "child": "rec", "gamma": 1},
      r"queries\[0\]\.edges\[1\]: duplicate edge det->rec"),
     (FULL, "queries[0].stages[0].depth", 1, r"queries\[0\]\.stages\[0\]: unknown key\(s\) \['depth'\]"),

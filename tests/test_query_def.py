@@ -34,9 +34,9 @@ def test_sample_queries_validate():
         q = parse_query(json.dumps(definition))
         validate_query(q, MODELS, LAT)
     q = parse_query(_q())
-    assert q.topological_order()[0] == "detect"
-    assert sorted(q.paths()) == [("detect", "face"), ("detect", "vehicle")]
-    assert set(q.edges()) == {("detect", "vehicle"), ("detect", "face")}
+    assert q.graph.topological_order()[0] == "detect"
+    assert sorted(q.graph.paths()) == [("detect", "face"), ("detect", "vehicle")]
+    assert set(q.graph.edges) == {("detect", "vehicle"), ("detect", "face")}
 
 
 @pytest.mark.parametrize("change, message", [

@@ -70,12 +70,12 @@ def total_cost(query: QuerySpec, budgets: dict[str, float], config: PlannerConfi
 
 
 def _fits(query: QuerySpec, budgets: dict[str, float]) -> bool:
-    return all(sum(budgets[u] for u in path) <= query.slo_ms + EPS_MS for path in query.paths())
+    return all(sum(budgets[u] for u in path) <= query.slo_ms + EPS_MS for path in query.graph.paths())
 
 
 def default_steps(query: QuerySpec) -> int:
     """A grid on which every path's even split lies (multiple of each path length), at least 240."""
-    lcm = reduce(math.lcm, {len(p) for p in query.paths()}, 1)
+    lcm = reduce(math.lcm, {len(p) for p in query.graph.paths()}, 1)
     if lcm > MAX_STEPS:
         return MAX_STEPS
     return lcm * max(1, math.ceil(MIN_STEPS / lcm))
@@ -153,7 +153,7 @@ def _unrolled(query: QuerySpec) -> tuple[list[tuple[str, float, tuple[int, ...]]
         nodes[idx] = (stage, rate, kids)
         return idx
 
-    roots = [build(r, query.rate_rps) for r in query.roots()]
+    roots = [build(r, query.rate_rps) for r in query.graph.roots()]
     return nodes, roots
 
 
@@ -163,7 +163,7 @@ def _unrolled(query: QuerySpec) -> tuple[list[tuple[str, float, tuple[int, ...]]
 def _room_ms(query: QuerySpec, budgets: dict[str, float], stage: str) -> float:
     """How far ``stage``'s budget can grow before some path through it exceeds the SLO."""
     worst = 0.0
-    for path in query.paths():
+    for path in query.graph.paths():
         if stage in path:
             worst = max(worst, sum(budgets[u] for u in path))
     return max(0.0, query.slo_ms - worst)
@@ -172,7 +172,7 @@ def _room_ms(query: QuerySpec, budgets: dict[str, float], stage: str) -> float:
 def stretch(query: QuerySpec, budgets: dict[str, float]) -> dict[str, float]:
     """Scale each budget by SLO / (sum of its fullest path): every path still fits, none keeps slack
     that all its stages could share."""
-    paths = query.paths()
+    paths = query.graph.paths()
     out = {}
     for s in query.stages:
         factor = min(query.slo_ms / sum(budgets[u] for u in p) for p in paths if s.name in p)
@@ -230,7 +230,7 @@ def fill_slack(query: QuerySpec, budgets: dict[str, float], config: PlannerConfi
 
 def even_split(query: QuerySpec, config: PlannerConfig = PlannerConfig(), gpu: GpuSpec | None = None) -> LatencySplit:
     """Each stage gets SLO / (length of the longest path through it)."""
-    paths = query.paths()
+    paths = query.graph.paths()
     budgets = {s.name: min(query.slo_ms / len(p) for p in paths if s.name in p) for s in query.stages}
     return _result(query, SplitMethod.EVEN, budgets, config, gpu)
 
@@ -238,7 +238,7 @@ def even_split(query: QuerySpec, config: PlannerConfig = PlannerConfig(), gpu: G
 def proportional_split(query: QuerySpec, config: PlannerConfig = PlannerConfig(),
                        gpu: GpuSpec | None = None) -> LatencySplit:
     """Each stage gets SLO * l(1) / (sum of l(1) along its heaviest path): time in proportion to work."""
-    paths = query.paths()
+    paths = query.graph.paths()
     w = {s.name: s.profile.latency_ms(1) for s in query.stages}
     budgets = {s.name: min(query.slo_ms * w[s.name] / sum(w[u] for u in p) for p in paths if s.name in p)
                for s in query.stages}
@@ -262,14 +262,14 @@ def split_latency(query: QuerySpec, config: PlannerConfig = PlannerConfig(), gpu
     (2*l(1) + margins per stage) exceed the SLO along it. ``slack=False`` returns the grid optimum
     as is (used to compare with brute force).
     """
-    for path in query.paths():
+    for path in query.graph.paths():
         need = sum(2 * query.stage(u).profile.latency_ms(1) + config.margins_ms for u in path)
         if need > query.slo_ms + EPS_MS:
             raise PlanningError(f"query {query.name!r}: path {'->'.join(path)} needs at least {need:g} ms "
                                 f"(2*l(1) + margins per stage), more than the SLO {query.slo_ms:g} ms")
     steps = steps or default_steps(query)
     step_ms = query.slo_ms / steps
-    tree = query.is_tree()
+    tree = query.graph.is_tree()
     nodes, roots = _unrolled(query)
     cache: dict[tuple[str, float], np.ndarray] = {}
 

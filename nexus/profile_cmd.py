@@ -90,7 +90,7 @@ def register(subparsers) -> None:
     s.add_argument("--time-budget-s", type=float, help="seconds of timed runs per batch size at most (default: 2)")
     s.add_argument("--min-gain", type=float, metavar="PCT",
                    help="'auto' stops when throughput grows less than this percent (default: 1)")
-    s.add_argument("--patience", type=int, help="consecutive low-gain steps before 'auto' stops (default: 1)")
+    s.add_argument("--patience", type=int, help="consecutive grid points that must fail to beat the best smaller batch before 'auto' stops (default: 2)")
     s.add_argument("--max-latency-ms", type=float, help="stop once the planning latency exceeds this")
     s.add_argument("--memory-limit-mb", type=float, help="stop before a batch needing more memory than this")
     s.add_argument("--fill", choices=("interpolate", "step"),
@@ -282,7 +282,7 @@ def _int_list_allow_zero(text: str, what: str) -> list[int]:
 # ---- nexus profile MODEL ----------------------------------------------------------------------------
 
 def _run_single(args: argparse.Namespace) -> int:
-    from profiler.auto_batch import DEFAULT_LIMIT, BatchPlan
+    from profiler.auto_batch import DEFAULT_LIMIT, DEFAULT_PATIENCE, BatchPlan
     from profiler.model_file import read_model_file
     from profiler.profiling import profile_model
     from profiler.tables import format_profile_table
@@ -321,7 +321,7 @@ def _run_single(args: argparse.Namespace) -> int:
     try:
         profile = profile_model(
             model.data, device, model.runtime, batch_sizes, **measure, threads=args.threads, seed=args.seed,
-            limit=limit, min_gain=min_gain / 100.0, patience=_opt(args, "patience", 1),
+            limit=limit, min_gain=min_gain / 100.0, patience=_opt(args, "patience", DEFAULT_PATIENCE),
             max_latency_ms=args.max_latency_ms, memory_limit_mb=args.memory_limit_mb,
             fill=_opt(args, "fill", "interpolate"), input_shapes=input_shapes, device_type=args.device_type,
             model_name=os.path.basename(model.path), io=io, progress=progress)

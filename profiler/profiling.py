@@ -15,7 +15,7 @@ import datetime as _dt
 from typing import Any, Callable, Sequence
 
 from common.profile import Profile
-from profiler.auto_batch import DEFAULT_LIMIT, DEFAULT_MIN_GAIN, BatchPlan, trim_to_best_throughput
+from profiler.auto_batch import DEFAULT_LIMIT, DEFAULT_MIN_GAIN, DEFAULT_PATIENCE, BatchPlan, trim_to_best_throughput
 from profiler.environment import device_type_of, environment_meta, parse_device, resolve_threads
 from profiler.errors import ProfilerError
 from profiler.fill import fill_rows
@@ -85,7 +85,9 @@ def measure_plan(runtime: Any, plan: BatchPlan, *, device: str, warmup: int = 3,
             # Confirm before stopping: a burst of contention can fake a plateau. Re-measure the
             # points the rule compared and decide on all samples.
             try:
-                for i in range(len(done) - plan.patience - 1, len(done)):
+                first = len(done) - plan.patience
+                best = max(range(first), key=lambda i: done[i].throughput)
+                for i in (best, *range(first, len(done))):
                     again = measure_batch(runtime, done[i].batch, timer=timer, memory=memory, warmup=warmup,
                                           iters=iters, min_iters=min(min_iters, iters),
                                           time_budget_s=time_budget_s, seed=seed, input_shapes=input_shapes)
@@ -110,7 +112,7 @@ def profile_model(model_bytes: bytes, device: str = "cpu", runtime_kind: str = "
                   batch_sizes: "str | int | Sequence[int]" = "auto", *, warmup: int = 3, iters: int = 30,
                   min_iters: int = 5, time_budget_s: float | None = None, threads: int | None = None,
                   seed: int = 0, limit: int = DEFAULT_LIMIT, min_gain: float = DEFAULT_MIN_GAIN,
-                  patience: int = 1, max_latency_ms: float | None = None,
+                  patience: int = DEFAULT_PATIENCE, max_latency_ms: float | None = None,
                   memory_limit_mb: float | None = None, fill: str = "interpolate",
                   input_shapes: dict[str, tuple[int, ...]] | None = None, device_type: str | None = None,
                   runtime_profile: Profile | None = None, io: Any = None, model_name: str | None = None,

@@ -110,10 +110,25 @@ def test_auto_rule_stops_on_throughput_plateau_and_trims_to_best():
     plan = BatchPlan.make("auto", limit=64)
     done = [measurement(1, 1.0), measurement(2, 1.5), measurement(3, 2.0)]
     assert plan.stop_reason(done) is None  # 1000 -> 1333 -> 1500 items/s
-    done.append(measurement(4, 2.8))  # 1428 items/s: worse
+    done.append(measurement(4, 2.8))  # 1428 items/s: worse, but one point is not a plateau
+    assert plan.stop_reason(done) is None
+    done.append(measurement(6, 4.0))  # 1500 items/s: no better than batch 3 either
     kind, reason = plan.stop_reason(done)
-    assert kind == "throughput" and "under 1%" in reason
+    assert kind == "throughput" and reason == ("throughput at batch 4, 6 gains at most +0.0% over batch 3, "
+                                               "under 1%")
     assert [m.batch for m in trim_to_best_throughput(done)] == [1, 2, 3]
+
+
+def test_auto_rule_rides_over_one_noisy_point():
+    """A slow measurement at one batch (contention) must not end the search while the next point
+    still beats every smaller batch: the rule compares with the best so far, not the previous point."""
+    plan = BatchPlan.make("auto", limit=64)
+    done = [measurement(1, 4.0), measurement(2, 6.6), measurement(4, 10.3), measurement(6, 14.6),
+            measurement(8, 21.0),    # noisy: 381 items/s against 411 at batch 6
+            measurement(12, 25.4)]   # 472 items/s: the search goes on
+    assert plan.stop_reason(done[:5]) is None
+    assert plan.stop_reason(done) is None
+    assert BatchPlan.make("auto", limit=64, patience=1).stop_reason(done[:5])[0] == "throughput"
 
 
 def test_latency_cap_and_memory_limit():

@@ -133,13 +133,11 @@ class BackendService(control_grpc.BackendServicer):
         self._row_nbytes: dict[str, tuple[Session, tuple[int | None, ...]]] = {}   # per session, see _work
 
     def _threads(self) -> int | None:
-        """Intra-op threads per model: as configured, else on a CPU one core fewer than the machine
-        has, leaving a core to the RPC path (benchmarks/serving.md: same goodput, truer profiles)."""
-        if self.config.threads:
-            return self.config.threads
-        if self.config.device == "cpu":
-            return max(1, (os.cpu_count() or 2) - 1)
-        return None
+        """Intra-op threads per model: as configured, else the runtime's default (one per core), the
+        same as ``nexus profile`` measures with, so that served batches take what their profile says.
+        Intra-op spinning is off, so idle pool threads leave the cores to the RPC path
+        (benchmarks/vs_triton.md: 1.3x the goodput of one thread on 2 cores)."""
+        return self.config.threads or None
 
     def attach_scheduler(self, stub) -> None:
         self._scheduler_stub = stub

@@ -262,7 +262,7 @@ class BackendConfig:
     device: str = field(default="cpu", metadata={"help": "cpu | cuda[:N] | emulated:<gpu-name>"})
     device_type: str = field(default="", metadata={"help": "profile key of the device (default: derived from --device)"})
     memory_mb: float = field(default=0.0, metadata={"help": "device memory for models (0: detect)"})
-    threads: int = field(default=0, metadata={"help": "intra-op threads per model on CPU (0: all cores but one)"})
+    threads: int = field(default=0, metadata={"help": "intra-op threads per model on CPU (0: the runtime's default, one per core)"})
     policy: str = field(default="early_drop", metadata={"help": "batch policy: early_drop | earliest_first"})
     max_queue: int = field(default=4096, metadata={"help": "queued requests per session before shedding"})
     metrics_port: int = field(default=0, metadata={

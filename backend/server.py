@@ -22,11 +22,9 @@ Prometheus text endpoint (backend/metrics.py).
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 import sys
-import threading
 import time
 
 import grpc

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import time
 
 import grpc
 import numpy as np
@@ -13,7 +14,9 @@ import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
 from common.pb import kserve, kserve_grpc
-from common.sample_models import SAMPLE_MODELS
+from common.profile import Profile
+from common.sample_models import SAMPLE_MODELS, model_bytes, resnet18_64
+from tests.conftest import nexus_cli
 
 pytestmark = pytest.mark.slow
 
@@ -96,9 +99,23 @@ def test_200_concurrent_async_requests_all_correct(cluster, direct):
         np.testing.assert_allclose(r.as_numpy(out_name)[0], expected[i], rtol=1e-5, atol=1e-5)
 
 
-def test_batching_is_real(cluster, client):
-    """Under concurrent load, batches hold several requests: execution_count well below inference_count."""
-    model = "resnet18_64"
+def test_batching_is_real(cluster, client, tmp_path):
+    """Under concurrent load, batches hold several requests: execution_count well below inference_count.
+
+    The model is uploaded with a generous profile of its own, so the plan allows batches whatever
+    the machine measured for the samples (a busy machine's profile may cap them at one)."""
+    model = "batching_r18"
+    path = tmp_path / "r18.onnx"
+    path.write_bytes(model_bytes(resnet18_64()))
+    profile = tmp_path / "profile.json"
+    profile.write_text(Profile.linear(3.0, 5.0, 32, memory_base_mb=50, memory_per_item_mb=1,
+                                      device_type="cpu").to_json())
+    up = nexus_cli("models", "upload", str(path), "--name", model, "--profile", str(profile),
+                   "--slo-ms", "2000", "--scheduler", cluster.scheduler)
+    assert up.returncode == 0, up.stderr
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not client.is_model_ready(model):
+        time.sleep(0.3)
     before = client.get_inference_statistics(model).model_stats[0]
     data = np.random.default_rng(1).standard_normal((1, 3, 64, 64)).astype(np.float32)
 

@@ -215,7 +215,8 @@ async def infer(state: FrontendState, request, deadline_s: float | None) -> kser
         state.count(model.name, "fail")
         state.metrics.failure(model.name, exc.code)
         raise
-    except asyncio.CancelledError:
+    except asyncio.CancelledError:      # its client gave up: a failure, as in Triton's statistics
+        state.count(model.name, "fail")
         state.metrics.failure(model.name, grpc.StatusCode.CANCELLED)
         raise
     response = kserve.ModelInferResponse(model_name=model.name, model_version="1", id=request.id)

@@ -14,7 +14,7 @@ import time
 import grpc
 import pytest
 
-from common.pb import control, control_grpc, kserve_grpc
+from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from tests.components import OpenLoop, infer_request, start_cluster, wait_ready
@@ -79,8 +79,12 @@ def test_queue_full_cancellation_and_deadline(single, tmp_path):
             assert "full" in unavailable[0].details()
             assert cluster.executed("slow") - before == codes.count(grpc.StatusCode.OK)
 
-            # Cancellation: a request queued behind a running one, cancelled by its client, never runs.
-            before = cluster.executed("slow")
+            # Cancellation: a request queued behind a running one, cancelled by its client, never runs,
+            # and counts as a failure in the model's statistics.
+            def failed() -> int:
+                stats = stub.ModelStatistics(kserve.ModelStatisticsRequest(name="slow"), timeout=10)
+                return stats.model_stats[0].inference_stats.fail.count
+            before, failed_before = cluster.executed("slow"), failed()
             running = stub.ModelInfer.future(infer_request("slow"), timeout=60)
             time.sleep(0.05)
             cancelled = [stub.ModelInfer.future(infer_request("slow"), timeout=60) for _ in range(3)]
@@ -91,6 +95,7 @@ def test_queue_full_cancellation_and_deadline(single, tmp_path):
             time.sleep(2.5)          # were they still queued, they would have run by now (600 ms each)
             assert all(f.cancelled() for f in cancelled)
             assert cluster.executed("slow") - before == 1
+            assert failed() - failed_before == 3
 
             # Deadline: a request whose "timeout" passes while it waits is answered DEADLINE_EXCEEDED
             # and never runs.

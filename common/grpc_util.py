@@ -20,13 +20,17 @@ from common.wire_guard import DecodeGuard
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 UPLOAD_CHUNK_BYTES = 1024 * 1024
 
-# Keepalive: a peer whose machine vanished (no RST) is noticed within a few seconds on every
-# long-lived stream, without waiting for the OS's TCP timeouts.
+# Keepalive: a peer whose machine vanished (no RST) or whose process hangs (SIGSTOP: its sockets
+# stay open) is noticed within a few seconds on every long-lived stream, without waiting for the
+# OS's TCP timeouts. ``ping_timeout_ms`` bounds every ping, not only keepalive's: without it, a
+# flow-control (BDP) ping that a hung peer never acknowledges holds the keepalive timer back
+# forever, and the stream stays open (tests/test_failover.py, the hung backend).
 KEEPALIVE_OPTIONS = [
     ("grpc.keepalive_time_ms", 2000),
     ("grpc.keepalive_timeout_ms", 2000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.ping_timeout_ms", 2000),
 ]
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

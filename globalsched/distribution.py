@@ -8,6 +8,7 @@ reported to model administration (bounded retries, then UNAVAILABLE with the rea
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING, Mapping
@@ -28,6 +29,34 @@ log = logging.getLogger("nexus.scheduler")
 
 MODEL_TABLE_TIMEOUT_S = 120     # a backend loads its models before it answers
 ROUTING_TABLE_TIMEOUT_S = 10
+
+
+async def _answers(calls: list[tuple[Node, object]]) -> list[tuple[Node, object, str]]:
+    """Await every call; ``(node, reply, error)`` for each, ``error`` empty on success.
+
+    A node removed while its call is in flight (its Attach stream ended: dead, or hung and caught
+    by keepalive) has its channel closed, which cancels the call. That is an answer here, "the
+    node left", never a CancelledError escaping into the planner, whose loop it would end.
+    """
+    tasks = [asyncio.ensure_future(call) for _, call in calls]
+    try:
+        if tasks:
+            await asyncio.wait(tasks)
+    except asyncio.CancelledError:      # the planner itself is stopping
+        for task in tasks:
+            task.cancel()
+        raise
+    out = []
+    for (node, _), task in zip(calls, tasks):
+        if task.cancelled():
+            out.append((node, None, "the node left while the call was in flight"))
+        elif isinstance(task.exception(), grpc.aio.AioRpcError):
+            out.append((node, None, task.exception().details() or task.exception().code().name))
+        elif task.exception() is not None:
+            raise task.exception()
+        else:
+            out.append((node, task.result(), ""))
+    return out
 
 
 class Distribution:
@@ -52,26 +81,23 @@ class Distribution:
                                                          self.admin.profiles(model).get(node.device_type)))
                 table = convert.model_table(view.epoch, b, entries)
                 calls.append((node, node.stub.UpdateModelTable(table, timeout=MODEL_TABLE_TIMEOUT_S)))
-        for node, call in calls:
-            try:
-                reply = await call
-                for f in reply.failed:
-                    name, _, reason = f.partition(": ")
-                    failed[name] = f"failed to load on {node.node_id}: {reason}"
-                    self.admin.failed_to_load(view.session_models.get(name, name), name, node, reason)
-            except grpc.aio.AioRpcError as exc:
-                log.warning("model table push to %s failed: %s", node.node_id, exc.details())
+        for node, reply, error in await _answers(calls):
+            if error:
+                log.warning("model table push to %s failed: %s", node.node_id, error)
+                continue
+            for f in reply.failed:
+                name, _, reason = f.partition(": ")
+                failed[name] = f"failed to load on {node.node_id}: {reason}"
+                self.admin.failed_to_load(view.session_models.get(name, name), name, node, reason)
         return failed
 
     async def push_routing_tables(self, plan: ClusterPlan, failed: dict[str, str], view: Planner) -> None:
         table = self.routing_table(plan, view, failed)
         calls = [(n, n.stub.UpdateRoutingTable(table, timeout=ROUTING_TABLE_TIMEOUT_S)) for n in self.nodes.values()
                  if n.kind == control.NODE_KIND_FRONTEND]
-        for node, call in calls:
-            try:
-                await call
-            except grpc.aio.AioRpcError as exc:
-                log.warning("routing table push to %s failed: %s", node.node_id, exc.details())
+        for node, _, error in await _answers(calls):
+            if error:
+                log.warning("routing table push to %s failed: %s", node.node_id, error)
 
     def routing_table(self, plan: ClusterPlan, view: Planner, failed: dict[str, str] | None = None
                       ) -> control.RoutingTable:

@@ -9,6 +9,7 @@ missed heartbeats. Counts are asserted, never times.
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import grpc
@@ -193,3 +194,33 @@ def test_kill_9_of_the_only_backend_of_a_session_is_repaired_without_heartbeat_t
     assert len(cluster.serving("solo")) == 1
     after_kill = [s for s, t in zip(result.statuses, result.send_times) if t > result.send_times[-1] - 1.0]
     assert after_kill and all(s == "OK" for s in after_kill), result.codes
+
+
+def test_a_hung_backend_is_routed_around_by_keepalive_without_heartbeat_timeouts(cluster, tmp_path):
+    """SIGSTOP: the process lives and its sockets stay open, so no stream breaks by itself. The
+    keepalive pings it no longer answers break the frontend's Execute stream and the scheduler's
+    Attach stream; the session moves to a live backend. The node timeout is an hour."""
+    _upload(cluster, tmp_path, "frozen", FAST, FAST_SLO_MS)
+    [serving] = cluster.serving("frozen")
+    others = [b for b in cluster.backends if b is not serving and b.proc.poll() is None]
+    load = OpenLoop(cluster.frontend.address, "frozen", 50).start()
+    time.sleep(2.0)
+    serving.proc.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(10.0)
+        result = load.stop()
+        print("frozen:", result.codes)
+        assert "NO_RESPONSE" not in result.codes
+        assert set(result.codes) <= {"OK", "UNAVAILABLE", "DEADLINE_EXCEEDED"}, result.codes
+        recent = [s for s, t in zip(result.statuses, result.send_times) if t > result.send_times[-1] - 1.0]
+        assert recent and all(s == "OK" for s in recent), result.codes
+        # A live backend took the session over while the hung one was still stopped.
+        moved = []
+        for b in others:
+            with grpc.insecure_channel(b.address) as ch:
+                stats = control_grpc.BackendStub(ch).Stats(control.BackendStatsRequest(), timeout=5)
+            moved += [b for s in stats.sessions if s.model == "frozen"]
+        assert moved
+    finally:
+        serving.proc.send_signal(signal.SIGCONT)
+    _unload(cluster, "frozen")

@@ -10,6 +10,9 @@ emulated backends; tests/components.py):
   machine's own noise); requests that got no response at all; the requests in flight at the kill;
   and the time from the kill until goodput is back: the first 250 ms bin from which every bin of the
   next second answers on time at least 0.95 of the share the 2 s before the kill did.
+* ``hang``: the same with ``kill -STOP`` instead: the process stays, its sockets stay open, and
+  only gRPC keepalive (pings unanswered for 2 s) tells the frontend and the scheduler. Counted the
+  same way; the stopped backend is continued and stopped at the end.
 * ``overload``: one backend whose capacity is known from the profile (the saturated batch over its
   latency), offered 1x, 2x and 5x that rate. Reported: goodput (OK within the SLO per second) over
   capacity, statuses, and the frontend's and backend's peak resident memory during each phase.
@@ -23,6 +26,7 @@ import argparse
 import json
 import os
 import pathlib
+import signal
 import sys
 import tempfile
 import threading
@@ -95,8 +99,26 @@ class RssSampler:
         self._thread.join()
 
 
-def kill_scenario(tmp: pathlib.Path, rate: float, replicas: int, steady_s: float, after_s: float) -> dict:
-    cluster = start_cluster(tmp / f"kill{replicas}", 3, f"emulated:{DEVICE_TYPE}")
+def _serving_except(cluster: Cluster, model: str, stopped) -> int:
+    """Backends other than ``stopped`` that have ``model`` loaded (a stopped one cannot answer Stats)."""
+    import grpc
+
+    from common.pb import control, control_grpc
+    n = 0
+    for b in cluster.backends:
+        if b is stopped or b.proc.poll() is not None:
+            continue
+        with grpc.insecure_channel(b.address) as ch:
+            stats = control_grpc.BackendStub(ch).Stats(control.BackendStatsRequest(), timeout=5)
+        n += any(s.model == model for s in stats.sessions)
+    return n
+
+
+def kill_scenario(tmp: pathlib.Path, rate: float, replicas: int, steady_s: float, after_s: float,
+                  fault: str = "kill") -> dict:
+    """``fault``: ``kill`` (SIGKILL) or ``hang`` (SIGSTOP, continued after the measurement)."""
+    cluster = start_cluster(tmp / f"{fault}{replicas}", 3, f"emulated:{DEVICE_TYPE}")
+    stopped = None
     try:
         _upload(cluster, tmp, "victim", FAST, FAST_SLO_MS, replicas)
         deadline = time.monotonic() + 30
@@ -107,11 +129,17 @@ def kill_scenario(tmp: pathlib.Path, rate: float, replicas: int, steady_s: float
         time.sleep(steady_s)
         in_flight = load.in_flight()
         kill_t = time.monotonic()
-        serving[0].kill()
+        if fault == "hang":
+            stopped = serving[0]
+            stopped.proc.send_signal(signal.SIGSTOP)
+        else:
+            serving[0].kill()
         time.sleep(after_s)
         result = load.stop()
-        replicas_after = len(cluster.serving("victim"))
+        replicas_after = _serving_except(cluster, "victim", stopped)
     finally:
+        if stopped is not None:
+            stopped.proc.send_signal(signal.SIGCONT)
         cluster.stop()
     slo_s = FAST_SLO_MS / 1000
     rows = list(zip(result.statuses, result.send_times, result.done_times))
@@ -136,7 +164,7 @@ def kill_scenario(tmp: pathlib.Path, rate: float, replicas: int, steady_s: float
     recovery = next((t for k, (t, _) in enumerate(after_bins)
                      if all(g >= need for _, g in after_bins[k:k + int(1.0 / BIN_S)])), None)
     return {
-        "min_replicas": replicas, "rate_rps": rate, "load_average": round(os.getloadavg()[0], 1), "sent": result.sent, "codes": result.codes,
+        "fault": fault, "min_replicas": replicas, "rate_rps": rate, "load_average": round(os.getloadavg()[0], 1), "sent": result.sent, "codes": result.codes,
         "no_response": result.codes.get("NO_RESPONSE", 0),
         "in_flight_at_kill": in_flight, "good_fraction_before_kill": round(good_before, 3),
         "failed": result.failed, "backends_serving_before": len(serving),
@@ -186,17 +214,19 @@ def main() -> int:
     parser.add_argument("--phase-s", type=float, default=8.0, help="length of each overload phase")
     parser.add_argument("--factors", default="1,2,5", help="overload factors (offered / capacity)")
     parser.add_argument("--capacities", default="20,40", help="capacities (rps) of the overloaded device")
-    parser.add_argument("--skip", default="", help="comma-separated scenarios to skip: kill, overload")
+    parser.add_argument("--skip", default="", help="comma-separated scenarios to skip: kill, hang, overload")
     parser.add_argument("--out", default="benchmarks/out/faults.json")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     report: dict = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = pathlib.Path(d)
-        if "kill" not in skip:
-            report["kill"] = [kill_scenario(tmp, args.rate, r, args.steady_s, args.after_s) for r in (1, 2)]
-            for k in report["kill"]:
-                print(f"kill -9, min_replicas {k['min_replicas']}: sent {k['sent']}, failed {k['failed']}; "
+        for fault in ("kill", "hang"):
+            if fault in skip:
+                continue
+            report[fault] = [kill_scenario(tmp, args.rate, r, args.steady_s, args.after_s, fault) for r in (1, 2)]
+            for k in report[fault]:
+                print(f"{'kill -9' if fault == 'kill' else 'kill -STOP'}, min_replicas {k['min_replicas']}: sent {k['sent']}, failed {k['failed']}; "
                       f"in the {k['window_s']} s from the kill failed {k['failed_in_window_after']} late "
                       f"{k['late_in_window_after']} (before it: failed {k['failed_in_window_before']} late "
                       f"{k['late_in_window_before']}); no response {k['no_response']}, in flight at the kill "

@@ -61,7 +61,9 @@ class FrontendState:
         self.health = None                               # common.health.Health, set by the server
         self.use_stream = use_stream
         self.ready = False
-        self.requests_window: dict[str, int] = {}       # requests per model since the last report
+        # Rows per model and query since the last report: a request of n rows counts n, as batches
+        # are sized in rows and query stages count their rows (the scheduler plans in rows/s).
+        self.requests_window: dict[str, int] = {}
         self.counters: dict[str, dict[str, int]] = {}   # per model: success/fail counts, ns, rows
         self.edge_window: dict[tuple[str, str, str], list[int]] = {}  # (query, parent, child) -> [parent, child] rows
         self.table_changed = asyncio.Event()
@@ -198,7 +200,6 @@ async def infer(state: FrontendState, request, deadline_s: float | None) -> kser
                               request_budget_s(query.slo_ms, max(timeout_us, 0), deadline_s))
         return response
     model = _model(state, name)
-    state.requests_window[model.name] = state.requests_window.get(model.name, 0) + 1
     if request.model_version and request.model_version != "1":
         raise RequestError(grpc.StatusCode.NOT_FOUND, f"model {model.name!r} has no version {request.model_version!r}")
     try:
@@ -206,6 +207,7 @@ async def infer(state: FrontendState, request, deadline_s: float | None) -> kser
     except RequestError as exc:
         state.metrics.failure(model.name, exc.code)
         raise
+    state.requests_window[model.name] = state.requests_window.get(model.name, 0) + parsed.rows
     end = start + request_budget_s(model.slo_ms, parsed.timeout_us, deadline_s)
     if marks is not None:
         marks.validated = time.monotonic_ns()

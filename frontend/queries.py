@@ -92,12 +92,12 @@ async def run_query(state: FrontendState, query: QueryEntry, request, deadline_s
                     ) -> kserve.ModelInferResponse:
     start = time.monotonic()
     q = query.definition
-    state.requests_window[q.name] = state.requests_window.get(q.name, 0) + 1
+    parsed = parse_infer_request(request, query)
+    state.requests_window[q.name] = state.requests_window.get(q.name, 0) + parsed.rows
     if not query.ready:
         state.count(q.name, "fail")
         raise RequestError(grpc.StatusCode.UNAVAILABLE,
                            f"query {q.name!r} is not available: {query.reason or 'a stage has no backend'}")
-    parsed = parse_infer_request(request, query)
     budget_s = request_budget_s(q.slo_ms, parsed.timeout_us, deadline_s)
     scale = budget_s * 1000 / q.slo_ms
     # A stage's request is dropped only past the later of its planned finish and the latest finish

@@ -1,7 +1,7 @@
 """The frontend process: KServe v2 on one port, plus the control service the scheduler pushes to;
 KServe v2 HTTP/REST (``frontend.rest``) on a second port, in the same event loop.
 
-It registers with the scheduler, heartbeats, and reports per-model request rates every
+It registers with the scheduler, heartbeats, and reports per-model demand in rows per second every
 ``report_interval_s``. Routing tables arrive by push (``Frontend.UpdateRoutingTable``).
 """
 

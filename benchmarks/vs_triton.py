@@ -417,6 +417,8 @@ def run_nexus(args, paths, work: pathlib.Path) -> dict:
            "--scheduler-port", "0", "--data-dir", str(data)]
     if args.nexus_threads:
         cmd += ["--threads", str(args.nexus_threads)]
+    if args.nexus_batch_start:
+        cmd += ["--batch-start", args.nexus_batch_start]
     srv = Server("nexus", cmd, work, env)
     favour(srv.proc.pid, args.nice)      # its own session: the scheduler, backend and frontend share it
     try:
@@ -637,6 +639,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="ORT direct and Triton: keep ORT's intra-op spin-waiting on (ORT's default; the Nexus "
                         "backend turns it off, and so does this benchmark unless this is given)")
     p.add_argument("--nexus-threads", type=int, default=0, help="nexus serve --threads (0: its default)")
+    p.add_argument("--nexus-batch-start", choices=("eager", "duty-cycle"), help="nexus serve --batch-start (default: its default)")
     p.add_argument("--py-spy", action="store_true", help="nexus: CPU per process and py-spy at 0.9x goodput")
     p.add_argument("--py-spy-bin", default=str(pathlib.Path("/work/pytriton-venv310/bin/py-spy")))
     p.add_argument("--spy-s", type=float, default=8.0)

@@ -161,6 +161,12 @@ class OpenLoop:
         with self._lock:
             return sum(1 for s in self.statuses if s is None)
 
+    def last_answered(self, n: int) -> list[tuple[str, float]]:
+        """(status, send time) of the last ``n`` answered requests, in sending order."""
+        with self._lock:
+            done = [(s, t) for s, t in zip(self.statuses, self.send_times) if s is not None]
+        return done[-n:]
+
     def _run(self) -> None:
         req = infer_request(self.model)
         t0 = time.monotonic()

@@ -44,7 +44,7 @@ class Hosts:
         self.v6: dict[str, str] = {}
         octet = int(self.tag, 16) % 250 + 1
         self._v4_prefix = f"10.{octet}.{int(self.tag[:2], 16) % 250 + 1}"
-        self._v6_prefix = f"fd00:{self.tag}:1"
+        self._v6_prefix = f"fd00:{int(self.tag, 16):x}:1"   # canonical text: no leading zeros
         self._made_bridge = False
         _ip("link", "add", self.bridge, "type", "bridge")
         self._made_bridge = True

@@ -33,8 +33,8 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from serving import (OUT, Cluster, CpuMeter, exit_on_sigterm, max_rate, report_dict, uptime,  # noqa: E402
-                     wait_quiet)
+from serving import (OUT, Cluster, CpuMeter, add_path_arguments, exit_on_sigterm, low_and_cpu_runs,  # noqa: E402
+                     max_rate, report_dict, uptime, wait_quiet)
 
 
 def measure_path(path: str, args, tag: str) -> dict:
@@ -45,15 +45,8 @@ def measure_path(path: str, args, tag: str) -> dict:
     res: dict = {"path": path, "quiet": wait_quiet(args.quiet_wait_s)}
     res["uptime_before"] = uptime()
     with Cluster([args.model], threads=args.threads, exec_path=path, tag=tag) as c:
-        run_bench(c.frontend, args.model, 50, 2, slo)  # warm up connections and code paths
-        r = run_bench(c.frontend, args.model, args.low_rate, args.low_s, slo, warmup_s=1.0)
-        res["low"] = report_dict(r)
-        pids = {"frontend": c.pid("frontend"), "backend": c.pid("backend"), "client": os.getpid()}
-        meter = CpuMeter(pids).start()
-        r = run_bench(c.frontend, args.model, args.cpu_rate, args.cpu_s, slo)
-        cpu = meter.stop()
-        res["cpu_run"] = report_dict(r)
-        res["cpu_ms_per_request"] = {k: v * 1000 / max(r.sent, 1) for k, v in cpu["cpu_s"].items()}
+        runs, cpu = low_and_cpu_runs(c, args, slo, warmup_rate=50)
+        res.update(runs)
         res["external_cores"] = cpu["machine_busy_cores"] - sum(cpu["cpu_s"].values()) / cpu["wall_s"]
         pids = {n: c.pid(n) for n in ("frontend", "backend", "scheduler")}
         pids["client"] = os.getpid()
@@ -67,7 +60,7 @@ def measure_path(path: str, args, tag: str) -> dict:
         # dropped by the client, so no backlog builds) and a generous deadline: completions per second.
         time.sleep(1.0)
         meter = CpuMeter(pids).start()
-        r = run_bench(c.frontend, args.model, args.cap_rate, args.cap_s, 2000.0, concurrency_limit=args.cap_inflight)
+        r = run_bench(c.frontend, args.model, args.cap_rate, args.cap_s, 2000.0, concurrency_limit=args.cap_inflight or None)
         cpu = meter.stop()
         res["capacity"] = report_dict(r)
         res["capacity_rps"] = r.throughput_rps
@@ -84,20 +77,12 @@ def measure_path(path: str, args, tag: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="mlp_small")
-    p.add_argument("--slo-ms", type=float, default=0.0, help="0: the model's SLO (mlp_small: 20 ms)")
+    add_path_arguments(p, cap_s=5.0)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--low-rate", type=float, default=50.0)
-    p.add_argument("--low-s", type=float, default=8.0)
-    p.add_argument("--cpu-rate", type=float, default=300.0)
-    p.add_argument("--cpu-s", type=float, default=8.0)
     p.add_argument("--search", action="store_true",
                    help="also search the largest rate with 99%% within the SLO (see frontend_path.md: with the "
                         "backend's duty-cycle batching that rate measures the plan, not the path)")
     p.add_argument("--lo", type=float, default=100.0)
-    p.add_argument("--cap-rate", type=float, default=3000.0, help="overload rate for the capacity measurement")
-    p.add_argument("--cap-s", type=float, default=5.0)
-    p.add_argument("--cap-inflight", type=int, default=32)
     p.add_argument("--step-s", type=float, default=5.0)
     p.add_argument("--warmup-s", type=float, default=4.0, help="unmeasured lead-in of each step (re-planning)")
     p.add_argument("--max-steps", type=int, default=8)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import statistics
 import sys
@@ -40,7 +39,8 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from serving import OUT, Cluster, CpuMeter, exit_on_sigterm, report_dict, uptime, wait_quiet  # noqa: E402
+from serving import (OUT, Cluster, add_path_arguments, exit_on_sigterm, low_and_cpu_runs, report_dict,  # noqa: E402
+                     uptime, wait_quiet)
 
 
 def measure(args, tag: str, *, code_dir=None, env=None, backend_args=(), cap_deadline_ms: float | None = None) -> dict:
@@ -50,15 +50,8 @@ def measure(args, tag: str, *, code_dir=None, env=None, backend_args=(), cap_dea
     slo = args.slo_ms or SAMPLE_MODELS[args.model].slo_ms
     res: dict = {"quiet": wait_quiet(args.quiet_wait_s), "uptime_before": uptime()}
     with Cluster([args.model], threads=0, tag=tag, code_dir=code_dir, env=env, backend_args=backend_args) as c:
-        run_bench(c.frontend, args.model, args.low_rate, 2, slo)     # warm up connections and code paths
-        r = run_bench(c.frontend, args.model, args.low_rate, args.low_s, slo, warmup_s=1.0)
-        res["low"] = report_dict(r)
-        pids = {"frontend": c.pid("frontend"), "backend": c.pid("backend"), "client": os.getpid()}
-        meter = CpuMeter(pids).start()
-        r = run_bench(c.frontend, args.model, args.cpu_rate, args.cpu_s, slo)
-        cpu = meter.stop()
-        res["cpu_run"] = report_dict(r)
-        res["cpu_ms_per_request"] = {k: v * 1000 / max(r.sent, 1) for k, v in cpu["cpu_s"].items()}
+        runs, _ = low_and_cpu_runs(c, args, slo, warmup_rate=args.low_rate)
+        res.update(runs)
         time.sleep(1.0)
         deadline = cap_deadline_ms or args.cap_deadline_ms
         r = run_bench(c.frontend, args.model, args.cap_rate, args.cap_s, deadline,
@@ -166,17 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("mode", choices=("ab", "threads", "trace"))
     p.add_argument("--before", default="", help="ab: a checkout of the code before the change")
     p.add_argument("--model", default="")
-    p.add_argument("--slo-ms", type=float, default=0.0, help="0: the model's SLO")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--low-rate", type=float, default=50.0)
-    p.add_argument("--low-s", type=float, default=8.0)
+    add_path_arguments(p, cap_s=6.0)
     p.add_argument("--high-rate", type=float, default=600.0)
     p.add_argument("--trace-s", type=float, default=8.0)
-    p.add_argument("--cpu-rate", type=float, default=300.0)
-    p.add_argument("--cpu-s", type=float, default=8.0)
-    p.add_argument("--cap-rate", type=float, default=3000.0)
-    p.add_argument("--cap-s", type=float, default=6.0)
-    p.add_argument("--cap-inflight", type=int, default=32, help="0: no limit (open loop: goodput at --cap-rate)")
     p.add_argument("--cap-warmup-s", type=float, default=0.0, help="unmeasured lead-in of the capacity run")
     p.add_argument("--cap-deadline-ms", type=float, default=2000.0)
     p.add_argument("--quiet-wait-s", type=float, default=30.0)

@@ -60,7 +60,6 @@ import sys
 import tempfile
 import time
 
-import grpc
 import numpy as np
 
 from common.config import BackendConfig, BatchStart, FrontendConfig, SchedulerConfig
@@ -446,6 +445,38 @@ def report_dict(r) -> dict:
     keys = ("offered_rps", "sent", "within_slo", "late", "dropped", "failed", "goodput_rps", "throughput_rps",
             "bad_rate", "p50_ms", "p90_ms", "p99_ms", "client_lag_ms")
     return {k: getattr(r, k) for k in keys}
+
+
+def add_path_arguments(p, *, cap_s: float) -> None:
+    """The flags of the per-request path benchmarks (hotpath.py, frontend_path.py): a low-rate run,
+    a CPU run and an overload (capacity) run of one model."""
+    p.add_argument("--slo-ms", type=float, default=0.0, help="0: the model's SLO")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--low-rate", type=float, default=50.0)
+    p.add_argument("--low-s", type=float, default=8.0)
+    p.add_argument("--cpu-rate", type=float, default=300.0)
+    p.add_argument("--cpu-s", type=float, default=8.0)
+    p.add_argument("--cap-rate", type=float, default=3000.0, help="overload rate for the capacity measurement")
+    p.add_argument("--cap-s", type=float, default=cap_s)
+    p.add_argument("--cap-inflight", type=int, default=32, help="0: no limit (open loop: goodput at --cap-rate)")
+
+
+def low_and_cpu_runs(cluster, args, slo_ms: float, warmup_rate: float) -> tuple[dict, dict]:
+    """On a running cluster: a warm-up, ``--low-rate`` for ``--low-s`` (the low-load latency), then
+    ``--cpu-rate`` for ``--cpu-s`` with the frontend's, the backend's and this client's CPU metered.
+    Returns the runs' reports (``low``, ``cpu_run``, ``cpu_ms_per_request``) and the meter's result."""
+    from nexus.bench import run_bench
+
+    run_bench(cluster.frontend, args.model, warmup_rate, 2, slo_ms)   # warm up connections and code paths
+    out = {"low": report_dict(run_bench(cluster.frontend, args.model, args.low_rate, args.low_s, slo_ms,
+                                        warmup_s=1.0))}
+    meter = CpuMeter({"frontend": cluster.pid("frontend"), "backend": cluster.pid("backend"),
+                      "client": os.getpid()}).start()
+    r = run_bench(cluster.frontend, args.model, args.cpu_rate, args.cpu_s, slo_ms)
+    cpu = meter.stop()
+    out["cpu_run"] = report_dict(r)
+    out["cpu_ms_per_request"] = {k: v * 1000 / max(r.sent, 1) for k, v in cpu["cpu_s"].items()}
+    return out, cpu
 
 
 def max_rate(frontend: str, model: str, slo_ms: float, lo: float, hi: float | None, step_s: float,

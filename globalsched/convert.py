@@ -14,9 +14,8 @@ from common.tensors import TensorSpec
 from globalsched.modeldb import ModelRecord
 
 if TYPE_CHECKING:
-    from globalsched.cluster import ClusterPlan
+    from globalsched.cluster import ClusterPlan, QueryPlan
     from globalsched.placement import BackendAssignment, PlacedSession
-    from globalsched.query_sessions import QueryPlan
 
 
 def tensor_desc(spec: TensorSpec) -> control.TensorDesc:

@@ -39,10 +39,10 @@ class LoadFailures:
     def exhausted(self, sha256: str, device_type: str) -> bool:
         return len(self._failures.get((sha256, device_type), ())) >= self.max_attempts
 
-    def exhausted_on_all(self, sha256: str, device_types) -> bool:
-        """No attempt left on any of ``device_types`` (False for an empty list)."""
-        types = list(device_types)
-        return bool(types) and all(self.exhausted(sha256, t) for t in types)
+    def exhausted_types(self, sha256: str) -> frozenset[str]:
+        """The device types with no attempt left for this file."""
+        return frozenset(t for (sha, t), tries in self._failures.items()
+                         if sha == sha256 and len(tries) >= self.max_attempts)
 
     def reason(self, sha256: str) -> str:
         """Why the file cannot be served ("" when it never failed everywhere it was tried)."""

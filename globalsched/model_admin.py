@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 import pathlib
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 import grpc
 
@@ -23,15 +23,14 @@ from common.config import SchedulerConfig
 from common.pb import control
 from common.profile import Profile, ProfileError
 from common.query_def import ModelIO, QueryError, parse_query, validate_query
+from globalsched.cluster import ClusterPlan
 from globalsched.convert import model_desc
 from globalsched.load_failures import LoadFailures
 from globalsched.membership import Node
 from globalsched.modeldb import ModelDatabase, UploadError
 from globalsched.querydb import QueryStore
 from globalsched.refusal import Refused
-
-if TYPE_CHECKING:
-    from globalsched.planner import Planner
+from globalsched.replan_trigger import ReplanTrigger
 
 log = logging.getLogger("nexus.scheduler")
 
@@ -40,9 +39,11 @@ PROFILE_TIMEOUT_S = 300         # how long the scheduler waits for that profile
 
 
 class ModelAdmin:
-    """``planner`` is set by the service once the planner exists (loads and uploads ask it to re-plan)."""
+    """Every change to what must be served (uploads, loads, unloads, profiles, queries) asks ``trigger``
+    for a plan."""
 
-    def __init__(self, config: SchedulerConfig, db: ModelDatabase, nodes: Mapping[str, Node], prefix_fn=None) -> None:
+    def __init__(self, config: SchedulerConfig, db: ModelDatabase, nodes: Mapping[str, Node], trigger: ReplanTrigger,
+                 prefix_fn=None) -> None:
         self.config = config
         self.db = db
         self.nodes = nodes
@@ -51,7 +52,7 @@ class ModelAdmin:
         self.slowdowns = load_slowdowns(config.colocation_report)
         self.load_failures = LoadFailures()     # model files a backend could not load: bounded retries
         self.profiling: set[tuple[str, str]] = set()
-        self.planner: Planner | None = None
+        self.trigger = trigger
 
     def close(self) -> None:
         self.query_store.close()
@@ -86,7 +87,7 @@ class ModelAdmin:
                 min_replicas=header.min_replicas)
         except UploadError as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"upload of {header.name!r} refused: {exc}") from None
-        self.planner.request_replan(f"model {record.name} uploaded")
+        self.trigger.request(f"model {record.name} uploaded")
         return control.UploadReply(model=self.desc(record.name))
 
     async def download(self, sha256: str):
@@ -108,7 +109,7 @@ class ModelAdmin:
     async def load(self, request: control.LoadRequest) -> control.LoadReply:
         record = await asyncio.to_thread(self._load, request)
         self.load_failures.forget(record.sha256)      # an explicit load tries afresh
-        self.planner.request_replan(f"model {request.name} loaded")
+        self.trigger.request(f"model {request.name} loaded")
         return control.LoadReply()
 
     def _load(self, request: control.LoadRequest):
@@ -128,7 +129,7 @@ class ModelAdmin:
 
     async def unload(self, request: control.UnloadRequest) -> control.UnloadReply:
         await asyncio.to_thread(self._unload, request.name)
-        self.planner.request_replan(f"model {request.name} unloaded")
+        self.trigger.request(f"model {request.name} unloaded")
         return control.UnloadReply()
 
     def _unload(self, name: str) -> None:
@@ -144,7 +145,7 @@ class ModelAdmin:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"invalid profile: {exc}") from None
         except KeyError as exc:
             raise Refused(grpc.StatusCode.NOT_FOUND, str(exc.args[0])) from None
-        self.planner.request_replan(f"profile of {request.model} for {profile.device_type}")
+        self.trigger.request(f"profile of {request.model} for {profile.device_type}")
         return control.ProfileReply()
 
     def desc(self, name: str) -> control.ModelDesc:
@@ -160,10 +161,6 @@ class ModelAdmin:
             from profiler.slowdown import apply_colocation_slowdown
             profiles = {t: apply_colocation_slowdown(p, factor) for t, p in profiles.items()}
         return profiles
-
-    def min_replicas(self) -> dict[str, int]:
-        """Backends each model session keeps at least (0: the scheduler's default)."""
-        return {s.model: self.db.min_replicas(s.model) for s in self.db.sessions()}
 
     # ---- queries -----------------------------------------------------------------------------------
 
@@ -186,7 +183,7 @@ class ModelAdmin:
         except QueryError as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         await asyncio.to_thread(self.query_store.put, q.name, text)
-        self.planner.request_replan(f"query {q.name} registered")
+        self.trigger.request(f"query {q.name} registered")
         return control.QueryReply(name=q.name)
 
     def queries(self) -> dict:
@@ -200,6 +197,11 @@ class ModelAdmin:
         return queries
 
     # ---- profiling on demand -----------------------------------------------------------------------
+
+    async def apply(self, plan: ClusterPlan, epoch: int) -> None:
+        """The actuator's part: profile every model the plan has no profile for on a present device type."""
+        for model, device_type in plan.need_profile.items():
+            self.start_profiling(model, device_type)
 
     def profiling_models(self) -> set[str]:
         return {m for m, _ in self.profiling}
@@ -234,14 +236,14 @@ class ModelAdmin:
             self._record_load_failure(model, node, str(exc))
         finally:
             self.profiling.discard(key)
-            self.planner.request_replan(f"profile of {model} done")
+            self.trigger.request(f"profile of {model} done")
 
     # ---- load failures -----------------------------------------------------------------------------
 
-    def cannot_load(self, model: str, device_types) -> bool:
-        """No backend of any present device type could load the model's file (attempts spent)."""
+    def unloadable_on(self, model: str) -> frozenset[str]:
+        """Device types on which the model's load attempts are spent."""
         record = self.db.model(model)
-        return bool(record) and self.load_failures.exhausted_on_all(record.sha256, device_types)
+        return self.load_failures.exhausted_types(record.sha256) if record else frozenset()
 
     def load_failure_reason(self, model: str) -> str:
         """Why no backend can serve the model ("" when none of its attempts are spent)."""
@@ -254,7 +256,7 @@ class ModelAdmin:
         record = self.db.model(model)
         if record and not self.load_failures.exhausted(record.sha256, node.device_type):
             self.load_failures.record(record.sha256, node.device_type, node.node_id, reason)
-            self.planner.request_replan(f"{session} failed to load on {node.node_id}")
+            self.trigger.request(f"{session} failed to load on {node.node_id}")
 
     def _record_load_failure(self, model: str, node: Node, reason: str) -> None:
         record = self.db.model(model)

@@ -5,8 +5,10 @@
 - globalsched/workload.py: ReportWorkload: smoothed rates, rate windows, fan-out per query edge;
 - globalsched/model_admin.py: the model database behind Upload/Download/List/Load/Unload/AddProfile,
   query registration, profiling on demand, models that fail to load;
-- globalsched/planner.py: when to re-plan and what for, through globalsched/planning_loop.py;
-- globalsched/distribution.py: model tables to backends, then routing tables to frontends;
+- globalsched/replan_trigger.py: how the parts above ask for a plan;
+- globalsched/control_loop.py: the planning task: reads the view (globalsched/view.py), calls the pure
+  planner (globalsched/planner.py) and hands each new plan to the actuators;
+- globalsched/distribution.py, an actuator: model tables to backends, then routing tables to frontends;
 - globalsched/status.py: GetStatus.
 
 A part refuses a request by raising :class:`globalsched.refusal.Refused`; the servicer turns it
@@ -26,14 +28,17 @@ from common.config import SchedulerConfig
 from common.health import Health
 from common.pb import control, control_grpc
 from common.security import Credentials
-from globalsched.cluster import ClusterPlan
+from globalsched.control_loop import ControlLoop
 from globalsched.distribution import Distribution
-from globalsched.membership import Membership, Node, advertised_address, peer_host  # noqa: F401 (re-exported)
-from globalsched.model_admin import ModelAdmin, load_slowdowns  # noqa: F401 (re-exported)
+from globalsched.membership import Membership
+from globalsched.model_admin import ModelAdmin
 from globalsched.modeldb import ModelDatabase
-from globalsched.planner import Planner
+from globalsched.planner import PlannerSettings
 from globalsched.refusal import Refused
-from globalsched.workload import RATE_SMOOTHING, Workload  # noqa: F401 (re-exported)
+from globalsched.replan_trigger import ReplanTrigger
+from globalsched.status import status_reply
+from globalsched.view import read_view
+from globalsched.workload import Workload
 
 log = logging.getLogger("nexus.scheduler")
 
@@ -44,19 +49,23 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.config = config
         self.db = db
         self.workload = Workload()
-        self.membership = Membership(config, creds, self.workload)
+        self.trigger = ReplanTrigger()
+        self.membership = Membership(config, creds, self.workload, self.trigger)
         self.nodes = self.membership.nodes
-        self.admin = ModelAdmin(config, db, self.nodes, prefix_fn)
+        self.admin = ModelAdmin(config, db, self.nodes, self.trigger, prefix_fn)
         self.distribution = Distribution(self.nodes, self.admin, self.workload)
-        self.planner = Planner(config, self.membership, self.workload, self.admin, self.distribution)
-        self.membership.planner = self.admin.planner = self.planner
+        self.control = ControlLoop(PlannerSettings.from_config(config), self.trigger, self.read_view,
+                                   [self.admin, self.distribution])
         self._tasks: list[asyncio.Task] = []
+
+    def read_view(self, now: float, force=None, why: tuple[str, ...] = ()):
+        return read_view(now, self.membership.backends(), self.admin, self.workload, force, why)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self.planner.run()), asyncio.create_task(self.membership.reaper()),
-                       asyncio.create_task(self.planner.epoch_timer())]
+        self._tasks = [asyncio.create_task(self.control.run()), asyncio.create_task(self.membership.reaper()),
+                       asyncio.create_task(self.control.epoch_timer())]
 
     async def stop(self) -> None:
         self.membership.stopping = True     # streams that end from now on are the shutdown's
@@ -66,9 +75,6 @@ class SchedulerService(control_grpc.SchedulerServicer):
 
     def close(self) -> None:
         self.admin.close()
-
-    def routing_table(self, plan: ClusterPlan, failed: dict[str, str] | None = None) -> control.RoutingTable:
-        return self.distribution.routing_table(plan, self.planner, failed)
 
     # ---- membership --------------------------------------------------------------------------------
 
@@ -92,8 +98,10 @@ class SchedulerService(control_grpc.SchedulerServicer):
             await events.aclose()     # the stream's end removes the node now, not when collected
 
     async def Leave(self, request, context):
+        moved = self.control.plan.sessions_on(request.node_id) if self.control.plan is not None else 0
         try:
-            return control.LeaveReply(sessions_moved=await self.membership.leave(request.node_id))
+            await self.membership.leave(request.node_id)
+            return control.LeaveReply(sessions_moved=moved)
         except Refused as r:
             await context.abort(r.code, r.message)
 
@@ -102,9 +110,8 @@ class SchedulerService(control_grpc.SchedulerServicer):
     async def ReportWorkload(self, request, context):
         if request.node_id not in self.nodes:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"unknown node {request.node_id!r}; register first")
-        now = time.monotonic()
-        self.workload.report(request, now)
-        self.planner.check_rate_band(now)
+        self.workload.report(request, time.monotonic())
+        self.trigger.evaluate()
         return control.WorkloadReply()
 
     # ---- model administration ----------------------------------------------------------------------
@@ -150,14 +157,15 @@ class SchedulerService(control_grpc.SchedulerServicer):
             await context.abort(r.code, r.message)
 
     async def ListQueries(self, request, context):
-        return control.ListQueriesReply(queries=self.distribution.query_infos(self.planner))
+        return control.ListQueriesReply(queries=self.distribution.query_infos(self.control.plan))
 
     # ---- status ------------------------------------------------------------------------------------
 
     async def GetStatus(self, request, context):
-        from globalsched.status import status_reply
-
-        return status_reply(self)
+        plan, epoch = self.control.plan, self.control.epoch
+        routing = control.RoutingTable(epoch=epoch) if plan is None else self.distribution.routing_table(plan, epoch)
+        return status_reply(plan, routing, self.membership.backends(), len(self.membership.frontends()), self.admin,
+                            max(time.monotonic() - self.control.last_plan_time, 0.0))
 
 
 async def serve(config: SchedulerConfig, ready=None) -> None:

@@ -42,8 +42,7 @@ def test_load_failures_allow_a_bounded_number_of_attempts_per_file_and_device_ty
     assert not failures.record("sha", "cpu", "be-1", "bad axis")
     assert failures.exhausted("sha", "cpu") and failures.tried("sha", "cpu") == {"be-1", "be-2"}
     assert failures.reason("sha") == "cannot load on cpu (3 attempts on 2 backends): bad axis"
-    assert failures.exhausted_on_all("sha", ["cpu"]) and not failures.exhausted_on_all("sha", ["cpu", "cuda"])
-    assert not failures.exhausted_on_all("sha", [])
+    assert failures.exhausted_types("sha") == {"cpu"} and failures.exhausted_types("other") == frozenset()
     assert not failures.exhausted("other", "cpu")          # a new upload starts afresh
     failures.forget("sha")                                 # so does an explicit load
     assert not failures.exhausted("sha", "cpu") and failures.reason("sha") == ""

@@ -25,9 +25,10 @@ from common.profile import Profile
 from common.sample_models import backbone_variant, mlp_small, model_bytes
 from globalsched import prefix_groups as pg
 from globalsched.algorithms.prefix import check_prefix_groups, prefix_models
-from globalsched.cluster import SessionInput, plan_cluster
+from globalsched.cluster import SessionInput
 from globalsched.modeldb import ModelDatabase
 from globalsched.placement import BackendSlot
+from globalsched.planner import PlannerState, place_sessions
 
 MB = 1024 * 1024
 
@@ -157,7 +158,8 @@ def test_cluster_plan_places_a_prefix_group_together_and_needs_fewer_devices():
     slots = [BackendSlot(f"be-{i}", "gpu", 16000) for i in range(8)]
 
     def plan(group: str, n: int = 6, rate: float = 40.0):
-        return plan_cluster([SessionInput(f"m{i}", 100.0, rate, {"gpu": profile}, group) for i in range(n)], slots, {})
+        sessions = [SessionInput(f"m{i}", 100.0, rate, {"gpu": profile}, group) for i in range(n)]
+        return place_sessions(sessions, slots, PlannerState(), 0.0)[0]
 
     grouped, plain = plan("g"), plan("")
     homes = {n for m in (f"m{i}" for i in range(6)) for n, _ in grouped.backends_of(m)}

@@ -11,7 +11,9 @@ from common.pb import control
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from globalsched.modeldb import ModelDatabase
-from globalsched.service import RATE_SMOOTHING, SchedulerService
+from globalsched.planner import PlannerState, plan_cluster, session_inputs
+from globalsched.service import SchedulerService
+from globalsched.workload import RATE_SMOOTHING
 
 
 def _service(tmp_path, **config) -> SchedulerService:
@@ -77,38 +79,38 @@ def test_sessions_are_planned_with_the_rate_headroom(tmp_path):
     service.db.set_session("m", 50)
     now = time.monotonic()
     service.workload.rates["fe"] = {"m": (10.0, now)}
-    [session] = service.planner.inputs(now, ["cpu"])
-    assert abs(session.rate_rps - 15.0) < 1e-9
+    [session], planned, _ = session_inputs(service.read_view(now), service.control.settings)
+    assert abs(session.rate_rps - 15.0) < 1e-9 and planned["m"].rate_rps == session.rate_rps
     service.workload.rates["fe"] = {}
-    [idle] = service.planner.inputs(now, ["cpu"])   # no report yet: the default rate, with headroom too
+    [idle], _, _ = session_inputs(service.read_view(now), service.control.settings)   # no report yet: the default rate
     assert abs(idle.rate_rps - 1.5 * service.config.default_rate_rps) < 1e-9
 
 
-def test_the_latency_split_is_outdated_only_when_a_gamma_leaves_its_band(tmp_path):
-    """Rates are the re-planner's to judge (tests/test_planning_loop.py); a query's fan-out is the service's."""
-    import time
+def test_the_latency_split_is_outdated_only_when_a_gamma_leaves_its_band():
+    """Rates are the re-planner's to judge (tests/test_planning_loop.py); a query's fan-out forces a re-plan."""
+    from globalsched.planner import gamma_drift
 
-    service = _service(tmp_path, rate_headroom=0.5)
-    now = time.monotonic()
-    service.workload.rates["fe"] = {"m": (100.0, now)}       # far from any planned rate: not this check's business
-    service.planner.planned_gammas = {("q", "a", "b"): 3.0}
-    service.workload.edges["fe"] = {("q", "a", "b"): (100, 300, now)}
-    assert service.planner.plan_outdated(now) == ""
-    service.workload.edges["fe"] = {("q", "a", "b"): (100, 400, now)}
-    assert service.planner.plan_outdated(now) == "gamma of q: a->b is 4.00, planned 3.0"
+    planned = {("q", "a", "b"): 3.0}
+    assert gamma_drift({("q", "a", "b"): 3.0}, planned) == ""
+    assert gamma_drift({("q", "a", "b"): 3.3}, planned) == ""
+    assert gamma_drift({("q", "a", "b"): 4.0}, planned) == "gamma of q: a->b is 4.00, planned 3.0"
+    assert gamma_drift({("q", "a", "c"): 1.0}, planned) == "gamma of q: a->c is 1.00, planned None"
 
 
 def test_path_allowance_and_burst_sigma_reach_the_planner(tmp_path):
-    from globalsched.cluster import SessionInput, plan_cluster
+    from globalsched.cluster import SessionInput
     from globalsched.placement import BackendSlot
+    from globalsched.planner import place_sessions
 
     service = _service(tmp_path, path_allowance_ms=12.0, burst_sigma=1.5)
-    assert service.planner.planner_config.margins_ms == 12.0 and service.planner.planner_config.burst_sigma == 1.5
+    settings = service.control.settings
+    assert settings.planner.margins_ms == 12.0 and settings.planner.burst_sigma == 1.5
     profile = Profile.linear(1.0, 20.0, 8, device_type="cpu")     # 2*l(1) = 42 ms
     sessions = [SessionInput("m", 50.0, 10.0, {"cpu": profile})]
     backends = [BackendSlot("b0", "cpu", 0.0)]
-    assert not plan_cluster(sessions, backends, {}).best_effort
-    plan = plan_cluster(sessions, backends, {}, config=service.planner.planner_config)
+    plain, _ = place_sessions(sessions, backends, PlannerState(), 0.0)
+    assert not plain.best_effort
+    plan, _ = place_sessions(sessions, backends, PlannerState(), 0.0, settings=settings)
     assert plan.best_effort["m"] == ("SLO 50 ms less the 12 ms path allowance is below 2*l(1) = 42.0 ms on cpu; "
                                      "served best effort at batch 1")
 
@@ -139,17 +141,16 @@ def test_routing_table_carries_the_planned_figures(tmp_path):
     session, planned devices and the lower bound."""
     import time
 
-    from globalsched.cluster import plan_cluster
-    from globalsched.placement import BackendSlot
-    from globalsched.service import Node
+    from globalsched.membership import Node
 
     service = _service(tmp_path)
     service.db.set_session("m", 50)
     now = time.monotonic()
     service.workload.rates["fe"] = {"m": (12.0, now)}
     service.nodes["be-1"] = Node("be-1", control.NODE_KIND_BACKEND, "127.0.0.1:1", "cpu", "cpu", 1000.0)
-    plan = plan_cluster(service.planner.inputs(now, ["cpu"]), [BackendSlot("be-1", "cpu", 1000.0)], {})
-    table = service.routing_table(plan)
+    plan, _ = plan_cluster(service.read_view(now), PlannerState())
+    table = service.distribution.routing_table(plan, 7)
+    assert table.epoch == 7
     assert table.planned_devices == plan.num_devices_planned == 1
     assert table.lower_bound == plan.lower_bound == 1
     [route] = table.routes

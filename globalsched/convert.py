@@ -16,6 +16,7 @@ from globalsched.modeldb import ModelRecord
 if TYPE_CHECKING:
     from globalsched.cluster import ClusterPlan, QueryPlan
     from globalsched.placement import BackendAssignment, PlacedSession
+    from globalsched.scaling_policy import ScalingDecision
 
 
 def tensor_desc(spec: TensorSpec) -> control.TensorDesc:
@@ -108,9 +109,18 @@ def device_status(node_id: str, address: str, device: str, device_type: str, mem
                                 memory_mb=memory_mb, duty_cycle_ms=duty_cycle_ms, sessions=list(sessions))
 
 
+def scaling_decision(decision: ScalingDecision, plan: ClusterPlan | None) -> control.ScalingDecision:
+    return control.ScalingDecision(device_type=decision.device_type, desired=decision.desired,
+                                   registered=decision.registered, needed=decision.needed,
+                                   plan_devices=plan.devices_needed.get(decision.device_type, 0) if plan else 0,
+                                   reason=decision.reason, drain_node_id=decision.drain)
+
+
 def status_reply(frontends: int, routing: control.RoutingTable, devices: Iterable[control.DeviceStatus],
-                 plan: ClusterPlan | None = None, plan_age_s: float = 0.0) -> control.StatusReply:
-    reply = control.StatusReply(frontends=frontends, routing=routing, devices=list(devices))
+                 plan: ClusterPlan | None = None, plan_age_s: float = 0.0,
+                 scaling: Iterable[ScalingDecision] = ()) -> control.StatusReply:
+    reply = control.StatusReply(frontends=frontends, routing=routing, devices=list(devices),
+                                scaling=[scaling_decision(d, plan) for d in scaling])
     if plan is not None:
         reply.solver = plan.solver
         reply.notes.extend(plan.notes)

@@ -105,7 +105,7 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
             plan, state = replan(current, plain, gpu, now_s, st.replan, config, force=force)
         reason = state.reason
     if reason is ReplanReason.NONE and st.placement is not None:
-        return TypeResult(st.placement, len(st.plan.gpus) if st.plan else 0,
+        return TypeResult(st.placement, _devices_needed(st.plan, specs, min_replicas) if st.plan else 0,
                           st.plan.lower_bound if st.plan else 0, reason, st)
     plan = replace(plan, gpus=_fresh_ids(plan.gpus, current, st.plan))
     gpus, replicas = add_replicas(plan.gpus, specs, gpu, {s.name: min_replicas.get(s.name, 1) for s in specs},
@@ -113,7 +113,13 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
     plan = replace(plan, gpus=tuple(gpus))
     placement, nodes = _assign(plan.gpus, slots, st.nodes, previous)
     new = TypeState(plan, state, nodes, frozenset(replicas), signature, alive, placement)
-    return TypeResult(placement, len(plan.gpus), plan.lower_bound, reason, new)
+    return TypeResult(placement, _devices_needed(plan, specs, min_replicas), plan.lower_bound, reason, new)
+
+
+def _devices_needed(plan: Plan, specs: Sequence[SessionSpec], min_replicas: Mapping[str, int]) -> int:
+    """The plan's GPUs, and at least the most replicas a session asks for (replicas are only added on
+    backends that exist, so more backends are what lets them be placed)."""
+    return max(len(plan.gpus), max((min_replicas.get(s.name, 1) for s in specs), default=0))
 
 
 def _fresh_ids(gpus: Sequence[GpuPlan], current: Plan | None, before: Plan | None) -> tuple[GpuPlan, ...]:

@@ -9,6 +9,8 @@
 - globalsched/control_loop.py: the planning task: reads the view (globalsched/view.py), calls the pure
   planner (globalsched/planner.py) and hands each new plan to the actuators;
 - globalsched/distribution.py, an actuator: model tables to backends, then routing tables to frontends;
+- globalsched/device_scaler.py, an actuator: the devices each device type should have
+  (globalsched/scaling_policy.py), as nexus_desired_devices on the metrics port and in GetStatus;
 - globalsched/status.py: GetStatus.
 
 A part refuses a request by raising :class:`globalsched.refusal.Refused`; the servicer turns it
@@ -29,6 +31,7 @@ from common.health import Health
 from common.pb import control, control_grpc
 from common.security import Credentials
 from globalsched.control_loop import ControlLoop
+from globalsched.device_scaler import DeviceScaler, ScalerCollector
 from globalsched.distribution import Distribution
 from globalsched.membership import Membership
 from globalsched.model_admin import ModelAdmin
@@ -36,6 +39,7 @@ from globalsched.modeldb import ModelDatabase
 from globalsched.planner import PlannerSettings
 from globalsched.refusal import Refused
 from globalsched.replan_trigger import ReplanTrigger
+from globalsched.scaling_policy import ScalingConfig
 from globalsched.status import status_reply
 from globalsched.view import read_view
 from globalsched.workload import Workload
@@ -54,8 +58,11 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.nodes = self.membership.nodes
         self.admin = ModelAdmin(config, db, self.nodes, self.trigger, prefix_fn)
         self.distribution = Distribution(self.nodes, self.admin, self.workload)
+        self.scaler = DeviceScaler(ScalingConfig(config.scale_down_cooldown_s, config.device_headroom,
+                                                 bounds=config.device_bounds),
+                                   self.membership.backends, self.workload.current_rates)
         self.control = ControlLoop(PlannerSettings.from_config(config), self.trigger, self.read_view,
-                                   [self.admin, self.distribution])
+                                   [self.admin, self.distribution, self.scaler])
         self._tasks: list[asyncio.Task] = []
 
     def read_view(self, now: float, force=None, why: tuple[str, ...] = ()):
@@ -65,7 +72,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self.control.run()), asyncio.create_task(self.membership.reaper()),
-                       asyncio.create_task(self.control.epoch_timer())]
+                       asyncio.create_task(self.control.epoch_timer()), asyncio.create_task(self.scaler.run())]
 
     async def stop(self) -> None:
         self.membership.stopping = True     # streams that end from now on are the shutdown's
@@ -165,11 +172,12 @@ class SchedulerService(control_grpc.SchedulerServicer):
         plan, epoch = self.control.plan, self.control.epoch
         routing = control.RoutingTable(epoch=epoch) if plan is None else self.distribution.routing_table(plan, epoch)
         return status_reply(plan, routing, self.membership.backends(), len(self.membership.frontends()), self.admin,
-                            max(time.monotonic() - self.control.last_plan_time, 0.0))
+                            max(time.monotonic() - self.control.last_plan_time, 0.0),
+                            self.scaler.decisions.values())
 
 
 async def serve(config: SchedulerConfig, ready=None) -> None:
-    """Run the scheduler until cancelled; ``ready(address)`` is called once it listens."""
+    """Run the scheduler until cancelled; ``ready(address, metrics=URL)`` is called once it listens."""
     db = ModelDatabase(config.data_dir, int(config.max_upload_mb * 1024 * 1024))
     prefix_fn = None
     try:
@@ -183,15 +191,40 @@ async def serve(config: SchedulerConfig, ready=None) -> None:
     health = await Health.attach(server)
     address = grpc_util.bind(server, config.listen, creds)
     await server.start()
+    metrics = await _start_metrics(config, service, server)
     await health.set_ready(True)
     service.start()
     log.info("scheduler listening on %s (data in %s)", address, config.data_dir)
     if ready:
-        ready(address)
+        ready(address, **({"metrics": metrics.url} if metrics is not None else {}))
     try:
         await server.wait_for_termination()
     finally:
         await service.stop()
+        if metrics is not None:
+            await metrics.close()
         await server.stop(grace=1)
         service.close()
         db.close()
+
+
+async def _start_metrics(config: SchedulerConfig, service: SchedulerService, server):
+    """The Prometheus endpoint on ``--metrics-listen`` (None when off); exits with a message when it cannot bind."""
+    if not config.resolved_metrics_listen:
+        return None
+    from prometheus_client import CollectorRegistry
+
+    from common.config import split_host_port
+    from common.metrics_http import start_metrics_server
+
+    registry = CollectorRegistry()
+    registry.register(ScalerCollector(service.scaler))
+    host, port = split_host_port(config.resolved_metrics_listen)
+    try:
+        metrics = await start_metrics_server(host, port, registry)
+    except OSError as exc:
+        await server.stop(grace=0)
+        raise SystemExit(f"nexus scheduler: error: cannot serve --metrics-listen {config.metrics_listen}: "
+                         f"{exc.strerror or exc}") from None
+    log.info("Prometheus metrics on %s", metrics.url)
+    return metrics

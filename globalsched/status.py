@@ -13,10 +13,11 @@ from globalsched import convert
 from globalsched.cluster import ClusterPlan
 from globalsched.membership import Node
 from globalsched.model_admin import ModelAdmin
+from globalsched.scaling_policy import ScalingDecision
 
 
 def status_reply(plan: ClusterPlan | None, routing: control.RoutingTable, backends: Iterable[Node], frontends: int,
-                 admin: ModelAdmin, plan_age_s: float) -> control.StatusReply:
+                 admin: ModelAdmin, plan_age_s: float, scaling: Iterable[ScalingDecision] = ()) -> control.StatusReply:
     assigned = {}
     if plan is not None:
         for placement in plan.placements.values():
@@ -34,4 +35,4 @@ def status_reply(plan: ClusterPlan | None, routing: control.RoutingTable, backen
                                                        admin.profiles(model).get(node.device_type)))
         devices.append(convert.device_status(node.node_id, node.address, node.device, node.device_type,
                                              node.memory_mb, b.duty_cycle_ms if b is not None else 0.0, sessions))
-    return convert.status_reply(frontends, routing, devices, plan, plan_age_s)
+    return convert.status_reply(frontends, routing, devices, plan, plan_age_s, scaling)

@@ -248,6 +248,14 @@ class SecurityConfig:
 DEFAULT_SCHEDULER_METRICS_LISTEN = "127.0.0.1:8102"
 
 
+def companion_listen(listen: str, value: str, default: str) -> str:
+    """Where a component's other listener binds: a component asked for any free gRPC port (tests,
+    benchmarks, several on one host) takes any free port for it too, unless it was given explicitly."""
+    if value == default and split_host_port(listen)[1] == 0:
+        return join_host_port(split_host_port(default)[0], 0)
+    return value
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     listen: str = field(default="127.0.0.1:8100", metadata={"help": "address the scheduler serves on"})
@@ -318,10 +326,8 @@ class SchedulerConfig:
 
     @property
     def resolved_metrics_listen(self) -> str:
-        """Where /metrics is served ('' when off): any free port while the scheduler itself took one."""
-        if self.metrics_listen == DEFAULT_SCHEDULER_METRICS_LISTEN and split_host_port(self.listen)[1] == 0:
-            return join_host_port(split_host_port(DEFAULT_SCHEDULER_METRICS_LISTEN)[0], 0)
-        return self.metrics_listen
+        """Where /metrics is served ('' when off)."""
+        return companion_listen(self.listen, self.metrics_listen, DEFAULT_SCHEDULER_METRICS_LISTEN)
 
 
 class BatchStart(str, enum.Enum):
@@ -439,19 +445,12 @@ class FrontendConfig:
         if self.exec_path not in ("stream", "unary"):
             raise ConfigError(f"--exec-path: expected stream or unary, got {self.exec_path!r}")
 
-    def _companion_listen(self, value: str, default: str) -> str:
-        """A frontend asked for any free gRPC port (tests, benchmarks, several frontends on one host)
-        takes any free port for its other listeners too, unless they were given explicitly."""
-        if value == default and split_host_port(self.listen)[1] == 0:
-            return join_host_port(split_host_port(default)[0], 0)
-        return value
-
     @property
     def resolved_http_listen(self) -> str:
         """Where HTTP binds ('' when off)."""
-        return self._companion_listen(self.http_listen, DEFAULT_HTTP_LISTEN)
+        return companion_listen(self.listen, self.http_listen, DEFAULT_HTTP_LISTEN)
 
     @property
     def resolved_metrics_listen(self) -> str:
         """Where /metrics is served ('' when off)."""
-        return self._companion_listen(self.metrics_listen, DEFAULT_METRICS_LISTEN)
+        return companion_listen(self.listen, self.metrics_listen, DEFAULT_METRICS_LISTEN)

@@ -14,7 +14,7 @@ import time
 import grpc
 
 from common import grpc_util
-from common.config import FrontendConfig, split_host_port
+from common.config import FrontendConfig
 from common.health import Health
 from common.pb import control, control_grpc, kserve_grpc
 from common.registration import keep_registered
@@ -182,14 +182,13 @@ async def _start_metrics(config: FrontendConfig, state: FrontendState, server):
     """The Prometheus endpoint on ``--metrics-listen`` (None when off); exits with a message when it cannot bind."""
     if not config.resolved_metrics_listen:
         return None
-    from common.metrics_http import start_metrics_server
+    from common.metrics_http import serve_metrics
 
-    host, port = split_host_port(config.resolved_metrics_listen)
     try:
-        metrics = await start_metrics_server(host, port, state.metrics.registry)
-    except OSError as exc:
+        metrics = await serve_metrics("frontend", config.metrics_listen, config.resolved_metrics_listen,
+                                      state.metrics.registry)
+    except SystemExit:
         await server.stop(grace=0)
-        raise SystemExit(f"nexus frontend: error: cannot serve --metrics-listen {config.metrics_listen}: "
-                         f"{exc.strerror or exc}") from None
+        raise
     log.info("Prometheus metrics on %s", metrics.url)
     return metrics

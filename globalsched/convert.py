@@ -6,7 +6,7 @@ globalsched/model_admin.py); these functions only say how it looks on the wire.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable
 
 from common.pb import control
 from common.profile import Profile

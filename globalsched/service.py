@@ -214,17 +214,14 @@ async def _start_metrics(config: SchedulerConfig, service: SchedulerService, ser
         return None
     from prometheus_client import CollectorRegistry
 
-    from common.config import split_host_port
-    from common.metrics_http import start_metrics_server
+    from common.metrics_http import serve_metrics
 
     registry = CollectorRegistry()
     registry.register(ScalerCollector(service.scaler))
-    host, port = split_host_port(config.resolved_metrics_listen)
     try:
-        metrics = await start_metrics_server(host, port, registry)
-    except OSError as exc:
+        metrics = await serve_metrics("scheduler", config.metrics_listen, config.resolved_metrics_listen, registry)
+    except SystemExit:
         await server.stop(grace=0)
-        raise SystemExit(f"nexus scheduler: error: cannot serve --metrics-listen {config.metrics_listen}: "
-                         f"{exc.strerror or exc}") from None
+        raise
     log.info("Prometheus metrics on %s", metrics.url)
     return metrics

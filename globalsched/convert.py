@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Iterable
 from common.pb import control
 from common.profile import Profile
 from common.tensors import TensorSpec
-from globalsched.modeldb import ModelRecord
+from globalsched.modeldb import ModelRecord, ServingSettings
 
 if TYPE_CHECKING:
     from globalsched.cluster import ClusterPlan, QueryPlan
@@ -23,15 +23,16 @@ def tensor_desc(spec: TensorSpec) -> control.TensorDesc:
     return control.TensorDesc(name=spec.name, datatype=spec.datatype, shape=list(spec.shape))
 
 
-def model_desc(record: ModelRecord, profiles: dict[str, Profile], loaded: bool, min_replicas: int = 0
-               ) -> control.ModelDesc:
+def model_desc(record: ModelRecord, profiles: dict[str, Profile], loaded: bool, min_replicas: int = 0,
+               serving: ServingSettings = ServingSettings()) -> control.ModelDesc:
     return control.ModelDesc(
         name=record.name, sha256=record.sha256, runtime=record.runtime,
         inputs=[tensor_desc(t) for t in record.inputs], outputs=[tensor_desc(t) for t in record.outputs],
         size_bytes=record.size_bytes, default_slo_ms=record.default_slo_ms,
         max_batch=max((p.max_batch for p in profiles.values()), default=0),
         profiled_device_types=sorted(profiles), prefix_group=record.prefix_group, loaded=loaded,
-        created_unix_ms=record.created_ms, min_replicas=min_replicas)
+        created_unix_ms=record.created_ms, min_replicas=min_replicas,
+        expected_rate_rps=serving.expected_rate_rps, batch_cap=serving.batch_cap)
 
 
 # ---- model tables (to backends) ------------------------------------------------------------------

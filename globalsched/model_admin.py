@@ -27,7 +27,7 @@ from globalsched.cluster import ClusterPlan
 from globalsched.convert import model_desc
 from globalsched.load_failures import LoadFailures
 from globalsched.membership import Node
-from globalsched.modeldb import ModelDatabase, UploadError
+from globalsched.modeldb import ModelDatabase, ServingSettings, UploadError
 from globalsched.querydb import QueryStore
 from globalsched.refusal import Refused
 from globalsched.replan_trigger import ReplanTrigger
@@ -84,7 +84,8 @@ class ModelAdmin:
                 self.db.add_model, header.name, parts, runtime=header.runtime or "onnxruntime",
                 profile_json=header.profile_json, slo_ms=header.slo_ms, io_json=header.io_json,
                 default_slo_ms=self.config.default_slo_ms, create_session=header.load, prefix_fn=self.prefix_fn,
-                min_replicas=header.min_replicas)
+                min_replicas=header.min_replicas,
+                serving=ServingSettings(header.expected_rate_rps, header.batch_cap))
         except UploadError as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"upload of {header.name!r} refused: {exc}") from None
         self.trigger.request(f"model {record.name} uploaded")
@@ -151,11 +152,13 @@ class ModelAdmin:
     def desc(self, name: str) -> control.ModelDesc:
         record = self.db.model(name)
         loaded = any(s.model == name for s in self.db.sessions())
-        return model_desc(record, self.db.profiles(name), loaded, self.db.min_replicas(name))
+        return model_desc(record, self.db.profiles(name), loaded, self.db.min_replicas(name), self.db.serving(name))
 
     def profiles(self, model: str) -> dict[str, Profile]:
-        """The model's profiles by device type, inflated by its measured co-location slowdown."""
-        profiles = self.db.profiles(model)
+        """The model's profiles by device type, up to its batch cap, inflated by its measured co-location
+        slowdown."""
+        cap = self.db.serving(model).batch_cap
+        profiles = {t: p.capped(cap) for t, p in self.db.profiles(model).items()}
         factor = self.slowdowns.get(model) or self.slowdowns.get(self.db.model(model).sha256 if self.db.model(model) else "")
         if factor and factor > 1.0:
             from profiler.slowdown import apply_colocation_slowdown

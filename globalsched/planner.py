@@ -8,7 +8,8 @@ previous plan is returned itself (``plan is state.plan``) and nothing needs appl
 
 What it does, in order:
 
-1. sessions: every served model at its measured rate (or the default rate), and the stage sessions
+1. sessions: every served model at its measured rate (before one is measured, the rate it was
+   uploaded expecting, else the default rate), and the stage sessions
    of every query, whose SLOs are the latency split's budgets (globalsched/query_sessions.py); all
    rates times 1 + ``rate_headroom``. Models whose load attempts are spent on every present device
    type are left out (routed UNAVAILABLE with the reason by the distribution);
@@ -119,8 +120,8 @@ def session_inputs(view: ClusterView, settings: PlannerSettings
     for m in view.models:
         if present and set(present) <= m.unloadable_on:
             continue                         # routed with its reason, never placed again
-        out.append(SessionInput(m.name, m.slo_ms, rates.get(m.name, default_rate), m.profiles, m.prefix_group,
-                                m.prefix_share))
+        rate = rates.get(m.name, m.expected_rate_rps * headroom if m.expected_rate_rps > 0 else default_rate)
+        out.append(SessionInput(m.name, m.slo_ms, rate, m.profiles, m.prefix_group, m.prefix_share))
     profiles = {name: m.profiles for name, m in view.stage_models.items()}
     stage_sessions, query_plans = plan_query_sessions(view.queries, rates, view.gammas, profiles, present,
                                                       settings.latency_split, default_rate, settings.planner)

@@ -37,4 +37,4 @@ def _model_view(admin: ModelAdmin, name: str, slo_ms: float) -> ModelView:
     record = admin.db.model(name)
     group = record.prefix_group if record else ""
     return ModelView(name, slo_ms, admin.profiles(name), group, admin.db.prefix_share(name) if group else None,
-                     admin.db.min_replicas(name), admin.unloadable_on(name))
+                     admin.db.min_replicas(name), admin.unloadable_on(name), admin.db.serving(name).expected_rate_rps)

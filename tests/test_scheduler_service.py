@@ -188,3 +188,45 @@ def test_model_files_are_downloaded_in_chunks_and_unknown_ones_refused(tmp_path,
             asyncio.run(download(bad))
         assert refused.value.code == grpc.StatusCode.NOT_FOUND
         assert "no model file with sha256" in refused.value.message
+
+
+def test_a_model_uploaded_with_an_expected_rate_and_a_batch_cap_is_planned_by_them(tmp_path):
+    """Issue 17's cold start and issue 20's max_batch_size: planned for the expected rate until one is
+    measured, never at a batch beyond the cap, and both are in the model's description."""
+    import time
+
+    from globalsched.membership import Node
+    from globalsched.modeldb import ServingSettings
+
+    service = _service(tmp_path)
+    profile = Profile.linear(0.5, 2.0, 32, device_type="cpu")
+    service.db.add_model("hot", [model_bytes(mlp_small())], profile_json=profile.to_json(), slo_ms=100,
+                         serving=ServingSettings(expected_rate_rps=400.0, batch_cap=4))
+    now = time.monotonic()
+    service.nodes["be-1"] = Node("be-1", control.NODE_KIND_BACKEND, "127.0.0.1:1", "cpu", "cpu", 0.0)
+    sessions, _, _ = session_inputs(service.read_view(now), service.control.settings)
+    assert {s.model: s.rate_rps for s in sessions} == {"hot": 400.0, "m": service.config.default_rate_rps}
+    [hot] = [s for s in sessions if s.model == "hot"]
+    assert hot.profiles["cpu"].max_batch == 4
+    plan, _ = plan_cluster(service.read_view(now), PlannerState())
+    batches = [s.batch for p in plan.placements.values() for b in p.backends for s in b.sessions if s.model == "hot"]
+    assert batches and max(batches) <= 4
+    desc = service.admin.desc("hot")
+    assert desc.expected_rate_rps == 400.0 and desc.batch_cap == 4 and desc.max_batch == 32
+    service.workload.rates["fe"] = {"hot": (50.0, now)}            # measured: that rate from now on
+    sessions, _, _ = session_inputs(service.read_view(now), service.control.settings)
+    assert {s.model: s.rate_rps for s in sessions}["hot"] == 50.0
+
+
+def test_bad_serving_settings_are_refused_at_upload(tmp_path):
+    import pytest
+
+    from globalsched.modeldb import ServingSettings, UploadError
+
+    db = ModelDatabase(tmp_path / "db")
+    for settings, message in ((ServingSettings(expected_rate_rps=-1.0), "expected_rate_rps must be a rate of at least 0"),
+                              (ServingSettings(expected_rate_rps=float("nan")), "expected_rate_rps must be a rate"),
+                              (ServingSettings(batch_cap=-2), "batch_cap must be at least 0, got -2")):
+        with pytest.raises(UploadError, match=message):
+            db.add_model("x", [model_bytes(mlp_small())], serving=settings)
+        assert db.model("x") is None

@@ -14,7 +14,8 @@ What it does, in order:
    rates times 1 + ``rate_headroom``. Models whose load attempts are spent on every present device
    type are left out (routed UNAVAILABLE with the reason by the distribution);
 2. a query's measured fan-out that left the band of the one planned for forces a re-plan (after the
-   re-planner's cooldown): the latency split depends on it;
+   re-planner's cooldown): the latency split depends on it; a session whose demand surged beyond
+   the band of its planned rate forces one at once (cold start: capacity cannot wait for an epoch);
 3. each session goes to the device type of the most backends it has a profile for; one with no
    profile for any present type is listed in ``need_profile``; one whose SLO less the path allowance
    is below 2*l(1) on every type is served best effort at batch 1;
@@ -78,6 +79,9 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
                  ) -> tuple[ClusterPlan, PlannerState]:
     """The plan for ``view`` and the next state (see the module docstring)."""
     force, why = view.force, view.why
+    surge = demand_surge(view.surges_rps, state.plan, settings)
+    if surge and force is None:
+        force, why = ReplanReason.SESSIONS_CHANGED, (*why, surge)     # no cooldown: capacity is needed now
     if force is None and state.plan is not None and state.last_plan_s is not None and view.backends == state.backends \
             and view.now_s - state.last_plan_s < settings.replan.cooldown_s:
         return state.plan, state            # the re-planner's cooldown: nothing unforced changes yet
@@ -95,6 +99,20 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
     plan = replace(placed, sessions=planned, query_plans=query_plans, planned_query_rates=query_rates,
                    planned_gammas=gammas, why=why)
     return plan, PlannerState(plan, types, view.now_s, view.backends)
+
+
+def demand_surge(surges_rps: Mapping[str, float], plan: ClusterPlan | None, settings: PlannerSettings) -> str:
+    """Why demand outran the plan at once ("" when it did not): a session whose surging rate, with
+    headroom, is beyond the re-planner's band of the rate it is planned for."""
+    if plan is None:
+        return ""
+    headroom = 1.0 + settings.rate_headroom
+    for session, rate in sorted(surges_rps.items()):
+        planned = plan.sessions[session].rate_rps if session in plan.sessions else \
+            plan.planned_query_rates.get(session)
+        if planned is not None and rate * headroom > settings.replan.band_high * planned:
+            return f"demand surge: {session} at {rate:.0f} rps, planned for {planned:.0f}"
+    return ""
 
 
 def gamma_drift(measured: Mapping[tuple[str, str, str], float], planned: Mapping[tuple[str, str, str], float],

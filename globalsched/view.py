@@ -30,7 +30,8 @@ def read_view(now_s: float, backends: Iterable[Node], admin: ModelAdmin, workloa
         now_s=now_s,
         backends=tuple(BackendSlot(n.node_id, n.device_type, n.memory_mb) for n in backends),
         models=tuple(models), queries=queries, stage_models=stage_models,
-        rates_rps=workload.planning_rates(now_s), gammas=workload.current_gammas(now_s), force=force, why=why)
+        rates_rps=workload.planning_rates(now_s), surges_rps=workload.surges(now_s),
+        gammas=workload.current_gammas(now_s), force=force, why=why)
 
 
 def _model_view(admin: ModelAdmin, name: str, slo_ms: float) -> ModelView:

@@ -25,11 +25,11 @@ class Loop:
         self.state = PlannerState()
         self.changed = False
 
-    def plan(self, sessions: list[SessionInput], slots, now: float, min_replicas=None, force=None):
+    def plan(self, sessions: list[SessionInput], slots, now: float, min_replicas=None, force=None, surges=None):
         view = ClusterView(now, tuple(slots),
                            tuple(ModelView(s.model, s.slo_ms, s.profiles, min_replicas=(min_replicas or {}).get(s.model, 0))
                                  for s in sessions),
-                           rates_rps={s.model: s.rate_rps for s in sessions}, force=force)
+                           rates_rps={s.model: s.rate_rps for s in sessions}, surges_rps=surges or {}, force=force)
         before = self.state.plan
         plan, self.state = plan_cluster(view, self.state, self.settings)
         self.changed = plan is not before
@@ -132,3 +132,15 @@ def test_replicas_stay_where_they_are_across_re_plans():
     assert loop.changed
     assert after["twin"] == before["twin"]
     assert before["other"] <= after["other"]
+
+
+def test_a_demand_surge_is_planned_for_within_the_cooldown():
+    loop = _loop(cooldown_s=5.0, epoch_s=30.0)
+    slots = _slots("a", "b", "c", "d")
+    loop.plan([SessionInput("m", 100.0, 60.0, {"gpu": PROFILE})], slots, 0.0)
+    stepped = [SessionInput("m", 100.0, 600.0, {"gpu": PROFILE})]
+    loop.plan(stepped, slots, 1.0)
+    assert not loop.changed                                  # an excursion of the mean waits for the cooldown
+    plan = loop.plan(stepped, slots, 1.5, surges={"m": 600.0})
+    assert loop.changed and plan.why == ("demand surge: m at 600 rps, planned for 60",)
+    assert sum(share for _, share in plan.backends_of("m")) >= 600.0

@@ -230,3 +230,34 @@ def test_bad_serving_settings_are_refused_at_upload(tmp_path):
         with pytest.raises(UploadError, match=message):
             db.add_model("x", [model_bytes(mlp_small())], serving=settings)
         assert db.model("x") is None
+
+
+def test_a_surge_beyond_noise_is_planned_for_at_once_and_noise_is_not():
+    """Cold start (issue 17): a report far above the window's mean is planned for at once, with no
+    cooldown; an ordinary Poisson excursion is not."""
+    from globalsched.cluster import PlannedSession
+    from globalsched.planner import PlannerSettings, demand_surge
+    from globalsched.workload import Workload
+
+    def report(workload, now, requests):
+        workload.report(control.WorkloadReport(node_id="fe", rates=[control.SessionRate(
+            model="m", rate_rps=float(requests), requests=requests, window_ms=1000)]), now)
+
+    noisy, surged = Workload(), Workload()
+    for t, n in enumerate([60, 55, 66, 58, 74]):                  # 74 is within 4 sigma of ~60
+        report(noisy, float(t), n)
+    for t, n in enumerate([60, 55, 66, 58, 300]):                 # a 5x step
+        report(surged, float(t), n)
+    assert noisy.surges(4.0) == {} and noisy.planning_rates(4.0)["m"] == sum([60, 55, 66, 58, 74]) / 5
+    assert surged.surges(4.0) == {"m": 300.0} and surged.planning_rates(4.0)["m"] == 300.0
+    plan = _plan_for({"m": PlannedSession("m", "m", 50.0, 60.0)})
+    settings = PlannerSettings()
+    assert demand_surge(surged.surges(4.0), plan, settings) == "demand surge: m at 300 rps, planned for 60"
+    assert demand_surge({"m": 64.0}, plan, settings) == ""          # within the band of the plan
+    assert demand_surge(surged.surges(4.0), None, settings) == ""
+
+
+def _plan_for(sessions):
+    from globalsched.cluster import ClusterPlan
+
+    return ClusterPlan({}, {}, {}, sessions=sessions)

@@ -408,6 +408,7 @@ class BackendService(control_grpc.BackendServicer):
 
     async def ProfileModel(self, request, context):
         from backend.profiling import measure_profile
+        from common.emulated_gpus import NoDatasheet
 
         model = request.model
         runtime_kind = "emulated" if self.config.device.startswith("emulated:") else model.runtime
@@ -418,6 +419,8 @@ class BackendService(control_grpc.BackendServicer):
                     measure_profile, data, runtime_kind, self.config.device, self.config.resolved_device_type,
                     _io_json(model), list(request.batch_sizes), request.budget_s or 20.0,
                     self._threads())
+        except NoDatasheet as exc:
+            return control.MeasuredProfile(error=str(exc), unmeasurable=True)
         except Exception as exc:
             log.warning("profiling %s failed: %s", model.name, exc)
             return control.MeasuredProfile(error=f"{exc.__class__.__name__}: {exc}")

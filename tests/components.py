@@ -111,14 +111,14 @@ def infer_request(model: str, features: int = 64, timeout_us: int = 0) -> kserve
     return req
 
 
-def wait_ready(frontend: str, model: str, timeout_s: float = 60) -> None:
+def wait_ready(frontend: str, model: str, timeout_s: float = 60, features: int = 64) -> None:
     with grpc.insecure_channel(frontend) as ch:
         stub = kserve_grpc.GRPCInferenceServiceStub(ch)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if stub.ModelReady(kserve.ModelReadyRequest(name=model), timeout=5).ready:
                 try:
-                    stub.ModelInfer(infer_request(model), timeout=10)
+                    stub.ModelInfer(infer_request(model, features), timeout=10)
                     return
                 except grpc.RpcError:
                     pass

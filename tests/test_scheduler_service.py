@@ -126,12 +126,12 @@ def test_plans_use_the_windowed_mean_rate_not_the_smoothed_one(tmp_path):
         return control.WorkloadReport(node_id="fe", rates=[control.SessionRate(
             model="m", rate_rps=float(requests), requests=requests, window_ms=1000)])
 
-    for requests in (20, 20, 20, 20, 44):   # a noisy last second
+    for requests in (20, 20, 20, 20, 34):   # a noisy last second (3 sigma: not a surge)
         asyncio.run(service.ReportWorkload(Report(requests), None))
     now = time.monotonic()
     smoothed = service.workload.current_rates(now)["m"]
-    assert smoothed > 27                                              # the excursion of the last report
-    assert abs(service.workload.planning_rates(now)["m"] - 124 / 5) < 1e-9     # what the plan is made for
+    assert smoothed > 24                                              # the excursion of the last report
+    assert abs(service.workload.planning_rates(now)["m"] - 114 / 5) < 1e-9     # what the plan is made for
     service.workload.rate_history["fe"]["m"].clear()                           # no counts: the smoothed rate
     assert service.workload.planning_rates(now)["m"] == smoothed
 

@@ -105,9 +105,11 @@ def device_session(placed: PlacedSession, model: str, slo_ms: float, profile: Pr
 
 
 def device_status(node_id: str, address: str, device: str, device_type: str, memory_mb: float,
-                  duty_cycle_ms: float = 0.0, sessions: Iterable[control.DeviceSession] = ()) -> control.DeviceStatus:
+                  duty_cycle_ms: float = 0.0, sessions: Iterable[control.DeviceSession] = (),
+                  exec_ms: float = 0.0) -> control.DeviceStatus:
     return control.DeviceStatus(node_id=node_id, address=address, device=device, device_type=device_type,
-                                memory_mb=memory_mb, duty_cycle_ms=duty_cycle_ms, sessions=list(sessions))
+                                memory_mb=memory_mb, duty_cycle_ms=duty_cycle_ms, sessions=list(sessions),
+                                exec_ms=exec_ms)
 
 
 def scaling_decision(decision: ScalingDecision, plan: ClusterPlan | None) -> control.ScalingDecision:

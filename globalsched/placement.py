@@ -33,6 +33,7 @@ class BackendAssignment:
     node_id: str
     duty_cycle_ms: float
     sessions: tuple[PlacedSession, ...]
+    exec_ms: float = 0.0        # the batches' execution per duty cycle, a shared prefix counted once
 
 
 @dataclass(frozen=True)

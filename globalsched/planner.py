@@ -224,7 +224,7 @@ def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendS
                          f"{result.placement.overcommitted} folded onto busy backends")
         placements[device_type] = result.placement
     for device_type, group in infeasible.items():
-        placements[device_type] = _add_best_effort(placements[device_type], group)
+        placements[device_type] = _add_best_effort(placements[device_type], group, device_type)
     plan = ClusterPlan(placements, unplaced, need_profile, best_effort=best_effort,
                        num_devices_planned=sum(needed.values()), lower_bound=sum(bounds.values()),
                        solver=settings.solver, notes=tuple(notes), devices_needed=needed, lower_bounds=bounds,
@@ -232,11 +232,14 @@ def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendS
     return plan, types
 
 
-def _add_best_effort(placement: Placement, sessions: Sequence[SessionInput]) -> Placement:
+def _add_best_effort(placement: Placement, sessions: Sequence[SessionInput], device_type: str) -> Placement:
+    """Sessions no plan can serve within their SLO, at batch 1 on the backends running the fewest
+    sessions (beyond the plan's duty cycles: the device's execution says so)."""
     backends = list(placement.backends)
     for s in sessions:
         i = min(range(len(backends)), key=lambda k: len(backends[k].sessions))
         b = backends[i]
         backends[i] = BackendAssignment(b.node_id, b.duty_cycle_ms,
-                                        b.sessions + (PlacedSession(s.model, 1, max(s.rate_rps, MIN_PLANNED_RATE_RPS)),))
+                                        b.sessions + (PlacedSession(s.model, 1, max(s.rate_rps, MIN_PLANNED_RATE_RPS)),),
+                                        b.exec_ms + s.profiles[device_type].latency_ms(1))
     return Placement(tuple(backends), placement.overcommitted, placement.moved)

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import AbstractSet, Mapping, Sequence
+from typing import AbstractSet, Callable, Mapping, Sequence
 
-from common.plan import GpuPlan, GpuSpec, Plan, PlanningError, SessionAlloc, SessionSpec
+from common.plan import GpuPlan, GpuSpec, Plan, PlanningError, SessionAlloc, SessionSpec, gpu_exec_breakdown
 from globalsched.algorithms.config import PlannerConfig
 from globalsched.algorithms.replan import ReplanConfig, ReplanReason, ReplanState, replan
 from globalsched.placement import BackendAssignment, BackendSlot, PlacedSession, Placement
@@ -69,6 +69,7 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
     from globalsched.prefix_groups import planning_groups
 
     alive = frozenset(b.node_id for b in slots)
+    grouped, groups = planning_groups(specs, shares)
     # An SLO that changes by itself is a query stage's budget, which follows the rates: judged by
     # the rate band like them (a model's SLO changes through LoadModel, which forces a re-plan).
     signature = tuple(sorted((s.name, min_replicas.get(s.name, 1), s.prefix_group or "") for s in specs))
@@ -97,7 +98,6 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
         reason = ReplanReason.INITIAL
         state = ReplanState(now_s, tuple((s.name, s.rate_rps) for s in specs), (), reason, st.replan.replans + 1)
     else:
-        grouped, groups = planning_groups(specs, shares)
         try:
             plan, state = replan(current, grouped, gpu, now_s, st.replan, config, groups, force=force)
         except PlanningError:   # a prefix-grouped plan the re-planner cannot make: plan without groups
@@ -111,7 +111,9 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
     gpus, replicas = add_replicas(plan.gpus, specs, gpu, {s.name: min_replicas.get(s.name, 1) for s in specs},
                                   len(slots), config.planner, st.plan, st.replicas)
     plan = replace(plan, gpus=tuple(gpus))
-    placement, nodes = _assign(plan.gpus, slots, st.nodes, previous)
+    by_name, by_group = {s.name: s for s in grouped}, {g.name: g for g in groups}
+    placement, nodes = _assign(plan.gpus, slots, st.nodes, previous,
+                               lambda g: gpu_exec_breakdown(g, by_name, by_group)[0])
     new = TypeState(plan, state, nodes, frozenset(replicas), signature, alive, placement)
     return TypeResult(placement, _devices_needed(plan, specs, min_replicas), plan.lower_bound, reason, new)
 
@@ -243,10 +245,11 @@ def _with(g: GpuPlan, spec: SessionSpec, rate: float, gpu: GpuSpec, margins_ms: 
 
 
 def _assign(gpus: Sequence[GpuPlan], slots: Sequence[BackendSlot], nodes_before: Mapping[int, str],
-            previous: Mapping[str, frozenset[str]] = {}) -> tuple[Placement, dict[int, str]]:
+            previous: Mapping[str, frozenset[str]], exec_ms: Callable[[GpuPlan], float]
+            ) -> tuple[Placement, dict[int, str]]:
     """GPUs onto backends: each GPU stays on the backend that ran it; new GPUs take the free backend
     that ran most of their sessions before (``previous``), else the first free one; the rest fold
-    onto the least-loaded backends."""
+    onto the least-loaded backends. ``exec_ms`` gives a GPU's execution per duty cycle."""
     alive = [b.node_id for b in slots]
     nodes: dict[int, str] = {}
     used: set[str] = set()
@@ -282,5 +285,6 @@ def _assign(gpus: Sequence[GpuPlan], slots: Sequence[BackendSlot], nodes_before:
                     s = PlacedSession(s.model, max(s.batch, old.batch), s.throughput_rps + old.throughput_rps)
                 sessions[a.session] = s
         duty = max((g.duty_cycle_ms for g in mine), default=0.0)
-        result.append(BackendAssignment(n, duty, tuple(sorted(sessions.values(), key=lambda s: s.model))))
+        result.append(BackendAssignment(n, duty, tuple(sorted(sessions.values(), key=lambda s: s.model)),
+                                        sum(exec_ms(g) for g in mine)))
     return Placement(tuple(result), overcommitted, 0), nodes

@@ -34,5 +34,6 @@ def status_reply(plan: ClusterPlan | None, routing: control.RoutingTable, backen
                 sessions.append(convert.device_session(s, model, planned.slo_ms if planned else 0.0,
                                                        admin.profiles(model).get(node.device_type)))
         devices.append(convert.device_status(node.node_id, node.address, node.device, node.device_type,
-                                             node.memory_mb, b.duty_cycle_ms if b is not None else 0.0, sessions))
+                                             node.memory_mb, b.duty_cycle_ms if b is not None else 0.0, sessions,
+                                             b.exec_ms if b is not None else 0.0))
     return convert.status_reply(frontends, routing, devices, plan, plan_age_s, scaling)

@@ -164,6 +164,11 @@ def test_cluster_plan_places_a_prefix_group_together_and_needs_fewer_devices():
     grouped, plain = plan("g"), plan("")
     homes = {n for m in (f"m{i}" for i in range(6)) for n, _ in grouped.backends_of(m)}
     assert len(homes) == 1, homes                      # every member on one backend
+    # The device's execution counts the shared prefix once: within its duty cycle, where the members'
+    # whole-model latencies add up to more (issue 20: `nexus status` showed such devices over 100%).
+    [home] = [b for b in grouped.placements["gpu"].backends if b.sessions]
+    whole = sum(profile.latency_ms(s.batch) for s in home.sessions)
+    assert home.exec_ms <= home.duty_cycle_ms + 1e-6 < whole
     assert grouped.num_devices_planned == 1 < plain.num_devices_planned == 2
     # Knowing the groups never costs devices (the plan without them is kept when it is better).
     for n, rate in ((3, 10.0), (6, 10.0), (10, 40.0), (10, 150.0)):

@@ -21,8 +21,9 @@ from common.registration import keep_registered
 from common.security import (REPOSITORY_METHODS, Credentials, HeaderGuard, RepositoryAccess, control_methods,
                              parse_restricted_header)
 from frontend import readiness, rest
+from frontend.dispatch import FrontendState
 from frontend.gate import RequestGate
-from frontend.kserve import FrontendState, KServeService
+from frontend.kserve import KServeService
 from frontend.routing import RoutingTable
 
 log = logging.getLogger("nexus.frontend")

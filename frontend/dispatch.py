@@ -7,6 +7,13 @@ through it; it imports none of them.
 Contracts:
 - :class:`FrontendState` is what one frontend knows: the routing table, the backend connections,
   the demand windows it reports, the Triton statistics and the Prometheus recorder.
+- :meth:`FrontendState.admit` takes in every inference request, whatever its transport (KServe gRPC
+  unary or streaming, HTTP/REST): it is counted in flight until it ends, which the drain on SIGTERM
+  waits for, and one that arrives before the first routing table waits for it. A frontend listens
+  before the scheduler has pushed it a table (the scheduler reaches it on that port), so a client
+  that dials it at once, as a round-robin client does when a restarted frontend comes back, would
+  get NOT_FOUND for every model; the wait is at most ``FIRST_TABLE_WAIT_S`` and never past the
+  request's own deadline.
 - :func:`dispatch` runs one request on a backend of a model, chosen by load (outstanding requests
   per unit of planned share), and retries on another backend when the first one disappears, while
   the request's deadline allows.
@@ -21,7 +28,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 
@@ -50,6 +57,8 @@ DEADLINE_GRACE_S = 0.02
 PATH_SMOOTHING = 0.05
 CLIENT_PATH_SHARE = 0.05
 RETURN_ALLOWANCE_MAX_S = 0.1
+FIRST_TABLE_WAIT_S = 5.0
+ANSWER_MARGIN_S = 0.1     # a request held for the first table stops waiting this long before its deadline
 
 
 class FrontendState:
@@ -63,13 +72,14 @@ class FrontendState:
         self.health = None                               # common.health.Health, set by the server
         self.use_stream = use_stream
         self.ready = False
+        self.in_flight = 0                               # requests and calls being served now (see admit)
         # Rows per model and query since the last report: a request of n rows counts n, as batches
         # are sized in rows and query stages count their rows (the scheduler plans in rows/s).
         self.requests_window: dict[str, int] = {}
         self.counters: dict[str, dict[str, int]] = {}   # per model: success/fail counts, ns, rows
         self.edge_window: dict[tuple[str, str, str], list[int]] = {}  # (query, parent, child) -> [parent, child] rows
         self.table_changed = asyncio.Event()
-        self.metrics = FrontendMetrics(lambda: self.table)   # Prometheus, served by frontend/server.py
+        self.metrics = FrontendMetrics(lambda: self.table, lambda: self.in_flight)   # served by frontend/server.py
         self.path_overhead_s = 0.0                      # smoothed frontend-backend-frontend overhead
         self.path_deviation_s = 0.0                     # and its smoothed mean deviation
 
@@ -78,6 +88,35 @@ class FrontendState:
         self.pool.sync(table.addresses())     # readiness follows in frontend/readiness.py
         self.table_changed.set()
         self.table_changed = asyncio.Event()
+
+    @contextlib.contextmanager
+    def counted(self) -> Iterator[None]:
+        """Count a call in flight while in the block (the drain on SIGTERM waits for it to end)."""
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+
+    @contextlib.asynccontextmanager
+    async def admit(self, deadline_s: float | None) -> AsyncIterator[float | None]:
+        """Take in an inference request with ``deadline_s`` left (None: no deadline): counted in flight
+        while in the block, and held until the first routing table (module doc); yields the deadline
+        left after the hold."""
+        with self.counted():
+            if self.table.epoch == 0:
+                deadline_s = await self._first_table(deadline_s)
+            yield deadline_s
+
+    async def _first_table(self, deadline_s: float | None) -> float | None:
+        start = time.monotonic()
+        wait_s = FIRST_TABLE_WAIT_S if deadline_s is None else min(FIRST_TABLE_WAIT_S, deadline_s - ANSWER_MARGIN_S)
+        while self.table.epoch == 0 and (left_s := start + wait_s - time.monotonic()) > 0:
+            try:
+                await asyncio.wait_for(self.table_changed.wait(), left_s)
+            except asyncio.TimeoutError:
+                break
+        return None if deadline_s is None else deadline_s - (time.monotonic() - start)
 
     def entry(self, name: str) -> ModelEntry:
         """The routing table's model or query ``name``; RequestError NOT_FOUND when it has none."""

@@ -24,19 +24,22 @@ from frontend.trace import Marks
 
 async def infer(state: FrontendState, request, deadline_s: float | None) -> kserve.ModelInferResponse:
     """Serve one ModelInferRequest (a model or a query) whose transport leaves it ``deadline_s``
-    (None: no deadline); raise RequestError with the gRPC status on failure."""
-    start = time.monotonic()
-    marks = state.tracer.start() if state.tracer is not None else None
-    name = request.model_name
-    query = state.table.queries.get(name)
-    if query is not None:
-        with state.record(name, start) as record:
-            return await run_query(state, query, request, deadline_s, record)
-    model = state.entry(name)
-    if request.model_version and request.model_version != "1":
-        raise RequestError(grpc.StatusCode.NOT_FOUND, f"model {model.name!r} has no version {request.model_version!r}")
-    with state.record(model.name, start) as record:
-        return await _run_model(state, model, request, deadline_s, record, marks)
+    (None: no deadline); raise RequestError with the gRPC status on failure. The request is counted
+    in flight, and held for the first routing table, by the dispatch core (FrontendState.admit)."""
+    async with state.admit(deadline_s) as deadline_s:
+        start = time.monotonic()
+        marks = state.tracer.start() if state.tracer is not None else None
+        name = request.model_name
+        query = state.table.queries.get(name)
+        if query is not None:
+            with state.record(name, start) as record:
+                return await run_query(state, query, request, deadline_s, record)
+        model = state.entry(name)
+        if request.model_version and request.model_version != "1":
+            raise RequestError(grpc.StatusCode.NOT_FOUND,
+                               f"model {model.name!r} has no version {request.model_version!r}")
+        with state.record(model.name, start) as record:
+            return await _run_model(state, model, request, deadline_s, record, marks)
 
 
 async def _run_model(state: FrontendState, model: ModelEntry, request, deadline_s: float | None,

@@ -3,6 +3,8 @@
 The handlers serve gRPC, and HTTP/REST through ``frontend/rest.py``. Inference goes to
 :func:`frontend.inference.infer`, which runs it through the dispatch core (``frontend/dispatch.py``);
 the other calls answer from the routing table, the backends' statistics and the scheduler.
+Repository load and unload are served only to callers that ``repository_access`` admits (Triton's
+restricted-protocol header, else the cluster token): the one check, for gRPC and HTTP alike.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 import grpc
 
 from common.pb import control, kserve, model_config
+from common.security import RepositoryAccess
 from frontend.dispatch import FrontendState
 from frontend.inference import infer
 from frontend.requests import RequestError
@@ -33,9 +36,11 @@ _DTYPE_ENUM = {name: model_config.DataType.Value(f"TYPE_{name}") for name in
 class KServeService:
     """Handlers registered under ``inference.GRPCInferenceService``."""
 
-    def __init__(self, state: FrontendState, scheduler_stub=None) -> None:
+    def __init__(self, state: FrontendState, scheduler_stub=None,
+                 repository_access: RepositoryAccess = RepositoryAccess()) -> None:
         self.state = state
         self.scheduler = scheduler_stub
+        self.repository_access = repository_access
         self.stats_book = StatsBook()       # backends' statistics, kept cumulative across their changes
 
     async def ServerLive(self, request, context):
@@ -121,6 +126,10 @@ class KServeService:
                 t.cancel()
 
     async def ModelStatistics(self, request, context):
+        with self.state.counted():
+            return await self._statistics(request, context)
+
+    async def _statistics(self, request, context):
         names = [request.name] if request.name else sorted(
             n for n in {**self.state.table.models, **self.state.table.queries} if "/" not in n)
         if request.name:
@@ -184,9 +193,19 @@ class KServeService:
             reply.models.add(name=name, version="1", state=state, reason="" if model.ready else model.reason)
         return reply
 
-    async def RepositoryModelLoad(self, request, context):
+    async def _admit_repository_call(self, context) -> None:
+        refused = self.repository_access.problem(context.invocation_metadata())
+        if refused is not None:
+            await context.abort(*refused)
         if self.scheduler is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no scheduler connected")
+
+    async def RepositoryModelLoad(self, request, context):
+        await self._admit_repository_call(context)
+        with self.state.counted():
+            return await self._load(request, context)
+
+    async def _load(self, request, context):
         try:
             await self.scheduler.LoadModel(control.LoadRequest(name=request.model_name), timeout=10)
         except grpc.aio.AioRpcError as exc:
@@ -205,10 +224,10 @@ class KServeService:
                             f"model {request.model_name!r} did not become ready: {model.reason if model else 'unknown'}")
 
     async def RepositoryModelUnload(self, request, context):
-        if self.scheduler is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "no scheduler connected")
-        try:
-            await self.scheduler.UnloadModel(control.UnloadRequest(name=request.model_name), timeout=10)
-        except grpc.aio.AioRpcError as exc:
-            await context.abort(exc.code(), exc.details())
+        await self._admit_repository_call(context)
+        with self.state.counted():
+            try:
+                await self.scheduler.UnloadModel(control.UnloadRequest(name=request.model_name), timeout=10)
+            except grpc.aio.AioRpcError as exc:
+                await context.abort(exc.code(), exc.details())
         return kserve.RepositoryModelUnloadResponse()

@@ -30,6 +30,8 @@ This system's own:
   (the bucket ``le="1.0"`` counts requests within their SLO, whatever the model's SLO).
 - ``nexus_requests_late_total{model,version}``: successful requests answered after their SLO (their own
   ``timeout`` parameter, or the model's SLO, capped by the gRPC deadline).
+- ``nexus_requests_in_flight``: requests this frontend is serving now, over every transport (those
+  held for its first routing table included); a drain on SIGTERM waits for them.
 - ``nexus_requests_dropped_total{model,version,reason}``: requests dropped or shed, by gRPC status:
   ``DEADLINE_EXCEEDED`` (could not meet its deadline), ``RESOURCE_EXHAUSTED`` (a backend's queue was
   full), ``UNAVAILABLE`` (no backend serves the model now).
@@ -48,7 +50,7 @@ from typing import Callable
 
 import grpc
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, UnknownMetricFamily
 from prometheus_client.registry import Collector
 
@@ -179,7 +181,7 @@ class _PlanCollector(Collector):
 class FrontendMetrics:
     """The frontend's recorder and its registry; see the module doc for the metrics."""
 
-    def __init__(self, table: Callable[[], object]) -> None:
+    def __init__(self, table: Callable[[], object], in_flight: Callable[[], int] = lambda: 0) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self._triton: dict[str, _TritonCounts] = defaultdict(_TritonCounts)
         self.registry.register(_TritonCollector(self._triton))
@@ -195,6 +197,8 @@ class FrontendMetrics:
         self._dropped = Counter("nexus_requests_dropped", "Requests dropped or shed, by gRPC status",
                                 [*labels, "reason"], registry=self.registry)
         self._seen: set[str] = set()
+        Gauge("nexus_requests_in_flight", "Requests being served now, over every transport",
+              registry=self.registry).set_function(in_flight)
 
     def _first_sight(self, model: str) -> None:
         """Show a model's late and dropped counters at 0 before anything happens to them (ratios need them)."""

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
+from aiohttp.log import server_logger
 
 from common.config import join_host_port, split_host_port
 from common.pb import kserve
@@ -315,6 +317,23 @@ def encode_infer_response(response: kserve.ModelInferResponse, form: OutputForma
 
 # ---- the server -------------------------------------------------------------------------------------
 
+class _ServerLog(logging.LoggerAdapter):
+    """aiohttp's server log, where bytes that are not an HTTP/1 request (a gRPC client dialling this
+    port speaks HTTP/2) make one line instead of a traceback; aiohttp answers them 400 itself."""
+
+    def exception(self, msg, *args, exc_info=True, **kwargs) -> None:
+        if not isinstance(exc_info, BadHttpMessage):
+            self.logger.exception(msg, *args, exc_info=exc_info, **kwargs)
+            return
+        peer = args[0] if args else "a client"
+        if "PRI" in exc_info.message:        # HTTP/2's connection preface, "PRI * HTTP/2.0"
+            log.warning("HTTP/REST port: %s spoke HTTP/2 (a gRPC client? KServe gRPC is on the --listen "
+                        "port); answered 400", peer)
+        else:
+            reason = exc_info.message.strip().splitlines()[0].rstrip(":") if exc_info.message.strip() else "bad request"
+            log.warning("HTTP/REST port: %s sent no valid HTTP/1 request (%s); answered 400", peer, reason)
+
+
 def error_response(status: int, message: str, headers=None) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
 
@@ -476,7 +495,8 @@ async def start(service: KServeService, listen: str, max_body_bytes: int,
     event loop; return the runner and the bound HOST:PORT. ``await runner.cleanup()`` stops accepting
     and waits at most ``drain_s`` for the requests in flight."""
     host, port = split_host_port(listen)
-    runner = web.AppRunner(build_app(service, max_body_bytes), access_log=None, shutdown_timeout=drain_s)
+    runner = web.AppRunner(build_app(service, max_body_bytes), access_log=None, shutdown_timeout=drain_s,
+                           logger=_ServerLog(server_logger, {}))
     await runner.setup()
     try:
         await web.TCPSite(runner, host or None, port, ssl_context=ssl_context).start()

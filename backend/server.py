@@ -106,6 +106,7 @@ def encode_result(request_id: int, outcome: Outcome, received_ns: int = 0) -> co
     result = control.ExecResult(request_id=request_id, status=_STATUS[outcome.status], message=outcome.message,
                                 queue_ns=outcome.queue_ns, compute_ns=outcome.compute_ns,
                                 batch_size=outcome.batch_size, compute_input_ns=outcome.input_ns,
+                                first_in_batch=outcome.first_in_batch,
                                 backend_ns=time.monotonic_ns() - received_ns if received_ns else 0)
     if outcome.outputs is not None:
         for arr in outcome.outputs:

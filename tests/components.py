@@ -126,6 +126,18 @@ def wait_ready(frontend: str, model: str, timeout_s: float = 60, features: int =
     raise AssertionError(f"{model} not ready in {timeout_s} s")
 
 
+def wait_for(predicate, timeout_s: float = 60, what: str = ""):
+    """Poll ``predicate`` until it returns something true, and return that; AssertionError naming
+    ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
 @dataclass
 class LoadResult:
     sent: int

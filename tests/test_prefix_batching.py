@@ -252,6 +252,9 @@ def test_engine_runs_the_prefix_once_on_the_merged_batch_and_matches_whole_model
         st = sessions[n].stats
         assert st.inference_count == 6 and st.execution_count == 1 and st.batch_histogram == {18: 1}
     assert plain.stats.batch_histogram == {2: 1}
+    # One reply per model and batch is marked first: frontends count each model's executions by it.
+    firsts = [model for i, (model, _) in enumerate(requests) if results[i].first_in_batch]
+    assert sorted(firsts) == sorted([*names, "mlp"])
 
 
 def test_prefix_memory_is_counted_once(variants):

@@ -156,8 +156,9 @@ class ModelAdmin:
     def desc(self, name: str) -> control.ModelDesc:
         record = self.db.model(name)
         loaded = any(s.model == name for s in self.db.sessions())
-        profiles = self.db.profiles(name)
-        desc = model_desc(record, profiles, loaded, self.db.min_replicas(name), self.db.serving(name))
+        serving = self.db.serving(name)
+        profiles = {t: p.capped(serving.batch_cap) for t, p in self.db.profiles(name).items()}
+        desc = model_desc(record, profiles, loaded, self.db.min_replicas(name), serving)
         present = {n.device_type for n in self.nodes.values() if n.kind == control.NODE_KIND_BACKEND}
         for t in sorted(present | set(profiles)):
             state, reason = self.device_type_state(name, t, t in profiles)

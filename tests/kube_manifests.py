@@ -21,6 +21,8 @@ KUSTOMIZATION = "kustomization.yaml"
 KNOWN_KEYS = {"apiVersion", "kind", "resources", "namespace"}
 CLUSTER_SCOPED = {"Namespace", "PersistentVolume", "ClusterRole", "ClusterRoleBinding", "StorageClass"}
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
+# Kinds of CRDs (the Prometheus Operator): no schema offline, so not validated.
+CUSTOM_RESOURCES = {("monitoring.coreos.com/v1", "ServiceMonitor")}
 
 
 class RenderError(ValueError):
@@ -80,6 +82,10 @@ def find(objects: list[dict], kind: str, name: str) -> dict:
 
 def workloads(objects: list[dict]) -> list[dict]:
     return [o for o in objects if o["kind"] in WORKLOADS]
+
+
+def is_custom_resource(obj: dict) -> bool:
+    return (obj.get("apiVersion"), obj.get("kind")) in CUSTOM_RESOURCES
 
 
 def pod_spec(workload: dict) -> dict:

@@ -16,23 +16,27 @@ import sys
 import kubernetes_validate
 import pytest
 
-from common.config import BackendConfig, FrontendConfig, SchedulerConfig, add_arguments, from_args
-from tests.kube_manifests import (KUBE_DIR, ROOT, RenderError, config_maps, container_env, containers, expand, find,
-                                  image_name, kustomization_dirs, load_documents, manifest_files, pod_spec,
-                                  references, render, workloads)
+from common.config import (BackendConfig, FrontendConfig, SchedulerConfig, add_arguments, from_args,
+                           split_host_port)
+from common.metrics_http import METRICS_PATH
+from tests.kube_manifests import (CUSTOM_RESOURCES, KUBE_DIR, ROOT, RenderError, config_maps, container_env,
+                                  containers, expand, find, image_name, is_custom_resource, kustomization_dirs,
+                                  load_documents, manifest_files, pod_spec, references, render, workloads)
 
 # The Kubernetes release whose schema the manifests must satisfy (gRPC probes are GA from 1.27).
 KUBERNETES_VERSION = "1.33.0"
 DEFAULT = KUBE_DIR                       # kubectl apply -k deploy/kubernetes: no GPU needed
 GPU = KUBE_DIR / "gpu"                   # kubectl apply -k deploy/kubernetes/gpu
+SERVICE_MONITOR = KUBE_DIR / "servicemonitor"
 COMPONENT_CONFIGS = {"scheduler": SchedulerConfig, "frontend": FrontendConfig, "backend": BackendConfig}
 SAMPLE_FIELDS = {"status.podIP": "10.244.1.7", "metadata.name": "pod-0", "metadata.namespace": "nexus"}
 PRESTOP_S = 5
 
 
 def _documents():
+    """Every object but the custom resources (the Prometheus Operator's: no schema offline)."""
     return [pytest.param(doc, id=f"{path.relative_to(KUBE_DIR)}:{doc['kind']}/{doc['metadata']['name']}")
-            for path in manifest_files() for doc in load_documents(path)]
+            for path in manifest_files() for doc in load_documents(path) if not is_custom_resource(doc)]
 
 
 def _rendered():
@@ -49,7 +53,22 @@ def test_every_kustomization_renders_to_valid_objects(directory):
     objects = render(directory)
     assert objects
     for obj in objects:
-        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        if not is_custom_resource(obj):
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_only_the_known_custom_resources_escape_validation():
+    """A misspelt apiVersion is not taken for a CRD: only the operator's ServiceMonitor goes
+    unvalidated, and it is where its README says."""
+    custom = {(path.relative_to(KUBE_DIR).as_posix(), doc["kind"]) for path in manifest_files()
+              for doc in load_documents(path) if is_custom_resource(doc)}
+    assert custom == {("servicemonitor/servicemonitor.yaml", "ServiceMonitor")}
+    assert {kind for _, kind in CUSTOM_RESOURCES} == {kind for _, kind in custom}
+    typo = {"apiVersion": "monitoring.coreos.com/v1beta1", "kind": "ServiceMonitor", "metadata": {"name": "x"},
+            "spec": {}}
+    assert not is_custom_resource(typo)
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        kubernetes_validate.validate(typo, KUBERNETES_VERSION, strict=True)
 
 
 def test_strict_validation_rejects_an_unknown_field():
@@ -166,6 +185,16 @@ def test_services_select_pods_and_name_their_ports(directory):
     assert {(p["name"], p["port"]) for p in frontend["spec"]["ports"]} == {("grpc", 8001), ("http", 8000)}
 
 
+def _config(container: dict, objects: list[dict]):
+    """The component's configuration from the container's args, expanded as the kubelet would and
+    parsed and validated as `nexus scheduler|frontend|backend` does."""
+    env = container_env(container, objects, SAMPLE_FIELDS)
+    component, *flags = [expand(a, env) for a in container["args"]]
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_arguments(parser, COMPONENT_CONFIGS[component])
+    return from_args(COMPONENT_CONFIGS[component], parser.parse_args(flags))
+
+
 @pytest.mark.parametrize("directory", [DEFAULT, GPU], ids=["default", "gpu"])
 def test_container_args_are_valid_component_flags(directory):
     """Every $(VAR) comes from the container's env, and the expanded args parse and validate as the
@@ -177,11 +206,8 @@ def test_container_args_are_valid_component_flags(directory):
         env = container_env(c, objects, SAMPLE_FIELDS)
         for arg in c["args"]:
             assert references(arg) <= set(env), (where, arg)
-        args = [expand(a, env) for a in c["args"]]
-        component, flags = args[0], args[1:]
-        parser = argparse.ArgumentParser(exit_on_error=False)
-        add_arguments(parser, COMPONENT_CONFIGS[component])
-        config = from_args(COMPONENT_CONFIGS[component], parser.parse_args(flags))
+        component = c["args"][0]
+        config = _config(c, objects)
         assert config.listen.startswith("0.0.0.0:"), where
         if component != "scheduler":
             assert config.advertise == f"{SAMPLE_FIELDS['status.podIP']}:{config.listen.rsplit(':', 1)[1]}", where
@@ -227,6 +253,32 @@ def test_expansion_follows_kubernetes_rules():
     assert expand("$(POD_IP):8001", env) == "10.0.0.2:8001"
     assert expand("$(MISSING)-$(A)", env) == "$(MISSING)-1"
     assert expand("$$(A)", env) == "$(A)"
+
+
+def _scheduler(objects: list[dict]) -> tuple[dict, dict, SchedulerConfig]:
+    (scheduler,) = [w for w in workloads(objects) if w["metadata"]["name"] == "nexus-scheduler"]
+    (c,) = pod_spec(scheduler)["containers"]
+    return scheduler, c, _config(c, objects)
+
+
+@pytest.mark.parametrize("directory", [DEFAULT, GPU], ids=["default", "gpu"])
+def test_prometheus_scrapes_the_scheduler_metrics_port(directory):
+    """The pod's prometheus.io/* annotations, its container port and the Service's `metrics` port all
+    name the port the scheduler serves /metrics on (--metrics-listen, on every interface)."""
+    objects = render(directory)
+    scheduler, c, config = _scheduler(objects)
+    host, port = split_host_port(config.metrics_listen)
+    assert host == "0.0.0.0"
+    annotations = scheduler["spec"]["template"]["metadata"]["annotations"]
+    assert (annotations["prometheus.io/scrape"], int(annotations["prometheus.io/port"]),
+            annotations["prometheus.io/path"]) == ("true", port, METRICS_PATH)
+    assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in c["ports"]
+    service = find(objects, "Service", "nexus-scheduler")
+    assert {(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]} >= {("metrics", port, "metrics")}
+    (monitor,) = render(SERVICE_MONITOR)
+    assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert [(e["port"], e["path"]) for e in monitor["spec"]["endpoints"]] == [("metrics", METRICS_PATH)]
 
 
 # The image's Python requirements (deploy/docker/requirements.py, run by the Dockerfile).

@@ -88,6 +88,24 @@ def is_custom_resource(obj: dict) -> bool:
     return (obj.get("apiVersion"), obj.get("kind")) in CUSTOM_RESOURCES
 
 
+def scalers(objects: list[dict], workload: dict) -> list[dict]:
+    """The HorizontalPodAutoscalers and KEDA ScaledObjects that scale ``workload``."""
+    name, kind = workload["metadata"]["name"], workload["kind"]
+    return [o for o in objects if o["kind"] in ("HorizontalPodAutoscaler", "ScaledObject")
+            and o["spec"]["scaleTargetRef"]["name"] == name
+            and o["spec"]["scaleTargetRef"].get("kind", "Deployment") == kind]
+
+
+def replicas(objects: list[dict], workload: dict) -> int:
+    """The pods ``workload`` runs before any metric asks for more: its HPA's (or ScaledObject's)
+    minimum when one scales it, else ``spec.replicas`` (default 1)."""
+    for scaler in scalers(objects, workload):
+        if scaler["kind"] == "ScaledObject":
+            return scaler["spec"].get("minReplicaCount", 0)
+        return scaler["spec"].get("minReplicas", 1)
+    return workload["spec"].get("replicas", 1)
+
+
 def pod_spec(workload: dict) -> dict:
     return workload["spec"]["template"]["spec"]
 

@@ -21,8 +21,8 @@ KUSTOMIZATION = "kustomization.yaml"
 KNOWN_KEYS = {"apiVersion", "kind", "resources", "namespace"}
 CLUSTER_SCOPED = {"Namespace", "PersistentVolume", "ClusterRole", "ClusterRoleBinding", "StorageClass"}
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
-# Kinds of CRDs (the Prometheus Operator): no schema offline, so not validated.
-CUSTOM_RESOURCES = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+# Kinds of CRDs (KEDA, the Prometheus Operator): no schema offline, so not validated.
+CUSTOM_RESOURCES = {("keda.sh/v1alpha1", "ScaledObject"), ("monitoring.coreos.com/v1", "ServiceMonitor")}
 
 
 class RenderError(ValueError):

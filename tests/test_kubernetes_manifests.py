@@ -29,9 +29,11 @@ from tests.kube_manifests import (CUSTOM_RESOURCES, KUBE_DIR, ROOT, RenderError,
 KUBERNETES_VERSION = "1.33.0"
 DEFAULT = KUBE_DIR                       # kubectl apply -k deploy/kubernetes: no GPU needed
 GPU = KUBE_DIR / "gpu"                   # kubectl apply -k deploy/kubernetes/gpu
+KEDA = KUBE_DIR / "keda" / "emulated"    # the default with a KEDA ScaledObject instead of the HPA
+KEDA_GPU = KUBE_DIR / "keda" / "gpu"
 ADAPTER = KUBE_DIR / "prometheus-adapter"
 SERVICE_MONITOR = KUBE_DIR / "servicemonitor"
-ELASTIC = [pytest.param(d, id=str(d.relative_to(KUBE_DIR))) for d in (DEFAULT, GPU)]
+ELASTIC = [pytest.param(d, id=str(d.relative_to(KUBE_DIR))) for d in (DEFAULT, GPU, KEDA, KEDA_GPU)]
 DESIRED_DEVICES = "nexus_desired_devices"
 COMPONENT_CONFIGS = {"scheduler": SchedulerConfig, "frontend": FrontendConfig, "backend": BackendConfig}
 SAMPLE_FIELDS = {"status.podIP": "10.244.1.7", "metadata.name": "pod-0", "metadata.namespace": "nexus"}
@@ -39,7 +41,7 @@ PRESTOP_S = 5
 
 
 def _documents():
-    """Every object but the custom resources (the Prometheus Operator's: no schema offline)."""
+    """Every object but the custom resources (KEDA, the Prometheus Operator: no schema offline)."""
     return [pytest.param(doc, id=f"{path.relative_to(KUBE_DIR)}:{doc['kind']}/{doc['metadata']['name']}")
             for path in manifest_files() for doc in load_documents(path) if not is_custom_resource(doc)]
 
@@ -63,11 +65,12 @@ def test_every_kustomization_renders_to_valid_objects(directory):
 
 
 def test_only_the_known_custom_resources_escape_validation():
-    """A misspelt apiVersion is not taken for a CRD: only the operator's ServiceMonitor goes
-    unvalidated, and it is where its README says."""
+    """A misspelt apiVersion is not taken for a CRD: only KEDA's ScaledObject and the operator's
+    ServiceMonitor go unvalidated, and each is where its README says."""
     custom = {(path.relative_to(KUBE_DIR).as_posix(), doc["kind"]) for path in manifest_files()
               for doc in load_documents(path) if is_custom_resource(doc)}
-    assert custom == {("servicemonitor/servicemonitor.yaml", "ServiceMonitor")}
+    assert custom == {("keda/emulated/scaledobject.yaml", "ScaledObject"), ("keda/gpu/scaledobject.yaml", "ScaledObject"),
+                      ("servicemonitor/servicemonitor.yaml", "ServiceMonitor")}
     assert {kind for _, kind in CUSTOM_RESOURCES} == {kind for _, kind in custom}
     typo = {"apiVersion": "monitoring.coreos.com/v1beta1", "kind": "ServiceMonitor", "metadata": {"name": "x"},
             "spec": {}}
@@ -267,16 +270,28 @@ def _scheduler(objects: list[dict]) -> tuple[dict, dict, SchedulerConfig]:
 
 
 def _follows(scaler: dict) -> tuple[dict[str, str], int, int, dict]:
-    """What an HPA follows: (the labels its nexus_desired_devices series must carry besides the
-    namespace, minimum, maximum, behaviour), set up so that the replica count is ceil(gauge / 1)."""
+    """What an autoscaler follows: (the labels its nexus_desired_devices series must carry besides
+    the namespace, minimum, maximum, HPA behaviour), read from an HPA or a KEDA ScaledObject, each
+    set up so that the replica count is ceil(gauge / 1)."""
     spec = scaler["spec"]
-    (metric,) = spec["metrics"]
-    assert metric["type"] == "External"
-    assert metric["external"]["metric"]["name"] == DESIRED_DEVICES
-    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "1"}
-    selector = metric["external"]["metric"]["selector"]
-    assert set(selector) == {"matchLabels"}
-    return selector["matchLabels"], spec["minReplicas"], spec["maxReplicas"], spec["behavior"]
+    if scaler["kind"] == "HorizontalPodAutoscaler":
+        (metric,) = spec["metrics"]
+        assert metric["type"] == "External"
+        assert metric["external"]["metric"]["name"] == DESIRED_DEVICES
+        assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "1"}
+        selector = metric["external"]["metric"]["selector"]
+        assert set(selector) == {"matchLabels"}
+        return selector["matchLabels"], spec["minReplicas"], spec["maxReplicas"], spec["behavior"]
+    (trigger,) = spec["triggers"]
+    assert (trigger["type"], trigger["metricType"]) == ("prometheus", "AverageValue")
+    metadata = trigger["metadata"]
+    assert metadata["threshold"] == "1" and metadata["ignoreNullValues"] == "false"
+    query = re.fullmatch(rf"max\({DESIRED_DEVICES}\{{(.*)\}}\)", metadata["query"])
+    assert query, metadata["query"]
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', query.group(1)))
+    assert labels.pop("namespace") == scaler["metadata"]["namespace"], "the query reads its own namespace"
+    behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    return labels, spec["minReplicaCount"], spec["maxReplicaCount"], behavior
 
 
 def _check_backends_follow_the_scheduler(objects: list[dict]) -> int:
@@ -324,8 +339,8 @@ def test_the_scaling_check_catches_drift_from_the_scheduler_flags():
         find(objects, "ConfigMap", "nexus-config")["data"][key] = value
         with pytest.raises(AssertionError, match=re.escape(message)):
             _check_backends_follow_the_scheduler(objects)
-    objects = render(DEFAULT) + render(GPU)[-1:]
-    objects[-1]["spec"]["scaleTargetRef"]["name"] = "nexus-backend-emulated"
+    objects = render(DEFAULT) + render(KEDA)[-1:]
+    assert objects[-1]["kind"] == "ScaledObject"
     with pytest.raises(AssertionError, match="exactly one autoscaler"):
         _check_backends_follow_the_scheduler(objects)
 

@@ -107,7 +107,9 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
     needs = tuple((t, n) for t, n in history.needs if now_s - t < config.cooldown_s) + ((now_s, need),)
     window_max = max(n for _, n in needs)
     registered = d.registered
-    last_down = history.last_down_s
+    # A type seen for the first time (a scheduler that just started, whose backends re-register
+    # before its first plan) waits a whole cool-down before anything goes, as after a removal.
+    last_down = now_s if not history.needs else history.last_down_s
     if need > registered:
         desired = need
         if d.folded and raw <= high:

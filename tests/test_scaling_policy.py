@@ -91,3 +91,11 @@ def test_bad_device_bounds_are_refused_naming_the_flag(low, high, message):
 def test_device_bounds_per_type_and_for_every_type():
     bounds = DeviceBounds.parse("1,t4=2", "cpu=4")
     assert bounds.of("t4") == (2, 1 << 30) and bounds.of("cpu") == (1, 4) and bounds.of("v100") == (1, 1 << 30)
+
+
+def test_a_scheduler_that_just_started_waits_a_cool_down_before_removing_anything():
+    """Backends re-register with a restarted scheduler before its first plan: they are not surplus yet."""
+    policy = Policy(cooldown_s=60)
+    assert policy.at(0.0, needed=0, registered=4).desired == 4
+    assert policy.at(30.0, needed=1, registered=4).desired == 4
+    assert policy.at(61.0, needed=1, registered=4).desired == 3

@@ -129,8 +129,8 @@ def check_samples(samples: Sequence[WarmupSample], inputs: Sequence[TensorSpec],
             if t.data is WarmupData.FILE:
                 expected = int(np.prod(t.dims, dtype=np.int64)) * itemsize
                 if len(t.raw) != expected:
-                    raise WarmupError(f"{field}.input_data_file {t.source or '(inline)'!r} holds {len(t.raw)} bytes; one "
-                                      f"row of dims {list(t.dims)} {t.datatype} takes {expected}")
+                    raise WarmupError(f"{field}.input_data_file {t.source or '(inline)'!r} holds {len(t.raw)} bytes; "
+                                      f"one row of dims {list(t.dims)} {t.datatype} takes {expected}")
                 data_bytes += len(t.raw)
                 if data_bytes > MAX_DATA_BYTES:
                     raise WarmupError(f"{field}.input_data_file: warm-up data over {MAX_DATA_BYTES} bytes in all")

@@ -23,6 +23,7 @@ from common.config import SchedulerConfig
 from common.pb import control
 from common.profile import Profile, ProfileError
 from common.query_def import ModelIO, QueryError, parse_query, validate_query
+from common.warmup import WarmupError, from_pb as warmup_from_pb
 from globalsched.convert import model_desc
 from globalsched.load_failures import LoadFailures
 from globalsched.membership import Node
@@ -83,8 +84,8 @@ class ModelAdmin:
                 self.db.add_model, header.name, parts, runtime=header.runtime or "onnxruntime",
                 profile_json=header.profile_json, slo_ms=header.slo_ms, io_json=header.io_json,
                 default_slo_ms=self.config.default_slo_ms, create_session=header.load, prefix_fn=self.prefix_fn,
-                min_replicas=header.min_replicas)
-        except UploadError as exc:
+                min_replicas=header.min_replicas, warmup=warmup_from_pb(header.warmup))
+        except (UploadError, WarmupError) as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"upload of {header.name!r} refused: {exc}") from None
         self.planner.request_replan(f"model {record.name} uploaded")
         return control.UploadReply(model=self.desc(record.name))

@@ -6,17 +6,28 @@ counts them as serving."""
 from __future__ import annotations
 
 import pathlib
+import socket
+import time
+import urllib.request
 
+import grpc
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
+from backend.engine import Engine, Session, WarmupBatch, Work
+from backend.warmup import Warmer
+from common.batching import SlidingWindowEarlyDrop
 from common.model_repository import RepositoryError, read_model
+from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.sample_models import mlp_small, model_bytes
 from common.tensors import TensorSpec
 from common.warmup import (
     WarmupData, WarmupError, WarmupInput, WarmupSample, check_samples, default_samples, feeds, from_json, from_pb,
     to_json, to_pb,
 )
+from tests.components import start_cluster
+from tests.conftest import nexus_cli
 
 MLP_CONFIG = """
 max_batch_size: 16
@@ -136,3 +147,236 @@ def test_the_default_warm_up_runs_batch_1_and_the_planned_batch_twice_on_random_
     check_samples(samples, inputs)
     assert feeds(samples[1], np.random.default_rng(0))["x"].shape == (6, 4, 1)
     assert [s.batch_size for s in default_samples(inputs, planned_batch=1)] == [1]
+
+
+
+def test_the_model_database_keeps_warm_up_samples_and_refuses_bad_ones(tmp_path):
+    from globalsched.convert import model_desc, model_route
+    from globalsched.modeldb import ModelDatabase, UploadError
+
+    db = ModelDatabase(tmp_path)
+    data = model_bytes(mlp_small())
+    samples = (WarmupSample("ones", 2, (WarmupInput("input", "FP32", (64,), WarmupData.FILE, ONES, "ones.bin"),), 3),)
+    db.add_model("mlp", [data], warmup=samples)
+    assert db.model("mlp").warmup == samples and [m.warmup for m in db.models()] == [samples]
+    desc = model_desc(db.model("mlp"), {}, True)
+    assert from_pb(desc.warmup) == samples
+    assert not model_route(desc, 50.0, "mlp").model.warmup        # frontends never get the samples
+    bad = (WarmupSample("", 1, (WarmupInput("input", "FP32", (32,), WarmupData.ZERO),)),)
+    with pytest.raises(UploadError, match=r"warm-up: model_warmup\[0\].inputs\[\"input\"\].dims \[32\] do not fit"):
+        db.add_model("other", [data], warmup=bad)
+    assert db.model("other") is None
+    db.add_model("mlp", [data])                                   # a new upload replaces the samples
+    assert db.model("mlp").warmup == ()
+    db.close()
+
+# ---- the engine: warm-up between serving batches, never counted as serving ---------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class TimedRuntime:
+    """A model whose batch takes ``batch_s`` on the fake clock (identity on one FP32 input)."""
+
+    inputs = (TensorSpec("input", "FP32", (4,)),)
+    outputs = (TensorSpec("output", "FP32", (4,)),)
+
+    def __init__(self, clock: FakeClock, batch_s: float) -> None:
+        self.clock, self.batch_s, self.rows = clock, batch_s, []
+
+    def run(self, feeds):
+        self.clock.t += self.batch_s
+        self.rows.append(len(feeds["input"]))
+        return {"output": feeds["input"]}
+
+    def memory_mb(self) -> float:
+        return 0.0
+
+
+def _serving_engine(batch_s: float = 0.01):
+    clock = FakeClock()
+    engine = Engine(SlidingWindowEarlyDrop(), clock, start=False)
+    runtime = TimedRuntime(clock, batch_s)
+    engine.set_sessions({"a": Session("a", runtime, 1000.0, 1, None)})
+    return engine, clock
+
+
+def _request(engine, clock, outcomes: list) -> None:
+    engine.submit(Work("a", [np.ones((1, 4), np.float32)], 1, clock() + 10.0, clock(), outcomes.append))
+
+
+def _timed_batches(clock: FakeClock, n: int, seconds: float, log: list) -> list[WarmupBatch]:
+    def run(i: int) -> None:
+        clock.t += seconds
+        log.append(i)
+    return [WarmupBatch(f"batch {i}", lambda i=i: run(i)) for i in range(n)]
+
+
+def test_warm_up_runs_between_serving_batches_and_takes_at_most_half_a_busy_device():
+    engine, clock = _serving_engine(batch_s=0.01)
+    outcomes, warm_log = [], []
+    future = engine.warm_up(_timed_batches(clock, 4, 0.03, warm_log), budget_s=60)
+    serving_turns, warm_time = 0, 0.0
+    start = clock()
+    while not future.done():
+        _request(engine, clock, outcomes)       # saturated: a request always waits
+        before = clock()
+        decision, warmed = engine.turn()
+        assert decision.queue is not None       # the serving batch ran on every turn: never stalled
+        serving_turns += 1
+        warm_time += 0.03 if warmed else 0.0
+        assert clock() - before == pytest.approx(0.01 + (0.03 if warmed else 0.0))
+        assert serving_turns < 100
+    assert warm_log == [0, 1, 2, 3]
+    assert warm_time <= 0.5 * (clock() - start) + 0.03      # at most half the device, give or take one batch
+    result = future.result()
+    assert (result.batches, result.error, result.skipped) == (4, "", 0)
+    assert result.ns == pytest.approx(4 * 0.03e9, rel=1e-6)
+    # Only the serving batches count: in the session's statistics and in the device's utilisation.
+    stats = engine.sessions["a"].stats
+    assert stats.execution_count == stats.success_count == serving_turns == len(outcomes)
+    assert all(o.status == "EXEC_OK" for o in outcomes)
+    assert stats.warmup_count == 0
+    assert engine._busy_s == pytest.approx(serving_turns * 0.01)
+
+
+def test_an_idle_device_runs_warm_up_at_once():
+    engine, clock = _serving_engine()
+    log = []
+    future = engine.warm_up(_timed_batches(clock, 2, 0.05, log), budget_s=60)
+    assert engine.warming == 1
+    for _ in range(2):
+        decision, warmed = engine.turn()
+        assert decision.queue is None and warmed
+    assert future.result().batches == 2 and engine.warming == 0
+
+
+def test_a_failing_warm_up_batch_stops_its_job_and_says_which():
+    engine, clock = _serving_engine()
+
+    def boom():
+        raise ValueError("bad shape")
+    log = []
+    future = engine.warm_up([*_timed_batches(clock, 1, 0.01, log), WarmupBatch("sample 'x' (batch 4)", boom),
+                             *_timed_batches(clock, 1, 0.01, log)], budget_s=60)
+    while not future.done():
+        engine.turn()
+    result = future.result()
+    assert result.error == "sample 'x' (batch 4): ValueError: bad shape" and result.batches == 2 and log == [0]
+
+
+def test_warm_up_past_its_budget_is_skipped_and_a_stopping_engine_answers_every_job():
+    engine, clock = _serving_engine()
+    log = []
+    future = engine.warm_up(_timed_batches(clock, 5, 1.0, log), budget_s=2.5)
+    while not future.done():
+        engine.turn()
+    assert (future.result().batches, future.result().skipped) == (3, 2)
+    pending = engine.warm_up(_timed_batches(clock, 2, 0.01, log), budget_s=60)
+    engine.stop()
+    assert pending.result().skipped == 2
+
+
+def test_the_warmer_warms_a_runtime_once_per_sample_set_and_each_new_planned_batch():
+    clock = FakeClock()
+    runtime = TimedRuntime(clock, 0.0)
+    warmer = Warmer()
+    session = Session("a", runtime, 1000.0, 4, None)
+    plan = warmer.plan(session, ())
+    assert [b.label for b in plan.batches] == ["a: warm-up sample 'default batch 1' (batch 1)"] * 2 + \
+        ["a: warm-up sample 'default batch 4' (batch 4)"] * 2
+    for b in plan.batches:
+        b.run()
+    assert runtime.rows == [1, 1, 4, 4]
+    warmer.done(plan)
+    assert warmer.plan(session, ()) is None                                   # the same runtime, already warm
+    bigger = warmer.plan(Session("a", runtime, 1000.0, 8, None), ())
+    assert [b.label for b in bigger.batches] == ["a: warm-up sample 'default batch 8' (batch 8)"] * 2
+    own = (WarmupSample("one", 3, (WarmupInput("input", "FP32", (4,), WarmupData.ZERO),), count=2),)
+    configured = warmer.plan(session, own)
+    assert configured.configured and len(configured.batches) == 2
+    warmer.done(configured)
+    assert warmer.plan(session, own) is None
+    warmer.forget(runtime)
+    assert warmer.plan(session, own) is not None                              # a closed runtime is forgotten
+
+
+# ---- real processes ----------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _infer(frontend: str, model: str, features: int = 64) -> np.ndarray:
+    x = grpcclient.InferInput("input", [1, features], "FP32")
+    x.set_data_from_numpy(np.ones((1, features), np.float32))
+    client = grpcclient.InferenceServerClient(frontend)
+    try:
+        return client.infer(model, [x], client_timeout=30).as_numpy("logits")
+    finally:
+        client.close()
+
+
+def _backend_stats(address: str) -> control.BackendStats:
+    with grpc.insecure_channel(address) as ch:
+        return control_grpc.BackendStub(ch).Stats(control.BackendStatsRequest(), timeout=10)
+
+
+def _session(stats: control.BackendStats, name: str) -> control.SessionStats | None:
+    return next((s for s in stats.sessions if s.model == name), None)
+
+
+def _model_ready(frontend: str, name: str) -> bool:
+    with grpc.insecure_channel(frontend) as ch:
+        return kserve_grpc.GRPCInferenceServiceStub(ch).ModelReady(kserve.ModelReadyRequest(name=name),
+                                                                     timeout=10).ready
+
+
+def _first_ready(frontend: str, names: list[str], backend: str, timeout_s: float = 120) -> dict:
+    """Each model's session on ``backend`` as Stats shows it right after the frontend first says the model
+    is ready (a frontend is routed to a backend only after the backend answered its table push)."""
+    seen: dict[str, control.SessionStats | None] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(seen) < len(names):
+        assert time.monotonic() < deadline, f"not ready within {timeout_s} s: {set(names) - set(seen)}"
+        for name in names:
+            if name not in seen and _model_ready(frontend, name):
+                seen[name] = _session(_backend_stats(backend), name)
+        time.sleep(0.05)
+    return seen
+
+
+@pytest.mark.slow
+def test_config_warm_up_runs_on_the_backend_before_the_model_is_routed(tmp_path):
+    repo = tmp_path / "repo"
+    _mlp_repo(repo, MLP_CONFIG, {"ones.bin": ONES})                              # its own warm-up: 3 + 1 batches
+    (repo / "plain" / "1").mkdir(parents=True)                                   # none: the default warm-up
+    (repo / "plain" / "1" / "model.onnx").write_bytes(model_bytes(mlp_small(hidden=32)))
+    cluster = start_cluster(tmp_path / "data", 1, "cpu", backend_args=("--metrics-port", str(_free_port())))
+    try:
+        r = nexus_cli("models", "import", str(repo), "--scheduler", cluster.scheduler.address)
+        assert r.returncode == 0, r.stderr
+        backend = cluster.backends[0].address
+        first = _first_ready(cluster.frontend.address, ["mlp", "plain"], backend)
+        mlp, plain = first["mlp"], first["plain"]
+        # Warm before the first request could reach it, and none of it counted as serving.
+        assert mlp is not None and mlp.warmup_count == 4 and mlp.warmup_ns > 0
+        assert (mlp.execution_count, mlp.inference_count, mlp.success_count, mlp.compute_ns) == (0, 0, 0, 0)
+        assert plain is not None and plain.warmup_count in (2, 4) and plain.execution_count == 0   # 2 per size
+        assert _infer(cluster.frontend.address, "mlp").shape == (1, 10)
+        after = _session(_backend_stats(backend), "mlp")
+        assert (after.execution_count, after.success_count, after.warmup_count) == (1, 1, 4)
+        metrics_port = cluster.backends[0].proc.args[cluster.backends[0].proc.args.index("--metrics-port") + 1]
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        assert 'nexus_backend_warmup_batches_total{model="mlp"} 4.0' in text
+        assert "nexus_backend_warming_sessions 0.0" in text
+    finally:
+        cluster.stop()

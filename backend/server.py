@@ -139,6 +139,7 @@ class BackendService(control_grpc.BackendServicer):
         self._scheduler_stub = None
         self.health = None                   # common.health.Health, set by serve()
         self.in_flight = 0                   # requests accepted and not answered yet (drain waits for 0)
+        self.leaving = False                 # draining: never register again (common/registration.py)
         self._table_lock = asyncio.Lock()
         self._profile_lock = asyncio.Lock()   # one measurement at a time, or they disturb each other
         self._row_nbytes: dict[str, tuple[Session, tuple[int | None, ...]]] = {}   # per session, see _work
@@ -561,6 +562,7 @@ async def drain(service: BackendService, scheduler, grace_s: float) -> None:
     deadline = loop.time() + grace_s
     if service.health is not None:
         await service.health.start_draining()
+    service.leaving = True          # the registration loop must not register this backend again
     if service.node_id:
         try:
             reply = await scheduler.Leave(control.LeaveRequest(node_id=service.node_id), timeout=grace_s)
@@ -693,10 +695,16 @@ async def serve(config: BackendConfig, ready=None) -> None:
                                        memory_mb=memory)
     if ready:
         ready(address)
+    # The registration runs on: the Leave of the drain must come while the Attach stream is still open,
+    # or the stream's end removes this backend at once and Leave replies before its sessions moved.
+    registration = asyncio.create_task(keep_registered(scheduler, register, service))
     try:
-        await keep_registered(scheduler, register, service)
+        await asyncio.shield(registration)
     finally:
-        await drain(service, scheduler, config.drain_grace_s)
+        try:
+            await drain(service, scheduler, config.drain_grace_s)
+        finally:
+            registration.cancel()
         engine.stop()
         if metrics_server is not None:
             await metrics_server.close()

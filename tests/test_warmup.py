@@ -14,20 +14,26 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.utils import InferenceServerException
 
 from backend.engine import Engine, Session, WarmupBatch, Work
 from backend.warmup import Warmer
 from common.batching import SlidingWindowEarlyDrop
 from common.model_repository import RepositoryError, read_model
 from common.pb import control, control_grpc, kserve, kserve_grpc
+from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from common.tensors import TensorSpec
 from common.warmup import (
     WarmupData, WarmupError, WarmupInput, WarmupSample, check_samples, default_samples, feeds, from_json, from_pb,
     to_json, to_pb,
 )
-from tests.components import start_cluster
+from nexus.models_cmd import CommandError, upload_model
+from tests.components import OpenLoop, start, start_cluster, wait_ready
 from tests.conftest import nexus_cli
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
 
 MLP_CONFIG = """
 max_batch_size: 16
@@ -380,3 +386,94 @@ def test_config_warm_up_runs_on_the_backend_before_the_model_is_routed(tmp_path)
         assert "nexus_backend_warming_sessions 0.0" in text
     finally:
         cluster.stop()
+
+
+def _health(address: str) -> int:
+    with grpc.insecure_channel(address) as ch:
+        return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status
+
+
+def _upload(tmp_path, scheduler: str, name: str, hidden: int, latency_ms: float, warmup_count: int = 0,
+            warmup_batch: int = 1) -> None:
+    """An MLP on emulated t4s whose batches take ``latency_ms``; ``warmup_count`` batches of its own warm-up."""
+    path = tmp_path / f"{name}.onnx"
+    path.write_bytes(model_bytes(mlp_small(hidden=hidden)))
+    profile = tmp_path / f"{name}.json"
+    profile.write_text(Profile.linear(0.01, latency_ms, 16, device_type="t4").to_json())
+    samples = (WarmupSample("zeros", warmup_batch, (WarmupInput("input", "FP32", (64,), WarmupData.ZERO),),
+                            warmup_count),) if warmup_count else ()
+    upload_model(scheduler, path, name, profile_path=str(profile), slo_ms=max(20 * latency_ms, 200), warmup=samples)
+
+
+@pytest.mark.slow
+def test_readiness_and_traffic_wait_for_warm_up_and_serving_sessions_never_stall(tmp_path):
+    """Emulated t4s, whose batches take what the profile says: warm-up lasts a known time here."""
+    sched = start("scheduler", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data"))
+    fe = start("frontend", "--scheduler", sched.address, "--listen", "127.0.0.1:0", "--report-interval-s", "0.5")
+    backends = []
+    try:
+        # A backend's first table brings a session with 30 warm-up batches of 40 ms: not ready until they ran.
+        _upload(tmp_path, sched.address, "slow", 48, 40.0, warmup_count=30)
+        backends.append(start("backend", "--scheduler", sched.address, "--device", "emulated:t4"))
+        first = backends[0].address
+        seen_warming = False
+        deadline = time.monotonic() + 60
+        while (status := _health(first)) != SERVING:
+            stats = _backend_stats(first)
+            seen_warming |= stats.warming == ["slow"] and _session(stats, "slow") is None
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert seen_warming, "never saw the first table's warm-up running while the backend was not ready"
+        assert _session(_backend_stats(first), "slow").warmup_count == 30
+
+        # A serving session keeps being served while another one warms up on the same backend.
+        _upload(tmp_path, sched.address, "fast", 32, 1.0)
+        wait_ready(fe.address, "fast")
+        load = OpenLoop(fe.address, "fast", 40.0).start()
+        _upload(tmp_path, sched.address, "late", 40, 40.0, warmup_count=30)
+        during = []
+        deadline = time.monotonic() + 60
+        while not _model_ready(fe.address, "late"):
+            stats = _backend_stats(first)
+            if "late" in stats.warming:
+                during.append(_session(stats, "fast").success_count)
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert len(during) >= 5 and during[-1] > during[0], during    # 30 x 40 ms of warm-up; "fast" went on
+        assert _session(_backend_stats(first), "late").warmup_count == 30
+
+        # A warm-up the upload can tell is wrong is refused naming the field; one that fails on the device
+        # (batch 32, past the profile's 16) fails the model's load with the reason.
+        bad = tmp_path / "bad.onnx"
+        bad.write_bytes(model_bytes(mlp_small(hidden=24)))
+        with pytest.raises(CommandError, match=r"model_warmup\[0\] \('x'\).batch_size must be >= 1, got 0"):
+            upload_model(sched.address, bad, "bad", warmup=(WarmupSample("x", 0, (
+                WarmupInput("input", "FP32", (64,), WarmupData.ZERO),)),))
+        _upload(tmp_path, sched.address, "toobig", 24, 1.0, warmup_count=1, warmup_batch=32)
+        deadline = time.monotonic() + 60
+        while True:
+            with pytest.raises(InferenceServerException) as info:
+                _infer(fe.address, "toobig")
+            if "warm-up failed" in str(info.value):
+                break
+            assert time.monotonic() < deadline, str(info.value)
+            time.sleep(0.2)
+        assert "batch size 32 exceeds the profile's largest batch 16" in str(info.value)
+
+        # A move: a second backend joins, the first leaves; the sessions warm up there before traffic moves.
+        backends.append(start("backend", "--scheduler", sched.address, "--device", "emulated:t4"))
+        second = backends[1].address
+        deadline = time.monotonic() + 60
+        while not _backend_stats(second).sessions:      # registered and given part of the plan (it wants 2)
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        backends[0].stop()
+        result = load.stop()
+        assert result.failed == 0, result.codes
+        stats = _backend_stats(second)
+        for name, count in (("fast", 2), ("slow", 30), ("late", 30)):
+            assert _session(stats, name) is not None and _session(stats, name).warmup_count >= count, (name, stats)
+        assert _session(stats, "fast").success_count > 0
+    finally:
+        for c in [fe, *backends, sched]:
+            c.stop()

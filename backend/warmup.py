@@ -4,8 +4,9 @@ A session is warmed when its runtime is new to this backend (a first load, a mov
 file, a new prefix split): with the model's own samples (``model_warmup``) once, else with the
 default samples at the batch sizes not warmed on that runtime yet, so a re-plan that raises a
 session's planned batch warms the new size and nothing else. A member of a prefix group runs its
-samples through the shared prefix and then its suffix, as its requests will; its default planned
-batch is the group's (every member's planned batch together), the size of a merged batch.
+samples through the shared prefix and then its suffix, as its requests will (at its own planned
+batch: every member warms the prefix too, so the group's warm-up does not run the prefix at the
+merged size, which would only repeat that work at a larger batch).
 
 A failing batch of the model's own samples fails the session's load, as in Triton; a failing default
 batch (the default guesses shapes a variable dimension may not take) is only logged.
@@ -62,9 +63,7 @@ class Warmer:
                 return None
             todo, sizes = samples, frozenset({CONFIGURED})
         else:
-            group = session.group
-            planned = sum(m.planned_batch for m in group.members) if group is not None else session.planned_batch
-            todo = tuple(s for s in default_samples(session.inputs, planned) if s.batch_size not in warm)
+            todo = tuple(s for s in default_samples(session.inputs, session.planned_batch) if s.batch_size not in warm)
             if not todo:
                 return None
             sizes = frozenset(s.batch_size for s in todo)

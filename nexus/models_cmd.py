@@ -12,7 +12,8 @@ import grpc
 from common import grpc_util
 from common.pb import control, control_grpc
 from common.security import Credentials
-from common.warmup import WarmupSample, to_pb as warmup_to_pb
+from common.warmup import WarmupSample, describe as describe_warmup, from_pb as warmup_from_pb
+from common.warmup import to_pb as warmup_to_pb
 from nexus.client_flags import ClientFlagError, add_client_security, client_credentials
 
 DEFAULT_SCHEDULER = "127.0.0.1:8100"
@@ -79,6 +80,7 @@ def _describe(m: control.ModelDesc) -> dict:
             "slo_ms": m.default_slo_ms, "loaded": m.loaded, "profiles": list(m.profiled_device_types),
             "min_replicas": m.min_replicas,
             "prefix_group": m.prefix_group,
+            "warmup": describe_warmup(warmup_from_pb(m.warmup)),
             "inputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in m.inputs],
             "outputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in m.outputs]}
 

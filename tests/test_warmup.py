@@ -5,6 +5,7 @@ counts them as serving."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import socket
 import time
@@ -84,9 +85,14 @@ def test_model_warmup_is_read_from_config_pbtxt(tmp_path):
     batch = feeds(ones, np.random.default_rng(0))["input"]
     assert batch.shape == (4, 64) and batch.dtype == np.float32 and (batch == 1).all()
     assert (feeds(zeros, np.random.default_rng(0))["input"] == 0).all()
-    # Through the wire and the model database unchanged.
+    # Through the wire and the model database unchanged; a message without data is refused naming the input.
     assert from_pb(to_pb(m.warmup)) == m.warmup
     assert from_json(to_json(m.warmup)) == m.warmup
+    message = to_pb(m.warmup)[1]
+    message.inputs[0].ClearField("data")
+    with pytest.raises(WarmupError, match=r'model_warmup\[0\].inputs\["input"\]: one of zero_data, random_data or '
+                                          r"input_data_file is required"):
+        from_pb([message])
 
 
 @pytest.mark.parametrize("replace, error", [
@@ -377,6 +383,12 @@ def test_config_warm_up_runs_on_the_backend_before_the_model_is_routed(tmp_path)
         assert mlp is not None and mlp.warmup_count == 4 and mlp.warmup_ns > 0
         assert (mlp.execution_count, mlp.inference_count, mlp.success_count, mlp.compute_ns) == (0, 0, 0, 0)
         assert plain is not None and plain.warmup_count in (2, 4) and plain.execution_count == 0   # 2 per size
+        listed = {m["name"]: m for m in json.loads(nexus_cli("models", "list", "--scheduler",
+                                                             cluster.scheduler.address, "--json").stdout)}
+        assert listed["mlp"]["warmup"] == [
+            {"name": "ones", "batch_size": 4, "count": 3, "inputs": {"input": "ones.bin"}},
+            {"name": "zeros", "batch_size": 1, "count": 1, "inputs": {"input": "zero_data"}}]
+        assert listed["plain"]["warmup"] == []
         assert _infer(cluster.frontend.address, "mlp").shape == (1, 10)
         after = _session(_backend_stats(backend), "mlp")
         assert (after.execution_count, after.success_count, after.warmup_count) == (1, 1, 4)

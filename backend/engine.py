@@ -111,6 +111,7 @@ class Outcome:
     compute_ns: int = 0
     batch_size: int = 0
     input_ns: int = 0                            # part of compute_ns: gathering the batch's inputs
+    first_in_batch: bool = False                 # the first request of its model in its batch
 
 
 @dataclass
@@ -695,7 +696,7 @@ class Engine:
             answers.append((w, Outcome("EXEC_OK", outputs=parts[i],
                                             queue_ns=max(int((start - w.arrival_s) * 1e9), 0),
                                             compute_ns=phases.total_ns, batch_size=rows,
-                                            input_ns=phases.input_ns)))
+                                            input_ns=phases.input_ns, first_in_batch=i == 0)))
 
     def _run_group(self, group: SharedPrefix, batch: list[Pending], answers: list) -> None:
         """The prefix once on every request's rows, then each member's suffix on its slice."""
@@ -766,14 +767,14 @@ class Engine:
                         stats.fail_count += 1
         for m, ws in order:
             err = results[m.name][1]
-            for w in ws:
+            for i, w in enumerate(ws):
                 if err is not None:
                     answers.append((w, Outcome("EXEC_INTERNAL", err)))
                     continue
                 answers.append((w, Outcome("EXEC_OK", outputs=parts[id(w)],
                                                 queue_ns=max(int((start - w.arrival_s) * 1e9), 0),
                                                 compute_ns=compute_ns, batch_size=total_rows,
-                                                input_ns=phases.input_ns)))
+                                                input_ns=phases.input_ns, first_in_batch=i == 0)))
 
 
 def _phases(start: float, gathered: float, ran: float, end: float, error: str | None) -> Phases:

@@ -119,6 +119,7 @@ def encode_result(request_id: int, outcome: Outcome, received_ns: int = 0) -> co
     result = control.ExecResult(request_id=request_id, status=_STATUS[outcome.status], message=outcome.message,
                                 queue_ns=outcome.queue_ns, compute_ns=outcome.compute_ns,
                                 batch_size=outcome.batch_size, compute_input_ns=outcome.input_ns,
+                                first_in_batch=outcome.first_in_batch,
                                 backend_ns=time.monotonic_ns() - received_ns if received_ns else 0)
     if outcome.outputs is not None:
         for arr in outcome.outputs:
@@ -479,6 +480,7 @@ class BackendService(control_grpc.BackendServicer):
 
     async def ProfileModel(self, request, context):
         from backend.profiling import measure_profile
+        from common.emulated_gpus import NoDatasheet
 
         model = request.model
         runtime_kind = "emulated" if self.config.device.startswith("emulated:") else model.runtime
@@ -489,6 +491,8 @@ class BackendService(control_grpc.BackendServicer):
                     measure_profile, data, runtime_kind, self.config.device, self.config.resolved_device_type,
                     _io_json(model), list(request.batch_sizes), request.budget_s or 20.0,
                     self._threads())
+        except NoDatasheet as exc:
+            return control.MeasuredProfile(error=str(exc), unmeasurable=True)
         except Exception as exc:
             log.warning("profiling %s failed: %s", model.name, exc)
             return control.MeasuredProfile(error=f"{exc.__class__.__name__}: {exc}")

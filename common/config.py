@@ -177,6 +177,48 @@ def _check_positive(name: str, value: float) -> None:
 
 
 @dataclass(frozen=True)
+class DeviceBounds:
+    """The least and most devices of each device type (``--min-devices``/``--max-devices``).
+
+    Written ``N`` (every device type) or ``TYPE=N,TYPE=N`` (``*=N`` for the types not named);
+    an empty maximum is unbounded.
+    """
+
+    low: tuple[tuple[str, int], ...] = ()
+    high: tuple[tuple[str, int], ...] = ()
+
+    @classmethod
+    def parse(cls, low: str, high: str) -> DeviceBounds:
+        bounds = cls(_parse_counts("min_devices", low), _parse_counts("max_devices", high))
+        for t, n in bounds.low:
+            top = bounds.of(t)[1] if t != "*" else dict(bounds.high).get("*", 1 << 30)
+            if n > top:
+                raise ConfigError(f"--min-devices: {t}={n} is above --max-devices {top}")
+        return bounds
+
+    def of(self, device_type: str) -> tuple[int, int]:
+        low, high = dict(self.low), dict(self.high)
+        return low.get(device_type, low.get("*", 0)), high.get(device_type, high.get("*", 1 << 30))
+
+
+def _parse_counts(name: str, text: str) -> tuple[tuple[str, int], ...]:
+    out: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        device_type, eq, count = part.rpartition("=")
+        device_type = device_type.strip() if eq else "*"
+        try:
+            n = int(count)
+        except ValueError:
+            raise ConfigError(f"{_flag(name)}: expected N or TYPE=N[,TYPE=N...], got {part!r}") from None
+        if n < 0 or not device_type:
+            raise ConfigError(f"{_flag(name)}: expected a device type and a count of at least 0, got {part!r}")
+        if device_type in out:
+            raise ConfigError(f"{_flag(name)}: {device_type!r} given twice")
+        out[device_type] = n
+    return tuple(sorted(out.items()))
+
+
+@dataclass(frozen=True)
 class SecurityConfig:
     """TLS and the cluster token, the same flags on every component (DESIGN.md, Security).
 
@@ -201,6 +243,17 @@ class SecurityConfig:
             path = getattr(self, name)
             if path and not pathlib.Path(path).is_file():
                 raise ConfigError(f"{_flag(name)}: no such file {path!r}")
+
+
+DEFAULT_SCHEDULER_METRICS_LISTEN = "127.0.0.1:8102"
+
+
+def companion_listen(listen: str, value: str, default: str) -> str:
+    """Where a component's other listener binds: a component asked for any free gRPC port (tests,
+    benchmarks, several on one host) takes any free port for it too, unless it was given explicitly."""
+    if value == default and split_host_port(listen)[1] == 0:
+        return join_host_port(split_host_port(default)[0], 0)
+    return value
 
 
 @dataclass(frozen=True)
@@ -232,10 +285,30 @@ class SchedulerConfig:
     min_replicas: int = field(default=1, metadata={
         "help": "backends every session keeps at least when enough exist (a model's own --min-replicas "
                 "overrides it); 2 or more: losing a backend needs no re-plan"})
+    metrics_listen: str = field(default=DEFAULT_SCHEDULER_METRICS_LISTEN, metadata={
+        "help": "HOST:PORT of the Prometheus endpoint /metrics: nexus_desired_devices{device_type} and the plan "
+                "(port 0: any free port; empty: off; left at its default while --listen has port 0, it takes "
+                "any free port too)"})
+    min_devices: str = field(default="0", metadata={
+        "help": "fewest devices to keep: N for every device type, or TYPE=N[,TYPE=N...]"})
+    max_devices: str = field(default="", metadata={
+        "help": "most devices to ask for: N for every device type, or TYPE=N[,TYPE=N...] (empty: no limit); "
+                "beyond it the plan folds sessions onto busy devices and says so"})
+    scale_down_cooldown_s: float = field(default=60.0, metadata={
+        "help": "a device surplus must last this long before one device is removed, and removals are this "
+                "far apart (a Kubernetes HPA on nexus_desired_devices must use the same)"})
+    device_headroom: float = field(default=0.0, metadata={
+        "help": "ask for this fraction more devices than the plan uses (spares that absorb a step at once)"})
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> None:
         _check_address("listen", self.listen)
+        if self.metrics_listen:
+            _check_address("metrics_listen", self.metrics_listen)
+        self.device_bounds
+        _check_positive("scale_down_cooldown_s", self.scale_down_cooldown_s)
+        if self.device_headroom < 0:
+            raise ConfigError(f"--device-headroom: must not be negative, got {self.device_headroom}")
         self.security.validate()
         _check_positive("min_replicas", self.min_replicas)
         if self.latency_split not in ("dp", "even", "proportional"):
@@ -246,6 +319,15 @@ class SchedulerConfig:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{_flag(name)}: must not be negative, got {getattr(self, name)}")
         _check_positive("heartbeat_interval_ms", self.heartbeat_interval_ms)
+
+    @property
+    def device_bounds(self) -> DeviceBounds:
+        return DeviceBounds.parse(self.min_devices, self.max_devices)
+
+    @property
+    def resolved_metrics_listen(self) -> str:
+        """Where /metrics is served ('' when off)."""
+        return companion_listen(self.listen, self.metrics_listen, DEFAULT_SCHEDULER_METRICS_LISTEN)
 
 
 class BatchStart(str, enum.Enum):
@@ -366,19 +448,12 @@ class FrontendConfig:
         if self.exec_path not in ("stream", "unary"):
             raise ConfigError(f"--exec-path: expected stream or unary, got {self.exec_path!r}")
 
-    def _companion_listen(self, value: str, default: str) -> str:
-        """A frontend asked for any free gRPC port (tests, benchmarks, several frontends on one host)
-        takes any free port for its other listeners too, unless they were given explicitly."""
-        if value == default and split_host_port(self.listen)[1] == 0:
-            return join_host_port(split_host_port(default)[0], 0)
-        return value
-
     @property
     def resolved_http_listen(self) -> str:
         """Where HTTP binds ('' when off)."""
-        return self._companion_listen(self.http_listen, DEFAULT_HTTP_LISTEN)
+        return companion_listen(self.listen, self.http_listen, DEFAULT_HTTP_LISTEN)
 
     @property
     def resolved_metrics_listen(self) -> str:
         """Where /metrics is served ('' when off)."""
-        return self._companion_listen(self.metrics_listen, DEFAULT_METRICS_LISTEN)
+        return companion_listen(self.listen, self.metrics_listen, DEFAULT_METRICS_LISTEN)

@@ -66,6 +66,11 @@ CREATE TABLE IF NOT EXISTS model_replicas (
     model TEXT PRIMARY KEY REFERENCES models(name) ON DELETE CASCADE,
     min_replicas INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS model_serving (
+    model TEXT PRIMARY KEY REFERENCES models(name) ON DELETE CASCADE,
+    expected_rate_rps REAL NOT NULL,
+    batch_cap INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS model_warmup (
     model TEXT PRIMARY KEY REFERENCES models(name) ON DELETE CASCADE,
     samples_json TEXT NOT NULL
@@ -89,6 +94,15 @@ class ModelRecord:
     prefix_group: str
     created_ms: int
     warmup: tuple[WarmupSample, ...] = ()     # config.pbtxt's model_warmup; empty: the backends' default
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    """How a model is to be served beyond its SLO: the rate to plan for before one is measured (0: the
+    scheduler's default) and the largest batch (config.pbtxt's max_batch_size; 0: no cap)."""
+
+    expected_rate_rps: float = 0.0
+    batch_cap: int = 0
 
 
 @dataclass(frozen=True)
@@ -151,6 +165,7 @@ class ModelDatabase:
     def add_model(self, name: str, chunks: Iterable[bytes], *, runtime: str = "onnxruntime",
                   profile_json: str = "", slo_ms: float = 0.0, io_json: str = "", default_slo_ms: float = 100.0,
                   create_session: bool = True, prefix_fn=None, min_replicas: int = 0,
+                  serving: ServingSettings = ServingSettings(),
                   warmup: tuple[WarmupSample, ...] = ()) -> ModelRecord:
         """Validate and register a model streamed as ``chunks``; raise :class:`UploadError` if refused.
 
@@ -167,6 +182,10 @@ class ModelDatabase:
             raise UploadError(f"slo_ms must be positive, got {slo_ms}")
         if min_replicas < 0 or min_replicas > MAX_MIN_REPLICAS:
             raise UploadError(f"min_replicas must be between 0 and {MAX_MIN_REPLICAS}, got {min_replicas}")
+        if not serving.expected_rate_rps >= 0 or serving.expected_rate_rps == float("inf"):
+            raise UploadError(f"expected_rate_rps must be a rate of at least 0, got {serving.expected_rate_rps}")
+        if serving.batch_cap < 0:
+            raise UploadError(f"batch_cap must be at least 0, got {serving.batch_cap}")
         profile = None
         if profile_json:
             try:
@@ -203,7 +222,7 @@ class ModelDatabase:
             except ModelFileError as exc:
                 raise UploadError(str(exc)) from None
             try:
-                check_samples(warmup, inputs)
+                check_samples(warmup, inputs, serving.batch_cap)
             except WarmupError as exc:
                 raise UploadError(f"warm-up: {exc}") from None
             sha = digest.hexdigest()
@@ -211,12 +230,13 @@ class ModelDatabase:
             # so two variants uploaded concurrently still find each other (readers are not blocked).
             with self._upload_lock:
                 return self._register(name, sha, runtime, size, inputs, outputs, data, tmp, profile,
-                                      slo_ms or default_slo_ms, create_session, prefix_fn, min_replicas, tuple(warmup))
+                                      slo_ms or default_slo_ms, create_session, prefix_fn, min_replicas, serving,
+                                      tuple(warmup))
         finally:
             tmp.unlink(missing_ok=True)
 
     def _register(self, name, sha, runtime, size, inputs, outputs, data, tmp, profile, default_slo_ms,
-                  create_session, prefix_fn, min_replicas=0, warmup=()) -> ModelRecord:
+                  create_session, prefix_fn, min_replicas=0, serving=ServingSettings(), warmup=()) -> ModelRecord:
         prefix_group, signature, joining = "", "", []
         if prefix_fn is not None and runtime == "onnxruntime":
             existing = self._signatures(exclude=name)
@@ -245,6 +265,9 @@ class ModelDatabase:
                     self._db.execute("INSERT INTO sessions VALUES (?,?)", (name, record.default_slo_ms))
                 if min_replicas:
                     self._db.execute("INSERT OR REPLACE INTO model_replicas VALUES (?,?)", (name, min_replicas))
+                if serving != ServingSettings():
+                    self._db.execute("INSERT OR REPLACE INTO model_serving VALUES (?,?,?)",
+                                     (name, serving.expected_rate_rps, serving.batch_cap))
                 if warmup:
                     self._db.execute("INSERT INTO model_warmup VALUES (?,?)", (name, warmup_to_json(warmup)))
                 self._db.execute("COMMIT")
@@ -336,6 +359,12 @@ class ModelDatabase:
             if not self._db.execute("SELECT 1 FROM models WHERE name=?", (model,)).fetchone():
                 raise KeyError(f"unknown model {model!r}")
             self._db.execute("INSERT OR REPLACE INTO model_replicas VALUES (?,?)", (model, min_replicas))
+
+    def serving(self, model: str) -> ServingSettings:
+        with self._lock:
+            row = self._db.execute("SELECT expected_rate_rps, batch_cap FROM model_serving WHERE model=?",
+                                   (model,)).fetchone()
+        return ServingSettings(row[0], row[1]) if row else ServingSettings()
 
     def remove_session(self, model: str) -> bool:
         with self._lock:

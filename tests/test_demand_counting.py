@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from common.pb import control, kserve
-from frontend.kserve import FrontendState, infer
+from frontend.dispatch import FrontendState
+from frontend.inference import infer
 from frontend.requests import RequestError
 from frontend.routing import RoutingTable
 

@@ -164,7 +164,7 @@ def test_the_default_warm_up_runs_batch_1_and_the_planned_batch_twice_on_random_
 
 def test_the_model_database_keeps_warm_up_samples_and_refuses_bad_ones(tmp_path):
     from globalsched.convert import model_desc, model_route
-    from globalsched.modeldb import ModelDatabase, UploadError
+    from globalsched.modeldb import ModelDatabase, ServingSettings, UploadError
 
     db = ModelDatabase(tmp_path)
     data = model_bytes(mlp_small())
@@ -178,6 +178,8 @@ def test_the_model_database_keeps_warm_up_samples_and_refuses_bad_ones(tmp_path)
     with pytest.raises(UploadError, match=r"warm-up: model_warmup\[0\].inputs\[\"input\"\].dims \[32\] do not fit"):
         db.add_model("other", [data], warmup=bad)
     assert db.model("other") is None
+    with pytest.raises(UploadError, match=r"model_warmup\[0\] \('ones'\).batch_size 2 exceeds max_batch_size 1"):
+        db.add_model("capped", [data], warmup=samples, serving=ServingSettings(batch_cap=1))
     db.add_model("mlp", [data])                                   # a new upload replaces the samples
     assert db.model("mlp").warmup == ()
     db.close()

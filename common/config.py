@@ -354,6 +354,9 @@ class BackendConfig:
                 "queue) or duty-cycle (wait for the planned batch, at most one duty cycle)"})
     prefix_batching: bool = field(default=True, metadata={
         "help": "run the shared prefix of a prefix group's models once per merged batch"})
+    warmup: bool = field(default=True, metadata={
+        "help": "run a session's warm-up batches (its model's model_warmup, else batch 1 and the planned batch) "
+                "before it takes traffic; off, the first requests pay the runtime's first-run costs"})
     advertise: str = field(default="", metadata={"help": _ADVERTISE_HELP})
     drain_grace_s: float = field(default=20.0, metadata={
         "help": "on SIGTERM: longest wait for the scheduler to move this backend's sessions and for its queues "

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Iterable
 from common.pb import control
 from common.profile import Profile
 from common.tensors import TensorSpec
+from common.warmup import to_pb as warmup_to_pb
 from globalsched.modeldb import ModelRecord, ServingSettings
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ def model_desc(record: ModelRecord, profiles: dict[str, Profile], loaded: bool, 
         max_batch=max((p.max_batch for p in profiles.values()), default=0),
         profiled_device_types=sorted(profiles), prefix_group=record.prefix_group, loaded=loaded,
         created_unix_ms=record.created_ms, min_replicas=min_replicas,
-        expected_rate_rps=serving.expected_rate_rps, batch_cap=serving.batch_cap)
+        expected_rate_rps=serving.expected_rate_rps, batch_cap=serving.batch_cap, warmup=warmup_to_pb(record.warmup))
 
 
 # ---- model tables (to backends) ------------------------------------------------------------------
@@ -65,7 +66,13 @@ def backend_route(node_id: str, address: str, share_rps: float, batch: int, duty
 def model_route(desc: control.ModelDesc, slo_ms: float, session: str, backends: Iterable[control.BackendRoute] = (),
                 reason: str = "", planned_rate_rps: float = 0.0, measured_rate_rps: float = 0.0
                 ) -> control.ModelRoute:
-    """A session's route: its backends, or why it has none (the reason frontends answer with)."""
+    """A session's route: its backends, or why it has none (the reason frontends answer with). The
+    model's warm-up samples stay out: only backends run them."""
+    if desc.warmup:
+        bare = control.ModelDesc()
+        bare.CopyFrom(desc)
+        bare.ClearField("warmup")
+        desc = bare
     return control.ModelRoute(model=desc, slo_ms=slo_ms, backends=list(backends), reason=reason,
                               session=session if session != desc.name else "",
                               planned_rate_rps=planned_rate_rps, measured_rate_rps=measured_rate_rps)

@@ -23,6 +23,7 @@ from common.config import SchedulerConfig
 from common.pb import control
 from common.profile import Profile, ProfileError
 from common.query_def import ModelIO, QueryError, parse_query, validate_query
+from common.warmup import WarmupError, from_pb as warmup_from_pb
 from globalsched.cluster import ClusterPlan
 from globalsched.convert import model_desc
 from globalsched.load_failures import LoadFailures
@@ -87,8 +88,9 @@ class ModelAdmin:
                 profile_json=header.profile_json, slo_ms=header.slo_ms, io_json=header.io_json,
                 default_slo_ms=self.config.default_slo_ms, create_session=header.load, prefix_fn=self.prefix_fn,
                 min_replicas=header.min_replicas,
-                serving=ServingSettings(header.expected_rate_rps, header.batch_cap))
-        except UploadError as exc:
+                serving=ServingSettings(header.expected_rate_rps, header.batch_cap),
+                warmup=warmup_from_pb(header.warmup))
+        except (UploadError, WarmupError) as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"upload of {header.name!r} refused: {exc}") from None
         self._forget_failures(record.name)          # a new upload starts afresh
         self.trigger.request(f"model {record.name} uploaded")

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import grpc
 
 from common import grpc_util
 from common.pb import control, control_grpc
 from common.security import Credentials
+from common.warmup import WarmupSample, describe as describe_warmup, from_pb as warmup_from_pb
+from common.warmup import to_pb as warmup_to_pb
 from nexus.client_flags import ClientFlagError, add_client_security, client_credentials
 
 DEFAULT_SCHEDULER = "127.0.0.1:8100"
@@ -33,9 +35,10 @@ def _chunks(header: control.UploadHeader, path: pathlib.Path) -> Iterator[contro
 
 def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile_path: str | None = None,
                  slo_ms: float = 0.0, runtime: str = "", io_path: str | None = None, load: bool = True,
-                 timeout_s: float = 300, min_replicas: int = 0,
+                 timeout_s: float = 300, min_replicas: int = 0, warmup: Sequence[WarmupSample] = (),
                  creds: Credentials = grpc_util.NO_CREDENTIALS) -> control.ModelDesc:
-    """Stream a model file to the scheduler; raise CommandError with the scheduler's reason if refused."""
+    """Stream a model file to the scheduler; raise CommandError with the scheduler's reason if refused.
+    ``warmup``: the model's warm-up samples (config.pbtxt's model_warmup; none: the backends' default)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise CommandError(f"no such file: {path}")
@@ -43,6 +46,7 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
         raise CommandError(f"--min-replicas must not be negative, got {min_replicas}")
     header = control.UploadHeader(name=name, slo_ms=slo_ms, load=load, min_replicas=min_replicas,
                                   runtime=runtime or ("torch" if path.suffix in (".pt", ".pt2") else "onnxruntime"))
+    header.warmup.extend(warmup_to_pb(warmup))
     for attr, file in (("profile_json", profile_path), ("io_json", io_path)):
         if file:
             try:
@@ -76,6 +80,7 @@ def _describe(m: control.ModelDesc) -> dict:
             "slo_ms": m.default_slo_ms, "loaded": m.loaded, "profiles": list(m.profiled_device_types),
             "min_replicas": m.min_replicas,
             "prefix_group": m.prefix_group,
+            "warmup": describe_warmup(warmup_from_pb(m.warmup)),
             "inputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in m.inputs],
             "outputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in m.outputs]}
 

@@ -212,7 +212,7 @@ def test_a_model_uploaded_with_an_expected_rate_and_a_batch_cap_is_planned_by_th
     batches = [s.batch for p in plan.placements.values() for b in p.backends for s in b.sessions if s.model == "hot"]
     assert batches and max(batches) <= 4
     desc = service.admin.desc("hot")
-    assert desc.expected_rate_rps == 400.0 and desc.batch_cap == 4 and desc.max_batch == 32
+    assert desc.expected_rate_rps == 400.0 and desc.batch_cap == 4 and desc.max_batch == 4
     service.workload.rates["fe"] = {"hot": (50.0, now)}            # measured: that rate from now on
     sessions, _, _ = session_inputs(service.read_view(now), service.control.settings)
     assert {s.model: s.rate_rps for s in sessions}["hot"] == 50.0

@@ -222,6 +222,9 @@ class Plan:
     ``optimal``: True when the GPU count is proven minimal (CP-SAT status OPTIMAL, or the count equals
     the lower bound), False when a proving solver stopped early, None when the solver does not prove.
     ``moved``: for a re-plan, how many sessions present before and after changed their set of GPUs.
+    ``lower_bound`` is the tight bound (throughput and every session's fixed cost per duty cycle);
+    ``lower_bound_throughput_only`` the bound of earlier releases (throughput alone), kept for
+    comparison; both are certified (globalsched/algorithms/lower_bound.py), None when not computed.
     """
 
     solver: str
@@ -231,6 +234,7 @@ class Plan:
     optimal: bool | None = None
     moved: int | None = None
     notes: tuple[str, ...] = ()
+    lower_bound_throughput_only: int | None = None
 
     @property
     def num_gpus(self) -> int:
@@ -252,8 +256,8 @@ class Plan:
     # ---- JSON (DESIGN.md "Plan output of nexus plan --json") ----------------------------------------
 
     def to_json_obj(self) -> dict[str, Any]:
-        """The contract's keys in order; ``optimal``/``moved``/``notes`` and per-GPU ``prefix_groups``
-        only when they carry information."""
+        """The contract's keys in order; ``lower_bound_throughput_only``, ``optimal``/``moved``/``notes``
+        and per-GPU ``prefix_groups`` only when they carry information."""
         gpus = []
         for g in self.gpus:
             obj: dict[str, Any] = {
@@ -265,6 +269,8 @@ class Plan:
             gpus.append(obj)
         out: dict[str, Any] = {"solver": self.solver, "num_gpus": self.num_gpus, "lower_bound": self.lower_bound,
                                "solve_ms": round(self.solve_ms, 3), "gpus": gpus}
+        if self.lower_bound_throughput_only is not None:
+            out["lower_bound_throughput_only"] = self.lower_bound_throughput_only
         if self.optimal is not None:
             out["optimal"] = self.optimal
         if self.moved is not None:
@@ -293,7 +299,7 @@ class Plan:
                                 tuple(g.get("prefix_groups", ()))))
         plan = Plan(str(need(obj, "solver", "plan")), tuple(gpus), int(need(obj, "lower_bound", "plan")),
                     float(need(obj, "solve_ms", "plan")), obj.get("optimal"), obj.get("moved"),
-                    tuple(obj.get("notes", ())))
+                    tuple(obj.get("notes", ())), obj.get("lower_bound_throughput_only"))
         if "num_gpus" in obj and obj["num_gpus"] != plan.num_gpus:
             raise ValueError(f"num_gpus: says {obj['num_gpus']} but gpus lists {plan.num_gpus}")
         return plan

@@ -77,7 +77,8 @@ def render_table(plan: Plan, sessions: list[SessionSpec], workload: Workload, sp
     groups = {g.name: g for g in workload.prefix_groups}
     proof = {True: ", optimal", False: ", not proven optimal", None: ""}[plan.optimal]
     lines = [f"solver {plan.solver}: {plan.num_gpus} GPU(s) of {workload.gpu.name} "
-             f"(lower bound {plan.lower_bound}{proof}), solved in {plan.solve_ms:.1f} ms"]
+             f"(lower bound {plan.lower_bound}{proof}; throughput alone: {plan.lower_bound_throughput_only}), "
+             f"solved in {plan.solve_ms:.1f} ms"]
     lines += [f"  note: {n}" for n in plan.notes]
     rows = [("GPU", "duty ms", "busy", "memory MB", "sessions (batch, req/s)")]
     for g in plan.gpus:

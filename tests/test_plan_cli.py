@@ -37,6 +37,7 @@ def test_json_output_follows_the_contract(tmp_path: Path, capsys: pytest.Capture
     out = json.loads(capsys.readouterr().out)
     assert list(out)[:5] == ["solver", "num_gpus", "lower_bound", "solve_ms", "gpus"]
     assert out["solver"] == "squishy" and out["num_gpus"] == len(out["gpus"]) >= out["lower_bound"] >= 1
+    assert 1 <= out["lower_bound_throughput_only"] <= out["lower_bound"]
     for gpu in out["gpus"]:
         assert set(gpu) <= {"id", "duty_cycle_ms", "sessions", "prefix_groups"}
         for s in gpu["sessions"]:

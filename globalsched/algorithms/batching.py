@@ -35,8 +35,9 @@ class SessionModel:
 
 
 def prepare(spec: SessionSpec, gpu: GpuSpec | None, config: PlannerConfig, *, check_memory: bool = True,
-            batch_cap: int | None = None, prefix_aware: bool = True) -> SessionModel:
-    """The planning view of ``spec``; PlanningError when even batch 1 cannot meet its SLO or memory."""
+            batch_cap: int | None = None, prefix_aware: bool = True, with_headroom: bool = True) -> SessionModel:
+    """The planning view of ``spec``; PlanningError when even batch 1 cannot meet its SLO or memory.
+    ``with_headroom=False`` keeps the session's own rate (the lower bound's view)."""
     p = spec.profile
     budget = spec.slo_ms - config.margins_ms
     l1 = p.latency_ms(1)
@@ -56,7 +57,7 @@ def prepare(spec: SessionSpec, gpu: GpuSpec | None, config: PlannerConfig, *, ch
     sm = SessionModel(spec.name, spec.rate_rps, budget,
                       tuple(r.latency_ms for r in p.rows), tuple(r.memory_mb for r in p.rows),
                       max_batch, spec.prefix_group if prefix_aware else None)
-    if config.burst_sigma > 0:
+    if with_headroom and config.burst_sigma > 0:
         batch, _ = saturated(sm)
         sm = dataclasses.replace(sm, rate_rps=burst_rate_rps(spec.rate_rps, sm.lat(batch), config.burst_sigma))
     return sm

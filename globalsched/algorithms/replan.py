@@ -38,7 +38,7 @@ from common.plan import GpuPlan, GpuSpec, Plan, PrefixGroup, SessionSpec
 from .batching import SessionModel, batch_for, residual_config
 from .config import PlannerConfig
 from .gpuload import GpuLoad, Member, best_fit
-from .lower_bound import lower_bound
+from .lower_bound import lower_bound, lower_bound_throughput_only
 from .squishy import prepare_all, saturated_split, squishy
 
 
@@ -134,7 +134,8 @@ def replan(current: Plan | None, sessions: Sequence[SessionSpec], gpu: GpuSpec, 
     after = _placements(gpus)
     moved_names = {s.name for s in sessions if before.get(s.name) and after.get(s.name, set()) - before[s.name]}
     plan = Plan("replan", tuple(sorted(gpus, key=lambda g: g.id)), lb, (time.perf_counter() - start) * 1000.0,
-                True if len(gpus) == lb else None, len(moved_names), (f"reason: {reason.value}",) + notes)
+                True if len(gpus) == lb else None, len(moved_names), (f"reason: {reason.value}",) + notes,
+                lower_bound_throughput_only(sessions, gpu, planner, groups))
     names = {s.name for s in sessions}
     moved_at = {n: t for n, t in state.moved_at_s if n in names}
     moved_at.update({n: now_s for n in moved_names})

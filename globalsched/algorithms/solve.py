@@ -9,7 +9,7 @@ from common.plan import GpuPlan, GpuSpec, Plan, PlanningError, PrefixGroup, Sess
 
 from .baselines import batch_oblivious, nexus_published, one_per_gpu
 from .config import PlannerConfig, Solver
-from .lower_bound import lower_bound
+from .lower_bound import lower_bound, lower_bound_throughput_only
 
 
 def solve(sessions: Sequence[SessionSpec], gpu: GpuSpec, solver: Solver | str = Solver.SQUISHY,
@@ -51,4 +51,5 @@ def solve(sessions: Sequence[SessionSpec], gpu: GpuSpec, solver: Solver | str = 
     if len(gpus) == lb:
         optimal = True
     solve_ms = (time.perf_counter() - start) * 1000.0
-    return Plan(solver.value, tuple(gpus), lb, solve_ms, optimal, None, notes)
+    return Plan(solver.value, tuple(gpus), lb, solve_ms, optimal, None, notes,
+                lower_bound_throughput_only(sessions, gpu, config, groups))

@@ -46,6 +46,16 @@ def test_json_output_follows_the_contract(tmp_path: Path, capsys: pytest.Capture
     assert validate_plan(Plan.from_json_obj(out), list(w.sessions), w.gpu) == []
 
 
+def test_burst_sigma_gives_loads_and_a_valid_pooled_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", write(tmp_path, WORKLOAD), "--json", "--burst-sigma", "1.5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert all(0 < s["load_rps"] <= s["throughput"] + 1e-9 for g in out["gpus"] for s in g["sessions"])
+    w = parse_workload(WORKLOAD)
+    assert validate_plan(Plan.from_json_obj(out), list(w.sessions), w.gpu, burst_sigma=1.5) == []
+    assert main(["plan", write(tmp_path, WORKLOAD), "--burst-sigma", "-1"]) == 2
+    assert "burst_sigma: must not be negative" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("solver", ["squishy", "cpsat", "cpsat-lns", "nexus", "batch-oblivious", "one-per-gpu"])
 def test_every_solver_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str], solver: str) -> None:
     assert main(["plan", write(tmp_path, WORKLOAD), "--solver", solver, "--json", "--time-limit-s", "2"]) == 0

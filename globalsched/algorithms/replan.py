@@ -226,9 +226,17 @@ def _incremental(current: Plan, sessions: Sequence[SessionSpec], gpu: GpuSpec, p
             sm = by_name.get(a.session)
             if sm is None or a.batch > sm.max_batch:
                 continue  # gone, or its profile no longer allows that batch: re-placed below
-            pref = residual_config(sm, a.throughput)[1]
-            if load.add_at_batch(Member(sm, a.throughput, a.batch, pref)):  # one that no longer fits is re-placed
-                where.setdefault(sm.name, []).append(load)
+            pref = residual_config(sm, a.planned_load_rps)[1]
+            # one that no longer fits is re-placed; headroom is judged once all are in (below)
+            load.add_at_batch(Member(sm, a.planned_load_rps, a.batch, pref), check_headroom=False)
+        kept = list(load.members)
+        while kept and not load.fits_headroom():  # their bursts no longer fit: re-place the last
+            kept.pop()
+            load = GpuLoad(g.duty_cycle_ms, prefixes, gpu.memory_mb, g.id)
+            for m in kept:
+                load.add_at_batch(m, check_headroom=False)
+        for m in load.members:
+            where.setdefault(m.sm.name, []).append(load)
         if load.members:
             loads.append(load)
 
@@ -247,8 +255,10 @@ def _incremental(current: Plan, sessions: Sequence[SessionSpec], gpu: GpuSpec, p
                 _remove(load, sm.name)  # an idle replica: unloading it moves nothing
                 continue
             take = min(m.batch * 1000.0 / load.duty_ms, need)
-            b = batch_for(sm, take, load.duty_ms) or m.batch
-            _set_batch(load, sm.name, min(b, m.batch), take)
+            b = min(batch_for(sm, take, load.duty_ms) or m.batch, m.batch)
+            if not (_set_batch(load, sm.name, b, take) or _set_batch(load, sm.name, m.batch, take)):
+                take = min(m.rate_rps, need)  # more than it carries breaks the burst headroom
+                _set_batch(load, sm.name, m.batch, take)  # (if even that fails it keeps carrying m.rate_rps)
             need -= take
             kept.append(load)
         needs[sm.name] = (need, kept)
@@ -267,11 +277,10 @@ def _incremental(current: Plan, sessions: Sequence[SessionSpec], gpu: GpuSpec, p
     new_full: list[GpuLoad] = []
     rest: list[tuple[float, str, SessionModel, float, int, float]] = []
     for sm, need in deficits:
-        n, batch, thr, residual = saturated_split(SessionModel(sm.name, need, sm.budget_ms, sm.latency_ms,
-                                                               sm.memory_mb, sm.max_batch, sm.group))
+        n, sat, residual = saturated_split(sm, need)
         for _ in range(n):
-            load = GpuLoad(sm.lat(batch), prefixes, gpu.memory_mb)
-            load.add_at_batch(Member(sm, thr, batch, sm.lat(batch)))
+            load = GpuLoad(sm.lat(sat.batch), prefixes, gpu.memory_mb)
+            load.add_at_batch(Member(sm, sat.load_rps, sat.batch, sm.lat(sat.batch)))
             new_full.append(load)
         if residual > 0:
             b, d = residual_config(sm, residual)

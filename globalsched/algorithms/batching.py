@@ -102,6 +102,13 @@ def saturated(sm: SessionModel) -> Saturated:
     :func:`common.headroom.lone_session_load_items` allows, the earlier per-session rule n +
     z*sqrt(n) <= b up to the skew and continuity terms.
     """
+    if sm.burst_sigma <= 0:  # the load is the throughput (the hot path of every plan without headroom)
+        best_b, best_t = 1, 1000.0 / sm.lat(1)
+        for b in range(2, usable_batch(sm) + 1):
+            t = b * 1000.0 / sm.lat(b)
+            if t >= best_t:
+                best_b, best_t = b, t
+        return Saturated(best_b, best_t, best_t)
     best = Saturated(1, 1000.0 / sm.lat(1), 0.0)
     best = best._replace(load_rps=_saturated_load(sm, 1, best.throughput_rps))
     for b in range(2, usable_batch(sm) + 1):

@@ -112,7 +112,7 @@ class GpuLoad:
 
     def _with_member(self, sm: SessionModel, batch: int, rate_rps: float, add_ms: float) -> bool:
         """Whether the headroom rule holds once ``sm`` joins at ``batch`` carrying ``rate_rps``."""
-        z = max(self.z, sm.burst_sigma)
+        z = self.z if self.z >= sm.burst_sigma else sm.burst_sigma
         if z <= 0:
             return True
         burst = self.burst.copy()
@@ -133,11 +133,13 @@ class GpuLoad:
         self.exec_ms += add_ms
         self.mem_mb += add_mb
         sm = m.sm
-        self.z = max(self.z, sm.burst_sigma)
-        if self.z > 0:
+        if sm.burst_sigma > 0:
+            self.z = sm.burst_sigma
             self.burst.add(sm.burst_term(m.batch, m.rate_rps))
         if sm.group is None or sm.group not in self.prefixes:
-            self.room_ms = min(self.room_ms, sm.budget_ms - sm.lat(m.batch))
+            room = sm.budget_ms - sm.lat(m.batch)
+            if room < self.room_ms:
+                self.room_ms = room
         if sm.group is not None and sm.group in self.prefixes:
             g = self.groups.setdefault(sm.group, _Group())
             p = self.prefixes[sm.group]
@@ -165,7 +167,7 @@ class GpuLoad:
 
     def fits_headroom(self) -> bool:
         """Whether the current members keep the headroom rule at the current duty cycle."""
-        return self._headroom_fits(self.burst, self.z, self.exec_ms, self.room_ms, self._group_state())
+        return self.z <= 0 or self._headroom_fits(self.burst, self.z, self.exec_ms, self.room_ms, self._group_state())
 
     def rebuilt(self, duty_ms: float, members: Iterable[Member], rebatch: bool) -> "GpuLoad | None":
         """A copy at ``duty_ms`` holding ``members``; with ``rebatch`` batches become ceil(d*rate)."""

@@ -63,47 +63,44 @@ def _usable(sm: SessionModel) -> range:
     return range(1, saturated_batch(sm.lat, sm.budget_ms, len(sm.latency_ms), EPS_MS) + 1)
 
 
-def session_throughput_gpus(sm: SessionModel, memory_mb: float | None) -> float:
-    """rate * min l(b)/b over usable b (memory checked when ``memory_mb`` is given)."""
-    best = math.inf
+def session_bounds_gpus(sm: SessionModel, memory_mb: float | None) -> tuple[float, float]:
+    """(f_i of the module docstring, rate * min l(b)/b) over usable b, memory checked when
+    ``memory_mb`` is given: the session's tight and throughput-only bounds."""
+    floor = per_item = math.inf
+    rate = sm.rate_rps / 1000.0
+    top = sm.budget_ms + EPS_MS
     for b in _usable(sm):
         if memory_mb is not None and sm.mem(b) > memory_mb + EPS_MS:
             continue  # memory need not grow monotonically with the batch
-        best = min(best, sm.lat(b) / b)
-    return sm.rate_rps * best / 1000.0
-
-
-def session_floor_gpus(sm: SessionModel, memory_mb: float | None) -> float:
-    """f_i of the module docstring: min over usable b of max(rate*l(b)/b, l(b)/(budget - l(b)))."""
-    best = math.inf
-    for b in _usable(sm):
-        if memory_mb is not None and sm.mem(b) > memory_mb + EPS_MS:
-            continue
         lat = sm.lat(b)
-        best = min(best, max(sm.rate_rps * lat / b / 1000.0, lat / (sm.budget_ms + EPS_MS - lat)))
-    return best
+        cost = lat / b
+        per_item = min(per_item, cost)
+        floor = min(floor, max(rate * cost, lat / (top - lat)))
+    return floor, rate * per_item
 
 
-def _bound_gpus(sessions: Sequence[SessionSpec], gpu: GpuSpec | None, config: PlannerConfig,
-                prefix_groups: Iterable[PrefixGroup], with_floor: bool) -> float:
+def bounds_gpus(sessions: Sequence[SessionSpec], gpu: GpuSpec | None = None,
+                config: PlannerConfig = PlannerConfig(),
+                prefix_groups: Iterable[PrefixGroup] = ()) -> tuple[float, float]:
+    """(tight, throughput-only) fractional bounds in one pass; raises PlanningError naming a session
+    no plan can serve."""
     prefixes = prefix_models(prefix_groups)
     memory = gpu.memory_mb if gpu is not None else None
-    per_session = session_floor_gpus if with_floor else session_throughput_gpus
-    total = 0.0
+    tight = old = 0.0
     grouped: dict[str, list[SessionModel]] = {}
     for spec in sessions:
         sm = prepare(spec, gpu, config, with_headroom=False)
         if spec.prefix_group is not None:
             grouped.setdefault(spec.prefix_group, []).append(sm)
         else:
-            total += per_session(sm, memory)
+            floor, per_item = session_bounds_gpus(sm, memory)
+            tight, old = tight + floor, old + per_item
     check_prefix_groups(grouped, prefixes)
     for gname, members in grouped.items():
         group = group_lower_bound_gpus(members, prefixes[gname], memory)
-        if with_floor:
-            group = max(group, max(session_floor_gpus(m, None) for m in members))
-        total += group
-    return total
+        old += group
+        tight += max(group, max(session_bounds_gpus(m, None)[0] for m in members))
+    return tight, old
 
 
 def lower_bound_gpus(sessions: Sequence[SessionSpec], gpu: GpuSpec | None = None,
@@ -111,19 +108,26 @@ def lower_bound_gpus(sessions: Sequence[SessionSpec], gpu: GpuSpec | None = None
                      prefix_groups: Iterable[PrefixGroup] = ()) -> float:
     """The fractional tight bound (throughput and per-session fixed cost); raises PlanningError
     naming a session no plan can serve."""
-    return _bound_gpus(sessions, gpu, config, prefix_groups, with_floor=True)
+    return bounds_gpus(sessions, gpu, config, prefix_groups)[0]
 
 
 def lower_bound_throughput_only_gpus(sessions: Sequence[SessionSpec], gpu: GpuSpec | None = None,
                                      config: PlannerConfig = PlannerConfig(),
                                      prefix_groups: Iterable[PrefixGroup] = ()) -> float:
     """The fractional bound of earlier releases: ``sum rate * min l(b)/b`` (no fixed cost)."""
-    return _bound_gpus(sessions, gpu, config, prefix_groups, with_floor=False)
+    return bounds_gpus(sessions, gpu, config, prefix_groups)[1]
 
 
 def _ceil(x: float) -> int:
     """ceil with a hair of float slack, so 3.0000000001 stays 3."""
     return max(0, math.ceil(x - 1e-9))
+
+
+def lower_bounds(sessions: Sequence[SessionSpec], gpu: GpuSpec | None = None,
+                 config: PlannerConfig = PlannerConfig(), prefix_groups: Iterable[PrefixGroup] = ()) -> tuple[int, int]:
+    """(:func:`lower_bound`, :func:`lower_bound_throughput_only`) in one pass."""
+    tight, old = bounds_gpus(sessions, gpu, config, prefix_groups)
+    return _ceil(tight), _ceil(old)
 
 
 def lower_bound(sessions: Sequence[SessionSpec], gpu: GpuSpec | None = None,

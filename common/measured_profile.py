@@ -65,6 +65,11 @@ class LatencySample:
 
 @dataclass(frozen=True)
 class EstimatorConfig:
+    """The estimator's knobs (module docstring): samples kept per batch size, samples that make a
+    size count, counted sizes that make the profile trusted, the drift that replaces the table in
+    use, the largest latency raise one update applies, the updates that corroborate a larger one,
+    and the planning margin (Nexus's 1.15)."""
+
     window: int = 256
     min_samples: int = 20
     min_batch_sizes: int = 2

@@ -9,7 +9,8 @@ import random
 import pytest
 
 from common.headroom import (BurstSums, BurstTerm, burst_excess_ms, lone_session_load_items, marginal_ms_per_item,
-                             overflow_probability_target, simulated_overflow_share)
+                             overflow_probability_target, own_burst_load_items, poisson_quantile_items, poisson_tail,
+                             simulated_overflow_share)
 from common.plan import GpuPlan, GpuSpec, Plan, SessionAlloc, SessionSpec, ViolationKind, validate_plan
 from common.profile import BatchLatency, Profile
 from globalsched.algorithms import PlannerConfig, ReplanState, Solver, replan, solve
@@ -37,12 +38,19 @@ def test_target_probability_and_the_lone_session_rule() -> None:
     assert overflow_probability_target(1.5) == pytest.approx(0.0668072, abs=1e-6)
     assert overflow_probability_target(0.0) == pytest.approx(0.5)
     assert lone_session_load_items(7, 0.0) == 7
+    p = overflow_probability_target(Z)
     for b in (1, 4, 32):
-        n = lone_session_load_items(b, Z)
-        assert n + Z * math.sqrt(n) + (Z * Z - 1) / 6 + 0.5 == pytest.approx(b)
-        # alone at duty l(b) with that load the device needs no time beyond its batch
-        assert burst_excess_ms([BurstTerm(b, n * 1000 / 40.0, 2.0)], 40.0, Z) == pytest.approx(0.0, abs=1e-9)
-    assert lone_session_load_items(1, 3.0) == 0.0  # too small a batch for any load at z = 3
+        n = lone_session_load_items(b, Z)  # exact: P(Poisson(n) > b) = p
+        assert poisson_tail(n, b) == pytest.approx(p, rel=1e-6) and poisson_quantile_items(n, Z) == b
+        assert poisson_quantile_items(n * 1.01, Z) == b + 1
+        # alone at duty l(b) with that load the device needs no time beyond its batch; a bit more, one item
+        assert burst_excess_ms([BurstTerm(b, n * 1000 / 40.0, 2.0)], 40.0, Z) == 0.0
+        assert burst_excess_ms([BurstTerm(b, n * 1010 / 40.0, 2.0)], 40.0, Z) == pytest.approx(2.0)
+        # the per-allocation form the CP-SAT model keeps is the statistic's single term, never laxer
+        own = own_burst_load_items(b, Z)
+        assert own + Z * math.sqrt(own) + (Z * Z - 1) / 6 + 0.5 == pytest.approx(b) and own < n
+    assert lone_session_load_items(1, 1.5) == pytest.approx(0.419, abs=1e-3)  # 0.25 by n + z*sqrt(n) <= 1
+    assert own_burst_load_items(1, 3.0) == 0.0  # too small a batch for any load at z = 3
 
 
 def test_marginal_cost_is_the_steepest_secant() -> None:
@@ -104,7 +112,7 @@ def test_devices_provisioned_with_the_statistic_overflow_at_most_the_target() ->
 
 
 def test_pooled_plans_keep_the_rule_and_overflow_at_most_the_target() -> None:
-    sessions = long_tail(60, 150.0, seed=1)
+    sessions = long_tail(100, 1500.0, seed=1)
     config = PlannerConfig(burst_sigma=Z)
     plan = solve(sessions, BIG, Solver.SQUISHY, config)
     assert validate_plan(plan, sessions, BIG, burst_sigma=Z) == []
@@ -151,7 +159,7 @@ def test_validation_names_a_device_without_room_for_bursts() -> None:
     violations = validate_plan(Plan("x", (full,), 1, 0.0), [s], BIG, burst_sigma=Z)
     assert [v.kind for v in violations] == [ViolationKind.DUTY_CYCLE]
     assert "burst headroom" in violations[0].message
-    tight = SessionSpec("a", "m", 56.0, 500.0, Profile.linear(1.0, 5.0, 32))  # 25 + 25 + H > 56
+    tight = SessionSpec("a", "m", 52.0, 500.0, Profile.linear(1.0, 5.0, 32))  # 25 + 25 + H > 52
     assert ViolationKind.SLO in {v.kind for v in validate_plan(Plan("x", (full,), 1, 0.0), [tight], BIG,
                                                                 burst_sigma=Z)}
     assert validate_plan(Plan("x", (full,), 1, 0.0), [s], BIG) == []  # without headroom it is valid

@@ -42,13 +42,16 @@ class SessionModel:
     def burst_term(self, batch: int, load_rps: float) -> BurstTerm:
         return BurstTerm(batch, load_rps, self.marginal(batch))
 
-    def lone_excess_ms(self, batch: int, load_rps: float, duty_ms: float) -> float:
-        """H of a device running only this session (0 without headroom)."""
+    def lone_excess_ms(self, batch: int, load_rps: float, duty_ms: float, exact: bool = False) -> float:
+        """H of a device running only this load (0 without headroom). By default by the several-
+        session expansion: a residual is planned so that it stays feasible when others join it (the
+        exact lone quantile would let it fill a GPU that then takes nobody); ``exact``: the lone
+        quantile that validation applies to a device with one session."""
         if self.burst_sigma <= 0:
             return 0.0
         sums = BurstSums()
         sums.add(self.burst_term(batch, load_rps))
-        return sums.excess_ms(duty_ms, self.burst_sigma)
+        return sums.excess_ms(duty_ms, self.burst_sigma, exact_lone=exact)
 
     def mem(self, batch: int) -> float:
         return self.memory_mb[batch - 1]
@@ -99,8 +102,8 @@ def saturated(sm: SessionModel) -> Saturated:
     Without headroom the load is the throughput b*1000/l(b); for profiles whose throughput grows
     with the batch (every GPU-like profile) that is DESIGN.md's "largest b with 2*l(b) <= SLO".
     With headroom a lone session cannot pool its bursts: it carries the n arrivals per cycle that
-    :func:`common.headroom.lone_session_load_items` allows, the earlier per-session rule n +
-    z*sqrt(n) <= b up to the skew and continuity terms.
+    :func:`common.headroom.lone_session_load_items` allows (P(Poisson(n) > b) at most the target,
+    exactly; the earlier per-session rule n + z*sqrt(n) <= b approximated it).
     """
     if sm.burst_sigma <= 0:  # the load is the throughput (the hot path of every plan without headroom)
         best_b, best_t = 1, 1000.0 / sm.lat(1)
@@ -139,9 +142,21 @@ def residual_config(sm: SessionModel, rate_rps: float) -> tuple[int, float]:
 
     For each batch b the longest duty cycle allowed is min(b*1000/rate, budget - l(b) - H); it must
     be at least l(b) + H. Unlike the published rule (d = b/rate only), low rates keep batch 1 with
-    the duty cycle capped by the SLO instead of becoming infeasible. Raises PlanningError when no
-    batch fits (only possible with headroom: a budget too tight for even one item's burst).
+    the duty cycle capped by the SLO instead of becoming infeasible. With headroom H is the
+    several-session figure (:meth:`SessionModel.lone_excess_ms`), or, when no batch fits by it, the
+    exact lone one (the residual then keeps a GPU of its own). Raises PlanningError when no batch
+    fits either way (a budget too tight for even one item's burst).
     """
+    best = _residual_config(sm, rate_rps, exact=False)
+    if best is None and sm.burst_sigma > 0:
+        best = _residual_config(sm, rate_rps, exact=True)
+    if best is None:
+        raise PlanningError(f"session {sm.name!r}: no batch leaves room for its burst headroom within its SLO "
+                            f"budget {sm.budget_ms:g} ms at {rate_rps:g} req/s; lower --burst-sigma")
+    return best
+
+
+def _residual_config(sm: SessionModel, rate_rps: float, exact: bool) -> tuple[int, float] | None:
     best: tuple[float, int, float] | None = None
     for b in range(1, sm.max_batch + 1):
         lat = sm.lat(b)
@@ -149,30 +164,29 @@ def residual_config(sm: SessionModel, rate_rps: float) -> tuple[int, float]:
             break  # latency only grows with the batch
         d = min(b * 1000.0 / rate_rps, sm.budget_ms - lat)
         if sm.burst_sigma > 0:
-            d = _longest_duty_with_headroom(sm, b, rate_rps, d)
+            d = _longest_duty_with_headroom(sm, b, rate_rps, d, exact)
             if d is None:
                 continue
-            occ = (lat + sm.lone_excess_ms(b, rate_rps, d)) / d
+            occ = (lat + sm.lone_excess_ms(b, rate_rps, d, exact)) / d
         else:
             if d < lat - EPS_MS:
                 continue
             occ = lat / d
         if best is None or occ < best[0] - 1e-12:
             best = (occ, b, d)
-    if best is None:
-        raise PlanningError(f"session {sm.name!r}: no batch leaves room for its burst headroom within its SLO "
-                            f"budget {sm.budget_ms:g} ms at {rate_rps:g} req/s; lower --burst-sigma")
-    return best[1], best[2]
+    return None if best is None else (best[1], best[2])
 
 
-def lone_fits(sm: SessionModel, batch: int, rate_rps: float, duty_ms: float) -> bool:
-    """Whether a device running only this load at (batch, duty) keeps every rule, headroom included."""
+def lone_fits(sm: SessionModel, batch: int, rate_rps: float, duty_ms: float, exact: bool = False) -> bool:
+    """Whether a device running only this load at (batch, duty) keeps every rule, headroom included
+    (H as :meth:`SessionModel.lone_excess_ms` computes it)."""
     lat = sm.lat(batch)
-    h = sm.lone_excess_ms(batch, rate_rps, duty_ms)
+    h = sm.lone_excess_ms(batch, rate_rps, duty_ms, exact)
     return lat + h <= duty_ms + EPS_MS and duty_ms + lat + h <= sm.budget_ms + EPS_MS
 
 
-def _longest_duty_with_headroom(sm: SessionModel, batch: int, rate_rps: float, hi_ms: float) -> float | None:
+def _longest_duty_with_headroom(sm: SessionModel, batch: int, rate_rps: float, hi_ms: float,
+                                exact: bool) -> float | None:
     """The longest d <= ``hi_ms`` at which the lone load fits (:func:`lone_fits`), None if none does.
 
     d + l + H(d) grows with d, so ``hi_ms`` (at most the SLO's limit) meets that part. The d >= l with
@@ -182,13 +196,13 @@ def _longest_duty_with_headroom(sm: SessionModel, batch: int, rate_rps: float, h
     lo = sm.lat(batch)
     if hi_ms < lo - EPS_MS:
         return None
-    if lone_fits(sm, batch, rate_rps, hi_ms):
+    if lone_fits(sm, batch, rate_rps, hi_ms, exact):
         return hi_ms
-    if not lone_fits(sm, batch, rate_rps, lo):
+    if not lone_fits(sm, batch, rate_rps, lo, exact):
         return None
     for _ in range(40):
         mid = (lo + hi_ms) / 2
-        if lone_fits(sm, batch, rate_rps, mid):
+        if lone_fits(sm, batch, rate_rps, mid, exact):
             lo = mid
         else:
             hi_ms = mid

@@ -15,7 +15,7 @@ throughputs and loosens SLOs), so:
 
 Burst headroom (``burst_sigma`` = z > 0) is modelled per allocation, not pooled: an allocation at
 batch b may carry at most the n*(b) arrivals per cycle that a lone session may
-(:func:`common.headroom.lone_session_load_items`, with z at least 1), i.e. t * E <= n*(b) * 10^9, and
+(:func:`common.headroom.own_burst_load_items`), i.e. t * E <= n*(b) * 10^9, and
 its load t is reported. Each allocation then covers its own burst quantile, and the pooled quantile
 of a GPU never exceeds the sum of its sessions' own (sqrt(sum c^2 n) <= sum c sqrt(n), the skew term
 is at most c_max and the continuity term c_max/2 at most sum c/2), so H = 0 and the plan keeps the
@@ -44,7 +44,7 @@ from typing import Iterable, Mapping, Sequence
 
 from ortools.sat.python import cp_model
 
-from common.headroom import lone_session_load_items
+from common.headroom import own_burst_load_items
 from common.plan import (GpuPlan, GpuSpec, Plan, PrefixGroup, SessionAlloc, SessionSpec, gpu_exec_breakdown,
                          validate_plan)
 
@@ -149,7 +149,7 @@ def solve_exact(models: Sequence[SessionModel], prefixes: Mapping[str, PrefixMod
         c = math.floor(c_ms * 1e6)  # ns per request: t (milli-req/s) * c is in 1e-12 of a GPU
         need = _up(s.rate_rps, 1000.0)
         # items per cycle an allocation at batch b may carry, in thousandths (b without headroom)
-        carry = {b: (_down(lone_session_load_items(b, max(1.0, s.burst_sigma)), 1000.0)
+        carry = {b: (_down(own_burst_load_items(b, s.burst_sigma), 1000.0)
                      if s.burst_sigma > 0 and s.marginal(b) > 0 else 1000 * b) for b in batches[s.name]}
         ts = []
         for g in range(G):

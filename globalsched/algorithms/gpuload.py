@@ -38,6 +38,9 @@ class _Group:
     min_budget_ms: float = math.inf
 
 
+REFIT_GRID = (1.0, 0.97, 0.94, 0.9, 0.85, 0.8, 0.7, 0.6, 0.5)
+
+
 class GpuLoad:
     """Members on one GPU at duty cycle ``duty_ms``; ``exec_ms`` and ``mem_mb`` kept up to date."""
 
@@ -241,6 +244,10 @@ class GpuLoad:
                 if d > hi:
                     break
                 candidates.add(d)
+        if any(m.sm.burst_sigma > 0 for m in members):
+            # With headroom the longest feasible cycle may lie between breakpoints (H grows with d
+            # and caps it through the SLOs): also try a grid below the SLOs' limit.
+            candidates.update(hi * f for f in REFIT_GRID if lo <= hi * f)
         for d in sorted(candidates, reverse=True):
             new = self.rebuilt(d, members, rebatch=True)
             if new is not None:

@@ -19,6 +19,11 @@ run long cycles keep them, which is where per-batch overheads are cheapest; abou
 the benchmark, and every merge check is O(1)). :func:`squishy` runs the published order with the published
 residual rule and the duty order with ours, both memory-checked, and keeps the plan with fewer GPUs,
 so it never needs more GPUs than the published algorithm does whenever that one's plan fits memory.
+
+With burst headroom (``PlannerConfig.burst_sigma``, common/headroom.py) a saturated GPU carries the
+load a lone session may (``Saturated.load_rps``, below its throughput), residual loads take their
+headroom into their own batch and duty cycle, and every merge keeps the pooled rule
+(:class:`~globalsched.algorithms.gpuload.GpuLoad`); allocations report their loads.
 """
 
 from __future__ import annotations

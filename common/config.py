@@ -274,8 +274,8 @@ class SchedulerConfig:
         "help": "plan every session for its measured rate times (1 + this): room for Poisson bursts and for "
                 "growth between epochs"})
     burst_sigma: float = field(default=1.5, metadata={
-        "help": "provision every session for Poisson bursts: a duty cycle of its saturated batch holds n + "
-                "this * sqrt(n) arrivals instead of their mean n"})
+        "help": "burst headroom Z: every device keeps room for the pooled Poisson burst of its sessions' arrivals, "
+                "so that a duty cycle overflows with probability at most 1 - Phi(Z) (6.7% at 1.5); 0 turns it off"})
     path_allowance_ms: float = field(default=5.0, metadata={
         "help": "time a request spends outside the device on each hop (frontend, gRPC, serialisation); plans keep "
                 "duty cycle + batch latency within every SLO, and every query stage's budget, less this"})

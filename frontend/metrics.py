@@ -40,7 +40,8 @@ This system's own:
   ``DEADLINE_EXCEEDED`` (could not meet its deadline), ``RESOURCE_EXHAUSTED`` (a backend's queue was
   full), ``UNAVAILABLE`` (no backend serves the model now).
 - From the routing table the scheduler pushed: ``nexus_routing_epoch``, ``nexus_planned_devices``,
-  ``nexus_lower_bound_devices``; per session ``nexus_session_planned_rate_rps``,
+  ``nexus_lower_bound_devices`` (and ``nexus_lower_bound_throughput_only_devices``, the looser bound of
+  earlier releases); per session ``nexus_session_planned_rate_rps``,
   ``nexus_session_measured_rate_rps``, ``nexus_session_slo_seconds``, ``nexus_session_backends``; per
   session and backend (label ``backend`` = node id) ``nexus_session_planned_batch``,
   ``nexus_session_planned_throughput_rps`` and ``nexus_session_duty_cycle_seconds``.
@@ -156,9 +157,13 @@ class _PlanCollector(Collector):
         devices = GaugeMetricFamily("nexus_planned_devices", "Devices the scheduler's plan uses")
         devices.add_metric([], table.planned_devices)
         bound = GaugeMetricFamily("nexus_lower_bound_devices",
-                                  "Lower bound on the devices any plan needs for the planned rates")
+                                  "Lower bound on the devices any plan needs for the planned rates (throughput "
+                                  "and each session's fixed cost per duty cycle)")
         bound.add_metric([], table.lower_bound)
-        yield from (epoch, devices, bound)
+        old_bound = GaugeMetricFamily("nexus_lower_bound_throughput_only_devices",
+                                      "The throughput-only lower bound of earlier releases, for comparison")
+        old_bound.add_metric([], table.lower_bound_throughput_only)
+        yield from (epoch, devices, bound, old_bound)
         per_session = {
             "planned": GaugeMetricFamily("nexus_session_planned_rate_rps",
                                          "Request rate the plan serves for the session", labels=["model"]),

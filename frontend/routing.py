@@ -129,6 +129,7 @@ class RoutingTable:
     queries: dict[str, QueryEntry] = field(default_factory=dict)
     planned_devices: int = 0               # devices the plan uses
     lower_bound: int = 0                   # devices no plan can do with fewer
+    lower_bound_throughput_only: int = 0   # the throughput-only bound of earlier releases
 
     @staticmethod
     def empty() -> "RoutingTable":
@@ -149,7 +150,8 @@ class RoutingTable:
             q = _query_entry(info, models)
             if q is not None:
                 queries[q.name] = q
-        return RoutingTable(table.epoch, models, queries, table.planned_devices, table.lower_bound)
+        return RoutingTable(table.epoch, models, queries, table.planned_devices, table.lower_bound,
+                            table.lower_bound_throughput_only)
 
     def addresses(self) -> set[str]:
         return {r.address for m in self.models.values() for r in m.backends}

@@ -117,7 +117,8 @@ class ClusterPlan:
     need_profile: Mapping[str, str]                   # model -> device type to profile it on
     best_effort: Mapping[str, str] = field(default_factory=dict)  # session -> why it cannot meet its SLO
     num_devices_planned: int = 0
-    lower_bound: int = 0
+    lower_bound: int = 0                              # the certified bound: throughput and fixed costs
+    lower_bound_throughput_only: int = 0              # the bound of earlier releases, for comparison
     solver: str = ""
     notes: tuple[str, ...] = ()
     sessions: Mapping[str, PlannedSession] = field(default_factory=dict)

@@ -95,7 +95,8 @@ def query_info(name: str, text: str, plan: QueryPlan | None, planned_rate_rps: f
 def routing_table(epoch: int, plan: ClusterPlan, routes: Iterable[control.ModelRoute],
                   stored: Iterable[control.ModelDesc], queries: Iterable[control.QueryInfo]) -> control.RoutingTable:
     return control.RoutingTable(epoch=epoch, routes=list(routes), stored=list(stored), queries=list(queries),
-                                planned_devices=plan.num_devices_planned, lower_bound=plan.lower_bound)
+                                planned_devices=plan.num_devices_planned, lower_bound=plan.lower_bound,
+                                lower_bound_throughput_only=plan.lower_bound_throughput_only)
 
 
 # ---- status (to `nexus status`) ------------------------------------------------------------------

@@ -115,7 +115,8 @@ class Distribution:
         for placement in plan.placements.values():
             for b in placement.backends:
                 for s in b.sessions:
-                    placed.setdefault(s.model, []).append((b.node_id, s.throughput_rps, s.batch, b.duty_cycle_ms))
+                    share = s.load_rps or s.throughput_rps     # routed by the arrivals planned there
+                    placed.setdefault(s.model, []).append((b.node_id, share, s.batch, b.duty_cycle_ms))
         for session, planned in plan.sessions.items():
             model = planned.model
             served.add(model)

@@ -25,7 +25,8 @@ class BackendSlot:
 class PlacedSession:
     model: str
     batch: int
-    throughput_rps: float
+    throughput_rps: float       # batch per duty cycle: what the backend can serve of it
+    load_rps: float = 0.0       # the arrivals planned here (at most the throughput: burst headroom); routed by it
 
 
 @dataclass(frozen=True)

@@ -203,6 +203,7 @@ def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendS
     types: dict[str, TypeState] = {}
     needed: dict[str, int] = {}
     bounds: dict[str, int] = {}
+    throughput_bound = 0
     reasons: dict[str, ReplanReason] = {}
     notes = []
     for device_type, group in chosen.items():
@@ -218,7 +219,9 @@ def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendS
                            force=force, previous=previous, config=settings.replan, solver=settings.solver)
         types[device_type] = result.state
         needed[device_type], bounds[device_type] = result.devices, result.lower_bound
+        throughput_bound += result.lower_bound_throughput_only
         reasons[device_type] = result.reason
+        notes.extend(result.notes)
         if result.placement.overcommitted:
             notes.append(f"{device_type}: the plan needs {result.devices} devices, {len(slots)} registered; "
                          f"{result.placement.overcommitted} folded onto busy backends")
@@ -227,6 +230,7 @@ def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendS
         placements[device_type] = _add_best_effort(placements[device_type], group, device_type)
     plan = ClusterPlan(placements, unplaced, need_profile, best_effort=best_effort,
                        num_devices_planned=sum(needed.values()), lower_bound=sum(bounds.values()),
+                       lower_bound_throughput_only=throughput_bound,
                        solver=settings.solver, notes=tuple(notes), devices_needed=needed, lower_bounds=bounds,
                        reasons=reasons)
     return plan, types

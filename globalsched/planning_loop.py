@@ -26,9 +26,10 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import AbstractSet, Callable, Mapping, Sequence
 
-from common.plan import GpuPlan, GpuSpec, Plan, PlanningError, SessionAlloc, SessionSpec, gpu_exec_breakdown
+from common.plan import (EPS_MS, GpuPlan, GpuSpec, Plan, PlanningError, SessionAlloc, SessionSpec, gpu_burst_excess_ms,
+                         gpu_exec_breakdown, slo_budget_ms, validate_plan)
 from globalsched.algorithms.config import PlannerConfig
-from globalsched.algorithms.replan import ReplanConfig, ReplanReason, ReplanState, replan
+from globalsched.algorithms.replan import ReplanConfig, ReplanReason, ReplanState, match_ids, replan
 from globalsched.placement import BackendAssignment, BackendSlot, PlacedSession, Placement
 
 
@@ -50,8 +51,10 @@ class TypeResult:
     placement: Placement
     devices: int                 # GPUs of the plan (before folding onto the backends there are)
     lower_bound: int
+    lower_bound_throughput_only: int
     reason: ReplanReason         # NONE: the previous placement stands
     state: TypeState
+    notes: tuple[str, ...] = ()
 
 
 def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[BackendSlot],
@@ -106,16 +109,41 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
         reason = state.reason
     if reason is ReplanReason.NONE and st.placement is not None:
         return TypeResult(st.placement, _devices_needed(st.plan, specs, min_replicas) if st.plan else 0,
-                          st.plan.lower_bound if st.plan else 0, reason, st)
-    plan = replace(plan, gpus=_fresh_ids(plan.gpus, current, st.plan))
-    gpus, replicas = add_replicas(plan.gpus, specs, gpu, {s.name: min_replicas.get(s.name, 1) for s in specs},
-                                  len(slots), config.planner, st.plan, st.replicas)
-    plan = replace(plan, gpus=tuple(gpus))
+                          st.plan.lower_bound if st.plan else 0,
+                          (st.plan.lower_bound_throughput_only or 0) if st.plan else 0, reason, st)
+    wanted = {s.name: min_replicas.get(s.name, 1) for s in specs}
+    plan, replicas = _with_replicas(plan, current, st, specs, gpu, wanted, len(slots), config.planner)
+    notes: tuple[str, ...] = ()
+    broken = validate_plan(plan, grouped, gpu, config.planner.margins_ms, groups, config.planner.burst_sigma)
+    if broken:
+        # A plan that breaks the validity rules is never distributed: a fresh one replaces it, and when
+        # that one breaks them too, planning fails (the plan in force stays).
+        from globalsched.prefix_groups import solve_with_prefix_groups
+
+        fresh = solve_with_prefix_groups(specs, gpu, solver, config.planner, shares=shares)
+        fresh = replace(fresh, gpus=tuple(match_ids(fresh.gpus, current)) if current is not None else fresh.gpus)
+        fresh, replicas = _with_replicas(fresh, current, st, specs, gpu, wanted, len(slots), config.planner)
+        still = validate_plan(fresh, grouped, gpu, config.planner.margins_ms, groups, config.planner.burst_sigma)
+        if still:
+            raise PlanningError(f"{gpu.name}: every plan made breaks the validity rules, none is distributed: "
+                                f"{'; '.join(v.message for v in still[:3])}")
+        notes = (f"{gpu.name}: the {reason.value} plan broke the validity rules ({broken[0].message}); "
+                 f"a fresh plan replaced it",)
+        plan = fresh
     by_name, by_group = {s.name: s for s in grouped}, {g.name: g for g in groups}
     placement, nodes = _assign(plan.gpus, slots, st.nodes, previous,
                                lambda g: gpu_exec_breakdown(g, by_name, by_group)[0])
     new = TypeState(plan, state, nodes, frozenset(replicas), signature, alive, placement)
-    return TypeResult(placement, _devices_needed(plan, specs, min_replicas), plan.lower_bound, reason, new)
+    return TypeResult(placement, _devices_needed(plan, specs, min_replicas), plan.lower_bound,
+                      plan.lower_bound_throughput_only or 0, reason, new, notes)
+
+
+def _with_replicas(plan: Plan, current: Plan | None, st: TypeState, specs: Sequence[SessionSpec], gpu: GpuSpec,
+                   wanted: Mapping[str, int], max_gpus: int, planner: PlannerConfig
+                   ) -> tuple[Plan, set[tuple[int, str]]]:
+    plan = replace(plan, gpus=_fresh_ids(plan.gpus, current, st.plan))
+    gpus, replicas = add_replicas(plan.gpus, specs, gpu, wanted, max_gpus, planner, st.plan, st.replicas)
+    return replace(plan, gpus=tuple(gpus)), replicas
 
 
 def _devices_needed(plan: Plan, specs: Sequence[SessionSpec], min_replicas: Mapping[str, int]) -> int:
@@ -178,7 +206,6 @@ def add_replicas(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: Gpu
     out = {g.id: g for g in gpus}
     by_name = {s.name: s for s in specs}
     added: set[tuple[int, str]] = set()
-    margins = planner.margins_ms
     previous_ids: dict[str, list[int]] = {}
     if before is not None:
         for g in before.gpus:
@@ -202,7 +229,7 @@ def add_replicas(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: Gpu
                 if gid not in out and len(out) < max_gpus:
                     placed = GpuPlan(gid, primary_gpu.duty_cycle_ms, (primary,))
                 elif gid in out:
-                    placed = _with(out[gid], spec, primary.throughput, gpu, margins, by_name)
+                    placed = _with(out[gid], spec, primary.planned_load_rps, gpu, planner, by_name)
                 if placed is not None:
                     break
             if placed is None and len(out) < max_gpus:
@@ -212,7 +239,7 @@ def add_replicas(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: Gpu
                 for g in sorted(out.values(), key=lambda g: _busy_ms(g, by_name) / g.duty_cycle_ms):
                     if g.id in have:
                         continue
-                    placed = _with(g, spec, primary.throughput, gpu, margins, by_name)
+                    placed = _with(g, spec, primary.planned_load_rps, gpu, planner, by_name)
                     if placed is not None:
                         break
             if placed is None:
@@ -226,22 +253,34 @@ def _busy_ms(g: GpuPlan, specs: Mapping[str, SessionSpec]) -> float:
     return sum(specs[a.session].profile.latency_ms(a.batch) for a in g.sessions if a.session in specs)
 
 
-def _with(g: GpuPlan, spec: SessionSpec, rate: float, gpu: GpuSpec, margins_ms: float,
+def _with(g: GpuPlan, spec: SessionSpec, rate: float, gpu: GpuSpec, planner: PlannerConfig,
           specs: Mapping[str, SessionSpec]) -> GpuPlan | None:
-    """``g`` with ``spec`` added at the batch its duty cycle needs for ``rate``, or None when that
-    breaks the GPU: its batches' latencies must fit the duty cycle, duty cycle plus the replica's
-    batch must fit its SLO, and the memory must fit (prefix sharing ignored: conservative)."""
+    """``g`` with ``spec`` added at the batch its duty cycle needs for ``rate`` (the arrivals it is
+    planned to carry), or None when that breaks the GPU: its batches' latencies plus the pooled
+    burst headroom (common/headroom.py) must fit the duty cycle, duty cycle plus every batch plus the
+    headroom must fit each session's SLO, and the memory must fit (prefix sharing ignored:
+    conservative)."""
     p = spec.profile
     batch = min(max(1, math.ceil(rate * g.duty_cycle_ms / 1000 - 1e-9)), p.max_batch)
-    if g.duty_cycle_ms + p.latency_ms(batch) > spec.slo_ms - margins_ms:
-        return None
-    if _busy_ms(g, specs) + p.latency_ms(batch) > g.duty_cycle_ms:
+    budget = slo_budget_ms(spec.slo_ms, planner.margins_ms)
+    busy = _busy_ms(g, specs) + p.latency_ms(batch)
+    if busy > g.duty_cycle_ms or g.duty_cycle_ms + p.latency_ms(batch) > budget:
         return None
     memory = sum(specs[a.session].profile.memory_mb(a.batch) for a in g.sessions if a.session in specs)
     if memory + p.memory_mb(batch) > gpu.memory_mb:
         return None
-    return GpuPlan(g.id, g.duty_cycle_ms,
-                   (*g.sessions, SessionAlloc(spec.name, batch, batch * 1000.0 / g.duty_cycle_ms)), g.shared_prefixes)
+    throughput = batch * 1000.0 / g.duty_cycle_ms
+    new = GpuPlan(g.id, g.duty_cycle_ms, (*g.sessions, SessionAlloc(spec.name, batch, throughput, min(rate, throughput))),
+                  g.shared_prefixes)
+    excess = gpu_burst_excess_ms(new, specs, planner.margins_ms, planner.burst_sigma)
+    if busy + excess > g.duty_cycle_ms + EPS_MS:
+        return None
+    for a in new.sessions:
+        s = specs.get(a.session)
+        if s is not None and g.duty_cycle_ms + s.profile.latency_ms(a.batch) + excess > \
+                slo_budget_ms(s.slo_ms, planner.margins_ms) + EPS_MS:
+            return None
+    return new
 
 
 def _assign(gpus: Sequence[GpuPlan], slots: Sequence[BackendSlot], nodes_before: Mapping[int, str],
@@ -279,10 +318,11 @@ def _assign(gpus: Sequence[GpuPlan], slots: Sequence[BackendSlot], nodes_before:
         sessions: dict[str, PlacedSession] = {}
         for g in mine:
             for a in g.sessions:
-                s = PlacedSession(a.session, a.batch, a.throughput)
+                s = PlacedSession(a.session, a.batch, a.throughput, a.planned_load_rps)
                 old = sessions.get(a.session)
                 if old is not None:
-                    s = PlacedSession(s.model, max(s.batch, old.batch), s.throughput_rps + old.throughput_rps)
+                    s = PlacedSession(s.model, max(s.batch, old.batch), s.throughput_rps + old.throughput_rps,
+                                      s.load_rps + old.load_rps)
                 sessions[a.session] = s
         duty = max((g.duty_cycle_ms for g in mine), default=0.0)
         result.append(BackendAssignment(n, duty, tuple(sorted(sessions.values(), key=lambda s: s.model)),

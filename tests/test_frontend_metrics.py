@@ -142,6 +142,8 @@ def test_scraped_counters_match_the_requests_sent(cluster):
     assert samples[("nexus_routing_epoch", labels())] >= 1
     assert samples[("nexus_planned_devices", labels())] >= 1
     assert 1 <= samples[("nexus_lower_bound_devices", labels())] <= samples[("nexus_planned_devices", labels())]
+    assert 1 <= samples[("nexus_lower_bound_throughput_only_devices", labels())] <= \
+        samples[("nexus_lower_bound_devices", labels())]
     assert samples[("nexus_session_planned_rate_rps", labels(model=MODEL))] > 0
     assert samples[("nexus_session_measured_rate_rps", labels(model=MODEL))] >= 0
     assert samples[("nexus_session_slo_seconds", labels(model=MODEL))] == SLO_MS / 1000
@@ -171,7 +173,8 @@ def _table() -> RoutingTable:
     desc = control.ModelDesc(name="m", runtime="onnxruntime", max_batch=8)
     route = control.ModelRoute(model=desc, slo_ms=100, planned_rate_rps=40, measured_rate_rps=30, backends=[
         control.BackendRoute(node_id="be-1", address="127.0.0.1:1", weight=25, batch=4, duty_cycle_ms=50)])
-    return RoutingTable.from_proto(control.RoutingTable(epoch=3, routes=[route], planned_devices=2, lower_bound=1))
+    return RoutingTable.from_proto(control.RoutingTable(epoch=3, routes=[route], planned_devices=2, lower_bound=1,
+                                                        lower_bound_throughput_only=1))
 
 
 def test_recorder_arithmetic_and_plan_gauges():
@@ -203,6 +206,7 @@ def test_recorder_arithmetic_and_plan_gauges():
     assert dropped == {"DEADLINE_EXCEEDED": 0, "RESOURCE_EXHAUSTED": 1, "UNAVAILABLE": 1}
     assert samples[("nexus_planned_devices", labels())] == 2
     assert samples[("nexus_lower_bound_devices", labels())] == 1
+    assert samples[("nexus_lower_bound_throughput_only_devices", labels())] == 1
     assert samples[("nexus_routing_epoch", labels())] == 3
     assert samples[("nexus_session_planned_rate_rps", labels(model="m"))] == 40
     assert samples[("nexus_session_measured_rate_rps", labels(model="m"))] == 30

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from common.plan import GpuPlan, GpuSpec, Plan, PrefixGroup, SessionSpec
+from common.plan import GpuPlan, GpuSpec, Plan, PlanningError, PrefixGroup, SessionSpec
 
 from .batching import SessionModel, batch_for, residual_config
 from .config import PlannerConfig
@@ -158,7 +158,7 @@ def _placements(gpus: Sequence[GpuPlan]) -> dict[str, set[int]]:
     return out
 
 
-def _match_ids(fresh: Sequence[GpuPlan], current: Plan) -> list[GpuPlan]:
+def match_ids(fresh: Sequence[GpuPlan], current: Plan) -> list[GpuPlan]:
     """Give fresh GPUs the ids of the old GPUs they overlap most (greedy), new ids to the rest."""
     pairs = []
     for i, g in enumerate(fresh):
@@ -232,7 +232,10 @@ def _incremental(current: Plan, sessions: Sequence[SessionSpec], gpu: GpuSpec, p
             sm = by_name.get(a.session)
             if sm is None or a.batch > sm.max_batch:
                 continue  # gone, or its profile no longer allows that batch: re-placed below
-            pref = residual_config(sm, a.planned_load_rps)[1]
+            try:
+                pref = residual_config(sm, a.planned_load_rps)[1]
+            except PlanningError:      # a load too large to run alone at a shared cycle: it keeps this one
+                pref = g.duty_cycle_ms
             # one that no longer fits is re-placed; headroom is judged once all are in (below)
             load.add_at_batch(Member(sm, a.planned_load_rps, a.batch, pref), check_headroom=False)
         kept = list(load.members)
@@ -312,7 +315,7 @@ def _incremental(current: Plan, sessions: Sequence[SessionSpec], gpu: GpuSpec, p
     loads = _dissolve(loads, recent, len(loads) - allowed)
     if len(loads) <= allowed:
         return _to_gpu_plans(loads, current), ("dissolved under-used GPUs",)
-    return _match_ids(fresh, current), ("adopted a fresh plan (the repaired one wasted GPUs)",)
+    return match_ids(fresh, current), ("adopted a fresh plan (the repaired one wasted GPUs)",)
 
 
 def _remove(load: GpuLoad, name: str) -> None:

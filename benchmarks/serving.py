@@ -627,7 +627,8 @@ def batching_bound(latency_ms: dict[int, float], max_batch: int, slo_ms: float) 
     ORT-direct l(b), the backend's early-drop policy, work-conserving) keeps 99% within the SLO,
     from ``backend.simulate`` (bisection, 3 seeds x 40 s). What batching itself allows."""
     from common.batching import SlidingWindowEarlyDrop
-    from backend.simulate import poisson_arrivals, simulate
+    from backend.simulate import simulate
+    from common.arrivals import arrival_times
 
     sizes = sorted(latency_ms)
 
@@ -646,7 +647,7 @@ def batching_bound(latency_ms: dict[int, float], max_batch: int, slo_ms: float) 
         mid = 0.5 * (lo + hi)
         ok = True
         for seed in range(3):
-            r = simulate(SlidingWindowEarlyDrop(), poisson_arrivals(mid, 40.0, seed), slo_ms, mono.__getitem__,
+            r = simulate(SlidingWindowEarlyDrop(), arrival_times(mid, 40.0, seed), slo_ms, mono.__getitem__,
                          max_batch)
             if r.on_time < 0.99 * r.offered:
                 ok = False

@@ -30,7 +30,6 @@ from nexus.bench import (
     BenchReport,
     build_request,
     find_max_rate,
-    poisson_arrivals,
     run_bench,
     run_bench_async,
     search_max_rate,
@@ -114,22 +113,6 @@ def check_invariants(r: BenchReport) -> None:
 
 
 # ---------------------------------------------------------------- pure parts
-
-
-def test_poisson_arrivals_count_and_gaps():
-    rate, total = 500.0, 40.0
-    t = poisson_arrivals(rate, total, np.random.default_rng(1))
-    expected = rate * total
-    assert abs(len(t) - expected) < 4 * math.sqrt(expected)
-    assert np.all(np.diff(t) > 0) and t[0] >= 0 and t[-1] < total
-    gaps = np.diff(t)
-    assert gaps.mean() == pytest.approx(1 / rate, rel=0.03)
-    assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.05)  # exponential: CV = 1
-    # Counts per second are Poisson: variance ~ mean.
-    per_s = np.bincount(t.astype(int), minlength=int(total))
-    assert per_s.var() / per_s.mean() == pytest.approx(1.0, abs=0.5)
-    assert np.array_equal(t, poisson_arrivals(rate, total, np.random.default_rng(1)))
-    assert len(poisson_arrivals(0.5, 0.001, np.random.default_rng(0))) <= 1
 
 
 def test_build_request_shapes_from_metadata():

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import subprocess
 import sys
 
-import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -19,7 +17,6 @@ from profiler.auto_batch import BatchPlan, probe_grid, trim_to_best_throughput
 from profiler.cost import compare_point, cost_per_million
 from profiler.errors import ProfilerError
 from profiler.fill import fill_rows
-from profiler.loadgen import poisson_arrivals
 from profiler.measure import BatchMeasurement
 from profiler.model_file import model_sha256, read_model_file
 from profiler.profiling import profile_model
@@ -296,10 +293,3 @@ def test_find_max_rate_brackets_the_threshold():
     assert find_max_rate(lambda r: False, 10.0) == 0.0
     assert find_max_rate(lambda r: True, 10.0, max_rate=50.0) == 50.0
     assert 0 < find_max_rate(lambda r: r <= 1.0, 10.0) <= 1.0
-
-
-def test_poisson_arrivals_have_the_offered_rate():
-    t = poisson_arrivals(2000.0, 2.0, np.random.default_rng(1))
-    assert abs(len(t) - 4000) < 4 * math.sqrt(4000)
-    assert np.all(np.diff(t) >= 0) and t[-1] < 2.0
-    assert len(poisson_arrivals(0.0, 1.0, np.random.default_rng(1))) == 0

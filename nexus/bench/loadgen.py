@@ -1,9 +1,9 @@
 """Open-loop load generation against a KServe v2 gRPC frontend.
 
-Arrivals follow a Poisson process (exponential gaps from a seeded numpy generator) and are sent at
-their absolute scheduled times: the sender never waits for a response, so a slow server cannot slow
-the offered load down (no coordinated omission). When the client itself falls behind schedule it
-says so (``client_lag_ms``).
+Arrivals come from :func:`common.arrivals.arrival_times` (a Poisson process by default, Gamma gaps of
+another coefficient of variation with ``cv``; seeded) and are sent at their absolute scheduled times:
+the sender never waits for a response, so a slow server cannot slow the offered load down (no
+coordinated omission). When the client itself falls behind schedule it says so (``client_lag_ms``).
 
 Every request is the same message, built once from the model's metadata with random inputs and
 serialized once; the calls go through a raw-bytes unary method (identity serializers), so a
@@ -24,6 +24,7 @@ import grpc
 import grpc.aio
 import numpy as np
 
+from common.arrivals import arrival_times
 from common.pb import kserve, kserve_grpc
 from common.tensors import numpy_dtype
 from nexus.bench.report import (
@@ -59,22 +60,6 @@ def check_address(address: str) -> str:
 def default_grace_ms(slo_ms: float) -> float:
     """Client deadline past the SLO: half the SLO, at least 20 ms."""
     return max(20.0, 0.5 * slo_ms)
-
-
-def poisson_arrivals(rate_rps: float, total_s: float, rng: np.random.Generator) -> np.ndarray:
-    """Arrival times (seconds, ascending, in [0, total_s)) of a Poisson process of ``rate_rps``."""
-    if rate_rps <= 0 or total_s <= 0:
-        return np.zeros(0)
-    expected = rate_rps * total_s
-    chunk = int(expected + 6 * math.sqrt(expected) + 16)
-    parts: list[np.ndarray] = []
-    last = 0.0
-    while last < total_s:
-        t = last + np.cumsum(rng.exponential(1.0 / rate_rps, chunk))
-        parts.append(t)
-        last = float(t[-1])
-    arrivals = np.concatenate(parts)
-    return arrivals[arrivals < total_s]
 
 
 def _random_tensor(shape: Sequence[int], dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:
@@ -282,15 +267,17 @@ class LoadClient:
         concurrency_limit: int | None = None,
         seed: int | None = None,
         progress: bool = False,
+        cv: float = 1.0,
     ) -> BenchReport:
-        """One open-loop phase: Poisson arrivals at ``rate_rps`` for ``warmup_s + duration_s``."""
+        """One open-loop phase: arrivals at ``rate_rps`` for ``warmup_s + duration_s`` (Poisson, or Gamma
+        gaps with coefficient of variation ``cv``)."""
         if not self._channels or self.request is None:
             raise BenchError("LoadClient.run() before open()")
-        _check_run_args(rate_rps, duration_s, slo_ms, warmup_s, grace_ms, concurrency_limit)
+        _check_run_args(rate_rps, duration_s, slo_ms, warmup_s, grace_ms, concurrency_limit, cv)
         grace_ms = default_grace_ms(slo_ms) if grace_ms is None else float(grace_ms)
         timeout_s = (slo_ms + grace_ms) / 1000.0
         rng = np.random.default_rng(self.seed if seed is None else seed)
-        arrivals = poisson_arrivals(rate_rps, warmup_s + duration_s, rng)
+        arrivals = arrival_times(rate_rps, warmup_s + duration_s, rng, cv=cv)
         n = len(arrivals)
         st = _Run(n, slo_ms)
 
@@ -476,6 +463,7 @@ def _check_run_args(
     warmup_s: float,
     grace_ms: float | None,
     concurrency_limit: int | None,
+    cv: float = 1.0,
 ) -> None:
     if not (rate_rps > 0 and math.isfinite(rate_rps)):
         raise BenchError(f"--rate must be > 0, got {rate_rps}")
@@ -489,6 +477,8 @@ def _check_run_args(
         raise BenchError(f"--grace-ms must be >= 0, got {grace_ms}")
     if concurrency_limit is not None and concurrency_limit < 1:
         raise BenchError(f"--concurrency-limit must be >= 1, got {concurrency_limit}")
+    if not (cv >= 0 and math.isfinite(cv)):
+        raise BenchError(f"the arrivals' coefficient of variation must be >= 0, got {cv}")
 
 
 async def run_bench_async(

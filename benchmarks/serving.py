@@ -481,9 +481,10 @@ def low_and_cpu_runs(cluster, args, slo_ms: float, warmup_rate: float) -> tuple[
 
 def max_rate(frontend: str, model: str, slo_ms: float, lo: float, hi: float | None, step_s: float,
              rel_tol: float = 0.03, max_steps: int = 9, on_step=None, pids: dict | None = None,
-             warmup_s: float = 4.0) -> tuple[float, list[dict]]:
+             warmup_s: float = 4.0, **search) -> tuple[float, list[dict]]:
     """``find_max_rate`` (99% within SLO); every step's report as a dict plus the load on the machine
-    from other processes than ``pids`` (the cluster and this client) during the step.
+    from other processes than ``pids`` (the cluster and this client) during the step. ``search``:
+    more keywords of the search (``growth``, ``max_rate``, ``refine``, ``cooldown_s``).
 
     ``warmup_s`` (not measured) lets the scheduler re-plan for the step's rate first: the frontend
     reports rates every 2 s and the backend batches to the plan's duty cycle, so a step that follows
@@ -504,8 +505,9 @@ def max_rate(frontend: str, model: str, slo_ms: float, lo: float, hi: float | No
         out.append(d)
         meter = CpuMeter(pids or {}).start()
 
+    search = {"cooldown_s": 1.0, **search}
     rate, _ = find_max_rate(frontend, model, slo_ms, 0.99, lo=lo, hi=hi, step_duration_s=step_s,
-                            rel_tol=rel_tol, max_steps=max_steps, warmup_s=warmup_s, cooldown_s=1.0, on_step=step)
+                            rel_tol=rel_tol, max_steps=max_steps, warmup_s=warmup_s, on_step=step, **search)
     return rate, out
 
 
@@ -513,33 +515,18 @@ def ramp_rate(frontend: str, model: str, slo_ms: float, start: float, stop: floa
               on_step=None, pids: dict | None = None, warmup_s: float = 4.0) -> tuple[float, list[dict]]:
     """The largest rate of the ramp start, start*factor, ... (< stop) at which 99% finish within the SLO.
 
-    Each rate is one ``find_max_rate`` step (``max_steps=1``: it tests ``lo`` only); the ramp stops
-    at the first failing rate. Rates only go up: the backend batches to a duty cycle that the
-    scheduler plans from smoothed rate reports, so a step below a previous, higher one would be
-    served with a plan made for the higher rate (longer waits) for 10-20 s; bisection would measure
-    that lag, not the capacity.
+    :func:`max_rate` growing by ``factor`` without bisection: the ramp stops at the first failing
+    rate. Rates only go up: the backend batches to a duty cycle that the scheduler plans from
+    smoothed rate reports, so a step below a previous, higher one would be served with a plan made
+    for the higher rate (longer waits) for 10-20 s; bisection would measure that lag, not the capacity.
     """
-    from nexus.bench import find_max_rate
-
-    out: list[dict] = []
-    best = 0.0
-    rate = start
-    while rate < stop:
-        meter = CpuMeter(pids or {}).start()
-        got, reports = find_max_rate(frontend, model, slo_ms, 0.99, lo=rate, step_duration_s=step_s, max_steps=1,
-                                     warmup_s=warmup_s, cooldown_s=0.0)
-        cpu = meter.stop()
-        d = report_dict(reports[0])
-        d["machine_busy_cores"] = cpu["machine_busy_cores"]
-        d["external_cores"] = cpu["machine_busy_cores"] - sum(cpu["cpu_s"].values()) / cpu["wall_s"]
-        if on_step is not None:
-            d.update(on_step(reports[0]) or {})
-        out.append(d)
-        if got <= 0:
-            break
-        best = rate
-        rate *= factor
-    return best, out
+    if not start < stop:
+        return 0.0, []
+    last = start
+    while last * factor < stop:
+        last *= factor
+    return max_rate(frontend, model, slo_ms, start, None, step_s, max_steps=None, on_step=on_step, pids=pids,
+                    warmup_s=warmup_s, growth=factor, max_rate=last, refine=0, cooldown_s=0.0)
 
 
 def low_load(cluster: Cluster, model: str, rate: float, duration_s: float, slo_ms: float, threads: int,
@@ -629,6 +616,7 @@ def batching_bound(latency_ms: dict[int, float], max_batch: int, slo_ms: float) 
     from common.batching import SlidingWindowEarlyDrop
     from backend.simulate import simulate
     from common.arrivals import arrival_times
+    from common.rate_search import max_passing_rate
 
     sizes = sorted(latency_ms)
 
@@ -642,18 +630,17 @@ def batching_bound(latency_ms: dict[int, float], max_batch: int, slo_ms: float) 
     for b in range(1, max_batch + 1):       # the policy needs l(b) non-decreasing
         running = max(running, l_of(b))
         mono[b] = running
-    lo, hi = 1.0, 1.2 * max_batch * 1000.0 / mono[max_batch]
-    for _ in range(14):
-        mid = 0.5 * (lo + hi)
-        ok = True
+
+    def passes(rate: float) -> bool:
         for seed in range(3):
-            r = simulate(SlidingWindowEarlyDrop(), arrival_times(mid, 40.0, seed), slo_ms, mono.__getitem__,
+            r = simulate(SlidingWindowEarlyDrop(), arrival_times(rate, 40.0, seed), slo_ms, mono.__getitem__,
                          max_batch)
             if r.on_time < 0.99 * r.offered:
-                ok = False
-                break
-        lo, hi = (mid, hi) if ok else (lo, mid)
-    return lo
+                return False
+        return True
+
+    # Tried first: 1 rps (passes) and 1.2x the saturated throughput (fails); then 14 bisections.
+    return max_passing_rate(passes, 1.0, hi=1.2 * max_batch * 1000.0 / mono[max_batch], refine=14)
 
 
 def hop_floor(rate: float, duration_s: float, slo_ms: float) -> dict:

@@ -234,7 +234,7 @@ def step_dict(r) -> dict:
 async def measure_server(address: str, model: str, slo_ms: float, start_rps: float, args, label: str,
                          during_near_max=None) -> dict:
     """Low-load p50, then the goodput search; returns both with every step."""
-    from nexus.bench.loadgen import LoadClient
+    from nexus.bench import LoadClient, search_rate
 
     steps: list[dict] = []
     async with LoadClient(address, model, seed=1) as client:
@@ -242,55 +242,25 @@ async def measure_server(address: str, model: str, slo_ms: float, start_rps: flo
         print(f"  [{label}] {model} low load {args.low_rate:g} rps: p50 {low.p50_ms:.2f} ms p99 {low.p99_ms:.2f} ms "
               f"({low.sent} requests)", flush=True)
 
-        async def passes(rate: float) -> bool:
-            await asyncio.sleep(args.cooldown_s)
-            duration = max(args.step_s, min(args.min_requests / rate, args.max_step_s))
-            r = await client.run(rate, duration, slo_ms, warmup_s=args.warmup_s, seed=len(steps) + 1)
+        def step(r) -> None:
             ok = r.sent > 0 and r.good_fraction >= 0.99
             steps.append({**step_dict(r), "pass": ok})
-            print(f"  [{label}] {model} {rate:7.1f} rps: {'pass' if ok else 'FAIL'} good {r.good_fraction:.4f} "
+            print(f"  [{label}] {model} {r.offered_rps:7.1f} rps: {'pass' if ok else 'FAIL'} good {r.good_fraction:.4f} "
                   f"p50 {r.p50_ms or float('nan'):.1f} p99 {r.p99_ms or float('nan'):.1f} ms, {r.sent} req, "
                   f"lag {r.client_lag_ms:.0f} ms, load {loadavg():.1f}", flush=True)
-            return ok
 
         # Unrecorded warm-up at the first rate: batch sizes, arenas and connections seen once.
         await client.run(start_rps, 2.0, slo_ms, seed=0)
-        best = await search_rate(passes, start_rps, args.rel_tol, args.max_steps)
+        # From the first rate: double while passing or halve while failing (down to 5 rps), then bisect.
+        best, _ = await search_rate(
+            client, slo_ms, start_rps, step_duration_s=lambda rate: max(args.step_s, min(args.min_requests / rate,
+                                                                                          args.max_step_s)),
+            warmup_s=args.warmup_s, cooldown_s=args.cooldown_s, seed=1, on_step=step,
+            rel_tol=args.rel_tol, max_steps=args.max_steps, floor=5.0)
         near = None
         if during_near_max is not None and best > 0:
             near = await during_near_max(client, 0.9 * best)
     return {"low": step_dict(low), "goodput_rps": round(best, 1), "steps": steps, "near_max": near}
-
-
-async def search_rate(passes, start: float, rel_tol: float, max_steps: int, floor: float = 5.0) -> float:
-    """Largest passing rate: from ``start`` double while passing or halve while failing (down to
-    ``floor``), then bisect between the best pass and the lowest fail to ``rel_tol``."""
-    steps = 1
-    if await passes(start):
-        best, fail = start, None
-        while steps < max_steps:
-            steps += 1
-            if await passes(best * 2):
-                best *= 2
-            else:
-                fail = best * 2
-                break
-    else:
-        best, fail = 0.0, start
-        while steps < max_steps and fail / 2 >= floor:
-            steps += 1
-            if await passes(fail / 2):
-                best = fail / 2
-                break
-            fail /= 2
-    while fail is not None and best > 0 and steps < max_steps and fail - best > rel_tol * best:
-        steps += 1
-        mid = 0.5 * (best + fail)
-        if await passes(mid):
-            best = mid
-        else:
-            fail = mid
-    return best
 
 
 # ---- Triton --------------------------------------------------------------------------------------------

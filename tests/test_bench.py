@@ -32,7 +32,6 @@ from nexus.bench import (
     find_max_rate,
     run_bench,
     run_bench_async,
-    search_max_rate,
 )
 from nexus.bench.report import lag_warning
 from nexus.bench.fake_kserve import spawn
@@ -131,26 +130,6 @@ def test_build_request_shapes_from_metadata():
     assert list(req.inputs[2].shape) == [2, 7]
     with pytest.raises(BenchError, match="no input named 'zz'"):
         build_request(meta, model="m", input_shapes={"zz": (1,)})
-
-
-def test_search_max_rate_finds_threshold():
-    capacity = 137.0
-    seen: list[float] = []
-
-    async def passes(rate: float) -> bool:
-        seen.append(rate)
-        return rate <= capacity
-
-    best = asyncio.run(search_max_rate(passes, 10.0, None, rel_tol=0.02, max_steps=30))
-    assert capacity * 0.98 <= best <= capacity
-    assert seen[:5] == [10.0, 20.0, 40.0, 80.0, 160.0]  # ramp, then bisection
-    best = asyncio.run(search_max_rate(passes, 10.0, 1000.0, rel_tol=0.02, max_steps=30))
-    assert capacity * 0.98 <= best <= capacity
-    assert asyncio.run(search_max_rate(passes, 200.0, 400.0)) == 0.0
-    assert asyncio.run(search_max_rate(passes, 10.0, 100.0)) == 100.0
-    seen.clear()
-    asyncio.run(search_max_rate(passes, 10.0, None, max_steps=4))
-    assert len(seen) == 4
 
 
 # ---------------------------------------------------------------- against a real gRPC server

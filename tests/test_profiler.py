@@ -20,7 +20,6 @@ from profiler.fill import fill_rows
 from profiler.measure import BatchMeasurement
 from profiler.model_file import model_sha256, read_model_file
 from profiler.profiling import profile_model
-from profiler.ramp import find_max_rate
 from profiler.slowdown import apply_colocation_slowdown, measured_slowdown, slowdowns_from_report
 
 # Fast settings: few timed runs, small time budget, one pinned thread (the test machine is shared).
@@ -279,17 +278,3 @@ def test_cost_figures_are_consistent():
     assert point["cost_change_vs_dedicated"] == pytest.approx(1 / 0.75 - 1)
     assert point["dedicated_devices_whole"] == 2
     assert point["cost_change_vs_dedicated_whole"] == pytest.approx(-0.5)
-
-
-def test_find_max_rate_brackets_the_threshold():
-    seen = []
-
-    def trial(rate):
-        seen.append(rate)
-        return rate <= 123.4
-
-    best = find_max_rate(trial, 10.0, refine=6)
-    assert best <= 123.4 and best > 123.4 * 0.97
-    assert find_max_rate(lambda r: False, 10.0) == 0.0
-    assert find_max_rate(lambda r: True, 10.0, max_rate=50.0) == 50.0
-    assert 0 < find_max_rate(lambda r: r <= 1.0, 10.0) <= 1.0

@@ -1,10 +1,8 @@
-"""The pure parts of benchmarks/vs_triton.py: its rate search, its py-spy reduction, its models and
+"""The pure parts of benchmarks/vs_triton.py: its py-spy reduction, its models and
 its argument refusals. The benchmark itself (servers under load) is run by hand; see
 benchmarks/vs_triton.md."""
 
 from __future__ import annotations
-
-import asyncio
 
 import numpy as np
 import onnx
@@ -13,39 +11,6 @@ import pytest
 
 from benchmarks import vs_triton
 from common.sample_models import model_bytes, resnet18_64
-
-
-def search(threshold: float, start: float, **kw) -> tuple[float, list[float]]:
-    tried: list[float] = []
-
-    async def passes(rate: float) -> bool:
-        tried.append(rate)
-        return rate <= threshold
-
-    return asyncio.run(vs_triton.search_rate(passes, start, kw.pop("rel_tol", 0.05), kw.pop("max_steps", 20), **kw)), tried
-
-
-def test_search_goes_up_then_bisects_to_the_tolerance():
-    best, tried = search(300.0, 80.0)
-    assert tried[:3] == [80.0, 160.0, 320.0]
-    assert best <= 300.0 < best * 1.05 + 1e-9 or 320.0 - best <= 0.05 * best
-
-
-def test_search_goes_down_when_the_first_rate_fails():
-    best, tried = search(30.0, 300.0)
-    assert tried[:4] == [300.0, 150.0, 75.0, 37.5]
-    assert best <= 30.0 and (37.5 - best <= 0.05 * best or 30.0 - best < 0.05 * best)
-
-
-def test_search_gives_zero_when_nothing_passes_down_to_the_floor():
-    best, tried = search(0.0, 40.0, floor=5.0)
-    assert best == 0.0
-    assert tried == [40.0, 20.0, 10.0, 5.0]
-
-
-def test_search_stops_at_max_steps():
-    best, tried = search(1e9, 10.0, max_steps=4)
-    assert len(tried) == 4 and best == 80.0
 
 
 def test_top_functions_reduces_collapsed_stacks(tmp_path):

@@ -15,16 +15,18 @@ as Triton does, the request parameter ``timeout`` (microseconds) set to the SLO.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 import re
 import time
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import grpc
 import grpc.aio
 import numpy as np
 
 from common.arrivals import arrival_times
+from common.rate_search import max_passing_rate_async
 from common.pb import kserve, kserve_grpc
 from common.tensors import numpy_dtype
 from nexus.bench.report import (
@@ -182,6 +184,7 @@ class LoadClient:
         self.request: Any = None
         self._channels: list[grpc.aio.Channel] = []
         self._checked_response = False
+        self.runs = 0                       # runs started (a rate search cools down between them)
 
     async def __aenter__(self) -> "LoadClient":
         await self.open()
@@ -282,6 +285,7 @@ class LoadClient:
         st = _Run(n, slo_ms)
 
         payload, calls = self.call_path(slo_ms)
+        self.runs += 1
 
         bar = None
         if progress:
@@ -452,6 +456,10 @@ class LoadClient:
         return True
 
 
+# Keywords of LoadClient other than the address and the model (find_max_rate passes them on).
+_CLIENT_OPTIONS = frozenset(inspect.signature(LoadClient).parameters) - {"address", "model", "seed"}
+
+
 def _postfix(st: _Run) -> dict[str, int]:
     return {"good": st.ok - st.late, "late": st.late, "drop": st.dropped, "fail": st.failed, "inflight": st.inflight}
 
@@ -488,40 +496,22 @@ async def run_bench_async(
     duration_s: float,
     slo_ms: float,
     *,
-    batch: int = 1,
     warmup_s: float = 0.0,
     seed: int = 0,
-    channels: int = 1,
     concurrency_limit: int | None = None,
     grace_ms: float | None = None,
-    model_version: str = "",
-    input_shapes: Mapping[str, Sequence[int]] | None = None,
-    connect_timeout_s: float = 5.0,
     progress: bool = False,
-    raw: bool = True,
-    timeout_param: bool = True,
-    root_certificates: bytes | None = None,
+    cv: float = 1.0,
+    **client_options: Any,
 ) -> BenchReport:
-    """Open-loop Poisson load at ``rate_rps`` against ``model`` at ``address``; see :class:`BenchReport`.
+    """Open-loop load at ``rate_rps`` against ``model`` at ``address``; see :class:`BenchReport`.
 
+    ``client_options`` are those of :class:`LoadClient` (``batch``, ``channels``, ``raw``, ...).
     Raises :class:`BenchError` when the run cannot start (bad arguments, unreachable frontend,
     unknown model). Request failures during the run are counted, never raised.
     """
-    _check_run_args(rate_rps, duration_s, slo_ms, warmup_s, grace_ms, concurrency_limit)
-    client = LoadClient(
-        address,
-        model,
-        batch=batch,
-        channels=channels,
-        seed=seed,
-        model_version=model_version,
-        input_shapes=input_shapes,
-        connect_timeout_s=connect_timeout_s,
-        raw=raw,
-        timeout_param=timeout_param,
-        root_certificates=root_certificates,
-    )
-    async with client:
+    _check_run_args(rate_rps, duration_s, slo_ms, warmup_s, grace_ms, concurrency_limit, cv)
+    async with LoadClient(address, model, seed=seed, **client_options) as client:
         return await client.run(
             rate_rps,
             duration_s,
@@ -530,12 +520,69 @@ async def run_bench_async(
             grace_ms=grace_ms,
             concurrency_limit=concurrency_limit,
             progress=progress,
+            cv=cv,
         )
 
 
 def run_bench(address: str, model: str, rate_rps: float, duration_s: float, slo_ms: float, **kwargs: Any) -> BenchReport:
     """Blocking :func:`run_bench_async` (runs its own event loop; call the async one from a loop)."""
     return asyncio.run(run_bench_async(address, model, rate_rps, duration_s, slo_ms, **kwargs))
+
+
+async def search_rate(
+    client: LoadClient,
+    slo_ms: float,
+    lo: float,
+    *,
+    target_good_fraction: float = 0.99,
+    step_duration_s: float | Callable[[float], float] = 5.0,
+    warmup_s: float = 1.0,
+    cooldown_s: float = 0.5,
+    seed: int = 0,
+    grace_ms: float | None = None,
+    concurrency_limit: int | None = None,
+    progress: bool = False,
+    on_step: Callable[[BenchReport], None] | None = None,
+    **search: Any,
+) -> tuple[float, list[BenchReport]]:
+    """The largest rate at which at least ``target_good_fraction`` of requests finish within the SLO,
+    with open-loop steps of ``client`` (open), searched by :func:`common.rate_search.rate_steps`
+    from ``lo`` (``search``: its keywords ``hi``, ``growth``, ``max_rate``, ``floor``, ``rel_tol``,
+    ``refine``, ``max_steps``).
+
+    Each step runs ``step_duration_s`` (a number, or a function of the rate) after ``warmup_s`` of
+    unmeasured load, ``cooldown_s`` after the client's previous run, with seed ``seed`` plus its
+    index. Returns (best passing rate, or 0.0; every step's report in order). Reports whose
+    ``client_lag_ms`` is large measured the client, not the server.
+    """
+    if not 0.0 < target_good_fraction <= 1.0:
+        raise BenchError(f"target_good_fraction must be in (0, 1], got {target_good_fraction}")
+    reports: list[BenchReport] = []
+
+    async def passes(rate: float) -> bool:
+        if client.runs and cooldown_s > 0:
+            await asyncio.sleep(cooldown_s)  # let the server drain what the last run left
+        duration = step_duration_s(rate) if callable(step_duration_s) else step_duration_s
+        r = await client.run(
+            rate,
+            duration,
+            slo_ms,
+            warmup_s=warmup_s,
+            grace_ms=grace_ms,
+            concurrency_limit=concurrency_limit,
+            seed=seed + len(reports),
+            progress=progress,
+        )
+        reports.append(r)
+        if on_step is not None:
+            on_step(r)
+        return r.sent > 0 and r.good_fraction >= target_good_fraction
+
+    try:
+        best = await max_passing_rate_async(passes, lo, **search)
+    except ValueError as e:
+        raise BenchError(str(e)) from None
+    return best, reports
 
 
 async def find_max_rate_async(
@@ -548,116 +595,26 @@ async def find_max_rate_async(
     step_duration_s: float = 5.0,
     *,
     rel_tol: float = 0.05,
-    max_steps: int = 12,
-    warmup_s: float = 1.0,
-    cooldown_s: float = 0.5,
-    batch: int = 1,
+    max_steps: int | None = 12,
     seed: int = 0,
-    channels: int = 1,
-    grace_ms: float | None = None,
-    concurrency_limit: int | None = None,
-    model_version: str = "",
-    input_shapes: Mapping[str, Sequence[int]] | None = None,
-    connect_timeout_s: float = 5.0,
-    progress: bool = False,
-    on_step: Callable[[BenchReport], None] | None = None,
+    **options: Any,
 ) -> tuple[float, list[BenchReport]]:
-    """The largest rate (rps) at which at least ``target_good_fraction`` of requests finish within SLO.
+    """:func:`search_rate` on a client of its own: ``lo`` first, then without ``hi`` doubling until a
+    step fails, with ``hi`` that rate itself, then bisection to ``rel_tol`` within ``max_steps``.
 
-    Runs open-loop steps of ``step_duration_s`` (after ``warmup_s``) each: ``lo`` first, then, without
-    ``hi``, doubling until a step fails; with ``hi``, ``hi`` itself; then bisection between the best
-    passing and the lowest failing rate until they are within ``rel_tol`` of each other or
-    ``max_steps`` steps were run. Returns (best passing rate, or 0.0 if ``lo`` fails; every step's
-    report in order). Steps are ``cooldown_s`` apart. Reports whose ``client_lag_ms`` is large
-    measured the client, not the server.
+    ``options`` are those of :class:`LoadClient` (``batch``, ``channels``, ...) and of
+    :func:`search_rate` (``warmup_s``, ``cooldown_s``, ``on_step``, ``growth``, ...). Returns (best
+    passing rate, or 0.0 if ``lo`` fails; every step's report in order).
     """
-    if not 0.0 < target_good_fraction <= 1.0:
-        raise BenchError(f"target_good_fraction must be in (0, 1], got {target_good_fraction}")
     if not lo > 0 or (hi is not None and hi <= lo):
         raise BenchError(f"need 0 < lo < hi, got lo={lo}, hi={hi}")
-    if max_steps < 1:
+    if max_steps is not None and max_steps < 1:
         raise BenchError("max_steps must be >= 1")
-    reports: list[BenchReport] = []
-    client = LoadClient(
-        address,
-        model,
-        batch=batch,
-        channels=channels,
-        seed=seed,
-        model_version=model_version,
-        input_shapes=input_shapes,
-        connect_timeout_s=connect_timeout_s,
-    )
-    async with client:
-
-        async def passes(rate: float) -> bool:
-            if reports and cooldown_s > 0:
-                await asyncio.sleep(cooldown_s)  # let the server drain what the last step left
-            r = await client.run(
-                rate,
-                step_duration_s,
-                slo_ms,
-                warmup_s=warmup_s,
-                grace_ms=grace_ms,
-                concurrency_limit=concurrency_limit,
-                seed=seed + len(reports),
-                progress=progress,
-            )
-            reports.append(r)
-            if on_step is not None:
-                on_step(r)
-            return r.sent > 0 and r.good_fraction >= target_good_fraction
-
-        best = await search_max_rate(passes, lo, hi, rel_tol=rel_tol, max_steps=max_steps)
-        return best, reports
-
-
-async def search_max_rate(
-    passes: Callable[[float], Awaitable[bool]],
-    lo: float,
-    hi: float | None = None,
-    *,
-    rel_tol: float = 0.05,
-    max_steps: int = 12,
-) -> float:
-    """The search of :func:`find_max_rate_async` over a monotone pass/fail test of a rate.
-
-    Tries ``lo`` (0.0 if it fails), then ``hi`` if given (returned if it passes) or doublings of
-    ``lo`` until one fails, then bisects between the best passing and the lowest failing rate until
-    they are within ``rel_tol`` (relative) or ``passes`` ran ``max_steps`` times.
-    """
-    steps = 0
-
-    async def test(rate: float) -> bool:
-        nonlocal steps
-        steps += 1
-        return await passes(rate)
-
-    if not await test(lo):
-        return 0.0
-    best = lo
-    if hi is None:
-        rate = lo * 2.0
-        while True:
-            if steps >= max_steps:
-                return best
-            if await test(rate):
-                best, rate = rate, rate * 2.0
-            else:
-                hi = rate
-                break
-    else:
-        if steps >= max_steps:
-            return best
-        if await test(hi):
-            return hi
-    while steps < max_steps and hi - best > rel_tol * best:
-        mid = 0.5 * (best + hi)
-        if await test(mid):
-            best = mid
-        else:
-            hi = mid
-    return best
+    client_options = {k: options.pop(k) for k in list(options) if k in _CLIENT_OPTIONS}
+    async with LoadClient(address, model, seed=seed, **client_options) as client:
+        return await search_rate(client, slo_ms, lo, target_good_fraction=target_good_fraction,
+                                 step_duration_s=step_duration_s, seed=seed, hi=hi, rel_tol=rel_tol,
+                                 max_steps=max_steps, **options)
 
 
 def find_max_rate(

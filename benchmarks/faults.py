@@ -29,13 +29,13 @@ import pathlib
 import signal
 import sys
 import tempfile
-import threading
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from common.profile import Profile  # noqa: E402
 from common.sample_models import mlp_small, model_bytes  # noqa: E402
+from nexus.bench.meters import RssSampler  # noqa: E402
 from nexus.models_cmd import upload_model  # noqa: E402
 from tests.components import Cluster, OpenLoop, start_cluster, wait_ready  # noqa: E402
 
@@ -65,38 +65,6 @@ def _upload(cluster: Cluster, tmp: pathlib.Path, name: str, profile: Profile, sl
     upload_model(cluster.scheduler.address, model, name, profile_path=str(prof), slo_ms=slo_ms,
                  min_replicas=min_replicas)
     wait_ready(cluster.frontend.address, name)
-
-
-def _rss_mb(pid: int) -> float:
-    try:
-        for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-class RssSampler:
-    def __init__(self, pids: dict[str, int], every_s: float = 0.1) -> None:
-        self.pids, self.every_s = pids, every_s
-        self.peak = {name: 0.0 for name in pids}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for name, pid in self.pids.items():
-                self.peak[name] = max(self.peak[name], _rss_mb(pid))
-            time.sleep(self.every_s)
-
-    def __enter__(self) -> "RssSampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def _serving_except(cluster: Cluster, model: str, stopped) -> int:

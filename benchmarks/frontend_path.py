@@ -47,7 +47,7 @@ def measure_path(path: str, args, tag: str) -> dict:
     with Cluster([args.model], threads=args.threads, exec_path=path, tag=tag) as c:
         runs, cpu = low_and_cpu_runs(c, args, slo, warmup_rate=50)
         res.update(runs)
-        res["external_cores"] = cpu["machine_busy_cores"] - sum(cpu["cpu_s"].values()) / cpu["wall_s"]
+        res["external_cores"] = cpu["external_cores"]
         pids = {n: c.pid(n) for n in ("frontend", "backend", "scheduler")}
         pids["client"] = os.getpid()
         rate, steps = 0.0, []

@@ -62,7 +62,7 @@ def drive(c: Cluster, model: str, slo_ms: float, capacity_rps: float, phase_s: f
     cpu = meter.stop()
     d = stats_delta(model_stats(c.frontend, model), before)
     return {"phases": phases, "batches": d["batches"], "cpu": cpu,
-            "external_cores": cpu["machine_busy_cores"] - sum(cpu["cpu_s"].values()) / cpu["wall_s"]}
+            "external_cores": cpu["external_cores"]}
 
 
 def reprofile(model: str, threads: int, max_batch: int):

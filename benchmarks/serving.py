@@ -55,7 +55,6 @@ import pathlib
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,6 +62,7 @@ import time
 import numpy as np
 
 from common.config import BackendConfig, BatchStart, FrontendConfig, SchedulerConfig
+from nexus.bench.meters import CpuMeter, uptime, wait_quiet
 from nexus.launcher import Child, component_argv
 from nexus.serve_cmd import wait_models_ready
 
@@ -113,50 +113,6 @@ if out:
     sys.exit(code)
 sys.exit(main(sys.argv[1:]))
 """
-
-
-def uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-    except Exception:
-        return pathlib.Path("/proc/loadavg").read_text().strip()
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process, all its threads."""
-    try:
-        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy() -> tuple[float, float]:
-    """(busy, total) jiffies of all CPUs, from /proc/stat."""
-    parts = [int(x) for x in pathlib.Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = parts[3] + parts[4]
-    return float(sum(parts) - idle), float(sum(parts))
-
-
-def busy_cores(window_s: float = 2.0) -> float:
-    """Cores busy on the whole machine over ``window_s``."""
-    b0 = machine_busy()
-    time.sleep(window_s)
-    b1 = machine_busy()
-    return (b1[0] - b0[0]) / max(b1[1] - b0[1], 1) * (os.cpu_count() or 1)
-
-
-def wait_quiet(timeout_s: float, threshold_cores: float = 0.4) -> dict:
-    """Wait (up to ``timeout_s``) until the machine's other load is below ``threshold_cores``.
-
-    Other engineers' tests share this machine; starting a measurement in a quiet moment makes it
-    less noisy, it does not make it noise-free. Returns what was seen.
-    """
-    t0 = time.monotonic()
-    busy = busy_cores()
-    while busy > threshold_cores and time.monotonic() - t0 < timeout_s:
-        busy = busy_cores()
-    return {"busy_cores": round(busy, 2), "waited_s": round(time.monotonic() - t0, 1)}
 
 
 def exit_on_sigterm() -> None:
@@ -346,28 +302,6 @@ def stats_delta(after: dict, before: dict) -> dict:
     return d
 
 
-class CpuMeter:
-    """CPU seconds of named processes (and of the whole machine) between start() and stop()."""
-
-    def __init__(self, pids: dict[str, int]) -> None:
-        self.pids = pids
-
-    def start(self) -> "CpuMeter":
-        self.t0 = time.monotonic()
-        self.c0 = {n: cpu_seconds(p) for n, p in self.pids.items()}
-        self.m0 = machine_busy()
-        return self
-
-    def stop(self) -> dict:
-        wall = time.monotonic() - self.t0
-        c1 = {n: cpu_seconds(p) for n, p in self.pids.items()}
-        m1 = machine_busy()
-        ncpu = os.cpu_count() or 1
-        busy = (m1[0] - self.m0[0]) / max(m1[1] - self.m0[1], 1) * ncpu
-        return {"wall_s": wall, "cpu_s": {n: c1[n] - self.c0[n] for n in self.pids},
-                "machine_busy_cores": busy}
-
-
 # ---- ONNX Runtime directly -----------------------------------------------------------------------
 
 # --pin: the backend's executor thread (ORT with one intra-op thread runs on it) gets the last CPU,
@@ -499,7 +433,7 @@ def max_rate(frontend: str, model: str, slo_ms: float, lo: float, hi: float | No
         cpu = meter.stop()
         d = report_dict(r)
         d["machine_busy_cores"] = cpu["machine_busy_cores"]
-        d["external_cores"] = cpu["machine_busy_cores"] - sum(cpu["cpu_s"].values()) / cpu["wall_s"]
+        d["external_cores"] = cpu["external_cores"]
         if on_step is not None:
             d.update(on_step(r) or {})
         out.append(d)
@@ -562,7 +496,7 @@ def low_load(cluster: Cluster, model: str, rate: float, duration_s: float, slo_m
                 cpu = meter.stop()
                 for k, v in cpu["cpu_s"].items():
                     cpu_total[k] = cpu_total.get(k, 0.0) + v
-                busy.append(cpu["machine_busy_cores"] - sum(cpu["cpu_s"].values()) / cpu["wall_s"])
+                busy.append(cpu["external_cores"])
                 reports.append(r)
                 s = r.samples
                 ok = s.measured & np.isfinite(s.latency_ms)

@@ -57,10 +57,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
+
+from nexus.bench.meters import CpuMeter, LoadSampler, loadavg
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "out"
@@ -137,36 +138,6 @@ def ort_limit(path: pathlib.Path, slo_ms: float, repeats: int, threads: int = 0,
 
 
 # ---- machine ----------------------------------------------------------------------------------------
-
-class LoadSampler:
-    """Samples /proc/loadavg (1-minute figure) every ``period_s`` in a thread."""
-
-    def __init__(self, period_s: float = 5.0) -> None:
-        self.period_s = period_s
-        self.samples: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        t0 = time.monotonic()
-        while not self._stop.is_set():
-            self.samples.append((round(time.monotonic() - t0, 1), loadavg()))
-            self._stop.wait(self.period_s)
-
-    def start(self) -> "LoadSampler":
-        self._thread.start()
-        return self
-
-    def stop(self) -> dict:
-        self._stop.set()
-        self._thread.join()
-        values = [v for _, v in self.samples]
-        return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
-
-
-def loadavg() -> float:
-    return float(pathlib.Path("/proc/loadavg").read_text().split()[0])
-
 
 def favour(pid: int, nice: int) -> None:
     """Niceness ``nice`` for a process and for its scheduler autogroup (its session; with autogroups on,
@@ -427,7 +398,6 @@ def run_nexus(args, paths, work: pathlib.Path) -> dict:
 
 def make_near_max(args, pids: dict[str, int], work: pathlib.Path, model: str):
     """A step at ``rate`` with CPU accounting per process and py-spy on frontend and backend."""
-    from benchmarks.serving import cpu_seconds, machine_busy     # one /proc reader for the benchmarks
 
     async def near_max(client, rate: float) -> dict:
         slo = MODELS[model][0]
@@ -442,13 +412,11 @@ def make_near_max(args, pids: dict[str, int], work: pathlib.Path, model: str):
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         await asyncio.sleep(0.5)
         watched = {**{k: v for k, v in pids.items() if k != "serve"}, "client": os.getpid()}
-        c0 = {k: cpu_seconds(p) for k, p in watched.items()}
-        m0, w0 = machine_busy(), time.monotonic()
+        meter = CpuMeter(watched).start()
         r = await client.run(rate, duration, slo, warmup_s=0.0, seed=999)
-        wall = time.monotonic() - w0
-        m1 = machine_busy()
-        cores = {k: round((cpu_seconds(p) - c0[k]) / wall, 3) for k, p in watched.items()}
-        cores["machine"] = round((m1[0] - m0[0]) / max(m1[1] - m0[1], 1) * (os.cpu_count() or 1), 3)
+        cpu = meter.stop()
+        cores = {k: round(v / cpu["wall_s"], 3) for k, v in cpu["cpu_s"].items()}
+        cores["machine"] = round(cpu["machine_busy_cores"], 3)
         cores["others"] = round(cores["machine"] - sum(v for k, v in cores.items() if k != "machine"), 3)
         per_req_ms = {k: round(v * 1000 / max(r.throughput_rps, 1e-9), 3) for k, v in cores.items()}
         tops = {}

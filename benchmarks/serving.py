@@ -57,12 +57,13 @@ import signal
 import statistics
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 from common.config import BackendConfig, BatchStart, FrontendConfig, SchedulerConfig
 from nexus.bench.meters import CpuMeter, uptime, wait_quiet
+from nexus.bench.ort_direct import ort_limit as direct_limit
+from nexus.bench.ort_direct import ort_session, paced_latencies, time_batch
 from nexus.launcher import Child, component_argv
 from nexus.serve_cmd import wait_models_ready
 
@@ -327,50 +328,14 @@ class on_exec_cpus:
             os.sched_setaffinity(0, self.saved)
 
 
-def ort_session(model_bytes: bytes, threads: int, no_spin: bool = True):
-    """An InferenceSession with the options common/runtimes/onnx_runtime.py uses (since commit
-    d54f56d that includes intra-op spinning off; ``no_spin=False`` measures the old default)."""
-    import onnxruntime as ort
-
-    o = ort.SessionOptions()
-    o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    o.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    o.inter_op_num_threads = 1
-    if threads:
-        o.intra_op_num_threads = threads
-    o.log_severity_level = 3
-    if no_spin:
-        o.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(model_bytes, sess_options=o, providers=["CPUExecutionProvider"])
-
-
-def time_batch(session, x: np.ndarray, repeats: int, warmup: int = 3) -> list[float]:
-    for _ in range(warmup):
-        session.run(None, {"input": x})
-    out = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        session.run(None, {"input": x})
-        out.append((time.perf_counter() - t) * 1000)
-    return out
-
-
 def ort_limit(model: str, threads: int, slo_ms: float, repeats: int = 15, no_spin: bool = True) -> dict:
-    """Median l(b) for b = 1, 2, ... until 2*l(b) exceeds the SLO twice in a row; the saturated b."""
+    """ORT direct on the sample ``model``: median l(b) for b = 1, 2, ... until 2*l(b) exceeds the SLO
+    twice in a row; the saturated b (``nexus.bench.ort_direct.ort_limit``)."""
     from common.sample_models import build_sample_model, model_bytes, sample_input
 
     m = build_sample_model(model)
-    session = ort_session(model_bytes(m), threads, no_spin)
-    lat: dict[int, float] = {}
-    over = 0
-    b = 1
-    while over < 2 and b <= 256:
-        lat[b] = statistics.median(time_batch(session, sample_input(m, b, seed=b), repeats))
-        over = over + 1 if 2 * lat[b] > slo_ms else 0
-        b += 1
-    ok = [b for b, l in lat.items() if 2 * l <= slo_ms]
-    best = max(ok) if ok else 1
-    return {"latency_ms": lat, "batch": best, "l_ms": lat[best], "throughput_rps": best * 1000 / lat[best]}
+    session = ort_session(model_bytes(m), threads, spin=not no_spin)
+    return direct_limit(session, slo_ms, lambda b: sample_input(m, b, seed=b), repeats)
 
 
 # ---- load ---------------------------------------------------------------------------------------
@@ -475,7 +440,7 @@ def low_load(cluster: Cluster, model: str, rate: float, duration_s: float, slo_m
     from nexus.bench import LoadClient
 
     m = build_sample_model(model)
-    session = ort_session(model_bytes(m), threads, no_spin)
+    session = ort_session(model_bytes(m), threads, spin=not no_spin)
     x = sample_input(m, 1)
     time_batch(session, x, 0, warmup=5)
     rng = np.random.default_rng(1)
@@ -501,13 +466,8 @@ def low_load(cluster: Cluster, model: str, rate: float, duration_s: float, slo_m
                 s = r.samples
                 ok = s.measured & np.isfinite(s.latency_ms)
                 lat.extend(s.latency_ms[ok].tolist())
-                end = time.monotonic() + phase_s
                 with on_exec_cpus(pin):
-                    while time.monotonic() < end:
-                        time.sleep(rng.exponential(1.0 / rate))
-                        t = time.perf_counter()
-                        session.run(None, {"input": x})
-                        ort.append((time.perf_counter() - t) * 1000)
+                    ort.extend(paced_latencies(session, x, rate, phase_s, rng))
         after = model_stats(cluster.frontend, model)
         return lat, ort, reports, cpu_total, {"stats": stats_delta(after, before), "external_cores": busy}
 

@@ -13,7 +13,7 @@ at a 20 ms SLO):
    b* with 2*l(b*) <= SLO (Nexus's saturated batch), and ``batch1_ms`` is l(1). Measured again
    before each server's phase, so each server is compared with the limit measured next to it.
 2. TRITON: a real tritonserver (the one bundled in the ``nvidia-pytriton`` wheel, run from its own
-   virtualenv by ``--triton-python``; this file, with ``--serve-triton``, is the model script):
+   virtualenv by ``--triton-python``, with benchmarks/triton_model.py as the model script):
    ONNX Runtime with the same session options as ORT direct inside the Python model function
    (PyTriton's ``@batch``), dynamic batching with
    ``max_batch_size`` = b* and a max queue delay (``--triton-queue-delay-us``), the same .onnx file.
@@ -53,7 +53,6 @@ import os
 import pathlib
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,6 +61,8 @@ import time
 import numpy as np
 
 from nexus.bench.meters import CpuMeter, LoadSampler, loadavg
+from nexus.bench.ort_direct import ort_limit as direct_limit
+from nexus.bench.ort_direct import ort_session
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "out"
@@ -95,46 +96,18 @@ def build_models(directory: pathlib.Path) -> dict[str, pathlib.Path]:
     return paths
 
 
-def ort_session(path: str, threads: int, spin: bool):
-    """An ORT CPU session: ``threads`` intra-op threads (0: ORT's default, one per core); ``spin``
-    False turns intra-op spin-waiting off, as the Nexus backend does (an idle worker that spins
-    takes a core from the server's own threads on a 2-core machine)."""
-    import onnxruntime as ort
-
-    o = ort.SessionOptions()
-    o.log_severity_level = 3
-    if threads:
-        o.intra_op_num_threads = threads
-    if not spin:
-        o.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(path, sess_options=o, providers=["CPUExecutionProvider"])
-
-
 def ort_limit(path: pathlib.Path, slo_ms: float, repeats: int, threads: int = 0, spin: bool = False) -> dict:
-    """ORT called directly in a loop: l(b) medians, the saturated batch b* and b*/l(b*)."""
-    session = ort_session(str(path), threads, spin)
+    """ORT called directly in a loop (``nexus.bench.ort_direct``): l(b) medians, the saturated batch b*
+    and b*/l(b*). Past 16, b steps by a quarter: the tiny model's b* is in the hundreds."""
+    session = ort_session(path, threads, spin=spin)
     shape = session.get_inputs()[0].shape[1:]
     rng = np.random.default_rng(0)
-    lat: dict[int, float] = {}
-    over, b = 0, 1
-    while over < 2 and b <= 256:
-        x = rng.standard_normal((b, *shape)).astype(np.float32)
-        for _ in range(3):
-            session.run(None, {"input": x})
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            session.run(None, {"input": x})
-            times.append((time.perf_counter() - t) * 1000)
-        lat[b] = statistics.median(times)
-        over = over + 1 if 2 * lat[b] > slo_ms else 0
-        # Past 16, step by a quarter: the tiny model's b* is in the hundreds.
-        b = b + 1 if b < 16 else int(b * 1.25)
-    ok = [k for k, v in lat.items() if 2 * v <= slo_ms]
-    best = max(ok) if ok else 1
-    return {"latency_ms": {k: round(v, 3) for k, v in lat.items()}, "batch": best, "l_ms": round(lat[best], 3),
-            "limit_rps": round(best * 1000 / lat[best], 1), "batch1_ms": round(lat[1], 3),
-            "threads": threads or "ORT default", "spin": spin}
+    lim = direct_limit(session, slo_ms, lambda b: rng.standard_normal((b, *shape)).astype(np.float32), repeats,
+                       next_batch=lambda b: b + 1 if b < 16 else int(b * 1.25))
+    lat = lim["latency_ms"]
+    return {"latency_ms": {k: round(v, 3) for k, v in lat.items()}, "batch": lim["batch"],
+            "l_ms": round(lim["l_ms"], 3), "limit_rps": round(lim["throughput_rps"], 1),
+            "batch1_ms": round(lat[1], 3), "threads": threads or "ORT default", "spin": spin}
 
 
 # ---- machine ----------------------------------------------------------------------------------------
@@ -236,54 +209,6 @@ async def measure_server(address: str, model: str, slo_ms: float, start_rps: flo
 
 # ---- Triton --------------------------------------------------------------------------------------------
 
-def serve_triton(argv: list[str]) -> int:
-    """Model script run under the pytriton virtualenv:
-    ``--serve-triton GRPC HTTP METRICS DELAY_US THREADS SPIN NAME=PATH:MAXB ...``."""
-    import sysconfig
-
-    # The python backend's stub loads libpython of this interpreter's version; a pyenv build keeps it
-    # in its own LIBDIR, off the loader's path, where a system library of another patch release may be.
-    os.environ["LD_LIBRARY_PATH"] = ":".join(filter(None, [sysconfig.get_config_var("LIBDIR"),
-                                                         os.environ.get("LD_LIBRARY_PATH")]))
-    from pytriton.decorators import batch
-    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-    from pytriton.triton import Triton, TritonConfig
-
-    grpc_port, http_port, metrics_port, delay_us, threads, spin = (int(a) for a in argv[:6])
-    config = TritonConfig(grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
-                          grpc_address="127.0.0.1", http_address="127.0.0.1", metrics_address="127.0.0.1")
-    with Triton(config=config) as triton:
-        for spec in argv[6:]:
-            name, rest = spec.split("=", 1)
-            path, max_batch = rest.rsplit(":", 1)
-            session = ort_session(path, threads, bool(spin))
-            inp, out = session.get_inputs()[0], session.get_outputs()[0]
-
-            def make_fn(session=session, in_name=inp.name, out_name=out.name):
-                @batch
-                def infer(**inputs):
-                    return {out_name: session.run([out_name], {in_name: inputs[in_name]})[0]}
-                return infer
-
-            triton.bind(
-                model_name=name,
-                infer_func=make_fn(),
-                inputs=[Tensor(name=inp.name, dtype=np.float32, shape=_dims(inp.shape[1:]))],
-                outputs=[Tensor(name=out.name, dtype=np.float32, shape=_dims(out.shape[1:]))],
-                config=ModelConfig(max_batch_size=int(max_batch),
-                                   batcher=DynamicBatcher(max_queue_delay_microseconds=delay_us)),
-                strict=False,
-            )
-        print("TRITON-READY", flush=True)
-        triton.serve()
-    return 0
-
-
-def _dims(shape) -> tuple[int, ...]:
-    """ORT's shape without the batch dimension, a symbolic dimension as -1."""
-    return tuple(d if isinstance(d, int) else -1 for d in shape)
-
-
 class Server:
     """A server process in its own session (killed as a group), output to a log file."""
 
@@ -330,7 +255,7 @@ def wait_ready(address: str, names: list[str], timeout_s: float) -> None:
 def run_triton(args, paths, limits, work: pathlib.Path) -> dict:
     ports = [free_port() for _ in range(3)]
     specs = [f"{n}={paths[n]}:{limits[n]['batch']}" for n in args.models]
-    srv = Server("triton", [args.triton_python, str(pathlib.Path(__file__).resolve()), "--serve-triton",
+    srv = Server("triton", [args.triton_python, str(ROOT / "benchmarks" / "triton_model.py"),
                             *map(str, ports), str(args.triton_queue_delay_us), str(args.ort_threads),
                             str(int(args.ort_spin)), *specs], work)
     try:
@@ -549,8 +474,6 @@ def print_table(rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--serve-triton"]:
-        return serve_triton(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--triton-python", default="/work/pytriton-venv310/bin/python",
                    help="python of a virtualenv with nvidia-pytriton and onnxruntime")

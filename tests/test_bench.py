@@ -26,6 +26,7 @@ import pytest
 from common.pb import kserve
 from nexus import bench_cmd
 from nexus.bench import (
+    BackgroundLoad,
     BenchError,
     BenchReport,
     build_request,
@@ -34,56 +35,13 @@ from nexus.bench import (
     run_bench_async,
 )
 from nexus.bench.report import lag_warning
-from nexus.bench.fake_kserve import spawn
+from nexus.bench.fake_kserve import GRACE_MS, MIXED_PATTERN, SCRIPTED_CONFIG, SLO_MS, spawn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-SLO_MS = 250.0
-GRACE_MS = 250.0  # client deadline 500 ms
-# Cycled per request by the server: 5 on time, 1 late, 2 failed, 2 dropped (one by the server
-# shedding, one by the client's deadline passing).
-MIXED_PATTERN = [
-    "ok",
-    "ok",
-    "sleep:350",  # late: > SLO, well before the 500 ms client deadline
-    "error:INTERNAL",  # failed
-    "ok",
-    "error:RESOURCE_EXHAUSTED",  # dropped
-    "ok",
-    "sleep:1500",  # dropped: the client's DEADLINE_EXCEEDED
-    "error:INVALID_ARGUMENT",  # failed
-    "ok",
-]
-
-CONFIG = {
-    "models": {
-        "fast": {"inputs": [["input", "FP32", [-1, 8]]], "outputs": [["output", "FP32", [-1, 4]]], "latency_ms": 1},
-        "mixed": {
-            "inputs": [["input", "FP32", [-1, 8]]],
-            "outputs": [["output", "FP32", [-1, 4]]],
-            "latency_ms": 0,
-            "pattern": MIXED_PATTERN,
-        },
-        "slow": {"inputs": [["input", "FP32", [-1, 8]]], "outputs": [["output", "FP32", [-1, 4]]], "latency_ms": 300},
-        # One worker, 10 ms per request: a capacity of 100 rps.
-        "single": {
-            "inputs": [["input", "FP32", [-1, 8]]],
-            "outputs": [["output", "FP32", [-1, 4]]],
-            "latency_ms": 10,
-            "workers": 1,
-        },
-        "multi": {
-            "inputs": [["a", "FP32", [-1, 3, 4]], ["b", "INT64", [-1, 2]], ["c", "UINT8", [-1, -1]]],
-            "outputs": [["y", "FP16", [-1, 5]]],
-            "latency_ms": 0,
-        },
-    }
-}
-
-
 @pytest.fixture(scope="module")
 def server() -> str:
-    proc, address = spawn(CONFIG)
+    proc, address = spawn(SCRIPTED_CONFIG)
     try:
         yield address
     finally:
@@ -244,6 +202,56 @@ def test_find_max_rate_against_a_single_worker_model(server):
         check_invariants(r)
     assert reports[0].good_fraction >= 0.99 and reports[1].good_fraction < 0.99
     assert rate in [r.offered_rps for r in reports if r.good_fraction >= 0.99]
+
+
+def test_background_load_runs_until_stopped_and_keeps_every_request(server):
+    load = BackgroundLoad(server, "fast", 200.0, slo_ms=SLO_MS, timeout_s=1.0, cv=0.0).start()
+    deadline = time.monotonic() + 10
+    while load.counts()["answered"] < 50 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    tail = load.last_answered(20)
+    report = load.stop()
+    check_invariants(report)
+    samples = report.samples
+    assert report.sent >= 50 and samples.status_counts() == {"OK": report.sent}
+    assert load.counts() == {"sent": report.sent, "answered": report.sent, "failed": {}, "failed_total": 0,
+                             "no_response": 0, "examples": {}}
+    assert len(tail) == 20 and all(s == "OK" for s, _ in tail)
+    assert [t for _, t in tail] == sorted(t for _, t in tail) and tail[-1][1] <= time.monotonic()
+    assert np.all(samples.done_at >= samples.sent_at) and load.in_flight() == 0
+    # cv=0: evenly spaced arrivals at 200 rps
+    assert np.allclose(np.diff(samples.sched_s), 1 / 200.0)
+
+
+def test_requests_past_the_client_deadline_are_no_response_and_server_errors_keep_their_status(server):
+    slow = BackgroundLoad(server, "slow", 20.0, slo_ms=100.0, timeout_s=0.15).start()
+    time.sleep(0.5)
+    statuses = slow.stop().samples.status_counts()
+    assert set(statuses) == {"NO_RESPONSE"}
+    assert slow.counts()["no_response"] == statuses["NO_RESPONSE"] and slow.counts()["failed_total"] == 0
+    mixed = run_bench(server, "mixed", 100.0, 1.0, SLO_MS, grace_ms=GRACE_MS, seed=5).samples.status_counts()
+    assert {"OK", "INTERNAL", "RESOURCE_EXHAUSTED", "NO_RESPONSE"} <= set(mixed)   # sleep:1500 has no answer
+
+
+def test_several_frontends_are_balanced(server):
+    other, address = spawn({"models": {"fast": {**SCRIPTED_CONFIG["models"]["fast"], "pattern": ["error:INTERNAL"]}}})
+    try:
+        r = run_bench([server, address], "fast", 200.0, 1.0, SLO_MS, seed=1)
+    finally:
+        other.terminate()
+        other.wait(10)
+    check_invariants(r)
+    assert r.ok > 0.3 * r.sent and r.errors.get("INTERNAL", 0) > 0.3 * r.sent      # round-robin over both
+    assert r.address == f"{server},{address}"
+
+
+def test_background_load_errors():
+    with pytest.raises(BenchError, match="must not be below the SLO"):
+        BackgroundLoad("127.0.0.1:1", "fast", 10.0, slo_ms=500.0, timeout_s=0.1)
+    with pytest.raises(BenchError, match="cannot reach the frontend"):
+        BackgroundLoad(f"127.0.0.1:{free_port()}", "fast", 10.0, slo_ms=100.0).start()
+    with pytest.raises(BenchError, match="no frontend address"):
+        run_bench([], "fast", 10.0, 1.0, SLO_MS)
 
 
 # ---------------------------------------------------------------- the command

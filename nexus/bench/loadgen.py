@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import math
 import re
+import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -27,10 +29,12 @@ import numpy as np
 
 from common.arrivals import arrival_times
 from common.rate_search import max_passing_rate_async
+from common import grpc_util
 from common.pb import kserve, kserve_grpc
 from common.tensors import numpy_dtype
 from nexus.bench.report import (
     CLIENT_DROPPED,
+    PENDING,
     CLIENT_LIMIT_STATUS,
     DROP_CODES,
     DROPPED,
@@ -44,6 +48,15 @@ from nexus.bench.report import (
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 DEFAULT_ADDRESS = "127.0.0.1:8001"
+# Several frontends: round-robin over those whose gRPC health check says SERVING (gRPC's client-side
+# health checking watches them), reconnecting to a restarted one within a second.
+BALANCED_OPTIONS = [
+    ("grpc.service_config", json.dumps({"loadBalancingConfig": [{"round_robin": {}}],
+                                        "healthCheckConfig": {"serviceName": ""}})),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 _UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
 
 
@@ -125,7 +138,11 @@ class _Run:
     """Mutable state of one open-loop phase (per-request arrays plus live counters)."""
 
     def __init__(self, n: int, slo_ms: float) -> None:
+        self.sched_s = np.zeros(n)
         self.lag_s = np.zeros(n)
+        self.done_s = np.full(n, np.nan)
+        self.start_s = 0.0
+        self.sent = 0
         self.latency_ms = np.full(n, np.nan)
         self.outcome = np.zeros(n, dtype=np.int8)
         self.status = np.full(n, NO_STATUS, dtype=np.int16)
@@ -136,6 +153,7 @@ class _Run:
         self.sending = True
         self.idle = asyncio.Event()
         self.first_error: str | None = None
+        self.examples: dict[str, str] = {}   # status name -> the first such error's message
         self.tasks: set[asyncio.Task] = set()
 
 
@@ -146,11 +164,13 @@ class LoadClient:
     request; each ``await client.run(rate, duration, slo)`` is one open-loop phase returning a
     :class:`BenchReport`. ``raw=False`` sends through the generated stub instead (a protobuf
     serialization per request and a parse per response), kept to measure what the raw path saves.
+    ``address`` may list several frontends: each channel then balances round-robin over those whose
+    gRPC health check says SERVING (as a client behind a load balancer; IPv4 addresses).
     """
 
     def __init__(
         self,
-        address: str,
+        address: str | Sequence[str],
         model: str,
         *,
         batch: int = 1,
@@ -163,7 +183,11 @@ class LoadClient:
         timeout_param: bool = True,
         root_certificates: bytes | None = None,
     ) -> None:
-        self.address = check_address(address)
+        addresses = [address] if isinstance(address, str) else list(address)
+        if not addresses:
+            raise BenchError("no frontend address")
+        self.addresses = [check_address(a) for a in addresses]
+        self.address = ",".join(self.addresses)
         if not model:
             raise BenchError("a model name is required (--model)")
         if batch < 1:
@@ -185,6 +209,7 @@ class LoadClient:
         self._channels: list[grpc.aio.Channel] = []
         self._checked_response = False
         self.runs = 0                       # runs started (a rate search cools down between them)
+        self.current: _Run | None = None    # the run in progress, or the last one
 
     async def __aenter__(self) -> "LoadClient":
         await self.open()
@@ -198,11 +223,15 @@ class LoadClient:
         if self.n_channels > 1:
             # Without a local subchannel pool, channels to one target share one TCP connection.
             options.append(("grpc.use_local_subchannel_pool", 1))
+        target = self.addresses[0]
+        if len(self.addresses) > 1:
+            target = "ipv4:" + self.address
+            options += [*grpc_util.CHANNEL_OPTIONS, *BALANCED_OPTIONS]
         if self.root_certificates is not None:
             tls = grpc.ssl_channel_credentials(root_certificates=self.root_certificates)
-            self._channels = [grpc.aio.secure_channel(self.address, tls, options=options) for _ in range(self.n_channels)]
+            self._channels = [grpc.aio.secure_channel(target, tls, options=options) for _ in range(self.n_channels)]
         else:
-            self._channels = [grpc.aio.insecure_channel(self.address, options=options) for _ in range(self.n_channels)]
+            self._channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(self.n_channels)]
         try:
             stub = kserve_grpc.GRPCInferenceServiceStub(self._channels[0])
             req = kserve.ModelMetadataRequest(name=self.model, version=self.model_version)
@@ -271,9 +300,11 @@ class LoadClient:
         seed: int | None = None,
         progress: bool = False,
         cv: float = 1.0,
+        stop: threading.Event | None = None,
     ) -> BenchReport:
         """One open-loop phase: arrivals at ``rate_rps`` for ``warmup_s + duration_s`` (Poisson, or Gamma
-        gaps with coefficient of variation ``cv``)."""
+        gaps with coefficient of variation ``cv``). Once ``stop`` is set (from any thread) no further
+        request is sent; the report then covers the requests sent, over the time they took to send."""
         if not self._channels or self.request is None:
             raise BenchError("LoadClient.run() before open()")
         _check_run_args(rate_rps, duration_s, slo_ms, warmup_s, grace_ms, concurrency_limit, cv)
@@ -283,6 +314,8 @@ class LoadClient:
         arrivals = arrival_times(rate_rps, warmup_s + duration_s, rng, cv=cv)
         n = len(arrivals)
         st = _Run(n, slo_ms)
+        st.sched_s = arrivals
+        self.current = st
 
         payload, calls = self.call_path(slo_ms)
         self.runs += 1
@@ -301,7 +334,7 @@ class LoadClient:
             )
             ticker = asyncio.ensure_future(self._progress(st, bar))
         try:
-            await self._drive(st, arrivals, calls, payload, timeout_s, concurrency_limit)
+            await self._drive(st, arrivals, calls, payload, timeout_s, concurrency_limit, stop)
         finally:
             if bar is not None:
                 ticker.cancel()
@@ -313,14 +346,20 @@ class LoadClient:
                 bar.update(st.finished - bar.n)
                 bar.close()
 
+        k = st.sent
+        if k < n:  # stopped early: the window is what was sent
+            duration_s = max(float(arrivals[k - 1]) - warmup_s, 1e-9) if k else 1e-9
         samples = BenchSamples(
-            sched_s=arrivals,
-            lag_s=st.lag_s,
-            latency_ms=st.latency_ms,
-            outcome=st.outcome,
-            status=st.status,
+            sched_s=arrivals[:k],
+            lag_s=st.lag_s[:k],
+            latency_ms=st.latency_ms[:k],
+            outcome=st.outcome[:k],
+            status=st.status[:k],
             warmup_s=float(warmup_s),
             slo_ms=float(slo_ms),
+            done_s=st.done_s[:k],
+            start_s=st.start_s,
+            timeout_ms=timeout_s * 1000.0,
         )
         return build_report(
             samples,
@@ -348,10 +387,13 @@ class LoadClient:
         payload: Any,
         timeout_s: float,
         limit: int | None,
+        stop: threading.Event | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
         clock = loop.time
         start = clock() + 0.002
+        st.start_s = start
+        stopped = stop.is_set if stop is not None else (lambda: False)
         sched = (arrivals + start).tolist()
         n = len(sched)
         nch = len(calls)
@@ -362,10 +404,10 @@ class LoadClient:
         discard = tasks.discard
         i = 0
         try:
-            while i < n:
+            while i < n and not stopped():
                 now = clock()
                 if sched[i] > now:
-                    await asyncio.sleep(sched[i] - now)
+                    await asyncio.sleep(min(sched[i] - now, 0.1))
                     continue
                 # Send everything that is due; never wait for responses.
                 while i < n and sched[i] <= now:
@@ -383,6 +425,7 @@ class LoadClient:
                         tasks.add(task)
                         task.add_done_callback(discard)
                     i += 1
+                st.sent = i
                 await asyncio.sleep(0)  # let the new calls start even when behind schedule
             st.sending = False
             if st.inflight:
@@ -399,6 +442,7 @@ class LoadClient:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _one(self, st: _Run, i: int, call: Any, t0: float) -> None:
+        clock = asyncio.get_running_loop().time
         try:
             response = await call
         except grpc.aio.AioRpcError as e:
@@ -410,8 +454,10 @@ class LoadClient:
             else:
                 st.outcome[i] = FAILED
                 st.failed += 1
-            if st.first_error is None:
-                st.first_error = f"{code.name}: {(e.details() or '').strip()}"
+            if code.name not in st.examples:
+                st.examples[code.name] = (e.details() or "").strip()
+                if st.first_error is None:
+                    st.first_error = f"{code.name}: {st.examples[code.name]}"
         except asyncio.CancelledError:
             st.status[i] = grpc.StatusCode.CANCELLED.value[0]
             st.outcome[i] = FAILED
@@ -434,6 +480,7 @@ class LoadClient:
             if ms > st.slo_ms:
                 st.late += 1
         finally:
+            st.done_s[i] = clock() - st.start_s
             st.inflight -= 1
             st.finished += 1
             if not st.inflight and not st.sending:
@@ -454,6 +501,92 @@ class LoadClient:
             return False
         self._checked_response = True
         return True
+
+
+class BackgroundLoad:
+    """Open-loop load from a thread and event loop of its own until :meth:`stop`: for tests and
+    scenarios that kill, pause or restart nodes while requests flow.
+
+    A :class:`LoadClient` run of at most ``max_duration_s`` at ``rate_rps`` (``cv``: 1 Poisson, 0
+    evenly spaced; see :mod:`common.arrivals`) with SLO ``slo_ms`` and a client deadline of
+    ``timeout_s``: a request without an answer by then is counted as ``NO_RESPONSE``.
+    ``client_options`` are those of :class:`LoadClient` (several addresses balance over frontends).
+    """
+
+    def __init__(self, address: str | Sequence[str], model: str, rate_rps: float, *, slo_ms: float,
+                 timeout_s: float = 10.0, cv: float = 1.0, seed: int = 0, max_duration_s: float = 1800.0,
+                 **client_options: Any) -> None:
+        if not timeout_s * 1000.0 >= slo_ms:
+            raise BenchError(f"the client deadline ({timeout_s:g} s) must not be below the SLO ({slo_ms:g} ms)")
+        self.client = LoadClient(address, model, seed=seed, **client_options)
+        self.rate_rps, self.slo_ms, self.timeout_s, self.cv = rate_rps, slo_ms, timeout_s, cv
+        self.max_duration_s = max_duration_s
+        self.report: BenchReport | None = None
+        self._error: BaseException | None = None
+        self._opened = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="background-load", daemon=True)
+
+    async def _run(self) -> None:
+        try:
+            async with self.client:
+                self._opened.set()
+                self.report = await self.client.run(
+                    self.rate_rps, self.max_duration_s, self.slo_ms, grace_ms=self.timeout_s * 1000.0 - self.slo_ms,
+                    cv=self.cv, stop=self._stop)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            self._error = exc
+        finally:
+            self._opened.set()
+
+    def start(self, timeout_s: float = 30.0) -> "BackgroundLoad":
+        """Start sending once the client reached the frontend (BenchError if it could not)."""
+        self._thread.start()
+        self._opened.wait(timeout_s)
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+        return self
+
+    def in_flight(self) -> int:
+        st = self.client.current
+        return st.inflight if st is not None else 0
+
+    def _samples(self) -> BenchSamples:
+        st = self.client.current or _Run(0, self.slo_ms)     # none before the run's first line
+        k = st.sent
+        return BenchSamples(sched_s=st.sched_s[:k], lag_s=st.lag_s[:k], latency_ms=st.latency_ms[:k],
+                            outcome=st.outcome[:k], status=st.status[:k], warmup_s=0.0, slo_ms=self.slo_ms,
+                            done_s=st.done_s[:k], start_s=st.start_s, timeout_ms=self.timeout_s * 1000.0)
+
+    def last_answered(self, n: int) -> list[tuple[str, float]]:
+        """(status, time sent on the monotonic clock) of the last ``n`` requests that ended, in sending order."""
+        s = self._samples()
+        ended = np.flatnonzero(s.outcome != PENDING)[-n:] if n > 0 else np.zeros(0, dtype=int)
+        names = s.statuses()
+        sent = s.sent_at
+        return [(names[i], float(sent[i])) for i in ended]
+
+    def counts(self) -> dict:
+        """``sent``, ``answered``, ``failed`` (by status), ``failed_total``, ``no_response`` (so far) and
+        ``examples`` (the first message of each failed status)."""
+        s = self._samples() if self.report is None else self.report.samples
+        statuses = [name for name, done in zip(s.statuses(), (s.outcome != PENDING).tolist()) if done]
+        failed: dict[str, int] = {}
+        for name in statuses:
+            if name not in ("OK", "NO_RESPONSE"):
+                failed[name] = failed.get(name, 0) + 1
+        return {"sent": len(s.sched_s), "answered": statuses.count("OK"), "failed": dict(sorted(failed.items())),
+                "failed_total": sum(failed.values()), "no_response": statuses.count("NO_RESPONSE"),
+                "examples": dict(self.client.current.examples) if self.client.current is not None else {}}
+
+    def stop(self) -> BenchReport:
+        """Stop sending, wait for every request sent to end (answered, failed or past its deadline)."""
+        self._stop.set()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.report
 
 
 # Keywords of LoadClient other than the address and the model (find_max_rate passes them on).

@@ -21,7 +21,7 @@ Memory: the runtimes' own accounting (``Runtime.memory_mb``: serialized weights 
 inputs/outputs) summed over the sessions, and the weight bytes of the split, ON vs OFF; plus the
 resident memory a fresh process gains creating (and running once) each configuration's sessions.
 
-Run: ``python benchmarks/prefix_batching.py`` (about 6 minutes on 2 cores, more while other processes
+Run: ``python -m benchmarks.prefix_batching`` (about 6 minutes on 2 cores, more while other processes
 keep the machine busy: each measurement waits up to ``--quiet-wait-s`` for a quiet moment);
 ``--threads 1`` and ``--emulate`` (the emulated GPU with a GPU-like profile) are the other two runs of
 benchmarks/prefix_batching.md, which summarises the results; raw ones go to ``benchmarks/out/``.
@@ -30,10 +30,8 @@ benchmarks/prefix_batching.md, which summarises the results; raw ones go to ``be
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
-import random
 import statistics
 import sys
 import tempfile
@@ -42,18 +40,18 @@ import time
 
 import numpy as np
 
+from backend.engine import Engine, Session, SharedPrefix, Work
+from backend.server import suffix_threads
+from common.arrivals import arrival_times
+from common.batching import SlidingWindowEarlyDrop
+from common.onnx_prefix import find_shared_prefix
+from common.profile import Profile
+from common.runtimes import load_runtime
+from common.sample_models import backbone_variant, model_bytes, variant_name
+from nexus.bench.meters import CpuMeter, wait_quiet
+from nexus.bench.report import write_json
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from backend.engine import Engine, Session, SharedPrefix, Work  # noqa: E402
-from common.batching import SlidingWindowEarlyDrop  # noqa: E402
-from common.runtimes import load_runtime  # noqa: E402
-from backend.server import suffix_threads  # noqa: E402
-from common.onnx_prefix import find_shared_prefix  # noqa: E402
-from common.profile import Profile  # noqa: E402
-from common.sample_models import backbone_variant, model_bytes, variant_name  # noqa: E402
-from nexus.bench.meters import CpuMeter, wait_quiet  # noqa: E402
-
 MB = 1024 * 1024
 
 
@@ -111,13 +109,9 @@ class Config:
 def run_load(config: Config, names: list[str], rate: float, duration_s: float, slo_ms: float, seed: int,
              inputs: dict[str, np.ndarray]) -> dict:
     """Open-loop Poisson load at ``rate`` over ``names``; returns counts and rates of the window."""
-    rng = random.Random(seed)
-    t, arrivals = 0.0, []
-    while True:
-        t += rng.expovariate(rate)
-        if t >= duration_s:
-            break
-        arrivals.append((t, rng.choice(names)))
+    rng = np.random.default_rng(seed)
+    times = arrival_times(rate, duration_s, rng)
+    arrivals = list(zip(times.tolist(), (names[i] for i in rng.integers(0, len(names), len(times)).tolist())))
     engine = config.engine
     lock = threading.Lock()
     outcomes: list[tuple[str, float]] = []
@@ -310,9 +304,7 @@ def main(argv: list[str] | None = None) -> int:
               "threads": args.threads, "profile_ms": {b: profile.latency_ms(b) for b in range(1, profile.max_batch + 1)},
               "split_s": split_s, "results": results, "summary": summary, "goodput_ratio_by_rate": ratios,
               "memory": memory}
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    out = write_json(args.out, report, indent=2)
     print()
     print(f"medians of {args.repeat} run(s) per cell; 'other' = cores other processes used meanwhile")
     print(f"{'rate':>6} | {'ON goodput':>10} {'good%':>6} {'batch':>6} {'other':>5} | {'OFF goodput':>11} "

@@ -1,6 +1,6 @@
 """Nexus against Triton in the same run, same machine, same client (issue 12, item 3).
 
-    python benchmarks/vs_triton.py --triton-python /work/pytriton-venv310/bin/python [--quick] [--py-spy]
+    python -m benchmarks.vs_triton --triton-python /work/pytriton-venv310/bin/python [--quick] [--py-spy]
 
 One after the other on this machine, for each model (a ResNet-18-class CNN at 64x64, seed 1018,
 a different file from the sample ``resnet18_64``, at a 100 ms SLO; a tiny CNN built here, 3x32x32,
@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import json
 import os
 import pathlib
@@ -60,9 +59,13 @@ import time
 
 import numpy as np
 
+from nexus.bench import pyspy
+from nexus.bench.cluster import ServeCluster, descendants
 from nexus.bench.meters import CpuMeter, LoadSampler, loadavg
 from nexus.bench.ort_direct import ort_limit as direct_limit
 from nexus.bench.ort_direct import ort_session
+from nexus.bench.report import step_summary, write_json
+from nexus.launcher import nexus_command
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "out"
@@ -79,20 +82,12 @@ MODELS = {
 
 def build_models(directory: pathlib.Path) -> dict[str, pathlib.Path]:
     """Write both .onnx files; return name -> path."""
-    from common import sample_models as sm
+    from common.sample_models import model_bytes, resnet18_64, tiny_cnn
 
-    r18 = sm.resnet18_64(seed=1018)
-    # Tiny CNN: three 3x3/2 convs (3->8->16->32 channels) on 3x32x32, global pool, FC to 10.
-    b = sm._GraphBuilder(2020, prefix="tiny_")
-    x = b.relu(b.conv("input", 3, 8, 3, stride=2))
-    x = b.relu(b.conv(x, 8, 16, 3, stride=2))
-    x = b.relu(b.conv(x, 16, 32, 3, stride=2))
-    logits = b.gemm(sm._pool_flatten(b, x), 32, 10)
-    tiny = b.model("tiny_cnn", MODELS["tiny_cnn"][1], [(logits, "logits", 10)], "Tiny CNN for per-request overhead.")
     paths = {}
-    for name, model in (("r18_64", r18), ("tiny_cnn", tiny)):
+    for name, model in (("r18_64", resnet18_64(seed=1018)), ("tiny_cnn", tiny_cnn())):
         paths[name] = directory / f"{name}.onnx"
-        paths[name].write_bytes(sm.model_bytes(model))
+        paths[name].write_bytes(model_bytes(model))
     return paths
 
 
@@ -145,34 +140,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for task in pathlib.Path(f"/proc/{p}/task").glob("*"):
-            try:
-                kids = [int(k) for k in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
 # ---- load ---------------------------------------------------------------------------------------------
 
 def step_dict(r) -> dict:
-    keys = ("offered_rps", "sent", "within_slo", "late", "dropped", "failed", "goodput_rps", "throughput_rps",
-            "bad_rate", "p50_ms", "p90_ms", "p99_ms", "client_lag_ms")
-    d = {k: getattr(r, k) for k in keys}
-    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in d.items()}
+    return step_summary(r, 3)
 
 
 async def measure_server(address: str, model: str, slo_ms: float, start_rps: float, args, label: str,
@@ -276,40 +247,32 @@ def run_triton(args, paths, limits, work: pathlib.Path) -> dict:
 # ---- Nexus ----------------------------------------------------------------------------------------------
 
 def run_nexus(args, paths, work: pathlib.Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    nexus = [sys.executable, "-m", "nexus"]
+    nexus = nexus_command()
     data = work / "nexus-data"
-    cmd = [*nexus, "serve", "--no-samples", "--frontend-port", "0", "--metrics-port", "0", "--http-port", "0",
-           "--scheduler-port", "0", "--data-dir", str(data)]
+    flags = ["--no-samples"]
     if args.nexus_threads:
-        cmd += ["--threads", str(args.nexus_threads)]
+        flags += ["--threads", str(args.nexus_threads)]
     if args.nexus_batch_start:
-        cmd += ["--batch-start", args.nexus_batch_start]
-    srv = Server("nexus", cmd, work, env)
-    favour(srv.proc.pid, args.nice)      # its own session: the scheduler, backend and frontend share it
+        flags += ["--batch-start", args.nexus_batch_start]
+    srv = ServeCluster(data, *flags, timeout_s=180, log_path=work / "nexus.log", log_level="INFO")
+    favour_tree(srv.pid, args.nice)      # its own session: the scheduler, backend and frontend share it
     try:
-        words = srv.wait_line("NEXUS-READY serve", 180).split()
-        frontend, scheduler = words[2], words[3]
+        frontend, scheduler = srv.frontend, srv.scheduler
         profiles = {}
         for name in args.models:
             prof = work / f"{name}.profile.json"
             subprocess.run([*nexus, "profile", str(paths[name]), "-o", str(prof), "--no-plot", "-q"],
-                           check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+                           check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
             p = json.loads(prof.read_text())
             profiles[name] = {"max_batch": max(int(b) for b in p["meta"]["measured_batches"])}
             subprocess.run([*nexus, "models", "upload", str(paths[name]), "--name", name, "--profile", str(prof),
                             "--slo-ms", str(MODELS[name][0]), "--scheduler", scheduler,
                             "--token-file", str(data / "token")],     # the cluster token nexus serve made
-                           check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
-        wait_ready(frontend, args.models, 180)
-        favour_tree(srv.proc.pid, args.nice)
+                           check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        srv.wait_models_ready(args.models, 180)
+        favour_tree(srv.pid, args.nice)
         print(f"nexus serve on {frontend} (scheduler {scheduler}); profiles {profiles}", flush=True)
-        pids = {"serve": srv.proc.pid}
-        for pid in descendants(srv.proc.pid):
-            line = cmdline(pid)
-            for comp in ("scheduler", "backend", "frontend"):
-                if f" {comp} " in f" {line} ":
-                    pids[comp] = pid
+        pids = {"serve": srv.pid, **srv.components()}
         out = {}
         for name in args.models:
             slo, _, start = MODELS[name]
@@ -331,10 +294,7 @@ def make_near_max(args, pids: dict[str, int], work: pathlib.Path, model: str):
         for comp in ("frontend", "backend"):
             if comp in pids:
                 raw = work / f"spy-{model}-{comp}.txt"
-                spies[comp] = (raw, subprocess.Popen(
-                    [args.py_spy_bin, "record", "--pid", str(pids[comp]), "--duration", str(int(duration)),
-                     "--rate", "100", "--format", "raw", "--threads", "--nonblocking", "--output", str(raw)],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                spies[comp] = (raw, pyspy.record(args.py_spy_bin, pids[comp], duration, raw))
         await asyncio.sleep(0.5)
         watched = {**{k: v for k, v in pids.items() if k != "serve"}, "client": os.getpid()}
         meter = CpuMeter(watched).start()
@@ -344,59 +304,12 @@ def make_near_max(args, pids: dict[str, int], work: pathlib.Path, model: str):
         cores["machine"] = round(cpu["machine_busy_cores"], 3)
         cores["others"] = round(cores["machine"] - sum(v for k, v in cores.items() if k != "machine"), 3)
         per_req_ms = {k: round(v * 1000 / max(r.throughput_rps, 1e-9), 3) for k, v in cores.items()}
-        tops = {}
-        for comp, (raw, proc) in spies.items():
-            try:
-                proc.wait(timeout=duration + 30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            tops[comp] = top_functions(raw, int(duration)) if raw.exists() else {"error": f"py-spy exit {proc.returncode}"}
+        tops = {comp: pyspy.finish(proc, raw, duration) for comp, (raw, proc) in spies.items()}
         print(f"  [nexus] {model} near max {rate:.0f} rps: cores {cores}", flush=True)
         return {"rate_rps": round(rate, 1), "step": step_dict(r), "cores": cores, "cpu_ms_per_request": per_req_ms,
                 "py_spy": tops}
 
     return near_max
-
-
-# Frames of a thread waiting, not working: dropped before the shares are computed.
-_IDLE = ("epoll_wait", "select (", "poll (", "wait (threading", "_worker (concurrent", "sleep", "acquire",
-         "_wait_for_tstate_lock", "wait (", "get (queue")
-
-
-def top_functions(raw: pathlib.Path, seconds: float, rate_hz: int = 100, n: int = 12) -> dict:
-    """py-spy raw (collapsed) stacks -> the functions with the most samples (self and inclusive), as % of
-    the process's busy samples, and each thread's busy share of one core over ``seconds``."""
-    self_c: collections.Counter = collections.Counter()
-    incl: collections.Counter = collections.Counter()
-    threads: collections.Counter = collections.Counter()
-    total = idle = 0
-    for line in raw.read_text(errors="replace").splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not count.isdigit():
-            continue
-        k = int(count)
-        frames = stack.split(";")
-        leaf = frames[-1]
-        if any(s in leaf for s in _IDLE):
-            idle += k
-            continue
-        total += k
-        threads[frames[0].split(": ", 1)[-1]] += k     # "thread (TID): NAME" with --threads
-        self_c[_short(leaf)] += k
-        for f in set(_short(f) for f in frames[1:]):
-            incl[f] += k
-    pct = lambda c: {f: round(100 * v / max(total, 1), 1) for f, v in c.most_common(n)}
-    cores = {t: round(v / (rate_hz * seconds), 3) for t, v in threads.most_common(6)}
-    return {"busy_samples": total, "idle_samples": idle, "self_pct": pct(self_c), "inclusive_pct": pct(incl),
-            "thread_cores": cores}
-
-
-def _short(frame: str) -> str:
-    """'func (path/to/file.py:123)' -> 'func (file.py)'."""
-    name, _, where = frame.partition(" (")
-    file = where.split(":")[0].rstrip(")")
-    return f"{name} ({'/'.join(file.split('/')[-2:])})"
 
 
 # ---- report ----------------------------------------------------------------------------------------------
@@ -526,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sampler = LoadSampler().start()
     t0 = time.monotonic()
-    result: dict = {"command": " ".join(["python", "benchmarks/vs_triton.py", *argv]), "models": args.models,
+    result: dict = {"command": " ".join(["python", "-m", "benchmarks.vs_triton", *argv]), "models": args.models,
                     "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(), "nice": args.nice,
                     "ort_direct": {}}
     with tempfile.TemporaryDirectory(prefix="vs-triton-") as tmp:
@@ -555,9 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     result["load_average"] = sampler.stop()
     result["wall_s"] = round(time.monotonic() - t0, 1)
     result["summary"] = summary(result)
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    out = write_json(args.out, result)
     plot(result, pathlib.Path(args.plot))
     print(f"\nwall {result['wall_s']} s; load average (1 min) during the run: {result['load_average']}")
     print_table(result["summary"])
@@ -566,5 +477,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     sys.exit(main())

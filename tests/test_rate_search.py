@@ -73,6 +73,13 @@ def test_a_ramp_without_bisection_stops_at_the_first_failure():
     assert search(1e9, 10.0, growth=1.07, max_rate=last, refine=0)[0] == last
 
 
+def test_a_bracket_is_bisected_without_trying_its_ends():
+    best, tried = search(137.0, 1.0, bracket=(1.0, 1000.0), refine=14)
+    assert 1.0 not in tried and 1000.0 not in tried and len(tried) == 14
+    assert 137.0 * 0.99 < best <= 137.0
+    assert search(-1.0, 1.0, bracket=(1.0, 1000.0), refine=5)[0] == 1.0    # the lower end stands
+
+
 def test_the_async_driver_and_the_generator_agree():
     async def passes(rate: float) -> bool:
         await asyncio.sleep(0)
@@ -89,6 +96,7 @@ def test_the_async_driver_and_the_generator_agree():
     ({"hi": 5.0}, "need start < hi"),
     ({"max_steps": 0}, "max_steps must be >= 1"),
     ({"rel_tol": -0.1}, "rel_tol and refine must be >= 0"),
+    ({"bracket": (5.0, 20.0)}, "needs lo = start < hi"),
 ])
 def test_bad_settings_are_refused(kw, message):
     kw = {"start": 10.0, **kw}

@@ -623,7 +623,7 @@ def _check_run_args(
 
 
 async def run_bench_async(
-    address: str,
+    address: str | Sequence[str],
     model: str,
     rate_rps: float,
     duration_s: float,
@@ -718,20 +718,10 @@ async def search_rate(
     return best, reports
 
 
-async def find_max_rate_async(
-    address: str,
-    model: str,
-    slo_ms: float,
-    target_good_fraction: float = 0.99,
-    lo: float = 10.0,
-    hi: float | None = None,
-    step_duration_s: float = 5.0,
-    *,
-    rel_tol: float = 0.05,
-    max_steps: int | None = 12,
-    seed: int = 0,
-    **options: Any,
-) -> tuple[float, list[BenchReport]]:
+async def find_max_rate_async(address: str | Sequence[str], model: str, slo_ms: float,
+                              target_good_fraction: float = 0.99, lo: float = 10.0, hi: float | None = None,
+                              step_duration_s: float = 5.0, *, rel_tol: float = 0.05, max_steps: int | None = 12,
+                              seed: int = 0, **options: Any) -> tuple[float, list[BenchReport]]:
     """:func:`search_rate` on a client of its own: ``lo`` first, then without ``hi`` doubling until a
     step fails, with ``hi`` that rate itself, then bisection to ``rel_tol`` within ``max_steps``.
 
@@ -750,16 +740,9 @@ async def find_max_rate_async(
                                  max_steps=max_steps, **options)
 
 
-def find_max_rate(
-    address: str,
-    model: str,
-    slo_ms: float,
-    target_good_fraction: float = 0.99,
-    lo: float = 10.0,
-    hi: float | None = None,
-    step_duration_s: float = 5.0,
-    **kwargs: Any,
-) -> tuple[float, list[BenchReport]]:
+def find_max_rate(address: str | Sequence[str], model: str, slo_ms: float, target_good_fraction: float = 0.99,
+                  lo: float = 10.0, hi: float | None = None, step_duration_s: float = 5.0,
+                  **kwargs: Any) -> tuple[float, list[BenchReport]]:
     """Blocking :func:`find_max_rate_async`."""
     return asyncio.run(
         find_max_rate_async(address, model, slo_ms, target_good_fraction, lo, hi, step_duration_s, **kwargs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import pathlib
 from dataclasses import dataclass, field
 
 import grpc
@@ -147,6 +148,15 @@ def step_summary(r: BenchReport, digits: int | None = None) -> dict:
     if digits is not None:
         d = {k: (round(v, digits) if isinstance(v, float) else v) for k, v in d.items()}
     return d
+
+
+def write_json(path: str | pathlib.Path, data, indent: int = 1) -> pathlib.Path:
+    """Write a benchmark's raw result as JSON (values JSON cannot hold as their ``str``), creating
+    the directory; returns the path."""
+    out = pathlib.Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=indent, default=str) + "\n")
+    return out
 
 
 def _round(x: float, digits: int = 4) -> float | None:

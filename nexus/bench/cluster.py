@@ -19,6 +19,7 @@ import os
 import pathlib
 import signal
 import time
+import urllib.parse
 from typing import Callable, Mapping, Sequence
 
 import grpc
@@ -139,9 +140,9 @@ class Cluster:
     ``workdir/<name>.log``, the model database to ``workdir/db``.
 
     ``start(models)`` starts the scheduler, uploads ``models``, then starts the backends and the
-    frontends and waits until each is ready (and, with ``wait_serving``, until each says SERVING and
-    the models are ready on every frontend). A restarted scheduler or frontend comes back on its
-    address. Use as a context manager, or call :meth:`stop`.
+    frontends and waits until each is ready (and, with ``wait_serving``, until each says SERVING), and
+    until the models are ready on every frontend. A restarted scheduler or frontend comes back on its
+    addresses (a frontend's HTTP and metrics ports too). Use as a context manager, or call :meth:`stop`.
     """
 
     def __init__(self, workdir: str | os.PathLike, *, backends: int = 1, frontends: int = 1, device: str = "cpu",
@@ -183,7 +184,8 @@ class Cluster:
                                                        listen="127.0.0.1:0", device=self.device),
                                           "backend", f"backend-{i}") for i in range(self.n_backends)]
             self.frontends = [self._launch(self._config("frontend", FrontendConfig, scheduler=address,
-                                                        listen="127.0.0.1:0"), "frontend", f"frontend-{i}")
+                                                        listen="127.0.0.1:0", http_listen="127.0.0.1:0",
+                                                        metrics_listen="127.0.0.1:0"), "frontend", f"frontend-{i}")
                               for i in range(self.n_frontends)]
             for node in [*self.backends, *self.frontends]:
                 self._ready(node, timeout_s)
@@ -201,7 +203,11 @@ class Cluster:
         node.wait_ready(timeout_s)
         if not isinstance(node.config, BackendConfig):
             # Restarted, it comes back where its peers and clients know it (it started on port 0).
-            node.config = pin_listen(node, node.config)
+            bound = {}
+            if isinstance(node.config, FrontendConfig):
+                bound["http_listen"] = node.info.get("http", "")
+                bound["metrics_listen"] = urllib.parse.urlsplit(node.info.get("metrics", "")).netloc
+            node.config = pin_listen(node, node.config, **bound)
 
     # ---- nodes ----------------------------------------------------------------------------------
 

@@ -34,8 +34,8 @@ from common.plan import GpuSpec, Plan, SessionSpec, validate_plan
 from common.profile import Profile
 from globalsched.algorithms import (PlannerConfig, ReplanState, Solver, lower_bound_gpus, replan,
                                    solve)
-from globalsched.algorithms.baselines import per_session_headroom  # noqa: E402
-from globalsched.algorithms.lower_bound import bounds_gpus  # noqa: E402
+from globalsched.algorithms.baselines import per_session_headroom
+from globalsched.algorithms.lower_bound import bounds_gpus
 
 # (alpha ms/image, beta ms, weights MB, activations MB/image): ranges per model class
 CLASSES = {

@@ -8,7 +8,18 @@ import time
 import numpy as np
 
 from common.pb import kserve
-from nexus.bench.cluster import Cluster, wait_model_served
+from nexus.bench.cluster import Cluster, Node, wait_model_served
+
+
+def start(kind: str, *args: str, timeout_s: float = 120) -> Node:
+    """``nexus KIND ARGS`` alone, as a node of the library's harness; once it printed its ready line."""
+    node = Node(kind, [kind, *args])
+    try:
+        node.wait_ready(timeout_s)
+    except RuntimeError:
+        node.kill()
+        raise
+    return node
 
 
 def start_cluster(workdir, backends: int, device: str, *, scheduler: dict | None = None,

@@ -36,7 +36,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from common.profile import Profile  # noqa: E402
 from common.sample_models import mlp_small, model_bytes  # noqa: E402
-from nexus.models_cmd import upload_model  # noqa: E402
+from nexus.scheduler_client import upload_model  # noqa: E402
 from tests.components import Cluster, OpenLoop, start_cluster, wait_ready  # noqa: E402
 
 DEVICE_TYPE = "gtx1080ti"

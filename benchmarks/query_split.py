@@ -31,8 +31,7 @@ from common.sample_models import detector_64, face_cls, model_bytes, vehicle_cls
 from globalsched.algorithms import PlannerConfig, solve  # noqa: E402
 from globalsched.query_sessions import plan_query_sessions  # noqa: E402
 from nexus.bench import run_bench  # noqa: E402
-from nexus.models_cmd import upload_model  # noqa: E402
-from nexus.queries_cmd import list_queries, register_query  # noqa: E402
+from nexus.scheduler_client import list_queries, register_query, upload_model  # noqa: E402
 from tests.conftest import start_cluster  # noqa: E402
 
 GPU = "gtx1080ti"

@@ -44,7 +44,7 @@ from common.pb import kserve, kserve_grpc  # noqa: E402
 from common.profile import Profile  # noqa: E402
 from common.sample_models import mlp_small, model_bytes  # noqa: E402
 from nexus.launcher import Child, launch, pin_listen  # noqa: E402
-from nexus.models_cmd import upload_model  # noqa: E402
+from nexus.scheduler_client import upload_model  # noqa: E402
 from nexus.serve_cmd import wait_models_ready  # noqa: E402
 
 MODEL = "mlp"

@@ -239,7 +239,7 @@ class Cluster:
 
     def start(self, ready_timeout_s: float = 240) -> "Cluster":
         from common.sample_models import SAMPLE_MODELS, write_sample_models
-        from nexus.models_cmd import upload_model
+        from nexus.scheduler_client import upload_model
 
         try:
             sched = self._start("scheduler", component_argv(SchedulerConfig(

@@ -112,8 +112,7 @@ def run(args) -> int:
 
     from common.sample_models import SAMPLE_MODELS, write_sample_models
     from common.sample_queries import SAMPLE_QUERIES, sample_query_json
-    from nexus.models_cmd import CommandError, list_models, upload_model
-    from nexus.queries_cmd import list_queries, register_query
+    from nexus.scheduler_client import AdminCallError, list_models, list_queries, register_query, upload_model
     from common.emulated_gpus import UnknownGpuError, check_device
 
     try:
@@ -200,7 +199,7 @@ def run(args) -> int:
             time.sleep(0.2)
     except KeyboardInterrupt:
         return 0
-    except (RuntimeError, CommandError) as exc:
+    except (RuntimeError, AdminCallError) as exc:
         print(f"nexus serve: error: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:

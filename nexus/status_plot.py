@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from nexus.status_cmd import ClusterStatus
+from nexus.status_model import ClusterStatus
 
 _IDLE = "#eef0f2"
 _PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",

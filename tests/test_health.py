@@ -22,7 +22,7 @@ from common.pb import kserve, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from nexus.launcher import launch
-from nexus.models_cmd import upload_model
+from nexus.scheduler_client import upload_model
 
 pytestmark = pytest.mark.slow
 

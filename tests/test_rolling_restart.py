@@ -15,7 +15,7 @@ import pytest
 from benchmarks.rolling_restart import DEVICE_TYPE, MODEL, SLO_MS, Load, rolling_restart
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
-from nexus.models_cmd import upload_model
+from nexus.scheduler_client import upload_model
 from nexus.serve_cmd import wait_models_ready
 from tests.conftest import start_cluster
 

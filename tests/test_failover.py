@@ -3,7 +3,9 @@ each started on its own so that one can be killed with SIGKILL.
 
 The scheduler runs with a node timeout of an hour: every failover seen here comes from the signals
 that arrive at once (the scheduler's Attach stream, the frontend's Execute stream), never from
-missed heartbeats. Counts are asserted, never times.
+missed heartbeats. Counts are asserted, never times: a test waits for the event it needs (a
+request queued, a session repaired) with a generous bound that only guards against a hang. How long
+a repair takes is benchmarks/faults.py's figure.
 """
 
 from __future__ import annotations
@@ -57,6 +59,31 @@ def _upload(cluster, tmp_path, name: str, profile: Profile, slo_ms: float, *extr
     wait_ready(cluster.frontend.address, name)
 
 
+def _wait_for(predicate, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
+        time.sleep(0.05)
+
+
+def _queued(cluster, model: str) -> int:
+    """Requests of ``model`` waiting in the live backends' queues (not those running)."""
+    total = 0
+    for b in cluster.backends:
+        if b.proc.poll() is None:
+            with grpc.insecure_channel(b.address) as ch:
+                stats = control_grpc.BackendStub(ch).Stats(control.BackendStatsRequest(), timeout=5)
+            total += sum(s.queue_length for s in stats.sessions if s.model == model)
+    return total
+
+
+def _ok_in_a_row_since(load: OpenLoop, since: float, n: int = 25) -> bool:
+    """The last ``n`` answered requests were all sent after ``since`` and all answered OK."""
+    tail = load.last_answered(n)
+    return len(tail) == n and tail[0][1] > since and all(status == "OK" for status, _ in tail)
+
+
 def _unload(cluster, name: str) -> None:
     with grpc.insecure_channel(cluster.scheduler.address) as ch:
         control_grpc.SchedulerStub(ch).UnloadModel(control.UnloadRequest(name=name), timeout=10)
@@ -80,35 +107,37 @@ def test_queue_full_cancellation_and_deadline(single, tmp_path):
             assert "full" in unavailable[0].details()
             assert cluster.executed("slow") - before == codes.count(grpc.StatusCode.OK)
 
-            # Cancellation: a request queued behind a running one, cancelled by its client, never runs,
-            # and counts as a failure in the model's statistics.
+            # Cancellation: requests queued behind a running one, cancelled by their client, leave the
+            # queue and never run, and count as failures in the model's statistics.
             def failed() -> int:
                 stats = stub.ModelStatistics(kserve.ModelStatisticsRequest(name="slow"), timeout=10)
                 return stats.model_stats[0].inference_stats.fail.count
             before, failed_before = cluster.executed("slow"), failed()
-            running = stub.ModelInfer.future(infer_request("slow"), timeout=60)
-            time.sleep(0.05)
+            first = [stub.ModelInfer.future(infer_request("slow"), timeout=60) for _ in range(3)]
+            _wait_for(lambda: _queued(cluster, "slow") >= 1, "one request running, the others queued")
             cancelled = [stub.ModelInfer.future(infer_request("slow"), timeout=60) for _ in range(3)]
-            time.sleep(0.05)
+            _wait_for(lambda: _queued(cluster, "slow") >= 3, "the requests to cancel queued at the backend")
             for f in cancelled:
                 f.cancel()
-            assert running.result() is not None
-            time.sleep(2.5)          # were they still queued, they would have run by now (600 ms each)
+            assert all(f.result() is not None for f in first)
+            # Sent last, a probe runs after anything still queued (earliest deadline first, one request
+            # at a time): by its answer, a cancelled request that had stayed queued would have run.
+            assert stub.ModelInfer(infer_request("slow"), timeout=60) is not None
             assert all(f.cancelled() for f in cancelled)
-            assert cluster.executed("slow") - before == 1
+            assert cluster.executed("slow") - before == len(first) + 1
             assert failed() - failed_before == 3
 
             # Deadline: a request whose "timeout" passes while it waits is answered DEADLINE_EXCEEDED
             # and never runs.
             before = cluster.executed("slow")
-            running = stub.ModelInfer.future(infer_request("slow"), timeout=60)
-            time.sleep(0.05)
+            first = [stub.ModelInfer.future(infer_request("slow"), timeout=60) for _ in range(2)]
+            _wait_for(lambda: _queued(cluster, "slow") >= 1, "one request running, one queued")
             with pytest.raises(grpc.RpcError) as late:
                 stub.ModelInfer(infer_request("slow", timeout_us=50_000), timeout=60)
             assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, late.value
-            assert running.result() is not None
-            time.sleep(1.0)
-            assert cluster.executed("slow") - before == 1
+            assert all(f.result() is not None for f in first)
+            assert stub.ModelInfer(infer_request("slow"), timeout=60) is not None     # the probe, as above
+            assert cluster.executed("slow") - before == len(first) + 1
 
             # The only backend lost: a request waits for the repaired table, which has no backend left.
             cluster.backends[0].kill()
@@ -163,10 +192,11 @@ def test_kill_9_of_a_replica_fails_at_most_the_requests_in_flight(cluster, tmp_p
     serving = cluster.serving("twin")
     assert len(serving) == 2
     load = OpenLoop(cluster.frontend.address, "twin", 100).start()
-    time.sleep(2.0)
+    _wait_for(lambda: _ok_in_a_row_since(load, 0.0), "the load answered")
     in_flight = load.in_flight()
+    killed_at = time.monotonic()
     serving[0].kill()
-    time.sleep(3.0)
+    _wait_for(lambda: _ok_in_a_row_since(load, killed_at), "25 requests sent after the kill answered OK in a row")
     result = load.stop()
     print("twin:", result.codes, "in flight at the kill:", in_flight)
     assert "NO_RESPONSE" not in result.codes
@@ -183,17 +213,17 @@ def test_kill_9_of_the_only_backend_of_a_session_is_repaired_without_heartbeat_t
     _upload(cluster, tmp_path, "solo", FAST, FAST_SLO_MS)
     [serving] = cluster.serving("solo")
     load = OpenLoop(cluster.frontend.address, "solo", 100).start()
-    time.sleep(2.0)
+    _wait_for(lambda: _ok_in_a_row_since(load, 0.0), "the load answered")
+    killed_at = time.monotonic()
     serving.kill()
-    time.sleep(3.0)
+    # Repaired: 25 requests in a row, all sent after the kill, answered OK. The node timeout is an
+    # hour: only the Attach stream can have told the scheduler.
+    _wait_for(lambda: _ok_in_a_row_since(load, killed_at), "25 requests sent after the kill answered OK in a row")
     result = load.stop()
     print("solo:", result.codes)
     assert "NO_RESPONSE" not in result.codes
     assert set(result.codes) <= {"OK", "UNAVAILABLE", "DEADLINE_EXCEEDED"}, result.codes
-    # The node timeout is an hour: only the Attach stream can have told the scheduler.
     assert len(cluster.serving("solo")) == 1
-    after_kill = [s for s, t in zip(result.statuses, result.send_times) if t > result.send_times[-1] - 1.0]
-    assert after_kill and all(s == "OK" for s in after_kill), result.codes
 
 
 @pytest.fixture
@@ -217,22 +247,17 @@ def test_a_hung_backend_is_routed_around_by_keepalive_without_heartbeat_timeouts
     others = [b for b in cluster.backends if b is not serving and b.proc.poll() is None]
     assert others
     load = OpenLoop(cluster.frontend.address, "frozen", 50).start()
-    time.sleep(2.0)
+    _wait_for(lambda: _ok_in_a_row_since(load, 0.0), "the load answered")
     stopped_at = time.monotonic()
     serving.proc.send_signal(signal.SIGSTOP)
     try:
         # Served again: 25 requests in a row, all sent after the stop, answered OK.
-        deadline = time.monotonic() + 40
-        while time.monotonic() < deadline:
-            time.sleep(0.5)
-            tail = load.last_answered(25)
-            if len(tail) == 25 and tail[0][1] > stopped_at and all(s == "OK" for s, _ in tail):
-                break
+        _wait_for(lambda: _ok_in_a_row_since(load, stopped_at), "25 requests sent after the stop answered OK",
+                  timeout_s=40)
         result = load.stop()
         print("frozen:", result.codes)
         assert "NO_RESPONSE" not in result.codes
         assert set(result.codes) <= {"OK", "UNAVAILABLE", "DEADLINE_EXCEEDED"}, result.codes
-        assert len(tail) == 25 and tail[0][1] > stopped_at and all(s == "OK" for s, _ in tail), tail
         # A live backend took the session over while the hung one was still stopped.
         moved = []
         for b in others:

@@ -51,6 +51,13 @@ def _wait_line(path, pattern: str, timeout_s: float = 120) -> re.Match:
     raise AssertionError(f"no {pattern!r} in:\n{path.read_text()[-3000:]}")
 
 
+def _wait_answered(load: Load, answered: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while load.answered < answered:
+        assert time.monotonic() < deadline, f"fewer than {answered} requests answered in {timeout_s} s: {load.counts()}"
+        time.sleep(0.1)
+
+
 def test_nexus_serve_restarts_a_killed_backend_and_keeps_serving(tmp_path):
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as log:
@@ -64,12 +71,12 @@ def test_nexus_serve_restarts_a_killed_backend_and_keeps_serving(tmp_path):
         assert not wait_models_ready(cluster.frontend, [MODEL], 120)
         pid = int(_wait_line(log_path, r"backend-0 started \(pid (\d+)\)").group(1))
         load = Load(cluster.frontend, rate_rps=30).start()
-        time.sleep(1.0)
+        _wait_answered(load, 10)
         os.kill(pid, signal.SIGKILL)
         _wait_line(log_path, rf"backend-0 \(pid {pid}\) exited with status -9; restarting in")
         back = _wait_line(log_path, r"backend-0 is back \(pid (\d+)\)")
         assert int(back.group(1)) != pid
-        time.sleep(2.0)
+        _wait_answered(load, load.answered + 30)      # the load goes on being answered after the restart
         counts = load.stop()
         assert cluster.proc.poll() is None                      # nexus serve itself kept running
         assert counts["sent"] > 0 and counts["no_response"] == 0, counts

@@ -39,7 +39,8 @@ async def keep_registered(scheduler, register: control.RegisterRequest, node) ->
     ``node.node_id`` is set after each successful registration; a re-registration asks for the
     same id so the scheduler's tables stay meaningful across its restarts. A node the scheduler
     cannot dial back at its address (FAILED_PRECONDITION) logs the scheduler's reason as an error
-    and tries again, more slowly.
+    and tries again, more slowly. Cancelled (the node stops), it leaves the Attach stream open: the
+    node leaves the plan first, and its channel's close ends the stream.
     """
     interval = 1.0
     refused = 0
@@ -82,6 +83,14 @@ async def keep_registered(scheduler, register: control.RegisterRequest, node) ->
                 continue
             log.warning("scheduler unreachable (%s); retrying", exc.code().name)
             await asyncio.sleep(min(interval, 1.0))
+        except asyncio.CancelledError:
+            # The node is stopping. Its Attach stream stays open until the node has left the plan
+            # (its drain calls Leave) or closed its channel: the scheduler then sees a node that
+            # left, not one whose stream ended (which it reports as a failure and repairs later).
+            if attach is not None:
+                attach.add_done_callback(lambda task: task.cancelled() or task.exception())
+                attach = None
+            raise
         finally:
             if attach is not None:
                 attach.cancel()

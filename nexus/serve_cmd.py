@@ -32,6 +32,7 @@ from common.config import BackendConfig, ConfigError, FrontendConfig, SchedulerC
     from_args, join_host_port
 from common.security import TOKEN_ENV, Credentials, SecurityError, ensure_token_file
 from common.pb import kserve, kserve_grpc
+from nexus.client_flags import SERVE_DATA_DIR
 from nexus.launcher import Child, Supervisor, launch, pin_listen
 from nexus.process import READY_PREFIX
 
@@ -259,7 +260,8 @@ def register(sub) -> None:
     p.add_argument("--http-port", dest="serve_http_port", type=int, default=8000,
                    help="frontend's KServe v2 HTTP/REST port (0: any free port; default 8000)")
     p.add_argument("--scheduler-port", type=int, default=8100, help="scheduler port (0: any free port)")
-    p.add_argument("--data-dir", default=".nexus-data", help="model database and sample models")
+    p.add_argument("--data-dir", default=SERVE_DATA_DIR, help=f"model database, sample models and the cluster token "
+                   f"(default {SERVE_DATA_DIR}, where the admin commands look for the token)")
     p.add_argument("--no-samples", action="store_true", help="do not build and upload the sample models")
     p.add_argument("--model-repository", default="", metavar="DIR",
                    help="also serve the models of a Triton model repository (<name>/config.pbtxt, <name>/1/model.onnx)")

@@ -28,6 +28,15 @@ Contracts:
   every request in it, and each member's suffix runs on its own slice of the prefix's output.
   Sessions outside any group take the plain path, which is unchanged.
 
+Warm-up (:meth:`Engine.warm_up`): batches of a session not yet in the table (common/warmup.py)
+run on the executor thread too, since it is the device's only user, but they never stall the
+sessions already serving: a warm-up batch runs when no serving batch is ready, or, while serving
+work keeps the device busy, after a serving batch once the executor has served at least as long as
+the last warm-up batch took (so warm-up takes at most half of a saturated device, and a request
+waits at most one warm-up batch, as it would behind any co-located session). Warm-up batches count
+nowhere in the serving statistics, nor in utilisation: their number and time come back in the
+job's :class:`WarmupResult`.
+
 Statistics of a session in a group: ``inference_count`` counts its own rows, while a batch counts
 once per member present in it, under the size of the *merged* batch (``batch_histogram``) and with
 the time of the whole group batch (``compute_ns``): what its requests experienced. Memory: a
@@ -48,6 +57,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import concurrent.futures
 import contextlib
 import heapq
 import itertools
@@ -101,6 +111,7 @@ class Outcome:
     compute_ns: int = 0
     batch_size: int = 0
     input_ns: int = 0                            # part of compute_ns: gathering the batch's inputs
+    first_in_batch: bool = False                 # the first request of its model in its batch
 
 
 @dataclass
@@ -124,6 +135,9 @@ class SessionStats:
     # Per batch size (rows): the batches' input and output phases (batch_compute_ns holds the infer phase).
     batch_compute_input_ns: dict[int, int] = field(default_factory=dict)
     batch_compute_output_ns: dict[int, int] = field(default_factory=dict)
+    # Warm-up before the session (or a new runtime of it) took traffic here: apart from everything above.
+    warmup_count: int = 0
+    warmup_ns: int = 0
 
     def add_batch(self, rows: int, phases: "Phases") -> None:
         """One batch of ``rows`` rows that this session ran (or, in a prefix group, took part in)."""
@@ -173,6 +187,31 @@ class Phases:
 
 
 _BYTES_PER_MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class WarmupBatch:
+    """One warm-up batch: ``run`` executes it on the device (its result is thrown away)."""
+
+    label: str                     # names it in an error: "sample 'x' (batch 4)"
+    run: Callable[[], object]
+
+
+@dataclass(frozen=True)
+class WarmupResult:
+    batches: int                   # warm-up batches that ran
+    ns: int                        # their time on the executor
+    error: str = ""                # the first batch that failed, and why (the rest did not run)
+    skipped: int = 0               # batches left out: the job's time budget ran out, or the engine stopped
+
+
+@dataclass
+class _WarmupJob:
+    batches: list[WarmupBatch]
+    deadline_s: float
+    future: concurrent.futures.Future
+    done: int = 0
+    ns: int = 0
 
 
 def _order(p: Pending) -> tuple[float, int]:
@@ -333,6 +372,8 @@ class Engine:
         self._started = clock()
         self._solo: list[Session] = []
         self.groups: list[SharedPrefix] = []
+        self._warmups: collections.deque[_WarmupJob] = collections.deque()   # appended by the loop, run here
+        self._warmup_turn_s = 0.0     # while serving keeps the device busy, the next warm-up batch waits for this
         self._thread: threading.Thread | None = None
         if start:
             self._thread = threading.Thread(target=self._loop, name="executor", daemon=True)
@@ -384,6 +425,28 @@ class Engine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        while self._warmups:
+            job = self._warmups.popleft()
+            _finish(job, skipped="the backend is stopping")
+
+    def warm_up(self, batches: "list[WarmupBatch]", budget_s: float) -> concurrent.futures.Future:
+        """Run ``batches`` on the executor as warm-up (module docstring); the future's result is a
+        :class:`WarmupResult`. The batches run in order and stop at the first failure; those not
+        started within ``budget_s`` are skipped. Call it from any thread; it never blocks."""
+        job = _WarmupJob(list(batches), self.clock() + budget_s, concurrent.futures.Future())
+        if not job.batches:
+            job.future.set_result(WarmupResult(0, 0))
+            return job.future
+        if not self._warmups:
+            self._warmup_turn_s = self.clock()     # the first batch may follow the serving batch running now
+        self._warmups.append(job)
+        self._wake.set()
+        return job.future
+
+    @property
+    def warming(self) -> int:
+        """Warm-up jobs not finished yet."""
+        return len(self._warmups)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -550,11 +613,42 @@ class Engine:
             except RuntimeError as exc:    # the consumer's loop is closed: nobody waits any more
                 log.warning("dropping %d outcomes: %s", len(some), exc)
 
+    def turn(self) -> tuple[Decision, bool]:
+        """One turn of the executor: a serving step, then a warm-up batch if one waits and the step
+        ran nothing or warm-up's turn has come (module docstring). Returns the step's decision and
+        whether a warm-up batch ran."""
+        decision = self.step()
+        if not self._warmups or (decision.queue is not None and self.clock() < self._warmup_turn_s):
+            return decision, False
+        self._warm_one()
+        return decision, True
+
+    def _warm_one(self) -> None:
+        job = self._warmups[0]
+        start = self.clock()
+        if start > job.deadline_s:
+            self._warmups.popleft()
+            _finish(job, skipped="its time budget ran out")
+            return
+        batch = job.batches[job.done]
+        error = ""
+        try:
+            batch.run()
+        except Exception as exc:    # a failing warm-up fails its session's load, not the backend
+            error = f"{batch.label}: {exc.__class__.__name__}: {exc}"
+        end = self.clock()
+        self._warmup_turn_s = end + (end - start)
+        job.ns += max(int((end - start) * 1e9), 0)
+        job.done += 1
+        if error or job.done == len(job.batches):
+            self._warmups.popleft()
+            _finish(job, error=error)
+
     def _loop(self) -> None:
         while not self._stop:
             self._wake.clear()
-            decision = self.step()
-            if decision.queue is not None or self._stop:
+            decision, warmed = self.turn()
+            if decision.queue is not None or warmed or self._stop:
                 continue
             # Nothing ready: sleep until new work arrives or the earliest batch is due.
             self._wake.wait(None if decision.wake_s is None else max(decision.wake_s - self.clock(), 0.0005))
@@ -602,7 +696,7 @@ class Engine:
             answers.append((w, Outcome("EXEC_OK", outputs=parts[i],
                                             queue_ns=max(int((start - w.arrival_s) * 1e9), 0),
                                             compute_ns=phases.total_ns, batch_size=rows,
-                                            input_ns=phases.input_ns)))
+                                            input_ns=phases.input_ns, first_in_batch=i == 0)))
 
     def _run_group(self, group: SharedPrefix, batch: list[Pending], answers: list) -> None:
         """The prefix once on every request's rows, then each member's suffix on its slice."""
@@ -673,14 +767,14 @@ class Engine:
                         stats.fail_count += 1
         for m, ws in order:
             err = results[m.name][1]
-            for w in ws:
+            for i, w in enumerate(ws):
                 if err is not None:
                     answers.append((w, Outcome("EXEC_INTERNAL", err)))
                     continue
                 answers.append((w, Outcome("EXEC_OK", outputs=parts[id(w)],
                                                 queue_ns=max(int((start - w.arrival_s) * 1e9), 0),
                                                 compute_ns=compute_ns, batch_size=total_rows,
-                                                input_ns=phases.input_ns)))
+                                                input_ns=phases.input_ns, first_in_batch=i == 0)))
 
 
 def _phases(start: float, gathered: float, ran: float, end: float, error: str | None) -> Phases:
@@ -689,6 +783,14 @@ def _phases(start: float, gathered: float, ran: float, end: float, error: str | 
     if error is not None:
         return Phases(start, start, end, end)
     return Phases(start, gathered, ran, end)
+
+
+def _finish(job: _WarmupJob, *, error: str = "", skipped: str = "") -> None:
+    left = len(job.batches) - job.done
+    if skipped:
+        log.warning("warm-up: %d of %d batches skipped: %s", left, len(job.batches), skipped)
+    if not job.future.done():
+        job.future.set_result(WarmupResult(job.done, job.ns, error, left if skipped else 0))
 
 
 def _complete(answers: "list[tuple[Work, Outcome]]") -> None:

@@ -10,6 +10,9 @@ Served by ``common.metrics_http`` (aiohttp, on the backend's event loop) from a 
   batches; ``nexus_backend_success_total``, ``nexus_backend_failure_total``, ``nexus_backend_dropped_total``
 - ``nexus_backend_queue_seconds_total{model}``, ``nexus_backend_compute_seconds_total{model}``
 - ``nexus_backend_batch_size{model}`` histogram of executed batch sizes (``_bucket{le}``, ``_sum``, ``_count``)
+- ``nexus_backend_warmup_batches_total{model}``, ``nexus_backend_warmup_seconds_total{model}``: warm-up
+  before the session took traffic here (in none of the figures above); ``nexus_backend_warming_sessions``
+  gauge, sessions of a model table being applied whose warm-up runs now
 - ``nexus_backend_memory_bytes{model}`` gauge (a prefix group's prefix counted on one member only),
   ``nexus_backend_memory_bytes_total`` gauge for the whole backend
 - ``nexus_backend_utilization`` gauge, busy fraction over the last 10 s; ``nexus_backend_busy_fraction_total``
@@ -42,6 +45,10 @@ _PER_SESSION = (
     ("nexus_backend_queue_seconds_total", CounterMetricFamily, "Time requests spent queued.", "queue_ns", 1e-9),
     ("nexus_backend_compute_seconds_total", CounterMetricFamily, "Time of the batches the session ran in.",
      "compute_ns", 1e-9),
+    ("nexus_backend_warmup_batches_total", CounterMetricFamily, "Warm-up batches run before the session took "
+     "traffic (not counted as executions).", "warmup_count", 1),
+    ("nexus_backend_warmup_seconds_total", CounterMetricFamily, "Time of the session's warm-up batches.",
+     "warmup_ns", 1e-9),
     ("nexus_backend_memory_bytes", GaugeMetricFamily,
      "Memory of the session's runtime (a shared prefix on one member).", "memory_bytes", 1),
 )
@@ -77,7 +84,9 @@ class BackendCollector(Collector):
                  stats.utilization_total),
                 ("nexus_backend_memory_bytes_total", "Memory of every runtime, each shared prefix once.",
                  stats.memory_bytes),
-                ("nexus_backend_sessions", "Sessions loaded on this backend.", len(stats.sessions))):
+                ("nexus_backend_sessions", "Sessions loaded on this backend.", len(stats.sessions)),
+                ("nexus_backend_warming_sessions", "Sessions of a model table being applied whose warm-up runs now.",
+                 len(stats.warming))):
             yield GaugeMetricFamily(name, help_text, value=value)
         for name, family, help_text, attr, scale in _PER_SESSION:
             metric = family(name, help_text, labels=["model"])

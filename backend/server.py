@@ -15,6 +15,16 @@ falls back to running the models whole; ``--no-prefix-batching`` turns it off; e
 models whole (their profile is the whole model's). The split runs under the profiling lock so it
 never disturbs a measurement.
 
+Warm-up (backend/warmup.py, common/warmup.py): a model table is answered only once the sessions
+it brings (or whose runtime it renews) are loaded and have run their warm-up batches, on the
+executor between the serving batches of the sessions already here, which keep serving from the old
+table meanwhile; only then does the new table replace the old one. The scheduler routes frontends
+to a backend only after its answer, so traffic reaches warm sessions only; readiness turns SERVING
+once the first table is applied, so it waits for warm-up too. A session whose model's own warm-up
+fails is reported failed, like a load error. The warm-up of one table has ``WARMUP_BUDGET_S``
+(half the scheduler's wait for the answer); batches left then are skipped, with a warning.
+``--no-warmup`` turns it off.
+
 Metrics: ``Stats`` (also behind the frontend's ModelStatistics) and, with ``--metrics-port``, a
 Prometheus text endpoint (backend/metrics.py).
 """
@@ -30,7 +40,8 @@ import time
 import grpc
 import numpy as np
 
-from backend.engine import Engine, ExecError, Outcome, Session, SharedPrefix, Work
+from backend.engine import Engine, ExecError, Outcome, Session, SharedPrefix, WarmupResult, Work
+from backend.warmup import Warmer
 from common import grpc_util
 from common.config import BackendConfig, BatchStart
 from common.health import Health
@@ -39,6 +50,7 @@ from common.profile import Profile
 from common.registration import keep_registered
 from common.security import Credentials
 from common.tensors import TensorSpec
+from common.warmup import WarmupError, from_pb as warmup_from_pb
 
 log = logging.getLogger("nexus.backend")
 
@@ -51,6 +63,7 @@ UTILIZATION_WINDOW_S = 10.0
 # groups models on larger prefixes still, see globalsched/prefix_groups.py).
 MIN_SHARED_PREFIX_BYTES = 64 * 1024
 SMALL_HEAD_RATIO = 4
+WARMUP_BUDGET_S = 60.0   # per model table; the scheduler waits 120 s for the answer (globalsched/distribution.py)
 
 
 def _spec(desc: control.TensorDesc) -> TensorSpec:
@@ -106,6 +119,7 @@ def encode_result(request_id: int, outcome: Outcome, received_ns: int = 0) -> co
     result = control.ExecResult(request_id=request_id, status=_STATUS[outcome.status], message=outcome.message,
                                 queue_ns=outcome.queue_ns, compute_ns=outcome.compute_ns,
                                 batch_size=outcome.batch_size, compute_input_ns=outcome.input_ns,
+                                first_in_batch=outcome.first_in_batch,
                                 backend_ns=time.monotonic_ns() - received_ns if received_ns else 0)
     if outcome.outputs is not None:
         for arr in outcome.outputs:
@@ -126,9 +140,12 @@ class BackendService(control_grpc.BackendServicer):
         self._scheduler_stub = None
         self.health = None                   # common.health.Health, set by serve()
         self.in_flight = 0                   # requests accepted and not answered yet (drain waits for 0)
+        self.leaving = False                 # draining: never register again (common/registration.py)
         self._table_lock = asyncio.Lock()
         self._profile_lock = asyncio.Lock()   # one measurement at a time, or they disturb each other
         self._row_nbytes: dict[str, tuple[Session, tuple[int | None, ...]]] = {}   # per session, see _work
+        self.warmer = Warmer()
+        self.warming: set[str] = set()        # sessions whose warm-up runs now (Stats)
 
     def _threads(self) -> int | None:
         """Intra-op threads per model: as configured, else the runtime's default (one per core), the
@@ -287,10 +304,16 @@ class BackendService(control_grpc.BackendServicer):
                 profile = Profile.from_json(entry.profile_json) if entry.profile_json else None
                 sessions[name] = Session(name, runtime, entry.slo_ms, entry.batch, profile, entry.model.sha256,
                                          self.config.max_queue)
+            warmed = await self._warm_up(request.sessions, sessions, failed)
+            groups = _without_failed(groups, sessions)
             # Eager by default: measured against duty-cycle waiting in benchmarks/query_split.md.
             eager = self.config.batch_start is BatchStart.EAGER
             self.engine.duty_cycle_s = 0.0 if eager else request.duty_cycle_ms / 1000
             removed = self.engine.set_sessions(sessions, groups)
+            with self.engine.stats_lock:
+                for name, result in warmed.items():
+                    sessions[name].stats.warmup_count += result.batches
+                    sessions[name].stats.warmup_ns += result.ns
             for s in removed:
                 if s.name not in sessions:
                     self._fail_queue(s, "model unloaded from this backend")
@@ -300,6 +323,7 @@ class BackendService(control_grpc.BackendServicer):
                 if self._loaded[name][1] not in in_use:
                     _, runtime = self._loaded.pop(name)
                     runtime.close()
+                    self.warmer.forget(runtime)
             prefixes_in_use = {g.runtime for g in groups}
             for group in list(self._prefixes):
                 if self._prefixes[group][1] not in prefixes_in_use:
@@ -312,6 +336,52 @@ class BackendService(control_grpc.BackendServicer):
             if self.health is not None:
                 await self.health.set_ready(True)
             return control.ModelTableReply(loaded=list(sessions), failed=failed)
+
+    async def _warm_up(self, entries, sessions: dict[str, Session], failed: list[str]) -> dict[str, WarmupResult]:
+        """Run the warm-up of every session in ``sessions`` that needs it (module docstring); those
+        whose model's own warm-up fails leave ``sessions`` for ``failed``. Returns the results by session."""
+        if not self.config.warmup:
+            return {}
+        own = {}
+        for entry in entries:
+            name = entry.session or entry.model.name
+            try:
+                own[name] = warmup_from_pb(entry.model.warmup)
+            except WarmupError as exc:
+                own[name] = exc
+        plans, waits = [], []
+        for name, session in sessions.items():
+            samples = own.get(name, ())
+            if isinstance(samples, WarmupError):
+                failed.append(f"{name}: warm-up: {samples}")
+                continue
+            plan = self.warmer.plan(session, samples)
+            if plan is not None:
+                plans.append(plan)
+                waits.append(asyncio.wrap_future(self.engine.warm_up(list(plan.batches), WARMUP_BUDGET_S)))
+        for entry in failed:
+            sessions.pop(entry.partition(": ")[0], None)
+        self.warming = {p.session for p in plans}
+        try:
+            results = await asyncio.gather(*waits)
+        finally:
+            self.warming = set()
+        out = {}
+        for plan, result in zip(plans, results):
+            if result.error and plan.configured:
+                log.warning("cannot serve %s: its warm-up failed: %s", plan.session, result.error)
+                failed.append(f"{plan.session}: warm-up failed: {result.error}")
+                sessions.pop(plan.session, None)
+                continue
+            if result.error:
+                log.warning("default warm-up of %s stopped: %s", plan.session, result.error)
+            elif not result.skipped:
+                self.warmer.done(plan)
+            out[plan.session] = result
+        if plans:
+            log.info("warmed up %s", ", ".join(f"{p.session} ({r.batches} batches, {r.ns / 1e6:.0f} ms)"
+                                               for p, r in zip(plans, results)))
+        return out
 
     def _fail_queue(self, session: Session, why: str) -> None:
         self.engine.fail_queued(session, Outcome("EXEC_NOT_FOUND", why))
@@ -399,7 +469,9 @@ class BackendService(control_grpc.BackendServicer):
 
     def stats(self) -> control.BackendStats:
         """A snapshot of every session's and prefix group's counters (``Stats`` and ``/metrics``)."""
-        return backend_stats(self.engine, self.node_id)
+        reply = backend_stats(self.engine, self.node_id)
+        reply.warming.extend(sorted(self.warming))
+        return reply
 
     async def Stats(self, request, context):
         return self.stats()
@@ -408,6 +480,7 @@ class BackendService(control_grpc.BackendServicer):
 
     async def ProfileModel(self, request, context):
         from backend.profiling import measure_profile
+        from common.emulated_gpus import NoDatasheet
 
         model = request.model
         runtime_kind = "emulated" if self.config.device.startswith("emulated:") else model.runtime
@@ -418,10 +491,25 @@ class BackendService(control_grpc.BackendServicer):
                     measure_profile, data, runtime_kind, self.config.device, self.config.resolved_device_type,
                     _io_json(model), list(request.batch_sizes), request.budget_s or 20.0,
                     self._threads())
+        except NoDatasheet as exc:
+            return control.MeasuredProfile(error=str(exc), unmeasurable=True)
         except Exception as exc:
             log.warning("profiling %s failed: %s", model.name, exc)
             return control.MeasuredProfile(error=f"{exc.__class__.__name__}: {exc}")
         return control.MeasuredProfile(profile_json=profile.to_json())
+
+
+def _without_failed(groups: list[SharedPrefix], sessions: dict[str, Session]) -> list[SharedPrefix]:
+    """The prefix groups without members that left ``sessions`` (a failed warm-up); a group left with
+    none goes."""
+    out = []
+    for g in groups:
+        kept = [m for m in g.members if sessions.get(m.name) is m]
+        if len(kept) == len(g.members):
+            out.append(g)
+        elif kept:
+            out.append(SharedPrefix(g.name, g.runtime, g.cut_tensor, kept, g.prefix_id))
+    return out
 
 
 def suffix_threads(threads: int | None, prefix_weight_bytes: int, suffix_weight_bytes: int) -> int | None:
@@ -457,7 +545,8 @@ def backend_stats(engine: Engine, node_id: str = "") -> control.BackendStats:
                 request_compute_infer_ns=st.request_compute_infer_ns,
                 request_compute_output_ns=st.request_compute_output_ns,
                 batch_compute_input_ns=dict(st.batch_compute_input_ns),
-                batch_compute_output_ns=dict(st.batch_compute_output_ns)))
+                batch_compute_output_ns=dict(st.batch_compute_output_ns),
+                warmup_count=st.warmup_count, warmup_ns=st.warmup_ns))
         for g in groups:
             gs = g.stats
             reply.prefix_groups.append(control.PrefixGroupStats(
@@ -477,6 +566,7 @@ async def drain(service: BackendService, scheduler, grace_s: float) -> None:
     deadline = loop.time() + grace_s
     if service.health is not None:
         await service.health.start_draining()
+    service.leaving = True          # the registration loop must not register this backend again
     if service.node_id:
         try:
             reply = await scheduler.Leave(control.LeaveRequest(node_id=service.node_id), timeout=grace_s)
@@ -609,10 +699,16 @@ async def serve(config: BackendConfig, ready=None) -> None:
                                        memory_mb=memory)
     if ready:
         ready(address)
+    # The registration runs on: the Leave of the drain must come while the Attach stream is still open,
+    # or the stream's end removes this backend at once and Leave replies before its sessions moved.
+    registration = asyncio.create_task(keep_registered(scheduler, register, service))
     try:
-        await keep_registered(scheduler, register, service)
+        await asyncio.shield(registration)
     finally:
-        await drain(service, scheduler, config.drain_grace_s)
+        try:
+            await drain(service, scheduler, config.drain_grace_s)
+        finally:
+            registration.cancel()
         engine.stop()
         if metrics_server is not None:
             await metrics_server.close()

@@ -1,4 +1,5 @@
-"""Plan quality benchmark: GPUs used by every planner against the lower bound and each other.
+"""Plan quality benchmark: GPUs used by every planner against the lower bounds and each other, and
+pooled against per-session burst headroom.
 
 Workloads are generated from GPU-like profiles l(b) = alpha*b + beta (ms) in three model classes
 whose ranges follow published V100 / 1080 Ti measurements (a MobileNet-class model costs a few
@@ -9,6 +10,11 @@ on an 8 GB GPU, where memory binds and the published algorithm's plans overcommi
 
     python benchmarks/plan_quality.py                 # the numbers in benchmarks/plan_quality.md
     python benchmarks/plan_quality.py --sizes 10 100 --seeds 3 --json out.json
+    python benchmarks/plan_quality.py --bounds-only   # tight vs throughput-only bound against CP-SAT
+    python benchmarks/plan_quality.py --headroom-only # pooled vs per-session headroom, long tails
+
+``lb`` is the tight bound (throughput and each session's fixed cost per duty cycle), ``lb_old`` the
+throughput-only bound of earlier releases.
 """
 
 from __future__ import annotations
@@ -25,10 +31,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.plan import GpuSpec, SessionSpec, validate_plan  # noqa: E402
+from common.headroom import overflow_probability_target, simulated_overflow_share  # noqa: E402
+from common.plan import GpuSpec, Plan, SessionSpec, validate_plan  # noqa: E402
 from common.profile import Profile  # noqa: E402
 from globalsched.algorithms import (PlannerConfig, ReplanState, Solver, lower_bound_gpus, replan,  # noqa: E402
                                    solve)
+from globalsched.algorithms.baselines import per_session_headroom  # noqa: E402
+from globalsched.algorithms.lower_bound import bounds_gpus  # noqa: E402
 
 # (alpha ms/image, beta ms, weights MB, activations MB/image): ranges per model class
 CLASSES = {
@@ -63,6 +72,7 @@ def run_one(sessions: list[SessionSpec], gpu: GpuSpec, solvers: list[Solver], co
         cpu_s = time.process_time() - cpu0
         violations = validate_plan(plan, sessions, gpu)
         row["lb"] = plan.lower_bound
+        row["lb_old"] = plan.lower_bound_throughput_only
         row[solver.value] = {"gpus": plan.num_gpus, "wall_ms": plan.solve_ms, "cpu_ms": cpu_s * 1000.0,
                              "valid": not violations, "optimal": plan.optimal,
                              "violations": sorted({v.kind.value for v in violations})}
@@ -70,9 +80,9 @@ def run_one(sessions: list[SessionSpec], gpu: GpuSpec, solvers: list[Solver], co
 
 
 def summarise(rows: list[dict[str, Any]], solvers: list[Solver]) -> list[str]:
-    lines = ["| sessions | workloads | LB (mean) | " + " | ".join(f"{s.value} GPUs/LB" for s in solvers)
-             + " | squishy vs nexus (GPUs) | squishy time ms (mean / max, wall) |",
-             "|" + "---|" * (5 + len(solvers))]
+    lines = ["| sessions | workloads | LB (mean) | old LB (mean) | " + " | ".join(f"{s.value} GPUs/LB" for s in solvers)
+             + " | squishy GPUs/old LB | squishy vs nexus (GPUs) | squishy time ms (mean / max, wall) |",
+             "|" + "---|" * (7 + len(solvers))]
     for n in sorted({r["n"] for r in rows}):
         rs = [r for r in rows if r["n"] == n]
         cells = []
@@ -87,9 +97,11 @@ def summarise(rows: list[dict[str, Any]], solvers: list[Solver]) -> list[str]:
                          + (f", {invalid} invalid" if invalid else ""))
         diffs = [r["squishy"]["gpus"] - r["nexus"]["gpus"] for r in rs if "nexus" in r]
         times = [r["squishy"]["wall_ms"] for r in rs]
-        lines.append(f"| {n} | {len(rs)} | {statistics.mean(r['lb'] for r in rs):.1f} | " + " | ".join(cells)
-                     + f" | {sum(diffs):+d} total, worst {max(diffs):+d} | {statistics.mean(times):.1f} / "
-                       f"{max(times):.1f} |")
+        old = [r["squishy"]["gpus"] / r["lb_old"] for r in rs]
+        lines.append(f"| {n} | {len(rs)} | {statistics.mean(r['lb'] for r in rs):.1f} | "
+                     f"{statistics.mean(r['lb_old'] for r in rs):.1f} | " + " | ".join(cells)
+                     + f" | {statistics.mean(old):.3f} (max {max(old):.3f}) | {sum(diffs):+d} total, worst "
+                       f"{max(diffs):+d} | {statistics.mean(times):.1f} / {max(times):.1f} |")
     return lines
 
 
@@ -127,6 +139,110 @@ def replan_table(n: int, seeds: int) -> list[str]:
     return lines
 
 
+def tail(n: int, total_rps: float, slo_ms: tuple[float, float], seed: int) -> list[SessionSpec]:
+    """Issue 18's long tail: Zipf rates (1/rank) adding up to ``total_rps``, GPU-like profiles
+    l(b) = 3-8 ms + 1-3 ms per item up to batch 32, SLOs uniform in ``slo_ms``."""
+    rng = random.Random(seed)
+    weights = [1 / (i + 1) for i in range(n)]
+    scale = total_rps / sum(weights)
+    return [SessionSpec(f"m{i}", f"m{i}", round(rng.uniform(*slo_ms), 1), w * scale,
+                        Profile.linear(rng.uniform(1, 3), rng.uniform(3, 8), 32, 300.0, 10.0))
+            for i, w in enumerate(weights)]
+
+
+def slow(n: int, seed: int) -> list[SessionSpec]:
+    """``n`` slow sessions, 1-20 req/s, SLOs of 20-60 ms, l(b) = 3-8 ms + 1-3 ms per item: every one
+    pays its fixed cost l(b)/(budget - l(b)) per cycle."""
+    rng = random.Random(seed)
+    return [SessionSpec(f"s{i}", f"s{i}", rng.uniform(20.0, 60.0), math.exp(rng.uniform(0.0, math.log(20.0))),
+                        Profile.linear(rng.uniform(1, 3), rng.uniform(3, 8), 16, 300.0, 10.0)) for i in range(n)]
+
+
+def bounds_table(seeds: int, time_limit_s: float) -> list[str]:
+    """Tight and throughput-only bounds against the CP-SAT optimum on small instances, where the
+    exact model proves it: mixed rates (the small-exact suite), slow sessions, a slice of a tail."""
+    lines = ["| instances | proven optimal | optimum / tight LB (mean, max) | optimum / old LB (mean, max) | "
+             "tight LB = optimum | old LB = optimum | fractional tight / old bound, share of the optimum |",
+             "|---|---|---|---|---|---|---|"]
+    config = PlannerConfig(cpsat_time_limit_s=time_limit_s, exact_max_sessions=10, exact_max_gpus=12)
+    suites = {
+        "4-6 sessions, mixed rates / 4": lambda seed: [
+            x.with_rate(x.rate_rps / 4) for x in generate(random.Random(seed).choice([4, 5, 6]), 1000 + seed)],
+        "8 slow sessions (1-20 req/s, SLO 20-60 ms)": lambda seed: slow(8, seed),
+        "10 models of an issue-18 tail (ranks 10-19 of 100, 150 req/s in all)": lambda seed: tail(
+            100, 150.0, (50.0, 200.0), seed)[10:20],
+    }
+    for label, make in suites.items():
+        tight, old, frac_tight, frac_old = [], [], [], []
+        for seed in range(seeds):
+            sessions = make(seed)
+            plan = solve(sessions, V100, Solver.CPSAT, config)
+            assert not validate_plan(plan, sessions, V100) and plan.lower_bound <= plan.num_gpus
+            if plan.optimal:
+                tight.append(plan.num_gpus / plan.lower_bound)
+                old.append(plan.num_gpus / plan.lower_bound_throughput_only)
+                f_tight, f_old = bounds_gpus(sessions, V100)
+                frac_tight.append(f_tight / plan.num_gpus)
+                frac_old.append(f_old / plan.num_gpus)
+        if tight:
+            lines.append(f"| {label} | {len(tight)}/{seeds} | {statistics.mean(tight):.3f}, {max(tight):.3f} | "
+                         f"{statistics.mean(old):.3f}, {max(old):.3f} | {sum(t == 1 for t in tight)} | "
+                         f"{sum(o == 1 for o in old)} | {statistics.mean(frac_tight):.2f} / "
+                         f"{statistics.mean(frac_old):.2f} |")
+    return lines
+
+
+def modelled_overflow(plan: Plan, sessions: list[SessionSpec], cycles: int = 20000) -> list[float]:
+    """Per GPU: the share of simulated duty cycles (Poisson arrivals at the routed loads) that
+    overflow. Plans without loads route each session's rate in proportion to throughput."""
+    specs = {x.name: x for x in sessions}
+    served = plan.throughput_by_session()
+    out = []
+    for g in plan.gpus:
+        loads = [a.load_rps if a.load_rps is not None else specs[a.session].rate_rps * a.throughput
+                 / served[a.session] for a in g.sessions]
+        out.append(simulated_overflow_share([specs[a.session].profile.latency_ms for a in g.sessions],
+                                            [specs[a.session].profile.max_batch for a in g.sessions],
+                                            loads, g.duty_cycle_ms, cycles, seed=g.id))
+    return out
+
+
+def headroom_table(seeds: int, z: float = 1.5) -> list[str]:
+    """GPUs and modelled overflow with pooled headroom, per-session headroom and none."""
+    workloads = {
+        "100 models, 150 req/s Zipf, SLO 50-200 ms": lambda seed: tail(100, 150.0, (50.0, 200.0), seed),
+        "100 models, 300 req/s Zipf, SLO 500-800 ms": lambda seed: tail(100, 300.0, (500.0, 800.0), seed),
+        "100 models, 600 req/s Zipf, SLO 50-200 ms": lambda seed: tail(100, 600.0, (50.0, 200.0), seed),
+        "100 models, 1500 req/s Zipf, SLO 50-200 ms": lambda seed: tail(100, 1500.0, (50.0, 200.0), seed),
+        "200 models, 3000 req/s Zipf, SLO 30-100 ms": lambda seed: tail(200, 3000.0, (30.0, 100.0), seed),
+        "500 models, 2000 req/s Zipf, SLO 50-200 ms": lambda seed: tail(500, 2000.0, (50.0, 200.0), seed),
+        "mixed, 100 sessions (rates 5-2000 req/s)": lambda seed: generate(100, seed),
+    }
+    p = overflow_probability_target(z)
+    lines = [f"Target: a duty cycle overflows with probability at most {p:.4f} (z = {z}).\n",
+             "| workload | seeds | tight LB | old LB | GPUs: no headroom | per-session | pooled | pooled / "
+             "per-session | overflow per GPU, per-session (mean / max) | pooled (mean / max) | pooled / tight LB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for label, make in workloads.items():
+        lb = lb_old = none = per = pooled = 0
+        over_per: list[float] = []
+        over_pooled: list[float] = []
+        for seed in range(seeds):
+            sessions = make(seed)
+            plain = solve(sessions, V100)
+            per_plan = solve(per_session_headroom(sessions, V100, PlannerConfig(), z), V100)
+            pooled_plan = solve(sessions, V100, Solver.SQUISHY, PlannerConfig(burst_sigma=z))
+            assert not validate_plan(pooled_plan, sessions, V100, burst_sigma=z)
+            lb, lb_old = lb + plain.lower_bound, lb_old + plain.lower_bound_throughput_only
+            none, per, pooled = none + plain.num_gpus, per + per_plan.num_gpus, pooled + pooled_plan.num_gpus
+            over_per += modelled_overflow(per_plan, sessions)
+            over_pooled += modelled_overflow(pooled_plan, sessions)
+        lines.append(f"| {label} | {seeds} | {lb} | {lb_old} | {none} | {per} | {pooled} | {pooled / per:.3f} | "
+                     f"{statistics.mean(over_per):.4f} / {max(over_per):.4f} | "
+                     f"{statistics.mean(over_pooled):.4f} / {max(over_pooled):.4f} | {pooled / lb:.3f} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[10, 30, 100, 300, 1000])
@@ -135,10 +251,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpsat-max-sessions", type=int, default=100, help="run cpsat only up to this size")
     ap.add_argument("--json", type=Path, help="write every row here")
     ap.add_argument("--replan-only", action="store_true", help="only the re-planning table")
+    ap.add_argument("--bounds-only", action="store_true", help="only the bounds against the CP-SAT optimum")
+    ap.add_argument("--headroom-only", action="store_true", help="only pooled vs per-session headroom")
     args = ap.parse_args(argv)
     if args.replan_only:
         for n in (100, 1000):
             print("\n".join(replan_table(n, 3)) + "\n")
+        return 0
+    if args.bounds_only:
+        print("\n".join(bounds_table(args.seeds * 2, args.cpsat_time_limit_s)))
+        return 0
+    if args.headroom_only:
+        print("\n".join(headroom_table(max(1, args.seeds // 2))))
         return 0
 
     base = [Solver.SQUISHY, Solver.NEXUS, Solver.BATCH_OBLIVIOUS, Solver.ONE_PER_GPU]

@@ -177,6 +177,48 @@ def _check_positive(name: str, value: float) -> None:
 
 
 @dataclass(frozen=True)
+class DeviceBounds:
+    """The least and most devices of each device type (``--min-devices``/``--max-devices``).
+
+    Written ``N`` (every device type) or ``TYPE=N,TYPE=N`` (``*=N`` for the types not named);
+    an empty maximum is unbounded.
+    """
+
+    low: tuple[tuple[str, int], ...] = ()
+    high: tuple[tuple[str, int], ...] = ()
+
+    @classmethod
+    def parse(cls, low: str, high: str) -> DeviceBounds:
+        bounds = cls(_parse_counts("min_devices", low), _parse_counts("max_devices", high))
+        for t, n in bounds.low:
+            top = bounds.of(t)[1] if t != "*" else dict(bounds.high).get("*", 1 << 30)
+            if n > top:
+                raise ConfigError(f"--min-devices: {t}={n} is above --max-devices {top}")
+        return bounds
+
+    def of(self, device_type: str) -> tuple[int, int]:
+        low, high = dict(self.low), dict(self.high)
+        return low.get(device_type, low.get("*", 0)), high.get(device_type, high.get("*", 1 << 30))
+
+
+def _parse_counts(name: str, text: str) -> tuple[tuple[str, int], ...]:
+    out: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        device_type, eq, count = part.rpartition("=")
+        device_type = device_type.strip() if eq else "*"
+        try:
+            n = int(count)
+        except ValueError:
+            raise ConfigError(f"{_flag(name)}: expected N or TYPE=N[,TYPE=N...], got {part!r}") from None
+        if n < 0 or not device_type:
+            raise ConfigError(f"{_flag(name)}: expected a device type and a count of at least 0, got {part!r}")
+        if device_type in out:
+            raise ConfigError(f"{_flag(name)}: {device_type!r} given twice")
+        out[device_type] = n
+    return tuple(sorted(out.items()))
+
+
+@dataclass(frozen=True)
 class SecurityConfig:
     """TLS and the cluster token, the same flags on every component (DESIGN.md, Security).
 
@@ -207,6 +249,17 @@ class SecurityConfig:
             # (empty, as /dev/null; unreadable)
 
 
+DEFAULT_SCHEDULER_METRICS_LISTEN = "127.0.0.1:8102"
+
+
+def companion_listen(listen: str, value: str, default: str) -> str:
+    """Where a component's other listener binds: a component asked for any free gRPC port (tests,
+    benchmarks, several on one host) takes any free port for it too, unless it was given explicitly."""
+    if value == default and split_host_port(listen)[1] == 0:
+        return join_host_port(split_host_port(default)[0], 0)
+    return value
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     listen: str = field(default="127.0.0.1:8100", metadata={"help": "address the scheduler serves on"})
@@ -225,8 +278,8 @@ class SchedulerConfig:
         "help": "plan every session for its measured rate times (1 + this): room for Poisson bursts and for "
                 "growth between epochs"})
     burst_sigma: float = field(default=1.5, metadata={
-        "help": "provision every session for Poisson bursts: a duty cycle of its saturated batch holds n + "
-                "this * sqrt(n) arrivals instead of their mean n"})
+        "help": "burst headroom Z: every device keeps room for the pooled Poisson burst of its sessions' arrivals, "
+                "so that a duty cycle overflows with probability at most 1 - Phi(Z) (6.7% at 1.5); 0 turns it off"})
     path_allowance_ms: float = field(default=5.0, metadata={
         "help": "time a request spends outside the device on each hop (frontend, gRPC, serialisation); plans keep "
                 "duty cycle + batch latency within every SLO, and every query stage's budget, less this"})
@@ -236,10 +289,30 @@ class SchedulerConfig:
     min_replicas: int = field(default=1, metadata={
         "help": "backends every session keeps at least when enough exist (a model's own --min-replicas "
                 "overrides it); 2 or more: losing a backend needs no re-plan"})
+    metrics_listen: str = field(default=DEFAULT_SCHEDULER_METRICS_LISTEN, metadata={
+        "help": "HOST:PORT of the Prometheus endpoint /metrics: nexus_desired_devices{device_type} and the plan "
+                "(port 0: any free port; empty: off; left at its default while --listen has port 0, it takes "
+                "any free port too)"})
+    min_devices: str = field(default="0", metadata={
+        "help": "fewest devices to keep: N for every device type, or TYPE=N[,TYPE=N...]"})
+    max_devices: str = field(default="", metadata={
+        "help": "most devices to ask for: N for every device type, or TYPE=N[,TYPE=N...] (empty: no limit); "
+                "beyond it the plan folds sessions onto busy devices and says so"})
+    scale_down_cooldown_s: float = field(default=60.0, metadata={
+        "help": "a device surplus must last this long before one device is removed, and removals are this "
+                "far apart (a Kubernetes HPA on nexus_desired_devices must use the same)"})
+    device_headroom: float = field(default=0.0, metadata={
+        "help": "ask for this fraction more devices than the plan uses (spares that absorb a step at once)"})
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> None:
         _check_address("listen", self.listen)
+        if self.metrics_listen:
+            _check_address("metrics_listen", self.metrics_listen)
+        self.device_bounds
+        _check_positive("scale_down_cooldown_s", self.scale_down_cooldown_s)
+        if self.device_headroom < 0:
+            raise ConfigError(f"--device-headroom: must not be negative, got {self.device_headroom}")
         self.security.validate()
         _check_positive("min_replicas", self.min_replicas)
         if self.latency_split not in ("dp", "even", "proportional"):
@@ -250,6 +323,15 @@ class SchedulerConfig:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{_flag(name)}: must not be negative, got {getattr(self, name)}")
         _check_positive("heartbeat_interval_ms", self.heartbeat_interval_ms)
+
+    @property
+    def device_bounds(self) -> DeviceBounds:
+        return DeviceBounds.parse(self.min_devices, self.max_devices)
+
+    @property
+    def resolved_metrics_listen(self) -> str:
+        """Where /metrics is served ('' when off)."""
+        return companion_listen(self.listen, self.metrics_listen, DEFAULT_SCHEDULER_METRICS_LISTEN)
 
 
 class BatchStart(str, enum.Enum):
@@ -276,6 +358,9 @@ class BackendConfig:
                 "queue) or duty-cycle (wait for the planned batch, at most one duty cycle)"})
     prefix_batching: bool = field(default=True, metadata={
         "help": "run the shared prefix of a prefix group's models once per merged batch"})
+    warmup: bool = field(default=True, metadata={
+        "help": "run a session's warm-up batches (its model's model_warmup, else batch 1 and the planned batch) "
+                "before it takes traffic; off, the first requests pay the runtime's first-run costs"})
     advertise: str = field(default="", metadata={"help": _ADVERTISE_HELP})
     drain_grace_s: float = field(default=20.0, metadata={
         "help": "on SIGTERM: longest wait for the scheduler to move this backend's sessions and for its queues "
@@ -367,19 +452,12 @@ class FrontendConfig:
         if self.exec_path not in ("stream", "unary"):
             raise ConfigError(f"--exec-path: expected stream or unary, got {self.exec_path!r}")
 
-    def _companion_listen(self, value: str, default: str) -> str:
-        """A frontend asked for any free gRPC port (tests, benchmarks, several frontends on one host)
-        takes any free port for its other listeners too, unless they were given explicitly."""
-        if value == default and split_host_port(self.listen)[1] == 0:
-            return join_host_port(split_host_port(default)[0], 0)
-        return value
-
     @property
     def resolved_http_listen(self) -> str:
         """Where HTTP binds ('' when off)."""
-        return self._companion_listen(self.http_listen, DEFAULT_HTTP_LISTEN)
+        return companion_listen(self.listen, self.http_listen, DEFAULT_HTTP_LISTEN)
 
     @property
     def resolved_metrics_listen(self) -> str:
         """Where /metrics is served ('' when off)."""
-        return self._companion_listen(self.metrics_listen, DEFAULT_METRICS_LISTEN)
+        return companion_listen(self.listen, self.metrics_listen, DEFAULT_METRICS_LISTEN)

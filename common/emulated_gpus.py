@@ -154,12 +154,16 @@ def model_class_of(model_bytes: bytes) -> str | None:
     return _GRAPH_CLASSES.get(name)
 
 
+class NoDatasheet(ValueError):
+    """An emulated GPU asked to profile a model it has no datasheet for: it cannot measure one."""
+
+
 def datasheet_profile(model_bytes: bytes, gpu: str) -> Profile:
-    """The datasheet profile of a sample model on ``gpu``; ValueError for any other model."""
+    """The datasheet profile of a sample model on ``gpu``; :class:`NoDatasheet` for any other model."""
     gpu_type(gpu)
     model_class = model_class_of(model_bytes)
     if model_class is None:
-        raise ValueError(f"an emulated device (emulated:{gpu}) executes a given profile and cannot measure one, "
+        raise NoDatasheet(f"an emulated device (emulated:{gpu}) executes a given profile and cannot measure one, "
                          f"and built-in profiles exist only for the sample models; upload the model with "
                          f"--profile for device type {gpu!r}")
     return class_profile(model_class, gpu)

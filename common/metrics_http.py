@@ -47,3 +47,16 @@ async def start_metrics_server(host: str, port: int, registry: CollectorRegistry
         raise
     bound = next(iter(runner.addresses))[1] if port == 0 else port
     return MetricsServer(runner, host, bound)
+
+
+async def serve_metrics(component: str, flag_value: str, address: str, registry: CollectorRegistry) -> MetricsServer:
+    """:func:`start_metrics_server` on ``address`` (HOST:PORT) for ``nexus COMPONENT --metrics-listen
+    FLAG_VALUE``; SystemExit with a message naming the flag when the address cannot be bound."""
+    from common.config import split_host_port
+
+    host, port = split_host_port(address)
+    try:
+        return await start_metrics_server(host, port, registry)
+    except OSError as exc:
+        raise SystemExit(f"nexus {component}: error: cannot serve --metrics-listen {flag_value}: "
+                         f"{exc.strerror or exc}") from None

@@ -12,6 +12,9 @@
   does not have, another data type or shape, ``max_batch_size`` on a model without a batch
   dimension) is refused, naming the field (``input[0].dims``).
 - The SLO comes from ``parameters { key: "slo_ms" value { string_value: "50" } }``.
+- ``model_warmup`` samples are read as Triton reads them (an ``input_data_file`` from the model's
+  ``warmup/`` folder, never from outside it) and checked against the model's inputs
+  (:func:`common.warmup.check_samples`); backends run them before the model takes traffic.
 - Settings that have no meaning here are named: ``instance_group`` and ``dynamic_batching``'s
   parameters are ignored with a warning (the scheduler places sessions and sets batch sizes
   itself); ensembles, other platforms, reshapes, shape tensors and ragged batches are errors.
@@ -31,8 +34,10 @@ from google.protobuf import text_format
 from common.model_io import ModelFileError, io_to_json, onnx_io, torch_archive_check
 from common.pb import model_config as mc
 from common.tensors import TensorSpec
+from common.warmup import WarmupData, WarmupError, WarmupInput, WarmupSample, check_samples, describe as describe_warmup
 
 CONFIG_FILE = "config.pbtxt"
+WARMUP_FOLDER = "warmup"       # Triton's: input_data_file names a file in <model>/warmup/
 SLO_PARAMETER = "slo_ms"
 
 # Triton platform / backend names -> (runtime, default model file name).
@@ -52,7 +57,6 @@ _UNSUPPORTED_FIELDS = {
     "sequence_batching": "stateful sequence batching is not supported",
     "ensemble_scheduling": "ensembles are not supported; register a multi-model query (nexus queries register)",
     "optimization": "runtime optimisation settings are not supported",
-    "model_warmup": "warm-up requests are not supported (backends profile a model before serving it)",
     "batch_input": "batch inputs are not supported",
     "batch_output": "batch outputs are not supported",
     "model_transaction_policy": "decoupled models are not supported",
@@ -79,6 +83,7 @@ class RepositoryModel:
     slo_ms: float = 0.0                # 0: the scheduler's default
     max_batch_size: int = 0            # from the config (0: not given, or full shapes in dims)
     warnings: tuple[str, ...] = ()
+    warmup: tuple[WarmupSample, ...] = ()   # model_warmup; empty: the backends' default warm-up
 
     @property
     def io_json(self) -> str:
@@ -96,10 +101,11 @@ def parse_config(text: str, where: str) -> mc.ModelConfig:
         # The library prefixes "LINE:COLUMN : "; keep only its own words.
         message = re.sub(r"^\d+:\d+ : ", "", message)
         message = re.sub(r"^'': ", "at the end of the file: ", message)
-        unknown = re.search(r'has no field named "(\w+)"', message)
+        unknown = re.search(r'type "(?:\w+\.)*(\w+)" has no field named "(\w+)"', message)
         if unknown:
-            name = unknown.group(1)
-            reason = _UNSUPPORTED_FIELDS.get(name, "not a ModelConfig setting this server knows")
+            kind, name = unknown.groups()
+            reason = (_UNSUPPORTED_FIELDS.get(name) if kind == "ModelConfig" else None) or \
+                f"not a {kind} setting this server knows"
             message = f"unsupported setting '{name}': {reason}"
         raise RepositoryError(f"{where}:{line}:{column}: {message}") from None
     return config
@@ -282,6 +288,50 @@ def _slo(config: mc.ModelConfig, where: str) -> float:
     return slo
 
 
+def _warmup_file(model_dir: pathlib.Path, name: str, field: str, where: str) -> bytes:
+    """The bytes of an ``input_data_file``: a file in the model's warmup/ folder, symlinks resolved."""
+    folder = (model_dir / WARMUP_FOLDER).resolve()
+    path = (folder / name).resolve()
+    if not name or not path.is_relative_to(folder):
+        raise RepositoryError(f"{where}: {field}.input_data_file {name!r} is not a file in {model_dir / WARMUP_FOLDER} "
+                              f"(warm-up data files live there, as in Triton)")
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise RepositoryError(f"{where}: {field}.input_data_file {name!r}: cannot read "
+                              f"{model_dir / WARMUP_FOLDER / name}: {exc.strerror or exc}") from None
+
+
+def _warmup(config: mc.ModelConfig, model_dir: pathlib.Path, inputs: tuple[TensorSpec, ...],
+            where: str) -> tuple[WarmupSample, ...]:
+    """``model_warmup`` as samples, checked against the model's inputs; RepositoryError names the field."""
+    samples = []
+    for i, w in enumerate(config.model_warmup):
+        field = f"model_warmup[{i}]" + (f" ({w.name!r})" if w.name else "")
+        tensors = []
+        for name in sorted(w.inputs):
+            t = w.inputs[name]
+            input_field = f'{field}.inputs["{name}"]'
+            if t.data_type == mc.TYPE_INVALID:
+                raise RepositoryError(f"{where}: {input_field}.data_type is required")
+            datatype = _TRITON_TO_KSERVE.get(_datatype_name(t.data_type), _datatype_name(t.data_type))
+            which = t.WhichOneof("input_data_type")
+            if which is None:
+                raise RepositoryError(f"{where}: {input_field}: one of zero_data, random_data or input_data_file is "
+                                      f"required")
+            raw = b""
+            if which == "input_data_file":
+                raw = _warmup_file(model_dir, t.input_data_file, input_field, where)
+            tensors.append(WarmupInput(name, datatype, tuple(int(d) for d in t.dims), WarmupData(which), raw,
+                                       t.input_data_file))
+        samples.append(WarmupSample(w.name, w.batch_size, tuple(tensors), w.count))
+    try:
+        check_samples(samples, inputs, config.max_batch_size)
+    except WarmupError as exc:
+        raise RepositoryError(f"{where}: {exc}") from None
+    return tuple(samples)
+
+
 def read_model(model_dir: pathlib.Path) -> RepositoryModel:
     """Read one model folder; RepositoryError names the file and the field."""
     model_dir = pathlib.Path(model_dir)
@@ -330,8 +380,9 @@ def read_model(model_dir: pathlib.Path) -> RepositoryModel:
         raise RepositoryError(f"{path}: {exc}") from None
     warnings += _warnings(config, where)
     slo = _slo(config, where)
+    warmup = _warmup(config, model_dir, final_inputs, where)
     return RepositoryModel(name, version, path, runtime, final_inputs, final_outputs, slo, config.max_batch_size,
-                           tuple(warnings))
+                           tuple(warnings), warmup)
 
 
 def read_repository(root: str | pathlib.Path) -> list[RepositoryModel]:
@@ -349,7 +400,7 @@ def describe(model: RepositoryModel) -> dict:
     return {"name": model.name, "version": model.version, "file": str(model.path), "runtime": model.runtime,
             "slo_ms": model.slo_ms, "max_batch_size": model.max_batch_size,
             "inputs": [t.to_json_obj() for t in model.inputs], "outputs": [t.to_json_obj() for t in model.outputs],
-            "warnings": list(model.warnings)}
+            "warmup": describe_warmup(model.warmup), "warnings": list(model.warnings)}
 
 
 def describe_json(models: list[RepositoryModel]) -> str:

@@ -10,6 +10,16 @@ up to at least its rate; on every GPU the sessions' execution times add up to at
 ``throughput == batch * 1000 / duty_cycle_ms``, and their memory fits. :func:`validate_plan` checks
 exactly these and returns every violation found.
 
+Loads and burst headroom (issue 18). An allocation may carry ``load_rps``: the arrival rate the plan
+routes to it (the frontends' weight), at most its throughput; without it the load is the
+throughput. A session's loads add up to at least its rate. With burst headroom at ``z > 0``
+(``--burst-sigma``), every GPU also keeps ``H`` ms free for the pooled burst of its sessions'
+arrivals (:mod:`common.headroom`: a cycle overflows with probability at most 1 - Phi(z)): the
+executions plus ``H`` fit the duty cycle, and ``duty_cycle_ms + exec + H <= slo_ms`` (less the
+margins) for each session. ``H`` is computed from each allocation's batch, load and marginal cost
+per item c(batch) of its profile, c taken up to the session's saturated batch (2*l(b) within its
+budget). With ``z = 0`` (the default of ``nexus plan``) ``H = 0`` and the rules are DESIGN.md's.
+
 Prefix sharing (shared layers, issue 3): sessions may belong to a :class:`PrefixGroup` whose profile
 gives the latency and memory of the shared prefix alone. A session's own profile is always the
 *whole* model run alone. On a GPU that lists the group in ``GpuPlan.shared_prefixes``, the members
@@ -23,8 +33,10 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field, replace as _replace
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from common.batching import saturated_batch
+from common.headroom import BurstTerm, burst_excess_ms, marginal_ms_per_item
 from common.profile import Profile
 from common.query_graph import QueryError, QueryGraph
 
@@ -191,11 +203,17 @@ class LatencySplit:
 
 @dataclass(frozen=True)
 class SessionAlloc:
-    """One session on one GPU: a batch per duty cycle, i.e. ``batch * 1000 / duty_cycle_ms`` req/s."""
+    """One session on one GPU: a batch per duty cycle, i.e. ``batch * 1000 / duty_cycle_ms`` req/s;
+    ``load_rps`` the arrivals routed here (None: the throughput; see the module docstring)."""
 
     session: str
     batch: int
     throughput: float
+    load_rps: float | None = None
+
+    @property
+    def planned_load_rps(self) -> float:
+        return self.throughput if self.load_rps is None else self.load_rps
 
 
 @dataclass(frozen=True)
@@ -222,6 +240,9 @@ class Plan:
     ``optimal``: True when the GPU count is proven minimal (CP-SAT status OPTIMAL, or the count equals
     the lower bound), False when a proving solver stopped early, None when the solver does not prove.
     ``moved``: for a re-plan, how many sessions present before and after changed their set of GPUs.
+    ``lower_bound`` is the tight bound (throughput and every session's fixed cost per duty cycle);
+    ``lower_bound_throughput_only`` the bound of earlier releases (throughput alone), kept for
+    comparison; both are certified (globalsched/algorithms/lower_bound.py), None when not computed.
     """
 
     solver: str
@@ -231,16 +252,24 @@ class Plan:
     optimal: bool | None = None
     moved: int | None = None
     notes: tuple[str, ...] = ()
+    lower_bound_throughput_only: int | None = None
 
     @property
     def num_gpus(self) -> int:
         return len(self.gpus)
 
     def throughput_by_session(self) -> dict[str, float]:
+        return self._sum_by_session(lambda a: a.throughput)
+
+    def load_by_session(self) -> dict[str, float]:
+        """The arrival rate routed to each session (loads, or throughputs where none is given)."""
+        return self._sum_by_session(lambda a: a.planned_load_rps)
+
+    def _sum_by_session(self, value: "Callable[[SessionAlloc], float]") -> dict[str, float]:
         out: dict[str, float] = {}
         for g in self.gpus:
             for a in g.sessions:
-                out[a.session] = out.get(a.session, 0.0) + a.throughput
+                out[a.session] = out.get(a.session, 0.0) + value(a)
         return out
 
     def gpus_of(self, session: str) -> frozenset[int]:
@@ -252,19 +281,22 @@ class Plan:
     # ---- JSON (DESIGN.md "Plan output of nexus plan --json") ----------------------------------------
 
     def to_json_obj(self) -> dict[str, Any]:
-        """The contract's keys in order; ``optimal``/``moved``/``notes`` and per-GPU ``prefix_groups``
-        only when they carry information."""
+        """The contract's keys in order; ``lower_bound_throughput_only``, ``optimal``/``moved``/``notes``
+        and per-GPU ``prefix_groups`` only when they carry information."""
         gpus = []
         for g in self.gpus:
             obj: dict[str, Any] = {
                 "id": g.id, "duty_cycle_ms": g.duty_cycle_ms,
                 "sessions": [{"session": a.session, "batch": a.batch, "throughput": a.throughput}
+                             | ({"load_rps": a.load_rps} if a.load_rps is not None else {})
                              for a in g.sessions]}
             if g.shared_prefixes:
                 obj["prefix_groups"] = list(g.shared_prefixes)
             gpus.append(obj)
         out: dict[str, Any] = {"solver": self.solver, "num_gpus": self.num_gpus, "lower_bound": self.lower_bound,
                                "solve_ms": round(self.solve_ms, 3), "gpus": gpus}
+        if self.lower_bound_throughput_only is not None:
+            out["lower_bound_throughput_only"] = self.lower_bound_throughput_only
         if self.optimal is not None:
             out["optimal"] = self.optimal
         if self.moved is not None:
@@ -287,13 +319,14 @@ class Plan:
             allocs = tuple(
                 SessionAlloc(str(need(a, "session", f"{where}.sessions[{j}]")),
                              int(need(a, "batch", f"{where}.sessions[{j}]")),
-                             float(need(a, "throughput", f"{where}.sessions[{j}]")))
+                             float(need(a, "throughput", f"{where}.sessions[{j}]")),
+                             float(a["load_rps"]) if a.get("load_rps") is not None else None)
                 for j, a in enumerate(need(g, "sessions", where)))
             gpus.append(GpuPlan(int(need(g, "id", where)), float(need(g, "duty_cycle_ms", where)), allocs,
                                 tuple(g.get("prefix_groups", ()))))
         plan = Plan(str(need(obj, "solver", "plan")), tuple(gpus), int(need(obj, "lower_bound", "plan")),
                     float(need(obj, "solve_ms", "plan")), obj.get("optimal"), obj.get("moved"),
-                    tuple(obj.get("notes", ())))
+                    tuple(obj.get("notes", ())), obj.get("lower_bound_throughput_only"))
         if "num_gpus" in obj and obj["num_gpus"] != plan.num_gpus:
             raise ValueError(f"num_gpus: says {obj['num_gpus']} but gpus lists {plan.num_gpus}")
         return plan
@@ -357,7 +390,8 @@ class ViolationKind(str, enum.Enum):
     DUTY_CYCLE = "duty-cycle"                    # executions exceed the duty cycle
     SLO = "slo"                                  # duty cycle + execution exceeds the SLO budget
     MEMORY = "memory"
-    UNDER_SERVED = "under-served"                # throughputs add up to less than the rate
+    UNDER_SERVED = "under-served"                # loads (throughputs) add up to less than the rate
+    LOAD = "load"                                # a load above its throughput, or negative
     PREFIX = "prefix"                            # unknown shared prefix or combined batch beyond its profile
 
 
@@ -369,11 +403,27 @@ class Violation:
     session: str | None = None
 
 
+def gpu_burst_excess_ms(gpu: GpuPlan, specs: Mapping[str, SessionSpec], margins_ms: float,
+                        burst_sigma: float) -> float:
+    """H of :mod:`common.headroom` for one GPU of a plan (0 when ``burst_sigma <= 0``); sessions must
+    be known and batches in range."""
+    if burst_sigma <= 0:
+        return 0.0
+    terms = []
+    for a in gpu.sessions:
+        p = specs[a.session].profile
+        largest = saturated_batch(p.latency_ms, slo_budget_ms(specs[a.session].slo_ms, margins_ms), p.max_batch,
+                                  EPS_MS)
+        terms.append(BurstTerm(a.batch, a.planned_load_rps, marginal_ms_per_item(p.latency_ms, a.batch, largest)))
+    return burst_excess_ms(terms, gpu.duty_cycle_ms, burst_sigma)
+
+
 def validate_plan(plan: Plan, sessions: Sequence[SessionSpec], gpu: GpuSpec, margins_ms: float = 0.0,
-                  prefix_groups: Iterable[PrefixGroup] = ()) -> list[Violation]:
+                  prefix_groups: Iterable[PrefixGroup] = (), burst_sigma: float = 0.0) -> list[Violation]:
     """Every way ``plan`` breaks DESIGN.md's validity rules for ``sessions`` on ``gpu``; [] if valid.
 
-    ``margins_ms`` is the network + pre + post processing time taken from every SLO before checking.
+    ``margins_ms`` is the network + pre + post processing time taken from every SLO before checking;
+    ``burst_sigma`` > 0 adds the burst headroom rule of the module docstring.
     """
     specs = {s.name: s for s in sessions}
     groups = {g.name: g for g in prefix_groups}
@@ -414,6 +464,10 @@ def validate_plan(plan: Plan, sessions: Sequence[SessionSpec], gpu: GpuSpec, mar
                 out.append(Violation(ViolationKind.THROUGHPUT,
                                      f"gpu {g.id}: session {a.session!r} throughput {a.throughput} != "
                                      f"batch*1000/duty_cycle = {expected}", g.id, a.session))
+            if a.load_rps is not None and not (0 <= a.load_rps <= a.throughput * (1 + EPS_REL) + EPS_REL):
+                out.append(Violation(ViolationKind.LOAD,
+                                     f"gpu {g.id}: session {a.session!r} load {a.load_rps} req/s outside 0.."
+                                     f"its throughput {a.throughput}", g.id, a.session))
         for gname in g.shared_prefixes:
             if gname not in groups:
                 out.append(Violation(ViolationKind.PREFIX, f"gpu {g.id}: unknown prefix group {gname!r}", g.id))
@@ -429,24 +483,28 @@ def validate_plan(plan: Plan, sessions: Sequence[SessionSpec], gpu: GpuSpec, mar
         if not ok:
             continue
         total_ms, memory, seen_ms = gpu_exec_breakdown(g, specs, groups)
-        if total_ms > d + EPS_MS:
+        burst_ms = gpu_burst_excess_ms(g, specs, margins_ms, burst_sigma)
+        plus = f" + burst headroom {burst_ms:.6g} ms" if burst_ms > 0 else ""
+        if total_ms + burst_ms > d + EPS_MS:
             out.append(Violation(ViolationKind.DUTY_CYCLE,
-                                 f"gpu {g.id}: executions take {total_ms:.6g} ms > duty cycle {d:.6g} ms", g.id))
+                                 f"gpu {g.id}: executions take {total_ms:.6g} ms{plus} > duty cycle {d:.6g} ms", g.id))
         for name, exec_ms in seen_ms.items():
             budget = slo_budget_ms(specs[name].slo_ms, margins_ms)
-            if d + exec_ms > budget + EPS_MS:
+            if d + exec_ms + burst_ms > budget + EPS_MS:
                 out.append(Violation(ViolationKind.SLO,
-                                     f"gpu {g.id}: session {name!r} duty cycle {d:.6g} + execution {exec_ms:.6g} ms "
-                                     f"> SLO budget {budget:.6g} ms", g.id, name))
+                                     f"gpu {g.id}: session {name!r} duty cycle {d:.6g} + execution {exec_ms:.6g} ms"
+                                     f"{plus} > SLO budget {budget:.6g} ms", g.id, name))
         if memory > gpu.memory_mb + EPS_MS:
             out.append(Violation(ViolationKind.MEMORY,
                                  f"gpu {g.id}: needs {memory:.6g} MB > {gpu.memory_mb:.6g} MB", g.id))
-    served = plan.throughput_by_session()
+    served = plan.load_by_session()
+    with_loads = {a.session for g in plan.gpus for a in g.sessions if a.load_rps is not None}
     for s in sessions:
         got = served.get(s.name, 0.0)
         if got < s.rate_rps * (1 - EPS_REL) - EPS_REL:
+            what = "load" if s.name in with_loads else "throughput"
             out.append(Violation(ViolationKind.UNDER_SERVED,
-                                 f"session {s.name!r}: throughput {got:.6g} req/s < rate {s.rate_rps:.6g}",
+                                 f"session {s.name!r}: {what} {got:.6g} req/s < rate {s.rate_rps:.6g}",
                                  session=s.name))
     return out
 
@@ -458,5 +516,5 @@ def sessions_by_name(sessions: Iterable[SessionSpec]) -> dict[str, SessionSpec]:
 __all__ = [
     "EPS_MS", "EPS_REL", "GpuPlan", "GpuSpec", "LatencySplit", "Plan", "PlanningError", "PrefixGroup",
     "QueryEdge", "QuerySpec", "QueryStage", "SessionAlloc", "SessionSpec", "SplitMethod", "Violation",
-    "ViolationKind", "gpu_exec_breakdown", "sessions_by_name", "slo_budget_ms", "validate_plan",
+    "ViolationKind", "gpu_burst_excess_ms", "gpu_exec_breakdown", "sessions_by_name", "slo_budget_ms", "validate_plan",
 ]

@@ -74,6 +74,12 @@ class Profile:
         """m(b) for 1 <= b <= max_batch."""
         return self.rows[batch - 1].memory_mb
 
+    def capped(self, max_batch: int) -> "Profile":
+        """The profile up to ``max_batch`` (itself when that is no cap: 0 or beyond its rows)."""
+        if max_batch <= 0 or max_batch >= len(self.rows):
+            return self
+        return Profile(self.rows[:max_batch], self.device_type, dict(self.meta, batch_cap=max_batch))
+
     def validate(self, where: str = "profile") -> None:
         if not self.rows:
             raise ProfileError(f"{where}: must list at least batch size 1")

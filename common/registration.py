@@ -39,12 +39,19 @@ async def keep_registered(scheduler, register: control.RegisterRequest, node) ->
     ``node.node_id`` is set after each successful registration; a re-registration asks for the
     same id so the scheduler's tables stay meaningful across its restarts. A node the scheduler
     cannot dial back at its address (FAILED_PRECONDITION) logs the scheduler's reason as an error
-    and tries again, more slowly. Cancelled (the node stops), it leaves the Attach stream open: the
-    node leaves the plan first, and its channel's close ends the stream.
+    and tries again, more slowly.
+
+    A node that sets ``node.leaving`` (it drains: its Leave is in flight or answered) never
+    registers again: the loop keeps the Attach stream it holds until the scheduler ends it, then
+    waits to be cancelled, so a node being moved out of the plan is not put back into it.
+    Cancelled (the node stops), it leaves the Attach stream open too: a node that leaves the plan
+    after this loop ends still leaves it first, and its channel's close ends the stream.
     """
     interval = 1.0
     refused = 0
     while True:
+        if getattr(node, "leaving", False):
+            await asyncio.Event().wait()        # until cancelled
         attach: asyncio.Task | None = None
         try:
             reply = await scheduler.Register(register, timeout=10)
@@ -61,7 +68,8 @@ async def keep_registered(scheduler, register: control.RegisterRequest, node) ->
                         why = attach.result()
                         attach = None
                         if why != "unsupported":
-                            log.warning("%s; registering again", why)
+                            if not getattr(node, "leaving", False):
+                                log.warning("%s; registering again", why)
                             await asyncio.sleep(min(interval, 0.2))
                             break
                         continue
@@ -69,7 +77,8 @@ async def keep_registered(scheduler, register: control.RegisterRequest, node) ->
                     await asyncio.sleep(interval)
                 beat = await scheduler.Heartbeat(control.HeartbeatRequest(node_id=node.node_id), timeout=5)
                 if not beat.known:
-                    log.warning("scheduler forgot %s; registering again", node.node_id)
+                    if not getattr(node, "leaving", False):
+                        log.warning("scheduler forgot %s; registering again", node.node_id)
                     break
         except grpc.aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):

@@ -9,8 +9,9 @@ Contracts (DESIGN.md, Security):
 - A server guards the methods its ``guarded(method)`` predicate names (:class:`TokenGuard`): a
   missing or wrong token is answered UNAUTHENTICATED, saying which, and the handler never runs.
   KServe inference and ``grpc.health.v1`` are never guarded: clients and probes carry no cluster
-  token. KServe's repository load/unload are admin calls: the frontend guards them with the token,
-  or with Triton's restricted-protocol header when one is configured (:class:`HeaderGuard`).
+  token. KServe's repository load/unload are admin calls: the frontend's KServe handlers admit them
+  by :class:`RepositoryAccess` (Triton's restricted-protocol header when one is configured, else
+  the token), for gRPC and HTTP alike.
 """
 
 from __future__ import annotations
@@ -213,14 +214,14 @@ def token_problem(metadata, token: str) -> str | None:
     return None
 
 
-def _refusal(handler, message: str, code: grpc.StatusCode = grpc.StatusCode.UNAUTHENTICATED):
-    """A handler of ``handler``'s kind that answers ``code`` with ``message``."""
+def _refusal(handler, message: str):
+    """A handler of ``handler``'s kind that answers UNAUTHENTICATED with ``message``."""
 
     async def unary(request_or_iterator, context):
-        await context.abort(code, message)
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
     async def streaming(request_or_iterator, context):
-        await context.abort(code, message)
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
         yield  # pragma: no cover - an async generator that never yields a message
 
     kw = dict(request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
@@ -251,8 +252,6 @@ class TokenGuard(grpc.aio.ServerInterceptor):
 # ---- Triton's restricted protocol on the KServe port -----------------------------------------------
 
 RESTRICTED_HEADER_PREFIX = "triton-grpc-protocol-"
-REPOSITORY_METHODS = frozenset({"/inference.GRPCInferenceService/RepositoryModelLoad",
-                                "/inference.GRPCInferenceService/RepositoryModelUnload"})
 
 
 def parse_restricted_header(value: str) -> tuple[str, str]:
@@ -265,21 +264,6 @@ def parse_restricted_header(value: str) -> tuple[str, str]:
     if not all(c.isascii() and (c.isalnum() or c in "-_.") for c in key):
         raise ValueError(f"header key {key!r}: only letters, digits, '-', '_' and '.'")
     return RESTRICTED_HEADER_PREFIX + key, expected
-
-
-class HeaderGuard(grpc.aio.ServerInterceptor):
-    """The methods ``methods`` names are served only to calls carrying header ``key`` with ``value``;
-    others are answered UNAVAILABLE, as Triton answers a restricted protocol, and the handler never runs."""
-
-    def __init__(self, key: str, value: str, methods: frozenset[str] = REPOSITORY_METHODS) -> None:
-        self.key, self.value, self.methods = key, value, methods
-
-    async def intercept_service(self, continuation, handler_call_details):
-        handler = await continuation(handler_call_details)
-        if handler is None or handler_call_details.method not in self.methods:
-            return handler
-        problem = restricted_header_problem(handler_call_details.invocation_metadata, self.key, self.value)
-        return handler if problem is None else _refusal(handler, problem, grpc.StatusCode.UNAVAILABLE)
 
 
 def restricted_header_problem(metadata, key: str, value: str) -> str | None:

@@ -58,7 +58,8 @@ _STATUSES = {s.value: s for s in ReplyStatus}
 class Reply:
     """A backend's answer to one request. ``outputs`` are raw tensors in the model's output order and
     ``output_shapes`` their full shapes; the times are the backend's (``backend_ns``: from receiving
-    the item to encoding this answer; ``compute_input_ns``: the batch assembly part of ``compute_ns``)."""
+    the item to encoding this answer; ``compute_input_ns``: the batch assembly part of ``compute_ns``).
+    ``first_in_batch``: the first request of its model in its batch (one per model and batch)."""
 
     status: ReplyStatus
     message: str = ""
@@ -69,13 +70,14 @@ class Reply:
     compute_input_ns: int = 0
     backend_ns: int = 0
     batch_size: int = 0
+    first_in_batch: bool = False
 
     @staticmethod
     def from_pb(result: control.ExecResult) -> "Reply":
         # ``outputs`` stays the message's read-only sequence: each tensor's bytes are made once, when used.
         return Reply(_STATUSES.get(result.status, ReplyStatus.INTERNAL), result.message, result.outputs,
                      [tuple(d.shape) for d in result.output_shapes], result.queue_ns, result.compute_ns,
-                     result.compute_input_ns, result.backend_ns, result.batch_size)
+                     result.compute_input_ns, result.backend_ns, result.batch_size, result.first_in_batch)
 
 
 class BackendConnection:

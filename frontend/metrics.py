@@ -12,12 +12,16 @@ Triton's per-model metrics, with Triton's series names and meaning:
   many rows counts once). ``reason`` is Triton's: ``REJECTED`` (dropped at its deadline, shed under
   overload, or no backend), ``CANCELED``, ``BACKEND`` (the model failed), ``OTHER`` (invalid input).
 - ``nv_inference_count``: rows of successful requests.
-- ``nv_inference_exec_count``: this frontend's share of batch executions: a request of r rows that ran
-  in a batch of b rows adds r/b, so summed over the frontends it is the number of batches run.
+- ``nv_inference_exec_count``: batch executions of the model, each counted by the frontend whose
+  request the backend marked first of the model in that batch, so summed over the frontends it is
+  the number of batches run (of successful requests).
 - ``nv_inference_request_duration_us``: cumulative end-to-end time of successful requests at the
   frontend; ``nv_inference_queue_duration_us`` and ``nv_inference_compute_infer_duration_us``:
   cumulative time they waited in a backend's queue and the time of the batch they ran in (models;
   a query's stages are counted under their stage sessions' names only in the plan gauges).
+
+Every one of these is a whole number, as Triton's are: counts are counted, and times are summed in
+nanoseconds and written in whole microseconds.
 
 Triton declares these as counters without the ``_total`` suffix; ``prometheus_client`` writes a
 counter only with that suffix, so they are exposed untyped under Triton's exact names, which is what
@@ -30,6 +34,8 @@ This system's own:
   (the bucket ``le="1.0"`` counts requests within their SLO, whatever the model's SLO).
 - ``nexus_requests_late_total{model,version}``: successful requests answered after their SLO (their own
   ``timeout`` parameter, or the model's SLO, capped by the gRPC deadline).
+- ``nexus_requests_in_flight``: requests this frontend is serving now, over every transport (those
+  held for its first routing table included); a drain on SIGTERM waits for them.
 - ``nexus_requests_dropped_total{model,version,reason}``: requests dropped or shed, by gRPC status:
   ``DEADLINE_EXCEEDED`` (could not meet its deadline), ``RESOURCE_EXHAUSTED`` (a backend's queue was
   full), ``UNAVAILABLE`` (no backend serves the model now).
@@ -48,7 +54,7 @@ from typing import Callable
 
 import grpc
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, UnknownMetricFamily
 from prometheus_client.registry import Collector
 
@@ -83,10 +89,22 @@ class _TritonCounts:
     success: int = 0
     failure: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     inferences: int = 0
-    executions: float = 0.0
-    request_us: float = 0.0
-    queue_us: float = 0.0
-    compute_us: float = 0.0
+    executions: int = 0
+    request_ns: int = 0
+    queue_ns: int = 0
+    compute_ns: int = 0
+
+    @property
+    def request_us(self) -> int:
+        return self.request_ns // 1000
+
+    @property
+    def queue_us(self) -> int:
+        return self.queue_ns // 1000
+
+    @property
+    def compute_us(self) -> int:
+        return self.compute_ns // 1000
 
 
 class _TritonCollector(Collector):
@@ -179,7 +197,7 @@ class _PlanCollector(Collector):
 class FrontendMetrics:
     """The frontend's recorder and its registry; see the module doc for the metrics."""
 
-    def __init__(self, table: Callable[[], object]) -> None:
+    def __init__(self, table: Callable[[], object], in_flight: Callable[[], int] = lambda: 0) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self._triton: dict[str, _TritonCounts] = defaultdict(_TritonCounts)
         self.registry.register(_TritonCollector(self._triton))
@@ -195,6 +213,8 @@ class FrontendMetrics:
         self._dropped = Counter("nexus_requests_dropped", "Requests dropped or shed, by gRPC status",
                                 [*labels, "reason"], registry=self.registry)
         self._seen: set[str] = set()
+        Gauge("nexus_requests_in_flight", "Requests being served now, over every transport",
+              registry=self.registry).set_function(in_flight)
 
     def _first_sight(self, model: str) -> None:
         """Show a model's late and dropped counters at 0 before anything happens to them (ratios need them)."""
@@ -212,11 +232,11 @@ class FrontendMetrics:
         c = self._triton[model]
         c.success += 1
         c.inferences += rows
-        c.request_us += latency_s * 1e6
+        c.request_ns += round(latency_s * 1e9)
         if result is not None:
-            c.executions += rows / max(result.batch_size, rows, 1)
-            c.queue_us += result.queue_ns / 1000
-            c.compute_us += result.compute_ns / 1000
+            c.executions += bool(result.first_in_batch)
+            c.queue_ns += result.queue_ns
+            c.compute_ns += result.compute_ns
         self._latency.labels(model, VERSION).observe(latency_s)
         if slo_s > 0:
             self._slo_ratio.labels(model, VERSION).observe(latency_s / slo_s)

@@ -12,7 +12,6 @@ scheduler can re-split budgets with the measured gamma.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import grpc
 import numpy as np
@@ -20,8 +19,8 @@ import numpy as np
 from common.pb import kserve
 from common.query_def import StageDef, stage_deadlines_ms
 from common.tensors import numpy_dtype
-from frontend.kserve import FrontendState, RequestError, dispatch, request_budget_s
-from frontend.requests import parse_infer_request
+from frontend.dispatch import FrontendState, RequestRecord, dispatch, request_budget_s
+from frontend.requests import RequestError, parse_infer_request
 from frontend.routing import ModelEntry, QueryEntry
 
 
@@ -53,7 +52,7 @@ async def _run_stage(state: FrontendState, query: QueryEntry, stage: StageDef, v
         if rows == 0:
             return _empty_outputs(entry)
         result = await dispatch(state, entry, [a.tobytes() for a in arrays], rows, end_s)
-        state.requests_window[entry.name] = state.requests_window.get(entry.name, 0) + rows
+        state.count_demand(entry.name, rows)
         return _decode(result, entry)
     fanned = []
     for _, src in _ordered(stage, entry):
@@ -67,7 +66,7 @@ async def _run_stage(state: FrontendState, query: QueryEntry, stage: StageDef, v
         _count_edge(state, q.name, parent, stage.name, values[parent], len(picked))
     if len(picked) == 0:
         return _empty_outputs(entry)
-    state.requests_window[entry.name] = state.requests_window.get(entry.name, 0) + len(picked)
+    state.count_demand(entry.name, len(picked))
     results = await asyncio.gather(*[
         dispatch(state, entry, [np.ascontiguousarray(a[i:i + 1]).tobytes() for a in fanned], 1, end_s)
         for i in picked])
@@ -89,13 +88,13 @@ def _count_edge(state: FrontendState, query: str, parent: str, child: str, paren
 
 
 async def run_query(state: FrontendState, query: QueryEntry, request, deadline_s: float | None,
-                    ) -> kserve.ModelInferResponse:
-    start = time.monotonic()
+                    record: RequestRecord) -> kserve.ModelInferResponse:
+    """Run the query's stages for ``request``; its outcome goes to ``record``."""
+    start = record.start_s
     q = query.definition
     parsed = parse_infer_request(request, query)
-    state.requests_window[q.name] = state.requests_window.get(q.name, 0) + parsed.rows
+    record.accepted(parsed.rows)
     if not query.ready:
-        state.count(q.name, "fail")
         raise RequestError(grpc.StatusCode.UNAVAILABLE,
                            f"query {q.name!r} is not available: {query.reason or 'a stage has no backend'}")
     budget_s = request_budget_s(q.slo_ms, parsed.timeout_us, deadline_s)
@@ -121,7 +120,6 @@ async def run_query(state: FrontendState, query: QueryEntry, request, deadline_s
     except RequestError as exc:
         for t in tasks.values():
             t.cancel()
-        state.count(q.name, "fail")
         raise RequestError(exc.code, f"query {q.name!r}: {exc}") from None
     for name, t in tasks.items():
         values[name] = t.result()
@@ -132,7 +130,5 @@ async def run_query(state: FrontendState, query: QueryEntry, request, deadline_s
         spec = query.outputs[i]
         response.outputs.add(name=out_name, datatype=spec.datatype, shape=list(array.shape))
         response.raw_output_contents.append(array.tobytes())
-    state.count(q.name, "success")
-    state.count(q.name, "rows", parsed.rows)
-    state.count(q.name, "success_ns", int((time.monotonic() - start) * 1e9))
+    record.succeeded(parsed.rows, budget_s)
     return response

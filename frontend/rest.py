@@ -3,7 +3,9 @@
 Every endpoint turns its HTTP request into the KServe protobuf request and calls the same
 :class:`frontend.kserve.KServeService` handler that serves gRPC, through :class:`HttpCallContext`,
 a stand-in for the gRPC servicer context whose ``abort`` raises :class:`RequestError`. Validation,
-routing, retries, statistics and status codes are therefore the gRPC path's own; this module only
+routing, retries, statistics, status codes, the hold for the first routing table, the count of
+requests in flight that a drain waits for, and who may load and unload models are therefore the gRPC
+path's own; this module only
 decodes and encodes the wire format (JSON tensors, ``binary_data_size`` sections) and maps gRPC
 status codes to HTTP ones.
 
@@ -28,10 +30,11 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
+from aiohttp.log import server_logger
 
 from common.config import join_host_port, split_host_port
 from common.pb import kserve
-from common.security import RepositoryAccess
 from common.tensors import KSERVE_TO_NUMPY
 from frontend.kserve import KServeService
 from frontend.requests import RequestError
@@ -314,6 +317,23 @@ def encode_infer_response(response: kserve.ModelInferResponse, form: OutputForma
 
 # ---- the server -------------------------------------------------------------------------------------
 
+class _ServerLog(logging.LoggerAdapter):
+    """aiohttp's server log, where bytes that are not an HTTP/1 request (a gRPC client dialling this
+    port speaks HTTP/2) make one line instead of a traceback; aiohttp answers them 400 itself."""
+
+    def exception(self, msg, *args, exc_info=True, **kwargs) -> None:
+        if not isinstance(exc_info, BadHttpMessage):
+            self.logger.exception(msg, *args, exc_info=exc_info, **kwargs)
+            return
+        peer = args[0] if args else "a client"
+        if "PRI" in exc_info.message:        # HTTP/2's connection preface, "PRI * HTTP/2.0"
+            log.warning("HTTP/REST port: %s spoke HTTP/2 (a gRPC client? KServe gRPC is on the --listen "
+                        "port); answered 400", peer)
+        else:
+            reason = exc_info.message.strip().splitlines()[0].rstrip(":") if exc_info.message.strip() else "bad request"
+            log.warning("HTTP/REST port: %s sent no valid HTTP/1 request (%s); answered 400", peer, reason)
+
+
 def error_response(status: int, message: str, headers=None) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
 
@@ -339,10 +359,9 @@ async def _errors(request: web.Request, handler):
 
 
 class _Api:
-    def __init__(self, service: KServeService, max_body_bytes: int, repository_access: RepositoryAccess) -> None:
+    def __init__(self, service: KServeService, max_body_bytes: int) -> None:
         self.service = service
         self.max_body_bytes = max_body_bytes
-        self.repository_access = repository_access
 
     async def _body(self, request: web.Request) -> bytes:
         too_large = HttpError(413, f"request body is larger than the limit of {self.max_body_bytes} bytes "
@@ -421,9 +440,6 @@ class _Api:
         return web.json_response([message_to_json(m) for m in reply.models])
 
     async def _repository_call(self, request, method: str, message):
-        refused = self.repository_access.problem(HttpCallContext(request).invocation_metadata())
-        if refused is not None:
-            raise RequestError(*refused)
         params = _object((await self._json_body(request)).get("parameters"), "'parameters'")
         for key, value in params.items():
             if key == "file" or key.startswith("file:"):
@@ -444,10 +460,9 @@ class _Api:
                                            kserve.RepositoryModelUnloadRequest(model_name=request.match_info["name"]))
 
 
-def build_app(service: KServeService, max_body_bytes: int,
-              repository_access: RepositoryAccess = RepositoryAccess()) -> web.Application:
+def build_app(service: KServeService, max_body_bytes: int) -> web.Application:
     """The KServe v2 REST routes (with Triton's repository and statistics extensions) over ``service``."""
-    api = _Api(service, max_body_bytes, repository_access)
+    api = _Api(service, max_body_bytes)
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors])
     r = app.router
     r.add_get("/v2/health/live", api.live)
@@ -475,14 +490,13 @@ def tls_context(cert_path: str, key_path: str) -> ssl.SSLContext:
 
 
 async def start(service: KServeService, listen: str, max_body_bytes: int,
-                ssl_context: ssl.SSLContext | None = None, drain_s: float = 20.0,
-                repository_access: RepositoryAccess = RepositoryAccess()) -> tuple[web.AppRunner, str]:
+                ssl_context: ssl.SSLContext | None = None, drain_s: float = 20.0) -> tuple[web.AppRunner, str]:
     """Serve HTTP/REST (HTTPS with ``ssl_context``) on ``listen`` (port 0: any free port) in the running
     event loop; return the runner and the bound HOST:PORT. ``await runner.cleanup()`` stops accepting
-    and waits at most ``drain_s`` for the requests in flight. Repository load and unload follow
-    ``repository_access``, as on the gRPC port."""
+    and waits at most ``drain_s`` for the requests in flight."""
     host, port = split_host_port(listen)
-    runner = web.AppRunner(build_app(service, max_body_bytes, repository_access), access_log=None, shutdown_timeout=drain_s)
+    runner = web.AppRunner(build_app(service, max_body_bytes), access_log=None, shutdown_timeout=drain_s,
+                           logger=_ServerLog(server_logger, {}))
     await runner.setup()
     try:
         await web.TCPSite(runner, host or None, port, ssl_context=ssl_context).start()

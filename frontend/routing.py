@@ -83,7 +83,7 @@ def _entry(desc: control.ModelDesc, slo_ms: float, served: bool, routes=(), reas
     spec = lambda t: TensorSpec(t.name, t.datatype, tuple(t.shape))  # noqa: E731
     return ModelEntry(desc.name, desc.runtime, tuple(spec(t) for t in desc.inputs),
                       tuple(spec(t) for t in desc.outputs), slo_ms or desc.default_slo_ms,
-                      desc.max_batch or DEFAULT_MAX_BATCH, served,
+                      min((b for b in (desc.max_batch, desc.batch_cap) if b), default=DEFAULT_MAX_BATCH), served,
                       tuple(Route(r.node_id, r.address, r.weight, r.batch, r.duty_cycle_ms) for r in routes), reason,
                       planned_rate_rps, measured_rate_rps)
 

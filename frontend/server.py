@@ -14,15 +14,14 @@ import time
 import grpc
 
 from common import grpc_util
-from common.config import FrontendConfig, split_host_port
+from common.config import FrontendConfig
 from common.health import Health
 from common.pb import control, control_grpc, kserve_grpc
 from common.registration import keep_registered
-from common.security import (REPOSITORY_METHODS, Credentials, HeaderGuard, RepositoryAccess, control_methods,
-                             parse_restricted_header)
+from common.security import Credentials, RepositoryAccess, parse_restricted_header
 from frontend import readiness, rest
-from frontend.gate import RequestGate
-from frontend.kserve import FrontendState, KServeService
+from frontend.dispatch import FrontendState
+from frontend.kserve import KServeService
 from frontend.routing import RoutingTable
 
 log = logging.getLogger("nexus.frontend")
@@ -91,14 +90,12 @@ async def serve(config: FrontendConfig, ready=None) -> None:
     channel = grpc_util.aio_channel(config.scheduler, creds)
     scheduler = control_grpc.SchedulerStub(channel)
     # Repository load/unload are admin calls: the restricted header when configured (as Triton's
-    # restricted protocol), else the cluster token like the rest of the control plane.
-    if config.restricted_repository_header:
-        guards, guarded = [HeaderGuard(*parse_restricted_header(config.restricted_repository_header))], control_methods
-    else:
-        guards, guarded = [], lambda method: control_methods(method) or method in REPOSITORY_METHODS
-    gate = RequestGate(state)
-    server = grpc_util.server(creds, guarded=guarded, interceptors=[*guards, gate])
-    kserve_service = KServeService(state, scheduler)
+    # restricted protocol), else the cluster token like the rest of the control plane. The KServe
+    # handlers check it, for gRPC and HTTP alike.
+    header = config.restricted_repository_header
+    access = RepositoryAccess(parse_restricted_header(header) if header else None, creds.token)
+    server = grpc_util.server(creds)
+    kserve_service = KServeService(state, scheduler, access)
     kserve_grpc.add_GRPCInferenceServiceServicer_to_server(kserve_service, server)
     control_grpc.add_FrontendServicer_to_server(FrontendControl(state), server)
     state.health = await Health.attach(server, (KSERVE_SERVICE,))
@@ -109,12 +106,9 @@ async def serve(config: FrontendConfig, ready=None) -> None:
     if config.resolved_http_listen:
         tls = rest.tls_context(config.security.tls_cert, config.security.tls_key) if creds.tls else None
         try:
-            restricted = (parse_restricted_header(config.restricted_repository_header)
-                          if config.restricted_repository_header else None)
             http_runner, http_address = await rest.start(kserve_service, config.resolved_http_listen,
                                                          int(config.http_max_body_mb * 2**20), tls,
-                                                         config.drain_grace_s,
-                                                         RepositoryAccess(restricted, creds.token))
+                                                         config.drain_grace_s)
         except OSError:
             await server.stop(None)
             await channel.close()
@@ -136,7 +130,7 @@ async def serve(config: FrontendConfig, ready=None) -> None:
         if state.tracer is not None:
             state.tracer.flush()
         checker.cancel()
-        await drain(state, server, scheduler, node, config.drain_grace_s, gate,
+        await drain(state, server, scheduler, node, config.drain_grace_s,
                     http_runner.cleanup if http_runner is not None else None)
         if metrics is not None:
             await metrics.close()
@@ -144,8 +138,7 @@ async def serve(config: FrontendConfig, ready=None) -> None:
         await channel.close()
 
 
-async def drain(state: FrontendState, server, scheduler, node, grace_s: float, gate: RequestGate,
-                stop_http=None) -> None:
+async def drain(state: FrontendState, server, scheduler, node, grace_s: float, stop_http=None) -> None:
     """On SIGTERM: readiness NOT_SERVING first (load balancers stop sending), leave the scheduler's
     tables, refuse new requests and finish those in flight within ``grace_s`` (gRPC here; HTTP in
     ``stop_http()``, which stops its own way at the same time); then exit."""
@@ -157,15 +150,16 @@ async def drain(state: FrontendState, server, scheduler, node, grace_s: float, g
             await scheduler.Leave(control.LeaveRequest(node_id=node.node_id), timeout=2)
         except grpc.aio.AioRpcError as exc:
             log.info("could not leave the scheduler's tables (%s); draining anyway", exc.code().name)
-    # Refuse new calls from now on; wait for the inference calls in flight (long-lived streams such as
-    # health watches never end by themselves, so waiting for every call would take the whole grace).
+    # Refuse new calls from now on; wait for the requests in flight, over every transport (long-lived
+    # streams such as health watches never end by themselves, so waiting for every call would take
+    # the whole grace).
     stopping = asyncio.create_task(server.stop(grace=grace_s))
     http_stopping = asyncio.create_task(stop_http()) if stop_http is not None else None
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace_s
     quiet_since = None                         # calls accepted just before the stop still come in: wait for a lull
     while loop.time() < deadline:
-        if gate.in_flight or any(c.outstanding for c in state.pool.connections.values()):
+        if state.in_flight or any(c.outstanding for c in state.pool.connections.values()):
             quiet_since = None
         elif quiet_since is None:
             quiet_since = loop.time()
@@ -182,14 +176,13 @@ async def _start_metrics(config: FrontendConfig, state: FrontendState, server):
     """The Prometheus endpoint on ``--metrics-listen`` (None when off); exits with a message when it cannot bind."""
     if not config.resolved_metrics_listen:
         return None
-    from common.metrics_http import start_metrics_server
+    from common.metrics_http import serve_metrics
 
-    host, port = split_host_port(config.resolved_metrics_listen)
     try:
-        metrics = await start_metrics_server(host, port, state.metrics.registry)
-    except OSError as exc:
+        metrics = await serve_metrics("frontend", config.metrics_listen, config.resolved_metrics_listen,
+                                      state.metrics.registry)
+    except SystemExit:
         await server.stop(grace=0)
-        raise SystemExit(f"nexus frontend: error: cannot serve --metrics-listen {config.metrics_listen}: "
-                         f"{exc.strerror or exc}") from None
+        raise
     log.info("Prometheus metrics on %s", metrics.url)
     return metrics

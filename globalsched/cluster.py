@@ -1,29 +1,35 @@
-"""The scheduler's view of the cluster and one planning step, as a pure function.
+"""The planner's input and output values: what the scheduler knows (:class:`ClusterView`) and what it
+decided (:class:`ClusterPlan`). All frozen.
 
-:func:`plan_cluster` takes everything the scheduler knows (sessions, profiles, rates, backends, the
-previous placement) and returns a :class:`ClusterPlan`: per backend the sessions to load with their
-batches, per model the backends that serve it, and for every session that cannot be placed, why.
-The service (``globalsched/service.py``) turns that into RPCs.
+The pure planner (globalsched/planner.py) maps a view and its own state to a plan; the planning task
+(globalsched/control_loop.py) reads the view and hands the plan to the actuators that apply it:
+tables to backends and frontends (globalsched/distribution.py), profiling of models the plan needs
+profiled, and the number of devices per device type the plan wants (``devices_needed``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping
 
 from common.profile import Profile
-from globalsched.placement import BackendAssignment, BackendSlot, PlacedSession, Placement, assign_backends
+from globalsched.algorithms.replan import ReplanReason
+from globalsched.placement import BackendSlot, Placement
 
 if TYPE_CHECKING:
-    from common.plan import GpuSpec, SessionSpec
-    from globalsched.algorithms.config import PlannerConfig
+    from common.query_def import QueryDef
 
 MIN_PLANNED_RATE_RPS = 1.0
 UNBOUNDED_MEMORY_MB = 1e12  # a backend that reports no memory limit
 
 
+# ---- input -------------------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class SessionInput:
+    """A session as the placement sees it: its SLO, planned rate and profiles by device type."""
+
     model: str
     slo_ms: float
     rate_rps: float
@@ -33,125 +39,110 @@ class SessionInput:
 
 
 @dataclass(frozen=True)
+class ModelView:
+    """A model served under its own name (a row of the session table) with what planning needs of it."""
+
+    name: str
+    slo_ms: float
+    profiles: Mapping[str, Profile]       # by device type, co-location slowdown applied
+    prefix_group: str = ""
+    prefix_share: float | None = None
+    min_replicas: int = 0                 # 0: the scheduler's default
+    unloadable_on: frozenset[str] = frozenset()   # device types where its load attempts are spent
+    expected_rate_rps: float = 0.0        # planned for until a rate is measured (0: the scheduler's default)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """Everything the planner reads, at ``now_s`` (monotonic seconds).
+
+    ``rates_rps`` are measured (window means, before headroom; a surge's latest rate) per session
+    name, a query's under the query's name; ``surges_rps`` the sessions whose latest reports jumped
+    beyond noise (globalsched/workload.py); ``gammas`` the measured fan-out per (query, parent, child). ``stage_models`` has the
+    profiles and unloadable device types of every model a query stage runs. ``force`` is set when
+    something the plan depends on changed (``why`` says what); otherwise the planner judges the rates
+    by its bands and epoch.
+    """
+
+    now_s: float
+    backends: tuple[BackendSlot, ...] = ()
+    models: tuple[ModelView, ...] = ()
+    queries: Mapping[str, QueryDef] = field(default_factory=dict)
+    stage_models: Mapping[str, ModelView] = field(default_factory=dict)
+    rates_rps: Mapping[str, float] = field(default_factory=dict)
+    surges_rps: Mapping[str, float] = field(default_factory=dict)   # sessions whose demand just jumped
+    gammas: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
+    force: ReplanReason | None = None
+    why: tuple[str, ...] = ()
+
+    def device_types(self) -> list[str]:
+        """Device types present, the type of the most backends first (ties by name)."""
+        counts: dict[str, int] = {}
+        for b in self.backends:
+            counts[b.device_type] = counts.get(b.device_type, 0) + 1
+        return sorted(counts, key=lambda t: (-counts[t], t))
+
+
+# ---- output ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    """How a query's SLO was split over its stages (globalsched/query_sessions.py)."""
+
+    name: str
+    budgets_ms: Mapping[str, float]
+    gammas: Mapping[str, float]            # "parent->child" -> gamma used
+    method: str
+    reason: str = ""
+    stage_rates_rps: Mapping[str, float] = field(default_factory=dict)
+    latest_finish_ms: Mapping[str, float] = field(default_factory=dict)   # common.query_def.latest_finish_ms
+
+
+@dataclass(frozen=True)
+class PlannedSession:
+    """A session of the plan: the model it runs (a query stage's differs from its name), its SLO (a
+    stage's latency budget) and the rate it is planned for, headroom included."""
+
+    name: str
+    model: str
+    slo_ms: float
+    rate_rps: float
+
+
+@dataclass(frozen=True)
 class ClusterPlan:
     placements: Mapping[str, Placement]               # by device type
-    unplaced: Mapping[str, str]                       # model -> reason
+    unplaced: Mapping[str, str]                       # session -> reason
     need_profile: Mapping[str, str]                   # model -> device type to profile it on
-    best_effort: Mapping[str, str] = field(default_factory=dict)  # model -> why it cannot meet its SLO
+    best_effort: Mapping[str, str] = field(default_factory=dict)  # session -> why it cannot meet its SLO
     num_devices_planned: int = 0
     lower_bound: int = 0
     solver: str = ""
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()
+    sessions: Mapping[str, PlannedSession] = field(default_factory=dict)
+    query_plans: Mapping[str, QueryPlan] = field(default_factory=dict)
+    planned_query_rates: Mapping[str, float] = field(default_factory=dict)   # query -> rate with headroom
+    planned_gammas: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
+    devices_needed: Mapping[str, int] = field(default_factory=dict)   # device type -> devices the plan uses
+    lower_bounds: Mapping[str, int] = field(default_factory=dict)     # device type -> its lower bound
+    reasons: Mapping[str, ReplanReason] = field(default_factory=dict)  # device type -> why it was re-planned
+    why: tuple[str, ...] = ()                                          # what forced this plan, if anything
 
-    def backends_of(self, model: str) -> list[tuple[str, float]]:
-        """(node id, throughput share) of every backend serving ``model``."""
+    def backends_of(self, session: str) -> list[tuple[str, float]]:
+        """(node id, throughput share) of every backend serving ``session``."""
         out = []
         for placement in self.placements.values():
             for b in placement.backends:
                 for s in b.sessions:
-                    if s.model == model:
+                    if s.model == session:
                         out.append((b.node_id, s.throughput_rps))
         return out
 
+    def sessions_on(self, node_id: str) -> int:
+        """Sessions the plan runs on a backend."""
+        return sum(len(b.sessions) for p in self.placements.values() for b in p.backends if b.node_id == node_id)
 
-def plan_cluster(sessions: Sequence[SessionInput], backends: Sequence[BackendSlot],
-                 previous: Mapping[str, frozenset[str]], solver: str = "squishy",
-                 config: PlannerConfig | None = None, solve_type: "SolveType | None" = None) -> ClusterPlan:
-    """Plan every session onto the registered backends, one device type at a time.
-
-    A session is planned on the device type of the most backends it has a profile for. A session
-    with no profile for any present device type is listed in ``need_profile`` (the service asks a
-    backend of that type to profile it); one whose SLO, less ``config.margins_ms`` (the path
-    allowance), is below 2*l(1) on every type is served best effort at batch 1.
-
-    ``solve_type(device_type, specs, gpu, slots, prefix_shares) -> (placement, devices planned,
-    lower bound)`` plans one device type; by default a fresh solve with ``solver`` whose devices are
-    matched to the backends that ran the same sessions before (``previous``). The scheduler passes
-    its re-planning loop instead (globalsched/planning_loop.py).
-    """
-    from common.plan import GpuSpec, SessionSpec
-    from globalsched.algorithms.config import PlannerConfig
-
-    config = config or PlannerConfig()
-    margins_ms = config.margins_ms
-
-    by_type: dict[str, list[BackendSlot]] = {}
-    for b in backends:
-        by_type.setdefault(b.device_type, []).append(b)
-    types_by_size = sorted(by_type, key=lambda t: (-len(by_type[t]), t))
-    unplaced: dict[str, str] = {}
-    need_profile: dict[str, str] = {}
-    best_effort: dict[str, str] = {}
-    infeasible: dict[str, list[SessionInput]] = {}
-    chosen: dict[str, list[SessionInput]] = {t: [] for t in by_type}
-    for s in sessions:
-        if not backends:
-            unplaced[s.model] = "no backend is registered"
-            continue
-        usable = [t for t in types_by_size if t in s.profiles]
-        if not usable:
-            need_profile[s.model] = types_by_size[0]
-            unplaced[s.model] = (f"no profile for device type {types_by_size[0]!r} "
-                                 f"(profiles: {sorted(s.profiles) or 'none'})")
-            continue
-        feasible = [t for t in usable if 2 * s.profiles[t].latency_ms(1) <= s.slo_ms - margins_ms]
-        if not feasible:
-            t = usable[0]
-            less = f" less the {margins_ms:g} ms path allowance" if margins_ms else ""
-            best_effort[s.model] = (f"SLO {s.slo_ms:g} ms{less} is below 2*l(1) = "
-                                    f"{2 * s.profiles[t].latency_ms(1):.1f} ms on {t}; served best effort at batch 1")
-            infeasible.setdefault(t, []).append(s)
-            continue
-        chosen[feasible[0]].append(s)
-    placements: dict[str, Placement] = {}
-    planned = 0
-    bound = 0
-    notes = []
-    solve_type = solve_type or _solve_type(solver, config, previous)
-    for device_type, group in chosen.items():
-        slots = by_type[device_type]
-        memory = min(b.memory_mb for b in slots)
-        gpu = GpuSpec(name=device_type, memory_mb=memory if memory > 0 else UNBOUNDED_MEMORY_MB)
-        specs = [SessionSpec(name=s.model, model=s.model, slo_ms=s.slo_ms,
-                             rate_rps=max(s.rate_rps, MIN_PLANNED_RATE_RPS),
-                             profile=s.profiles[device_type], prefix_group=s.prefix_group or None)
-                 for s in group]
-        placement, n_devices, lb = solve_type(device_type, specs, gpu, slots, {s.model: s.prefix_share for s in group})
-        planned += n_devices
-        bound += lb
-        if placement.overcommitted:
-            notes.append(f"{device_type}: the plan needs {n_devices} devices, {len(slots)} registered; "
-                         f"{placement.overcommitted} folded onto busy backends")
-        placements[device_type] = placement
-    for device_type, group in infeasible.items():
-        placements[device_type] = _add_best_effort(placements[device_type], group)
-    return ClusterPlan(placements, unplaced, need_profile, best_effort=best_effort, num_devices_planned=planned,
-                       lower_bound=bound, solver=solver, notes=tuple(notes))
-
-
-def _add_best_effort(placement: Placement, sessions: Sequence[SessionInput]) -> Placement:
-    backends = list(placement.backends)
-    for s in sessions:
-        i = min(range(len(backends)), key=lambda k: len(backends[k].sessions))
-        b = backends[i]
-        backends[i] = BackendAssignment(b.node_id, b.duty_cycle_ms,
-                                        b.sessions + (PlacedSession(s.model, 1, max(s.rate_rps, MIN_PLANNED_RATE_RPS)),))
-    return Placement(tuple(backends), placement.overcommitted, placement.moved)
-
-
-SolveType = Callable[[str, Sequence["SessionSpec"], "GpuSpec", Sequence[BackendSlot], Mapping[str, "float | None"]],
-                     tuple[Placement, int, int]]
-
-
-def _solve_type(solver: str, config: "PlannerConfig", previous: Mapping[str, frozenset[str]]) -> SolveType:
-    """A fresh solve per device type (prefix groups where they pay), matched to the backends."""
-    def solve_type(device_type, specs, gpu, slots, shares):
-        from globalsched.prefix_groups import solve_with_prefix_groups   # a prefix group's members share its prefix
-
-        if not specs:
-            return assign_backends([], slots, previous), 0, 0
-        plan = solve_with_prefix_groups(specs, gpu, solver, config, shares=shares)
-        device_plans = [(g.duty_cycle_ms, tuple(PlacedSession(a.session, a.batch, a.throughput) for a in g.sessions))
-                        for g in plan.gpus]
-        return assign_backends(device_plans, slots, previous), len(plan.gpus), plan.lower_bound
-    return solve_type
+    def model_of(self, session: str) -> str:
+        planned = self.sessions.get(session)
+        return planned.model if planned is not None else session

@@ -6,32 +6,34 @@ globalsched/model_admin.py); these functions only say how it looks on the wire.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable
 
 from common.pb import control
 from common.profile import Profile
 from common.tensors import TensorSpec
-from globalsched.modeldb import ModelRecord
+from common.warmup import to_pb as warmup_to_pb
+from globalsched.modeldb import ModelRecord, ServingSettings
 
 if TYPE_CHECKING:
-    from globalsched.cluster import ClusterPlan
+    from globalsched.cluster import ClusterPlan, QueryPlan
     from globalsched.placement import BackendAssignment, PlacedSession
-    from globalsched.query_sessions import QueryPlan
+    from globalsched.scaling_policy import ScalingDecision
 
 
 def tensor_desc(spec: TensorSpec) -> control.TensorDesc:
     return control.TensorDesc(name=spec.name, datatype=spec.datatype, shape=list(spec.shape))
 
 
-def model_desc(record: ModelRecord, profiles: dict[str, Profile], loaded: bool, min_replicas: int = 0
-               ) -> control.ModelDesc:
+def model_desc(record: ModelRecord, profiles: dict[str, Profile], loaded: bool, min_replicas: int = 0,
+               serving: ServingSettings = ServingSettings()) -> control.ModelDesc:
     return control.ModelDesc(
         name=record.name, sha256=record.sha256, runtime=record.runtime,
         inputs=[tensor_desc(t) for t in record.inputs], outputs=[tensor_desc(t) for t in record.outputs],
         size_bytes=record.size_bytes, default_slo_ms=record.default_slo_ms,
         max_batch=max((p.max_batch for p in profiles.values()), default=0),
         profiled_device_types=sorted(profiles), prefix_group=record.prefix_group, loaded=loaded,
-        created_unix_ms=record.created_ms, min_replicas=min_replicas)
+        created_unix_ms=record.created_ms, min_replicas=min_replicas,
+        expected_rate_rps=serving.expected_rate_rps, batch_cap=serving.batch_cap, warmup=warmup_to_pb(record.warmup))
 
 
 # ---- model tables (to backends) ------------------------------------------------------------------
@@ -64,7 +66,13 @@ def backend_route(node_id: str, address: str, share_rps: float, batch: int, duty
 def model_route(desc: control.ModelDesc, slo_ms: float, session: str, backends: Iterable[control.BackendRoute] = (),
                 reason: str = "", planned_rate_rps: float = 0.0, measured_rate_rps: float = 0.0
                 ) -> control.ModelRoute:
-    """A session's route: its backends, or why it has none (the reason frontends answer with)."""
+    """A session's route: its backends, or why it has none (the reason frontends answer with). The
+    model's warm-up samples stay out: only backends run them."""
+    if desc.warmup:
+        bare = control.ModelDesc()
+        bare.CopyFrom(desc)
+        bare.ClearField("warmup")
+        desc = bare
     return control.ModelRoute(model=desc, slo_ms=slo_ms, backends=list(backends), reason=reason,
                               session=session if session != desc.name else "",
                               planned_rate_rps=planned_rate_rps, measured_rate_rps=measured_rate_rps)
@@ -104,14 +112,25 @@ def device_session(placed: PlacedSession, model: str, slo_ms: float, profile: Pr
 
 
 def device_status(node_id: str, address: str, device: str, device_type: str, memory_mb: float,
-                  duty_cycle_ms: float = 0.0, sessions: Iterable[control.DeviceSession] = ()) -> control.DeviceStatus:
+                  duty_cycle_ms: float = 0.0, sessions: Iterable[control.DeviceSession] = (),
+                  exec_ms: float = 0.0) -> control.DeviceStatus:
     return control.DeviceStatus(node_id=node_id, address=address, device=device, device_type=device_type,
-                                memory_mb=memory_mb, duty_cycle_ms=duty_cycle_ms, sessions=list(sessions))
+                                memory_mb=memory_mb, duty_cycle_ms=duty_cycle_ms, sessions=list(sessions),
+                                exec_ms=exec_ms)
+
+
+def scaling_decision(decision: ScalingDecision, plan: ClusterPlan | None) -> control.ScalingDecision:
+    return control.ScalingDecision(device_type=decision.device_type, desired=decision.desired,
+                                   registered=decision.registered, needed=decision.needed,
+                                   plan_devices=plan.devices_needed.get(decision.device_type, 0) if plan else 0,
+                                   reason=decision.reason, drain_node_id=decision.drain)
 
 
 def status_reply(frontends: int, routing: control.RoutingTable, devices: Iterable[control.DeviceStatus],
-                 plan: ClusterPlan | None = None, plan_age_s: float = 0.0) -> control.StatusReply:
-    reply = control.StatusReply(frontends=frontends, routing=routing, devices=list(devices))
+                 plan: ClusterPlan | None = None, plan_age_s: float = 0.0,
+                 scaling: Iterable[ScalingDecision] = ()) -> control.StatusReply:
+    reply = control.StatusReply(frontends=frontends, routing=routing, devices=list(devices),
+                                scaling=[scaling_decision(d, plan) for d in scaling])
     if plan is not None:
         reply.solver = plan.solver
         reply.notes.extend(plan.notes)

@@ -1,4 +1,5 @@
-"""Table distribution: model tables to backends, then routing tables to frontends.
+"""Table distribution, the actuator that pushes a plan: model tables to backends, then routing tables
+to frontends.
 
 Backends get their tables first, and a frontend's routing table leaves out every model that a
 backend reported it could not load, so a frontend never routes to a backend that has not loaded the
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 import grpc
 
@@ -21,9 +22,6 @@ from globalsched.cluster import ClusterPlan
 from globalsched.membership import Node
 from globalsched.model_admin import ModelAdmin
 from globalsched.workload import Workload
-
-if TYPE_CHECKING:
-    from globalsched.planner import Planner
 
 log = logging.getLogger("nexus.scheduler")
 
@@ -65,7 +63,12 @@ class Distribution:
         self.admin = admin
         self.workload = workload
 
-    async def push_model_tables(self, plan: ClusterPlan, view: Planner) -> dict[str, str]:
+    async def apply(self, plan: ClusterPlan, epoch: int) -> None:
+        """Backends first: a frontend is never routed to a backend before it loaded the model."""
+        failed = await self.push_model_tables(plan, epoch)
+        await self.push_routing_tables(plan, epoch, failed)
+
+    async def push_model_tables(self, plan: ClusterPlan, epoch: int) -> dict[str, str]:
         """Send each backend its table; return models that failed to load, with reasons."""
         failed: dict[str, str] = {}
         calls = []
@@ -76,10 +79,11 @@ class Distribution:
                     continue
                 entries = []
                 for s in b.sessions:
-                    model = view.session_models.get(s.model, s.model)
-                    entries.append(convert.session_entry(self.admin.desc(model), s, view.session_slos.get(s.model, 0.0),
+                    model = plan.model_of(s.model)
+                    planned = plan.sessions.get(s.model)
+                    entries.append(convert.session_entry(self.admin.desc(model), s, planned.slo_ms if planned else 0.0,
                                                          self.admin.profiles(model).get(node.device_type)))
-                table = convert.model_table(view.epoch, b, entries)
+                table = convert.model_table(epoch, b, entries)
                 calls.append((node, node.stub.UpdateModelTable(table, timeout=MODEL_TABLE_TIMEOUT_S)))
         for node, reply, error in await _answers(calls):
             if error:
@@ -88,18 +92,18 @@ class Distribution:
             for f in reply.failed:
                 name, _, reason = f.partition(": ")
                 failed[name] = f"failed to load on {node.node_id}: {reason}"
-                self.admin.failed_to_load(view.session_models.get(name, name), name, node, reason)
+                self.admin.failed_to_load(plan.model_of(name), name, node, reason)
         return failed
 
-    async def push_routing_tables(self, plan: ClusterPlan, failed: dict[str, str], view: Planner) -> None:
-        table = self.routing_table(plan, view, failed)
+    async def push_routing_tables(self, plan: ClusterPlan, epoch: int, failed: dict[str, str]) -> None:
+        table = self.routing_table(plan, epoch, failed)
         calls = [(n, n.stub.UpdateRoutingTable(table, timeout=ROUTING_TABLE_TIMEOUT_S)) for n in self.nodes.values()
                  if n.kind == control.NODE_KIND_FRONTEND]
         for node, _, error in await _answers(calls):
             if error:
                 log.warning("routing table push to %s failed: %s", node.node_id, error)
 
-    def routing_table(self, plan: ClusterPlan, view: Planner, failed: dict[str, str] | None = None
+    def routing_table(self, plan: ClusterPlan, epoch: int, failed: dict[str, str] | None = None
                       ) -> control.RoutingTable:
         failed = failed or {}
         db = self.admin.db
@@ -112,7 +116,8 @@ class Distribution:
             for b in placement.backends:
                 for s in b.sessions:
                     placed.setdefault(s.model, []).append((b.node_id, s.throughput_rps, s.batch, b.duty_cycle_ms))
-        for session, model in view.session_models.items():
+        for session, planned in plan.sessions.items():
+            model = planned.model
             served.add(model)
             backends = []
             for node_id, share, batch, duty_cycle_ms in placed.get(session, ()):
@@ -122,23 +127,24 @@ class Distribution:
             reason = (failed.get(model) or self.admin.load_failure_reason(model) or plan.unplaced.get(session, ""))
             if model in profiling:
                 reason = reason or "being profiled"
-            routes.append(convert.model_route(self.admin.desc(model), view.session_slos.get(session, 0.0), session,
+            routes.append(convert.model_route(self.admin.desc(model), planned.slo_ms, session,
                                               backends, "" if backends else (reason or "not placed"),
-                                              view.session_rates.get(session, 0.0), measured.get(session, 0.0)))
+                                              planned.rate_rps, measured.get(session, 0.0)))
         for s in db.sessions():        # models no backend could load: UNAVAILABLE with the reason
             why = self.admin.load_failure_reason(s.model)
-            if s.model not in view.session_models and why:
+            if s.model not in plan.sessions and why:
                 served.add(s.model)
                 routes.append(convert.model_route(self.admin.desc(s.model), s.slo_ms, s.model, reason=why))
         stored = [self.admin.desc(m.name) for m in db.models() if m.name not in served]
-        return convert.routing_table(view.epoch, plan, routes, stored, self.query_infos(view))
+        return convert.routing_table(epoch, plan, routes, stored, self.query_infos(plan))
 
-    def query_infos(self, view: Planner) -> list[control.QueryInfo]:
+    def query_infos(self, plan: ClusterPlan | None) -> list[control.QueryInfo]:
         infos = []
         for name, text in self.admin.query_store.all().items():
-            plan = view.query_plans.get(name)
+            query_plan = plan.query_plans.get(name) if plan is not None else None
             devices = 0
-            if plan is not None and view.plan is not None:
-                devices = len({node for st in plan.budgets_ms for node, _ in view.plan.backends_of(f"{name}/{st}")})
-            infos.append(convert.query_info(name, text, plan, view.planned_query_rates.get(name, 0.0), devices))
+            if query_plan is not None:
+                devices = len({node for st in query_plan.budgets_ms for node, _ in plan.backends_of(f"{name}/{st}")})
+            infos.append(convert.query_info(name, text, query_plan, plan.planned_query_rates.get(name, 0.0)
+                                            if plan is not None else 0.0, devices))
         return infos

@@ -18,7 +18,6 @@ import time
 import urllib.parse
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -29,10 +28,8 @@ from common.health import LIVENESS
 from common.pb import control, control_grpc
 from common.security import Credentials
 from globalsched.refusal import Refused
+from globalsched.replan_trigger import ReplanTrigger
 from globalsched.workload import Workload
-
-if TYPE_CHECKING:
-    from globalsched.planner import Planner
 
 log = logging.getLogger("nexus.scheduler")
 
@@ -81,17 +78,16 @@ class Node:
 
 
 class Membership:
-    """The registered nodes (``nodes``, shared read-only with the other parts of the scheduler).
+    """The registered nodes (``nodes``, shared read-only with the other parts of the scheduler); every
+    change of membership asks ``trigger`` for a plan."""
 
-    ``planner`` is set by the service once the planner exists (the two refer to each other).
-    """
-
-    def __init__(self, config: SchedulerConfig, creds: Credentials, workload: Workload) -> None:
+    def __init__(self, config: SchedulerConfig, creds: Credentials, workload: Workload,
+                 trigger: ReplanTrigger) -> None:
         self.config = config
         self.creds = creds
         self.workload = workload
+        self.trigger = trigger
         self.nodes: dict[str, Node] = {}
-        self.planner: Planner | None = None
         self.stopping = False
 
     def backends(self) -> list[Node]:
@@ -127,7 +123,7 @@ class Membership:
         else:
             node.stub = control_grpc.FrontendStub(node.channel)
         self.nodes[node_id] = node
-        self.planner.request_replan(f"{node_id} registered at {node.address}")
+        self.trigger.request(f"{node_id} registered at {node.address}")
         return control.RegisterReply(node_id=node_id, heartbeat_interval_ms=self.config.heartbeat_interval_ms,
                                      address=address)
 
@@ -154,20 +150,18 @@ class Membership:
         node.last_seen = time.monotonic()
         return True
 
-    async def leave(self, node_id: str) -> int:
+    async def leave(self, node_id: str) -> None:
         """A stopping node leaves the plan: its sessions are planned elsewhere and every table pushed
-        before this returns, so once it has the reply no frontend routes to it any more. Returns the
-        number of sessions moved; Refused when the re-plan failed."""
+        before this returns, so once it has the reply no frontend routes to it any more. Refused when
+        the re-plan failed."""
         node = self.nodes.pop(node_id, None)
         if node is None:
-            return 0
+            return
         self.workload.forget(node.node_id)
-        moved = 0
         if node.kind == control.NODE_KIND_BACKEND:
-            moved = self.planner.sessions_on(node.node_id)
-            log.info("%s leaves; moving its %d sessions", node.node_id, moved)
+            log.info("%s leaves; moving its sessions", node.node_id)
             try:
-                await self.planner.repair_now()
+                await self.trigger.replan_now(f"{node_id} leaves")
             except Exception:
                 log.exception("re-planning without %s failed", node.node_id)
                 raise Refused(grpc.StatusCode.INTERNAL, f"could not re-plan without {node.node_id}") from None
@@ -175,7 +169,6 @@ class Membership:
             log.info("%s leaves", node.node_id)
         if node.channel is not None:
             await node.channel.close()
-        return moved
 
     async def attach(self, node_id: str):
         """Events for a node's Attach stream while it is registered; the stream's end (the node died
@@ -185,7 +178,7 @@ class Membership:
             raise Refused(grpc.StatusCode.NOT_FOUND, f"unknown node {node_id!r}; register first")
         try:
             while self.nodes.get(node_id) is node:
-                yield control.AttachEvent(epoch=self.planner.epoch)
+                yield control.AttachEvent(epoch=self.trigger.epoch)
                 await asyncio.sleep(self.config.heartbeat_interval_ms / 1000)
         finally:
             if not self.stopping and self.nodes.get(node_id) is node:
@@ -198,7 +191,7 @@ class Membership:
             return
         log.warning("%s removed: %s", node_id, why)
         self.workload.forget(node_id)
-        self.planner.request_replan(f"{node_id} left", membership=True)
+        self.trigger.request(f"{node_id} left", membership=True)
         if node.channel is not None:
             await node.channel.close()
 

@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 import pathlib
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 import grpc
 
@@ -23,15 +23,15 @@ from common.config import SchedulerConfig
 from common.pb import control
 from common.profile import Profile, ProfileError
 from common.query_def import ModelIO, QueryError, parse_query, validate_query
+from common.warmup import WarmupError, from_pb as warmup_from_pb
+from globalsched.cluster import ClusterPlan
 from globalsched.convert import model_desc
 from globalsched.load_failures import LoadFailures
 from globalsched.membership import Node
-from globalsched.modeldb import ModelDatabase, UploadError
+from globalsched.modeldb import ModelDatabase, ServingSettings, UploadError
 from globalsched.querydb import QueryStore
 from globalsched.refusal import Refused
-
-if TYPE_CHECKING:
-    from globalsched.planner import Planner
+from globalsched.replan_trigger import ReplanTrigger
 
 log = logging.getLogger("nexus.scheduler")
 
@@ -40,18 +40,22 @@ PROFILE_TIMEOUT_S = 300         # how long the scheduler waits for that profile
 
 
 class ModelAdmin:
-    """``planner`` is set by the service once the planner exists (loads and uploads ask it to re-plan)."""
+    """Every change to what must be served (uploads, loads, unloads, profiles, queries) asks ``trigger``
+    for a plan."""
 
-    def __init__(self, config: SchedulerConfig, db: ModelDatabase, nodes: Mapping[str, Node], prefix_fn=None) -> None:
+    def __init__(self, config: SchedulerConfig, db: ModelDatabase, nodes: Mapping[str, Node], trigger: ReplanTrigger,
+                 prefix_fn=None) -> None:
         self.config = config
         self.db = db
         self.nodes = nodes
         self.prefix_fn = prefix_fn
         self.query_store = QueryStore(config.data_dir)
         self.slowdowns = load_slowdowns(config.colocation_report)
-        self.load_failures = LoadFailures()     # model files a backend could not load: bounded retries
+        self.load_failures = LoadFailures()     # models a backend could not load: bounded retries
         self.profiling: set[tuple[str, str]] = set()
-        self.planner: Planner | None = None
+        # (model, device type) -> why the type cannot measure the profile it lacks (an emulated GPU)
+        self.unmeasurable: dict[tuple[str, str], str] = {}
+        self.trigger = trigger
 
     def close(self) -> None:
         self.query_store.close()
@@ -83,10 +87,13 @@ class ModelAdmin:
                 self.db.add_model, header.name, parts, runtime=header.runtime or "onnxruntime",
                 profile_json=header.profile_json, slo_ms=header.slo_ms, io_json=header.io_json,
                 default_slo_ms=self.config.default_slo_ms, create_session=header.load, prefix_fn=self.prefix_fn,
-                min_replicas=header.min_replicas)
-        except UploadError as exc:
+                min_replicas=header.min_replicas,
+                serving=ServingSettings(header.expected_rate_rps, header.batch_cap),
+                warmup=warmup_from_pb(header.warmup))
+        except (UploadError, WarmupError) as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"upload of {header.name!r} refused: {exc}") from None
-        self.planner.request_replan(f"model {record.name} uploaded")
+        self._forget_failures(record.name)          # a new upload starts afresh
+        self.trigger.request(f"model {record.name} uploaded")
         return control.UploadReply(model=self.desc(record.name))
 
     async def download(self, sha256: str):
@@ -107,8 +114,8 @@ class ModelAdmin:
 
     async def load(self, request: control.LoadRequest) -> control.LoadReply:
         record = await asyncio.to_thread(self._load, request)
-        self.load_failures.forget(record.sha256)      # an explicit load tries afresh
-        self.planner.request_replan(f"model {request.name} loaded")
+        self._forget_failures(record.name)            # an explicit load tries afresh
+        self.trigger.request(f"model {request.name} loaded")
         return control.LoadReply()
 
     def _load(self, request: control.LoadRequest):
@@ -128,7 +135,7 @@ class ModelAdmin:
 
     async def unload(self, request: control.UnloadRequest) -> control.UnloadReply:
         await asyncio.to_thread(self._unload, request.name)
-        self.planner.request_replan(f"model {request.name} unloaded")
+        self.trigger.request(f"model {request.name} unloaded")
         return control.UnloadReply()
 
     def _unload(self, name: str) -> None:
@@ -140,30 +147,49 @@ class ModelAdmin:
         try:
             profile = Profile.from_json(request.profile_json)
             await asyncio.to_thread(self.db.add_profile, request.model, profile)
+            self.unmeasurable.pop((request.model, profile.device_type), None)
         except ProfileError as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"invalid profile: {exc}") from None
         except KeyError as exc:
             raise Refused(grpc.StatusCode.NOT_FOUND, str(exc.args[0])) from None
-        self.planner.request_replan(f"profile of {request.model} for {profile.device_type}")
+        self.trigger.request(f"profile of {request.model} for {profile.device_type}")
         return control.ProfileReply()
 
     def desc(self, name: str) -> control.ModelDesc:
         record = self.db.model(name)
         loaded = any(s.model == name for s in self.db.sessions())
-        return model_desc(record, self.db.profiles(name), loaded, self.db.min_replicas(name))
+        serving = self.db.serving(name)
+        profiles = {t: p.capped(serving.batch_cap) for t, p in self.db.profiles(name).items()}
+        desc = model_desc(record, profiles, loaded, self.db.min_replicas(name), serving)
+        present = {n.device_type for n in self.nodes.values() if n.kind == control.NODE_KIND_BACKEND}
+        for t in sorted(present | set(profiles)):
+            state, reason = self.device_type_state(name, t, t in profiles)
+            desc.device_types.add(device_type=t, state=state, reason=reason)
+        return desc
+
+    def device_type_state(self, model: str, device_type: str, profiled: bool) -> tuple[int, str]:
+        """(control.DeviceTypeState, reason) of ``model`` on ``device_type``."""
+        failed = self.load_failures.reason_on(model, device_type)
+        if failed:
+            return control.CANNOT_LOAD, failed
+        if profiled:
+            return control.PROFILED, ""
+        if (model, device_type) in self.profiling:
+            return control.PROFILING, ""
+        if (model, device_type) in self.unmeasurable:
+            return control.NEEDS_PROFILE, self.unmeasurable[(model, device_type)]
+        return control.NOT_PROFILED, ""
 
     def profiles(self, model: str) -> dict[str, Profile]:
-        """The model's profiles by device type, inflated by its measured co-location slowdown."""
-        profiles = self.db.profiles(model)
+        """The model's profiles by device type, up to its batch cap, inflated by its measured co-location
+        slowdown."""
+        cap = self.db.serving(model).batch_cap
+        profiles = {t: p.capped(cap) for t, p in self.db.profiles(model).items()}
         factor = self.slowdowns.get(model) or self.slowdowns.get(self.db.model(model).sha256 if self.db.model(model) else "")
         if factor and factor > 1.0:
             from profiler.slowdown import apply_colocation_slowdown
             profiles = {t: apply_colocation_slowdown(p, factor) for t, p in profiles.items()}
         return profiles
-
-    def min_replicas(self) -> dict[str, int]:
-        """Backends each model session keeps at least (0: the scheduler's default)."""
-        return {s.model: self.db.min_replicas(s.model) for s in self.db.sessions()}
 
     # ---- queries -----------------------------------------------------------------------------------
 
@@ -186,7 +212,7 @@ class ModelAdmin:
         except QueryError as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         await asyncio.to_thread(self.query_store.put, q.name, text)
-        self.planner.request_replan(f"query {q.name} registered")
+        self.trigger.request(f"query {q.name} registered")
         return control.QueryReply(name=q.name)
 
     def queries(self) -> dict:
@@ -201,15 +227,19 @@ class ModelAdmin:
 
     # ---- profiling on demand -----------------------------------------------------------------------
 
+    async def apply(self, plan: ClusterPlan, epoch: int) -> None:
+        """The actuator's part: profile every model the plan has no profile for on a present device type."""
+        for model, device_type in plan.need_profile.items():
+            self.start_profiling(model, device_type)
+
     def profiling_models(self) -> set[str]:
         return {m for m, _ in self.profiling}
 
     def start_profiling(self, model: str, device_type: str) -> None:
         key = (model, device_type)
-        record = self.db.model(model)
-        if key in self.profiling or (record and self.load_failures.exhausted(record.sha256, device_type)):
+        if key in self.profiling or key in self.unmeasurable or self.load_failures.exhausted(model, device_type):
             return
-        tried = self.load_failures.tried(record.sha256, device_type) if record else set()
+        tried = self.load_failures.tried(model, device_type)
         candidates = [n for n in self.nodes.values()
                       if n.kind == control.NODE_KIND_BACKEND and n.device_type == device_type]
         node = next((n for n in candidates if n.node_id not in tried), candidates[0] if candidates else None)
@@ -222,44 +252,48 @@ class ModelAdmin:
         try:
             reply = await node.stub.ProfileModel(control.ProfileRequest(model=self.desc(model), budget_s=PROFILE_BUDGET_S),
                                                  timeout=PROFILE_TIMEOUT_S)
+            if reply.unmeasurable:          # not the model's fault, and no other backend of the type can either
+                log.warning("%s has no profile for %s, which cannot measure one: %s", model, node.device_type,
+                            reply.error)
+                self.unmeasurable[key] = reply.error
+                return
             if reply.error:
                 log.warning("profiling %s on %s failed: %s", model, node.node_id, reply.error)
-                self._record_load_failure(model, node, reply.error)
+                self.load_failures.record(model, node.device_type, node.node_id, reply.error)
                 return
             profile = Profile.from_json(reply.profile_json)
             await asyncio.to_thread(self.db.add_profile, model, profile)
             log.info("profiled %s on %s (max batch %d)", model, profile.device_type, profile.max_batch)
         except (grpc.aio.AioRpcError, ProfileError, KeyError) as exc:
             log.warning("profiling %s on %s failed: %s", model, node.node_id, exc)
-            self._record_load_failure(model, node, str(exc))
+            self.load_failures.record(model, node.device_type, node.node_id, str(exc))
         finally:
             self.profiling.discard(key)
-            self.planner.request_replan(f"profile of {model} done")
+            self.trigger.request(f"profile of {model} done")
 
     # ---- load failures -----------------------------------------------------------------------------
 
-    def cannot_load(self, model: str, device_types) -> bool:
-        """No backend of any present device type could load the model's file (attempts spent)."""
-        record = self.db.model(model)
-        return bool(record) and self.load_failures.exhausted_on_all(record.sha256, device_types)
+    def _forget_failures(self, model: str) -> None:
+        self.load_failures.forget(model)
+        for key in [k for k in self.unmeasurable if k[0] == model]:
+            del self.unmeasurable[key]
+
+    def unloadable_on(self, model: str) -> frozenset[str]:
+        """Device types on which the model cannot be served: its load attempts are spent, or it has no
+        profile and the type cannot measure one."""
+        return self.load_failures.exhausted_types(model) | {t for m, t in self.unmeasurable if m == model}
 
     def load_failure_reason(self, model: str) -> str:
-        """Why no backend can serve the model ("" when none of its attempts are spent)."""
-        record = self.db.model(model)
-        return self.load_failures.reason(record.sha256) if record else ""
+        """Why no backend can serve the model ("" when nothing rules a device type out)."""
+        return self.load_failures.reason(model) or next(
+            (why for (m, _), why in sorted(self.unmeasurable.items()) if m == model), "")
 
     def failed_to_load(self, model: str, session: str, node: Node, reason: str) -> None:
         """A backend's model table reply says it could not load ``model`` (for ``session``): the next
         plan tries again, or routes it UNAVAILABLE once the attempts are spent."""
-        record = self.db.model(model)
-        if record and not self.load_failures.exhausted(record.sha256, node.device_type):
-            self.load_failures.record(record.sha256, node.device_type, node.node_id, reason)
-            self.planner.request_replan(f"{session} failed to load on {node.node_id}")
-
-    def _record_load_failure(self, model: str, node: Node, reason: str) -> None:
-        record = self.db.model(model)
-        if record is not None:
-            self.load_failures.record(record.sha256, node.device_type, node.node_id, reason)
+        if self.db.model(model) is not None and not self.load_failures.exhausted(model, node.device_type):
+            self.load_failures.record(model, node.device_type, node.node_id, reason)
+            self.trigger.request(f"{session} failed to load on {node.node_id}")
 
 
 def load_slowdowns(path: str) -> dict[str, float]:

@@ -34,6 +34,8 @@ from typing import BinaryIO, Iterable
 from common.model_io import ModelFileError, io_to_json, onnx_io, parse_io_json, torch_archive_check
 from common.profile import Profile, ProfileError
 from common.tensors import TensorSpec
+from common.warmup import WarmupError, WarmupSample, check_samples
+from common.warmup import from_json as warmup_from_json, to_json as warmup_to_json
 
 RUNTIMES = ("onnxruntime", "torch", "emulated")
 MAX_MIN_REPLICAS = 64
@@ -64,6 +66,15 @@ CREATE TABLE IF NOT EXISTS model_replicas (
     model TEXT PRIMARY KEY REFERENCES models(name) ON DELETE CASCADE,
     min_replicas INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS model_serving (
+    model TEXT PRIMARY KEY REFERENCES models(name) ON DELETE CASCADE,
+    expected_rate_rps REAL NOT NULL,
+    batch_cap INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS model_warmup (
+    model TEXT PRIMARY KEY REFERENCES models(name) ON DELETE CASCADE,
+    samples_json TEXT NOT NULL
+);
 """
 
 
@@ -82,6 +93,16 @@ class ModelRecord:
     default_slo_ms: float
     prefix_group: str
     created_ms: int
+    warmup: tuple[WarmupSample, ...] = ()     # config.pbtxt's model_warmup; empty: the backends' default
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    """How a model is to be served beyond its SLO: the rate to plan for before one is measured (0: the
+    scheduler's default) and the largest batch (config.pbtxt's max_batch_size; 0: no cap)."""
+
+    expected_rate_rps: float = 0.0
+    batch_cap: int = 0
 
 
 @dataclass(frozen=True)
@@ -143,7 +164,9 @@ class ModelDatabase:
 
     def add_model(self, name: str, chunks: Iterable[bytes], *, runtime: str = "onnxruntime",
                   profile_json: str = "", slo_ms: float = 0.0, io_json: str = "", default_slo_ms: float = 100.0,
-                  create_session: bool = True, prefix_fn=None, min_replicas: int = 0) -> ModelRecord:
+                  create_session: bool = True, prefix_fn=None, min_replicas: int = 0,
+                  serving: ServingSettings = ServingSettings(),
+                  warmup: tuple[WarmupSample, ...] = ()) -> ModelRecord:
         """Validate and register a model streamed as ``chunks``; raise :class:`UploadError` if refused.
 
         ``prefix_fn(model_bytes, existing: dict[name, (sha256, group, signature)]) -> (group, signature)``
@@ -159,6 +182,10 @@ class ModelDatabase:
             raise UploadError(f"slo_ms must be positive, got {slo_ms}")
         if min_replicas < 0 or min_replicas > MAX_MIN_REPLICAS:
             raise UploadError(f"min_replicas must be between 0 and {MAX_MIN_REPLICAS}, got {min_replicas}")
+        if not serving.expected_rate_rps >= 0 or serving.expected_rate_rps == float("inf"):
+            raise UploadError(f"expected_rate_rps must be a rate of at least 0, got {serving.expected_rate_rps}")
+        if serving.batch_cap < 0:
+            raise UploadError(f"batch_cap must be at least 0, got {serving.batch_cap}")
         profile = None
         if profile_json:
             try:
@@ -194,17 +221,22 @@ class ModelDatabase:
                         inputs, outputs = parse_io_json(io_json)
             except ModelFileError as exc:
                 raise UploadError(str(exc)) from None
+            try:
+                check_samples(warmup, inputs, serving.batch_cap)
+            except WarmupError as exc:
+                raise UploadError(f"warm-up: {exc}") from None
             sha = digest.hexdigest()
             # One upload at a time from here: the prefix group is chosen from the models stored now,
             # so two variants uploaded concurrently still find each other (readers are not blocked).
             with self._upload_lock:
                 return self._register(name, sha, runtime, size, inputs, outputs, data, tmp, profile,
-                                      slo_ms or default_slo_ms, create_session, prefix_fn, min_replicas)
+                                      slo_ms or default_slo_ms, create_session, prefix_fn, min_replicas, serving,
+                                      tuple(warmup))
         finally:
             tmp.unlink(missing_ok=True)
 
     def _register(self, name, sha, runtime, size, inputs, outputs, data, tmp, profile, default_slo_ms,
-                  create_session, prefix_fn, min_replicas=0) -> ModelRecord:
+                  create_session, prefix_fn, min_replicas=0, serving=ServingSettings(), warmup=()) -> ModelRecord:
         prefix_group, signature, joining = "", "", []
         if prefix_fn is not None and runtime == "onnxruntime":
             existing = self._signatures(exclude=name)
@@ -214,7 +246,7 @@ class ModelDatabase:
         final.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, final)
         record = ModelRecord(name, sha, runtime, size, inputs, outputs, default_slo_ms,
-                             prefix_group, int(time.time() * 1000))
+                             prefix_group, int(time.time() * 1000), warmup)
         with self._lock:
             try:
                 self._db.execute("BEGIN")
@@ -233,6 +265,11 @@ class ModelDatabase:
                     self._db.execute("INSERT INTO sessions VALUES (?,?)", (name, record.default_slo_ms))
                 if min_replicas:
                     self._db.execute("INSERT OR REPLACE INTO model_replicas VALUES (?,?)", (name, min_replicas))
+                if serving != ServingSettings():
+                    self._db.execute("INSERT OR REPLACE INTO model_serving VALUES (?,?,?)",
+                                     (name, serving.expected_rate_rps, serving.batch_cap))
+                if warmup:
+                    self._db.execute("INSERT INTO model_warmup VALUES (?,?)", (name, warmup_to_json(warmup)))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -276,14 +313,12 @@ class ModelDatabase:
 
     def models(self) -> list[ModelRecord]:
         with self._lock:
-            rows = self._db.execute("SELECT name, sha256, runtime, size_bytes, io_json, default_slo_ms, prefix_group, "
-                                    "created_ms FROM models ORDER BY name").fetchall()
+            rows = self._db.execute(_SELECT_MODELS + " ORDER BY name").fetchall()
         return [_record(r) for r in rows]
 
     def model(self, name: str) -> ModelRecord | None:
         with self._lock:
-            row = self._db.execute("SELECT name, sha256, runtime, size_bytes, io_json, default_slo_ms, prefix_group, "
-                                   "created_ms FROM models WHERE name=?", (name,)).fetchone()
+            row = self._db.execute(_SELECT_MODELS + " WHERE name=?", (name,)).fetchone()
         return _record(row) if row else None
 
     def add_profile(self, model: str, profile: Profile) -> None:
@@ -325,6 +360,12 @@ class ModelDatabase:
                 raise KeyError(f"unknown model {model!r}")
             self._db.execute("INSERT OR REPLACE INTO model_replicas VALUES (?,?)", (model, min_replicas))
 
+    def serving(self, model: str) -> ServingSettings:
+        with self._lock:
+            row = self._db.execute("SELECT expected_rate_rps, batch_cap FROM model_serving WHERE model=?",
+                                   (model,)).fetchone()
+        return ServingSettings(row[0], row[1]) if row else ServingSettings()
+
     def remove_session(self, model: str) -> bool:
         with self._lock:
             cur = self._db.execute("DELETE FROM sessions WHERE model=?", (model,))
@@ -345,9 +386,13 @@ def _check_name(name: str) -> None:
         raise UploadError(f"invalid model name {name!r}: use 1-128 letters, digits, '-', '_' or '.'")
 
 
+_SELECT_MODELS = ("SELECT name, sha256, runtime, size_bytes, io_json, default_slo_ms, prefix_group, created_ms, "
+                  "samples_json FROM models LEFT JOIN model_warmup ON model_warmup.model = models.name")
+
+
 def _record(row) -> ModelRecord:
     io = json.loads(row[4])
     return ModelRecord(row[0], row[1], row[2], row[3],
                        tuple(TensorSpec.from_json_obj(t) for t in io["inputs"]),
                        tuple(TensorSpec.from_json_obj(t) for t in io["outputs"]),
-                       row[5], row[6], row[7])
+                       row[5], row[6], row[7], warmup_from_json(row[8] or ""))

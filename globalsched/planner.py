@@ -1,223 +1,245 @@
-"""The scheduler's planning task: when to re-plan, what to plan for, and pushing the result.
+"""The scheduler's planner, a pure function: ``plan, state = plan_cluster(view, state, settings)``.
 
-Every change that can alter the plan (a node joins or leaves, a model is uploaded, loaded or
-unloaded, a profile arrives, a query's measured fan-out drifts out of its band) calls
-:meth:`Planner.request_replan`, which forces a re-plan; workload reports and a timer call
-:meth:`Planner.request_evaluation`, which lets the re-planner judge the rates (its epoch, band and
-cooldown decide). One task plans, through :class:`globalsched.planning_loop.PlanningLoop` (the
-minimal-movement re-planner, with minimum replicas), and hands the plan to
-:class:`globalsched.distribution.Distribution`. A lost node is repaired at once.
+It takes a frozen :class:`globalsched.cluster.ClusterView` (backends, served models, queries,
+measured rates and fan-outs, what forced this call) and its own :class:`PlannerState`, and returns a
+frozen :class:`globalsched.cluster.ClusterPlan` and the next state. When the plan still fits (no
+change forced, rates within the re-planner's bands, epoch not over, or within the cooldown) the
+previous plan is returned itself (``plan is state.plan``) and nothing needs applying.
 
-What the planner derives along with the sessions (which model each session runs, its SLO and
-rate, the latency split of each query) is kept here and read by the distribution and the status.
+What it does, in order:
 
-Planning runs on the event loop and reads the model database there: each read is one short SQLite
-statement, never behind an upload (see globalsched/modeldb.py); writes run in threads.
+1. sessions: every served model at its measured rate (before one is measured, the rate it was
+   uploaded expecting, else the default rate), and the stage sessions
+   of every query, whose SLOs are the latency split's budgets (globalsched/query_sessions.py); all
+   rates times 1 + ``rate_headroom``. Models whose load attempts are spent on every present device
+   type are left out (routed UNAVAILABLE with the reason by the distribution);
+2. a query's measured fan-out that left the band of the one planned for forces a re-plan (after the
+   re-planner's cooldown): the latency split depends on it; a session whose demand surged beyond
+   the band of its planned rate forces one at once (cold start: capacity cannot wait for an epoch);
+3. each session goes to the device type of the most backends it has a profile for; one with no
+   profile for any present type is listed in ``need_profile``; one whose SLO less the path allowance
+   is below 2*l(1) on every type is served best effort at batch 1;
+4. each device type is re-planned by globalsched/planning_loop.py (minimal movement, replicas,
+   GPUs mapped onto backends); ``devices_needed`` reports how many devices each type's plan uses,
+   which the device scaler compares with the backends registered.
+
+Nothing here reads a clock, a socket or the database.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
 
 from common.config import SchedulerConfig
+from common.plan import GpuSpec, SessionSpec
 from globalsched.algorithms.config import PlannerConfig
 from globalsched.algorithms.replan import ReplanConfig, ReplanReason
-from globalsched.cluster import MIN_PLANNED_RATE_RPS, ClusterPlan, SessionInput, plan_cluster
-from globalsched.distribution import Distribution
-from globalsched.membership import Membership
-from globalsched.model_admin import ModelAdmin
-from globalsched.placement import BackendSlot
-from globalsched.planning_loop import PlanningLoop
+from globalsched.cluster import (MIN_PLANNED_RATE_RPS, UNBOUNDED_MEMORY_MB, ClusterPlan, ClusterView, PlannedSession,
+                                 SessionInput)
+from globalsched.placement import BackendAssignment, BackendSlot, PlacedSession, Placement
+from globalsched.planning_loop import TypeState, plan_type
 from globalsched.query_sessions import plan_query_sessions
-from globalsched.workload import Workload
-
-log = logging.getLogger("nexus.scheduler")
-
-# Nexus's epoch rules, from the re-planning policy's defaults: re-plan early when a rate leaves this
-# band of the rate planned for, but not sooner than the cooldown after the last plan.
-RATE_BAND = (ReplanConfig.band_low, ReplanConfig.band_high)
-EARLY_REPLAN_COOLDOWN_S = ReplanConfig.cooldown_s
-# What inputs() derives along with the sessions: kept as they were when the re-planner keeps the plan.
-_PLAN_VIEW = ("planned_gammas", "session_models", "stage_sessions", "planned_query_rates", "session_slos",
-              "query_plans")
-COALESCE_S = 0.05               # bursts of changes become one plan
-REPAIR_COALESCE_S = 0.005       # a lost node is repaired without delay
 
 
-class Planner:
-    def __init__(self, config: SchedulerConfig, membership: Membership, workload: Workload, admin: ModelAdmin,
-                 distribution: Distribution) -> None:
-        self.config = config
-        self.membership = membership
-        self.workload = workload
-        self.admin = admin
-        self.distribution = distribution
+@dataclass(frozen=True)
+class PlannerSettings:
+    """The planner's knobs, from the scheduler's configuration (:meth:`from_config`)."""
+
+    replan: ReplanConfig = field(default_factory=ReplanConfig)
+    solver: str = "squishy"             # the first plan of a device type; repairs are the re-planner's
+    latency_split: str = "dp"
+    default_rate_rps: float = 1.0       # a session nobody reported a rate for yet
+    rate_headroom: float = 0.0          # plan for measured rates times 1 + this
+    default_min_replicas: int = 1
+
+    @classmethod
+    def from_config(cls, config: SchedulerConfig) -> PlannerSettings:
         # The path allowance is the planner's network margin: spent outside the device on every hop.
-        self.planner_config = PlannerConfig(network_ms=config.path_allowance_ms, burst_sigma=config.burst_sigma)
-        self.planning = PlanningLoop(ReplanConfig(epoch_s=config.epoch_s, planner=self.planner_config),
-                                     config.min_replicas, config.solver)
-        self.plan: ClusterPlan | None = None
-        # Nodes ignore tables older than the last they applied; a restarted scheduler's epochs must be
-        # newer than its previous life's, so they start from the wall clock in milliseconds.
-        self.epoch = int(time.time() * 1000)
-        self.last_plan_time = 0.0
-        self.planned_query_rates: dict[str, float] = {}    # query -> rate with headroom
-        self.stage_sessions: set[str] = set()              # "<query>/<stage>" sessions of the plan
-        self.session_models: dict[str, str] = {}           # session -> model it runs
-        self.session_slos: dict[str, float] = {}
-        self.session_rates: dict[str, float] = {}          # session -> rate the current plan serves
-        self.query_plans: dict = {}
-        self.planned_gammas: dict[tuple[str, str, str], float] = {}
-        self._replan = asyncio.Event()
-        self._plan_lock = asyncio.Lock()
-        self._force: ReplanReason | None = None
+        planner = PlannerConfig(network_ms=config.path_allowance_ms, burst_sigma=config.burst_sigma)
+        return cls(ReplanConfig(epoch_s=config.epoch_s, planner=planner), config.solver, config.latency_split,
+                   config.default_rate_rps, config.rate_headroom, max(1, config.min_replicas))
 
-    # ---- triggers ----------------------------------------------------------------------------------
+    @property
+    def planner(self) -> PlannerConfig:
+        return self.replan.planner
 
-    def request_replan(self, why: str, membership: bool = False) -> None:
-        """Re-plan now (forced: something the plan depends on changed)."""
-        log.info("re-plan requested: %s", why)
-        self._force = ReplanReason.MEMBERSHIP if membership or self._force is ReplanReason.MEMBERSHIP \
-            else ReplanReason.SESSIONS_CHANGED
-        self._replan.set()
 
-    def request_evaluation(self) -> None:
-        """Let the re-planner decide whether the plan still fits (rate band, epoch; after its cooldown)."""
-        self._replan.set()
+@dataclass(frozen=True)
+class PlannerState:
+    """What the planner remembers between calls: the plan in force and each device type's state."""
 
-    def check_rate_band(self, now: float) -> None:
-        """On a workload report: after the re-planner's cooldown, let it decide whether the plan still
-        fits the rates (globalsched/planning_loop.py); a query's drifted fan-out re-plans at once."""
-        if now - self.last_plan_time < EARLY_REPLAN_COOLDOWN_S:
-            return
-        why = self.plan_outdated(now)
-        if why:
-            self.request_replan(why)
-        else:
-            self.request_evaluation()
+    plan: ClusterPlan | None = None
+    types: Mapping[str, TypeState] = field(default_factory=dict)
+    last_plan_s: float | None = None
+    backends: tuple[BackendSlot, ...] = ()      # those the plan was made for
 
-    def plan_outdated(self, now: float) -> str:
-        """Why the current latency split no longer fits ("" when it still does): a measured gamma
-        outside RATE_BAND of the one planned for. (Rates are the re-planner's to judge.)"""
-        for key, gamma in self.workload.current_gammas(now).items():
-            planned = self.planned_gammas.get(key)
-            if planned is None or not (RATE_BAND[0] * planned <= gamma <= RATE_BAND[1] * planned):
-                return f"gamma of {key[0]}: {key[1]}->{key[2]} is {gamma:.2f}, planned {planned}"
+
+def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettings = PlannerSettings()
+                 ) -> tuple[ClusterPlan, PlannerState]:
+    """The plan for ``view`` and the next state (see the module docstring)."""
+    force, why = view.force, view.why
+    surge = demand_surge(view.surges_rps, state.plan, settings)
+    if surge and force is None:
+        force, why = ReplanReason.SESSIONS_CHANGED, (*why, surge)     # no cooldown: capacity is needed now
+    if force is None and state.plan is not None and state.last_plan_s is not None and view.backends == state.backends \
+            and view.now_s - state.last_plan_s < settings.replan.cooldown_s:
+        return state.plan, state            # the re-planner's cooldown: nothing unforced changes yet
+    drift = gamma_drift(view.gammas, state.plan.planned_gammas if state.plan else {})
+    if drift and force is None and state.plan is not None and \
+            (state.last_plan_s is None or view.now_s - state.last_plan_s >= settings.replan.cooldown_s):
+        force, why = ReplanReason.SESSIONS_CHANGED, (*why, drift)
+    sessions, planned, queries = session_inputs(view, settings)
+    placed, types = place_sessions(sessions, view.backends, state, view.now_s, force, settings,
+                                   {m.name: m.min_replicas for m in view.models})
+    changed = any(r is not ReplanReason.NONE for r in placed.reasons.values())
+    if force is None and state.plan is not None and not changed:
+        return state.plan, replace(state, types=types, backends=view.backends)
+    query_plans, query_rates, gammas = queries
+    plan = replace(placed, sessions=planned, query_plans=query_plans, planned_query_rates=query_rates,
+                   planned_gammas=gammas, why=why)
+    return plan, PlannerState(plan, types, view.now_s, view.backends)
+
+
+def demand_surge(surges_rps: Mapping[str, float], plan: ClusterPlan | None, settings: PlannerSettings) -> str:
+    """Why demand outran the plan at once ("" when it did not): a session whose surging rate, with
+    headroom, is beyond the re-planner's band of the rate it is planned for."""
+    if plan is None:
         return ""
+    headroom = 1.0 + settings.rate_headroom
+    for session, rate in sorted(surges_rps.items()):
+        planned = plan.sessions[session].rate_rps if session in plan.sessions else \
+            plan.planned_query_rates.get(session)
+        if planned is not None and rate * headroom > settings.replan.band_high * planned:
+            return f"demand surge: {session} at {rate:.0f} rps, planned for {planned:.0f}"
+    return ""
 
-    async def epoch_timer(self) -> None:
-        """Now and then, let the re-planner judge the plan (its epoch, rate band and cooldown decide;
-        a plan that still fits stands: re-planning on noise would move sessions and cost their queues)."""
-        while True:
-            await asyncio.sleep(min(self.config.epoch_s, EARLY_REPLAN_COOLDOWN_S))
-            why = self.plan_outdated(time.monotonic())
-            if why:
-                self.request_replan(f"epoch: {why}")
-            else:
-                self.request_evaluation()
 
-    async def run(self) -> None:
-        """The planning task: one plan per burst of triggers."""
-        self._replan.set()
-        while True:
-            await self._replan.wait()
-            await asyncio.sleep(REPAIR_COALESCE_S if self._force is ReplanReason.MEMBERSHIP else COALESCE_S)
-            self._replan.clear()
-            try:
-                await self.replan_once()
-            except Exception:  # keep the scheduler alive; the next trigger tries again
-                log.exception("re-planning failed")
+def gamma_drift(measured: Mapping[tuple[str, str, str], float], planned: Mapping[tuple[str, str, str], float],
+                band: tuple[float, float] = (ReplanConfig.band_low, ReplanConfig.band_high)) -> str:
+    """Why the latency split no longer fits ("" when it does): a measured fan-out outside ``band``
+    of the one planned for, or an edge planned for none."""
+    for key, gamma in measured.items():
+        was = planned.get(key)
+        if was is None or not (band[0] * was <= gamma <= band[1] * was):
+            return f"gamma of {key[0]}: {key[1]}->{key[2]} is {gamma:.2f}, planned {was}"
+    return ""
 
-    # ---- planning ----------------------------------------------------------------------------------
 
-    def sessions_on(self, node_id: str) -> int:
-        """Sessions the current plan runs on a backend."""
-        if self.plan is None:
-            return 0
-        return sum(len(b.sessions) for p in self.plan.placements.values() for b in p.backends if b.node_id == node_id)
+def session_inputs(view: ClusterView, settings: PlannerSettings
+                   ) -> tuple[list[SessionInput], dict[str, PlannedSession], tuple[dict, dict, dict]]:
+    """The sessions to place (model sessions and query stages, rates with headroom), every planned
+    session by name, and the queries' (plans, planned rates, planned gammas)."""
+    headroom = 1.0 + settings.rate_headroom
+    rates = {k: v * headroom for k, v in view.rates_rps.items()}
+    default_rate = settings.default_rate_rps * headroom
+    present = view.device_types()
+    out: list[SessionInput] = []
+    for m in view.models:
+        if present and set(present) <= m.unloadable_on:
+            continue                         # routed with its reason, never placed again
+        rate = rates.get(m.name, m.expected_rate_rps * headroom if m.expected_rate_rps > 0 else default_rate)
+        out.append(SessionInput(m.name, m.slo_ms, rate, m.profiles, m.prefix_group, m.prefix_share))
+    profiles = {name: m.profiles for name, m in view.stage_models.items()}
+    stage_sessions, query_plans = plan_query_sessions(view.queries, rates, view.gammas, profiles, present,
+                                                      settings.latency_split, default_rate, settings.planner)
+    stage_model = {q.graph.session_name(st.name): st.model for q in view.queries.values() for st in q.stages}
+    planned = {s.model: PlannedSession(s.model, s.model, s.slo_ms, max(s.rate_rps, MIN_PLANNED_RATE_RPS))
+               for s in out}
+    for s in stage_sessions:
+        model = stage_model[s.model]
+        planned[s.model] = PlannedSession(s.model, model, s.slo_ms, max(s.rate_rps, MIN_PLANNED_RATE_RPS))
+        unloadable = view.stage_models[model].unloadable_on if model in view.stage_models else frozenset()
+        if not (present and set(present) <= unloadable):
+            out.append(s)
+    gammas = {(q, *k.split("->")): g for q, p in query_plans.items() for k, g in p.gammas.items()}
+    query_rates = {name: max(rates.get(name, default_rate), MIN_PLANNED_RATE_RPS) for name in view.queries}
+    return out, planned, (query_plans, query_rates, gammas)
 
-    async def repair_now(self) -> ClusterPlan:
-        """Re-plan at once after a node left, whatever the re-planner's cooldowns say (Leave)."""
-        self._force = ReplanReason.MEMBERSHIP
-        return await self.replan_once()
 
-    def inputs(self, now: float, device_types: list[str]) -> list[SessionInput]:
-        """Model sessions from the database plus the stage sessions of every query, at planned rates:
-        measured (or default) rates times 1 + ``rate_headroom``."""
-        db, admin = self.admin.db, self.admin
-        headroom = 1.0 + self.config.rate_headroom
-        rates = {k: v * headroom for k, v in self.workload.planning_rates(now).items()}
-        default_rate = self.config.default_rate_rps * headroom
-        out = []
-        models = {}
-        for s in db.sessions():
-            record = db.model(s.model)
-            if admin.cannot_load(s.model, device_types):
-                continue                         # routed with its reason, never placed again
-            out.append(SessionInput(s.model, s.slo_ms, rates.get(s.model, default_rate),
-                                    admin.profiles(s.model), record.prefix_group if record else "",
-                                    db.prefix_share(s.model) if record and record.prefix_group else None))
-            models[s.model] = s.model
-        queries = admin.queries()
-        profiles = {s.model: admin.profiles(s.model) for q in queries.values() for s in q.stages}
-        gammas = self.workload.current_gammas(now)
-        stage_sessions, self.query_plans = plan_query_sessions(
-            queries, rates, gammas, profiles, device_types, self.config.latency_split, default_rate,
-            self.planner_config)
-        for q in queries.values():
-            for st in q.stages:
-                models[q.graph.session_name(st.name)] = st.model
-        self.planned_gammas = {(q, *k.split("->")): g for q, plan in self.query_plans.items()
-                               for k, g in plan.gammas.items()}
-        self.session_models = models
-        self.stage_sessions = {q.graph.session_name(st.name) for q in queries.values() for st in q.stages}
-        self.planned_query_rates = {name: max(rates.get(name, default_rate), MIN_PLANNED_RATE_RPS) for name in queries}
-        out += [s for s in stage_sessions if not admin.cannot_load(models[s.model], device_types)]
-        self.session_slos = {s.model: s.slo_ms for s in out}
-        self.session_rates = {s.model: max(s.rate_rps, MIN_PLANNED_RATE_RPS) for s in out}
-        return out
-
-    async def replan_once(self) -> ClusterPlan:
-        async with self._plan_lock:     # the planner task and Leave never plan at the same time
-            return await self._replan_locked()
-
-    async def _replan_locked(self) -> ClusterPlan:
-        now = time.monotonic()
-        backends = [BackendSlot(n.node_id, n.device_type, n.memory_mb) for n in self.membership.backends()]
-        counts: dict[str, int] = {}
-        for b in backends:
-            counts[b.device_type] = counts.get(b.device_type, 0) + 1
-        saved = {name: getattr(self, name) for name in _PLAN_VIEW}
-        sessions = self.inputs(now, sorted(counts, key=lambda t: (-counts[t], t)))
-        previous: dict[str, frozenset[str]] = {}
-        if self.plan is not None:
-            for placement in self.plan.placements.values():
-                for b in placement.backends:
-                    previous[b.node_id] = frozenset(s.model for s in b.sessions)
-        force, self._force = self._force, None
-        self.planning.begin(now, self.admin.min_replicas(), force, previous)
-        plan = plan_cluster(sessions, backends, previous, self.config.solver, self.planner_config,
-                            solve_type=self.planning.solve_type)
-        if force is None and self.plan is not None and not self.planning.changed:
-            for name, value in saved.items():   # the re-planner kept the plan: so are its split and rates
-                setattr(self, name, value)
-            return self.plan
-        self.session_rates = {s.model: max(s.rate_rps, MIN_PLANNED_RATE_RPS) for s in sessions}
-        self.epoch += 1
-        self.last_plan_time = now
-        for placement in plan.placements.values():
+def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendSlot], state: PlannerState,
+                   now_s: float, force: ReplanReason | None = None, settings: PlannerSettings = PlannerSettings(),
+                   min_replicas: Mapping[str, int] = {}) -> tuple[ClusterPlan, dict[str, TypeState]]:
+    """Place ``sessions`` on ``backends``, one device type at a time (steps 3 and 4 of the module
+    docstring). ``min_replicas`` per session, 0 or absent for the default. The plan carries the
+    placement only; :func:`plan_cluster` adds the sessions' and queries' views."""
+    config = settings.planner
+    margins_ms = config.margins_ms
+    by_type: dict[str, list[BackendSlot]] = {}
+    for b in backends:
+        by_type.setdefault(b.device_type, []).append(b)
+    types_by_size = sorted(by_type, key=lambda t: (-len(by_type[t]), t))
+    unplaced: dict[str, str] = {}
+    need_profile: dict[str, str] = {}
+    best_effort: dict[str, str] = {}
+    infeasible: dict[str, list[SessionInput]] = {}
+    chosen: dict[str, list[SessionInput]] = {t: [] for t in by_type}
+    for s in sessions:
+        if not backends:
+            unplaced[s.model] = "no backend is registered"
+            continue
+        usable = [t for t in types_by_size if t in s.profiles]
+        if not usable:
+            need_profile[s.model] = types_by_size[0]
+            unplaced[s.model] = (f"no profile for device type {types_by_size[0]!r} "
+                                 f"(profiles: {sorted(s.profiles) or 'none'})")
+            continue
+        feasible = [t for t in usable if 2 * s.profiles[t].latency_ms(1) <= s.slo_ms - margins_ms]
+        if not feasible:
+            t = usable[0]
+            less = f" less the {margins_ms:g} ms path allowance" if margins_ms else ""
+            best_effort[s.model] = (f"SLO {s.slo_ms:g} ms{less} is below 2*l(1) = "
+                                    f"{2 * s.profiles[t].latency_ms(1):.1f} ms on {t}; served best effort at batch 1")
+            infeasible.setdefault(t, []).append(s)
+            continue
+        chosen[feasible[0]].append(s)
+    previous: dict[str, frozenset[str]] = {}
+    if state.plan is not None:
+        for placement in state.plan.placements.values():
             for b in placement.backends:
-                log.info("epoch %d: %s duty cycle %.1f ms: %s", self.epoch, b.node_id, b.duty_cycle_ms,
-                         ", ".join(f"{s.model} b={s.batch} {s.throughput_rps:.1f} rps" for s in b.sessions) or "idle")
-        for note in plan.notes:
-            log.warning(note)
-        for model, why in plan.best_effort.items():
-            log.warning("%s: %s", model, why)
-        for model, device_type in plan.need_profile.items():
-            self.admin.start_profiling(model, device_type)
-        failed = await self.distribution.push_model_tables(plan, self)
-        self.plan = plan
-        await self.distribution.push_routing_tables(plan, failed, self)
-        return plan
+                previous[b.node_id] = frozenset(s.model for s in b.sessions)
+    replicas = {s.model: max(1, min_replicas.get(s.model, 0) or settings.default_min_replicas) for s in sessions}
+    placements: dict[str, Placement] = {}
+    types: dict[str, TypeState] = {}
+    needed: dict[str, int] = {}
+    bounds: dict[str, int] = {}
+    reasons: dict[str, ReplanReason] = {}
+    notes = []
+    for device_type, group in chosen.items():
+        slots = by_type[device_type]
+        memory = min(b.memory_mb for b in slots)
+        gpu = GpuSpec(name=device_type, memory_mb=memory if memory > 0 else UNBOUNDED_MEMORY_MB)
+        specs = [SessionSpec(name=s.model, model=s.model, slo_ms=s.slo_ms,
+                             rate_rps=max(s.rate_rps, MIN_PLANNED_RATE_RPS),
+                             profile=s.profiles[device_type], prefix_group=s.prefix_group or None)
+                 for s in group]
+        result = plan_type(specs, gpu, slots, {s.model: s.prefix_share for s in group},
+                           state.types.get(device_type, TypeState()), now_s=now_s, min_replicas=replicas,
+                           force=force, previous=previous, config=settings.replan, solver=settings.solver)
+        types[device_type] = result.state
+        needed[device_type], bounds[device_type] = result.devices, result.lower_bound
+        reasons[device_type] = result.reason
+        if result.placement.overcommitted:
+            notes.append(f"{device_type}: the plan needs {result.devices} devices, {len(slots)} registered; "
+                         f"{result.placement.overcommitted} folded onto busy backends")
+        placements[device_type] = result.placement
+    for device_type, group in infeasible.items():
+        placements[device_type] = _add_best_effort(placements[device_type], group, device_type)
+    plan = ClusterPlan(placements, unplaced, need_profile, best_effort=best_effort,
+                       num_devices_planned=sum(needed.values()), lower_bound=sum(bounds.values()),
+                       solver=settings.solver, notes=tuple(notes), devices_needed=needed, lower_bounds=bounds,
+                       reasons=reasons)
+    return plan, types
+
+
+def _add_best_effort(placement: Placement, sessions: Sequence[SessionInput], device_type: str) -> Placement:
+    """Sessions no plan can serve within their SLO, at batch 1 on the backends running the fewest
+    sessions (beyond the plan's duty cycles: the device's execution says so)."""
+    backends = list(placement.backends)
+    for s in sessions:
+        i = min(range(len(backends)), key=lambda k: len(backends[k].sessions))
+        b = backends[i]
+        backends[i] = BackendAssignment(b.node_id, b.duty_cycle_ms,
+                                        b.sessions + (PlacedSession(s.model, 1, max(s.rate_rps, MIN_PLANNED_RATE_RPS)),),
+                                        b.exec_ms + s.profiles[device_type].latency_ms(1))
+    return Placement(tuple(backends), placement.overcommitted, placement.moved)

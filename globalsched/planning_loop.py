@@ -1,8 +1,8 @@
-"""The scheduler's re-planning policy: every re-plan goes through the minimal-movement re-planner.
+"""Re-planning one device type: every re-plan goes through the minimal-movement re-planner.
 
-:class:`PlanningLoop` keeps, per device type, the current abstract plan (``common.plan.Plan``), the
-re-planner's state and which backend runs each planned GPU. Each call of :meth:`PlanningLoop.solve_type`
-(through :func:`globalsched.cluster.plan_cluster`) does, for one device type:
+:func:`plan_type` is pure: it takes one device type's sessions, its backends and its
+:class:`TypeState` (the current abstract plan, ``common.plan.Plan``, the re-planner's state and which
+backend runs each planned GPU), and returns the next placement with the next state. It
 
 1. drops the GPUs of backends that are gone (a lost node), and forces a re-plan when that happened,
    when backends joined, or when a session's SLO or minimum replicas changed;
@@ -17,119 +17,111 @@ re-planner's state and which backend runs each planned GPU. Each call of :meth:`
 4. keeps every GPU on the backend that ran it, gives new GPUs the free backends, and folds what
    does not fit onto the least-loaded backends (overcommitted, reported).
 
-Pure apart from its own state: time is passed in.
+Time is passed in.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
+from typing import AbstractSet, Callable, Mapping, Sequence
 
-from common.plan import GpuPlan, GpuSpec, Plan, PlanningError, SessionAlloc, SessionSpec
+from common.plan import GpuPlan, GpuSpec, Plan, PlanningError, SessionAlloc, SessionSpec, gpu_exec_breakdown
 from globalsched.algorithms.config import PlannerConfig
 from globalsched.algorithms.replan import ReplanConfig, ReplanReason, ReplanState, replan
 from globalsched.placement import BackendAssignment, BackendSlot, PlacedSession, Placement
 
 
-@dataclass
-class _TypeState:
+@dataclass(frozen=True)
+class TypeState:
+    """What re-planning one device type remembers between plans."""
+
     plan: Plan | None = None
-    state: ReplanState = field(default_factory=ReplanState)
-    nodes: dict[int, str] = field(default_factory=dict)          # GPU id -> backend running it
-    replicas: set[tuple[int, str]] = field(default_factory=set)  # (GPU id, session) added by add_replicas
+    replan: ReplanState = field(default_factory=ReplanState)
+    nodes: Mapping[int, str] = field(default_factory=dict)        # GPU id -> backend running it
+    replicas: frozenset[tuple[int, str]] = frozenset()            # (GPU id, session) added by add_replicas
     signature: tuple = ()
     slots: frozenset[str] = frozenset()
     placement: Placement | None = None
 
 
-class PlanningLoop:
-    """Re-planning state of the scheduler, per device type (see the module docstring)."""
+@dataclass(frozen=True)
+class TypeResult:
+    placement: Placement
+    devices: int                 # GPUs of the plan (before folding onto the backends there are)
+    lower_bound: int
+    reason: ReplanReason         # NONE: the previous placement stands
+    state: TypeState
 
-    def __init__(self, config: ReplanConfig = ReplanConfig(), default_min_replicas: int = 1,
-                 solver: str = "squishy") -> None:
-        self.config = config
-        self.solver = solver          # the first plan of a device type; repairs are the re-planner's
-        self.default_min_replicas = max(1, default_min_replicas)
-        self.types: dict[str, _TypeState] = {}
-        self.now_s = 0.0
-        self.min_replicas: Mapping[str, int] = {}
-        self.reasons: dict[str, ReplanReason] = {}     # last decision per device type
-        self.force: ReplanReason | None = None
-        self.previous: Mapping[str, frozenset[str]] = {}
 
-    def begin(self, now_s: float, min_replicas: Mapping[str, int], force: ReplanReason | None = None,
-              previous: Mapping[str, frozenset[str]] | None = None) -> None:
-        """Set the inputs of the next :func:`plan_cluster` call; ``previous`` maps a backend to the
-        sessions it ran (new GPUs go to the free backend that ran most of theirs)."""
-        self.now_s = now_s
-        self.previous = previous or {}
-        self.min_replicas = min_replicas
-        self.force = force
-        self.reasons = {}
+def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[BackendSlot],
+              shares: Mapping[str, float | None], st: TypeState, *, now_s: float,
+              min_replicas: Mapping[str, int], force: ReplanReason | None = None,
+              previous: Mapping[str, frozenset[str]] = {}, config: ReplanConfig = ReplanConfig(),
+              solver: str = "squishy") -> TypeResult:
+    """The next placement of one device type's sessions (see the module docstring), and its state.
 
-    def replicas_of(self, session: str) -> int:
-        return max(1, self.min_replicas.get(session, 0) or self.default_min_replicas)
+    ``min_replicas`` gives every session's replica count (at least 1); ``previous`` maps a backend to
+    the sessions it ran (new GPUs go to the free backend that ran most of theirs); ``solver`` makes
+    the first plan of the type, with prefix groups or without, whichever needs fewer devices
+    (repairs are the re-planner's).
+    """
+    from globalsched.prefix_groups import planning_groups
 
-    @property
-    def changed(self) -> bool:
-        """Whether the last plan differs from the one before (some device type re-planned)."""
-        return any(r is not ReplanReason.NONE for r in self.reasons.values())
+    alive = frozenset(b.node_id for b in slots)
+    grouped, groups = planning_groups(specs, shares)
+    # An SLO that changes by itself is a query stage's budget, which follows the rates: judged by
+    # the rate band like them (a model's SLO changes through LoadModel, which forces a re-plan).
+    signature = tuple(sorted((s.name, min_replicas.get(s.name, 1), s.prefix_group or "") for s in specs))
+    if signature != st.signature:
+        force = force or ReplanReason.SESSIONS_CHANGED
+    if alive != st.slots:
+        force = ReplanReason.MEMBERSHIP
+    current = st.plan
+    if current is not None:
+        kept = []
+        for g in current.gpus:
+            node = st.nodes.get(g.id)
+            if node is not None and node not in alive:
+                continue                         # a lost backend: its sessions become deficits
+            kept.append(g)
+        current = replace(current, gpus=tuple(kept))
+        current = _strip_replicas(current, st.replicas)
+    if not specs:
+        plan = Plan("replan", (), 0, 0.0)
+        state, reason = st.replan, (ReplanReason.NONE if current is not None and not current.gpus
+                                    and force is None else ReplanReason.SESSIONS_CHANGED)
+    elif current is None:     # the better of the plans with and without prefix groups
+        from globalsched.prefix_groups import solve_with_prefix_groups
 
-    def solve_type(self, device_type: str, specs: Sequence[SessionSpec], gpu: GpuSpec,
-                   slots: Sequence[BackendSlot], shares: Mapping[str, float | None]) -> tuple[Placement, int, int]:
-        from globalsched.prefix_groups import planning_groups
+        plan = solve_with_prefix_groups(specs, gpu, solver, config.planner, shares=shares)
+        reason = ReplanReason.INITIAL
+        state = ReplanState(now_s, tuple((s.name, s.rate_rps) for s in specs), (), reason, st.replan.replans + 1)
+    else:
+        try:
+            plan, state = replan(current, grouped, gpu, now_s, st.replan, config, groups, force=force)
+        except PlanningError:   # a prefix-grouped plan the re-planner cannot make: plan without groups
+            plain = [SessionSpec(s.name, s.model, s.slo_ms, s.rate_rps, s.profile) for s in specs]
+            plan, state = replan(current, plain, gpu, now_s, st.replan, config, force=force)
+        reason = state.reason
+    if reason is ReplanReason.NONE and st.placement is not None:
+        return TypeResult(st.placement, _devices_needed(st.plan, specs, min_replicas) if st.plan else 0,
+                          st.plan.lower_bound if st.plan else 0, reason, st)
+    plan = replace(plan, gpus=_fresh_ids(plan.gpus, current, st.plan))
+    gpus, replicas = add_replicas(plan.gpus, specs, gpu, {s.name: min_replicas.get(s.name, 1) for s in specs},
+                                  len(slots), config.planner, st.plan, st.replicas)
+    plan = replace(plan, gpus=tuple(gpus))
+    by_name, by_group = {s.name: s for s in grouped}, {g.name: g for g in groups}
+    placement, nodes = _assign(plan.gpus, slots, st.nodes, previous,
+                               lambda g: gpu_exec_breakdown(g, by_name, by_group)[0])
+    new = TypeState(plan, state, nodes, frozenset(replicas), signature, alive, placement)
+    return TypeResult(placement, _devices_needed(plan, specs, min_replicas), plan.lower_bound, reason, new)
 
-        st = self.types.setdefault(device_type, _TypeState())
-        alive = frozenset(b.node_id for b in slots)
-        force = self.force
-        # An SLO that changes by itself is a query stage's budget, which follows the rates: judged by
-        # the rate band like them (a model's SLO changes through LoadModel, which forces a re-plan).
-        signature = tuple(sorted((s.name, self.replicas_of(s.name), s.prefix_group or "") for s in specs))
-        if signature != st.signature:
-            force = force or ReplanReason.SESSIONS_CHANGED
-        if alive != st.slots:
-            force = ReplanReason.MEMBERSHIP
-        current = st.plan
-        if current is not None:
-            kept = []
-            for g in current.gpus:
-                node = st.nodes.get(g.id)
-                if node is not None and node not in alive:
-                    continue                         # a lost backend: its sessions become deficits
-                kept.append(g)
-            current = replace(current, gpus=tuple(kept))
-            current = _strip_replicas(current, st.replicas)
-        if not specs:
-            plan = Plan("replan", (), 0, 0.0)
-            state, reason = st.state, (ReplanReason.NONE if current is not None and not current.gpus
-                                       and force is None else ReplanReason.SESSIONS_CHANGED)
-        elif current is None and self.solver != "squishy":
-            from globalsched.prefix_groups import solve_with_prefix_groups
 
-            plan = solve_with_prefix_groups(specs, gpu, self.solver, self.config.planner, shares=shares)
-            reason = ReplanReason.INITIAL
-            state = ReplanState(self.now_s, tuple((s.name, s.rate_rps) for s in specs), (), reason,
-                                st.state.replans + 1)
-        else:
-            grouped, groups = planning_groups(specs, shares)
-            try:
-                plan, state = replan(current, grouped, gpu, self.now_s, st.state, self.config, groups, force=force)
-            except PlanningError:   # a prefix-grouped plan the re-planner cannot make: plan without groups
-                plain = [SessionSpec(s.name, s.model, s.slo_ms, s.rate_rps, s.profile) for s in specs]
-                plan, state = replan(current, plain, gpu, self.now_s, st.state, self.config, force=force)
-            reason = state.reason
-        self.reasons[device_type] = reason
-        if reason is ReplanReason.NONE and st.placement is not None:
-            return st.placement, len(st.plan.gpus) if st.plan else 0, st.plan.lower_bound if st.plan else 0
-        plan = replace(plan, gpus=_fresh_ids(plan.gpus, current, st.plan))
-        gpus, replicas = add_replicas(plan.gpus, specs, gpu, {s.name: self.replicas_of(s.name) for s in specs},
-                                      len(slots), self.config.planner, st.plan, st.replicas)
-        plan = replace(plan, gpus=tuple(gpus))
-        placement, nodes = _assign(plan.gpus, slots, st.nodes, self.previous)
-        st.plan, st.state, st.nodes, st.replicas = plan, state, nodes, replicas
-        st.signature, st.slots, st.placement = signature, alive, placement
-        return placement, len(plan.gpus), plan.lower_bound
+def _devices_needed(plan: Plan, specs: Sequence[SessionSpec], min_replicas: Mapping[str, int]) -> int:
+    """The plan's GPUs, and at least the most replicas a session asks for (replicas are only added on
+    backends that exist, so more backends are what lets them be placed)."""
+    return max(len(plan.gpus), max((min_replicas.get(s.name, 1) for s in specs), default=0))
 
 
 def _fresh_ids(gpus: Sequence[GpuPlan], current: Plan | None, before: Plan | None) -> tuple[GpuPlan, ...]:
@@ -149,7 +141,7 @@ def _fresh_ids(gpus: Sequence[GpuPlan], current: Plan | None, before: Plan | Non
     return tuple(out)
 
 
-def _strip_replicas(plan: Plan, replicas: set[tuple[int, str]]) -> Plan:
+def _strip_replicas(plan: Plan, replicas: AbstractSet[tuple[int, str]]) -> Plan:
     """The plan without the replicas that :func:`add_replicas` added, except where a session has no
     other allocation left (its primary's backend was lost): that replica becomes its primary."""
     primaries: dict[str, int] = {}
@@ -174,7 +166,7 @@ def _strip_replicas(plan: Plan, replicas: set[tuple[int, str]]) -> Plan:
 
 def add_replicas(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: GpuSpec, wanted: Mapping[str, int],
                  max_gpus: int, planner: PlannerConfig, before: Plan | None = None,
-                 replicas_before: set[tuple[int, str]] = frozenset()) -> tuple[list[GpuPlan], set[tuple[int, str]]]:
+                 replicas_before: AbstractSet[tuple[int, str]] = frozenset()) -> tuple[list[GpuPlan], set[tuple[int, str]]]:
     """``gpus`` with each session on at least ``wanted[session]`` GPUs where possible, and the
     (GPU id, session) replicas added.
 
@@ -253,10 +245,11 @@ def _with(g: GpuPlan, spec: SessionSpec, rate: float, gpu: GpuSpec, margins_ms: 
 
 
 def _assign(gpus: Sequence[GpuPlan], slots: Sequence[BackendSlot], nodes_before: Mapping[int, str],
-            previous: Mapping[str, frozenset[str]] = {}) -> tuple[Placement, dict[int, str]]:
+            previous: Mapping[str, frozenset[str]], exec_ms: Callable[[GpuPlan], float]
+            ) -> tuple[Placement, dict[int, str]]:
     """GPUs onto backends: each GPU stays on the backend that ran it; new GPUs take the free backend
     that ran most of their sessions before (``previous``), else the first free one; the rest fold
-    onto the least-loaded backends."""
+    onto the least-loaded backends. ``exec_ms`` gives a GPU's execution per duty cycle."""
     alive = [b.node_id for b in slots]
     nodes: dict[int, str] = {}
     used: set[str] = set()
@@ -292,5 +285,6 @@ def _assign(gpus: Sequence[GpuPlan], slots: Sequence[BackendSlot], nodes_before:
                     s = PlacedSession(s.model, max(s.batch, old.batch), s.throughput_rps + old.throughput_rps)
                 sessions[a.session] = s
         duty = max((g.duty_cycle_ms for g in mine), default=0.0)
-        result.append(BackendAssignment(n, duty, tuple(sorted(sessions.values(), key=lambda s: s.model))))
+        result.append(BackendAssignment(n, duty, tuple(sorted(sessions.values(), key=lambda s: s.model)),
+                                        sum(exec_ms(g) for g in mine)))
     return Placement(tuple(result), overcommitted, 0), nodes

@@ -15,30 +15,18 @@ ties: the scheduler's split is never worse than the even split it is compared ag
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
 from common.plan import PlanningError, QueryEdge, QuerySpec, QueryStage
 from common.profile import Profile
 from common.query_def import QueryDef, even_budgets_ms, latest_finish_ms
-from globalsched.cluster import MIN_PLANNED_RATE_RPS, UNBOUNDED_MEMORY_MB, SessionInput
+from globalsched.cluster import MIN_PLANNED_RATE_RPS, UNBOUNDED_MEMORY_MB, QueryPlan, SessionInput
 
 if TYPE_CHECKING:
     from globalsched.algorithms.config import PlannerConfig
 
 SPLIT_METHODS = ("dp", "even", "proportional")
 DEFAULT_GAMMA = 1.0
-
-
-@dataclass(frozen=True)
-class QueryPlan:
-    name: str
-    budgets_ms: Mapping[str, float]
-    gammas: Mapping[str, float]            # "parent->child" -> gamma used
-    method: str
-    reason: str = ""
-    stage_rates_rps: Mapping[str, float] = field(default_factory=dict)
-    latest_finish_ms: Mapping[str, float] = field(default_factory=dict)   # common.query_def.latest_finish_ms
 
 
 def plan_query_sessions(queries: Mapping[str, QueryDef], rates_rps: Mapping[str, float],

@@ -5,8 +5,12 @@
 - globalsched/workload.py: ReportWorkload: smoothed rates, rate windows, fan-out per query edge;
 - globalsched/model_admin.py: the model database behind Upload/Download/List/Load/Unload/AddProfile,
   query registration, profiling on demand, models that fail to load;
-- globalsched/planner.py: when to re-plan and what for, through globalsched/planning_loop.py;
-- globalsched/distribution.py: model tables to backends, then routing tables to frontends;
+- globalsched/replan_trigger.py: how the parts above ask for a plan;
+- globalsched/control_loop.py: the planning task: reads the view (globalsched/view.py), calls the pure
+  planner (globalsched/planner.py) and hands each new plan to the actuators;
+- globalsched/distribution.py, an actuator: model tables to backends, then routing tables to frontends;
+- globalsched/device_scaler.py, an actuator: the devices each device type should have
+  (globalsched/scaling_policy.py), as nexus_desired_devices on the metrics port and in GetStatus;
 - globalsched/status.py: GetStatus.
 
 A part refuses a request by raising :class:`globalsched.refusal.Refused`; the servicer turns it
@@ -26,14 +30,19 @@ from common.config import SchedulerConfig
 from common.health import Health
 from common.pb import control, control_grpc
 from common.security import Credentials
-from globalsched.cluster import ClusterPlan
+from globalsched.control_loop import ControlLoop
+from globalsched.device_scaler import DeviceScaler, ScalerCollector
 from globalsched.distribution import Distribution
-from globalsched.membership import Membership, Node, advertised_address, peer_host  # noqa: F401 (re-exported)
-from globalsched.model_admin import ModelAdmin, load_slowdowns  # noqa: F401 (re-exported)
+from globalsched.membership import Membership
+from globalsched.model_admin import ModelAdmin
 from globalsched.modeldb import ModelDatabase
-from globalsched.planner import Planner
+from globalsched.planner import PlannerSettings
 from globalsched.refusal import Refused
-from globalsched.workload import RATE_SMOOTHING, Workload  # noqa: F401 (re-exported)
+from globalsched.replan_trigger import ReplanTrigger
+from globalsched.scaling_policy import ScalingConfig
+from globalsched.status import status_reply
+from globalsched.view import read_view
+from globalsched.workload import Workload
 
 log = logging.getLogger("nexus.scheduler")
 
@@ -44,19 +53,26 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.config = config
         self.db = db
         self.workload = Workload()
-        self.membership = Membership(config, creds, self.workload)
+        self.trigger = ReplanTrigger()
+        self.membership = Membership(config, creds, self.workload, self.trigger)
         self.nodes = self.membership.nodes
-        self.admin = ModelAdmin(config, db, self.nodes, prefix_fn)
+        self.admin = ModelAdmin(config, db, self.nodes, self.trigger, prefix_fn)
         self.distribution = Distribution(self.nodes, self.admin, self.workload)
-        self.planner = Planner(config, self.membership, self.workload, self.admin, self.distribution)
-        self.membership.planner = self.admin.planner = self.planner
+        self.scaler = DeviceScaler(ScalingConfig(config.scale_down_cooldown_s, config.device_headroom,
+                                                 bounds=config.device_bounds),
+                                   self.membership.backends, self.workload.current_rates)
+        self.control = ControlLoop(PlannerSettings.from_config(config), self.trigger, self.read_view,
+                                   [self.admin, self.distribution, self.scaler])
         self._tasks: list[asyncio.Task] = []
+
+    def read_view(self, now: float, force=None, why: tuple[str, ...] = ()):
+        return read_view(now, self.membership.backends(), self.admin, self.workload, force, why)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self.planner.run()), asyncio.create_task(self.membership.reaper()),
-                       asyncio.create_task(self.planner.epoch_timer())]
+        self._tasks = [asyncio.create_task(self.control.run()), asyncio.create_task(self.membership.reaper()),
+                       asyncio.create_task(self.control.epoch_timer()), asyncio.create_task(self.scaler.run())]
 
     async def stop(self) -> None:
         self.membership.stopping = True     # streams that end from now on are the shutdown's
@@ -66,9 +82,6 @@ class SchedulerService(control_grpc.SchedulerServicer):
 
     def close(self) -> None:
         self.admin.close()
-
-    def routing_table(self, plan: ClusterPlan, failed: dict[str, str] | None = None) -> control.RoutingTable:
-        return self.distribution.routing_table(plan, self.planner, failed)
 
     # ---- membership --------------------------------------------------------------------------------
 
@@ -92,8 +105,10 @@ class SchedulerService(control_grpc.SchedulerServicer):
             await events.aclose()     # the stream's end removes the node now, not when collected
 
     async def Leave(self, request, context):
+        moved = self.control.plan.sessions_on(request.node_id) if self.control.plan is not None else 0
         try:
-            return control.LeaveReply(sessions_moved=await self.membership.leave(request.node_id))
+            await self.membership.leave(request.node_id)
+            return control.LeaveReply(sessions_moved=moved)
         except Refused as r:
             await context.abort(r.code, r.message)
 
@@ -102,9 +117,8 @@ class SchedulerService(control_grpc.SchedulerServicer):
     async def ReportWorkload(self, request, context):
         if request.node_id not in self.nodes:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"unknown node {request.node_id!r}; register first")
-        now = time.monotonic()
-        self.workload.report(request, now)
-        self.planner.check_rate_band(now)
+        self.workload.report(request, time.monotonic())
+        self.trigger.evaluate()
         return control.WorkloadReply()
 
     # ---- model administration ----------------------------------------------------------------------
@@ -150,18 +164,20 @@ class SchedulerService(control_grpc.SchedulerServicer):
             await context.abort(r.code, r.message)
 
     async def ListQueries(self, request, context):
-        return control.ListQueriesReply(queries=self.distribution.query_infos(self.planner))
+        return control.ListQueriesReply(queries=self.distribution.query_infos(self.control.plan))
 
     # ---- status ------------------------------------------------------------------------------------
 
     async def GetStatus(self, request, context):
-        from globalsched.status import status_reply
-
-        return status_reply(self)
+        plan, epoch = self.control.plan, self.control.epoch
+        routing = control.RoutingTable(epoch=epoch) if plan is None else self.distribution.routing_table(plan, epoch)
+        return status_reply(plan, routing, self.membership.backends(), len(self.membership.frontends()), self.admin,
+                            max(time.monotonic() - self.control.last_plan_time, 0.0),
+                            self.scaler.decisions.values())
 
 
 async def serve(config: SchedulerConfig, ready=None) -> None:
-    """Run the scheduler until cancelled; ``ready(address)`` is called once it listens."""
+    """Run the scheduler until cancelled; ``ready(address, metrics=URL)`` is called once it listens."""
     db = ModelDatabase(config.data_dir, int(config.max_upload_mb * 1024 * 1024))
     prefix_fn = None
     try:
@@ -175,15 +191,37 @@ async def serve(config: SchedulerConfig, ready=None) -> None:
     health = await Health.attach(server)
     address = grpc_util.bind(server, config.listen, creds)
     await server.start()
+    metrics = await _start_metrics(config, service, server)
     await health.set_ready(True)
     service.start()
     log.info("scheduler listening on %s (data in %s)", address, config.data_dir)
     if ready:
-        ready(address)
+        ready(address, **({"metrics": metrics.url} if metrics is not None else {}))
     try:
         await server.wait_for_termination()
     finally:
         await service.stop()
+        if metrics is not None:
+            await metrics.close()
         await server.stop(grace=1)
         service.close()
         db.close()
+
+
+async def _start_metrics(config: SchedulerConfig, service: SchedulerService, server):
+    """The Prometheus endpoint on ``--metrics-listen`` (None when off); exits with a message when it cannot bind."""
+    if not config.resolved_metrics_listen:
+        return None
+    from prometheus_client import CollectorRegistry
+
+    from common.metrics_http import serve_metrics
+
+    registry = CollectorRegistry()
+    registry.register(ScalerCollector(service.scaler))
+    try:
+        metrics = await serve_metrics("scheduler", config.metrics_listen, config.resolved_metrics_listen, registry)
+    except SystemExit:
+        await server.stop(grace=0)
+        raise
+    log.info("Prometheus metrics on %s", metrics.url)
+    return metrics

@@ -16,6 +16,12 @@ RATE_REPORT_TTL_S = 10.0        # a frontend's report counts this long
 RATE_SMOOTHING = 0.3            # weight of the newest report in the exponentially smoothed rate
 PLAN_RATE_WINDOW_S = 10.0       # plans use the mean rate of the reports of this window
 MIN_EDGE_SAMPLES = 20           # parent rows before a measured gamma is trusted
+# A frontend's latest report is a surge when its count is beyond Poisson noise around the window's
+# mean (this many standard deviations, plus a few requests) and this much above the mean: a plan made
+# for the window's mean would then miss for the window's length.
+SURGE_SIGMAS = 4.0
+SURGE_MIN_EXTRA = 3
+SURGE_RATIO = 1.5
 
 
 class Workload:
@@ -56,12 +62,25 @@ class Workload:
 
     def planning_rates(self, now: float) -> dict[str, float]:
         """The rates a plan is made for: requests over time across the reports of the last
-        PLAN_RATE_WINDOW_S, per frontend, summed (the smoothed rate where a frontend sent no counts).
+        PLAN_RATE_WINDOW_S, per frontend, summed (the smoothed rate where a frontend sent no counts);
+        where a frontend's latest report is a surge (:meth:`surges`), that report's rate instead.
 
         The smoothed rate decides *when* to re-plan, and a re-plan starts when it is at a high (or
-        low) excursion; planning on that value would keep the excursion. The window's mean is steadier.
+        low) excursion; planning on that value would keep the excursion. The window's mean is steadier,
+        but lags a step up by the window's length: a surge beyond noise is planned for at once.
         """
+        return self._rates(now)[0]
+
+    def surges(self, now: float) -> dict[str, float]:
+        """Sessions whose latest report, on some frontend, rose beyond Poisson noise and SURGE_RATIO
+        above that frontend's window mean: their rate summed over frontends, with the surging
+        frontends' latest rates."""
+        rates, surging = self._rates(now)
+        return {model: rates[model] for model in surging}
+
+    def _rates(self, now: float) -> tuple[dict[str, float], set[str]]:
         totals: dict[str, float] = {}
+        surging: set[str] = set()
         for node, per_model in self.rates.items():
             for model, (smoothed, t) in per_model.items():
                 if now - t > RATE_REPORT_TTL_S:
@@ -70,8 +89,17 @@ class Workload:
                          if now - at <= PLAN_RATE_WINDOW_S]
                 window_s = sum(w for _, w in fresh)
                 rate = sum(n for n, _ in fresh) / window_s if window_s > 0 else smoothed
+                if len(fresh) >= 2:
+                    latest_n, latest_w = fresh[-1]
+                    before_s = window_s - latest_w
+                    mean = sum(n for n, _ in fresh[:-1]) / before_s if before_s > 0 else 0.0
+                    expected = mean * latest_w
+                    if latest_n > expected + SURGE_SIGMAS * expected ** 0.5 + SURGE_MIN_EXTRA and \
+                            latest_n > SURGE_RATIO * expected:
+                        rate = max(rate, latest_n / latest_w)
+                        surging.add(model)
                 totals[model] = totals.get(model, 0.0) + rate
-        return totals
+        return totals, surging
 
     def current_rates(self, now: float) -> dict[str, float]:
         """The smoothed rate per session, summed over frontends."""

@@ -6,6 +6,7 @@ import json
 import sys
 
 from common.pb import control
+from common.warmup import describe as describe_warmup, from_pb as warmup_from_pb
 from nexus.client_flags import ClientFlagError, add_client_security, client_credentials
 from nexus.repository_cmd import add_import_parser
 from nexus.scheduler_client import DEFAULT_SCHEDULER, AdminCallError, list_models, upload_model
@@ -16,6 +17,7 @@ def _describe(m: control.ModelDesc) -> dict:
             "slo_ms": m.default_slo_ms, "loaded": m.loaded, "profiles": list(m.profiled_device_types),
             "min_replicas": m.min_replicas,
             "prefix_group": m.prefix_group,
+            "warmup": describe_warmup(warmup_from_pb(m.warmup)),
             "inputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in m.inputs],
             "outputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in m.outputs]}
 

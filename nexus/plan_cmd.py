@@ -31,6 +31,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--network-ms", type=float, default=0.0, help="network margin taken from every SLO")
     p.add_argument("--preprocess-ms", type=float, default=0.0, help="preprocessing margin")
     p.add_argument("--postprocess-ms", type=float, default=0.0, help="postprocessing margin")
+    p.add_argument("--burst-sigma", type=float, default=0.0,
+                   help="burst headroom: every GPU keeps room for its sessions' pooled Poisson burst, a duty "
+                        "cycle overflowing with probability at most 1 - Phi(Z); allocations then carry "
+                        "load_rps (default: 0, none)")
     p.set_defaults(func=run)
 
 
@@ -44,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = PlannerConfig(network_ms=args.network_ms, preprocess_ms=args.preprocess_ms,
-                               postprocess_ms=args.postprocess_ms, cpsat_time_limit_s=args.time_limit_s)
+                               postprocess_ms=args.postprocess_ms, cpsat_time_limit_s=args.time_limit_s,
+                               burst_sigma=args.burst_sigma)
     except ValueError as exc:
         return _error(str(exc))
     try:
@@ -56,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
         plan = solve(sessions, workload.gpu, args.solver, config, workload.prefix_groups)
     except (WorkloadError, PlanningError) as exc:
         return _error(str(exc))
-    violations = validate_plan(plan, sessions, workload.gpu, config.margins_ms, workload.prefix_groups)
+    violations = validate_plan(plan, sessions, workload.gpu, config.margins_ms, workload.prefix_groups,
+                               config.burst_sigma)
     if args.json:
         obj = plan.to_json_obj()
         if splits:
@@ -77,7 +83,8 @@ def render_table(plan: Plan, sessions: list[SessionSpec], workload: Workload, sp
     groups = {g.name: g for g in workload.prefix_groups}
     proof = {True: ", optimal", False: ", not proven optimal", None: ""}[plan.optimal]
     lines = [f"solver {plan.solver}: {plan.num_gpus} GPU(s) of {workload.gpu.name} "
-             f"(lower bound {plan.lower_bound}{proof}), solved in {plan.solve_ms:.1f} ms"]
+             f"(lower bound {plan.lower_bound}{proof}; throughput alone: {plan.lower_bound_throughput_only}), "
+             f"solved in {plan.solve_ms:.1f} ms"]
     lines += [f"  note: {n}" for n in plan.notes]
     rows = [("GPU", "duty ms", "busy", "memory MB", "sessions (batch, req/s)")]
     for g in plan.gpus:

@@ -15,6 +15,7 @@ import tempfile
 from common import grpc_util
 from common.model_repository import RepositoryError, RepositoryModel, describe, read_repository
 from common.security import Credentials
+from common.warmup import from_pb as warmup_from_pb
 from nexus.client_flags import ClientFlagError, add_client_security, client_credentials
 from nexus.scheduler_client import DEFAULT_SCHEDULER, AdminCallError, list_models, upload_model
 
@@ -42,11 +43,12 @@ def _sha256(path) -> str:
 
 def upload_repository(scheduler: str, models: list[RepositoryModel], *, load: bool = True,
                       creds: Credentials = grpc_util.NO_CREDENTIALS) -> list[str]:
-    """Upload every model (skipping one the scheduler holds with the same bytes); return what was uploaded."""
-    stored = {m.name: m.sha256 for m in list_models(scheduler, creds)}
+    """Upload every model (skipping one the scheduler holds with the same bytes and warm-up); return what was
+    uploaded."""
+    stored = {m.name: (m.sha256, warmup_from_pb(m.warmup)) for m in list_models(scheduler, creds)}
     uploaded = []
     for m in models:
-        if stored.get(m.name) == _sha256(m.path):
+        if stored.get(m.name) == (_sha256(m.path), m.warmup):
             continue
         with tempfile.NamedTemporaryFile("w", suffix=".json") as io_file:
             io_path = None
@@ -55,7 +57,7 @@ def upload_repository(scheduler: str, models: list[RepositoryModel], *, load: bo
                 io_file.flush()
                 io_path = io_file.name
             upload_model(scheduler, m.path, m.name, slo_ms=m.slo_ms, runtime=m.runtime, io_path=io_path, load=load,
-                         creds=creds)
+                         warmup=m.warmup, creds=creds)
         uploaded.append(m.name)
     return uploaded
 

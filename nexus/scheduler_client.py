@@ -11,13 +11,14 @@ types here, at the edge.
 from __future__ import annotations
 
 import pathlib
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import grpc
 
 from common import grpc_util
 from common.pb import control, control_grpc
 from common.security import Credentials
+from common.warmup import WarmupSample, to_pb as warmup_to_pb
 from nexus.status_model import ClusterStatus, from_reply
 
 DEFAULT_SCHEDULER = "127.0.0.1:8100"
@@ -55,9 +56,10 @@ def _chunks(header: control.UploadHeader, path: pathlib.Path) -> Iterator[contro
 
 def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile_path: str | None = None,
                  slo_ms: float = 0.0, runtime: str = "", io_path: str | None = None, load: bool = True,
-                 timeout_s: float = 300, min_replicas: int = 0,
+                 timeout_s: float = 300, min_replicas: int = 0, warmup: Sequence[WarmupSample] = (),
                  creds: Credentials = grpc_util.NO_CREDENTIALS) -> control.ModelDesc:
-    """Stream a model file to the scheduler; raise AdminCallError with the scheduler's reason if refused."""
+    """Stream a model file to the scheduler; raise AdminCallError with the scheduler's reason if refused.
+    ``warmup``: the model's warm-up samples (config.pbtxt's model_warmup; none: the backends' default)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise AdminCallError(f"no such file: {path}")
@@ -65,6 +67,7 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
         raise AdminCallError(f"--min-replicas must not be negative, got {min_replicas}")
     header = control.UploadHeader(name=name, slo_ms=slo_ms, load=load, min_replicas=min_replicas,
                                   runtime=runtime or ("torch" if path.suffix in (".pt", ".pt2") else "onnxruntime"))
+    header.warmup.extend(warmup_to_pb(warmup))
     for attr, file in (("profile_json", profile_path), ("io_json", io_path)):
         if file:
             try:

@@ -17,6 +17,7 @@ says otherwise; this command prints what an operator needs.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import pathlib
@@ -113,6 +114,8 @@ def configs(args, security: SecurityConfig = SecurityConfig()) -> tuple[Schedule
     data_dir = pathlib.Path(args.data_dir).resolve()
     scheduler = from_args(SchedulerConfig, args, listen=f"127.0.0.1:{args.scheduler_port}", data_dir=data_dir / "db",
                           security=security)
+    # a scheduler on any free port takes any free metrics port too: pinned as such, so its restart keeps it
+    scheduler = dataclasses.replace(scheduler, metrics_listen=scheduler.resolved_metrics_listen)
     backend = from_args(BackendConfig, args, scheduler=scheduler.listen, listen="127.0.0.1:0", security=security)
     frontend = from_args(FrontendConfig, args, prefix=FRONTEND_PREFIX, scheduler=scheduler.listen, security=security,
                          listen=join_host_port(args.host, args.frontend_port),
@@ -122,8 +125,6 @@ def configs(args, security: SecurityConfig = SecurityConfig()) -> tuple[Schedule
 
 
 def run(args) -> int:
-    import dataclasses
-
     from common.sample_models import SAMPLE_MODELS, write_sample_models
     from common.sample_queries import SAMPLE_QUERIES, sample_query_json
     from nexus.scheduler_client import AdminCallError, list_models, list_queries, register_query, upload_model
@@ -172,7 +173,9 @@ def run(args) -> int:
     try:
         scheduler = supervisor.add(start(sched_cfg))
         sched_addr = scheduler.wait_ready(60)
-        pin_listen(scheduler, sched_cfg)          # a restarted scheduler comes back where the nodes look
+        # a restarted scheduler comes back where the nodes and scrapers look
+        scheduler_metrics = scheduler.info.get("metrics", "")
+        pin_listen(scheduler, sched_cfg, metrics_listen=urllib.parse.urlsplit(scheduler_metrics).netloc)
         names = []
         if not args.no_samples:
             known = {m.name for m in list_models(sched_addr, creds)}
@@ -213,7 +216,8 @@ def run(args) -> int:
         print(f"Nexus is serving on {frontend.address} (KServe v2 gRPC) and http://{http_address} (KServe v2 "
               f"HTTP/REST); scheduler at {sched_addr}", flush=True)
         print(f"  models: {', '.join(names) or '(none)'}", flush=True)
-        print(f"  metrics: {metrics_url} (Prometheus)", flush=True)
+        print(f"  metrics: {metrics_url} (Prometheus; the scheduler's, with nexus_desired_devices: "
+              f"{scheduler_metrics or 'off'})", flush=True)
         print(f"  admin:  nexus models list --scheduler {sched_addr} {' '.join(_client_flags(security))}".rstrip(),
               flush=True)
         print(f"  try:    nexus bench --frontend {frontend.address} --model resnet18_64 --rate 50 --slo-ms 100",

@@ -111,19 +111,31 @@ def infer_request(model: str, features: int = 64, timeout_us: int = 0) -> kserve
     return req
 
 
-def wait_ready(frontend: str, model: str, timeout_s: float = 60) -> None:
+def wait_ready(frontend: str, model: str, timeout_s: float = 60, features: int = 64) -> None:
     with grpc.insecure_channel(frontend) as ch:
         stub = kserve_grpc.GRPCInferenceServiceStub(ch)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if stub.ModelReady(kserve.ModelReadyRequest(name=model), timeout=5).ready:
                 try:
-                    stub.ModelInfer(infer_request(model), timeout=10)
+                    stub.ModelInfer(infer_request(model, features), timeout=10)
                     return
                 except grpc.RpcError:
                     pass
             time.sleep(0.2)
     raise AssertionError(f"{model} not ready in {timeout_s} s")
+
+
+def wait_for(predicate, timeout_s: float = 60, what: str = ""):
+    """Poll ``predicate`` until it returns something true, and return that; AssertionError naming
+    ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
 
 
 @dataclass

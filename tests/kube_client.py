@@ -4,6 +4,9 @@
 Kubernetes gRPC probe does until ``SERVICE`` is SERVING (exit 0) or the time is up (exit 1).
 ``python -m tests.kube_client infer ADDRESS MODEL ROWS FEATURES``: wait for the model, infer a batch
 through the KServe v2 gRPC API, print the output's shape and datatype as JSON.
+``python -m tests.kube_client scrape URL METRIC TIMEOUT_S``: GET a Prometheus endpoint as a scraper
+does until it holds METRIC (exit 1 when the time is up), print every sample as JSON
+(``[name, labels, value]``).
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+
+import urllib.request
 
 import grpc
 import numpy as np
@@ -55,11 +60,34 @@ def infer(address: str, model: str, rows: int, features: int) -> int:
         client.close()
 
 
+def scrape(url: str, metric: str, timeout_s: float) -> int:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            text = urllib.request.urlopen(url, timeout=5).read().decode()
+            samples = [[s.name, s.labels, s.value] for family in text_string_to_metric_families(text)
+                       for s in family.samples]
+            if any(name == metric for name, _, _ in samples):
+                print(json.dumps(samples))
+                return 0
+            last = f"no {metric} among {len(samples)} samples"
+        except OSError as exc:
+            last = str(exc)
+        time.sleep(0.3)
+    print(f"{url}: {last} after {timeout_s} s", file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str]) -> int:
     if argv[0] == "ready":
         return ready(argv[1], argv[2], float(argv[3]))
     if argv[0] == "infer":
         return infer(argv[1], argv[2], int(argv[3]), int(argv[4]))
+    if argv[0] == "scrape":
+        return scrape(argv[1], argv[2], float(argv[3]))
     print(f"unknown command {argv[0]!r}", file=sys.stderr)
     return 2
 

@@ -21,6 +21,8 @@ KUSTOMIZATION = "kustomization.yaml"
 KNOWN_KEYS = {"apiVersion", "kind", "resources", "namespace"}
 CLUSTER_SCOPED = {"Namespace", "PersistentVolume", "ClusterRole", "ClusterRoleBinding", "StorageClass"}
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
+# Kinds of CRDs (KEDA, the Prometheus Operator): no schema offline, so not validated.
+CUSTOM_RESOURCES = {("keda.sh/v1alpha1", "ScaledObject"), ("monitoring.coreos.com/v1", "ServiceMonitor")}
 
 
 class RenderError(ValueError):
@@ -80,6 +82,28 @@ def find(objects: list[dict], kind: str, name: str) -> dict:
 
 def workloads(objects: list[dict]) -> list[dict]:
     return [o for o in objects if o["kind"] in WORKLOADS]
+
+
+def is_custom_resource(obj: dict) -> bool:
+    return (obj.get("apiVersion"), obj.get("kind")) in CUSTOM_RESOURCES
+
+
+def scalers(objects: list[dict], workload: dict) -> list[dict]:
+    """The HorizontalPodAutoscalers and KEDA ScaledObjects that scale ``workload``."""
+    name, kind = workload["metadata"]["name"], workload["kind"]
+    return [o for o in objects if o["kind"] in ("HorizontalPodAutoscaler", "ScaledObject")
+            and o["spec"]["scaleTargetRef"]["name"] == name
+            and o["spec"]["scaleTargetRef"].get("kind", "Deployment") == kind]
+
+
+def replicas(objects: list[dict], workload: dict) -> int:
+    """The pods ``workload`` runs before any metric asks for more: its HPA's (or ScaledObject's)
+    minimum when one scales it, else ``spec.replicas`` (default 1)."""
+    for scaler in scalers(objects, workload):
+        if scaler["kind"] == "ScaledObject":
+            return scaler["spec"].get("minReplicaCount", 0)
+        return scaler["spec"].get("minReplicas", 1)
+    return workload["spec"].get("replicas", 1)
 
 
 def pod_spec(workload: dict) -> dict:

@@ -7,7 +7,7 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.plan import GpuSpec, Plan, PrefixGroup, SessionSpec, ViolationKind, validate_plan
+from common.plan import GpuSpec, Plan, PrefixGroup, SessionSpec, ViolationKind, gpu_exec_breakdown, validate_plan
 from common.profile import BatchLatency, Profile
 from globalsched.algorithms import PlannerConfig, Solver, lower_bound, lower_bound_gpus, solve
 
@@ -51,7 +51,12 @@ def _assert_sound(plan: Plan, sessions: list[SessionSpec], gpu: GpuSpec, margins
     assert validate_plan(plan, sessions, gpu, margins_ms, groups) == []
     assert plan.lower_bound == lower_bound(sessions, gpu, PlannerConfig(network_ms=margins_ms), groups)
     assert plan.num_gpus >= plan.lower_bound
-    assert plan.lower_bound >= lower_bound_gpus(sessions, gpu, PlannerConfig(network_ms=margins_ms), groups) - 1e-9
+    bound = lower_bound_gpus(sessions, gpu, PlannerConfig(network_ms=margins_ms), groups)
+    assert plan.lower_bound >= bound - 1e-9
+    # The proof's inequality itself: the shares of their GPUs the sessions use add up to the bound.
+    specs, group_map = {s.name: s for s in sessions}, {g.name: g for g in groups}
+    assert sum(gpu_exec_breakdown(g, specs, group_map)[0] / g.duty_cycle_ms for g in plan.gpus) >= bound - 1e-9
+    assert plan.lower_bound_throughput_only is not None and plan.lower_bound_throughput_only <= plan.lower_bound
 
 
 @SETTINGS

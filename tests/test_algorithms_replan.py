@@ -15,7 +15,7 @@ from globalsched.algorithms import ReplanConfig, ReplanReason, ReplanState, repl
 from globalsched.algorithms.gpuload import GpuLoad, Member
 from globalsched.algorithms.batching import prepare
 from globalsched.algorithms.config import PlannerConfig
-from globalsched.algorithms.replan import _dissolve
+from globalsched.algorithms.replan import SQUISHY_OVER_BOUND, _dissolve
 
 GPU = GpuSpec("v100", 16000)
 
@@ -40,7 +40,7 @@ def within_waste_rule(plan: Plan, sessions: list[SessionSpec]) -> bool:
     """The documented bound on a repaired plan's size (replan module docstring)."""
     fresh = solve(sessions, GPU).num_gpus
     c = ReplanConfig()
-    return plan.num_gpus <= max(math.floor(plan.lower_bound * 1.10 * (1 + c.waste_ratio)),
+    return plan.num_gpus <= max(math.floor(plan.lower_bound * SQUISHY_OVER_BOUND * (1 + c.waste_ratio)),
                                 math.floor(fresh * (1 + c.waste_ratio))) + c.waste_gpus
 
 

@@ -34,19 +34,22 @@ def softmax_out_of_range(axis: int) -> bytes:
     return model.SerializeToString()
 
 
-def test_load_failures_allow_a_bounded_number_of_attempts_per_file_and_device_type():
+def test_load_failures_allow_a_bounded_number_of_attempts_per_model_and_device_type():
     failures = LoadFailures(max_attempts=3)
-    assert failures.record("sha", "cpu", "be-1", "bad axis")
-    assert failures.record("sha", "cpu", "be-2", "bad axis")
-    assert not failures.exhausted("sha", "cpu") and failures.reason("sha") == ""
-    assert not failures.record("sha", "cpu", "be-1", "bad axis")
-    assert failures.exhausted("sha", "cpu") and failures.tried("sha", "cpu") == {"be-1", "be-2"}
-    assert failures.reason("sha") == "cannot load on cpu (3 attempts on 2 backends): bad axis"
-    assert failures.exhausted_on_all("sha", ["cpu"]) and not failures.exhausted_on_all("sha", ["cpu", "cuda"])
-    assert not failures.exhausted_on_all("sha", [])
-    assert not failures.exhausted("other", "cpu")          # a new upload starts afresh
-    failures.forget("sha")                                 # so does an explicit load
-    assert not failures.exhausted("sha", "cpu") and failures.reason("sha") == ""
+    assert failures.record("my_model", "cpu", "be-1", "bad axis")
+    assert failures.record("my_model", "cpu", "be-2", "bad axis")
+    assert not failures.exhausted("my_model", "cpu") and failures.reason("my_model") == ""
+    assert not failures.record("my_model", "cpu", "be-1", "bad axis")
+    assert not failures.record("my_model", "cpu", "be-3", "bad axis")      # spent: not counted again
+    assert failures.exhausted("my_model", "cpu") and failures.tried("my_model", "cpu") == {"be-1", "be-2"}
+    assert failures.reason("my_model") == "cannot load on cpu (3 attempts on 2 backends): bad axis"
+    assert failures.reason_on("my_model", "cpu") == failures.reason("my_model")
+    assert failures.reason_on("my_model", "t4") == ""
+    assert failures.exhausted_types("my_model") == {"cpu"}
+    # Keyed by the model, not the file: a model with the same bytes has its own attempts.
+    assert failures.exhausted_types("same_bytes") == frozenset() and not failures.exhausted("same_bytes", "cpu")
+    failures.forget("my_model")                             # a new upload or an explicit load starts afresh
+    assert not failures.exhausted("my_model", "cpu") and failures.reason("my_model") == ""
 
 
 @pytest.mark.slow
@@ -107,9 +110,54 @@ def test_a_model_onnxruntime_cannot_load_is_unavailable_with_the_reason_and_othe
             assert not stub.ModelReady(kserve.ModelReadyRequest(name="bad_query"), timeout=10).ready
         logs = log_path.read_text()
         assert logs.count("profiling bad_profiled on") == MAX_LOAD_ATTEMPTS   # bounded: no retry loop
-        # The model and the query stage share the file's attempts; one push may try both at once.
+        # The model and the query stage share the model's attempts; one push may try both at once.
         assert MAX_LOAD_ATTEMPTS <= logs.count("cannot load bad_loaded") + logs.count("cannot load bad_query/s") \
             <= 2 * MAX_LOAD_ATTEMPTS
         assert "Traceback" not in logs
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.slow
+def test_a_model_no_device_type_can_profile_is_reported_and_one_with_the_same_bytes_and_a_profile_serves(tmp_path):
+    """Issue 20, items 2 and 3: on emulated t4 backends, a model without a t4 profile cannot be
+    profiled there (an emulated GPU executes a given profile). It is reported as needing one, with
+    that advice, without spending load attempts; a model with the same bytes and its own t4 profile
+    is placed and serves."""
+    from common.pb import control, control_grpc
+    from tests.components import infer_request, start_cluster as start_components, wait_ready
+
+    cluster = start_components(tmp_path / "db", 2, "emulated:t4")
+    try:
+        path = tmp_path / "softmax.onnx"
+        path.write_bytes(softmax_out_of_range(1))          # axis 1 is in range: a model, not a sample one
+        profile = tmp_path / "t4.json"
+        profile.write_text(Profile.linear(0.1, 1.0, 32, memory_base_mb=5, device_type="t4").to_json())
+        for name, extra in (("my_model", []), ("slow_model", ["--profile", str(profile)])):
+            up = nexus_cli("models", "upload", str(path), "--name", name, "--slo-ms", "200", *extra,
+                           "--scheduler", cluster.scheduler.address)
+            assert up.returncode == 0, up.stderr
+        wait_ready(cluster.frontend.address, "slow_model", features=8)
+        with grpc.insecure_channel(cluster.scheduler.address) as channel:
+            admin = control_grpc.SchedulerStub(channel)
+            deadline = time.monotonic() + 60
+            states = {}
+            while time.monotonic() < deadline:
+                models = {m.name: m for m in admin.ListModels(control.ListModelsRequest(), timeout=10).models}
+                states = {n: {d.device_type: d for d in m.device_types} for n, m in models.items()}
+                if states["my_model"]["t4"].state == control.NEEDS_PROFILE:
+                    break
+                time.sleep(0.2)
+        mine = states["my_model"]["t4"]
+        assert mine.state == control.NEEDS_PROFILE, mine
+        assert "cannot measure one" in mine.reason and "--profile for device type 't4'" in mine.reason
+        assert states["slow_model"]["t4"].state == control.PROFILED
+        with grpc.insecure_channel(cluster.frontend.address) as channel:
+            stub = kserve_grpc.GRPCInferenceServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ModelInfer(infer_request("my_model", features=8), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "--profile for device type 't4'" in refused.value.details()
+            assert stub.ModelInfer(infer_request("slow_model", features=8), timeout=10).outputs[0].shape == [1, 8]
     finally:
         cluster.stop()

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from common.pb import control, kserve
-from frontend.kserve import FrontendState, infer
+from frontend.dispatch import FrontendState
+from frontend.inference import infer
 from frontend.requests import RequestError
 from frontend.routing import RoutingTable
 
@@ -56,3 +57,26 @@ def test_a_request_counts_its_rows_and_a_malformed_one_counts_nothing(name):
     window, codes = asyncio.run(main())
     assert codes == [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INVALID_ARGUMENT]
     assert window[name] == 5
+
+
+def test_a_request_beyond_the_models_batch_cap_is_refused_as_triton_refuses_it():
+    """Issue 20 item 5: config.pbtxt's max_batch_size (the model's batch cap) bounds a request's rows,
+    whatever its profiles cover; without a cap, the profiles' largest batch does."""
+    async def refused(desc: control.ModelDesc, rows: int):
+        state = FrontendState()
+        state.set_table(RoutingTable.from_proto(control.RoutingTable(
+            epoch=1, routes=[control.ModelRoute(model=desc, slo_ms=100, reason="not placed")])))
+        try:
+            with pytest.raises(RequestError) as err:
+                await infer(state, _request("m", rows), None)
+        finally:
+            await state.pool.close()
+        return err.value
+
+    capped = control.ModelDesc(name="m", runtime="onnxruntime", max_batch=32, batch_cap=8, inputs=[TENSOR], outputs=[OUT])
+    error = asyncio.run(refused(capped, 20))
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "batch of 20 rows exceeds the model's max_batch_size 8" in str(error)
+    assert asyncio.run(refused(capped, 8)).code == grpc.StatusCode.UNAVAILABLE      # within the cap: no backend
+    unprofiled = control.ModelDesc(name="m", runtime="onnxruntime", batch_cap=4, inputs=[TENSOR], outputs=[OUT])
+    assert asyncio.run(refused(unprofiled, 5)).code == grpc.StatusCode.INVALID_ARGUMENT

@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 from common.pb import control
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
+from frontend.backend_pool import Reply, ReplyStatus
 from frontend.metrics import FrontendMetrics
 from frontend.routing import RoutingTable
 from tests.conftest import nexus_cli, start_cluster
@@ -122,7 +123,10 @@ def test_scraped_counters_match_the_requests_sent(cluster):
     assert samples[("nexus_request_latency_seconds_count", MLP)] == good
     assert samples[("nexus_request_latency_seconds_bucket", MLP | {("le", "+Inf")})] == good
     assert samples[("nexus_request_latency_seconds_sum", MLP)] * 1e6 == pytest.approx(
-        samples[("nv_inference_request_duration_us", MLP)], rel=1e-6)
+        samples[("nv_inference_request_duration_us", MLP)], abs=1)           # whole microseconds there
+    # Triton's counts and durations are whole numbers, as Triton's own are.
+    triton = {k: v for k, v in samples.items() if k[0].startswith("nv_inference")}
+    assert triton and all(float(v).is_integer() for v in triton.values()), triton
     buckets = sorted((float(dict(k[1])["le"]), v) for k, v in samples.items()
                      if k[0] == "nexus_request_latency_seconds_bucket" and dict(k[1])["model"] == MODEL)
     assert all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:]))     # cumulative
@@ -172,9 +176,10 @@ def _table() -> RoutingTable:
 
 def test_recorder_arithmetic_and_plan_gauges():
     metrics = FrontendMetrics(_table)
-    in_batch_of_4 = control.ExecResult(batch_size=4, queue_ns=3000, compute_ns=8000)
-    metrics.success("m", 1, latency_s=0.02, slo_s=0.1, result=in_batch_of_4)
-    metrics.success("m", 2, latency_s=0.25, slo_s=0.1, result=in_batch_of_4)   # past its SLO
+    metrics.success("m", 1, latency_s=0.02, slo_s=0.1,
+                    result=Reply(ReplyStatus.OK, batch_size=4, queue_ns=3000, compute_ns=8000, first_in_batch=True))
+    metrics.success("m", 2, latency_s=0.25, slo_s=0.1,                          # past its SLO, in the same batch
+                    result=Reply(ReplyStatus.OK, batch_size=4, queue_ns=3000, compute_ns=8000))
     metrics.success("q", 1, latency_s=0.01, slo_s=0.1)                         # a query: no backend result
     for code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE,
                  grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL):
@@ -182,11 +187,11 @@ def test_recorder_arithmetic_and_plan_gauges():
     samples = {(s.name, frozenset(s.labels.items())): s.value
                for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples}
     m = labels(model="m", version="1")
-    assert samples[("nv_inference_exec_count", m)] == 0.75            # 1/4 + 2/4 of a batch
+    assert samples[("nv_inference_exec_count", m)] == 1               # one batch
     assert samples[("nv_inference_count", m)] == 3
     assert samples[("nv_inference_queue_duration_us", m)] == 6
     assert samples[("nv_inference_compute_infer_duration_us", m)] == 16
-    assert samples[("nv_inference_request_duration_us", m)] == pytest.approx(270_000)
+    assert samples[("nv_inference_request_duration_us", m)] == 270_000
     assert samples[("nexus_requests_late_total", m)] == 1
     assert samples[("nexus_requests_late_total", labels(model="q", version="1"))] == 0
     assert samples[("nv_inference_exec_count", labels(model="q", version="1"))] == 0
@@ -204,6 +209,22 @@ def test_recorder_arithmetic_and_plan_gauges():
     assert samples[("nexus_session_planned_batch", labels(model="m", backend="be-1"))] == 4
     assert samples[("nexus_session_duty_cycle_seconds", labels(model="m", backend="be-1"))] == 0.05
     assert samples[("nexus_session_planned_throughput_rps", labels(model="m", backend="be-1"))] == 25
+
+
+def test_triton_counts_are_whole_numbers_however_a_batch_is_split():
+    # Ten one-row requests that shared a batch of ten: one execution (as a share, 0.1 ten times
+    # is 0.9999999999999999), and times in whole microseconds.
+    metrics = FrontendMetrics(RoutingTable.empty)
+    for i in range(10):
+        metrics.success("m", 1, latency_s=0.0123456789, slo_s=0.1,
+                        result=Reply(ReplyStatus.OK, batch_size=10, queue_ns=1234, compute_ns=5678,
+                                     first_in_batch=i == 0))
+    samples = {s.name: s.value for f in text_string_to_metric_families(metrics.render().decode())
+               for s in f.samples if s.name.startswith("nv_inference")}
+    assert all(float(v).is_integer() for v in samples.values()), samples
+    assert samples["nv_inference_exec_count"] == 1 and samples["nv_inference_count"] == 10
+    assert samples["nv_inference_request_duration_us"] == 123_456      # 10 x 12345.6789 us
+    assert samples["nv_inference_queue_duration_us"] == 12 and samples["nv_inference_compute_infer_duration_us"] == 56
 
 
 def test_two_recorders_in_one_process_keep_separate_counts():

@@ -28,9 +28,12 @@ from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
 from common.config import ConfigError, FrontendConfig
+from common.pb import kserve, kserve_grpc
 from common.sample_models import SAMPLE_MODELS
 from frontend.requests import RequestError
 from frontend.rest import decode_infer_request
+from tests.components import wait_for
+from tests.conftest import NexusProcess
 
 pytestmark = pytest.mark.slow
 
@@ -423,6 +426,32 @@ def test_http_address_in_use_is_a_clear_error():
                                "127.0.0.1:0", "--http-listen", address, "--log-level", "ERROR"],
                               capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and f"could not bind HTTP {address}" in proc.stderr
+
+
+def test_a_grpc_client_or_bad_bytes_on_the_http_port_make_one_log_line_each(tmp_path):
+    with socket.socket() as s:              # a port nothing listens on: no scheduler needed here
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    frontend = NexusProcess(tmp_path / "frontend.log", "frontend", "--scheduler", f"127.0.0.1:{dead}",
+                            "--listen", "127.0.0.1:0")
+    try:
+        address = frontend.child.info["http"]
+        with grpc.insecure_channel(address) as channel:          # HTTP/2 where HTTP/1.1 is served
+            with pytest.raises(grpc.RpcError):
+                kserve_grpc.GRPCInferenceServiceStub(channel).ServerLive(kserve.ServerLiveRequest(), timeout=10)
+        host, port = address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30) as raw:   # a header line without a colon
+            raw.sendall(b"GET /v2 HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n")
+            assert raw.recv(64).split(b" ")[1] == b"400"
+        assert _send(address, "GET", "/v2/health/live")[0] == 200            # and it keeps serving
+        logs = wait_for(lambda: (text := frontend.logs()).count("HTTP/REST port:") >= 2 and text, 30,
+                        "a log line for each")
+    finally:
+        frontend.stop()
+    lines = [line for line in logs.splitlines() if "HTTP/REST port:" in line]
+    assert any("spoke HTTP/2 (a gRPC client?" in line for line in lines), logs
+    assert any("sent no valid HTTP/1 request" in line for line in lines), logs
+    assert "Traceback" not in logs and "aiohttp" not in logs, logs
 
 
 _json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8),

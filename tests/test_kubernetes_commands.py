@@ -1,6 +1,9 @@
 """The manifests' commands work together: each container of deploy/kubernetes (the default, no-GPU
 kustomization) runs as a process with the command, arguments and environment Kubernetes would give
 it, in a network namespace of its own, and a client infers through the frontend Service's port.
+Prometheus's part is played too: the scheduler pod's metrics, scraped from another namespace at the
+address its prometheus.io/* annotations give, hold the nexus_desired_devices series that the backend
+HorizontalPodAutoscaler selects, and the HPA's arithmetic on it gives the backends running.
 
 Each pod gets a namespace with one address on a bridge (which lives in a namespace of its own, so
 nothing touches the host's network). The kubelet's part is played here: ``$(VAR)`` references are
@@ -13,6 +16,7 @@ from the client's namespace. Needs root for ``ip netns``; skipped with the reaso
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
 import re
@@ -27,11 +31,12 @@ import pytest
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from nexus.launcher import Child
-from tests.kube_manifests import (KUBE_DIR, ROOT, container_env, expand, find, pod_spec, render)
+from tests.kube_manifests import (KUBE_DIR, ROOT, container_env, expand, find, pod_spec, render, replicas,
+                                  scalers)
 
 pytestmark = pytest.mark.slow
 
-# The workloads started, in order; each replica (spec.replicas) is a pod of its own.
+# The workloads started, in order; each replica (spec.replicas, or its HPA's minReplicas) is a pod.
 WORKLOADS = [("StatefulSet", "nexus-scheduler"), ("Deployment", "nexus-frontend"),
              ("Deployment", "nexus-backend-emulated")]
 READY_TIMEOUT_S = 180
@@ -95,7 +100,7 @@ class Network:
 def _pods(objects: list[dict]) -> list[tuple[str, dict]]:
     """(pod name, workload) for every replica of WORKLOADS, named as their controllers name them."""
     return [(f"{name}-{i}", find(objects, kind, name)) for kind, name in WORKLOADS
-            for i in range(find(objects, kind, name)["spec"].get("replicas", 1))]
+            for i in range(replicas(objects, find(objects, kind, name)))]
 
 
 def _service_resolver(objects: list[dict], pods: list[tuple[str, dict]], pod_ips: dict[str, str]):
@@ -206,6 +211,7 @@ def test_manifest_commands_serve_a_model_together(network, tmp_path):
             assert done.returncode == 0, done.stderr + logs()
             # emulated GPUs answer zeros of the declared shape: the request went the whole way
             assert json.loads(done.stdout) == {"shape": [3, 10], "dtype": "float32"}
+        _check_the_hpa_reads_the_scheduler(objects, pods, network.addresses, client, logs)
         for name, child, _ in procs:
             assert child.running(), f"{name} exited\n{logs()}"
     finally:
@@ -221,3 +227,28 @@ def _wait_ready(client, container: dict, pod_ip: str, logs) -> None:
     done = client("-m", "tests.kube_client", "ready", f"{pod_ip}:{probe['port']}", probe.get("service", ""),
                   str(READY_TIMEOUT_S), timeout_s=READY_TIMEOUT_S + 30)
     assert done.returncode == 0, done.stderr + logs()
+
+
+def _check_the_hpa_reads_the_scheduler(objects, pods, addresses, client, logs) -> None:
+    """Scrape the scheduler pod from the client's namespace as Prometheus's annotation-based job
+    does (pod IP, prometheus.io/port and /path), then do what prometheus-adapter and the HPA do: take
+    the series the HPA's selector names, sum them, and divide by the AverageValue target."""
+    (scheduler_pod, scheduler), = [(p, w) for p, w in pods if w["kind"] == "StatefulSet"]
+    annotations = scheduler["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    url = f"http://{addresses[scheduler_pod]}:{annotations['prometheus.io/port']}{annotations['prometheus.io/path']}"
+    backend = find(objects, "Deployment", "nexus-backend-emulated")
+    (hpa,) = scalers(objects, backend)
+    (metric,) = hpa["spec"]["metrics"]
+    name, selector = metric["external"]["metric"]["name"], metric["external"]["metric"]["selector"]["matchLabels"]
+    running = sum(1 for _, w in pods if w is backend)
+    done = client("-m", "tests.kube_client", "scrape", url, name, "30", timeout_s=60)
+    assert done.returncode == 0, done.stderr + logs()
+    samples = json.loads(done.stdout)
+    chosen = [value for sample, labels, value in samples if sample == name and selector.items() <= labels.items()]
+    assert len(chosen) == 1, (selector, samples)
+    registered = [v for s, labels, v in samples if s == "nexus_registered_devices" and selector.items() <= labels.items()]
+    assert registered == [running]
+    wanted = math.ceil(sum(chosen) / float(metric["external"]["target"]["averageValue"]))
+    # The scheduler wants what runs (its --min-devices, the HPA's minReplicas): the HPA holds still.
+    assert hpa["spec"]["minReplicas"] <= wanted == running <= hpa["spec"]["maxReplicas"], (wanted, running)

@@ -15,24 +15,35 @@ import sys
 
 import kubernetes_validate
 import pytest
+import yaml
 
-from common.config import BackendConfig, FrontendConfig, SchedulerConfig, add_arguments, from_args
-from tests.kube_manifests import (KUBE_DIR, ROOT, RenderError, config_maps, container_env, containers, expand, find,
-                                  image_name, kustomization_dirs, load_documents, manifest_files, pod_spec,
-                                  references, render, workloads)
+from common.config import (BackendConfig, FrontendConfig, SchedulerConfig, add_arguments, from_args,
+                           split_host_port)
+from common.metrics_http import METRICS_PATH
+from tests.kube_manifests import (CUSTOM_RESOURCES, KUBE_DIR, ROOT, RenderError, config_maps, container_env,
+                                  containers, expand, find, image_name, is_custom_resource, kustomization_dirs,
+                                  load_documents, manifest_files, pod_spec, references, render, scalers,
+                                  workloads)
 
 # The Kubernetes release whose schema the manifests must satisfy (gRPC probes are GA from 1.27).
 KUBERNETES_VERSION = "1.33.0"
 DEFAULT = KUBE_DIR                       # kubectl apply -k deploy/kubernetes: no GPU needed
 GPU = KUBE_DIR / "gpu"                   # kubectl apply -k deploy/kubernetes/gpu
+KEDA = KUBE_DIR / "keda" / "emulated"    # the default with a KEDA ScaledObject instead of the HPA
+KEDA_GPU = KUBE_DIR / "keda" / "gpu"
+ADAPTER = KUBE_DIR / "prometheus-adapter"
+SERVICE_MONITOR = KUBE_DIR / "servicemonitor"
+ELASTIC = [pytest.param(d, id=str(d.relative_to(KUBE_DIR))) for d in (DEFAULT, GPU, KEDA, KEDA_GPU)]
+DESIRED_DEVICES = "nexus_desired_devices"
 COMPONENT_CONFIGS = {"scheduler": SchedulerConfig, "frontend": FrontendConfig, "backend": BackendConfig}
 SAMPLE_FIELDS = {"status.podIP": "10.244.1.7", "metadata.name": "pod-0", "metadata.namespace": "nexus"}
 PRESTOP_S = 5
 
 
 def _documents():
+    """Every object but the custom resources (KEDA, the Prometheus Operator: no schema offline)."""
     return [pytest.param(doc, id=f"{path.relative_to(KUBE_DIR)}:{doc['kind']}/{doc['metadata']['name']}")
-            for path in manifest_files() for doc in load_documents(path)]
+            for path in manifest_files() for doc in load_documents(path) if not is_custom_resource(doc)]
 
 
 def _rendered():
@@ -49,7 +60,23 @@ def test_every_kustomization_renders_to_valid_objects(directory):
     objects = render(directory)
     assert objects
     for obj in objects:
-        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        if not is_custom_resource(obj):
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_only_the_known_custom_resources_escape_validation():
+    """A misspelt apiVersion is not taken for a CRD: only KEDA's ScaledObject and the operator's
+    ServiceMonitor go unvalidated, and each is where its README says."""
+    custom = {(path.relative_to(KUBE_DIR).as_posix(), doc["kind"]) for path in manifest_files()
+              for doc in load_documents(path) if is_custom_resource(doc)}
+    assert custom == {("keda/emulated/scaledobject.yaml", "ScaledObject"), ("keda/gpu/scaledobject.yaml", "ScaledObject"),
+                      ("servicemonitor/servicemonitor.yaml", "ServiceMonitor")}
+    assert {kind for _, kind in CUSTOM_RESOURCES} == {kind for _, kind in custom}
+    typo = {"apiVersion": "monitoring.coreos.com/v1beta1", "kind": "ServiceMonitor", "metadata": {"name": "x"},
+            "spec": {}}
+    assert not is_custom_resource(typo)
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        kubernetes_validate.validate(typo, KUBERNETES_VERSION, strict=True)
 
 
 def test_strict_validation_rejects_an_unknown_field():
@@ -166,6 +193,16 @@ def test_services_select_pods_and_name_their_ports(directory):
     assert {(p["name"], p["port"]) for p in frontend["spec"]["ports"]} == {("grpc", 8001), ("http", 8000)}
 
 
+def _config(container: dict, objects: list[dict]):
+    """The component's configuration from the container's args, expanded as the kubelet would and
+    parsed and validated as `nexus scheduler|frontend|backend` does."""
+    env = container_env(container, objects, SAMPLE_FIELDS)
+    component, *flags = [expand(a, env) for a in container["args"]]
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_arguments(parser, COMPONENT_CONFIGS[component])
+    return from_args(COMPONENT_CONFIGS[component], parser.parse_args(flags))
+
+
 @pytest.mark.parametrize("directory", [DEFAULT, GPU], ids=["default", "gpu"])
 def test_container_args_are_valid_component_flags(directory):
     """Every $(VAR) comes from the container's env, and the expanded args parse and validate as the
@@ -177,11 +214,8 @@ def test_container_args_are_valid_component_flags(directory):
         env = container_env(c, objects, SAMPLE_FIELDS)
         for arg in c["args"]:
             assert references(arg) <= set(env), (where, arg)
-        args = [expand(a, env) for a in c["args"]]
-        component, flags = args[0], args[1:]
-        parser = argparse.ArgumentParser(exit_on_error=False)
-        add_arguments(parser, COMPONENT_CONFIGS[component])
-        config = from_args(COMPONENT_CONFIGS[component], parser.parse_args(flags))
+        component = c["args"][0]
+        config = _config(c, objects)
         assert config.listen.startswith("0.0.0.0:"), where
         if component != "scheduler":
             assert config.advertise == f"{SAMPLE_FIELDS['status.podIP']}:{config.listen.rsplit(':', 1)[1]}", where
@@ -227,6 +261,130 @@ def test_expansion_follows_kubernetes_rules():
     assert expand("$(POD_IP):8001", env) == "10.0.0.2:8001"
     assert expand("$(MISSING)-$(A)", env) == "$(MISSING)-1"
     assert expand("$$(A)", env) == "$(A)"
+
+
+def _scheduler(objects: list[dict]) -> tuple[dict, dict, SchedulerConfig]:
+    (scheduler,) = [w for w in workloads(objects) if w["metadata"]["name"] == "nexus-scheduler"]
+    (c,) = pod_spec(scheduler)["containers"]
+    return scheduler, c, _config(c, objects)
+
+
+def _follows(scaler: dict) -> tuple[dict[str, str], int, int, dict]:
+    """What an autoscaler follows: (the labels its nexus_desired_devices series must carry besides
+    the namespace, minimum, maximum, HPA behaviour), read from an HPA or a KEDA ScaledObject, each
+    set up so that the replica count is ceil(gauge / 1)."""
+    spec = scaler["spec"]
+    if scaler["kind"] == "HorizontalPodAutoscaler":
+        (metric,) = spec["metrics"]
+        assert metric["type"] == "External"
+        assert metric["external"]["metric"]["name"] == DESIRED_DEVICES
+        assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "1"}
+        selector = metric["external"]["metric"]["selector"]
+        assert set(selector) == {"matchLabels"}
+        return selector["matchLabels"], spec["minReplicas"], spec["maxReplicas"], spec["behavior"]
+    (trigger,) = spec["triggers"]
+    assert (trigger["type"], trigger["metricType"]) == ("prometheus", "AverageValue")
+    metadata = trigger["metadata"]
+    assert metadata["threshold"] == "1" and metadata["ignoreNullValues"] == "false"
+    query = re.fullmatch(rf"max\({DESIRED_DEVICES}\{{(.*)\}}\)", metadata["query"])
+    assert query, metadata["query"]
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', query.group(1)))
+    assert labels.pop("namespace") == scaler["metadata"]["namespace"], "the query reads its own namespace"
+    behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    return labels, spec["minReplicaCount"], spec["maxReplicaCount"], behavior
+
+
+def _check_backends_follow_the_scheduler(objects: list[dict]) -> int:
+    """Each backend Deployment has one autoscaler, on nexus_desired_devices of the device type its
+    pods register, within the scheduler's --min/--max-devices for that type, and with a behaviour
+    that repeats the scheduler's cool-down and one-at-a-time rule and never delays a scale-up."""
+    _, _, scheduler = _scheduler(objects)
+    cooldown_s = scheduler.scale_down_cooldown_s
+    backends = [w for w in workloads(objects) if w["metadata"]["labels"]["app.kubernetes.io/component"] == "backend"]
+    for deployment in backends:
+        name = deployment["metadata"]["name"]
+        assert "replicas" not in deployment["spec"], f"{name}: the autoscaler owns the count; apply would reset it"
+        found = scalers(objects, deployment)
+        assert len(found) == 1, f"{name}: exactly one autoscaler (two fight over the count), got {len(found)}"
+        (c,) = pod_spec(deployment)["containers"]
+        device_type = _config(c, objects).resolved_device_type
+        selector, low, high, behavior = _follows(found[0])
+        assert selector == {"device_type": device_type}, f"{name} registers {device_type!r}, scaled on {selector}"
+        assert (low, high) == scheduler.device_bounds.of(device_type), \
+            f"{name}: replicas {low}..{high}, --min/--max-devices {scheduler.device_bounds.of(device_type)}"
+        down, up = behavior["scaleDown"], behavior["scaleUp"]
+        assert down["stabilizationWindowSeconds"] == cooldown_s, f"{name}: scale-down window != --scale-down-cooldown-s"
+        assert down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": cooldown_s}], \
+            f"{name}: scale down one pod per --scale-down-cooldown-s"
+        assert up["stabilizationWindowSeconds"] == 0, f"{name}: scale up at once"
+        assert up.get("selectPolicy", "Max") == "Max"
+        assert max(p["value"] for p in up["policies"] if p["type"] == "Pods") >= high - low, \
+            f"{name}: a scale-up from the minimum to the maximum in one step"
+        assert down["tolerance"] == up["tolerance"] == 0, f"{name}: follow a change of one device"
+    return len(backends)
+
+
+@pytest.mark.parametrize("directory", ELASTIC)
+def test_backends_scale_on_the_scheduler_decision_for_their_device_type(directory):
+    assert _check_backends_follow_the_scheduler(render(directory)) == 1
+
+
+def test_the_scaling_check_catches_drift_from_the_scheduler_flags():
+    """The check above fails when the ConfigMap and an autoscaler disagree."""
+    for key, value, message in [("NEXUS_SCALE_DOWN_COOLDOWN_S", "120", "window"),
+                                ("NEXUS_MAX_DEVICES", "gtx1080ti=4,*=8", "--min/--max-devices"),
+                                ("NEXUS_MIN_DEVICES", "0", "--min/--max-devices"),
+                                ("NEXUS_EMULATED_GPU", "t4", "registers 't4'")]:
+        objects = render(DEFAULT)
+        find(objects, "ConfigMap", "nexus-config")["data"][key] = value
+        with pytest.raises(AssertionError, match=re.escape(message)):
+            _check_backends_follow_the_scheduler(objects)
+    objects = render(DEFAULT) + render(KEDA)[-1:]
+    assert objects[-1]["kind"] == "ScaledObject"
+    with pytest.raises(AssertionError, match="exactly one autoscaler"):
+        _check_backends_follow_the_scheduler(objects)
+
+
+@pytest.mark.parametrize("directory", [DEFAULT, GPU], ids=["default", "gpu"])
+def test_prometheus_scrapes_the_scheduler_metrics_port(directory):
+    """The pod's prometheus.io/* annotations, its container port and the Service's `metrics` port all
+    name the port the scheduler serves /metrics on (--metrics-listen, on every interface)."""
+    objects = render(directory)
+    scheduler, c, config = _scheduler(objects)
+    host, port = split_host_port(config.metrics_listen)
+    assert host == "0.0.0.0"
+    annotations = scheduler["spec"]["template"]["metadata"]["annotations"]
+    assert (annotations["prometheus.io/scrape"], int(annotations["prometheus.io/port"]),
+            annotations["prometheus.io/path"]) == ("true", port, METRICS_PATH)
+    assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in c["ports"]
+    service = find(objects, "Service", "nexus-scheduler")
+    assert {(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]} >= {("metrics", port, "metrics")}
+    (monitor,) = render(SERVICE_MONITOR)
+    assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert [(e["port"], e["path"]) for e in monitor["spec"]["endpoints"]] == [("metrics", METRICS_PATH)]
+
+
+def test_the_adapter_rule_serves_the_gauge_the_hpas_name_per_namespace():
+    """prometheus-adapter's ConfigMap (mounted by its chart with rules.existing) holds one external
+    rule: nexus_desired_devices under that name, with the HPA's namespace added to the query, one
+    series per device type (max, so that a duplicate scrape does not add up)."""
+    (rules,) = render(ADAPTER)
+    config = yaml.safe_load(rules["data"]["config.yaml"])
+    assert set(config) == {"externalRules"}
+    (rule,) = config["externalRules"]
+    names = {m["external"]["metric"]["name"] for d in (DEFAULT, GPU) for s in render(d)
+             if s["kind"] == "HorizontalPodAutoscaler" for m in s["spec"]["metrics"]}
+    assert names == {rule["name"]["as"]} and re.fullmatch(rule["name"]["matches"], DESIRED_DEVICES)
+    assert rule["seriesQuery"].startswith(DESIRED_DEVICES + "{") and 'device_type!=""' in rule["seriesQuery"]
+    assert rule["resources"] == {"overrides": {"namespace": {"resource": "namespace"}}}
+    assert re.fullmatch(r"max by \(device_type\) \(<<\.Series>>\{<<\.LabelMatchers>>\}\)", rule["metricsQuery"])
+    # The README's install command mounts this ConfigMap, in the namespace it is rendered into.
+    readme = (ROOT / "README.md").read_text()
+    install = re.search(r"helm install prometheus-adapter prometheus-community/prometheus-adapter[^`]*", readme)
+    assert install, "README: how to install prometheus-adapter"
+    assert f"-n {rules['metadata']['namespace']}" in install.group(0)
+    assert f"rules.existing={rules['metadata']['name']}" in install.group(0)
 
 
 # The image's Python requirements (deploy/docker/requirements.py, run by the Dockerfile).

@@ -164,19 +164,9 @@ def file_cycles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
     return sorted(components)
 
 
-# The circles that other branches remove (issue 19): the lead's restructuring of globalsched/, and
-# the frontend's dispatch core. Exact, not an allow-list: a new circle fails, and so does one of
-# these that is gone (then it leaves this list).
-CIRCLES_BEING_REMOVED = [
-    ("frontend.kserve", "frontend.queries"),
-    ("globalsched.distribution", "globalsched.membership", "globalsched.model_admin", "globalsched.planner"),
-    ("globalsched.service", "globalsched.status"),
-]
-
-
 def test_no_two_files_import_each_other():
     cycles = file_cycles(FILE_GRAPH)
-    assert cycles == CIRCLES_BEING_REMOVED, {c: {m: sorted(FILE_GRAPH[m] & set(c)) for m in c} for c in cycles}
+    assert cycles == [], {c: {m: sorted(FILE_GRAPH[m] & set(c)) for m in c} for c in cycles}
 
 
 def test_the_file_circle_check_sees_lazy_and_relative_imports():

@@ -37,12 +37,23 @@ def test_json_output_follows_the_contract(tmp_path: Path, capsys: pytest.Capture
     out = json.loads(capsys.readouterr().out)
     assert list(out)[:5] == ["solver", "num_gpus", "lower_bound", "solve_ms", "gpus"]
     assert out["solver"] == "squishy" and out["num_gpus"] == len(out["gpus"]) >= out["lower_bound"] >= 1
+    assert 1 <= out["lower_bound_throughput_only"] <= out["lower_bound"]
     for gpu in out["gpus"]:
         assert set(gpu) <= {"id", "duty_cycle_ms", "sessions", "prefix_groups"}
         for s in gpu["sessions"]:
             assert set(s) == {"session", "batch", "throughput"}
     w = parse_workload(WORKLOAD)
     assert validate_plan(Plan.from_json_obj(out), list(w.sessions), w.gpu) == []
+
+
+def test_burst_sigma_gives_loads_and_a_valid_pooled_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", write(tmp_path, WORKLOAD), "--json", "--burst-sigma", "1.5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert all(0 < s["load_rps"] <= s["throughput"] + 1e-9 for g in out["gpus"] for s in g["sessions"])
+    w = parse_workload(WORKLOAD)
+    assert validate_plan(Plan.from_json_obj(out), list(w.sessions), w.gpu, burst_sigma=1.5) == []
+    assert main(["plan", write(tmp_path, WORKLOAD), "--burst-sigma", "-1"]) == 2
+    assert "burst_sigma: must not be negative" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("solver", ["squishy", "cpsat", "cpsat-lns", "nexus", "batch-oblivious", "one-per-gpu"])

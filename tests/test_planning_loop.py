@@ -1,14 +1,14 @@
-"""The scheduler's re-planning loop (globalsched/planning_loop.py) on a fake clock: a lost backend is
-repaired moving nothing else, minimum replicas are placed and survive a loss without a re-plan,
-and rates are judged by the re-planner's band and cooldown."""
+"""The scheduler's pure planner (globalsched/planner.py over globalsched/planning_loop.py) on a fake
+clock: a lost backend is repaired moving nothing else, minimum replicas are placed and survive a loss
+without a re-plan, and rates are judged by the re-planner's band and cooldown."""
 
 from __future__ import annotations
 
 from common.profile import Profile
 from globalsched.algorithms.replan import ReplanConfig, ReplanReason
-from globalsched.cluster import SessionInput, plan_cluster
+from globalsched.cluster import ClusterView, ModelView, SessionInput
 from globalsched.placement import BackendSlot
-from globalsched.planning_loop import PlanningLoop
+from globalsched.planner import PlannerSettings, PlannerState, plan_cluster
 
 PROFILE = Profile.linear(2.0, 10.0, 32, memory_base_mb=100, memory_per_item_mb=1, device_type="gpu")
 
@@ -17,9 +17,27 @@ def _slots(*names: str) -> list[BackendSlot]:
     return [BackendSlot(n, "gpu", 16000.0) for n in names]
 
 
-def _plan(loop: PlanningLoop, sessions, slots, now: float, min_replicas=None, force=None):
-    loop.begin(now, min_replicas or {}, force)
-    return plan_cluster(sessions, slots, {}, solve_type=loop.solve_type)
+class Loop:
+    """Threads the planner's state from call to call, as the planning task does."""
+
+    def __init__(self, settings: PlannerSettings = PlannerSettings()) -> None:
+        self.settings = settings
+        self.state = PlannerState()
+        self.changed = False
+
+    def plan(self, sessions: list[SessionInput], slots, now: float, min_replicas=None, force=None, surges=None):
+        view = ClusterView(now, tuple(slots),
+                           tuple(ModelView(s.model, s.slo_ms, s.profiles, min_replicas=(min_replicas or {}).get(s.model, 0))
+                                 for s in sessions),
+                           rates_rps={s.model: s.rate_rps for s in sessions}, surges_rps=surges or {}, force=force)
+        before = self.state.plan
+        plan, self.state = plan_cluster(view, self.state, self.settings)
+        self.changed = plan is not before
+        return plan
+
+
+def _loop(**replan) -> Loop:
+    return Loop(PlannerSettings(ReplanConfig(**replan)))
 
 
 def _where(plan) -> dict[str, set[str]]:
@@ -32,15 +50,16 @@ def _where(plan) -> dict[str, set[str]]:
 
 
 def test_a_lost_backend_is_repaired_and_nothing_else_moves():
-    loop = PlanningLoop(ReplanConfig(cooldown_s=5.0, epoch_s=30.0))
+    loop = _loop(cooldown_s=5.0, epoch_s=30.0)
     # Each session nearly fills a GPU on its own: one backend each.
     sessions = [SessionInput(f"m{i}", 100.0, 300.0, {"gpu": PROFILE}) for i in range(3)]
     slots = _slots("a", "b", "c", "d")
-    before = _where(_plan(loop, sessions, slots, 0.0))
+    before = _where(loop.plan(sessions, slots, 0.0))
     assert all(len(nodes) == 1 for nodes in before.values()) and len(set().union(*before.values())) == 3
     [lost] = before["m0"]
-    after = _where(_plan(loop, sessions, [s for s in slots if s.node_id != lost], 1.0))   # within the cooldown
-    assert loop.reasons["gpu"] is ReplanReason.MEMBERSHIP
+    repaired = loop.plan(sessions, [s for s in slots if s.node_id != lost], 1.0, force=ReplanReason.MEMBERSHIP)
+    after = _where(repaired)       # within the cooldown
+    assert repaired.reasons["gpu"] is ReplanReason.MEMBERSHIP
     assert lost not in set().union(*after.values())
     assert after["m0"] and lost not in after["m0"]
     for name in ("m1", "m2"):
@@ -48,65 +67,80 @@ def test_a_lost_backend_is_repaired_and_nothing_else_moves():
 
 
 def test_min_replicas_are_placed_and_a_replica_loss_needs_no_move():
-    loop = PlanningLoop(ReplanConfig())
+    loop = _loop()
     sessions = [SessionInput("twin", 100.0, 50.0, {"gpu": PROFILE}), SessionInput("solo", 100.0, 50.0, {"gpu": PROFILE})]
     slots = _slots("a", "b", "c")
-    plan = _plan(loop, sessions, slots, 0.0, {"twin": 2})
+    plan = loop.plan(sessions, slots, 0.0, {"twin": 2})
     where = _where(plan)
     assert len(where["twin"]) == 2 and len(where["solo"]) == 1
     shares = [share for _, share in plan.backends_of("twin")]
     assert shares[0] == shares[1] >= 50.0          # each replica alone carries the whole rate
     survivor, lost = sorted(where["twin"])
-    after = _where(_plan(loop, sessions, [s for s in slots if s.node_id != lost], 1.0, {"twin": 2}))
+    after = _where(loop.plan(sessions, [s for s in slots if s.node_id != lost], 1.0, {"twin": 2},
+                             force=ReplanReason.MEMBERSHIP))
     assert survivor in after["twin"] and len(after["twin"]) == 2    # kept where it ran, a new replica added
     assert after["solo"] == where["solo"] or lost in where["solo"]
 
 
 def test_the_cluster_default_applies_and_replicas_stop_at_the_backends_there_are():
-    loop = PlanningLoop(ReplanConfig(), default_min_replicas=3)
+    loop = Loop(PlannerSettings(default_min_replicas=3))
     sessions = [SessionInput("m", 100.0, 50.0, {"gpu": PROFILE})]
-    where = _where(_plan(loop, sessions, _slots("a", "b"), 0.0))
+    where = _where(loop.plan(sessions, _slots("a", "b"), 0.0))
     assert where["m"] == {"a", "b"}
 
 
 def test_rates_are_judged_by_the_band_after_the_cooldown():
-    loop = PlanningLoop(ReplanConfig(cooldown_s=5.0, epoch_s=30.0))
+    loop = _loop(cooldown_s=5.0, epoch_s=30.0)
     slots = _slots("a", "b", "c")
     base = [SessionInput("m", 100.0, 200.0, {"gpu": PROFILE})]
-    _plan(loop, base, slots, 0.0)
+    loop.plan(base, slots, 0.0)
     assert loop.changed
     doubled = [SessionInput("m", 100.0, 400.0, {"gpu": PROFILE})]
-    _plan(loop, doubled, slots, 2.0)
-    assert loop.reasons["gpu"] is ReplanReason.NONE        # out of band, but within the cooldown
-    _plan(loop, [SessionInput("m", 100.0, 210.0, {"gpu": PROFILE})], slots, 6.0)    # within the band
+    loop.plan(doubled, slots, 2.0)
+    assert not loop.changed                                 # out of band, but within the cooldown
+    loop.plan([SessionInput("m", 100.0, 210.0, {"gpu": PROFILE})], slots, 6.0)    # within the band
     assert not loop.changed
-    plan = _plan(loop, doubled, slots, 7.0)
-    assert loop.reasons["gpu"] in (ReplanReason.RATE_BAND, ReplanReason.OVERLOAD)
+    plan = loop.plan(doubled, slots, 7.0)
+    assert loop.changed and plan.reasons["gpu"] in (ReplanReason.RATE_BAND, ReplanReason.OVERLOAD)
     assert sum(share for _, share in plan.backends_of("m")) >= 400.0
-    _plan(loop, doubled, slots, 13.0, force=ReplanReason.SESSIONS_CHANGED)    # the service forces a change
+    loop.plan(doubled, slots, 13.0, force=ReplanReason.SESSIONS_CHANGED)    # the service forces a change
     assert loop.changed
 
 
 def test_the_first_plan_uses_the_configured_solver_and_repairs_use_the_re_planner():
-    loop = PlanningLoop(ReplanConfig(), solver="cpsat")
+    loop = Loop(PlannerSettings(solver="cpsat"))
     sessions = [SessionInput(f"m{i}", 100.0, 300.0, {"gpu": PROFILE}) for i in range(2)]
     slots = _slots("a", "b", "c")
-    before = _where(_plan(loop, sessions, slots, 0.0))
-    assert loop.reasons["gpu"] is ReplanReason.INITIAL and len(set().union(*before.values())) == 2
+    first = loop.plan(sessions, slots, 0.0)
+    before = _where(first)
+    assert first.reasons["gpu"] is ReplanReason.INITIAL and len(set().union(*before.values())) == 2
     [lost] = before["m0"]
-    after = _where(_plan(loop, sessions, [s for s in slots if s.node_id != lost], 1.0))
-    assert loop.reasons["gpu"] is ReplanReason.MEMBERSHIP
+    repaired = loop.plan(sessions, [s for s in slots if s.node_id != lost], 1.0, force=ReplanReason.MEMBERSHIP)
+    after = _where(repaired)
+    assert repaired.reasons["gpu"] is ReplanReason.MEMBERSHIP
     assert after["m1"] == before["m1"] and lost not in after["m0"]
 
 
 def test_replicas_stay_where_they_are_across_re_plans():
-    loop = PlanningLoop(ReplanConfig(cooldown_s=5.0, epoch_s=30.0))
+    loop = _loop(cooldown_s=5.0, epoch_s=30.0)
     slots = _slots("a", "b", "c", "d")
     sessions = [SessionInput("twin", 100.0, 100.0, {"gpu": PROFILE}), SessionInput("other", 100.0, 300.0, {"gpu": PROFILE})]
-    before = _where(_plan(loop, sessions, slots, 0.0, {"twin": 2}))
+    before = _where(loop.plan(sessions, slots, 0.0, {"twin": 2}))
     assert len(before["twin"]) == 2
     grown = [SessionInput("twin", 100.0, 150.0, {"gpu": PROFILE}), SessionInput("other", 100.0, 450.0, {"gpu": PROFILE})]
-    after = _where(_plan(loop, grown, slots, 10.0, {"twin": 2}))      # out of band, after the cooldown
+    after = _where(loop.plan(grown, slots, 10.0, {"twin": 2}))      # out of band, after the cooldown
     assert loop.changed
     assert after["twin"] == before["twin"]
     assert before["other"] <= after["other"]
+
+
+def test_a_demand_surge_is_planned_for_within_the_cooldown():
+    loop = _loop(cooldown_s=5.0, epoch_s=30.0)
+    slots = _slots("a", "b", "c", "d")
+    loop.plan([SessionInput("m", 100.0, 60.0, {"gpu": PROFILE})], slots, 0.0)
+    stepped = [SessionInput("m", 100.0, 600.0, {"gpu": PROFILE})]
+    loop.plan(stepped, slots, 1.0)
+    assert not loop.changed                                  # an excursion of the mean waits for the cooldown
+    plan = loop.plan(stepped, slots, 1.5, surges={"m": 600.0})
+    assert loop.changed and plan.why == ("demand surge: m at 600 rps, planned for 60",)
+    assert sum(share for _, share in plan.backends_of("m")) >= 600.0

@@ -25,9 +25,10 @@ from common.profile import Profile
 from common.sample_models import backbone_variant, mlp_small, model_bytes
 from globalsched import prefix_groups as pg
 from globalsched.algorithms.prefix import check_prefix_groups, prefix_models
-from globalsched.cluster import SessionInput, plan_cluster
+from globalsched.cluster import SessionInput
 from globalsched.modeldb import ModelDatabase
 from globalsched.placement import BackendSlot
+from globalsched.planner import PlannerState, place_sessions
 
 MB = 1024 * 1024
 
@@ -157,11 +158,17 @@ def test_cluster_plan_places_a_prefix_group_together_and_needs_fewer_devices():
     slots = [BackendSlot(f"be-{i}", "gpu", 16000) for i in range(8)]
 
     def plan(group: str, n: int = 6, rate: float = 40.0):
-        return plan_cluster([SessionInput(f"m{i}", 100.0, rate, {"gpu": profile}, group) for i in range(n)], slots, {})
+        sessions = [SessionInput(f"m{i}", 100.0, rate, {"gpu": profile}, group) for i in range(n)]
+        return place_sessions(sessions, slots, PlannerState(), 0.0)[0]
 
     grouped, plain = plan("g"), plan("")
     homes = {n for m in (f"m{i}" for i in range(6)) for n, _ in grouped.backends_of(m)}
     assert len(homes) == 1, homes                      # every member on one backend
+    # The device's execution counts the shared prefix once: within its duty cycle, where the members'
+    # whole-model latencies add up to more (issue 20: `nexus status` showed such devices over 100%).
+    [home] = [b for b in grouped.placements["gpu"].backends if b.sessions]
+    whole = sum(profile.latency_ms(s.batch) for s in home.sessions)
+    assert home.exec_ms <= home.duty_cycle_ms + 1e-6 < whole
     assert grouped.num_devices_planned == 1 < plain.num_devices_planned == 2
     # Knowing the groups never costs devices (the plan without them is kept when it is better).
     for n, rate in ((3, 10.0), (6, 10.0), (10, 40.0), (10, 150.0)):
@@ -245,6 +252,9 @@ def test_engine_runs_the_prefix_once_on_the_merged_batch_and_matches_whole_model
         st = sessions[n].stats
         assert st.inference_count == 6 and st.execution_count == 1 and st.batch_histogram == {18: 1}
     assert plain.stats.batch_histogram == {2: 1}
+    # One reply per model and batch is marked first: frontends count each model's executions by it.
+    firsts = [model for i, (model, _) in enumerate(requests) if results[i].first_in_batch]
+    assert sorted(firsts) == sorted([*names, "mlp"])
 
 
 def test_prefix_memory_is_counted_once(variants):

@@ -11,7 +11,9 @@ from common.pb import control
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from globalsched.modeldb import ModelDatabase
-from globalsched.service import RATE_SMOOTHING, SchedulerService
+from globalsched.planner import PlannerState, plan_cluster, session_inputs
+from globalsched.service import SchedulerService
+from globalsched.workload import RATE_SMOOTHING
 
 
 def _service(tmp_path, **config) -> SchedulerService:
@@ -77,38 +79,38 @@ def test_sessions_are_planned_with_the_rate_headroom(tmp_path):
     service.db.set_session("m", 50)
     now = time.monotonic()
     service.workload.rates["fe"] = {"m": (10.0, now)}
-    [session] = service.planner.inputs(now, ["cpu"])
-    assert abs(session.rate_rps - 15.0) < 1e-9
+    [session], planned, _ = session_inputs(service.read_view(now), service.control.settings)
+    assert abs(session.rate_rps - 15.0) < 1e-9 and planned["m"].rate_rps == session.rate_rps
     service.workload.rates["fe"] = {}
-    [idle] = service.planner.inputs(now, ["cpu"])   # no report yet: the default rate, with headroom too
+    [idle], _, _ = session_inputs(service.read_view(now), service.control.settings)   # no report yet: the default rate
     assert abs(idle.rate_rps - 1.5 * service.config.default_rate_rps) < 1e-9
 
 
-def test_the_latency_split_is_outdated_only_when_a_gamma_leaves_its_band(tmp_path):
-    """Rates are the re-planner's to judge (tests/test_planning_loop.py); a query's fan-out is the service's."""
-    import time
+def test_the_latency_split_is_outdated_only_when_a_gamma_leaves_its_band():
+    """Rates are the re-planner's to judge (tests/test_planning_loop.py); a query's fan-out forces a re-plan."""
+    from globalsched.planner import gamma_drift
 
-    service = _service(tmp_path, rate_headroom=0.5)
-    now = time.monotonic()
-    service.workload.rates["fe"] = {"m": (100.0, now)}       # far from any planned rate: not this check's business
-    service.planner.planned_gammas = {("q", "a", "b"): 3.0}
-    service.workload.edges["fe"] = {("q", "a", "b"): (100, 300, now)}
-    assert service.planner.plan_outdated(now) == ""
-    service.workload.edges["fe"] = {("q", "a", "b"): (100, 400, now)}
-    assert service.planner.plan_outdated(now) == "gamma of q: a->b is 4.00, planned 3.0"
+    planned = {("q", "a", "b"): 3.0}
+    assert gamma_drift({("q", "a", "b"): 3.0}, planned) == ""
+    assert gamma_drift({("q", "a", "b"): 3.3}, planned) == ""
+    assert gamma_drift({("q", "a", "b"): 4.0}, planned) == "gamma of q: a->b is 4.00, planned 3.0"
+    assert gamma_drift({("q", "a", "c"): 1.0}, planned) == "gamma of q: a->c is 1.00, planned None"
 
 
 def test_path_allowance_and_burst_sigma_reach_the_planner(tmp_path):
-    from globalsched.cluster import SessionInput, plan_cluster
+    from globalsched.cluster import SessionInput
     from globalsched.placement import BackendSlot
+    from globalsched.planner import place_sessions
 
     service = _service(tmp_path, path_allowance_ms=12.0, burst_sigma=1.5)
-    assert service.planner.planner_config.margins_ms == 12.0 and service.planner.planner_config.burst_sigma == 1.5
+    settings = service.control.settings
+    assert settings.planner.margins_ms == 12.0 and settings.planner.burst_sigma == 1.5
     profile = Profile.linear(1.0, 20.0, 8, device_type="cpu")     # 2*l(1) = 42 ms
     sessions = [SessionInput("m", 50.0, 10.0, {"cpu": profile})]
     backends = [BackendSlot("b0", "cpu", 0.0)]
-    assert not plan_cluster(sessions, backends, {}).best_effort
-    plan = plan_cluster(sessions, backends, {}, config=service.planner.planner_config)
+    plain, _ = place_sessions(sessions, backends, PlannerState(), 0.0)
+    assert not plain.best_effort
+    plan, _ = place_sessions(sessions, backends, PlannerState(), 0.0, settings=settings)
     assert plan.best_effort["m"] == ("SLO 50 ms less the 12 ms path allowance is below 2*l(1) = 42.0 ms on cpu; "
                                      "served best effort at batch 1")
 
@@ -124,12 +126,12 @@ def test_plans_use_the_windowed_mean_rate_not_the_smoothed_one(tmp_path):
         return control.WorkloadReport(node_id="fe", rates=[control.SessionRate(
             model="m", rate_rps=float(requests), requests=requests, window_ms=1000)])
 
-    for requests in (20, 20, 20, 20, 44):   # a noisy last second
+    for requests in (20, 20, 20, 20, 34):   # a noisy last second (3 sigma: not a surge)
         asyncio.run(service.ReportWorkload(Report(requests), None))
     now = time.monotonic()
     smoothed = service.workload.current_rates(now)["m"]
-    assert smoothed > 27                                              # the excursion of the last report
-    assert abs(service.workload.planning_rates(now)["m"] - 124 / 5) < 1e-9     # what the plan is made for
+    assert smoothed > 24                                              # the excursion of the last report
+    assert abs(service.workload.planning_rates(now)["m"] - 114 / 5) < 1e-9     # what the plan is made for
     service.workload.rate_history["fe"]["m"].clear()                           # no counts: the smoothed rate
     assert service.workload.planning_rates(now)["m"] == smoothed
 
@@ -139,17 +141,16 @@ def test_routing_table_carries_the_planned_figures(tmp_path):
     session, planned devices and the lower bound."""
     import time
 
-    from globalsched.cluster import plan_cluster
-    from globalsched.placement import BackendSlot
-    from globalsched.service import Node
+    from globalsched.membership import Node
 
     service = _service(tmp_path)
     service.db.set_session("m", 50)
     now = time.monotonic()
     service.workload.rates["fe"] = {"m": (12.0, now)}
     service.nodes["be-1"] = Node("be-1", control.NODE_KIND_BACKEND, "127.0.0.1:1", "cpu", "cpu", 1000.0)
-    plan = plan_cluster(service.planner.inputs(now, ["cpu"]), [BackendSlot("be-1", "cpu", 1000.0)], {})
-    table = service.routing_table(plan)
+    plan, _ = plan_cluster(service.read_view(now), PlannerState())
+    table = service.distribution.routing_table(plan, 7)
+    assert table.epoch == 7
     assert table.planned_devices == plan.num_devices_planned == 1
     assert table.lower_bound == plan.lower_bound == 1
     [route] = table.routes
@@ -187,3 +188,76 @@ def test_model_files_are_downloaded_in_chunks_and_unknown_ones_refused(tmp_path,
             asyncio.run(download(bad))
         assert refused.value.code == grpc.StatusCode.NOT_FOUND
         assert "no model file with sha256" in refused.value.message
+
+
+def test_a_model_uploaded_with_an_expected_rate_and_a_batch_cap_is_planned_by_them(tmp_path):
+    """Issue 17's cold start and issue 20's max_batch_size: planned for the expected rate until one is
+    measured, never at a batch beyond the cap, and both are in the model's description."""
+    import time
+
+    from globalsched.membership import Node
+    from globalsched.modeldb import ServingSettings
+
+    service = _service(tmp_path)
+    profile = Profile.linear(0.5, 2.0, 32, device_type="cpu")
+    service.db.add_model("hot", [model_bytes(mlp_small())], profile_json=profile.to_json(), slo_ms=100,
+                         serving=ServingSettings(expected_rate_rps=400.0, batch_cap=4))
+    now = time.monotonic()
+    service.nodes["be-1"] = Node("be-1", control.NODE_KIND_BACKEND, "127.0.0.1:1", "cpu", "cpu", 0.0)
+    sessions, _, _ = session_inputs(service.read_view(now), service.control.settings)
+    assert {s.model: s.rate_rps for s in sessions} == {"hot": 400.0, "m": service.config.default_rate_rps}
+    [hot] = [s for s in sessions if s.model == "hot"]
+    assert hot.profiles["cpu"].max_batch == 4
+    plan, _ = plan_cluster(service.read_view(now), PlannerState())
+    batches = [s.batch for p in plan.placements.values() for b in p.backends for s in b.sessions if s.model == "hot"]
+    assert batches and max(batches) <= 4
+    desc = service.admin.desc("hot")
+    assert desc.expected_rate_rps == 400.0 and desc.batch_cap == 4 and desc.max_batch == 4
+    service.workload.rates["fe"] = {"hot": (50.0, now)}            # measured: that rate from now on
+    sessions, _, _ = session_inputs(service.read_view(now), service.control.settings)
+    assert {s.model: s.rate_rps for s in sessions}["hot"] == 50.0
+
+
+def test_bad_serving_settings_are_refused_at_upload(tmp_path):
+    import pytest
+
+    from globalsched.modeldb import ServingSettings, UploadError
+
+    db = ModelDatabase(tmp_path / "db")
+    for settings, message in ((ServingSettings(expected_rate_rps=-1.0), "expected_rate_rps must be a rate of at least 0"),
+                              (ServingSettings(expected_rate_rps=float("nan")), "expected_rate_rps must be a rate"),
+                              (ServingSettings(batch_cap=-2), "batch_cap must be at least 0, got -2")):
+        with pytest.raises(UploadError, match=message):
+            db.add_model("x", [model_bytes(mlp_small())], serving=settings)
+        assert db.model("x") is None
+
+
+def test_a_surge_beyond_noise_is_planned_for_at_once_and_noise_is_not():
+    """Cold start (issue 17): a report far above the window's mean is planned for at once, with no
+    cooldown; an ordinary Poisson excursion is not."""
+    from globalsched.cluster import PlannedSession
+    from globalsched.planner import PlannerSettings, demand_surge
+    from globalsched.workload import Workload
+
+    def report(workload, now, requests):
+        workload.report(control.WorkloadReport(node_id="fe", rates=[control.SessionRate(
+            model="m", rate_rps=float(requests), requests=requests, window_ms=1000)]), now)
+
+    noisy, surged = Workload(), Workload()
+    for t, n in enumerate([60, 55, 66, 58, 74]):                  # 74 is within 4 sigma of ~60
+        report(noisy, float(t), n)
+    for t, n in enumerate([60, 55, 66, 58, 300]):                 # a 5x step
+        report(surged, float(t), n)
+    assert noisy.surges(4.0) == {} and noisy.planning_rates(4.0)["m"] == sum([60, 55, 66, 58, 74]) / 5
+    assert surged.surges(4.0) == {"m": 300.0} and surged.planning_rates(4.0)["m"] == 300.0
+    plan = _plan_for({"m": PlannedSession("m", "m", 50.0, 60.0)})
+    settings = PlannerSettings()
+    assert demand_surge(surged.surges(4.0), plan, settings) == "demand surge: m at 300 rps, planned for 60"
+    assert demand_surge({"m": 64.0}, plan, settings) == ""          # within the band of the plan
+    assert demand_surge(surged.surges(4.0), None, settings) == ""
+
+
+def _plan_for(sessions):
+    from globalsched.cluster import ClusterPlan
+
+    return ClusterPlan({}, {}, {}, sessions=sessions)

@@ -11,7 +11,6 @@ import os
 import stat
 import subprocess
 import sys
-import time
 
 import grpc
 import numpy as np
@@ -24,19 +23,12 @@ from common.config import ConfigError, FrontendConfig
 from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
-from common.security import Credentials, HeaderGuard, parse_restricted_header
+from common.security import Credentials, RepositoryAccess, parse_restricted_header
+from frontend.dispatch import FrontendState
+from frontend.kserve import KServeService
 from tests.certs import make_pki
+from tests.components import wait_for
 from tests.conftest import NexusProcess as Proc, nexus_cli, start_cluster
-
-
-def _wait_for(predicate, timeout_s: float = 90, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")
@@ -93,23 +85,24 @@ class _Stats(control_grpc.BackendServicer):
 # ---- the restricted repository header, in process ---------------------------------------------------
 
 
-class _Repository(kserve_grpc.GRPCInferenceServiceServicer):
+class _Scheduler:
+    """Stands in for the scheduler stub behind the frontend's repository calls: counts the unloads."""
+
     def __init__(self) -> None:
         self.unloads = 0
 
-    async def RepositoryModelUnload(self, request, context):
+    async def UnloadModel(self, request, timeout=None):
         self.unloads += 1
-        return kserve.RepositoryModelUnloadResponse()
-
-    async def ServerLive(self, request, context):
-        return kserve.ServerLiveResponse(live=True)
+        return control.UnloadReply()
 
 
 def test_restricted_repository_header_like_tritons_restricted_protocol():
     async def main():
-        servicer = _Repository()
-        server = grpc_util.server(interceptors=[HeaderGuard(*parse_restricted_header("admin-key=s3cret"))])
-        kserve_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+        scheduler = _Scheduler()
+        access = RepositoryAccess(parse_restricted_header("admin-key=s3cret"))
+        server = grpc_util.server()
+        kserve_grpc.add_GRPCInferenceServiceServicer_to_server(KServeService(FrontendState(), scheduler, access),
+                                                               server)
         address = grpc_util.bind(server, "127.0.0.1:0")
         await server.start()
         outcomes = {}
@@ -128,7 +121,7 @@ def test_restricted_repository_header_like_tritons_restricted_protocol():
                 live = (await stub.ServerLive(kserve.ServerLiveRequest(), timeout=5)).live   # not restricted
         finally:
             await server.stop(0)
-        return outcomes, servicer.unloads, live
+        return outcomes, scheduler.unloads, live
 
     outcomes, unloads, live = asyncio.run(main())
     assert outcomes["right"] == "OK" and unloads == 1 and live
@@ -192,7 +185,7 @@ def test_tls_cluster_with_token_serves_tritonclient_and_refuses_strangers(tmp_pa
         assert listed.returncode == 0 and "mlp" in listed.stdout
 
         client = grpcclient.InferenceServerClient(frontend.address, ssl=True, root_certificates=str(pki.ca))
-        _wait_for(lambda: _ready(client, "mlp"), what="mlp ready over TLS")
+        wait_for(lambda: _ready(client, "mlp"), timeout_s=90, what="mlp ready over TLS")
         x = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
         inp = grpcclient.InferInput("input", [3, 64], "FP32")
         inp.set_data_from_numpy(x)
@@ -217,8 +210,8 @@ def test_tls_cluster_with_token_serves_tritonclient_and_refuses_strangers(tmp_pa
         assert _ready(client, "mlp")
 
         # The strangers were told why and never joined: the scheduler announced only the real nodes.
-        _wait_for(lambda: "wrong cluster token" in rogue.logs(), what="the rogue backend to be refused")
-        _wait_for(lambda: "missing cluster token" in tokenless.logs(), what="the tokenless backend to be refused")
+        wait_for(lambda: "wrong cluster token" in rogue.logs(), timeout_s=90, what="the rogue backend to be refused")
+        wait_for(lambda: "missing cluster token" in tokenless.logs(), timeout_s=90, what="the tokenless backend to be refused")
         joined = scheduler.logs()
         assert f"registered at {backend.address}" in joined and f"registered at {frontend.address}" in joined
         assert rogue.address not in joined and tokenless.address not in joined

@@ -59,6 +59,7 @@ def test_each_request_carries_its_batch_phases_and_each_batch_size_its_own(mlp_e
     outcomes = _submit_together(engine, batch) + _submit_together(engine, [batch[0]])
     assert [o.status for o in outcomes] == ["EXEC_OK"] * 5
     assert [o.batch_size for o in outcomes] == [7, 7, 7, 7, 1]
+    assert [o.first_in_batch for o in outcomes] == [True, False, False, False, True]   # one per batch
     st = session.stats
     assert (st.success_count, st.fail_count, st.execution_count, st.inference_count) == (5, 0, 2, 8)
     assert st.batch_histogram == {7: 1, 1: 1}

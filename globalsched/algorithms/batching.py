@@ -1,17 +1,21 @@
 """Per-session batching arithmetic: SLO budget, saturated GPUs, residual duty cycles.
 
 A :class:`SessionModel` is a session prepared for planning on one GPU kind: the SLO budget after
-margins, the batch sizes it may use (memory permitting) and its latency/memory tables. Building one
-raises :class:`~common.plan.PlanningError` naming the session when no plan could ever serve it.
+margins, the batch sizes it may use (memory permitting), its latency/memory tables, the marginal
+cost of an extra item at each batch and the burst headroom's ``z`` (:mod:`common.headroom`: a
+device keeps room for the pooled burst of its sessions; the packers check it per device through
+:class:`globalsched.algorithms.gpuload.GpuLoad`). Building one raises
+:class:`~common.plan.PlanningError` naming the session when no plan could ever serve it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from common.batching import saturated_batch
+from common.headroom import BurstSums, BurstTerm, lone_session_load_items, marginal_ms_per_item
 from common.plan import EPS_MS, GpuSpec, PlanningError, SessionSpec
 
 from .config import PlannerConfig
@@ -26,17 +30,37 @@ class SessionModel:
     memory_mb: tuple[float, ...]
     max_batch: int                # largest batch usable (profile, memory, batch cap)
     group: str | None             # prefix group, None when planning without prefix sharing
+    marginal_ms: tuple[float, ...] = ()  # c(b) of common.headroom, index b-1
+    burst_sigma: float = 0.0      # z of the pooled burst headroom; 0: none
 
     def lat(self, batch: int) -> float:
         return self.latency_ms[batch - 1]
+
+    def marginal(self, batch: int) -> float:
+        return self.marginal_ms[batch - 1] if self.marginal_ms else 0.0
+
+    def burst_term(self, batch: int, load_rps: float) -> BurstTerm:
+        return BurstTerm(batch, load_rps, self.marginal(batch))
+
+    def lone_excess_ms(self, batch: int, load_rps: float, duty_ms: float, exact: bool = False) -> float:
+        """H of a device running only this load (0 without headroom). By default by the several-
+        session expansion: a residual is planned so that it stays feasible when others join it (the
+        exact lone quantile would let it fill a GPU that then takes nobody); ``exact``: the lone
+        quantile that validation applies to a device with one session."""
+        if self.burst_sigma <= 0:
+            return 0.0
+        sums = BurstSums()
+        sums.add(self.burst_term(batch, load_rps))
+        return sums.excess_ms(duty_ms, self.burst_sigma, exact_lone=exact)
 
     def mem(self, batch: int) -> float:
         return self.memory_mb[batch - 1]
 
 
 def prepare(spec: SessionSpec, gpu: GpuSpec | None, config: PlannerConfig, *, check_memory: bool = True,
-            batch_cap: int | None = None, prefix_aware: bool = True) -> SessionModel:
-    """The planning view of ``spec``; PlanningError when even batch 1 cannot meet its SLO or memory."""
+            batch_cap: int | None = None, prefix_aware: bool = True, with_headroom: bool = True) -> SessionModel:
+    """The planning view of ``spec``; PlanningError when even batch 1 cannot meet its SLO or memory.
+    ``with_headroom=False`` plans without burst headroom (the lower bound's view)."""
     p = spec.profile
     budget = spec.slo_ms - config.margins_ms
     l1 = p.latency_ms(1)
@@ -53,42 +77,55 @@ def prepare(spec: SessionSpec, gpu: GpuSpec | None, config: PlannerConfig, *, ch
             if p.memory_mb(b) > gpu.memory_mb + EPS_MS:
                 max_batch = b - 1
                 break
-    sm = SessionModel(spec.name, spec.rate_rps, budget,
-                      tuple(r.latency_ms for r in p.rows), tuple(r.memory_mb for r in p.rows),
-                      max_batch, spec.prefix_group if prefix_aware else None)
-    if config.burst_sigma > 0:
-        batch, _ = saturated(sm)
-        sm = dataclasses.replace(sm, rate_rps=burst_rate_rps(spec.rate_rps, sm.lat(batch), config.burst_sigma))
-    return sm
+    lats = tuple(r.latency_ms for r in p.rows)
+    z = config.burst_sigma if with_headroom else 0.0
+    marginal: tuple[float, ...] = ()
+    if z > 0:
+        largest = saturated_batch(p.latency_ms, budget, p.max_batch, EPS_MS)
+        marginal = tuple(marginal_ms_per_item(p.latency_ms, b, largest) for b in range(1, p.max_batch + 1))
+    return SessionModel(spec.name, spec.rate_rps, budget, lats, tuple(r.memory_mb for r in p.rows),
+                        max_batch, spec.prefix_group if prefix_aware else None, marginal, z)
 
 
-def burst_rate_rps(rate_rps: float, duty_ms: float, sigma: float) -> float:
-    """The rate to provision so that a duty cycle covers a Poisson burst: n + sigma*sqrt(n) arrivals
-    per cycle instead of their mean n = rate * duty.
+class Saturated(NamedTuple):
+    """One GPU running only a session at duty cycle l(batch): its throughput, and the load it may
+    carry (the throughput, less the burst headroom's share when headroom is on)."""
 
-    Relative to the rate this is 1 + sigma/sqrt(n): large for sessions whose saturated batch holds a
-    few requests (one extra arrival overflows them into the next cycle, past their SLO) and small
-    for large ones. ``prepare`` applies it with the duty cycle of the session's saturated batch.
+    batch: int
+    throughput_rps: float
+    load_rps: float
+
+
+def saturated(sm: SessionModel) -> Saturated:
+    """The saturated GPU of DESIGN.md: duty cycle l(b), 2*l(b) <= budget, b maximising the load.
+
+    Without headroom the load is the throughput b*1000/l(b); for profiles whose throughput grows
+    with the batch (every GPU-like profile) that is DESIGN.md's "largest b with 2*l(b) <= SLO".
+    With headroom a lone session cannot pool its bursts: it carries the n arrivals per cycle that
+    :func:`common.headroom.lone_session_load_items` allows (P(Poisson(n) > b) at most the target,
+    exactly; the earlier per-session rule n + z*sqrt(n) <= b approximated it).
     """
-    n = rate_rps * duty_ms / 1000.0
-    if sigma <= 0 or n <= 0:
-        return rate_rps
-    return (n + sigma * math.sqrt(n)) * 1000.0 / duty_ms
-
-
-def saturated(sm: SessionModel) -> tuple[int, float]:
-    """(batch, throughput_rps) of one GPU running only this session at duty cycle l(b), 2*l(b) <= budget.
-
-    The batch maximises throughput b*1000/l(b); for profiles whose throughput grows with the batch
-    (every GPU-like profile) that is DESIGN.md's "largest b with 2*l(b) <= SLO".
-    """
-    best_b, best_t = 1, 1000.0 / sm.lat(1)
+    if sm.burst_sigma <= 0:  # the load is the throughput (the hot path of every plan without headroom)
+        best_b, best_t = 1, 1000.0 / sm.lat(1)
+        for b in range(2, usable_batch(sm) + 1):
+            t = b * 1000.0 / sm.lat(b)
+            if t >= best_t:
+                best_b, best_t = b, t
+        return Saturated(best_b, best_t, best_t)
+    best = Saturated(1, 1000.0 / sm.lat(1), 0.0)
+    best = best._replace(load_rps=_saturated_load(sm, 1, best.throughput_rps))
     for b in range(2, usable_batch(sm) + 1):
-        lat = sm.lat(b)
-        t = b * 1000.0 / lat
-        if t >= best_t:
-            best_b, best_t = b, t
-    return best_b, best_t
+        t = b * 1000.0 / sm.lat(b)
+        load = _saturated_load(sm, b, t)
+        if load >= best.load_rps:
+            best = Saturated(b, t, load)
+    return best
+
+
+def _saturated_load(sm: SessionModel, batch: int, throughput_rps: float) -> float:
+    if sm.burst_sigma <= 0 or sm.marginal(batch) <= 0:
+        return throughput_rps
+    return throughput_rps * lone_session_load_items(batch, sm.burst_sigma) / batch
 
 
 def batch_for(sm: SessionModel, rate_rps: float, duty_ms: float) -> int | None:
@@ -100,25 +137,76 @@ def batch_for(sm: SessionModel, rate_rps: float, duty_ms: float) -> int | None:
 
 
 def residual_config(sm: SessionModel, rate_rps: float) -> tuple[int, float]:
-    """(batch, duty_ms) serving ``rate_rps`` alone on a shared GPU at the lowest occupancy l(b)/d.
+    """(batch, duty_ms) serving ``rate_rps`` alone on a shared GPU at the lowest occupancy
+    (l(b) + H)/d, H the burst headroom of that lone load (0 without headroom).
 
-    For each batch b the longest duty cycle allowed is min(b*1000/rate, budget - l(b)); it must be at
-    least l(b). Unlike the published rule (d = b/rate only), low rates keep batch 1 with the duty
-    cycle capped by the SLO instead of becoming infeasible.
+    For each batch b the longest duty cycle allowed is min(b*1000/rate, budget - l(b) - H); it must
+    be at least l(b) + H. Unlike the published rule (d = b/rate only), low rates keep batch 1 with
+    the duty cycle capped by the SLO instead of becoming infeasible. With headroom H is the
+    several-session figure (:meth:`SessionModel.lone_excess_ms`), or, when no batch fits by it, the
+    exact lone one (the residual then keeps a GPU of its own). Raises PlanningError when no batch
+    fits either way (a budget too tight for even one item's burst).
     """
+    best = _residual_config(sm, rate_rps, exact=False)
+    if best is None and sm.burst_sigma > 0:
+        best = _residual_config(sm, rate_rps, exact=True)
+    if best is None:
+        raise PlanningError(f"session {sm.name!r}: no batch leaves room for its burst headroom within its SLO "
+                            f"budget {sm.budget_ms:g} ms at {rate_rps:g} req/s; lower --burst-sigma")
+    return best
+
+
+def _residual_config(sm: SessionModel, rate_rps: float, exact: bool) -> tuple[int, float] | None:
     best: tuple[float, int, float] | None = None
     for b in range(1, sm.max_batch + 1):
         lat = sm.lat(b)
         if 2 * lat > sm.budget_ms + EPS_MS:
             break  # latency only grows with the batch
         d = min(b * 1000.0 / rate_rps, sm.budget_ms - lat)
-        if d < lat - EPS_MS:
-            continue
-        occ = lat / d
+        if sm.burst_sigma > 0:
+            d = _longest_duty_with_headroom(sm, b, rate_rps, d, exact)
+            if d is None:
+                continue
+            occ = (lat + sm.lone_excess_ms(b, rate_rps, d, exact)) / d
+        else:
+            if d < lat - EPS_MS:
+                continue
+            occ = lat / d
         if best is None or occ < best[0] - 1e-12:
             best = (occ, b, d)
-    assert best is not None, "prepare() guarantees batch 1 fits"
-    return best[1], best[2]
+    return None if best is None else (best[1], best[2])
+
+
+def lone_fits(sm: SessionModel, batch: int, rate_rps: float, duty_ms: float, exact: bool = False) -> bool:
+    """Whether a device running only this load at (batch, duty) keeps every rule, headroom included
+    (H as :meth:`SessionModel.lone_excess_ms` computes it)."""
+    lat = sm.lat(batch)
+    h = sm.lone_excess_ms(batch, rate_rps, duty_ms, exact)
+    return lat + h <= duty_ms + EPS_MS and duty_ms + lat + h <= sm.budget_ms + EPS_MS
+
+
+def _longest_duty_with_headroom(sm: SessionModel, batch: int, rate_rps: float, hi_ms: float,
+                                exact: bool) -> float | None:
+    """The longest d <= ``hi_ms`` at which the lone load fits (:func:`lone_fits`), None if none does.
+
+    d + l + H(d) grows with d, so ``hi_ms`` (at most the SLO's limit) meets that part. The d >= l with
+    l + H(d) <= d are [l, a] and [a', inf) (d - H(d) is the minimum of d and a convex function of
+    d), so when ``hi_ms`` fails it lies in (a, a') and the answer is a: bisection on [l, hi].
+    """
+    lo = sm.lat(batch)
+    if hi_ms < lo - EPS_MS:
+        return None
+    if lone_fits(sm, batch, rate_rps, hi_ms, exact):
+        return hi_ms
+    if not lone_fits(sm, batch, rate_rps, lo, exact):
+        return None
+    for _ in range(40):
+        mid = (lo + hi_ms) / 2
+        if lone_fits(sm, batch, rate_rps, mid, exact):
+            lo = mid
+        else:
+            hi_ms = mid
+    return lo
 
 
 def residual_config_published(sm: SessionModel, rate_rps: float) -> tuple[int, float]:
@@ -130,7 +218,7 @@ def residual_config_published(sm: SessionModel, rate_rps: float) -> tuple[int, f
     """
     for b in range(sm.max_batch, 0, -1):
         d = b * 1000.0 / rate_rps
-        if d + sm.lat(b) <= sm.budget_ms + EPS_MS and sm.lat(b) <= d + EPS_MS:
+        if d + sm.lat(b) <= sm.budget_ms + EPS_MS and sm.lat(b) <= d + EPS_MS and lone_fits(sm, b, rate_rps, d):
             return b, d
     return residual_config(sm, rate_rps)
 

@@ -31,7 +31,8 @@ class PlannerConfig:
     network_ms: float = 0.0
     preprocess_ms: float = 0.0
     postprocess_ms: float = 0.0
-    burst_sigma: float = 0.0             # provision each session for Poisson bursts (batching.burst_rate_rps)
+    burst_sigma: float = 0.0             # z: each GPU keeps room for its sessions' pooled Poisson burst, a
+    #                                      cycle overflowing with probability <= 1 - Phi(z) (common/headroom.py)
     cpsat_time_limit_s: float = 10.0
     cpsat_workers: int = 2
     exact_max_sessions: int = 8

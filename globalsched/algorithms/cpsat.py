@@ -13,6 +13,16 @@ throughputs and loosens SLOs), so:
   AddMultiplicationEquality per pair), t[i,g] = 0 unless i runs on g, sum_g t[i,g] >= rate_i;
 * minimise the number of GPUs used (used[g] >= used[g+1] breaks symmetry; the sum >= lower bound).
 
+Burst headroom (``burst_sigma`` = z > 0) is modelled per allocation, not pooled: an allocation at
+batch b may carry at most the n*(b) arrivals per cycle that a lone session may
+(:func:`common.headroom.own_burst_load_items`), i.e. t * E <= n*(b) * 10^9, and
+its load t is reported. Each allocation then covers its own burst quantile, and the pooled quantile
+of a GPU never exceeds the sum of its sessions' own (sqrt(sum c^2 n) <= sum c sqrt(n), the skew term
+is at most c_max and the continuity term c_max/2 at most sum c/2), so H = 0 and the plan keeps the
+pooled rule. The exact model thus solves a stricter problem than squishy's pooled packing: with
+headroom its optimum is not reported as proven (``optimal`` stays None unless the count meets the
+lower bound), and squishy's plan is kept whenever it is at least as good.
+
 Latencies are rounded *up* to whole microseconds, budgets and memory *down*, rates *up* to
 milli-requests/s: every model solution is a valid plan, and "optimal" means optimal for those
 rounded figures (a plan within one microsecond of an SLO could be missed). Reported as proven only
@@ -34,6 +44,7 @@ from typing import Iterable, Mapping, Sequence
 
 from ortools.sat.python import cp_model
 
+from common.headroom import own_burst_load_items
 from common.plan import (GpuPlan, GpuSpec, Plan, PrefixGroup, SessionAlloc, SessionSpec, gpu_exec_breakdown,
                          validate_plan)
 
@@ -52,6 +63,7 @@ class ExactResult:
     status: str                                   # "OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN", ...
     gpus: tuple[tuple[tuple[str, int], ...], ...]  # per used GPU: (session, batch) pairs
     wall_s: float
+    loads: tuple[Mapping[str, float], ...] = ()    # per used GPU: session -> load (req/s), with headroom
 
 
 def _up(x: float, scale: float) -> int:
@@ -125,6 +137,8 @@ def solve_exact(models: Sequence[SessionModel], prefixes: Mapping[str, PrefixMod
     # request of session i takes at least c_i = min_b l_i(b)/b of a GPU's cycle (prefix members:
     # their suffix's best per-item time plus the prefix's), so on each GPU sum_i t[i,g]*c_i <= 1.
     share_terms: list[list] = [[] for _ in range(G)]
+    t_vars: dict[tuple[str, int], cp_model.IntVar] = {}
+    headroom = any(s.burst_sigma > 0 for s in models)
     for s in models:
         if s.group is not None and s.group in prefixes:
             p = prefixes[s.group]
@@ -134,13 +148,17 @@ def solve_exact(models: Sequence[SessionModel], prefixes: Mapping[str, PrefixMod
             c_ms = min((s.lat(b) / b for b in batches[s.name]), default=0.0)
         c = math.floor(c_ms * 1e6)  # ns per request: t (milli-req/s) * c is in 1e-12 of a GPU
         need = _up(s.rate_rps, 1000.0)
+        # items per cycle an allocation at batch b may carry, in thousandths (b without headroom)
+        carry = {b: (_down(own_burst_load_items(b, s.burst_sigma), 1000.0)
+                     if s.burst_sigma > 0 and s.marginal(b) > 0 else 1000 * b) for b in batches[s.name]}
         ts = []
         for g in range(G):
             t = m.NewIntVar(0, need, f"t_{s.name}_{g}")
+            t_vars[s.name, g] = t
             m.Add(t <= need * x[s.name, g])
             prod = m.NewIntVar(0, need * max_budget, f"p_{s.name}_{g}")
             m.AddMultiplicationEquality(prod, [t, exec_g[g]])
-            m.Add(prod <= _THR_SCALE * sum(b * y[s.name, g, b] for b in batches[s.name]))
+            m.Add(prod <= (_THR_SCALE // 1000) * sum(carry[b] * y[s.name, g, b] for b in batches[s.name]))
             share_terms[g].append(c * t)
             ts.append(t)
         m.Add(sum(ts) >= need)
@@ -165,19 +183,24 @@ def solve_exact(models: Sequence[SessionModel], prefixes: Mapping[str, PrefixMod
     status = solver.Solve(m)
     name = solver.StatusName(status)
     gpus: list[tuple[tuple[str, int], ...]] = []
+    loads: list[dict[str, float]] = []
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         for g in range(G):
             allocs = tuple((s.name, b) for s in models for b in batches[s.name] if solver.Value(y[s.name, g, b]))
             if allocs:
                 gpus.append(allocs)
-    return ExactResult(name, tuple(gpus), solver.WallTime())
+                loads.append({n: solver.Value(t_vars[n, g]) / 1000.0 for n, _ in allocs})
+    return ExactResult(name, tuple(gpus), solver.WallTime(), tuple(loads) if headroom else ())
 
 
 def gpu_plans_from(assignments: Iterable[Sequence[tuple[str, int]]], specs: Mapping[str, SessionSpec],
-                   groups: Mapping[str, PrefixGroup], first_id: int = 0) -> list[GpuPlan]:
-    """GpuPlans whose duty cycle is exactly their execution time (shared prefixes where >= 2 members)."""
+                   groups: Mapping[str, PrefixGroup], first_id: int = 0,
+                   loads: Sequence[Mapping[str, float]] = ()) -> list[GpuPlan]:
+    """GpuPlans whose duty cycle is exactly their execution time (shared prefixes where >= 2 members);
+    ``loads[k]`` gives the k-th GPU's sessions' loads (headroom), else they carry none."""
     out = []
     for k, allocs in enumerate(assignments):
+        here = loads[k] if k < len(loads) else {}
         counts: dict[str, int] = {}
         for name, _ in allocs:
             gname = specs[name].prefix_group
@@ -186,8 +209,8 @@ def gpu_plans_from(assignments: Iterable[Sequence[tuple[str, int]]], specs: Mapp
         shared = tuple(sorted(gn for gn, c in counts.items() if c >= 2))
         probe = GpuPlan(first_id + k, 1.0, tuple(SessionAlloc(n, b, 0.0) for n, b in allocs), shared)
         duty, _, _ = gpu_exec_breakdown(probe, specs, groups)
-        out.append(GpuPlan(first_id + k, duty, tuple(SessionAlloc(n, b, b * 1000.0 / duty) for n, b in allocs),
-                           shared))
+        out.append(GpuPlan(first_id + k, duty, tuple(SessionAlloc(n, b, b * 1000.0 / duty, here.get(n))
+                                                     for n, b in allocs), shared))
     return out
 
 
@@ -228,7 +251,7 @@ def improve_lns(base: Sequence[GpuPlan], sessions: Sequence[SessionSpec], gpu: G
         for i, g in enumerate(current):
             if i not in hood:
                 for a in g.sessions:
-                    outside[a.session] = outside.get(a.session, 0.0) + a.throughput
+                    outside[a.session] = outside.get(a.session, 0.0) + a.planned_load_rps
         sub: list[SessionSpec] = []
         for name in sorted({a.session for i in hood for a in current[i].sessions}):
             need = specs[name].rate_rps - outside.get(name, 0.0)
@@ -243,7 +266,7 @@ def improve_lns(base: Sequence[GpuPlan], sessions: Sequence[SessionSpec], gpu: G
         res = solve_exact(models, prefixes, gpu.memory_mb, len(hood) - 1, 0, limit, 1, config.seed, minimise=True)
         spent += res.wall_s
         if res.gpus and len(res.gpus) < len(hood):
-            new = gpu_plans_from(res.gpus, specs, group_map)
+            new = gpu_plans_from(res.gpus, specs, group_map, loads=res.loads)
             candidate = [g for i, g in enumerate(current) if i not in hood] + new
             if validate_plan_quick(candidate, sessions, gpu, config, groups):
                 saved += len(hood) - len(new)
@@ -258,7 +281,8 @@ def improve_lns(base: Sequence[GpuPlan], sessions: Sequence[SessionSpec], gpu: G
 
 def validate_plan_quick(gpus: Sequence[GpuPlan], sessions: Sequence[SessionSpec], gpu: GpuSpec,
                         config: PlannerConfig, groups: Sequence[PrefixGroup]) -> bool:
-    return not validate_plan(Plan("check", tuple(gpus), 0, 0.0), sessions, gpu, config.margins_ms, groups)
+    return not validate_plan(Plan("check", tuple(gpus), 0, 0.0), sessions, gpu, config.margins_ms, groups,
+                             config.burst_sigma)
 
 
 def cpsat_solve(sessions: Sequence[SessionSpec], gpu: GpuSpec, config: PlannerConfig,
@@ -278,10 +302,11 @@ def cpsat_solve(sessions: Sequence[SessionSpec], gpu: GpuSpec, config: PlannerCo
         res = solve_exact(models, prefixes, gpu.memory_mb, len(base), lower_bound, config.cpsat_time_limit_s,
                           config.cpsat_workers, config.seed, hint)
         if res.gpus and len(res.gpus) <= len(base):
-            plans = gpu_plans_from(res.gpus, specs, group_map)
+            plans = gpu_plans_from(res.gpus, specs, group_map, loads=res.loads)
             if validate_plan_quick(plans, sessions, gpu, config, groups):
-                optimal = res.status == "OPTIMAL"
-                note = f"cp-sat {res.status.lower()} in {res.wall_s:.2f} s"
+                optimal = res.status == "OPTIMAL" if config.burst_sigma <= 0 else None
+                note = f"cp-sat {res.status.lower()} in {res.wall_s:.2f} s" + (
+                    " (burst headroom per allocation, not pooled: optimum not proven)" if config.burst_sigma > 0 else "")
                 return plans, optimal, (note,)
         if res.status == "INFEASIBLE":
             # Only possible through rounding to whole microseconds: nothing proven.

@@ -3,7 +3,10 @@
 Working state inside the packers (mutable, never returned): the packers turn loads into frozen
 :class:`~common.plan.GpuPlan` values at the end. Feasibility is DESIGN.md's shared-GPU rule with
 prefix sharing: executions fit the duty cycle, every member's duty cycle + the execution its
-requests see fits its SLO budget, memory fits.
+requests see fits its SLO budget, memory fits; with burst headroom (members prepared with
+``burst_sigma > 0``) the GPU's pooled burst excess H (common/headroom.py) is added to the
+executions and to every member's execution, exactly as :func:`common.plan.validate_plan` checks.
+Members carry the load routed to them (``Member.rate_rps``), which the plan reports as ``load_rps``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from common.headroom import BurstSums
 from common.plan import EPS_MS, GpuPlan, SessionAlloc
 
 from .batching import SessionModel, batch_for
@@ -34,10 +38,14 @@ class _Group:
     min_budget_ms: float = math.inf
 
 
+REFIT_GRID = (1.0, 0.97, 0.94, 0.9, 0.85, 0.8, 0.7, 0.6, 0.5)
+
+
 class GpuLoad:
     """Members on one GPU at duty cycle ``duty_ms``; ``exec_ms`` and ``mem_mb`` kept up to date."""
 
-    __slots__ = ("duty_ms", "members", "exec_ms", "mem_mb", "groups", "prefixes", "capacity_mb", "gid", "_names")
+    __slots__ = ("duty_ms", "members", "exec_ms", "mem_mb", "groups", "prefixes", "capacity_mb", "gid", "_names",
+                 "burst", "z", "room_ms")
 
     def __init__(self, duty_ms: float, prefixes: Mapping[str, PrefixModel], capacity_mb: float,
                  gid: int | None = None) -> None:
@@ -50,6 +58,29 @@ class GpuLoad:
         self.capacity_mb = capacity_mb
         self.gid = gid  # GPU id carried over from an existing plan (re-planning), else None
         self._names: set[str] = set()
+        self.burst = BurstSums()   # the members' burst terms (headroom)
+        self.z = 0.0               # the members' burst_sigma (one planner config: all the same)
+        self.room_ms = math.inf    # min over members outside shared groups of budget - l(batch)
+
+    def headroom_ms(self, duty_ms: float | None = None) -> float:
+        """H at ``duty_ms`` (default the current duty cycle) for the current members."""
+        return self.burst.excess_ms(self.duty_ms if duty_ms is None else duty_ms, self.z)
+
+    def _headroom_fits(self, burst: BurstSums, z: float, exec_ms: float, room_ms: float,
+                       groups: Mapping[str, tuple[int, float, float]]) -> bool:
+        """Executions + H within the duty cycle and duty + H within every member's SLO slack."""
+        h = burst.excess_ms(self.duty_ms, z)
+        if h <= 0:
+            return True
+        if exec_ms + h > self.duty_ms + EPS_MS:
+            return False
+        slack = room_ms
+        for gname, (batch, suffix_ms, min_budget) in groups.items():
+            slack = min(slack, min_budget - self.prefixes[gname].lat(batch) - suffix_ms)
+        return self.duty_ms + h <= slack + EPS_MS
+
+    def _group_state(self) -> dict[str, tuple[int, float, float]]:
+        return {k: (g.batch, g.suffix_ms, g.min_budget_ms) for k, g in self.groups.items()}
 
     @property
     def occupancy(self) -> float:
@@ -82,12 +113,36 @@ class GpuLoad:
         add_mb = p.mem(new_b) - p.mem(old_b) + p.suffix_mem(sm, batch)
         return new_exec - old_exec, add_mb
 
+    def _with_member(self, sm: SessionModel, batch: int, rate_rps: float, add_ms: float) -> bool:
+        """Whether the headroom rule holds once ``sm`` joins at ``batch`` carrying ``rate_rps``."""
+        z = self.z if self.z >= sm.burst_sigma else sm.burst_sigma
+        if z <= 0:
+            return True
+        burst = self.burst.copy()
+        burst.add(sm.burst_term(batch, rate_rps))
+        room = self.room_ms
+        groups = self._group_state()
+        if sm.group is not None and sm.group in self.prefixes:
+            p = self.prefixes[sm.group]
+            old = groups.get(sm.group, (0, 0.0, math.inf))
+            groups[sm.group] = (old[0] + batch, old[1] + p.suffix_lat(sm, batch), min(old[2], sm.budget_ms))
+        else:
+            room = min(room, sm.budget_ms - sm.lat(batch))
+        return self._headroom_fits(burst, z, self.exec_ms + add_ms, room, groups)
+
     def _push(self, m: Member, add_ms: float, add_mb: float) -> None:
         self.members.append(m)
         self._names.add(m.sm.name)
         self.exec_ms += add_ms
         self.mem_mb += add_mb
         sm = m.sm
+        if sm.burst_sigma > 0:
+            self.z = sm.burst_sigma
+            self.burst.add(sm.burst_term(m.batch, m.rate_rps))
+        if sm.group is None or sm.group not in self.prefixes:
+            room = sm.budget_ms - sm.lat(m.batch)
+            if room < self.room_ms:
+                self.room_ms = room
         if sm.group is not None and sm.group in self.prefixes:
             g = self.groups.setdefault(sm.group, _Group())
             p = self.prefixes[sm.group]
@@ -96,8 +151,10 @@ class GpuLoad:
             g.suffix_mb += p.suffix_mem(sm, m.batch)
             g.min_budget_ms = min(g.min_budget_ms, sm.budget_ms)
 
-    def add_at_batch(self, m: Member) -> bool:
-        """Add ``m`` with its batch as given at the current duty cycle if everything still fits."""
+    def add_at_batch(self, m: Member, check_headroom: bool = True) -> bool:
+        """Add ``m`` with its batch as given at the current duty cycle if everything still fits
+        (the headroom rule too unless ``check_headroom`` is False: :meth:`rebuilt` checks it once
+        all members are in, since a member's rounded-up batch may cover others' bursts)."""
         if m.sm.name in self._names:
             return False
         delta = self._delta(m.sm, m.batch)
@@ -106,17 +163,24 @@ class GpuLoad:
         add_ms, add_mb = delta
         if self.exec_ms + add_ms > self.duty_ms + EPS_MS or self.mem_mb + add_mb > self.capacity_mb + EPS_MS:
             return False
+        if check_headroom and not self._with_member(m.sm, m.batch, m.rate_rps, add_ms):
+            return False
         self._push(m, add_ms, add_mb)
         return True
+
+    def fits_headroom(self) -> bool:
+        """Whether the current members keep the headroom rule at the current duty cycle."""
+        return self.z <= 0 or self._headroom_fits(self.burst, self.z, self.exec_ms, self.room_ms, self._group_state())
 
     def rebuilt(self, duty_ms: float, members: Iterable[Member], rebatch: bool) -> "GpuLoad | None":
         """A copy at ``duty_ms`` holding ``members``; with ``rebatch`` batches become ceil(d*rate)."""
         out = GpuLoad(duty_ms, self.prefixes, self.capacity_mb, self.gid)
         for m in members:
             batch = batch_for(m.sm, m.rate_rps, duty_ms) if rebatch else m.batch
-            if batch is None or not out.add_at_batch(Member(m.sm, m.rate_rps, batch, m.pref_duty_ms)):
+            if batch is None or not out.add_at_batch(Member(m.sm, m.rate_rps, batch, m.pref_duty_ms),
+                                                     check_headroom=False):
                 return None
-        return out
+        return out if out.fits_headroom() else None
 
     def try_add(self, sm: SessionModel, rate_rps: float, pref_duty_ms: float) -> "tuple[float, object] | None":
         """(occupancy after, token for :meth:`commit`) if the load fits, merged duty = min of the two."""
@@ -132,6 +196,8 @@ class GpuLoad:
                 return None
             add_ms, add_mb = delta
             if self.exec_ms + add_ms > d + EPS_MS or self.mem_mb + add_mb > self.capacity_mb + EPS_MS:
+                return None
+            if not self._with_member(sm, batch, rate_rps, add_ms):
                 return None
             return (self.exec_ms + add_ms) / d, (Member(sm, rate_rps, batch, pref_duty_ms), add_ms, add_mb)
         if not self.groups:  # cheap screen before building a copy: executions at the shorter cycle
@@ -178,6 +244,10 @@ class GpuLoad:
                 if d > hi:
                     break
                 candidates.add(d)
+        if any(m.sm.burst_sigma > 0 for m in members):
+            # With headroom the longest feasible cycle may lie between breakpoints (H grows with d
+            # and caps it through the SLOs): also try a grid below the SLOs' limit.
+            candidates.update(hi * f for f in REFIT_GRID if lo <= hi * f)
         for d in sorted(candidates, reverse=True):
             new = self.rebuilt(d, members, rebatch=True)
             if new is not None:
@@ -188,6 +258,7 @@ class GpuLoad:
         if isinstance(token, GpuLoad):
             self.duty_ms, self.members, self.exec_ms = token.duty_ms, token.members, token.exec_ms
             self.mem_mb, self.groups, self._names = token.mem_mb, token.groups, set(token._names)
+            self.burst, self.z, self.room_ms = token.burst.copy(), token.z, token.room_ms
         else:
             m, add_ms, add_mb = token  # type: ignore[misc]
             self._push(m, add_ms, add_mb)
@@ -196,6 +267,7 @@ class GpuLoad:
         out = GpuLoad(self.duty_ms, self.prefixes, self.capacity_mb, self.gid)
         out.members = [Member(m.sm, m.rate_rps, m.batch, m.pref_duty_ms) for m in self.members]
         out.exec_ms, out.mem_mb, out._names = self.exec_ms, self.mem_mb, set(self._names)
+        out.burst, out.z, out.room_ms = self.burst.copy(), self.z, self.room_ms
         out.groups = {k: _Group(g.batch, g.suffix_ms, g.suffix_mb, g.min_budget_ms) for k, g in self.groups.items()}
         return out
 
@@ -205,7 +277,9 @@ class GpuLoad:
         d = self.duty_ms
         shared = tuple(sorted(k for k in self.groups
                               if sum(1 for m in self.members if m.sm.group == k) >= 2))
-        return GpuPlan(gid, d, tuple(SessionAlloc(m.sm.name, m.batch, m.batch * 1000.0 / d) for m in self.members),
+        with_load = self.z > 0  # plans carry loads only with headroom, which is computed from them
+        return GpuPlan(gid, d, tuple(SessionAlloc(m.sm.name, m.batch, m.batch * 1000.0 / d,
+                                                  m.rate_rps if with_load else None) for m in self.members),
                        shared)
 
 

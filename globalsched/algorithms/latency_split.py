@@ -55,13 +55,13 @@ def stage_cost_gpus(query: QuerySpec, stage: str, budget_ms: float, config: Plan
     spec = SessionSpec(stage, st.model, budget_ms, rate, st.profile)
     try:
         sm = prepare(spec, gpu, config)
+        n, _, residual = saturated_split(sm)
+        if residual <= 0:
+            return float(n)
+        batch, duty = residual_config(sm, residual)
     except PlanningError:
         return math.inf
-    n, _, _, residual = saturated_split(sm)
-    if residual <= 0:
-        return float(n)
-    batch, duty = residual_config(sm, residual)
-    return n + sm.lat(batch) / duty
+    return n + sm.lat(batch) / duty  # a residual's burst headroom is pooled on its GPU: not counted
 
 
 def total_cost(query: QuerySpec, budgets: dict[str, float], config: PlannerConfig, gpu: GpuSpec | None) -> float:

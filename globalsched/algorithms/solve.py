@@ -9,7 +9,7 @@ from common.plan import GpuPlan, GpuSpec, Plan, PlanningError, PrefixGroup, Sess
 
 from .baselines import batch_oblivious, nexus_published, one_per_gpu
 from .config import PlannerConfig, Solver
-from .lower_bound import lower_bound
+from .lower_bound import lower_bounds
 
 
 def solve(sessions: Sequence[SessionSpec], gpu: GpuSpec, solver: Solver | str = Solver.SQUISHY,
@@ -31,7 +31,7 @@ def solve(sessions: Sequence[SessionSpec], gpu: GpuSpec, solver: Solver | str = 
         raise PlanningError(f"session {dup!r}: listed twice")
     groups = tuple(prefix_groups)
     start = time.perf_counter()
-    lb = lower_bound(sessions, gpu, config, groups)
+    lb, lb_old = lower_bounds(sessions, gpu, config, groups)
     optimal: bool | None = None
     notes: tuple[str, ...] = ()
     gpus: list[GpuPlan]
@@ -51,4 +51,4 @@ def solve(sessions: Sequence[SessionSpec], gpu: GpuSpec, solver: Solver | str = 
     if len(gpus) == lb:
         optimal = True
     solve_ms = (time.perf_counter() - start) * 1000.0
-    return Plan(solver.value, tuple(gpus), lb, solve_ms, optimal, None, notes)
+    return Plan(solver.value, tuple(gpus), lb, solve_ms, optimal, None, notes, lb_old)

@@ -19,6 +19,11 @@ run long cycles keep them, which is where per-batch overheads are cheapest; abou
 the benchmark, and every merge check is O(1)). :func:`squishy` runs the published order with the published
 residual rule and the duty order with ours, both memory-checked, and keeps the plan with fewer GPUs,
 so it never needs more GPUs than the published algorithm does whenever that one's plan fits memory.
+
+With burst headroom (``PlannerConfig.burst_sigma``, common/headroom.py) a saturated GPU carries the
+load a lone session may (``Saturated.load_rps``, below its throughput), residual loads take their
+headroom into their own batch and duty cycle, and every merge keeps the pooled rule
+(:class:`~globalsched.algorithms.gpuload.GpuLoad`); allocations report their loads.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from common.plan import GpuPlan, GpuSpec, PrefixGroup, SessionAlloc, SessionSpec
 
-from .batching import SessionModel, prepare, residual_config, residual_config_published, saturated
+from .batching import Saturated, SessionModel, prepare, residual_config, residual_config_published, saturated
 from .config import PlannerConfig
 from .gpuload import GpuLoad, Member, best_fit, refit_fit
 from .prefix import PrefixModel, check_prefix_groups, prefix_models
@@ -57,14 +62,21 @@ RULES: dict[ResidualRule, RuleFn] = {
     ResidualRule.OURS: residual_config, ResidualRule.PUBLISHED: residual_config_published}
 
 
-def saturated_split(sm: SessionModel) -> tuple[int, int, float, float]:
-    """(number of saturated GPUs, their batch, their throughput, residual rate)."""
-    batch, thr = saturated(sm)
-    n = math.floor(sm.rate_rps / thr + 1e-9)
-    residual = sm.rate_rps - n * thr
-    if residual <= sm.rate_rps * 1e-9:
+def saturated_split(sm: SessionModel, rate_rps: float | None = None) -> tuple[int, Saturated, float]:
+    """(number of saturated GPUs, their configuration, residual rate) for ``rate_rps`` (default the
+    session's rate); each saturated GPU carries ``Saturated.load_rps``."""
+    rate = sm.rate_rps if rate_rps is None else rate_rps
+    sat = saturated(sm)
+    n = math.floor(rate / sat.load_rps + 1e-9) if sat.load_rps > 0 else 0
+    residual = rate - n * sat.load_rps
+    if residual <= rate * 1e-9:
         residual = 0.0
-    return n, batch, thr, max(0.0, residual)
+    return n, sat, max(0.0, residual)
+
+
+def saturated_alloc(sm: SessionModel, sat: Saturated) -> SessionAlloc:
+    """The allocation of a saturated GPU; it reports its load only when headroom makes it differ."""
+    return SessionAlloc(sm.name, sat.batch, sat.throughput_rps, sat.load_rps if sm.burst_sigma > 0 else None)
 
 
 def place_residuals(loads: list[GpuLoad], items: Iterable[tuple[SessionModel, float]], rule: RuleFn,
@@ -120,9 +132,9 @@ def pack(models: Sequence[SessionModel], prefixes: Mapping[str, PrefixModel], ca
     plans: list[GpuPlan] = []
     residuals: list[tuple[SessionModel, float]] = []
     for sm in models:
-        n, batch, thr, residual = saturated_split(sm)
+        n, sat, residual = saturated_split(sm)
         for _ in range(n):
-            plans.append(GpuPlan(len(plans), sm.lat(batch), (SessionAlloc(sm.name, batch, thr),)))
+            plans.append(GpuPlan(len(plans), sm.lat(sat.batch), (saturated_alloc(sm, sat),)))
         if residual > 0:
             residuals.append((sm, residual))
     loads: list[GpuLoad] = []

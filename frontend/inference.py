@@ -1,0 +1,61 @@
+"""One KServe inference request, of a model or of a query: what every transport calls.
+
+Contract: :func:`infer` serves one ``ModelInferRequest`` on the event loop and returns its
+``ModelInferResponse``, or raises :class:`~frontend.requests.RequestError` with the gRPC status.
+KServe gRPC (unary and streaming) and HTTP/REST reach it through the KServe handlers
+(``frontend/kserve.py``); a request of a model is validated and dispatched here, one of a query
+runs in ``frontend/queries.py``; both record their outcome through the dispatch core's
+:class:`~frontend.dispatch.RequestRecord`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from common.pb import kserve
+from frontend.dispatch import FrontendState, RequestRecord, dispatch, request_budget_s
+from frontend.queries import run_query
+from frontend.requests import RequestError, parse_infer_request
+from frontend.routing import ModelEntry
+from frontend.trace import Marks
+
+
+async def infer(state: FrontendState, request, deadline_s: float | None) -> kserve.ModelInferResponse:
+    """Serve one ModelInferRequest (a model or a query) whose transport leaves it ``deadline_s``
+    (None: no deadline); raise RequestError with the gRPC status on failure. The request is counted
+    in flight, and held for the first routing table, by the dispatch core (FrontendState.admit)."""
+    async with state.admit(deadline_s) as deadline_s:
+        start = time.monotonic()
+        marks = state.tracer.start() if state.tracer is not None else None
+        name = request.model_name
+        query = state.table.queries.get(name)
+        if query is not None:
+            with state.record(name, start) as record:
+                return await run_query(state, query, request, deadline_s, record)
+        model = state.entry(name)
+        if request.model_version and request.model_version != "1":
+            raise RequestError(grpc.StatusCode.NOT_FOUND,
+                               f"model {model.name!r} has no version {request.model_version!r}")
+        with state.record(model.name, start) as record:
+            return await _run_model(state, model, request, deadline_s, record, marks)
+
+
+async def _run_model(state: FrontendState, model: ModelEntry, request, deadline_s: float | None,
+                     record: RequestRecord, marks: Marks | None) -> kserve.ModelInferResponse:
+    parsed = parse_infer_request(request, model)
+    record.accepted(parsed.rows)
+    end = record.start_s + request_budget_s(model.slo_ms, parsed.timeout_us, deadline_s)
+    if marks is not None:
+        marks.validated = time.monotonic_ns()
+    result = await dispatch(state, model, parsed.inputs, parsed.rows, end, marks)
+    response = kserve.ModelInferResponse(model_name=model.name, model_version="1", id=request.id)
+    for i in parsed.output_indices:
+        spec = model.outputs[i]
+        response.outputs.add(name=spec.name, datatype=spec.datatype, shape=result.output_shapes[i])
+        response.raw_output_contents.append(result.outputs[i])
+    record.succeeded(parsed.rows, end - record.start_s, result)
+    if marks is not None:
+        state.tracer.record(model.name, parsed.rows, marks, result)
+    return response

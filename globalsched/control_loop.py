@@ -1,0 +1,106 @@
+"""The scheduler's planning task: when to plan, and handing each new plan to the actuators.
+
+One task plans. It waits on the :class:`globalsched.replan_trigger.ReplanTrigger` (a forced change:
+a node joined or left, a model was uploaded, loaded or unloaded, a profile arrived; or an
+evaluation: a workload report, the epoch timer), lets a burst of triggers coalesce, reads the view
+(``read_view``), calls the pure planner (globalsched/planner.py) and, when the planner returns a new
+plan, numbers it with the next epoch and hands it to each actuator in turn: whatever profiles the
+models it needs profiled, then the table distribution (model tables to backends, then routing
+tables to frontends). A lost node is planned for without delay, and a Leave waits until the plan
+without its node has been applied.
+
+Epochs start from the wall clock in milliseconds: nodes ignore tables older than the last one they
+applied, so a restarted scheduler's epochs must be newer than its previous life's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable, Protocol, Sequence
+
+from globalsched.algorithms.replan import ReplanReason
+from globalsched.cluster import ClusterPlan, ClusterView
+from globalsched.planner import PlannerSettings, PlannerState, plan_cluster
+from globalsched.replan_trigger import ReplanTrigger
+
+log = logging.getLogger("nexus.scheduler")
+
+COALESCE_S = 0.05               # bursts of changes become one plan
+REPAIR_COALESCE_S = 0.005       # a lost node is repaired without delay
+
+
+class Actuator(Protocol):
+    async def apply(self, plan: ClusterPlan, epoch: int) -> None:
+        """Make the world follow ``plan`` (numbered ``epoch``); failures are logged, not raised."""
+
+
+ReadView = Callable[[float, "ReplanReason | None", "tuple[str, ...]"], ClusterView]
+
+
+class ControlLoop:
+    def __init__(self, settings: PlannerSettings, trigger: ReplanTrigger, read_view: ReadView,
+                 actuators: Sequence[Actuator], clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.trigger = trigger
+        self.read_view = read_view
+        self.actuators = list(actuators)
+        self.clock = clock
+        self.state = PlannerState()
+        self.epoch = int(time.time() * 1000)
+        self.trigger.epoch = self.epoch
+        self.last_plan_time = 0.0
+        self.plan: ClusterPlan | None = None      # the plan in force: the last one applied
+
+    async def run(self) -> None:
+        """The planning task: one plan per burst of triggers."""
+        self.trigger.evaluate()
+        while True:
+            await self.trigger.wait()
+            await asyncio.sleep(REPAIR_COALESCE_S if self.trigger.urgent else COALESCE_S)
+            requests = self.trigger.take()
+            try:
+                await self.plan_once(requests.force, requests.why)
+            except Exception as exc:  # keep the scheduler alive; the next trigger tries again
+                log.exception("re-planning failed")
+                for waiter in requests.waiters:
+                    if not waiter.done():
+                        waiter.set_exception(exc)
+                continue
+            for waiter in requests.waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    async def plan_once(self, force: ReplanReason | None = None, why: tuple[str, ...] = ()) -> ClusterPlan:
+        now = self.clock()
+        view = self.read_view(now, force, why)
+        plan, self.state = plan_cluster(view, self.state, self.settings)
+        if plan is self.plan:
+            return plan
+        self.epoch += 1
+        self.trigger.epoch = self.epoch
+        self.last_plan_time = now
+        self._log(plan)
+        for actuator in self.actuators:
+            await actuator.apply(plan, self.epoch)
+        self.plan = plan
+        return plan
+
+    def _log(self, plan: ClusterPlan) -> None:
+        for placement in plan.placements.values():
+            for b in placement.backends:
+                log.info("epoch %d: %s duty cycle %.1f ms: %s", self.epoch, b.node_id, b.duty_cycle_ms,
+                         ", ".join(f"{s.model} b={s.batch} {s.throughput_rps:.1f} rps" for s in b.sessions) or "idle")
+        for note in plan.notes:
+            log.warning(note)
+        for model, why in plan.best_effort.items():
+            log.warning("%s: %s", model, why)
+
+    async def epoch_timer(self) -> None:
+        """Now and then, let the planner judge the plan (its epoch, rate bands and cooldown decide; a
+        plan that still fits stands: re-planning on noise would move sessions and cost their queues)."""
+        replan = self.settings.replan
+        while True:
+            await asyncio.sleep(min(replan.epoch_s, replan.cooldown_s))
+            self.trigger.evaluate()

@@ -1,0 +1,139 @@
+"""How many devices of each type to have: a pure policy, ``decisions, state = desired_devices(...)``.
+
+Inputs per device type (:class:`TypeDemand`): the devices the plan uses, the backends registered,
+the planned and measured rates of the sessions placed there, and what moving each backend's sessions
+would cost. Output per type (:class:`ScalingDecision`): the desired count, why, and when it is below
+the registered count, which backend to drain first.
+
+The rules (an operator's expectations: no flapping, nothing lost, no idle device held for long):
+
+* **Up at once.** The raw need is the plan's devices, times the ratio by which the measured rate
+  outruns the planned rate when it does by more than ``outrun_ratio`` (the plan catches up only after
+  the re-planner's cooldown; the devices should already be starting), times 1 + ``headroom``,
+  rounded up, within the bounds. When it exceeds the registered count the desired count is that
+  need, at once: this covers a plan that folds sessions onto busy devices.
+* **Down after a cool-down, one device at a time.** The desired count never drops below the largest
+  raw need seen over the last ``cooldown_s`` (the stabilization window of Kubernetes' HPA), and
+  drops by one device at most every ``cooldown_s``. The device drained is the one whose sessions
+  move most cheaply (an idle one first; then the fewest planned requests per second), and scaling
+  down goes through the backend's drain (SIGTERM, then ``Leave``), so no request is lost.
+* **Bounds.** ``min``/``max`` per device type (``--min-devices``/``--max-devices``); when the
+  maximum binds and the plan folds sessions, the decision says so.
+
+Time is passed in; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+from common.config import DeviceBounds
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    cooldown_s: float = 60.0        # surplus must last this long, and removals are this far apart
+    headroom: float = 0.0           # devices beyond the plan's, as a fraction of it
+    outrun_ratio: float = 1.1       # measured / planned rate above which demand, not the plan, sets the need
+    bounds: DeviceBounds = field(default_factory=DeviceBounds)
+
+
+@dataclass(frozen=True)
+class TypeDemand:
+    """One device type as the policy sees it."""
+
+    device_type: str
+    needed: int                      # devices the plan uses (before folding onto those registered)
+    registered: int
+    planned_rps: float = 0.0         # sum over the sessions placed on this type
+    measured_rps: float = 0.0        # the same sessions' measured rates
+    folded: int = 0                  # plan devices folded onto busy backends
+    move_cost: Mapping[str, float] = field(default_factory=dict)   # backend -> planned rps of its sessions
+
+
+@dataclass(frozen=True)
+class ScalingDecision:
+    device_type: str
+    desired: int
+    registered: int
+    needed: int                      # the raw need (plan, demand, headroom, bounds) now
+    reason: str
+    drain: str = ""                  # backend to drain first when desired < registered
+
+
+@dataclass(frozen=True)
+class TypeHistory:
+    needs: tuple[tuple[float, int], ...] = ()     # (time, raw need) within the last cooldown
+    last_down_s: float | None = None              # when the desired count last dropped
+    desired: int | None = None
+
+
+@dataclass(frozen=True)
+class ScalingState:
+    types: Mapping[str, TypeHistory] = field(default_factory=dict)
+
+
+def desired_devices(demands: Mapping[str, TypeDemand], state: ScalingState, config: ScalingConfig, now_s: float
+                    ) -> tuple[dict[str, ScalingDecision], ScalingState]:
+    decisions: dict[str, ScalingDecision] = {}
+    types: dict[str, TypeHistory] = {}
+    for t, d in demands.items():
+        decisions[t], types[t] = _decide(d, state.types.get(t, TypeHistory()), config, now_s)
+    return decisions, ScalingState(types)
+
+
+def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: float
+            ) -> tuple[ScalingDecision, TypeHistory]:
+    low, high = config.bounds.of(d.device_type)
+    need, why = d.needed, f"the plan uses {d.needed}"
+    if d.planned_rps > 0 and d.measured_rps > config.outrun_ratio * d.planned_rps:
+        ratio = d.measured_rps / d.planned_rps
+        need = math.ceil(d.needed * ratio - 1e-9)
+        why = (f"measured {d.measured_rps:.0f} rps outruns the planned {d.planned_rps:.0f} rps "
+               f"(x{ratio:.2f}): {need} for the plan's {d.needed}")
+    if config.headroom > 0 and need > 0:
+        need = math.ceil(need * (1 + config.headroom) - 1e-9)
+        why += f", {config.headroom:.0%} headroom: {need}"
+    raw = need
+    if need > high:
+        why += f"; capped at --max-devices {high}"
+        if d.folded:
+            why += f" ({d.folded} plan devices folded onto busy backends)"
+        need = high
+    if need < low:
+        need, why = low, why + f"; --min-devices {low}"
+    needs = tuple((t, n) for t, n in history.needs if now_s - t < config.cooldown_s) + ((now_s, need),)
+    window_max = max(n for _, n in needs)
+    registered = d.registered
+    # A type seen for the first time (a scheduler that just started, whose backends re-register
+    # before its first plan) waits a whole cool-down before anything goes, as after a removal.
+    last_down = now_s if not history.needs else history.last_down_s
+    if need > registered:
+        desired = need
+        if d.folded and raw <= high:
+            why = f"{why}; {d.folded} plan devices folded onto busy backends: add {need - registered}"
+        else:
+            why = f"{why}: add {need - registered}"
+    elif window_max >= registered:
+        desired = registered
+        if need < registered:
+            why = f"{why}; {registered - need} surplus, held for the {config.cooldown_s:g} s cool-down"
+    elif last_down is not None and now_s - last_down < config.cooldown_s:
+        desired = history.desired if history.desired is not None and history.desired < registered else registered
+        why = f"{why}; surplus, next removal {config.cooldown_s - (now_s - last_down):.0f} s after the last"
+    else:
+        desired = registered - 1
+        last_down = now_s
+        why = f"{why}; surplus for {config.cooldown_s:g} s: remove one"
+    desired = max(min(desired, max(high, low)), low)
+    drain = ""
+    if desired < registered and d.move_cost:
+        drain = min(d.move_cost, key=lambda n: (d.move_cost[n], n))
+        cost = d.move_cost[drain]
+        why += f" ({drain}: {'idle' if cost == 0 else f'its sessions carry {cost:.0f} rps'})"
+    if desired == registered and need == registered:
+        why = f"{why}: steady"
+    decision = ScalingDecision(d.device_type, desired, registered, need, why, drain)
+    return decision, replace(history, needs=needs, last_down_s=last_down, desired=desired)

@@ -1,0 +1,97 @@
+"""The scheduler's planning task (globalsched/control_loop.py) in process: one plan per burst of
+triggers, new plans only go to the actuators, a Leave waits for the plan without its node, and a
+failed plan reaches the waiter without ending the task."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from common.profile import Profile
+from globalsched.cluster import ClusterView, ModelView
+from globalsched.control_loop import ControlLoop
+from globalsched.placement import BackendSlot
+from globalsched.planner import PlannerSettings
+from globalsched.replan_trigger import ReplanTrigger
+
+PROFILE = Profile.linear(2.0, 10.0, 32, device_type="gpu")
+
+
+class World:
+    """What read_view sees, changed by the test; and a record of what the actuators were given."""
+
+    def __init__(self) -> None:
+        self.backends = [BackendSlot("a", "gpu", 16000.0), BackendSlot("b", "gpu", 16000.0)]
+        self.models = [ModelView("m", 100.0, {"gpu": PROFILE})]
+        self.reads = 0
+        self.applied: list[tuple[int, frozenset[str]]] = []
+        self.fail = False
+
+    def read_view(self, now, force, why):
+        self.reads += 1
+        if self.fail:
+            raise RuntimeError("the database is gone")
+        return ClusterView(now, tuple(self.backends), tuple(self.models), rates_rps={"m": 50.0}, force=force, why=why)
+
+    async def apply(self, plan, epoch):
+        await asyncio.sleep(0.01)            # a push takes time; a Leave must wait for it
+        nodes = frozenset(b.node_id for p in plan.placements.values() for b in p.backends if b.sessions)
+        self.applied.append((epoch, nodes))
+
+
+async def _started(world: World):
+    trigger = ReplanTrigger()
+    loop = ControlLoop(PlannerSettings(), trigger, world.read_view, [world])
+    task = asyncio.create_task(loop.run())
+    while not world.applied:
+        await asyncio.sleep(0.01)
+    return trigger, loop, task
+
+
+def test_a_burst_of_triggers_is_one_plan_and_an_unchanged_plan_is_not_applied_again():
+    async def main():
+        world = World()
+        trigger, loop, task = await _started(world)
+        reads, applied = world.reads, len(world.applied)
+        for i in range(5):
+            trigger.request(f"change {i}")
+        await asyncio.sleep(0.3)
+        assert world.reads == reads + 1 and len(world.applied) == applied + 1
+        assert world.applied[-1][0] == loop.epoch == trigger.epoch
+        trigger.evaluate()                                 # nothing changed: planned, not applied
+        await asyncio.sleep(0.3)
+        assert world.reads == reads + 2 and len(world.applied) == applied + 1
+        task.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_leave_returns_once_the_plan_without_the_node_is_applied():
+    async def main():
+        world = World()
+        trigger, loop, task = await _started(world)
+        [(_, nodes)] = world.applied
+        [node] = nodes
+        world.backends = [b for b in world.backends if b.node_id != node]
+        await trigger.replan_now(f"{node} leaves")
+        assert node not in world.applied[-1][1] and world.applied[-1][1]
+        assert loop.plan.sessions_on(node) == 0
+        task.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_failed_plan_reaches_the_waiter_and_the_task_goes_on():
+    async def main():
+        world = World()
+        trigger, loop, task = await _started(world)
+        world.fail = True
+        with pytest.raises(RuntimeError, match="the database is gone"):
+            await trigger.replan_now("be-x leaves")
+        world.fail = False
+        await trigger.replan_now("be-y leaves")
+        assert not task.done()
+        task.cancel()
+
+    asyncio.run(main())

@@ -1,0 +1,101 @@
+"""The device scaling policy (globalsched/scaling_policy.py) on a fake clock: up at once, down after a
+cool-down one device at a time, the cheapest device drained first, bounds, no flapping."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.config import ConfigError, DeviceBounds, SchedulerConfig
+from globalsched.scaling_policy import ScalingConfig, ScalingState, TypeDemand, desired_devices
+
+
+class Policy:
+    def __init__(self, **config) -> None:
+        self.config = ScalingConfig(**config)
+        self.state = ScalingState()
+
+    def at(self, now: float, **demand):
+        d = TypeDemand("t4", **demand)
+        decisions, self.state = desired_devices({"t4": d}, self.state, self.config, now)
+        return decisions["t4"]
+
+
+def test_a_plan_that_folds_sessions_scales_up_at_once():
+    policy = Policy(cooldown_s=60)
+    d = policy.at(0.0, needed=4, registered=1, folded=3)
+    assert d.desired == 4 and "3 plan devices folded onto busy backends: add 3" in d.reason
+
+
+def test_a_measured_rate_that_outruns_the_plan_scales_up_before_the_plan_does():
+    policy = Policy(cooldown_s=60)
+    assert policy.at(0.0, needed=2, registered=2, planned_rps=100, measured_rps=105).desired == 2   # within 1.1
+    d = policy.at(1.0, needed=2, registered=2, planned_rps=100, measured_rps=250)
+    assert d.desired == 5 and "outruns the planned 100 rps (x2.50)" in d.reason
+
+
+def test_surplus_goes_one_device_at_a_time_after_the_cool_down():
+    policy = Policy(cooldown_s=60)
+    cost = {"be-a": 30.0, "be-b": 0.0, "be-c": 12.0, "be-d": 0.0, "be-e": 5.0}
+    assert policy.at(0.0, needed=5, registered=5, move_cost=cost).desired == 5
+    held = policy.at(10.0, needed=2, registered=5, move_cost=cost)
+    assert held.desired == 5 and "held for the 60 s cool-down" in held.reason and held.drain == ""
+    assert policy.at(59.0, needed=2, registered=5, move_cost=cost).desired == 5     # 5 still in the window
+    first = policy.at(70.5, needed=2, registered=5, move_cost=cost)
+    assert first.desired == 4 and first.drain == "be-b" and "(be-b: idle)" in first.reason    # idle, first by name
+    # Until the drained backend is gone, and for a cool-down after, nothing more goes.
+    assert policy.at(71.0, needed=2, registered=5, move_cost=cost).desired == 4
+    cost.pop("be-b")
+    assert policy.at(75.0, needed=2, registered=4, move_cost=cost).desired == 4
+    assert policy.at(130.0, needed=2, registered=4, move_cost=cost).desired == 4
+    second = policy.at(131.0, needed=2, registered=4, move_cost=cost)
+    assert second.desired == 3 and second.drain == "be-d"
+    cost.pop("be-d")
+    third = policy.at(200.0, needed=2, registered=3, move_cost=cost)
+    assert third.desired == 2 and third.drain == "be-e" and "its sessions carry 5 rps" in third.reason
+    assert policy.at(300.0, needed=2, registered=2, move_cost={"be-a": 30.0, "be-c": 12.0}).desired == 2
+
+
+def test_a_need_that_comes_back_within_the_window_cancels_the_scale_down():
+    policy = Policy(cooldown_s=60)
+    policy.at(0.0, needed=3, registered=3)
+    policy.at(20.0, needed=1, registered=3)
+    policy.at(40.0, needed=3, registered=3)           # a burst within the window
+    assert policy.at(70.0, needed=1, registered=3).desired == 3
+    assert policy.at(101.0, needed=1, registered=3).desired == 2
+
+
+def test_bounds_cap_and_floor_the_desired_count_and_say_so():
+    policy = Policy(bounds=DeviceBounds.parse("t4=2", "t4=3"))
+    capped = policy.at(0.0, needed=6, registered=3, folded=3)
+    assert capped.desired == 3 and "capped at --max-devices 3 (3 plan devices folded onto busy backends)" in capped.reason
+    floor = Policy(bounds=DeviceBounds.parse("2", ""), cooldown_s=5).at(0.0, needed=0, registered=0)
+    assert floor.desired == 2 and "--min-devices 2" in floor.reason
+
+
+def test_headroom_adds_spare_devices():
+    assert Policy(headroom=0.5).at(0.0, needed=4, registered=4).desired == 6
+
+
+@pytest.mark.parametrize("low, high, message", [
+    ("two", "", "--min-devices: expected N or TYPE=N[,TYPE=N...], got 'two'"),
+    ("", "t4=-1", "--max-devices: expected a device type and a count of at least 0, got 't4=-1'"),
+    ("t4=4", "t4=2", "--min-devices: t4=4 is above --max-devices 2"),
+    ("t4=1,t4=2", "", "--min-devices: 't4' given twice"),
+])
+def test_bad_device_bounds_are_refused_naming_the_flag(low, high, message):
+    with pytest.raises(ConfigError) as refused:
+        SchedulerConfig(min_devices=low, max_devices=high).validate()
+    assert str(refused.value) == message
+
+
+def test_device_bounds_per_type_and_for_every_type():
+    bounds = DeviceBounds.parse("1,t4=2", "cpu=4")
+    assert bounds.of("t4") == (2, 1 << 30) and bounds.of("cpu") == (1, 4) and bounds.of("v100") == (1, 1 << 30)
+
+
+def test_a_scheduler_that_just_started_waits_a_cool_down_before_removing_anything():
+    """Backends re-register with a restarted scheduler before its first plan: they are not surplus yet."""
+    policy = Policy(cooldown_s=60)
+    assert policy.at(0.0, needed=0, registered=4).desired == 4
+    assert policy.at(30.0, needed=1, registered=4).desired == 4
+    assert policy.at(61.0, needed=1, registered=4).desired == 3

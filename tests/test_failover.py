@@ -20,7 +20,7 @@ import pytest
 from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
-from tests.components import OpenLoop, infer_request, start_cluster, wait_ready
+from tests.components import OpenLoop, infer_request, start_cluster, wait_for, wait_ready
 from tests.conftest import nexus_cli
 
 pytestmark = pytest.mark.slow
@@ -57,14 +57,6 @@ def _upload(cluster, tmp_path, name: str, profile: Profile, slo_ms: float, *extr
                    "--scheduler", cluster.scheduler.address, *extra)
     assert up.returncode == 0, up.stderr
     wait_ready(cluster.frontend.address, name)
-
-
-def _wait_for(predicate, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
-        time.sleep(0.05)
 
 
 def _queued(cluster, model: str) -> int:
@@ -113,10 +105,12 @@ def test_queue_full_cancellation_and_deadline(single, tmp_path):
                 stats = stub.ModelStatistics(kserve.ModelStatisticsRequest(name="slow"), timeout=10)
                 return stats.model_stats[0].inference_stats.fail.count
             before, failed_before = cluster.executed("slow"), failed()
-            first = [stub.ModelInfer.future(infer_request("slow"), timeout=60) for _ in range(3)]
-            _wait_for(lambda: _queued(cluster, "slow") >= 1, "one request running, the others queued")
+            # Several queued ahead: the requests to cancel are sent while at least one waits, so
+            # they queue behind it even on a slow machine (600 ms a request).
+            first = [stub.ModelInfer.future(infer_request("slow"), timeout=60) for _ in range(4)]
+            wait_for(lambda: _queued(cluster, "slow") >= 2, what="one request running, the others queued")
             cancelled = [stub.ModelInfer.future(infer_request("slow"), timeout=60) for _ in range(3)]
-            _wait_for(lambda: _queued(cluster, "slow") >= 3, "the requests to cancel queued at the backend")
+            wait_for(lambda: _queued(cluster, "slow") >= 4, what="the requests to cancel queued behind a first one")
             for f in cancelled:
                 f.cancel()
             assert all(f.result() is not None for f in first)
@@ -130,8 +124,8 @@ def test_queue_full_cancellation_and_deadline(single, tmp_path):
             # Deadline: a request whose "timeout" passes while it waits is answered DEADLINE_EXCEEDED
             # and never runs.
             before = cluster.executed("slow")
-            first = [stub.ModelInfer.future(infer_request("slow"), timeout=60) for _ in range(2)]
-            _wait_for(lambda: _queued(cluster, "slow") >= 1, "one request running, one queued")
+            first = [stub.ModelInfer.future(infer_request("slow"), timeout=60) for _ in range(3)]
+            wait_for(lambda: _queued(cluster, "slow") >= 1, what="one request running, others queued")
             with pytest.raises(grpc.RpcError) as late:
                 stub.ModelInfer(infer_request("slow", timeout_us=50_000), timeout=60)
             assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, late.value
@@ -192,11 +186,11 @@ def test_kill_9_of_a_replica_fails_at_most_the_requests_in_flight(cluster, tmp_p
     serving = cluster.serving("twin")
     assert len(serving) == 2
     load = OpenLoop(cluster.frontend.address, "twin", 100).start()
-    _wait_for(lambda: _ok_in_a_row_since(load, 0.0), "the load answered")
+    wait_for(lambda: _ok_in_a_row_since(load, 0.0), what="the load answered")
     in_flight = load.in_flight()
     killed_at = time.monotonic()
     serving[0].kill()
-    _wait_for(lambda: _ok_in_a_row_since(load, killed_at), "25 requests sent after the kill answered OK in a row")
+    wait_for(lambda: _ok_in_a_row_since(load, killed_at), what="25 requests sent after the kill answered OK in a row")
     result = load.stop()
     print("twin:", result.codes, "in flight at the kill:", in_flight)
     assert "NO_RESPONSE" not in result.codes
@@ -213,12 +207,12 @@ def test_kill_9_of_the_only_backend_of_a_session_is_repaired_without_heartbeat_t
     _upload(cluster, tmp_path, "solo", FAST, FAST_SLO_MS)
     [serving] = cluster.serving("solo")
     load = OpenLoop(cluster.frontend.address, "solo", 100).start()
-    _wait_for(lambda: _ok_in_a_row_since(load, 0.0), "the load answered")
+    wait_for(lambda: _ok_in_a_row_since(load, 0.0), what="the load answered")
     killed_at = time.monotonic()
     serving.kill()
     # Repaired: 25 requests in a row, all sent after the kill, answered OK. The node timeout is an
     # hour: only the Attach stream can have told the scheduler.
-    _wait_for(lambda: _ok_in_a_row_since(load, killed_at), "25 requests sent after the kill answered OK in a row")
+    wait_for(lambda: _ok_in_a_row_since(load, killed_at), what="25 requests sent after the kill answered OK in a row")
     result = load.stop()
     print("solo:", result.codes)
     assert "NO_RESPONSE" not in result.codes
@@ -247,13 +241,13 @@ def test_a_hung_backend_is_routed_around_by_keepalive_without_heartbeat_timeouts
     others = [b for b in cluster.backends if b is not serving and b.proc.poll() is None]
     assert others
     load = OpenLoop(cluster.frontend.address, "frozen", 50).start()
-    _wait_for(lambda: _ok_in_a_row_since(load, 0.0), "the load answered")
+    wait_for(lambda: _ok_in_a_row_since(load, 0.0), what="the load answered")
     stopped_at = time.monotonic()
     serving.proc.send_signal(signal.SIGSTOP)
     try:
         # Served again: 25 requests in a row, all sent after the stop, answered OK.
-        _wait_for(lambda: _ok_in_a_row_since(load, stopped_at), "25 requests sent after the stop answered OK",
-                  timeout_s=40)
+        wait_for(lambda: _ok_in_a_row_since(load, stopped_at), what="25 requests sent after the stop answered OK",
+                 timeout_s=40)
         result = load.stop()
         print("frozen:", result.codes)
         assert "NO_RESPONSE" not in result.codes

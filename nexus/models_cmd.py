@@ -3,76 +3,13 @@
 from __future__ import annotations
 
 import json
-import pathlib
 import sys
-from typing import Iterator, Sequence
 
-import grpc
-
-from common import grpc_util
-from common.pb import control, control_grpc
-from common.security import Credentials
-from common.warmup import WarmupSample, describe as describe_warmup, from_pb as warmup_from_pb
-from common.warmup import to_pb as warmup_to_pb
+from common.pb import control
+from common.warmup import describe as describe_warmup, from_pb as warmup_from_pb
 from nexus.client_flags import ClientFlagError, add_client_security, client_credentials
-
-DEFAULT_SCHEDULER = "127.0.0.1:8100"
-
-
-class CommandError(Exception):
-    pass
-
-
-def _chunks(header: control.UploadHeader, path: pathlib.Path) -> Iterator[control.UploadChunk]:
-    yield control.UploadChunk(header=header)
-    with path.open("rb") as f:
-        while True:
-            data = f.read(grpc_util.UPLOAD_CHUNK_BYTES)
-            if not data:
-                return
-            yield control.UploadChunk(data=data)
-
-
-def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile_path: str | None = None,
-                 slo_ms: float = 0.0, runtime: str = "", io_path: str | None = None, load: bool = True,
-                 timeout_s: float = 300, min_replicas: int = 0, warmup: Sequence[WarmupSample] = (),
-                 creds: Credentials = grpc_util.NO_CREDENTIALS) -> control.ModelDesc:
-    """Stream a model file to the scheduler; raise CommandError with the scheduler's reason if refused.
-    ``warmup``: the model's warm-up samples (config.pbtxt's model_warmup; none: the backends' default)."""
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise CommandError(f"no such file: {path}")
-    if min_replicas < 0:
-        raise CommandError(f"--min-replicas must not be negative, got {min_replicas}")
-    header = control.UploadHeader(name=name, slo_ms=slo_ms, load=load, min_replicas=min_replicas,
-                                  runtime=runtime or ("torch" if path.suffix in (".pt", ".pt2") else "onnxruntime"))
-    header.warmup.extend(warmup_to_pb(warmup))
-    for attr, file in (("profile_json", profile_path), ("io_json", io_path)):
-        if file:
-            try:
-                setattr(header, attr, pathlib.Path(file).read_text())
-            except OSError as exc:
-                raise CommandError(f"cannot read {file}: {exc.strerror}") from None
-    with grpc_util.channel(scheduler, creds) as channel:
-        stub = control_grpc.SchedulerStub(channel)
-        try:
-            return stub.UploadModel(_chunks(header, path), timeout=timeout_s).model
-        except grpc.RpcError as exc:
-            raise CommandError(_rpc_message(exc, scheduler)) from None
-
-
-def list_models(scheduler: str, creds: Credentials = grpc_util.NO_CREDENTIALS) -> list[control.ModelDesc]:
-    with grpc_util.channel(scheduler, creds) as channel:
-        try:
-            return list(control_grpc.SchedulerStub(channel).ListModels(control.ListModelsRequest(), timeout=30).models)
-        except grpc.RpcError as exc:
-            raise CommandError(_rpc_message(exc, scheduler)) from None
-
-
-def _rpc_message(exc: grpc.RpcError, scheduler: str) -> str:
-    if exc.code() == grpc.StatusCode.UNAVAILABLE:
-        return f"cannot reach the scheduler at {scheduler} ({exc.details()})"
-    return exc.details()
+from nexus.repository_cmd import add_import_parser
+from nexus.scheduler_client import DEFAULT_SCHEDULER, AdminCallError, list_models, upload_model
 
 
 def _describe(m: control.ModelDesc) -> dict:
@@ -90,7 +27,7 @@ def _run_upload(args) -> int:
         model = upload_model(args.scheduler, args.file, args.name, profile_path=args.profile, slo_ms=args.slo_ms,
                              runtime=args.runtime, io_path=args.io, load=not args.no_load,
                              min_replicas=args.min_replicas, creds=client_credentials(args))
-    except (CommandError, ClientFlagError) as exc:
+    except (AdminCallError, ClientFlagError) as exc:
         print(f"nexus models upload: error: {exc}", file=sys.stderr)
         return 2
     print(f"uploaded {model.name} ({model.size_bytes} bytes, sha256 {model.sha256[:12]}, runtime {model.runtime})")
@@ -100,7 +37,7 @@ def _run_upload(args) -> int:
 def _run_list(args) -> int:
     try:
         models = list_models(args.scheduler, client_credentials(args))
-    except (CommandError, ClientFlagError) as exc:
+    except (AdminCallError, ClientFlagError) as exc:
         print(f"nexus models list: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
@@ -138,6 +75,4 @@ def register(sub) -> None:
     add_client_security(ls)
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=_run_list)
-    from nexus.repository_cmd import add_import_parser
-
     add_import_parser(msub)

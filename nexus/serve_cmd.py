@@ -6,12 +6,19 @@ config dataclasses: every component flag of ``nexus serve`` is derived from ``Sc
 ``BackendConfig`` (shared by every backend) and ``FrontendConfig`` (as ``--frontend-*``), with the
 components' own defaults. ``nexus serve`` supervises them: a child that dies is restarted with
 exponential backoff and the cluster keeps serving on the others; only Ctrl-C or SIGTERM stops
-everything. Children also die with this process if it is killed (PR_SET_PDEATHSIG).
+everything: SIGINT and SIGTERM, however this process was started (also where a script's background
+job inherited SIGINT ignored). The children run in sessions of their own, so a signal to this
+process's group reaches only this process, which stops them in order (frontend, backends, then the
+scheduler that the backends leave the plan through), restarts none of them on the way down, and
+confirms the stop in one last line. Children also die with this process if it is killed
+(PR_SET_PDEATHSIG). They log warnings and errors only unless ``--log-level`` (or ``$NEXUS_LOG``)
+says otherwise; this command prints what an operator needs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pathlib
 import signal
@@ -26,6 +33,7 @@ from common.config import BackendConfig, ConfigError, FrontendConfig, SchedulerC
     from_args, join_host_port
 from common.security import TOKEN_ENV, Credentials, SecurityError, ensure_token_file
 from common.pb import kserve, kserve_grpc
+from nexus.client_flags import SERVE_DATA_DIR
 from nexus.launcher import Child, Supervisor, launch, pin_listen
 from nexus.process import READY_PREFIX
 
@@ -58,6 +66,12 @@ def wait_models_ready(frontend: str, names: list[str], timeout_s: float,
             if pending:
                 time.sleep(0.3)
     return pending
+
+
+def children_log_level(args) -> str:
+    """The children's log level: ``--log-level``, else ``$NEXUS_LOG``, else WARNING (their INFO lines
+    are the components' chatter; this command prints what an operator needs)."""
+    return (args.log_level or os.environ.get("NEXUS_LOG", "") or "WARNING").upper()
 
 
 def _log(message: str) -> None:
@@ -113,8 +127,7 @@ def configs(args, security: SecurityConfig = SecurityConfig()) -> tuple[Schedule
 def run(args) -> int:
     from common.sample_models import SAMPLE_MODELS, write_sample_models
     from common.sample_queries import SAMPLE_QUERIES, sample_query_json
-    from nexus.models_cmd import CommandError, list_models, upload_model
-    from nexus.queries_cmd import list_queries, register_query
+    from nexus.scheduler_client import AdminCallError, list_models, list_queries, register_query, upload_model
     from common.emulated_gpus import UnknownGpuError, check_device
 
     try:
@@ -141,15 +154,24 @@ def run(args) -> int:
     except (ConfigError, SecurityError) as exc:
         print(f"nexus serve: error: {exc}", file=sys.stderr, flush=True)
         return 2
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_LOG=children_log_level(args))
     supervisor = Supervisor(_log)
 
-    def stop_all(*_):
+    def stop(signum, _frame):
+        if supervisor.stopping:           # a second signal: every child stops at once
+            supervisor.signal_all(signal.SIGTERM)
+            return
+        supervisor.stopping = True        # from now on a child that exits is not restarted
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, stop_all)
+    # Both signals stop the cluster, also where SIGINT was inherited ignored (a script's background
+    # job). The children run in sessions of their own: a signal to this process's group (Ctrl-C)
+    # reaches only this process, which stops them in order (frontend, backends, then the scheduler
+    # they leave the plan through).
+    handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    start = functools.partial(launch, env=env, start_new_session=True)
     try:
-        scheduler = supervisor.add(launch(sched_cfg, env=env))
+        scheduler = supervisor.add(start(sched_cfg))
         sched_addr = scheduler.wait_ready(60)
         # a restarted scheduler comes back where the nodes and scrapers look
         scheduler_metrics = scheduler.info.get("metrics", "")
@@ -173,9 +195,9 @@ def run(args) -> int:
         names += [m.name for m in list_models(sched_addr, creds) if m.loaded and m.name not in names]
         backend_cfg = dataclasses.replace(backend_cfg, scheduler=sched_addr)
         for i in range(args.backends):
-            supervisor.add(launch(backend_cfg, f"backend-{i}", env=env))
+            supervisor.add(start(backend_cfg, f"backend-{i}"))
         frontend_cfg = dataclasses.replace(frontend_cfg, scheduler=sched_addr)
-        frontend = supervisor.add(launch(frontend_cfg, env=env))
+        frontend = supervisor.add(start(frontend_cfg))
         for c in supervisor.children[1:]:
             c.wait_ready(120)
         http_address = frontend.info.get("http", "")
@@ -185,6 +207,9 @@ def run(args) -> int:
                    metrics_listen=urllib.parse.urlsplit(metrics_url).netloc)
         for c in supervisor.children:
             _log(f"{c.name} started (pid {c.proc.pid}) at {c.address}")
+        if names:
+            _log(f"waiting for {len(names)} models and queries to be profiled and placed "
+                 f"(at most {args.ready_timeout_s:.0f} s)")
         missing = wait_models_ready(frontend.address, names, args.ready_timeout_s, creds)
         if missing:
             _log(f"warning: not ready after {args.ready_timeout_s:.0f} s: {', '.join(missing)}")
@@ -203,13 +228,27 @@ def run(args) -> int:
             supervisor.check()
             time.sleep(0.2)
     except KeyboardInterrupt:
-        return 0
-    except (RuntimeError, CommandError) as exc:
+        status = 0
+    except (RuntimeError, AdminCallError) as exc:
         print(f"nexus serve: error: {exc}", file=sys.stderr, flush=True)
-        return 1
+        status = 1
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        supervisor.stop_all()
+        _stop(supervisor, handlers)
+    return status
+
+
+def _stop(supervisor: Supervisor, handlers: dict) -> None:
+    """Stop every child in order, put the signal handlers back, and confirm it in one line."""
+    try:
+        exits = supervisor.stop_all()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    unclean = [f"{name} exited with status {code}" for name, code in exits.items() if code != 0]
+    if unclean:
+        _log(f"stopped; {', '.join(unclean)}")
+    else:
+        _log(f"stopped: every process exited cleanly ({', '.join(exits) or 'none started'})")
 
 
 def register(sub) -> None:
@@ -225,7 +264,8 @@ def register(sub) -> None:
     p.add_argument("--http-port", dest="serve_http_port", type=int, default=8000,
                    help="frontend's KServe v2 HTTP/REST port (0: any free port; default 8000)")
     p.add_argument("--scheduler-port", type=int, default=8100, help="scheduler port (0: any free port)")
-    p.add_argument("--data-dir", default=".nexus-data", help="model database and sample models")
+    p.add_argument("--data-dir", default=SERVE_DATA_DIR, help=f"model database, sample models and the cluster token "
+                   f"(default {SERVE_DATA_DIR}, where the admin commands look for the token)")
     p.add_argument("--no-samples", action="store_true", help="do not build and upload the sample models")
     p.add_argument("--model-repository", default="", metavar="DIR",
                    help="also serve the models of a Triton model repository (<name>/config.pbtxt, <name>/1/model.onnx)")
@@ -237,6 +277,8 @@ def register(sub) -> None:
     p.add_argument("--token-file", default="", help="cluster token guarding registration and admin calls "
                    "(default: $NEXUS_TOKEN, else <data-dir>/token, created with mode 0600 at first start)")
     p.add_argument("--ready-timeout-s", type=float, default=180.0)
+    p.add_argument("--log-level", default="", help="the components' log level: DEBUG, INFO, WARNING "
+                   "(default: $NEXUS_LOG, else WARNING)")
     add_arguments(p.add_argument_group("scheduler (as `nexus scheduler`)"), SchedulerConfig, skip=SCHEDULER_OWN)
     add_arguments(p.add_argument_group("every backend (as `nexus backend`)"), BackendConfig, skip=BACKEND_OWN)
     add_arguments(p.add_argument_group("the frontend (`nexus frontend`'s flags, prefixed --frontend-)"),

@@ -50,6 +50,7 @@ from common.profile import Profile
 from common.registration import keep_registered
 from common.security import Credentials
 from common.tensors import TensorSpec
+from common.versions import version_key
 from common.warmup import WarmupError, from_pb as warmup_from_pb
 
 log = logging.getLogger("nexus.backend")
@@ -68,6 +69,12 @@ WARMUP_BUDGET_S = 60.0   # per model table; the scheduler waits 120 s for the an
 
 def _spec(desc: control.TensorDesc) -> TensorSpec:
     return TensorSpec(desc.name, desc.datatype, tuple(desc.shape))
+
+
+def model_key(model: control.ModelDesc) -> str:
+    """What a backend loads a runtime for: one version of a model (its version key, common/versions.py),
+    shared by every session that runs it (the version's own and query stages')."""
+    return version_key(model.name, model.version or 1)
 
 
 def _io_json(model: control.ModelDesc) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
@@ -134,7 +141,7 @@ class BackendService(control_grpc.BackendServicer):
         self.engine = engine
         self.node_id = ""
         self.epoch = 0
-        self._loaded: dict[str, tuple[str, object]] = {}   # model -> (sha256+runtime, runtime)
+        self._loaded: dict[str, tuple[str, object]] = {}   # model_key -> (sha256+runtime, runtime)
         # prefix group -> (prefix id, prefix runtime, its output tensor)
         self._prefixes: dict[str, tuple[str, object, str]] = {}
         self._scheduler_stub = None
@@ -171,7 +178,7 @@ class BackendService(control_grpc.BackendServicer):
         model = entry.model
         runtime_kind = "emulated" if self.config.device.startswith("emulated:") else model.runtime
         key = f"{model.sha256}/{runtime_kind}"
-        cached = self._loaded.get(model.name)
+        cached = self._loaded.get(model_key(model))
         if cached and cached[0] == key:
             return cached[1]
         data = await self._fetch(model.sha256)
@@ -179,7 +186,7 @@ class BackendService(control_grpc.BackendServicer):
         runtime = await asyncio.to_thread(
             load_runtime, runtime_kind, data, self.config.device, profile=profile,
             intra_op_threads=self._threads(), io=_io_json(model))
-        self._loaded[model.name] = (key, runtime)
+        self._loaded[model_key(model)] = (key, runtime)
         return runtime
 
     # ---- prefix batching ------------------------------------------------------------------------
@@ -192,7 +199,7 @@ class BackendService(control_grpc.BackendServicer):
         for entry in entries:
             if entry.model.prefix_group and entry.model.runtime == "onnxruntime":
                 groups.setdefault(entry.model.prefix_group, []).append(entry)
-        return {g: es for g, es in groups.items() if len({e.model.name for e in es}) >= 2}
+        return {g: es for g, es in groups.items() if len({model_key(e.model) for e in es}) >= 2}
 
     async def _split_parts(self, group: str, models: dict[str, control.ModelDesc]):
         """(prefix id, prefix runtime, its output, {model: suffix runtime}) for ``models``.
@@ -244,7 +251,7 @@ class BackendService(control_grpc.BackendServicer):
     async def _shared_prefix(self, group: str, entries) -> tuple[dict[str, Session], SharedPrefix] | None:
         """Split the group's models at their shared prefix and load the prefix once and one suffix per
         model; None (the members then run whole) when they share no prefix or anything fails."""
-        models = {e.model.name: e.model for e in entries}
+        models = {model_key(e.model): e.model for e in entries}
         try:
             # Splitting and loading are CPU-heavy: never while a profile is being measured here.
             async with self._profile_lock:
@@ -253,7 +260,7 @@ class BackendService(control_grpc.BackendServicer):
             for entry in entries:
                 model = entry.model
                 inputs, outputs = _io_json(model)
-                suffix = suffixes[model.name]
+                suffix = suffixes[model_key(model)]
                 if (len(prefix_rt.inputs) != len(inputs)
                         or any(a.dtype != b.dtype for a, b in zip(prefix_rt.inputs, inputs))
                         or [o.name for o in prefix_rt.outputs] != [cut] or len(suffix.inputs) != 1
@@ -262,7 +269,8 @@ class BackendService(control_grpc.BackendServicer):
                 name = entry.session or model.name
                 profile = Profile.from_json(entry.profile_json) if entry.profile_json else None
                 sessions[name] = Session(name, suffix, entry.slo_ms, entry.batch, profile, model.sha256,
-                                         self.config.max_queue, inputs=inputs, outputs=outputs, model=model.name)
+                                         self.config.max_queue, inputs=inputs, outputs=outputs,
+                                         model=model_key(model))
         except LookupError as exc:
             log.info("prefix group %s: %s; running its models whole", group[:12], exc)
             return None

@@ -118,10 +118,28 @@ class FrontendState:
                 break
         return None if deadline_s is None else deadline_s - (time.monotonic() - start)
 
-    def entry(self, name: str) -> ModelEntry:
-        """The routing table's model or query ``name``; RequestError NOT_FOUND when it has none."""
-        model = self.table.models.get(name) or self.table.queries.get(name)
-        if model is None:
+    def entry(self, name: str, version: str = "") -> ModelEntry:
+        """The routing table's query ``name``, or version ``version`` of model ``name`` (empty: the
+        newest ready one, :meth:`RoutingTable.newest`); RequestError NOT_FOUND naming what it lacks."""
+        table = self.table
+        query = table.queries.get(name)
+        if query is not None:
+            if version not in ("", "1"):
+                raise RequestError(grpc.StatusCode.NOT_FOUND, f"query {name!r} has no version {version!r} "
+                                                              f"(a query has version 1 only)")
+            return query
+        versions = table.versions.get(name)
+        if versions:
+            if not version:
+                return table.newest(name)
+            model = versions.get(int(version)) if version.isdigit() else None
+            if model is None:
+                raise RequestError(grpc.StatusCode.NOT_FOUND,
+                                   f"model {name!r} has no version {version!r} (its versions: "
+                                   f"{', '.join(str(v) for v in versions)})")
+            return model
+        model = table.models.get(name)          # a query's stage session, "<query>/<stage>"
+        if model is None or model.session != model.name:
             raise RequestError(grpc.StatusCode.NOT_FOUND, f"unknown model {name!r}")
         return model
 
@@ -229,7 +247,7 @@ async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes],
             except asyncio.TimeoutError:
                 raise RequestError(grpc.StatusCode.UNAVAILABLE,
                                    f"model {model.name!r} is not available: {last_reason}") from None
-            model = state.table.models.get(model.name) or model
+            model = state.table.models.get(model.session) or model
             tried = set()
             continue
         # The backend must finish early enough for the answer to travel back to the client: the
@@ -237,7 +255,7 @@ async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes],
         # way in and out of this frontend (it grows when the machine is loaded, as under overload,
         # where a batch that only just meets its oldest request's deadline would answer it late).
         budget_s = max(left - max(state.return_allowance_s(), CLIENT_PATH_SHARE * left), left / 2)
-        item = control.ExecItem(request_id=state.pool.next_id(), model=model.name, budget_us=int(budget_s * 1e6),
+        item = control.ExecItem(request_id=state.pool.next_id(), model=model.session, budget_us=int(budget_s * 1e6),
                                 inputs=inputs, rows=rows)
         conn = state.pool.get(route.address)
         if marks is not None:

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import time
 
-import grpc
-
 from common.pb import kserve
 from frontend.dispatch import FrontendState, RequestRecord, dispatch, request_budget_s
 from frontend.queries import run_query
-from frontend.requests import RequestError, parse_infer_request
+from frontend.requests import parse_infer_request
 from frontend.routing import ModelEntry
 from frontend.trace import Marks
 
@@ -30,15 +28,11 @@ async def infer(state: FrontendState, request, deadline_s: float | None) -> kser
         start = time.monotonic()
         marks = state.tracer.start() if state.tracer is not None else None
         name = request.model_name
-        query = state.table.queries.get(name)
-        if query is not None:
+        model = state.entry(name, request.model_version)
+        if name in state.table.queries:
             with state.record(name, start) as record:
-                return await run_query(state, query, request, deadline_s, record)
-        model = state.entry(name)
-        if request.model_version and request.model_version != "1":
-            raise RequestError(grpc.StatusCode.NOT_FOUND,
-                               f"model {model.name!r} has no version {request.model_version!r}")
-        with state.record(model.name, start) as record:
+                return await run_query(state, model, request, deadline_s, record)
+        with state.record(model.session, start) as record:
             return await _run_model(state, model, request, deadline_s, record, marks)
 
 
@@ -50,7 +44,7 @@ async def _run_model(state: FrontendState, model: ModelEntry, request, deadline_
     if marks is not None:
         marks.validated = time.monotonic_ns()
     result = await dispatch(state, model, parsed.inputs, parsed.rows, end, marks)
-    response = kserve.ModelInferResponse(model_name=model.name, model_version="1", id=request.id)
+    response = kserve.ModelInferResponse(model_name=model.name, model_version=str(model.version), id=request.id)
     for i in parsed.output_indices:
         spec = model.outputs[i]
         response.outputs.add(name=spec.name, datatype=spec.datatype, shape=result.output_shapes[i])

@@ -5,6 +5,11 @@ The handlers serve gRPC, and HTTP/REST through ``frontend/rest.py``. Inference g
 the other calls answer from the routing table, the backends' statistics and the scheduler.
 Repository load and unload are served only to callers that ``repository_access`` admits (Triton's
 restricted-protocol header, else the cluster token): the one check, for gRPC and HTTP alike.
+
+Versions, as Triton's: a request names a model and maybe a version; no version means the newest
+ready one (``FrontendState.entry``), an unknown one is NOT_FOUND naming it. ModelMetadata lists the
+versions served; ModelReady, ModelConfig, ModelStatistics and RepositoryIndex answer per version
+(statistics and the index list every version when none is named). A query has version 1.
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ import grpc
 
 from common.pb import control, kserve, model_config
 from common.security import RepositoryAccess
+from common.versions import to_pb as policy_to_pb
 from frontend.dispatch import FrontendState
 from frontend.inference import infer
 from frontend.requests import RequestError
-from frontend.routing import ModelEntry
+from frontend.routing import ModelEntry, QueryEntry
 from frontend.statistics import StatsBook
 
 log = logging.getLogger("nexus.frontend")
@@ -50,21 +56,31 @@ class KServeService:
         return kserve.ServerReadyResponse(ready=self.state.ready)
 
     async def ModelReady(self, request, context):
-        model = self.state.table.models.get(request.name) or self.state.table.queries.get(request.name)
+        try:      # as Triton: an unknown model or version is not ready (no error)
+            model = self.state.entry(request.name, request.version)
+        except RequestError:
+            model = None
         return kserve.ModelReadyResponse(ready=bool(model and model.ready))
 
     async def ServerMetadata(self, request, context):
         return kserve.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=EXTENSIONS)
 
-    async def _model_or_abort(self, name: str, context) -> ModelEntry:
+    async def _model_or_abort(self, name: str, version: str, context) -> ModelEntry:
         try:
-            return self.state.entry(name)
+            return self.state.entry(name, version)
         except RequestError as exc:
             await context.abort(exc.code, str(exc))
 
+    def _versions_of(self, model: ModelEntry | QueryEntry) -> list[ModelEntry | QueryEntry]:
+        """The versions of ``model``'s model that are served (none served: ``model`` itself)."""
+        if isinstance(model, QueryEntry):
+            return [model]
+        return self.state.table.served_versions(model.name) or [model]
+
     async def ModelMetadata(self, request, context):
-        model = await self._model_or_abort(request.name, context)
-        meta = kserve.ModelMetadataResponse(name=model.name, versions=["1"], platform=model.platform)
+        model = await self._model_or_abort(request.name, request.version, context)
+        versions = [str(v.version) for v in self._versions_of(model)]
+        meta = kserve.ModelMetadataResponse(name=model.name, versions=versions, platform=model.platform)
         for spec in model.inputs:
             meta.inputs.add(name=spec.name, datatype=spec.datatype, shape=[-1, *spec.shape])
         for spec in model.outputs:
@@ -72,9 +88,11 @@ class KServeService:
         return meta
 
     async def ModelConfig(self, request, context):
-        model = await self._model_or_abort(request.name, context)
+        model = await self._model_or_abort(request.name, request.version, context)
         config = model_config.ModelConfig(name=model.name, platform=model.platform, max_batch_size=model.max_batch,
                                           backend=model.runtime)
+        if isinstance(model, ModelEntry):
+            config.version_policy.CopyFrom(policy_to_pb(model.version_policy))
         for spec in model.inputs:
             config.input.add(name=spec.name, data_type=_DTYPE_ENUM[spec.datatype], dims=list(spec.shape))
         for spec in model.outputs:
@@ -130,21 +148,26 @@ class KServeService:
             return await self._statistics(request, context)
 
     async def _statistics(self, request, context):
-        names = [request.name] if request.name else sorted(
-            n for n in {**self.state.table.models, **self.state.table.queries} if "/" not in n)
+        table = self.state.table
         if request.name:
-            await self._model_or_abort(request.name, context)
+            model = await self._model_or_abort(request.name, request.version, context)
+            entries = [model] if request.version else self._versions_of(model)
+        else:      # every model: its served versions (its newest stored one when none is served), every query
+            entries = [*(table.served_versions(name) or [table.newest(name)] for name in sorted(table.versions)),
+                       *([q] for _, q in sorted(table.queries.items()))]
+            entries = [e for group in entries for e in group]
         backend_stats = await self._backend_stats()
         reply = kserve.ModelStatisticsResponse()
-        for name in names:
-            stats = reply.model_stats.add(name=name, version="1")
-            c = self.state.counters.get(name, {})
+        for entry in entries:
+            session = entry.session
+            stats = reply.model_stats.add(name=entry.name, version=str(entry.version))
+            c = self.state.counters.get(session, {})
             stats.inference_count = c.get("rows", 0)
             inf = stats.inference_stats
             inf.success.count = c.get("success", 0)
             inf.success.ns = c.get("success_ns", 0)
             inf.fail.count = c.get("fail", 0)
-            totals = self.stats_book.totals(name)
+            totals = self.stats_book.totals(session)
             stats.execution_count = totals.sums["execution_count"]
             # Triton's per-request phases: one sample per successful request in each, so that queue
             # and compute counts always agree (perf_analyzer checks they do).
@@ -162,7 +185,7 @@ class KServeService:
                 b.compute_output.count, b.compute_output.ns = count, output_ns
             for bs in backend_stats:
                 for s in bs.sessions:
-                    if s.model == name:
+                    if s.model == session:
                         stats.memory_usage.add(type="CPU" if "cpu" in bs.node_id else "DEVICE",
                                                byte_size=s.memory_bytes)
         return reply
@@ -182,15 +205,17 @@ class KServeService:
         return replies
 
     async def RepositoryIndex(self, request, context):
+        """Every version of every model the scheduler knows, and every query (version 1); stage
+        sessions are internal."""
+        table = self.state.table
+        entries = [(name, str(v), e) for name, versions in table.versions.items() for v, e in versions.items()]
+        entries += [(name, "1", q) for name, q in table.queries.items()]
         reply = kserve.RepositoryIndexResponse()
-        entries = {**self.state.table.models, **self.state.table.queries}
-        for name, model in sorted(entries.items()):
-            if "/" in name:        # a query's stage session: internal
-                continue
+        for name, version, model in sorted(entries, key=lambda e: (e[0], int(e[1]))):
             if request.ready and not model.ready:
                 continue
             state = "READY" if model.ready else "UNAVAILABLE"
-            reply.models.add(name=name, version="1", state=state, reason="" if model.ready else model.reason)
+            reply.models.add(name=name, version=version, state=state, reason="" if model.ready else model.reason)
         return reply
 
     async def _admit_repository_call(self, context) -> None:
@@ -212,14 +237,14 @@ class KServeService:
             await context.abort(exc.code(), exc.details())
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            model = self.state.table.models.get(request.model_name)
+            model = self.state.table.newest(request.model_name)
             if model is not None and model.ready:
                 return kserve.RepositoryModelLoadResponse()
             try:
                 await asyncio.wait_for(self.state.table_changed.wait(), timeout=1.0)
             except asyncio.TimeoutError:
                 pass
-        model = self.state.table.models.get(request.model_name)
+        model = self.state.table.newest(request.model_name)
         await context.abort(grpc.StatusCode.UNAVAILABLE,
                             f"model {request.model_name!r} did not become ready: {model.reason if model else 'unknown'}")
 

@@ -2,9 +2,11 @@
 
 :class:`FrontendMetrics` owns a per-process ``prometheus_client.CollectorRegistry``. The KServe
 service calls :meth:`FrontendMetrics.success` and :meth:`FrontendMetrics.failure` once per inference
-request of a model or query it knows; the plan's figures are read from the routing table at each
-scrape. Labels: ``model`` (a model, a query, or a query's stage session ``<query>/<stage>``) and
-``version`` (always ``"1"``), as Triton labels its per-model metrics.
+request of a model or query it knows, by session (a version key, common/versions.py, or a query's
+name); the plan's figures are read from the routing table at each scrape. Labels: ``model`` (a
+model, a query, or a query's stage session ``<query>/<stage>``) and ``version`` (the model's version
+that served the request; ``"1"`` for queries), as Triton labels its per-model metrics. The plan's
+gauges are per session, labelled ``model`` with the session's name.
 
 Triton's per-model metrics, with Triton's series names and meaning:
 
@@ -59,12 +61,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, UnknownMetricFamily
 from prometheus_client.registry import Collector
 
+from common.versions import split_key
+
 
 # ``*_created`` series (creation timestamps) only mean something to OpenMetrics scrapers and double
 # the size of every scrape; this process's registries leave them out.
 prometheus_client.disable_created_metrics()
 
-VERSION = "1"
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
                      1.0, 2.0, 5.0, 10.0)
 SLO_RATIO_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.25, 1.5, 2.0, 4.0)
@@ -83,6 +86,12 @@ DROP_STATUSES = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXH
 
 def failure_reason(code: grpc.StatusCode) -> str:
     return _FAILURE_REASON.get(code, "OTHER")
+
+
+def _labels(session: str) -> list[str]:
+    """The ``model`` and ``version`` labels of a session's requests."""
+    name, version = split_key(session)
+    return [name, str(version)]
 
 
 @dataclass
@@ -132,12 +141,13 @@ class _TritonCollector(Collector):
                                       "Number of failed inference requests, all batch sizes",
                                       labels=[*labels, "reason"])
         series = [(UnknownMetricFamily(name, doc, labels=labels), attr) for name, doc, attr in self._SERIES]
-        for model, c in sorted(self.counts.items()):
-            success.add_metric([model, VERSION], c.success)
+        for session, c in sorted(self.counts.items()):
+            model_version = _labels(session)
+            success.add_metric(model_version, c.success)
             for reason, n in sorted(c.failure.items()):
-                failure.add_metric([model, VERSION, reason], n)
+                failure.add_metric([*model_version, reason], n)
             for family, attr in series:
-                family.add_metric([model, VERSION], getattr(c, attr))
+                family.add_metric(model_version, getattr(c, attr))
         yield success
         yield failure
         for family, _ in series:
@@ -221,19 +231,23 @@ class FrontendMetrics:
         Gauge("nexus_requests_in_flight", "Requests being served now, over every transport",
               registry=self.registry).set_function(in_flight)
 
-    def _first_sight(self, model: str) -> None:
-        """Show a model's late and dropped counters at 0 before anything happens to them (ratios need them)."""
+    def _first_sight(self, model: str) -> list[str]:
+        """Show a session's late and dropped counters at 0 before anything happens to them (ratios need
+        them); its labels."""
+        labels = _labels(model)
         if model not in self._seen:
             self._seen.add(model)
-            self._late.labels(model, VERSION)
+            self._late.labels(*labels)
             for code in DROP_STATUSES:
-                self._dropped.labels(model, VERSION, code.name)
+                self._dropped.labels(*labels, code.name)
+        return labels
 
     def success(self, model: str, rows: int, latency_s: float, slo_s: float,
                 result=None) -> None:
-        """A successful request of ``rows`` rows that took ``latency_s`` against a budget of ``slo_s``;
-        ``result`` is the backend's answer, a ``frontend.backend_pool.Reply`` (None for a query, whose stages ran on several backends)."""
-        self._first_sight(model)
+        """A successful request of session ``model`` (a version key or a query) of ``rows`` rows that
+        took ``latency_s`` against a budget of ``slo_s``; ``result`` is the backend's answer, a
+        ``frontend.backend_pool.Reply`` (None for a query, whose stages ran on several backends)."""
+        labels = self._first_sight(model)
         c = self._triton[model]
         c.success += 1
         c.inferences += rows
@@ -242,18 +256,18 @@ class FrontendMetrics:
             c.executions += bool(result.first_in_batch)
             c.queue_ns += result.queue_ns
             c.compute_ns += result.compute_ns
-        self._latency.labels(model, VERSION).observe(latency_s)
+        self._latency.labels(*labels).observe(latency_s)
         if slo_s > 0:
-            self._slo_ratio.labels(model, VERSION).observe(latency_s / slo_s)
+            self._slo_ratio.labels(*labels).observe(latency_s / slo_s)
             if latency_s > slo_s:
-                self._late.labels(model, VERSION).inc()
+                self._late.labels(*labels).inc()
 
     def failure(self, model: str, code: grpc.StatusCode) -> None:
-        """A request of a known model that ended with ``code``."""
-        self._first_sight(model)
+        """A request of a known session (a version key or a query) that ended with ``code``."""
+        labels = self._first_sight(model)
         self._triton[model].failure[failure_reason(code)] += 1
         if code in DROP_STATUSES:
-            self._dropped.labels(model, VERSION, code.name).inc()
+            self._dropped.labels(*labels, code.name).inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric (what ``/metrics`` serves)."""

@@ -1,14 +1,21 @@
-"""The frontend's routing table: internal types built from the scheduler's pushed RoutingTable."""
+"""The frontend's routing table: internal types built from the scheduler's pushed RoutingTable.
+
+Versions (common/versions.py): every version of a model the scheduler knows is an entry of its own,
+keyed like every entry by its session (the version key, ``name:version``; version 1's is the bare
+name), and indexed by model name and version in :attr:`RoutingTable.versions`.
+:meth:`RoutingTable.resolve` says which entry a request naming a model (and maybe a version) means.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from common.pb import control
 from common.query_def import QueryDef, QueryError, even_budgets_ms, parse_query
 from common.tensors import TensorSpec
+from common.versions import DEFAULT_POLICY, VersionPolicy, VersionError, from_pb as policy_from_pb, version_key
 
 
 def item_counts(inputs: tuple[TensorSpec, ...]) -> tuple[int | None, ...]:
@@ -28,7 +35,9 @@ class Route:
 
 @dataclass(frozen=True)
 class ModelEntry:
-    name: str
+    """One version of a model (or a query's stage session) as the frontend serves it."""
+
+    name: str                        # the model's name (a query stage's: its session "<query>/<stage>")
     runtime: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
@@ -39,6 +48,13 @@ class ModelEntry:
     reason: str = ""                 # why it has no backend
     planned_rate_rps: float = 0.0    # the rate the plan serves
     measured_rate_rps: float = 0.0   # the rate frontends reported, summed
+    version: int = 1
+    session: str = ""                # what backends, statistics and demand reports call it ("": ``name``)
+    version_policy: VersionPolicy = DEFAULT_POLICY    # the model's
+
+    def __post_init__(self) -> None:
+        if not self.session:
+            object.__setattr__(self, "session", self.name)
 
     @property
     def ready(self) -> bool:
@@ -79,13 +95,25 @@ def _query_entry(info: control.QueryInfo, models: dict[str, ModelEntry]) -> Quer
 
 
 def _entry(desc: control.ModelDesc, slo_ms: float, served: bool, routes=(), reason: str = "",
-           planned_rate_rps: float = 0.0, measured_rate_rps: float = 0.0) -> ModelEntry:
+           planned_rate_rps: float = 0.0, measured_rate_rps: float = 0.0, session: str = "") -> ModelEntry:
+    """The entry of ``desc``'s version, or of the query stage ``session`` that runs it."""
     spec = lambda t: TensorSpec(t.name, t.datatype, tuple(t.shape))  # noqa: E731
-    return ModelEntry(desc.name, desc.runtime, tuple(spec(t) for t in desc.inputs),
+    version = desc.version or 1
+    key = version_key(desc.name, version)
+    stage = bool(session) and session != key
+    return ModelEntry(session if stage else desc.name, desc.runtime, tuple(spec(t) for t in desc.inputs),
                       tuple(spec(t) for t in desc.outputs), slo_ms or desc.default_slo_ms,
                       min((b for b in (desc.max_batch, desc.batch_cap) if b), default=DEFAULT_MAX_BATCH), served,
                       tuple(Route(r.node_id, r.address, r.weight, r.batch, r.duty_cycle_ms) for r in routes), reason,
-                      planned_rate_rps, measured_rate_rps)
+                      planned_rate_rps, measured_rate_rps, 1 if stage else version, session or key,
+                      _policy(desc))
+
+
+def _policy(desc: control.ModelDesc) -> VersionPolicy:
+    try:
+        return policy_from_pb(desc.version_policy) if desc.HasField("version_policy") else DEFAULT_POLICY
+    except VersionError:        # the scheduler checked it; a table from elsewhere gets the default
+        return DEFAULT_POLICY
 
 
 @dataclass(frozen=True)
@@ -104,9 +132,15 @@ class QueryEntry:
     served: bool = True
     backends: tuple[Route, ...] = ()
     latest_finish_ms: dict[str, float] = field(default_factory=dict)   # per stage; see common.query_def
+    version: int = 1                       # a query has one version
 
     @property
     def name(self) -> str:
+        return self.definition.name
+
+    @property
+    def session(self) -> str:
+        """What its demand and statistics are counted under: its name."""
         return self.definition.name
 
     @cached_property
@@ -125,11 +159,12 @@ class QueryEntry:
 @dataclass(frozen=True)
 class RoutingTable:
     epoch: int
-    models: dict[str, ModelEntry]          # by session name: a model's, or "<query>/<stage>"
+    models: dict[str, ModelEntry]          # by session: a version key, or "<query>/<stage>"
     queries: dict[str, QueryEntry] = field(default_factory=dict)
     planned_devices: int = 0               # devices the plan uses
     lower_bound: int = 0                   # devices no plan can do with fewer
     lower_bound_throughput_only: int = 0   # the throughput-only bound of earlier releases
+    versions: dict[str, dict[int, ModelEntry]] = field(default_factory=dict)   # model -> version -> entry
 
     @staticmethod
     def empty() -> "RoutingTable":
@@ -139,19 +174,38 @@ class RoutingTable:
     def from_proto(table: control.RoutingTable) -> "RoutingTable":
         models = {}
         for r in table.routes:
-            entry = _entry(r.model, r.slo_ms, True, r.backends, r.reason, r.planned_rate_rps, r.measured_rate_rps)
-            if r.session:
-                entry = replace(entry, name=r.session)
-            models[entry.name] = entry
+            entry = _entry(r.model, r.slo_ms, True, r.backends, r.reason, r.planned_rate_rps, r.measured_rate_rps,
+                           r.session)
+            models[entry.session] = entry
         for d in table.stored:
-            models.setdefault(d.name, _entry(d, 0.0, False, (), "not loaded"))
+            entry = _entry(d, 0.0, False, (), "not loaded")
+            models.setdefault(entry.session, entry)
+        versions: dict[str, dict[int, ModelEntry]] = {}
+        for entry in models.values():
+            if entry.session == version_key(entry.name, entry.version):    # not a query's stage
+                versions.setdefault(entry.name, {})[entry.version] = entry
         queries = {}
         for info in table.queries:
             q = _query_entry(info, models)
             if q is not None:
                 queries[q.name] = q
         return RoutingTable(table.epoch, models, queries, table.planned_devices, table.lower_bound,
-                            table.lower_bound_throughput_only)
+                            table.lower_bound_throughput_only,
+                            {name: dict(sorted(vs.items())) for name, vs in versions.items()})
 
     def addresses(self) -> set[str]:
         return {r.address for m in self.models.values() for r in m.backends}
+
+    def newest(self, name: str) -> ModelEntry | None:
+        """What a request for model ``name`` without a version means: its newest version that has
+        backends (ready), else its newest served one (whose reason says why it is not ready), else its
+        newest stored one; None for an unknown model."""
+        versions = self.versions.get(name)
+        if not versions:
+            return None
+        entries = list(versions.values())[::-1]
+        return next((e for e in entries if e.ready), None) or next((e for e in entries if e.served), entries[0])
+
+    def served_versions(self, name: str) -> list[ModelEntry]:
+        """The versions of ``name`` being served (loaded), oldest first."""
+        return [e for e in self.versions.get(name, {}).values() if e.served]

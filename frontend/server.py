@@ -58,7 +58,7 @@ async def _report_loop(state: FrontendState, scheduler, node, interval_s: float)
             continue
         edges, state.edge_window = state.edge_window, {}
         report = control.WorkloadReport(node_id=node.node_id)
-        served = [m.name for m in state.table.models.values() if m.served] + list(state.table.queries)
+        served = [session for session, m in state.table.models.items() if m.served] + list(state.table.queries)
         for name in served:
             count = window.get(name, 0)
             report.rates.add(model=name, rate_rps=count / elapsed, requests=count, window_ms=int(elapsed * 1000))

@@ -33,7 +33,8 @@ def model_desc(record: ModelRecord, profiles: dict[str, Profile], loaded: bool, 
         max_batch=max((p.max_batch for p in profiles.values()), default=0),
         profiled_device_types=sorted(profiles), prefix_group=record.prefix_group, loaded=loaded,
         created_unix_ms=record.created_ms, min_replicas=min_replicas,
-        expected_rate_rps=serving.expected_rate_rps, batch_cap=serving.batch_cap, warmup=warmup_to_pb(record.warmup))
+        expected_rate_rps=serving.expected_rate_rps, batch_cap=serving.batch_cap, warmup=warmup_to_pb(record.warmup),
+        version=record.version)
 
 
 # ---- model tables (to backends) ------------------------------------------------------------------

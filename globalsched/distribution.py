@@ -4,7 +4,9 @@ to frontends.
 Backends get their tables first, and a frontend's routing table leaves out every model that a
 backend reported it could not load, so a frontend never routes to a backend that has not loaded the
 model. A failed push is logged and the next plan pushes again; a model that failed to load is
-reported to model administration (bounded retries, then UNAVAILABLE with the reason).
+reported to model administration (bounded retries, then UNAVAILABLE with the reason). Which version
+keys a pushed routing table routes goes to the version rollout (globalsched/versions.py), which
+retires the versions that routed successors replace.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Mapping
 import grpc
 
 from common.pb import control
+from common.versions import version_key
 from globalsched import convert
 from globalsched.cluster import ClusterPlan
 from globalsched.membership import Node
@@ -102,6 +105,9 @@ class Distribution:
         for node, _, error in await _answers(calls):
             if error:
                 log.warning("routing table push to %s failed: %s", node.node_id, error)
+        routed = [key for r in table.routes      # versions' own routes, not query stages'
+                  if r.backends and (key := version_key(r.model.name, r.model.version)) == (r.session or r.model.name)]
+        self.admin.rollout.routed(routed, self.admin.selected_versions, time.monotonic())
 
     def routing_table(self, plan: ClusterPlan, epoch: int, failed: dict[str, str] | None = None
                       ) -> control.RoutingTable:
@@ -131,12 +137,22 @@ class Distribution:
             routes.append(convert.model_route(self.admin.desc(model), planned.slo_ms, session,
                                               backends, "" if backends else (reason or "not placed"),
                                               planned.rate_rps, measured.get(session, 0.0)))
-        for s in db.sessions():        # models no backend could load: UNAVAILABLE with the reason
-            why = self.admin.load_failure_reason(s.model)
-            if s.model not in plan.sessions and why:
-                served.add(s.model)
-                routes.append(convert.model_route(self.admin.desc(s.model), s.slo_ms, s.model, reason=why))
-        stored = [self.admin.desc(m.name) for m in db.models() if m.name not in served]
+        for s in db.sessions():        # versions no backend could load: UNAVAILABLE with the reason
+            selected = self.admin.selected_versions(s.model)
+            for key in [version_key(s.model, v) for v in selected]:
+                why = self.admin.load_failure_reason(key)
+                if key not in plan.sessions and why:
+                    served.add(key)
+                    routes.append(convert.model_route(self.admin.desc(key), s.slo_ms, key, reason=why))
+            newest = db.newest(s.model)
+            if not selected and newest is not None and newest.key not in plan.sessions:
+                served.add(newest.key)
+                policy = db.version_policy(s.model)
+                routes.append(convert.model_route(
+                    self.admin.desc(newest.key), s.slo_ms, newest.key,
+                    reason=f"its version_policy ({policy.describe()}) selects none of the stored versions "
+                           f"({', '.join(str(r.version) for r in db.versions(s.model))})"))
+        stored = [self.admin.desc(m.key) for m in db.models() if m.key not in served]
         return convert.routing_table(epoch, plan, routes, stored, self.query_infos(plan))
 
     def query_infos(self, plan: ClusterPlan | None) -> list[control.QueryInfo]:

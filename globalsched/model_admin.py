@@ -6,6 +6,11 @@ profile for a present device type is profiled on a backend of that type on deman
 that a backend cannot load (while profiling it or from a model table) is recorded in
 :class:`globalsched.load_failures.LoadFailures`: retried on another backend a bounded number of
 times, then routed UNAVAILABLE with the reason. Every refusal raises :class:`Refused`.
+
+Versions: what belongs to one version of a model (its file, profiles, load failures, description)
+is keyed by its version key (common/versions.py); loads, unloads and settings are by model name.
+:attr:`ModelAdmin.rollout` (globalsched/versions.py) keeps an old version served until its
+successor is routed.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from common.config import SchedulerConfig
 from common.pb import control
 from common.profile import Profile, ProfileError
 from common.query_def import ModelIO, QueryError, parse_query, validate_query
+from common.versions import VersionError, from_pb as policy_from_pb, split_key, to_pb as policy_to_pb, version_key
 from common.warmup import WarmupError, from_pb as warmup_from_pb
 from globalsched.cluster import ClusterPlan
 from globalsched.convert import model_desc
@@ -32,6 +38,7 @@ from globalsched.modeldb import ModelDatabase, ServingSettings, UploadError
 from globalsched.querydb import QueryStore
 from globalsched.refusal import Refused
 from globalsched.replan_trigger import ReplanTrigger
+from globalsched.versions import VersionRollout
 
 log = logging.getLogger("nexus.scheduler")
 
@@ -56,6 +63,7 @@ class ModelAdmin:
         # (model, device type) -> why the type cannot measure the profile it lacks (an emulated GPU)
         self.unmeasurable: dict[tuple[str, str], str] = {}
         self.trigger = trigger
+        self.rollout = VersionRollout(trigger.request)
 
     def close(self) -> None:
         self.query_store.close()
@@ -83,18 +91,19 @@ class ModelAdmin:
         if header is None:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "upload: no header")
         try:
+            policy = policy_from_pb(header.version_policy) if header.HasField("version_policy") else None
             record = await asyncio.to_thread(
                 self.db.add_model, header.name, parts, runtime=header.runtime or "onnxruntime",
                 profile_json=header.profile_json, slo_ms=header.slo_ms, io_json=header.io_json,
                 default_slo_ms=self.config.default_slo_ms, create_session=header.load, prefix_fn=self.prefix_fn,
                 min_replicas=header.min_replicas,
                 serving=ServingSettings(header.expected_rate_rps, header.batch_cap),
-                warmup=warmup_from_pb(header.warmup))
-        except (UploadError, WarmupError) as exc:
+                warmup=warmup_from_pb(header.warmup), version=header.version, version_policy=policy)
+        except (UploadError, WarmupError, VersionError) as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"upload of {header.name!r} refused: {exc}") from None
-        self._forget_failures(record.name)          # a new upload starts afresh
-        self.trigger.request(f"model {record.name} uploaded")
-        return control.UploadReply(model=self.desc(record.name))
+        self._forget_failures(record.key)          # a new upload starts afresh
+        self.trigger.request(f"model {record.name} version {record.version} uploaded")
+        return control.UploadReply(model=self.desc(record.key))
 
     async def download(self, sha256: str):
         """The model file in chunks, each read in a thread (a large file never blocks the loop, nor
@@ -110,18 +119,20 @@ class ModelAdmin:
             f.close()
 
     def list_models(self) -> control.ListModelsReply:
-        return control.ListModelsReply(models=[self.desc(m.name) for m in self.db.models()])
+        return control.ListModelsReply(models=[self.desc(m.key) for m in self.db.models()])
 
     async def load(self, request: control.LoadRequest) -> control.LoadReply:
-        record = await asyncio.to_thread(self._load, request)
-        self._forget_failures(record.name)            # an explicit load tries afresh
+        records = await asyncio.to_thread(self._load, request)
+        for record in records:
+            self._forget_failures(record.key)            # an explicit load tries afresh
         self.trigger.request(f"model {request.name} loaded")
         return control.LoadReply()
 
     def _load(self, request: control.LoadRequest):
-        """The database part of a load (in a thread): the session and its minimum replicas."""
-        record = self.db.model(request.name)
-        if record is None:
+        """The database part of a load (in a thread): the session and its minimum replicas; the
+        model's versions."""
+        records = self.db.versions(request.name)
+        if not records:
             raise Refused(grpc.StatusCode.NOT_FOUND, f"unknown model {request.name!r}")
         if request.slo_ms < 0:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"slo_ms must be positive, got {request.slo_ms}")
@@ -130,8 +141,8 @@ class ModelAdmin:
                 self.db.set_min_replicas(request.name, request.min_replicas)
             except ValueError as exc:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        self.db.set_session(request.name, request.slo_ms or record.default_slo_ms)
-        return record
+        self.db.set_session(request.name, request.slo_ms or records[-1].default_slo_ms)
+        return records
 
     async def unload(self, request: control.UnloadRequest) -> control.UnloadReply:
         await asyncio.to_thread(self._unload, request.name)
@@ -139,31 +150,46 @@ class ModelAdmin:
         return control.UnloadReply()
 
     def _unload(self, name: str) -> None:
-        if self.db.model(name) is None:
+        if not self.db.versions(name):
             raise Refused(grpc.StatusCode.NOT_FOUND, f"unknown model {name!r}")
         self.db.remove_session(name)
 
     async def add_profile(self, request: control.ProfileUpload) -> control.ProfileReply:
+        key = version_key(request.model, request.version) if request.version > 0 else self.current_key(request.model)
         try:
             profile = Profile.from_json(request.profile_json)
-            await asyncio.to_thread(self.db.add_profile, request.model, profile)
-            self.unmeasurable.pop((request.model, profile.device_type), None)
+            await asyncio.to_thread(self.db.add_profile, key, profile)
+            self.unmeasurable.pop((key, profile.device_type), None)
         except ProfileError as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"invalid profile: {exc}") from None
         except KeyError as exc:
             raise Refused(grpc.StatusCode.NOT_FOUND, str(exc.args[0])) from None
-        self.trigger.request(f"profile of {request.model} for {profile.device_type}")
+        self.trigger.request(f"profile of {key} for {profile.device_type}")
         return control.ProfileReply()
 
-    def desc(self, name: str) -> control.ModelDesc:
-        record = self.db.model(name)
-        loaded = any(s.model == name for s in self.db.sessions())
+    def current_key(self, name: str) -> str:
+        """The version key a bare model name stands for (a query's stage, a profile by name): the
+        newest version the model's policy serves (globalsched/modeldb.py); the name itself when unknown."""
+        record = self.db.newest(name)
+        return record.key if record is not None else name
+
+    def selected_versions(self, name: str) -> tuple[int, ...]:
+        """The stored versions of ``name`` that its version policy serves."""
+        return self.db.served_versions(name)
+
+    def desc(self, key: str) -> control.ModelDesc:
+        """The description of one version (by version key), as every message carries it."""
+        record = self.db.model(key)
+        name = record.name
+        served = record.version in self.db.served_versions(name)
+        loaded = served and any(s.model == name for s in self.db.sessions())
         serving = self.db.serving(name)
-        profiles = {t: p.capped(serving.batch_cap) for t, p in self.db.profiles(name).items()}
+        profiles = {t: p.capped(serving.batch_cap) for t, p in self.db.profiles(key).items()}
         desc = model_desc(record, profiles, loaded, self.db.min_replicas(name), serving)
+        desc.version_policy.CopyFrom(policy_to_pb(self.db.version_policy(name)))
         present = {n.device_type for n in self.nodes.values() if n.kind == control.NODE_KIND_BACKEND}
         for t in sorted(present | set(profiles)):
-            state, reason = self.device_type_state(name, t, t in profiles)
+            state, reason = self.device_type_state(key, t, t in profiles)
             desc.device_types.add(device_type=t, state=state, reason=reason)
         return desc
 
@@ -181,11 +207,12 @@ class ModelAdmin:
         return control.NOT_PROFILED, ""
 
     def profiles(self, model: str) -> dict[str, Profile]:
-        """The model's profiles by device type, up to its batch cap, inflated by its measured co-location
-        slowdown."""
-        cap = self.db.serving(model).batch_cap
+        """A version's profiles (``model``: its version key) by device type, up to the model's batch
+        cap, inflated by its measured co-location slowdown."""
+        cap = self.db.serving(split_key(model)[0]).batch_cap
         profiles = {t: p.capped(cap) for t, p in self.db.profiles(model).items()}
-        factor = self.slowdowns.get(model) or self.slowdowns.get(self.db.model(model).sha256 if self.db.model(model) else "")
+        record = self.db.model(model)
+        factor = self.slowdowns.get(model) or self.slowdowns.get(record.sha256 if record else "")
         if factor and factor > 1.0:
             from profiler.slowdown import apply_colocation_slowdown
             profiles = {t: apply_colocation_slowdown(p, factor) for t, p in profiles.items()}
@@ -194,10 +221,12 @@ class ModelAdmin:
     # ---- queries -----------------------------------------------------------------------------------
 
     def _query_context(self):
-        models = {m.name: ModelIO(m.inputs, m.outputs) for m in self.db.models()}
+        """Stages name models: what their newest served versions take and give, and how fast they are."""
+        newest = {name: self.db.newest(name) for name in {m.name for m in self.db.models()}}
+        models = {name: ModelIO(r.inputs, r.outputs) for name, r in newest.items()}
         min_latency = {}
-        for name in models:
-            profiles = self.db.profiles(name)
+        for name, record in newest.items():
+            profiles = self.db.profiles(record.key)
             if profiles:
                 min_latency[name] = min(p.latency_ms(1) for p in profiles.values())
         return models, min_latency
@@ -274,6 +303,7 @@ class ModelAdmin:
     # ---- load failures -----------------------------------------------------------------------------
 
     def _forget_failures(self, model: str) -> None:
+        """``model``: a version key."""
         self.load_failures.forget(model)
         for key in [k for k in self.unmeasurable if k[0] == model]:
             del self.unmeasurable[key]

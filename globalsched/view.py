@@ -4,17 +4,24 @@ The registered backends (membership), the served models with their profiles, rep
 failures, the stored queries (model administration, over the model database) and the measured
 rates and fan-outs (the workload reports), at one instant. Each database read is one short SQLite
 statement (globalsched/modeldb.py), so this runs on the event loop.
+
+Versions end here: every version to serve (globalsched/versions.py) is a model of the view under its
+version key, and a query stage's model is the version key of the model's newest served version, so
+the planner plans sessions and never versions.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterable
 
+from common.versions import split_key, version_key
 from globalsched.algorithms.replan import ReplanReason
 from globalsched.cluster import ClusterView, ModelView
 from globalsched.membership import Node
 from globalsched.model_admin import ModelAdmin
 from globalsched.placement import BackendSlot
+from globalsched.versions import rates_for_versions
 from globalsched.workload import Workload
 
 
@@ -22,20 +29,28 @@ def read_view(now_s: float, backends: Iterable[Node], admin: ModelAdmin, workloa
               force: ReplanReason | None = None, why: tuple[str, ...] = ()) -> ClusterView:
     db = admin.db
     models = []
+    rates = workload.planning_rates(now_s)
     for s in db.sessions():
-        models.append(_model_view(admin, s.model, s.slo_ms))
-    queries = admin.queries()
+        selected = admin.selected_versions(s.model)
+        planned = admin.rollout.plan(s.model, selected, now_s)
+        for version in planned:
+            models.append(_model_view(admin, version_key(s.model, version), s.slo_ms))
+        rates = rates_for_versions(s.model, selected, rates)
+    queries = {name: replace(q, stages=tuple(replace(st, model=admin.current_key(st.model)) for st in q.stages))
+               for name, q in admin.queries().items()}
     stage_models = {st.model: _model_view(admin, st.model, 0.0) for q in queries.values() for st in q.stages}
     return ClusterView(
         now_s=now_s,
         backends=tuple(BackendSlot(n.node_id, n.device_type, n.memory_mb) for n in backends),
         models=tuple(models), queries=queries, stage_models=stage_models,
-        rates_rps=workload.planning_rates(now_s), surges_rps=workload.surges(now_s),
+        rates_rps=rates, surges_rps=workload.surges(now_s),
         gammas=workload.current_gammas(now_s), force=force, why=why)
 
 
-def _model_view(admin: ModelAdmin, name: str, slo_ms: float) -> ModelView:
-    record = admin.db.model(name)
+def _model_view(admin: ModelAdmin, key: str, slo_ms: float) -> ModelView:
+    """One version (``key``, its version key) as the planner sees a model."""
+    record = admin.db.model(key)
+    name = split_key(key)[0]
     group = record.prefix_group if record else ""
-    return ModelView(name, slo_ms, admin.profiles(name), group, admin.db.prefix_share(name) if group else None,
-                     admin.db.min_replicas(name), admin.unloadable_on(name), admin.db.serving(name).expected_rate_rps)
+    return ModelView(key, slo_ms, admin.profiles(key), group, admin.db.prefix_share(key) if group else None,
+                     admin.db.min_replicas(name), admin.unloadable_on(key), admin.db.serving(name).expected_rate_rps)

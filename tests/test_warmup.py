@@ -181,7 +181,9 @@ def test_the_model_database_keeps_warm_up_samples_and_refuses_bad_ones(tmp_path)
     assert db.model("other") is None
     with pytest.raises(UploadError, match=r"model_warmup\[0\] \('ones'\).batch_size 2 exceeds max_batch_size 1"):
         db.add_model("capped", [data], warmup=samples, serving=ServingSettings(batch_cap=1))
-    db.add_model("mlp", [data])                                   # a new upload replaces the samples
+    db.add_model("mlp", [data])                                   # a new version has its own samples
+    assert db.model("mlp:2").warmup == () and db.model("mlp").warmup == samples
+    db.add_model("mlp", [data], version=1)                        # a new upload of a version replaces them
     assert db.model("mlp").warmup == ()
     db.close()
 

@@ -19,7 +19,9 @@
   parameters are ignored with a warning (the scheduler places sessions and sets batch sizes
   itself); ensembles, other platforms, reshapes, shape tensors and ragged batches are errors.
 
-One version is served per model: the newest that the ``version_policy`` selects (default: latest 1).
+Versions: every version folder that the ``version_policy`` selects (default: ``latest { num_versions:
+1 }``, as Triton) is read and checked against the config, and uploaded as that version with the
+policy (common/versions.py); the scheduler serves what the policy selects of what it stores.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from google.protobuf import text_format
 from common.model_io import ModelFileError, io_to_json, onnx_io, torch_archive_check
 from common.pb import model_config as mc
 from common.tensors import TensorSpec
+from common.versions import DEFAULT_POLICY, PolicyKind, VersionError, VersionPolicy, from_pb as policy_from_pb
 from common.warmup import WarmupData, WarmupError, WarmupInput, WarmupSample, check_samples, describe as describe_warmup
 
 CONFIG_FILE = "config.pbtxt"
@@ -84,6 +87,7 @@ class RepositoryModel:
     max_batch_size: int = 0            # from the config (0: not given, or full shapes in dims)
     warnings: tuple[str, ...] = ()
     warmup: tuple[WarmupSample, ...] = ()   # model_warmup; empty: the backends' default warm-up
+    version_policy: VersionPolicy = DEFAULT_POLICY   # the model's (every version read carries it)
 
     @property
     def io_json(self) -> str:
@@ -130,28 +134,23 @@ def _onnx_first_dims(data: bytes) -> dict[str, int]:
     return first
 
 
-def _pick_version(model_dir: pathlib.Path, config: mc.ModelConfig, where: str) -> tuple[int, list[str]]:
+def _pick_versions(model_dir: pathlib.Path, config: mc.ModelConfig, where: str) -> tuple[list[int], VersionPolicy]:
+    """The version folders the config's version_policy selects, oldest first, and the policy."""
     versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
-    warnings = []
+    if versions and versions[0] == 0:
+        raise RepositoryError(f"{model_dir / '0'}: version 0: versions are positive integers (1, 2, ...)")
     if not versions:
         raise RepositoryError(f"{model_dir}: no version folder (expected {model_dir.name}/1/...)")
-    policy = config.version_policy.WhichOneof("policy_choice")
-    if policy == "specific":
-        wanted = [v for v in config.version_policy.specific.versions if v in versions]
-        missing = [v for v in config.version_policy.specific.versions if v not in versions]
+    try:
+        policy = policy_from_pb(config.version_policy)
+    except VersionError as exc:
+        raise RepositoryError(f"{where}: {exc}") from None
+    if policy.kind is PolicyKind.SPECIFIC:
+        missing = [v for v in policy.versions if v not in versions]
         if missing:
             raise RepositoryError(f"{where}: version_policy.specific.versions: no folder for version(s) "
                                   f"{', '.join(map(str, missing))} (found {', '.join(map(str, versions))})")
-        chosen = sorted(wanted)
-    elif policy == "all":
-        chosen = versions
-    else:
-        n = config.version_policy.latest.num_versions if policy == "latest" else 1
-        chosen = versions[-max(n, 1):]
-    if len(chosen) > 1:
-        warnings.append(f"{where}: version_policy selects versions {', '.join(map(str, chosen))}; "
-                        f"only the newest, {chosen[-1]}, is served")
-    return chosen[-1], warnings
+    return list(policy.select(versions)), policy
 
 
 def _runtime_of(config: mc.ModelConfig, version_dir: pathlib.Path, where: str) -> tuple[str, pathlib.Path]:
@@ -333,7 +332,13 @@ def _warmup(config: mc.ModelConfig, model_dir: pathlib.Path, inputs: tuple[Tenso
 
 
 def read_model(model_dir: pathlib.Path) -> RepositoryModel:
-    """Read one model folder; RepositoryError names the file and the field."""
+    """The newest version of a model folder that its version policy selects (:func:`read_model_versions`)."""
+    return read_model_versions(model_dir)[-1]
+
+
+def read_model_versions(model_dir: pathlib.Path) -> list[RepositoryModel]:
+    """Every version of one model folder that its version policy selects, oldest first; RepositoryError
+    names the file and the field."""
     model_dir = pathlib.Path(model_dir)
     name = model_dir.name
     config_path = model_dir / CONFIG_FILE
@@ -352,9 +357,16 @@ def read_model(model_dir: pathlib.Path) -> RepositoryModel:
         raise RepositoryError(f"{where}: name {config.name!r} contradicts the folder's name {name!r}")
     if config.max_batch_size < 0:
         raise RepositoryError(f"{where}: max_batch_size must be >= 0, got {config.max_batch_size}")
-    version, warnings = _pick_version(model_dir, config, where)
-    version_dir = model_dir / str(version)
-    runtime, path = _runtime_of(config, version_dir, where)
+    versions, policy = _pick_versions(model_dir, config, where)
+    warnings = tuple(_warnings(config, where))
+    slo = _slo(config, where)
+    return [_read_version(model_dir, version, config, where, warnings, slo, policy) for version in versions]
+
+
+def _read_version(model_dir: pathlib.Path, version: int, config: mc.ModelConfig, where: str,
+                  warnings: tuple[str, ...], slo: float, policy: VersionPolicy) -> RepositoryModel:
+    """One version folder's model file, checked against the model's config."""
+    runtime, path = _runtime_of(config, model_dir / str(version), where)
     data = path.read_bytes()
     inputs = _config_specs(config.input, "input", config.max_batch_size, where)
     outputs = _config_specs(config.output, "output", config.max_batch_size, where)
@@ -367,7 +379,7 @@ def read_model(model_dir: pathlib.Path) -> RepositoryModel:
                     tensor, dim = next(iter(fixed.items()))
                     raise RepositoryError(
                         f"{where}: max_batch_size {config.max_batch_size} contradicts the model: {tensor!r} has a "
-                        f"fixed first dimension of {dim}, so it takes no batch dimension")
+                        f"fixed first dimension of {dim} in version {version}, so it takes no batch dimension")
             final_inputs = _check_against(inputs, model_inputs, "input", where)
             final_outputs = _check_against(outputs, model_outputs, "output", where)
         else:
@@ -378,26 +390,27 @@ def read_model(model_dir: pathlib.Path) -> RepositoryModel:
             final_inputs, final_outputs = tuple(inputs), tuple(outputs)
     except ModelFileError as exc:
         raise RepositoryError(f"{path}: {exc}") from None
-    warnings += _warnings(config, where)
-    slo = _slo(config, where)
     warmup = _warmup(config, model_dir, final_inputs, where)
-    return RepositoryModel(name, version, path, runtime, final_inputs, final_outputs, slo, config.max_batch_size,
-                           tuple(warnings), warmup)
+    return RepositoryModel(model_dir.name, version, path, runtime, final_inputs, final_outputs, slo,
+                           config.max_batch_size, warnings, warmup, policy)
 
 
 def read_repository(root: str | pathlib.Path) -> list[RepositoryModel]:
-    """Every model of a repository, in name order; RepositoryError for the first that cannot be served."""
+    """Every model version of a repository that its policy selects, by name and version;
+    RepositoryError for the first that cannot be served."""
     root = pathlib.Path(root)
     if not root.is_dir():
         raise RepositoryError(f"{root}: not a directory")
-    models = [read_model(d) for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith(".")]
+    models = [m for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith(".")
+              for m in read_model_versions(d)]
     if not models:
         raise RepositoryError(f"{root}: no model folders (expected <name>/config.pbtxt and <name>/1/model.onnx)")
     return models
 
 
 def describe(model: RepositoryModel) -> dict:
-    return {"name": model.name, "version": model.version, "file": str(model.path), "runtime": model.runtime,
+    return {"name": model.name, "version": model.version, "version_policy": model.version_policy.describe(),
+            "file": str(model.path), "runtime": model.runtime,
             "slo_ms": model.slo_ms, "max_batch_size": model.max_batch_size,
             "inputs": [t.to_json_obj() for t in model.inputs], "outputs": [t.to_json_obj() for t in model.outputs],
             "warmup": describe_warmup(model.warmup), "warnings": list(model.warnings)}

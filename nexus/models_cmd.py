@@ -1,19 +1,35 @@
-"""``nexus models upload FILE --name NAME [--profile P.json] [--slo-ms S]`` and ``nexus models list``."""
+"""``nexus models upload FILE --name NAME [--version N] [--profile P.json] [--slo-ms S]`` and ``nexus models list``.
+
+An upload without ``--version`` adds the next version after the newest (1 for a new model); with it,
+that version (a stored one is replaced). Which versions are served is the model's version policy
+(Triton's ``version_policy``; by default the latest one), so uploading a new version of a served
+model updates it: the new version is loaded and warmed up before traffic moves to it, then the old
+one is unloaded (globalsched/versions.py). ``nexus models list`` shows every stored version.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
 from common.pb import control
+from common.versions import DEFAULT_POLICY, VersionError, from_pb as policy_from_pb
 from common.warmup import describe as describe_warmup, from_pb as warmup_from_pb
 from nexus.client_flags import ClientFlagError, add_client_security, client_credentials
 from nexus.repository_cmd import add_import_parser
 from nexus.scheduler_client import DEFAULT_SCHEDULER, AdminCallError, list_models, upload_model
 
 
+def _policy(m: control.ModelDesc) -> str:
+    try:
+        return (policy_from_pb(m.version_policy) if m.HasField("version_policy") else DEFAULT_POLICY).describe()
+    except VersionError as exc:
+        return f"invalid: {exc}"
+
+
 def _describe(m: control.ModelDesc) -> dict:
-    return {"name": m.name, "sha256": m.sha256, "runtime": m.runtime, "size_bytes": m.size_bytes,
+    return {"name": m.name, "version": m.version or 1, "version_policy": _policy(m), "sha256": m.sha256, "runtime": m.runtime, "size_bytes": m.size_bytes,
             "slo_ms": m.default_slo_ms, "loaded": m.loaded, "profiles": list(m.profiled_device_types),
             "min_replicas": m.min_replicas,
             "prefix_group": m.prefix_group,
@@ -26,11 +42,12 @@ def _run_upload(args) -> int:
     try:
         model = upload_model(args.scheduler, args.file, args.name, profile_path=args.profile, slo_ms=args.slo_ms,
                              runtime=args.runtime, io_path=args.io, load=not args.no_load,
-                             min_replicas=args.min_replicas, creds=client_credentials(args))
+                             min_replicas=args.min_replicas, version=args.version, creds=client_credentials(args))
     except (AdminCallError, ClientFlagError) as exc:
         print(f"nexus models upload: error: {exc}", file=sys.stderr)
         return 2
-    print(f"uploaded {model.name} ({model.size_bytes} bytes, sha256 {model.sha256[:12]}, runtime {model.runtime})")
+    print(f"uploaded {model.name} version {model.version or 1} ({model.size_bytes} bytes, sha256 {model.sha256[:12]}, "
+          f"runtime {model.runtime})")
     return 0
 
 
@@ -43,14 +60,20 @@ def _run_list(args) -> int:
     if args.json:
         print(json.dumps([_describe(m) for m in models], indent=2))
         return 0
-    rows = [("NAME", "RUNTIME", "SIZE", "SLO_MS", "LOADED", "PROFILES", "PREFIX")]
+    rows = [("NAME", "VERSION", "RUNTIME", "SIZE", "SLO_MS", "LOADED", "PROFILES", "PREFIX")]
     for m in models:
-        rows.append((m.name, m.runtime, f"{m.size_bytes / 1e6:.1f}MB", f"{m.default_slo_ms:g}",
+        rows.append((m.name, str(m.version or 1), m.runtime, f"{m.size_bytes / 1e6:.1f}MB", f"{m.default_slo_ms:g}",
                      "yes" if m.loaded else "no", ",".join(m.profiled_device_types) or "-", m.prefix_group[:12] or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     return 0
+
+
+def _positive_version(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return int(text)
 
 
 def register(sub) -> None:
@@ -59,6 +82,9 @@ def register(sub) -> None:
     up = msub.add_parser("upload", help="upload a model file (ONNX, or TorchScript with --io)")
     up.add_argument("file")
     up.add_argument("--name", required=True)
+    up.add_argument("--version", type=_positive_version, default=0, metavar="N",
+                    help="the version this file is, a positive integer (default: the next after the newest, "
+                         "1 for a new model); a stored version is replaced")
     up.add_argument("--profile", help="profile JSON (common/profile.py format, with device_type)")
     up.add_argument("--slo-ms", type=float, default=0.0, help="SLO of the model's session (default: scheduler's)")
     up.add_argument("--runtime", default="", choices=["", "onnxruntime", "torch"], help="default: from the file suffix")

@@ -1,8 +1,8 @@
 """``nexus models import DIR`` and ``nexus serve --model-repository DIR``: Triton model repositories.
 
 The whole repository is read and checked first (:mod:`common.model_repository`), so a bad model
-uploads nothing; then every model is uploaded to the scheduler (one whose file the scheduler already
-holds under that name is left as it is).
+uploads nothing; then every version its policy selects is uploaded to the scheduler as that version,
+with the policy (a version whose file, warm-up and policy the scheduler already holds is left as it is).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import tempfile
 from common import grpc_util
 from common.model_repository import RepositoryError, RepositoryModel, describe, read_repository
 from common.security import Credentials
+from common.versions import DEFAULT_POLICY, from_pb as policy_from_pb, version_key
 from common.warmup import from_pb as warmup_from_pb
 from nexus.client_flags import ClientFlagError, add_client_security, client_credentials
 from nexus.scheduler_client import DEFAULT_SCHEDULER, AdminCallError, list_models, upload_model
@@ -43,12 +44,16 @@ def _sha256(path) -> str:
 
 def upload_repository(scheduler: str, models: list[RepositoryModel], *, load: bool = True,
                       creds: Credentials = grpc_util.NO_CREDENTIALS) -> list[str]:
-    """Upload every model (skipping one the scheduler holds with the same bytes and warm-up); return what was
-    uploaded."""
-    stored = {m.name: (m.sha256, warmup_from_pb(m.warmup)) for m in list_models(scheduler, creds)}
+    """Upload every model version (skipping one the scheduler holds with the same bytes, warm-up and
+    version policy); return the version keys uploaded."""
+    stored = {version_key(m.name, m.version or 1):
+              (m.sha256, warmup_from_pb(m.warmup),
+               policy_from_pb(m.version_policy) if m.HasField("version_policy") else DEFAULT_POLICY)
+              for m in list_models(scheduler, creds)}
     uploaded = []
     for m in models:
-        if stored.get(m.name) == (_sha256(m.path), m.warmup):
+        key = version_key(m.name, m.version)
+        if stored.get(key) == (_sha256(m.path), m.warmup, m.version_policy):
             continue
         with tempfile.NamedTemporaryFile("w", suffix=".json") as io_file:
             io_path = None
@@ -57,8 +62,8 @@ def upload_repository(scheduler: str, models: list[RepositoryModel], *, load: bo
                 io_file.flush()
                 io_path = io_file.name
             upload_model(scheduler, m.path, m.name, slo_ms=m.slo_ms, runtime=m.runtime, io_path=io_path, load=load,
-                         warmup=m.warmup, creds=creds)
-        uploaded.append(m.name)
+                         warmup=m.warmup, version=m.version, version_policy=m.version_policy, creds=creds)
+        uploaded.append(key)
     return uploaded
 
 
@@ -76,7 +81,7 @@ def _run_import(args) -> int:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     for m in models:
-        state = "uploaded" if m.name in uploaded else "unchanged"
+        state = "uploaded" if version_key(m.name, m.version) in uploaded else "unchanged"
         slo = f"SLO {m.slo_ms:g} ms" if m.slo_ms else "default SLO"
         print(f"{m.name}: version {m.version}, {m.runtime}, {slo}: {state}")
     return 0

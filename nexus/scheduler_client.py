@@ -18,6 +18,7 @@ import grpc
 from common import grpc_util
 from common.pb import control, control_grpc
 from common.security import Credentials
+from common.versions import VersionPolicy, to_pb as policy_to_pb
 from common.warmup import WarmupSample, to_pb as warmup_to_pb
 from nexus.status_model import ClusterStatus, from_reply
 
@@ -57,17 +58,24 @@ def _chunks(header: control.UploadHeader, path: pathlib.Path) -> Iterator[contro
 def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile_path: str | None = None,
                  slo_ms: float = 0.0, runtime: str = "", io_path: str | None = None, load: bool = True,
                  timeout_s: float = 300, min_replicas: int = 0, warmup: Sequence[WarmupSample] = (),
+                 version: int = 0, version_policy: VersionPolicy | None = None,
                  creds: Credentials = grpc_util.NO_CREDENTIALS) -> control.ModelDesc:
     """Stream a model file to the scheduler; raise AdminCallError with the scheduler's reason if refused.
-    ``warmup``: the model's warm-up samples (config.pbtxt's model_warmup; none: the backends' default)."""
+    ``warmup``: the version's warm-up samples (config.pbtxt's model_warmup; none: the backends' default).
+    ``version``: the version the file is (0: the next after the newest, 1 for a new model);
+    ``version_policy``: the model's from now on (None: the one it has, else the latest version)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise AdminCallError(f"no such file: {path}")
     if min_replicas < 0:
         raise AdminCallError(f"--min-replicas must not be negative, got {min_replicas}")
-    header = control.UploadHeader(name=name, slo_ms=slo_ms, load=load, min_replicas=min_replicas,
+    if version < 0:
+        raise AdminCallError(f"--version must be a positive integer, got {version}")
+    header = control.UploadHeader(name=name, slo_ms=slo_ms, load=load, min_replicas=min_replicas, version=version,
                                   runtime=runtime or ("torch" if path.suffix in (".pt", ".pt2") else "onnxruntime"))
     header.warmup.extend(warmup_to_pb(warmup))
+    if version_policy is not None:
+        header.version_policy.CopyFrom(policy_to_pb(version_policy))
     for attr, file in (("profile_json", profile_path), ("io_json", io_path)):
         if file:
             try:

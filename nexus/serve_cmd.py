@@ -191,7 +191,7 @@ def run(args) -> int:
                 names.append(name)
         if repository:
             upload_repository(sched_addr, repository, creds=creds)
-            names += [m.name for m in repository if m.name not in names]
+            names += [name for name in dict.fromkeys(m.name for m in repository) if name not in names]
         names += [m.name for m in list_models(sched_addr, creds) if m.loaded and m.name not in names]
         backend_cfg = dataclasses.replace(backend_cfg, scheduler=sched_addr)
         for i in range(args.backends):

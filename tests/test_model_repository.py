@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 
-from common.model_repository import RepositoryError, read_model, read_repository
+from common.model_repository import RepositoryError, read_model, read_model_versions, read_repository
 from common.sample_models import detector_64, mlp_small, model_bytes
 from tests.conftest import nexus_cli, start_cluster
 
@@ -127,14 +127,26 @@ def test_parse_errors_name_the_file_and_line(tmp_path, config, where, what):
 def test_versions_follow_the_version_policy(tmp_path):
     d = _model(tmp_path, "mlp", mlp_small(), None, version=1)
     _model(tmp_path, "mlp", mlp_small(hidden=32), None, version=3)
-    assert read_model(d).version == 3
-    (d / "config.pbtxt").write_text("version_policy: { specific: { versions: [ 1 ] } }")
-    assert read_model(d).version == 1
+    _model(tmp_path, "mlp", mlp_small(hidden=16), None, version=2)
+
+    def versions():
+        return [(m.version, m.version_policy.describe()) for m in read_model_versions(d)]
+
+    assert versions() == [(3, "latest { num_versions: 1 }")] and read_model(d).version == 3     # Triton's default
+    (d / "config.pbtxt").write_text("version_policy: { latest: { num_versions: 2 } }")
+    assert versions() == [(2, "latest { num_versions: 2 }"), (3, "latest { num_versions: 2 }")]
+    (d / "config.pbtxt").write_text("version_policy: { specific: { versions: [ 1, 3 ] } }")
+    assert [v for v, _ in versions()] == [1, 3]
     (d / "config.pbtxt").write_text("version_policy: { all: { } }")
-    m = read_model(d)
-    assert m.version == 3 and "only the newest, 3, is served" in m.warnings[0]
-    (d / "config.pbtxt").write_text("version_policy: { specific: { versions: [ 2 ] } }")
-    assert "version_policy.specific.versions: no folder for version(s) 2" in _error(d)
+    assert [v for v, _ in versions()] == [1, 2, 3] and not read_model(d).warnings
+    assert [(m.name, m.version) for m in read_repository(tmp_path)] == [("mlp", 1), ("mlp", 2), ("mlp", 3)]
+    (d / "config.pbtxt").write_text("version_policy: { specific: { versions: [ 4 ] } }")
+    assert "version_policy.specific.versions: no folder for version(s) 4" in _error(d)
+    (d / "config.pbtxt").write_text("version_policy: { latest: { } }")
+    assert "version_policy latest: num_versions must be at least 1, got 0" in _error(d)
+    (d / "config.pbtxt").write_text("")
+    (d / "0").mkdir()
+    assert "version 0: versions are positive integers" in _error(d)
     empty = tmp_path / "empty"
     empty.mkdir()
     assert "no version folder" in _error(empty)

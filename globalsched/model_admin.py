@@ -102,6 +102,7 @@ class ModelAdmin:
         except (UploadError, WarmupError, VersionError) as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"upload of {header.name!r} refused: {exc}") from None
         self._forget_failures(record.key)          # a new upload starts afresh
+        self.rollout.replaced(record.key)
         self.trigger.request(f"model {record.name} version {record.version} uploaded")
         return control.UploadReply(model=self.desc(record.key))
 

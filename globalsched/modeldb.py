@@ -268,7 +268,7 @@ class ModelDatabase:
         if refused.
 
         ``version`` 0 adds the next version after the newest (1 for a new model); a stored version is
-        replaced. ``version_policy`` (None: the stored one, else Triton's default, the latest version)
+        replaced (its profiles are kept when the file is the same). ``version_policy`` (None: the stored one, else Triton's default, the latest version)
         and, when given, ``slo_ms``, ``min_replicas`` and ``serving`` apply to the model (every
         version); ``create_session`` loads the model if it is not loaded.
 
@@ -361,15 +361,20 @@ class ModelDatabase:
                 self._db.execute("BEGIN")
                 old = self._db.execute("SELECT sha256 FROM models WHERE name=? AND version=?",
                                        (u.name, version)).fetchone()
+                # The same file again keeps its profiles (they measure the file); another file drops them.
+                kept = self._db.execute("SELECT device_type, profile_json FROM profiles WHERE model=? AND version=?",
+                                        (u.name, version)).fetchall() if old and old[0] == u.sha256 else []
                 self._db.execute("DELETE FROM models WHERE name=? AND version=?", (u.name, version))
                 self._db.execute(
                     "INSERT INTO models VALUES (?,?,?,?,?,?,?,?,?,?)",
                     (u.name, version, u.sha256, u.runtime, u.size, io_to_json(u.inputs, u.outputs), slo_ms,
                      prefix_group, signature, record.created_ms))
+                for device_type, profile_json in kept:
+                    self._db.execute("INSERT INTO profiles VALUES (?,?,?,?)", (u.name, version, device_type, profile_json))
                 if joining:
                     self.set_prefix_group(joining, prefix_group)
                 if u.profile is not None:
-                    self._db.execute("INSERT INTO profiles VALUES (?,?,?,?)",
+                    self._db.execute("INSERT OR REPLACE INTO profiles VALUES (?,?,?,?)",
                                      (u.name, version, u.profile.device_type, u.profile.to_json()))
                 if u.create_session:
                     self._db.execute("INSERT INTO sessions VALUES (?,?) ON CONFLICT (model) DO "

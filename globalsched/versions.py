@@ -80,6 +80,10 @@ class VersionRollout:
                 routed[v] = since
         return versions_to_plan(selected, routed, now_s, self.grace_s)
 
+    def replaced(self, key: str) -> None:
+        """Version ``key`` was uploaded again: it counts as routed only once a table routes the new upload."""
+        self.routed_since.pop(key, None)
+
     def routed(self, keys: Iterable[str], selected: Callable[[str], Sequence[int]], now_s: float) -> None:
         """A routing table that routes ``keys`` reached the frontends at ``now_s``; ``selected(name)``
         gives the versions a model's policy selects. Old versions whose newest selected one is routed

@@ -69,6 +69,8 @@ def test_bad_policies_are_refused_saying_why(make, message):
 def test_uploads_add_versions_and_the_policy_chooses_what_is_served(tmp_path):
     db = ModelDatabase(tmp_path)
     first = db.add_model("mlp", [V1], profile_json=CPU.to_json(), slo_ms=40, min_replicas=2)
+    db.add_model("mlp", [V1], version=1)                                 # the same file again
+    assert db.profiles("mlp") == {"cpu": CPU}                            # keeps the profiles that measure it
     second = db.add_model("mlp", [V2])                                   # no version: the next one
     assert (first.version, first.key, second.version, second.key) == (1, "mlp", 2, "mlp:2")
     assert second.default_slo_ms == 40                                   # the model's SLO carries over

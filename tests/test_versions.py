@@ -10,7 +10,7 @@ import sqlite3
 import grpc
 import pytest
 
-from common.pb import control
+from common.pb import control, model_config
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from common.versions import (DEFAULT_POLICY, PolicyKind, VersionError, VersionPolicy, from_pb, parse_version,
@@ -50,7 +50,7 @@ def test_policies_select_as_triton_does():
     for policy in (VersionPolicy(PolicyKind.ALL), VersionPolicy(PolicyKind.SPECIFIC, versions=(1, 3)),
                    VersionPolicy(PolicyKind.LATEST, num_versions=3)):
         assert from_pb(to_pb(policy)) == policy == VersionPolicy.from_json(policy.to_json())
-    assert from_pb(to_pb(DEFAULT_POLICY).__class__()) == DEFAULT_POLICY      # none chosen: Triton's default
+    assert from_pb(model_config.ModelVersionPolicy()) == DEFAULT_POLICY      # none chosen: Triton's default
     assert VersionPolicy(PolicyKind.SPECIFIC, versions=(1, 3)).describe() == "specific { versions: [1, 3] }"
 
 
@@ -254,3 +254,68 @@ def test_a_request_without_a_version_goes_to_the_newest_ready_one():
     only_coming = RoutingTable.from_proto(control.RoutingTable(epoch=2, routes=[_route("m", 5, False)],
                                                                stored=[_desc("m", 1)]))
     assert only_coming.newest("m").version == 5          # none ready: the newest served says why
+
+
+# ---- the scheduler's refusals and reasons (in process) ---------------------------------------------
+
+def _scheduler(tmp_path):
+    from common.config import SchedulerConfig
+    from globalsched.service import SchedulerService
+
+    db = ModelDatabase(tmp_path / "db")
+    db.add_model("m", [V1], profile_json=CPU.to_json(), slo_ms=50)
+    return SchedulerService(SchedulerConfig(data_dir=tmp_path / "db"), db)
+
+
+async def _chunks(header: control.UploadHeader, data: bytes):
+    yield control.UploadChunk(header=header)
+    yield control.UploadChunk(data=data)
+
+
+@pytest.mark.parametrize("header, code, message", [
+    (control.UploadHeader(name="m", version=-1), grpc.StatusCode.INVALID_ARGUMENT,
+     "upload of 'm' refused: version must be a positive integer (0: the next one), got -1"),
+    (control.UploadHeader(name="m", version_policy=model_config.ModelVersionPolicy(latest={})),
+     grpc.StatusCode.INVALID_ARGUMENT,
+     "upload of 'm' refused: version_policy latest: num_versions must be at least 1, got 0"),
+])
+def test_uploads_with_a_bad_version_or_policy_are_refused_and_register_nothing(tmp_path, header, code, message):
+    import asyncio
+
+    from globalsched.refusal import Refused
+
+    service = _scheduler(tmp_path)
+    with pytest.raises(Refused) as info:
+        asyncio.run(service.admin.upload(_chunks(header, V2)))
+    assert (info.value.code, info.value.message) == (code, message)
+    assert [r.key for r in service.db.models()] == ["m"]
+
+
+def test_a_profile_for_an_unknown_version_is_not_found_and_a_bare_name_means_the_newest(tmp_path):
+    import asyncio
+
+    from globalsched.refusal import Refused
+
+    service = _scheduler(tmp_path)
+    service.db.add_model("m", [V2])
+    with pytest.raises(Refused) as info:
+        asyncio.run(service.admin.add_profile(control.ProfileUpload(model="m", version=4, profile_json=CPU.to_json())))
+    assert info.value.code is grpc.StatusCode.NOT_FOUND
+    assert info.value.message == "model 'm' has no version 4 (stored: 1, 2)"
+    asyncio.run(service.admin.add_profile(control.ProfileUpload(model="m", profile_json=CPU.to_json())))
+    assert service.db.profiles("m:2") == {"cpu": CPU}
+
+
+def test_a_policy_selecting_no_stored_version_is_routed_with_the_reason(tmp_path):
+    import asyncio
+
+    service = _scheduler(tmp_path)
+    service.db.add_model("m", [V2], version=1, version_policy=VersionPolicy(PolicyKind.SPECIFIC, versions=(9,)))
+
+    async def routes():
+        plan = await service.control.plan_once()
+        return {r.session or r.model.name: r for r in service.distribution.routing_table(plan, 1).routes}
+
+    route = asyncio.run(routes())["m"]
+    assert not route.backends and route.model.version == 1
+    assert route.reason == "its version_policy (specific { versions: [9] }) selects none of the stored versions (1)"

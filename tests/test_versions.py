@@ -251,6 +251,13 @@ def test_a_request_without_a_version_goes_to_the_newest_ready_one():
     for name in ("m:2", "nope"):        # a version key is no model name
         with pytest.raises(RequestError, match=f"unknown model '{name}'"):
             state.entry(name)
+    from common.sample_queries import sample_query_json
+
+    state.table = RoutingTable.from_proto(control.RoutingTable(
+        epoch=3, queries=[control.QueryInfo(name="traffic", json=sample_query_json("traffic"))]))
+    assert state.entry("traffic", "1").name == "traffic" == state.entry("traffic").name
+    with pytest.raises(RequestError, match=r"query 'traffic' has no version '2' \(a query has version 1 only\)"):
+        state.entry("traffic", "2")
     only_coming = RoutingTable.from_proto(control.RoutingTable(epoch=2, routes=[_route("m", 5, False)],
                                                                stored=[_desc("m", 1)]))
     assert only_coming.newest("m").version == 5          # none ready: the newest served says why

@@ -424,6 +424,10 @@ class FrontendConfig:
         "help": "KEY=VALUE: serve RepositoryModelLoad/Unload only to callers sending header "
                 "triton-grpc-protocol-KEY: VALUE (Triton's --grpc-restricted-protocol=model-repository:KEY=VALUE); "
                 "others get UNAVAILABLE"})
+    restricted_shared_memory_header: str = field(default="", metadata={
+        "help": "KEY=VALUE: serve the SystemSharedMemory* calls only to callers sending header "
+                "triton-grpc-protocol-KEY: VALUE (Triton's --grpc-restricted-protocol=shared-memory:KEY=VALUE); "
+                "others get UNAVAILABLE (without it they are open, as in Triton)"})
     trace: str = field(default="", metadata={
         "help": "append per-request timelines (validate, hop, queue, batch assembly, compute, ...) to this file "
                 "as JSON lines; see frontend/trace.py ('' : off)"})
@@ -443,12 +447,14 @@ class FrontendConfig:
         _check_positive("report_interval_s", self.report_interval_s)
         if self.metrics_listen:
             _check_address("metrics_listen", self.metrics_listen)
-        if self.restricted_repository_header:
-            from common.security import parse_restricted_header
-            try:
-                parse_restricted_header(self.restricted_repository_header)
-            except ValueError as exc:
-                raise ConfigError(f"--restricted-repository-header: {exc}") from None
+        for flag, value in (("restricted-repository-header", self.restricted_repository_header),
+                            ("restricted-shared-memory-header", self.restricted_shared_memory_header)):
+            if value:
+                from common.security import parse_restricted_header
+                try:
+                    parse_restricted_header(value)
+                except ValueError as exc:
+                    raise ConfigError(f"--{flag}: {exc}") from None
         if self.exec_path not in ("stream", "unary"):
             raise ConfigError(f"--exec-path: expected stream or unary, got {self.exec_path!r}")
 

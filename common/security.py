@@ -10,8 +10,9 @@ Contracts (DESIGN.md, Security):
   missing or wrong token is answered UNAUTHENTICATED, saying which, and the handler never runs.
   KServe inference and ``grpc.health.v1`` are never guarded: clients and probes carry no cluster
   token. KServe's repository load/unload are admin calls: the frontend's KServe handlers admit them
-  by :class:`RepositoryAccess` (Triton's restricted-protocol header when one is configured, else
-  the token), for gRPC and HTTP alike.
+  by :class:`ProtocolAccess` (Triton's restricted-protocol header when one is configured, else
+  the token), for gRPC and HTTP alike. System shared memory is, as in Triton, open unless a
+  restricted-protocol header is configured for it.
 """
 
 from __future__ import annotations
@@ -275,10 +276,11 @@ def restricted_header_problem(metadata, key: str, value: str) -> str | None:
 
 
 @dataclass(frozen=True, repr=False)
-class RepositoryAccess:
-    """Who may call the KServe repository load and unload, the same rule on gRPC and on HTTP: with a
-    restricted header (``--restricted-repository-header``) the callers presenting it, else with a
-    cluster token the callers presenting that, else everyone."""
+class ProtocolAccess:
+    """Who may call a category of KServe calls (Triton's restricted protocols: the repository load and
+    unload, system shared memory), the same rule on gRPC and on HTTP: with a restricted header
+    (``--restricted-repository-header``, ``--restricted-shared-memory-header``) the callers presenting
+    it, else with a cluster token the callers presenting that, else everyone."""
 
     restricted: tuple[str, str] | None = None      # (header name, value)
     token: str | None = None

@@ -39,6 +39,7 @@ from frontend.backend_pool import BackendGone, BackendPool, Reply, ReplyStatus
 from frontend.metrics import FrontendMetrics
 from frontend.requests import RequestError
 from frontend.routing import ModelEntry, RoutingTable
+from frontend.shared_memory import SharedMemoryRegistry
 from frontend.trace import Marks, Tracer
 
 _EXEC_TO_GRPC = {
@@ -68,6 +69,7 @@ class FrontendState:
                  tracer: Tracer | None = None) -> None:
         self.table = RoutingTable.empty()
         self.tracer = tracer                             # --trace: per-request timelines (frontend/trace.py)
+        self.shared_memory = SharedMemoryRegistry()      # clients' registered system shared memory
         self.pool = BackendPool(creds)
         self.health = None                               # common.health.Health, set by the server
         self.use_stream = use_stream

@@ -15,7 +15,7 @@ import time
 from common.pb import kserve
 from frontend.dispatch import FrontendState, RequestRecord, dispatch, request_budget_s
 from frontend.queries import run_query
-from frontend.requests import parse_infer_request
+from frontend.requests import add_output, parse_infer_request
 from frontend.routing import ModelEntry
 from frontend.trace import Marks
 
@@ -38,7 +38,7 @@ async def infer(state: FrontendState, request, deadline_s: float | None) -> kser
 
 async def _run_model(state: FrontendState, model: ModelEntry, request, deadline_s: float | None,
                      record: RequestRecord, marks: Marks | None) -> kserve.ModelInferResponse:
-    parsed = parse_infer_request(request, model)
+    parsed = parse_infer_request(request, model, state.shared_memory)
     record.accepted(parsed.rows)
     end = record.start_s + request_budget_s(model.slo_ms, parsed.timeout_us, deadline_s)
     if marks is not None:
@@ -47,8 +47,8 @@ async def _run_model(state: FrontendState, model: ModelEntry, request, deadline_
     response = kserve.ModelInferResponse(model_name=model.name, model_version=str(model.version), id=request.id)
     for i in parsed.output_indices:
         spec = model.outputs[i]
-        response.outputs.add(name=spec.name, datatype=spec.datatype, shape=result.output_shapes[i])
-        response.raw_output_contents.append(result.outputs[i])
+        add_output(response, parsed, i, spec.name, spec.datatype, result.output_shapes[i], result.outputs[i],
+                   state.shared_memory)
     record.succeeded(parsed.rows, end - record.start_s, result)
     if marks is not None:
         state.tracer.record(model.name, parsed.rows, marks, result)

@@ -10,6 +10,10 @@ Versions, as Triton's: a request names a model and maybe a version; no version m
 ready one (``FrontendState.entry``), an unknown one is NOT_FOUND naming it. ModelMetadata lists the
 versions served; ModelReady, ModelConfig, ModelStatistics and RepositoryIndex answer per version
 (statistics and the index list every version when none is named). A query has version 1.
+
+System shared memory (frontend/shared_memory.py): the SystemSharedMemory* calls manage the
+frontend's registered regions. As in Triton they need no token; ``shared_memory_access`` (Triton's
+restricted protocol, category ``shared-memory``) can require a header of them.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import time
 import grpc
 
 from common.pb import control, kserve, model_config
-from common.security import RepositoryAccess
+from common.security import ProtocolAccess
 from common.versions import to_pb as policy_to_pb
 from frontend.dispatch import FrontendState
 from frontend.inference import infer
@@ -33,7 +37,8 @@ log = logging.getLogger("nexus.frontend")
 
 SERVER_NAME = "nexus"
 SERVER_VERSION = "0.1.0"
-EXTENSIONS = ["binary_tensor_data", "model_repository", "model_repository(unload_dependents)", "statistics", "schedule_policy"]
+EXTENSIONS = ["binary_tensor_data", "model_repository", "model_repository(unload_dependents)", "statistics",
+              "schedule_policy", "system_shared_memory"]
 
 _DTYPE_ENUM = {name: model_config.DataType.Value(f"TYPE_{name}") for name in
                ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64")}
@@ -43,10 +48,12 @@ class KServeService:
     """Handlers registered under ``inference.GRPCInferenceService``."""
 
     def __init__(self, state: FrontendState, scheduler_stub=None,
-                 repository_access: RepositoryAccess = RepositoryAccess()) -> None:
+                 repository_access: ProtocolAccess = ProtocolAccess(),
+                 shared_memory_access: ProtocolAccess = ProtocolAccess()) -> None:
         self.state = state
         self.scheduler = scheduler_stub
         self.repository_access = repository_access
+        self.shared_memory_access = shared_memory_access
         self.stats_book = StatsBook()       # backends' statistics, kept cumulative across their changes
 
     async def ServerLive(self, request, context):
@@ -256,3 +263,35 @@ class KServeService:
             except grpc.aio.AioRpcError as exc:
                 await context.abort(exc.code(), exc.details())
         return kserve.RepositoryModelUnloadResponse()
+
+    # ---- system shared memory ------------------------------------------------------------------------
+
+    async def _admit_shared_memory_call(self, context) -> None:
+        refused = self.shared_memory_access.problem(context.invocation_metadata())
+        if refused is not None:
+            await context.abort(*refused)
+
+    async def SystemSharedMemoryStatus(self, request, context):
+        await self._admit_shared_memory_call(context)
+        try:
+            regions = self.state.shared_memory.status(request.name)
+        except RequestError as exc:
+            await context.abort(exc.code, str(exc))
+        reply = kserve.SystemSharedMemoryStatusResponse()
+        for r in regions:
+            reply.regions[r.name].CopyFrom(kserve.SystemSharedMemoryStatusResponse.RegionStatus(
+                name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size))
+        return reply
+
+    async def SystemSharedMemoryRegister(self, request, context):
+        await self._admit_shared_memory_call(context)
+        try:
+            self.state.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+        except RequestError as exc:
+            await context.abort(exc.code, str(exc))
+        return kserve.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request, context):
+        await self._admit_shared_memory_call(context)
+        self.state.shared_memory.unregister(request.name)
+        return kserve.SystemSharedMemoryUnregisterResponse()

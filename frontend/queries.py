@@ -20,7 +20,7 @@ from common.pb import kserve
 from common.query_def import StageDef, stage_deadlines_ms
 from common.tensors import numpy_dtype
 from frontend.dispatch import FrontendState, RequestRecord, dispatch, request_budget_s
-from frontend.requests import RequestError, parse_infer_request
+from frontend.requests import RequestError, add_output, parse_infer_request
 from frontend.routing import ModelEntry, QueryEntry
 
 
@@ -92,7 +92,7 @@ async def run_query(state: FrontendState, query: QueryEntry, request, deadline_s
     """Run the query's stages for ``request``; its outcome goes to ``record``."""
     start = record.start_s
     q = query.definition
-    parsed = parse_infer_request(request, query)
+    parsed = parse_infer_request(request, query, state.shared_memory)
     record.accepted(parsed.rows)
     if not query.ready:
         raise RequestError(grpc.StatusCode.UNAVAILABLE,
@@ -128,7 +128,6 @@ async def run_query(state: FrontendState, query: QueryEntry, request, deadline_s
         out_name, src = q.outputs[i]
         array = np.ascontiguousarray(values[src.stage][src.tensor])
         spec = query.outputs[i]
-        response.outputs.add(name=out_name, datatype=spec.datatype, shape=list(array.shape))
-        response.raw_output_contents.append(array.tobytes())
+        add_output(response, parsed, i, out_name, spec.datatype, list(array.shape), array.tobytes(), state.shared_memory)
     record.succeeded(parsed.rows, budget_s)
     return response

@@ -1,4 +1,5 @@
-"""KServe v2 over HTTP/REST, with Triton's binary tensor data extension, beside the gRPC service.
+"""KServe v2 over HTTP/REST, with Triton's binary tensor data and system shared-memory extensions, beside
+the gRPC service.
 
 Every endpoint turns its HTTP request into the KServe protobuf request and calls the same
 :class:`frontend.kserve.KServeService` handler that serves gRPC, through :class:`HttpCallContext`,
@@ -243,13 +244,15 @@ def decode_infer_request(model: str, version: str, body: bytes, header_length: s
         if any(d >= 2**63 for d in shape):
             raise _invalid(f"input {name!r}: shape {shape} has a dimension past 64 bits")
         params = dict(_object(tensor.get("parameters"), f"input {name!r} 'parameters'"))
-        if "shared_memory_region" in params:
-            raise _invalid(f"input {name!r}: shared memory is not supported; send the data in the body")
         size = params.pop("binary_data_size", None)
         request.inputs.add(name=name, datatype=datatype, shape=shape)
         for key, value in params.items():
             _set_parameter(request.inputs[-1].parameters, key, value, f"input {name!r}")
-        if size is not None:
+        if "shared_memory_region" in params:       # read from the region (frontend/requests.py): no data here
+            if size is not None or "data" in tensor:
+                raise _invalid(f"input {name!r} has both a shared_memory_region and "
+                               f"{'data' if 'data' in tensor else 'a binary_data_size parameter'}")
+        elif size is not None:
             if "data" in tensor:
                 raise _invalid(f"input {name!r} has both 'data' and a binary_data_size parameter")
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -282,8 +285,6 @@ def decode_infer_request(model: str, version: str, body: bytes, header_length: s
             params = dict(_object(out.get("parameters"), f"output {name!r} 'parameters'"))
             if params.pop("classification", 0):
                 raise _invalid(f"output {name!r}: the classification extension is not supported")
-            if "shared_memory_region" in params:
-                raise _invalid(f"output {name!r}: shared memory is not supported")
             as_binary = params.pop("binary_data", binary_output)
             if not isinstance(as_binary, bool):
                 raise _invalid(f"output {name!r}: binary_data must be true or false")
@@ -299,7 +300,9 @@ def encode_infer_response(response: kserve.ModelInferResponse, form: OutputForma
     outputs, sections = [], []
     for out, raw in zip(response.outputs, response.raw_output_contents):
         entry = {"name": out.name, "datatype": out.datatype, "shape": list(out.shape)}
-        if form.is_binary(out.name):
+        if "shared_memory_region" in out.parameters:      # written to the region: only where it went
+            entry["parameters"] = {k: getattr(p, p.WhichOneof("parameter_choice")) for k, p in out.parameters.items()}
+        elif form.is_binary(out.name):
             entry["parameters"] = {"binary_data_size": len(raw)}
             sections.append(raw)
         else:
@@ -460,6 +463,34 @@ class _Api:
                                            kserve.RepositoryModelUnloadRequest(model_name=request.match_info["name"]))
 
 
+    # ---- system shared memory (Triton's extension) -------------------------------------------------
+
+    async def shm_status(self, request):
+        name = request.match_info.get("name", "")
+        reply = await self._call("SystemSharedMemoryStatus", kserve.SystemSharedMemoryStatusRequest(name=name),
+                                 request)
+        return web.json_response([message_to_json(r) for _, r in sorted(reply.regions.items())])
+
+    async def shm_register(self, request):
+        doc = await self._json_body(request)
+        key, offset, byte_size = doc.get("key"), doc.get("offset", 0), doc.get("byte_size")
+        if not isinstance(key, str):
+            raise _invalid("'key' must be a string: the shared-memory object's key")
+        for field_name, value in (("offset", offset), ("byte_size", byte_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
+                raise _invalid(f"'{field_name}' must be a non-negative integer")
+        message = kserve.SystemSharedMemoryRegisterRequest(name=request.match_info["name"], key=key, offset=offset,
+                                                           byte_size=byte_size)
+        await self._call("SystemSharedMemoryRegister", message, request)
+        return web.Response(status=200)
+
+    async def shm_unregister(self, request):
+        name = request.match_info.get("name", "")
+        await self._call("SystemSharedMemoryUnregister", kserve.SystemSharedMemoryUnregisterRequest(name=name),
+                         request)
+        return web.Response(status=200)
+
+
 def build_app(service: KServeService, max_body_bytes: int) -> web.Application:
     """The KServe v2 REST routes (with Triton's repository and statistics extensions) over ``service``."""
     api = _Api(service, max_body_bytes)
@@ -473,6 +504,11 @@ def build_app(service: KServeService, max_body_bytes: int) -> web.Application:
     r.add_post("/v2/repository/index", api.repository_index)
     r.add_post("/v2/repository/models/{name}/load", api.load)
     r.add_post("/v2/repository/models/{name}/unload", api.unload)
+    r.add_get("/v2/systemsharedmemory/status", api.shm_status)
+    r.add_get("/v2/systemsharedmemory/region/{name}/status", api.shm_status)
+    r.add_post("/v2/systemsharedmemory/region/{name}/register", api.shm_register)
+    r.add_post("/v2/systemsharedmemory/unregister", api.shm_unregister)
+    r.add_post("/v2/systemsharedmemory/region/{name}/unregister", api.shm_unregister)
     for model in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
         r.add_get(model, api.model_metadata)
         r.add_get(model + "/ready", api.model_ready)

@@ -18,7 +18,7 @@ from common.config import FrontendConfig
 from common.health import Health
 from common.pb import control, control_grpc, kserve_grpc
 from common.registration import keep_registered
-from common.security import Credentials, RepositoryAccess, parse_restricted_header
+from common.security import Credentials, ProtocolAccess, parse_restricted_header
 from frontend import readiness, rest
 from frontend.dispatch import FrontendState
 from frontend.kserve import KServeService
@@ -93,9 +93,12 @@ async def serve(config: FrontendConfig, ready=None) -> None:
     # restricted protocol), else the cluster token like the rest of the control plane. The KServe
     # handlers check it, for gRPC and HTTP alike.
     header = config.restricted_repository_header
-    access = RepositoryAccess(parse_restricted_header(header) if header else None, creds.token)
+    access = ProtocolAccess(parse_restricted_header(header) if header else None, creds.token)
+    # System shared memory: open, as in Triton, unless its own restricted header is configured.
+    shm_header = config.restricted_shared_memory_header
+    shm_access = ProtocolAccess(parse_restricted_header(shm_header) if shm_header else None)
     server = grpc_util.server(creds)
-    kserve_service = KServeService(state, scheduler, access)
+    kserve_service = KServeService(state, scheduler, access, shm_access)
     kserve_grpc.add_GRPCInferenceServiceServicer_to_server(kserve_service, server)
     control_grpc.add_FrontendServicer_to_server(FrontendControl(state), server)
     state.health = await Health.attach(server, (KSERVE_SERVICE,))
@@ -135,6 +138,7 @@ async def serve(config: FrontendConfig, ready=None) -> None:
         if metrics is not None:
             await metrics.close()
         await state.pool.close()
+        state.shared_memory.close()
         await channel.close()
 
 

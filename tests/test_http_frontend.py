@@ -219,7 +219,15 @@ def _bad_requests(name: str, data: np.ndarray):
         "integer out of range": (*with_input(datatype="INT8", data=[300] * data.size), 400, "out of range"),
         "booleans for floats": (*with_input(data=[True] * data.size), 400, "numbers"),
         "both data and binary": (*with_input(parameters={"binary_data_size": 4}), 400, "both"),
-        "shared memory input": (*with_input(parameters={"shared_memory_region": "r"}), 400, "shared memory"),
+        "shared memory input with data": (*with_input(parameters={"shared_memory_region": "r"}), 400,
+                                          "has both a shared_memory_region and data"),
+        "shared memory input without a size": (*js({"inputs": [{"name": name, "shape": shape, "datatype": "FP32",
+                                                                "parameters": {"shared_memory_region": "r"}}]}),
+                                               400, "'shared_memory_byte_size' is required"),
+        "shared memory input unregistered": (*js({"inputs": [{"name": name, "shape": shape, "datatype": "FP32",
+                                                              "parameters": {"shared_memory_region": "r",
+                                                                             "shared_memory_byte_size": len(raw)}}]}),
+                                             400, "no shared memory region 'r' is registered"),
         "id not a string": (*js({**good_json, "id": 7}), 400, "'id'"),
         "parameters not an object": (*js({**good_json, "parameters": [1]}), 400, "JSON object"),
         "parameter of a list": (*js({**good_json, "parameters": {"p": [1]}}), 400, "expected a boolean"),
@@ -230,8 +238,10 @@ def _bad_requests(name: str, data: np.ndarray):
         "output without a name": (*js({**good_json, "outputs": [{}]}), 400, "'name'"),
         "output binary_data not boolean": (*js({**good_json, "outputs": [{"name": "x", "parameters": {
             "binary_data": "yes"}}]}), 400, "binary_data"),
-        "shared memory output": (*js({**good_json, "outputs": [{"name": "x", "parameters": {
-            "shared_memory_region": "r"}}]}), 400, "shared memory"),
+        "shared memory output without a size": (*js({**good_json, "outputs": [{"name": "logits", "parameters": {
+            "shared_memory_region": "r"}}]}), 400, "'shared_memory_byte_size' is required"),
+        "shared memory region not a string": (*js({**good_json, "outputs": [{"name": "logits", "parameters": {
+            "shared_memory_region": 3, "shared_memory_byte_size": 40}}]}), 400, "must be a region's name"),
     }
 
 

@@ -23,7 +23,7 @@ from common.config import ConfigError, FrontendConfig
 from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
-from common.security import Credentials, RepositoryAccess, parse_restricted_header
+from common.security import Credentials, ProtocolAccess, parse_restricted_header
 from frontend.dispatch import FrontendState
 from frontend.kserve import KServeService
 from tests.certs import make_pki
@@ -99,7 +99,7 @@ class _Scheduler:
 def test_restricted_repository_header_like_tritons_restricted_protocol():
     async def main():
         scheduler = _Scheduler()
-        access = RepositoryAccess(parse_restricted_header("admin-key=s3cret"))
+        access = ProtocolAccess(parse_restricted_header("admin-key=s3cret"))
         server = grpc_util.server()
         kserve_grpc.add_GRPCInferenceServiceServicer_to_server(KServeService(FrontendState(), scheduler, access),
                                                                server)

@@ -161,10 +161,13 @@ class ModelAdmin:
         serving = self.db.serving(name)
         profiles = {t: p.capped(serving.batch_cap) for t, p in self.db.profiles(name).items()}
         desc = model_desc(record, profiles, loaded, self.db.min_replicas(name), serving)
-        present = {n.device_type for n in self.nodes.values() if n.kind == control.NODE_KIND_BACKEND}
-        for t in sorted(present | set(profiles)):
+        present: dict[str, int] = {}
+        for n in self.nodes.values():
+            if n.kind == control.NODE_KIND_BACKEND:
+                present[n.device_type] = present.get(n.device_type, 0) + 1
+        for t in sorted(set(present) | set(profiles)):
             state, reason = self.device_type_state(name, t, t in profiles)
-            desc.device_types.add(device_type=t, state=state, reason=reason)
+            desc.device_types.add(device_type=t, state=state, reason=reason, backends=present.get(t, 0))
         return desc
 
     def device_type_state(self, model: str, device_type: str, profiled: bool) -> tuple[int, str]:

@@ -12,9 +12,26 @@ from nexus.repository_cmd import add_import_parser
 from nexus.scheduler_client import DEFAULT_SCHEDULER, AdminCallError, list_models, upload_model
 
 
+_STATE_WORDS = {control.PROFILED: "profiled", control.NOT_PROFILED: "not profiled yet",
+                control.PROFILING: "profiling", control.NEEDS_PROFILE: "needs a profile",
+                control.CANNOT_LOAD: "cannot load"}
+
+
+def _device_types(m: control.ModelDesc) -> list[dict]:
+    return [{"device_type": d.device_type, "state": _STATE_WORDS.get(d.state, "unknown"), "reason": d.reason,
+             "backends": d.backends} for d in m.device_types]
+
+
+def _servable_column(m: control.ModelDesc) -> str:
+    """Per device type with backends registered, whether the model can be served there."""
+    return ", ".join(f"{d.device_type}: {_STATE_WORDS.get(d.state, 'unknown')}" for d in m.device_types
+                     if d.backends) or "-"
+
+
 def _describe(m: control.ModelDesc) -> dict:
     return {"name": m.name, "sha256": m.sha256, "runtime": m.runtime, "size_bytes": m.size_bytes,
             "slo_ms": m.default_slo_ms, "loaded": m.loaded, "profiles": list(m.profiled_device_types),
+            "device_types": _device_types(m), "batch_cap": m.batch_cap, "expected_rate_rps": m.expected_rate_rps,
             "min_replicas": m.min_replicas,
             "prefix_group": m.prefix_group,
             "warmup": describe_warmup(warmup_from_pb(m.warmup)),
@@ -43,10 +60,11 @@ def _run_list(args) -> int:
     if args.json:
         print(json.dumps([_describe(m) for m in models], indent=2))
         return 0
-    rows = [("NAME", "RUNTIME", "SIZE", "SLO_MS", "LOADED", "PROFILES", "PREFIX")]
+    rows = [("NAME", "RUNTIME", "SIZE", "SLO_MS", "LOADED", "PROFILES", "ON REGISTERED DEVICE TYPES", "PREFIX")]
     for m in models:
         rows.append((m.name, m.runtime, f"{m.size_bytes / 1e6:.1f}MB", f"{m.default_slo_ms:g}",
-                     "yes" if m.loaded else "no", ",".join(m.profiled_device_types) or "-", m.prefix_group[:12] or "-"))
+                     "yes" if m.loaded else "no", ",".join(m.profiled_device_types) or "-", _servable_column(m),
+                     m.prefix_group[:12] or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())

@@ -28,6 +28,7 @@ from typing import AbstractSet, Callable, Mapping, Sequence
 
 from common.plan import (EPS_MS, GpuPlan, GpuSpec, Plan, PlanningError, SessionAlloc, SessionSpec, gpu_burst_excess_ms,
                          gpu_exec_breakdown, slo_budget_ms, validate_plan)
+from globalsched.algorithms.batching import prepare, residual_config
 from globalsched.algorithms.config import PlannerConfig
 from globalsched.algorithms.replan import ReplanConfig, ReplanReason, ReplanState, match_ids, replan
 from globalsched.placement import BackendAssignment, BackendSlot, PlacedSession, Placement
@@ -227,13 +228,13 @@ def add_replicas(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: Gpu
             placed = None
             for gid in candidates:
                 if gid not in out and len(out) < max_gpus:
-                    placed = GpuPlan(gid, primary_gpu.duty_cycle_ms, (primary,))
+                    placed = _alone(gid, spec, primary_gpu.duty_cycle_ms, primary, gpu, planner)
                 elif gid in out:
                     placed = _with(out[gid], spec, primary.planned_load_rps, gpu, planner, by_name)
                 if placed is not None:
                     break
             if placed is None and len(out) < max_gpus:
-                placed = GpuPlan(next_id, primary_gpu.duty_cycle_ms, (primary,))
+                placed = _alone(next_id, spec, primary_gpu.duty_cycle_ms, primary, gpu, planner)
                 next_id += 1
             if placed is None:
                 for g in sorted(out.values(), key=lambda g: _busy_ms(g, by_name) / g.duty_cycle_ms):
@@ -272,15 +273,34 @@ def _with(g: GpuPlan, spec: SessionSpec, rate: float, gpu: GpuSpec, planner: Pla
     throughput = batch * 1000.0 / g.duty_cycle_ms
     new = GpuPlan(g.id, g.duty_cycle_ms, (*g.sessions, SessionAlloc(spec.name, batch, throughput, min(rate, throughput))),
                   g.shared_prefixes)
-    excess = gpu_burst_excess_ms(new, specs, planner.margins_ms, planner.burst_sigma)
-    if busy + excess > g.duty_cycle_ms + EPS_MS:
+    return new if _keeps_headroom(new, specs, planner) else None
+
+
+def _keeps_headroom(g: GpuPlan, specs: Mapping[str, SessionSpec], planner: PlannerConfig) -> bool:
+    """Whether ``g``'s batches plus its pooled burst headroom fit its duty cycle and every SLO
+    (prefix sharing ignored: conservative)."""
+    excess = gpu_burst_excess_ms(g, specs, planner.margins_ms, planner.burst_sigma)
+    if _busy_ms(g, specs) + excess > g.duty_cycle_ms + EPS_MS:
+        return False
+    return all(g.duty_cycle_ms + specs[a.session].profile.latency_ms(a.batch) + excess <=
+               slo_budget_ms(specs[a.session].slo_ms, planner.margins_ms) + EPS_MS for a in g.sessions)
+
+
+def _alone(gid: int, spec: SessionSpec, duty_ms: float, primary: SessionAlloc, gpu: GpuSpec,
+           planner: PlannerConfig) -> GpuPlan | None:
+    """A GPU of its own for a replica of ``primary`` (on a GPU of ``duty_ms``): the same allocation
+    when it keeps the rules alone. With burst headroom it may not: the primary's GPU pooled its burst
+    with others' batches (common/headroom.py). The replica then runs the configuration the planner
+    gives that load alone (:func:`~globalsched.algorithms.batching.residual_config`); None when there
+    is none (the replica goes to a GPU with room, or the session keeps fewer replicas)."""
+    same = GpuPlan(gid, duty_ms, (primary,))
+    if planner.burst_sigma <= 0 or _keeps_headroom(same, {spec.name: spec}, planner):
+        return same
+    try:
+        batch, duty_ms = residual_config(prepare(spec, gpu, planner), primary.planned_load_rps)
+    except PlanningError:
         return None
-    for a in new.sessions:
-        s = specs.get(a.session)
-        if s is not None and g.duty_cycle_ms + s.profile.latency_ms(a.batch) + excess > \
-                slo_budget_ms(s.slo_ms, planner.margins_ms) + EPS_MS:
-            return None
-    return new
+    return GpuPlan(gid, duty_ms, (SessionAlloc(spec.name, batch, batch * 1000.0 / duty_ms, primary.planned_load_rps),))
 
 
 def _assign(gpus: Sequence[GpuPlan], slots: Sequence[BackendSlot], nodes_before: Mapping[int, str],

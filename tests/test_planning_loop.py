@@ -4,11 +4,14 @@ without a re-plan, and rates are judged by the re-planner's band and cooldown.""
 
 from __future__ import annotations
 
+from common.plan import GpuPlan, GpuSpec, Plan, SessionAlloc, SessionSpec, validate_plan
 from common.profile import Profile
+from globalsched.algorithms.config import PlannerConfig
 from globalsched.algorithms.replan import ReplanConfig, ReplanReason
 from globalsched.cluster import ClusterView, ModelView, SessionInput
 from globalsched.placement import BackendSlot
 from globalsched.planner import PlannerSettings, PlannerState, plan_cluster
+from globalsched.planning_loop import add_replicas
 
 PROFILE = Profile.linear(2.0, 10.0, 32, memory_base_mb=100, memory_per_item_mb=1, device_type="gpu")
 
@@ -144,3 +147,30 @@ def test_a_demand_surge_is_planned_for_within_the_cooldown():
     plan = loop.plan(stepped, slots, 1.5, surges={"m": 600.0})
     assert loop.changed and plan.why == ("demand surge: m at 600 rps, planned for 60",)
     assert sum(share for _, share in plan.backends_of("m")) >= 600.0
+
+
+def test_a_replica_on_a_gpu_of_its_own_keeps_the_burst_headroom_its_primary_pooled():
+    # The primary carries 0.455 arrivals per cycle at batch 1, which its 15 ms budget absorbs only
+    # because "spread"'s batch on the same GPU covers its burst; a copy alone on a new GPU would break
+    # the SLO (10 + 3.9 + a 1.9 ms burst > 15), so the replica is re-timed for that load alone.
+    planner = PlannerConfig(network_ms=5.0, burst_sigma=1.5)
+    tight = SessionSpec("tight", "mt", 20.0, 45.5, Profile.linear(1.861, 2.025, 32))
+    spread = SessionSpec("spread", "ms", 50.0, 17.1, Profile.linear(2.572, 2.061, 32))
+    shared = GpuPlan(0, 10.0, (SessionAlloc("tight", 1, 100.0, 45.5), SessionAlloc("spread", 1, 100.0, 17.1)))
+    gpu = GpuSpec("gpu", 16000.0)
+    gpus, added = add_replicas([shared], [tight, spread], gpu, {"tight": 2, "spread": 1}, 2, planner)
+    assert added == {(1, "tight")}
+    plan = Plan("replan", tuple(gpus), 0, 0.0)
+    assert validate_plan(plan, [tight, spread], gpu, planner.margins_ms, burst_sigma=1.5) == []
+    [replica] = gpus[1].sessions
+    assert replica.planned_load_rps == 45.5 and gpus[1].duty_cycle_ms < 10.0
+
+
+def test_a_replica_no_gpu_can_run_alone_is_not_added():
+    # 320 req/s at batch 4 within a 40 ms SLO: no lone cycle absorbs its burst (the primary given here
+    # does not either), and the only other GPU runs the session already: it keeps one replica.
+    planner = PlannerConfig(burst_sigma=1.5)
+    heavy = SessionSpec("heavy", "mh", 40.0, 320.0, Profile.linear(0.5, 10.0, 4))
+    primary = GpuPlan(0, 12.5, (SessionAlloc("heavy", 4, 320.0, 320.0),))
+    gpus, added = add_replicas([primary], [heavy], GpuSpec("gpu", 16000.0), {"heavy": 2}, 2, planner)
+    assert gpus == [primary] and added == set()

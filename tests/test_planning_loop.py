@@ -12,6 +12,7 @@ from globalsched.cluster import ClusterView, ModelView, SessionInput
 from globalsched.placement import BackendSlot
 from globalsched.planner import PlannerSettings, PlannerState, plan_cluster
 from globalsched.planning_loop import add_replicas
+from globalsched.prefix_groups import planning_groups
 
 PROFILE = Profile.linear(2.0, 10.0, 32, memory_base_mb=100, memory_per_item_mb=1, device_type="gpu")
 
@@ -174,3 +175,16 @@ def test_a_replica_no_gpu_can_run_alone_is_not_added():
     primary = GpuPlan(0, 12.5, (SessionAlloc("heavy", 4, 320.0, 320.0),))
     gpus, added = add_replicas([primary], [heavy], GpuSpec("gpu", 16000.0), {"heavy": 2}, 2, planner)
     assert gpus == [primary] and added == set()
+
+
+def test_a_replica_joining_a_shared_prefix_is_checked_with_the_groups_execution():
+    # GPU 0 batches the prefix of s0-s2: every member waits for the group's 9.5 ms, 50 + 9.5 <= 60.
+    # s3 alone would fit (50 + 5.9), but as a member the group takes 12.2 ms and breaks every SLO.
+    specs = [SessionSpec(f"s{i}", f"m{i}", 60.0, 20.0, Profile.linear(1.0 + i * 0.3, 4.0, 32), "g") for i in range(4)]
+    grouped, groups = planning_groups(specs, {})
+    shared = GpuPlan(0, 50.0, tuple(SessionAlloc(f"s{i}", 1, 20.0) for i in range(3)), ("g",))
+    alone = GpuPlan(1, 50.0, (SessionAlloc("s3", 1, 20.0),))
+    gpu = GpuSpec("gpu", 16000.0)
+    gpus, added = add_replicas([shared, alone], grouped, gpu, {"s3": 2}, 2, PlannerConfig(), groups=groups)
+    assert added == set() and gpus == [shared, alone]
+    assert validate_plan(Plan("replan", (shared, alone), 0, 0.0), grouped, gpu, 0.0, groups) == []

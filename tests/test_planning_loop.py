@@ -4,11 +4,15 @@ without a re-plan, and rates are judged by the re-planner's band and cooldown.""
 
 from __future__ import annotations
 
+from common.plan import GpuPlan, GpuSpec, Plan, SessionAlloc, SessionSpec, validate_plan
 from common.profile import Profile
+from globalsched.algorithms.config import PlannerConfig
 from globalsched.algorithms.replan import ReplanConfig, ReplanReason
 from globalsched.cluster import ClusterView, ModelView, SessionInput
 from globalsched.placement import BackendSlot
 from globalsched.planner import PlannerSettings, PlannerState, plan_cluster
+from globalsched.planning_loop import add_replicas
+from globalsched.prefix_groups import planning_groups
 
 PROFILE = Profile.linear(2.0, 10.0, 32, memory_base_mb=100, memory_per_item_mb=1, device_type="gpu")
 
@@ -144,3 +148,43 @@ def test_a_demand_surge_is_planned_for_within_the_cooldown():
     plan = loop.plan(stepped, slots, 1.5, surges={"m": 600.0})
     assert loop.changed and plan.why == ("demand surge: m at 600 rps, planned for 60",)
     assert sum(share for _, share in plan.backends_of("m")) >= 600.0
+
+
+def test_a_replica_on_a_gpu_of_its_own_keeps_the_burst_headroom_its_primary_pooled():
+    # The primary carries 0.455 arrivals per cycle at batch 1, which its 15 ms budget absorbs only
+    # because "spread"'s batch on the same GPU covers its burst; a copy alone on a new GPU would break
+    # the SLO (10 + 3.9 + a 1.9 ms burst > 15), so the replica is re-timed for that load alone.
+    planner = PlannerConfig(network_ms=5.0, burst_sigma=1.5)
+    tight = SessionSpec("tight", "mt", 20.0, 45.5, Profile.linear(1.861, 2.025, 32))
+    spread = SessionSpec("spread", "ms", 50.0, 17.1, Profile.linear(2.572, 2.061, 32))
+    shared = GpuPlan(0, 10.0, (SessionAlloc("tight", 1, 100.0, 45.5), SessionAlloc("spread", 1, 100.0, 17.1)))
+    gpu = GpuSpec("gpu", 16000.0)
+    gpus, added = add_replicas([shared], [tight, spread], gpu, {"tight": 2, "spread": 1}, 2, planner)
+    assert added == {(1, "tight")}
+    plan = Plan("replan", tuple(gpus), 0, 0.0)
+    assert validate_plan(plan, [tight, spread], gpu, planner.margins_ms, burst_sigma=1.5) == []
+    [replica] = gpus[1].sessions
+    assert replica.planned_load_rps == 45.5 and gpus[1].duty_cycle_ms < 10.0
+
+
+def test_a_replica_no_gpu_can_run_alone_is_not_added():
+    # 320 req/s at batch 4 within a 40 ms SLO: no lone cycle absorbs its burst (the primary given here
+    # does not either), and the only other GPU runs the session already: it keeps one replica.
+    planner = PlannerConfig(burst_sigma=1.5)
+    heavy = SessionSpec("heavy", "mh", 40.0, 320.0, Profile.linear(0.5, 10.0, 4))
+    primary = GpuPlan(0, 12.5, (SessionAlloc("heavy", 4, 320.0, 320.0),))
+    gpus, added = add_replicas([primary], [heavy], GpuSpec("gpu", 16000.0), {"heavy": 2}, 2, planner)
+    assert gpus == [primary] and added == set()
+
+
+def test_a_replica_joining_a_shared_prefix_is_checked_with_the_groups_execution():
+    # GPU 0 batches the prefix of s0-s2: every member waits for the group's 9.5 ms, 50 + 9.5 <= 60.
+    # s3 alone would fit (50 + 5.9), but as a member the group takes 12.2 ms and breaks every SLO.
+    specs = [SessionSpec(f"s{i}", f"m{i}", 60.0, 20.0, Profile.linear(1.0 + i * 0.3, 4.0, 32), "g") for i in range(4)]
+    grouped, groups = planning_groups(specs, {})
+    shared = GpuPlan(0, 50.0, tuple(SessionAlloc(f"s{i}", 1, 20.0) for i in range(3)), ("g",))
+    alone = GpuPlan(1, 50.0, (SessionAlloc("s3", 1, 20.0),))
+    gpu = GpuSpec("gpu", 16000.0)
+    gpus, added = add_replicas([shared, alone], grouped, gpu, {"s3": 2}, 2, PlannerConfig(), groups=groups)
+    assert added == set() and gpus == [shared, alone]
+    assert validate_plan(Plan("replan", (shared, alone), 0, 0.0), grouped, gpu, 0.0, groups) == []

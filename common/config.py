@@ -361,10 +361,14 @@ class BackendConfig:
     drain_grace_s: float = field(default=20.0, metadata={
         "help": "on SIGTERM: longest wait for the scheduler to move this backend's sessions and for its queues "
                 "to drain before it exits"})
+    emulated_latency_factor: float = field(default=1.0, metadata={
+        "help": "emulated devices: batches take this times the latency of the model's table (below 1: a device "
+                "faster than its table says; the scheduler's measured profile then corrects the table)"})
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> None:
         _check_address("scheduler", self.scheduler)
+        _check_positive("emulated_latency_factor", self.emulated_latency_factor)
         _check_address("listen", self.listen)
         _check_advertise(self.advertise)
         _check_positive("drain_grace_s", self.drain_grace_s)

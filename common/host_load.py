@@ -192,3 +192,34 @@ class HostLoadMeter:
         except (OSError, ValueError, IndexError):
             load_avg = None
         return HostLoad(elapsed, self.cores, max(steal, 0.0) / elapsed, other, load_avg, tuple(busiest[:5]))
+
+
+class ContentionMonitor:
+    """A thread that samples a :class:`HostLoadMeter` every ``interval_s``; :meth:`contended` is the
+    verdict of the last full window for ``threads`` threads (False until one was read)."""
+
+    def __init__(self, threads: int, interval_s: float = 0.5, meter: HostLoadMeter | None = None) -> None:
+        import threading
+
+        self.threads = threads
+        self.interval_s = interval_s
+        self.meter = meter or HostLoadMeter()
+        self.last: HostLoad | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="host-load", daemon=True)
+
+    def start(self) -> "ContentionMonitor":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.last = self.meter.sample()
+
+    def contended(self) -> bool:
+        last = self.last
+        return last is not None and last.contended(self.threads)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)

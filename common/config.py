@@ -299,6 +299,12 @@ class SchedulerConfig:
                 "far apart (a Kubernetes HPA on nexus_desired_devices must use the same)"})
     device_headroom: float = field(default=0.0, metadata={
         "help": "ask for this fraction more devices than the plan uses (spares that absorb a step at once)"})
+    measured_profiles: bool = field(default=True, metadata={
+        "help": "plan with the profiles backends measure while serving once enough samples count (off: "
+                "measurements are kept and shown, tables and predictions plan; a pinned table always plans)"})
+    profile_update_s: float = field(default=10.0, metadata={
+        "help": "how often each (model, device type) folds its new serving samples into its measured profile; "
+                "a latency raise beyond 10%% needs three agreeing updates"})
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> None:
@@ -313,7 +319,8 @@ class SchedulerConfig:
         _check_positive("min_replicas", self.min_replicas)
         if self.latency_split not in ("dp", "even", "proportional"):
             raise ConfigError(f"--latency-split: expected dp, even or proportional, got {self.latency_split!r}")
-        for name in ("epoch_s", "node_timeout_s", "max_upload_mb", "default_slo_ms", "default_rate_rps"):
+        for name in ("epoch_s", "node_timeout_s", "max_upload_mb", "default_slo_ms", "default_rate_rps",
+                     "profile_update_s"):
             _check_positive(name, getattr(self, name))
         for name in ("rate_headroom", "burst_sigma", "path_allowance_ms"):
             if getattr(self, name) < 0:

@@ -39,14 +39,17 @@ def model_desc(record: ModelRecord, profiles: dict[str, Profile], loaded: bool, 
 # ---- model tables (to backends) ------------------------------------------------------------------
 
 
-def session_entry(desc: control.ModelDesc, placed: PlacedSession, slo_ms: float, profile: Profile | None
-                  ) -> control.SessionEntry:
+def session_entry(desc: control.ModelDesc, placed: PlacedSession, slo_ms: float, profile: Profile | None,
+                  emulated: Profile | None = None) -> control.SessionEntry:
     """One session of a backend's table; ``placed.model`` is the session's name (a query stage's
-    differs from the model it runs)."""
-    return control.SessionEntry(model=desc, slo_ms=slo_ms, batch=placed.batch,
-                                profile_json=profile.to_json() if profile is not None else "",
+    differs from the model it runs). ``profile``: what the plan uses; ``emulated``: what an emulated
+    device executes, when it differs."""
+    emulated_json = emulated.to_json() if emulated is not None else ""
+    profile_json = profile.to_json() if profile is not None else ""
+    return control.SessionEntry(model=desc, slo_ms=slo_ms, batch=placed.batch, profile_json=profile_json,
                                 rate_rps=placed.throughput_rps,
-                                session=placed.model if placed.model != desc.name else "")
+                                session=placed.model if placed.model != desc.name else "",
+                                emulated_profile_json=emulated_json if emulated_json != profile_json else "")
 
 
 def model_table(epoch: int, assignment: BackendAssignment, entries: Iterable[control.SessionEntry]

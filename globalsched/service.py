@@ -1,7 +1,8 @@
 """The global scheduler's gRPC servicer: it wires the scheduler's parts together and delegates to them.
 
 - globalsched/membership.py: Register (address resolution, dial-back), Heartbeat, Attach, Leave,
-  and removing lost nodes;
+  and removing lost nodes; a backend's heartbeat also carries its latency samples, which go to the
+  measured profiles (globalsched/model_admin.py, globalsched/profile_book.py);
 - globalsched/workload.py: ReportWorkload: smoothed rates, rate windows, fan-out per query edge;
 - globalsched/model_admin.py: the model database behind Upload/Download/List/Load/Unload/AddProfile,
   query registration, profiling on demand, models that fail to load;
@@ -92,7 +93,11 @@ class SchedulerService(control_grpc.SchedulerServicer):
             await context.abort(r.code, r.message)
 
     async def Heartbeat(self, request, context):
-        return control.HeartbeatReply(known=self.membership.heartbeat(request.node_id))
+        known = self.membership.heartbeat(request.node_id)
+        node = self.nodes.get(request.node_id)
+        if known and request.batch_samples and node is not None and node.kind == control.NODE_KIND_BACKEND:
+            self.admin.serving_samples(node, request.batch_samples, time.monotonic())
+        return control.HeartbeatReply(known=known)
 
     async def Attach(self, request, context):
         events = self.membership.attach(request.node_id)

@@ -42,7 +42,7 @@ from globalsched.convert import model_desc
 from globalsched.load_failures import LoadFailures
 from globalsched.membership import Node
 from globalsched.modeldb import ModelDatabase, ServingSettings, UploadError
-from globalsched.profile_book import MEASURED, PREDICTED, Choice, ProfileBook
+from globalsched.profile_book import MEASURED, PREDICTED, Choice, ProfileBook, ProfileReport, report
 from globalsched.querydb import QueryStore
 from globalsched.refusal import Refused
 from globalsched.replan_trigger import ReplanTrigger
@@ -190,25 +190,25 @@ class ModelAdmin:
         present = {n.device_type for n in self.nodes.values() if n.kind == control.NODE_KIND_BACKEND}
         choices = self.profile_choices(name)
         for t in sorted(present | set(profiles)):
-            choice = choices.get(t)
-            predicted_from = choice.profile.meta.get("predicted_from", "") if choice is not None and \
-                choice.source == PREDICTED else ""
-            state, reason = self.device_type_state(name, t, t in profiles, predicted_from)
+            state, reason = self.device_type_state(name, t, t in profiles, choices.get(t))
             desc.device_types.add(device_type=t, state=state, reason=reason)
         return desc
 
     def device_type_state(self, model: str, device_type: str, profiled: bool,
-                          predicted_from: str = "") -> tuple[int, str]:
-        """(control.DeviceTypeState, reason) of ``model`` on ``device_type``; ``predicted_from``: the
-        type its prediction there scales ("" when it plans with none)."""
+                          choice: Choice | None = None) -> tuple[int, str]:
+        """(control.DeviceTypeState, reason) of ``model`` on ``device_type``; ``choice``: what it plans
+        with there (a table's measurement, or a prediction or its measurement where it has no table)."""
         failed = self.load_failures.reason_on(model, device_type)
         if failed:
             return control.CANNOT_LOAD, failed
         if profiled:
             return control.PROFILED, ""
+        if choice is not None and choice.source == MEASURED:
+            return control.PROFILED, "measured while serving (no table)"
         if (model, device_type) in self.profiling:
             return control.PROFILING, ""
-        if predicted_from:
+        if choice is not None and choice.source == PREDICTED:
+            predicted_from = choice.profile.meta.get("predicted_from", "?")
             why = self.unmeasurable.get((model, device_type), "")
             return control.PREDICTED, f"predicted from {predicted_from}" + (f"; {why}" if why else "")
         if (model, device_type) in self.unmeasurable:
@@ -277,6 +277,15 @@ class ModelAdmin:
         its co-location slowdown unless measured."""
         return {t: self._served_form(model, c.profile, c.source == MEASURED)
                 for t, c in self.profile_choices(model).items()}
+
+    def profile_reports(self) -> list[ProfileReport]:
+        """Every stored model's profiles per device type it has one for (status and metrics)."""
+        tables = self.tables()
+        out = []
+        for model, choices in sorted(self._choices().items()):
+            for t, choice in sorted(choices.items()):
+                out.append(report(self.book, model, t, tables.get(model, {}).get(t), choice))
+        return out
 
     def emulated_profile(self, model: str, device_type: str) -> Profile | None:
         """What an emulated device of ``device_type`` executes for ``model``: its table, else its

@@ -264,3 +264,45 @@ class ProfileBook:
             self.entries[(model, device_type)] = Entry(state, basis)
         self.generation += 1
 
+
+
+@dataclass(frozen=True)
+class ProfileReport:
+    """One key's profiles for ``nexus status`` and the metrics: the table, the measured profile (once
+    applied), the prediction, which one plans, the samples held and the prediction's error."""
+
+    model: str
+    device_type: str
+    in_use: str
+    pinned: bool
+    table: Profile | None
+    measured: Profile | None
+    predicted: Profile | None
+    samples_by_batch: tuple[tuple[int, int], ...] = ()
+    contended_samples: int = 0
+    lost_samples: int = 0
+    drift: float = 0.0
+    held_back: str = ""
+    replaced: ReplacedPrediction | None = None
+
+    @property
+    def samples(self) -> int:
+        return sum(n for _, n in self.samples_by_batch)
+
+
+def report(pb: ProfileBook, model: str, device_type: str, table: Profile | None, choice: Choice) -> ProfileReport:
+    """What ``pb`` knows of one key whose table is ``table`` and that plans with ``choice``."""
+    entry = pb.entries.get((model, device_type))
+    basis = fingerprint(table) if table is not None else PREDICTED_BASIS
+    current = entry is not None and entry.basis == basis
+    state = entry.state if current else None
+    return ProfileReport(
+        model, device_type, choice.source, choice.pinned, table,
+        state.applied if state is not None else None,
+        pb.predictions.get((model, device_type)) if table is None else None,
+        tuple((b, len(v)) for b, v in state.windows) if state is not None else (),
+        state.contended_samples() if state is not None else 0,
+        entry.lost if entry is not None else 0,
+        entry.last.drift if current and entry.last is not None else 0.0,
+        entry.last.held_back if current and entry.last is not None else "",
+        pb.replaced.get((model, device_type)))

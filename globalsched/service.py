@@ -38,6 +38,7 @@ from globalsched.membership import Membership
 from globalsched.model_admin import ModelAdmin
 from globalsched.modeldb import ModelDatabase
 from globalsched.planner import PlannerSettings
+from globalsched.profile_metrics import ProfileCollector
 from globalsched.refusal import Refused
 from globalsched.replan_trigger import ReplanTrigger
 from globalsched.scaling_policy import ScalingConfig
@@ -223,6 +224,7 @@ async def _start_metrics(config: SchedulerConfig, service: SchedulerService, ser
 
     registry = CollectorRegistry()
     registry.register(ScalerCollector(service.scaler))
+    registry.register(ProfileCollector(service.admin))
     try:
         metrics = await serve_metrics("scheduler", config.metrics_listen, config.resolved_metrics_listen, registry)
     except SystemExit:

@@ -35,6 +35,13 @@ def book(**kw) -> ProfileBook:
     return ProfileBook(update_interval_s=10.0, **kw)
 
 
+def fed(scale: float, n: int = 30, **kw) -> tuple[ProfileBook, str]:
+    """A book that got one update of ``n`` rounds of samples at ``scale`` times the table; and its re-plan reason."""
+    pb = book(**kw)
+    pb.record("m", "t4", samples(scale, n=n), emulated=True, now_s=0.0)
+    return pb, pb.update(KEY, TABLE_T4, None, 10.0)
+
+
 def test_a_faster_device_is_measured_then_planned_with_and_the_replan_says_why():
     pb = book()
     pb.record("m", "t4", samples(0.5), emulated=True, now_s=0.0)
@@ -53,16 +60,13 @@ def test_a_faster_device_is_measured_then_planned_with_and_the_replan_says_why()
 
 
 def test_too_few_samples_keep_the_table():
-    pb = book()
-    pb.record("m", "t4", samples(0.5, n=5), emulated=True, now_s=0.0)
-    assert pb.update(KEY, TABLE_T4, None, 10.0) == ""
+    pb, why = fed(0.5, n=5)
+    assert why == ""
     assert pb.choose("m", "t4", TABLE_T4, None).source == TABLE
 
 
 def test_contended_samples_never_lower_planned_capacity():
-    pb = book()
-    pb.record("m", "t4", samples(1.0), emulated=True, now_s=0.0)
-    pb.update(KEY, TABLE_T4, None, 10.0)
+    pb, _ = fed(1.0)
     planned = pb.choose("m", "t4", TABLE_T4, None).profile
     for i in range(5):       # an overloaded minute: every batch 3x slower, every one flagged
         pb.record("m", "t4", samples(3.0, contended=True, seed=i), emulated=True, now_s=10.0 * (i + 1))
@@ -72,9 +76,7 @@ def test_contended_samples_never_lower_planned_capacity():
 
 
 def test_an_unflagged_slowdown_moves_the_plan_10_percent_per_update_until_three_agree():
-    pb = book()
-    pb.record("m", "t4", samples(1.0), emulated=True, now_s=0.0)
-    pb.update(KEY, TABLE_T4, None, 10.0)
+    pb, _ = fed(1.0)
     base = pb.choose("m", "t4", TABLE_T4, None).profile.latency_ms(4)
     seen = []
     for i in range(3):
@@ -96,16 +98,13 @@ def test_a_pinned_table_always_plans_and_never_replans():
 
 
 def test_measured_profiles_off_keeps_the_tables():
-    pb = book(enabled=False)
-    pb.record("m", "t4", samples(0.5), emulated=True, now_s=0.0)
-    assert pb.update(KEY, TABLE_T4, None, 10.0) == ""
+    pb, why = fed(0.5, enabled=False)
+    assert why == ""
     assert pb.choose("m", "t4", TABLE_T4, None).source == TABLE
 
 
 def test_a_new_table_resets_the_measurement():
-    pb = book()
-    pb.record("m", "t4", samples(0.5), emulated=True, now_s=0.0)
-    pb.update(KEY, TABLE_T4, None, 10.0)
+    pb, _ = fed(0.5)
     new = TABLE_T4.scaled(0.8)
     choice = pb.choose("m", "t4", new, None)
     assert choice.source == TABLE and choice.profile is new   # the upload plans at once

@@ -1,0 +1,204 @@
+"""Profiles in service, end to end on real processes (a scheduler, a frontend and emulated backends):
+
+- a table 2x pessimistic: the emulated devices run at half its latencies (``--emulated-latency-factor
+  0.5``); serving measures them, the scheduler re-plans on the measured profile with the reason in its
+  log, and the plan serves the load on fewer devices; an overloaded period that follows is flagged
+  contended and lowers no planned capacity;
+- a model with a table on t4 only is planned on a v100 with a profile predicted from the models
+  measured on both; serving then measures it, the measurement replaces the prediction, and the
+  prediction's error is reported (log, GetStatus, metrics).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import urllib.request
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from common.pb import control, control_grpc
+from common.profile import Profile
+from common.sample_models import mlp_small, model_bytes
+from nexus.launcher import Child
+from tests.components import OpenLoop, wait_for, wait_ready
+
+pytestmark = pytest.mark.slow
+
+SLO_MS = 400.0
+TABLE = Profile.linear(8.0, 20.0, 16, memory_base_mb=100, memory_per_item_mb=1, device_type="t4")  # l(16) = 148 ms
+
+
+def start(name: str, *argv: str, log_to=None, level: str = "WARNING") -> Child:
+    child = Child(name, [name, *argv], dict(os.environ, NEXUS_LOG=level), stderr=log_to, start_new_session=True)
+    child.wait_ready(120)
+    return child
+
+
+@contextlib.contextmanager
+def processes(tmp_path):
+    """(children, scheduler log file): every child started into the list is stopped at the end."""
+    children: list[Child] = []
+    with (tmp_path / "scheduler.log").open("w") as log:
+        try:
+            yield children, log
+        finally:
+            for c in reversed(children):
+                c.stop(timeout_s=20)
+
+
+def start_scheduler(tmp_path, log, children: list) -> Child:
+    """A scheduler logging at INFO to ``log``, folding samples every second, appended to ``children``."""
+    sched = start("scheduler", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "db"), "--profile-update-s",
+                  "1", log_to=log, level="INFO")
+    children.append(sched)
+    return sched
+
+
+def start_frontend(sched: Child, children: list) -> Child:
+    children.append(start("frontend", "--scheduler", sched.address, "--listen", "127.0.0.1:0",
+                          "--report-interval-s", "0.5"))
+    return children[-1]
+
+
+def scheduler_stub(address: str):
+    channel = grpc.insecure_channel(address)
+    return channel, control_grpc.SchedulerStub(channel)
+
+
+def upload(stub, name: str, profile: Profile, *, load: bool = True, rate_rps: float = 0.0, sample: bool = True) -> None:
+    model = mlp_small()
+    if not sample:
+        model.producer_name = "not-a-sample"      # an emulated GPU has no datasheet for it: it cannot measure it
+    header = control.UploadHeader(name=name, profile_json=profile.to_json(), slo_ms=SLO_MS, load=load,
+                                  expected_rate_rps=rate_rps)
+    stub.UploadModel(iter([control.UploadChunk(header=header), control.UploadChunk(data=model_bytes(model))]),
+                     timeout=60)
+
+
+def status(stub) -> control.StatusReply:
+    return stub.GetStatus(control.StatusRequest(), timeout=10)
+
+
+def profile_of(reply: control.StatusReply, model: str, device_type: str) -> control.ModelProfileStatus | None:
+    return next((p for p in reply.profiles if p.model == model and p.device_type == device_type), None)
+
+
+def placement(reply: control.StatusReply, model: str) -> list[float]:
+    """The planned throughput of ``model`` on each device that runs it."""
+    return [s.planned_rate_rps for d in reply.devices for s in d.sessions if s.session == model]
+
+
+def l_at(curve: control.ProfileCurve, batch: int) -> float:
+    return dict(zip(curve.batch, curve.latency_ms))[batch]
+
+
+def scrape(url: str) -> list:
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def test_a_pessimistic_table_is_measured_and_replaced_and_overload_does_not_ratchet(tmp_path):
+    with processes(tmp_path) as (children, log):
+        sched = start_scheduler(tmp_path, log, children)
+        start_frontend(sched, children)
+        for _ in range(2):
+            children.append(start("backend", "--scheduler", sched.address, "--device", "emulated:t4",
+                                  "--emulated-latency-factor", "0.5"))
+        channel, stub = scheduler_stub(sched.address)
+        upload(stub, "emu", TABLE, rate_rps=120.0)
+        # The table's plan: 120 rps needs two devices at 16 / 148 ms = 108 rps each.
+        before = wait_for(lambda: len(placement(r := status(stub), "emu")) == 2 and r, 60, "the table's plan")
+        assert profile_of(before, "emu", "t4").in_use == "table"
+        assert max(placement(before, "emu")) < 110
+        wait_ready(children[1].address, "emu")
+
+        load = OpenLoop(children[1].address, "emu", 120.0).start()
+        try:
+            after = wait_for(lambda: (p := profile_of(r := status(stub), "emu", "t4")).in_use == "measured"
+                             and len(placement(r, "emu")) == 1 and r, 90, "a plan on the measured profile")
+        finally:
+            result = load.stop()
+        measured = profile_of(after, "emu", "t4")
+        # the devices run at half the table's latency, and the plan now gives one device the whole load
+        assert l_at(measured.measured, 16) == pytest.approx(0.5 * TABLE.latency_ms(16), rel=0.15)
+        assert l_at(measured.table, 16) == pytest.approx(TABLE.latency_ms(16))
+        print(f"planned throughput per device: table {placement(before, 'emu')}, measured {placement(after, 'emu')}")
+        assert placement(after, "emu")[0] >= 100.0          # the measured rate, on one device
+        assert measured.samples >= 40 and measured.drift >= 0.15
+        assert result.codes.get("OK", 0) >= 0.95 * result.sent, result.codes
+
+        # An overloaded period: far beyond both devices' capacity. Its batches are flagged contended
+        # and the profile the plan uses does not move (no ratchet).
+        in_use_l16 = l_at(measured.measured, 16)
+        overload = OpenLoop(children[1].address, "emu", 500.0, client_timeout_s=2.0).start()
+        try:
+            time.sleep(4.0)
+        finally:
+            overload.stop(drain_s=5.0)
+        later = wait_for(lambda: (p := profile_of(status(stub), "emu", "t4")).contended_samples > 0 and p, 30,
+                         "contended samples reported")
+        assert later.in_use == "measured"
+        assert l_at(later.measured, 16) <= in_use_l16 * 1.02
+
+        metrics = scrape(sched.info["metrics"])
+        in_use = {s.labels["source"] for s in metrics
+                  if s.name == "nexus_profile_in_use" and s.labels["model"] == "emu"}
+        assert in_use == {"measured"}
+        channel.close()
+    text = (tmp_path / "scheduler.log").read_text()
+    assert "profile of emu on t4 drifted" in text and "% from its table: re-plan" in text, text[-3000:]
+
+
+def test_a_predicted_profile_plans_until_serving_measures_it_and_its_error_is_reported(tmp_path):
+    with processes(tmp_path) as (children, log):
+        sched = start_scheduler(tmp_path, log, children)
+        channel, stub = scheduler_stub(sched.address)
+        # Two models measured on both types (a v100 takes half a t4's time), stored only;
+        # a third with a t4 table only, served.
+        for name, t4 in (("a", Profile.linear(4.0, 20.0, 16, device_type="t4")),
+                         ("b", Profile.linear(2.0, 10.0, 16, device_type="t4"))):
+            upload(stub, name, t4, load=False)
+            stub.AddProfile(control.ProfileUpload(model=name, profile_json=Profile.from_rows(
+                t4.scaled(0.5).rows, "v100").to_json()), timeout=10)
+        upload(stub, "c", TABLE, sample=False)
+        start_frontend(sched, children)
+        children.append(start("backend", "--scheduler", sched.address, "--device", "emulated:v100",
+                              "--emulated-latency-factor", "0.8"))
+        planned = wait_for(lambda: placement(r := status(stub), "c") and r, 60, "c planned on the v100")
+        predicted = profile_of(planned, "c", "v100")
+        assert predicted.in_use == "predicted" and predicted.predicted_from == "t4"
+        assert not predicted.HasField("table")
+        assert l_at(predicted.predicted, 16) == pytest.approx(0.5 * TABLE.latency_ms(16))
+        [desc] = [m for m in stub.ListModels(control.ListModelsRequest(), timeout=10).models if m.name == "c"]
+        state = {d.device_type: d for d in desc.device_types}["v100"]
+        assert state.state in (control.PREDICTED, control.PROFILING)
+        # the v100 cannot measure a model it has no datasheet for: the prediction keeps planning it
+        state = wait_for(lambda: next(d for m in stub.ListModels(control.ListModelsRequest(), timeout=10).models
+                                      if m.name == "c" for d in m.device_types if d.device_type == "v100"
+                                      and d.state == control.PREDICTED), 30, "the profiling run refused")
+        assert state.reason.startswith("predicted from t4; an emulated device (emulated:v100)")
+
+        wait_ready(children[1].address, "c")
+        load = OpenLoop(children[1].address, "c", 60.0).start()
+        try:
+            after = wait_for(lambda: (p := profile_of(status(stub), "c", "v100")).in_use == "measured" and p,
+                             90, "the measurement replacing the prediction")
+        finally:
+            load.stop()
+        # the device runs at 0.8x the prediction: the prediction was 25% pessimistic
+        assert after.prediction_replaced_by == "serving measurements"
+        assert after.prediction_error_mean == pytest.approx(0.25, abs=0.06) and after.prediction_bias > 0
+        assert l_at(after.measured, 16) == pytest.approx(0.8 * l_at(after.predicted, 16), rel=0.15)
+        [desc] = [m for m in stub.ListModels(control.ListModelsRequest(), timeout=10).models if m.name == "c"]
+        state = {d.device_type: d for d in desc.device_types}["v100"]
+        assert (state.state, state.reason) == (control.PROFILED, "measured while serving (no table)")
+        errors = {s.labels["stat"]: s.value for s in scrape(sched.info["metrics"])
+                  if s.name == "nexus_profile_prediction_error_ratio" and s.labels["model"] == "c"}
+        assert errors["mean"] == pytest.approx(after.prediction_error_mean)
+        channel.close()
+    text = (tmp_path / "scheduler.log").read_text()
+    assert "prediction of c on v100 (from t4) replaced by serving measurements: off by" in text, text[-3000:]

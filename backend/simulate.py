@@ -2,9 +2,10 @@
 
 The device is work-conserving: whenever it is idle and requests are queued, it asks the one
 batching decision (:func:`common.batching.schedule`, as the engine does) what to do at the current
-simulated time, drops what it drops and runs the batch for ``latency_ms(rows)``. Requests arrive at the given times, each with deadline arrival + SLO,
-and queue in deadline order. A request is *on time* when its batch finishes by its deadline, *late*
-when it finishes after, *dropped* when the policy drops it (or it is still queued when a policy
+simulated time, drops what it drops and runs the batch for ``latency_ms(rows)``. Requests arrive at
+the given times (for example :func:`common.arrivals.arrival_times`), each with deadline arrival +
+SLO, and queue in deadline order. A request is *on time* when its batch finishes by its deadline,
+*late* when it finishes after, *dropped* when the policy drops it (or it is still queued when a policy
 that waits has no further arrival to wait for).
 
 Goodput is on-time requests per second over the arrival window (first to last arrival), the
@@ -14,7 +15,6 @@ quantity Nexus reports; ``capacity_rps`` gives the device's best throughput at a
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -55,18 +55,6 @@ def saturated_batch(latency_ms: LatencyFn, slo_ms: float, max_batch: int) -> int
     return best
 
 
-def poisson_arrivals(rate_rps: float, duration_s: float, seed: int = 0) -> tuple[float, ...]:
-    """Arrival times in [0, duration_s) of a Poisson process of ``rate_rps`` (deterministic per seed)."""
-    if not (rate_rps > 0 and duration_s > 0):
-        raise ValueError(f"rate_rps and duration_s must be positive, got {rate_rps}, {duration_s}")
-    rng = random.Random(seed)
-    times, t = [], rng.expovariate(rate_rps)
-    while t < duration_s:
-        times.append(t)
-        t += rng.expovariate(rate_rps)
-    return tuple(times)
-
-
 def _percentile(sorted_values: Sequence[float], q: float) -> float:
     if not sorted_values:
         return math.nan
@@ -79,6 +67,7 @@ def simulate(policy: BatchPolicy, arrivals_s: Sequence[float], slo_ms: float, la
     """Serve requests arriving at ``arrivals_s`` (non-decreasing) with SLO ``slo_ms`` on one device."""
     if not slo_ms > 0:
         raise ValueError(f"slo_ms must be positive, got {slo_ms}")
+    arrivals_s = [float(t) for t in arrivals_s]
     if any(b < a for a, b in zip(arrivals_s, arrivals_s[1:])):
         raise ValueError("arrivals_s must be non-decreasing")
     slo_s = slo_ms / 1000.0

@@ -7,7 +7,7 @@ are served by each policy with :func:`backend.simulate.simulate`; the table repo
 batch and the p99 latency of served requests, averaged over seeds. Target: early drop keeps
 >= 0.9 of capacity at 2x overload.
 
-Run from the repository root:  python benchmarks/early_drop.py  [--seconds 60 --seeds 3 --out benchmarks/early_drop.md]
+Run from the repository root:  python -m benchmarks.early_drop  [--seconds 60 --seeds 3 --out benchmarks/early_drop.md]
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.batching import EarliestFirst, SlidingWindowEarlyDrop
-from backend.simulate import capacity_rps, poisson_arrivals, saturated_batch, simulate
+from backend.simulate import capacity_rps, saturated_batch, simulate
+from common.arrivals import arrival_times
 
 POLICIES = {
     "early_drop": SlidingWindowEarlyDrop,
@@ -54,7 +55,7 @@ def run_case(case: Case, seconds: float, seeds: int) -> list[dict]:
     rows = []
     for load in LOADS:
         for name, factory in POLICIES.items():
-            results = [simulate(factory(), poisson_arrivals(load * capacity, seconds, seed), case.slo_ms,
+            results = [simulate(factory(), arrival_times(load * capacity, seconds, seed), case.slo_ms,
                                 case.latency_ms, batch) for seed in range(seeds)]
             rows.append({
                 "case": case.name, "batch": batch, "capacity_rps": capacity, "load": load, "policy": name,
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.seeds < 1:
         parser.error("--seconds must be positive and --seeds at least 1")
-    command = "python benchmarks/early_drop.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = "python -m benchmarks.early_drop " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     start = time.perf_counter()
     rows = [row for case in CASES for row in run_case(case, args.seconds, args.seeds)]
     report = markdown(rows, command.strip(), args.seconds, args.seeds, time.perf_counter() - start)

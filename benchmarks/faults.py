@@ -1,7 +1,8 @@
 """Faults and overload on real processes with emulated GPUs (issue 11); figures in faults.md.
 
 Scenarios, each on a fresh cluster of separately started processes (scheduler, one frontend,
-emulated backends; tests/components.py):
+emulated backends; ``nexus.bench.cluster.Cluster``), with a steady open-loop load
+(``nexus.bench.BackgroundLoad``, evenly spaced arrivals, a 10 s client deadline):
 
 * ``kill``: a model at a steady open-loop rate (default 300 rps), then ``kill -9`` of the backend
   serving it, once with the scheduler's default of one replica and once with ``--min-replicas 2``
@@ -17,27 +18,24 @@ emulated backends; tests/components.py):
   latency), offered 1x, 2x and 5x that rate. Reported: goodput (OK within the SLO per second) over
   capacity, statuses, and the frontend's and backend's peak resident memory during each phase.
 
-Usage: python benchmarks/faults.py [--rate 300] [--out benchmarks/out/faults.json]
+Usage: python -m benchmarks.faults [--rate 300] [--out benchmarks/out/faults.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
-import signal
 import sys
 import tempfile
-import threading
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-
-from common.profile import Profile  # noqa: E402
-from common.sample_models import mlp_small, model_bytes  # noqa: E402
-from nexus.models_cmd import upload_model  # noqa: E402
-from tests.components import Cluster, OpenLoop, start_cluster, wait_ready  # noqa: E402
+from common.profile import Profile
+from common.sample_models import mlp_small, model_bytes
+from nexus.bench import BackgroundLoad
+from nexus.bench.cluster import Cluster, Upload
+from nexus.bench.meters import RssSampler
+from nexus.bench.report import write_json
 
 DEVICE_TYPE = "gtx1080ti"
 FAST = Profile.linear(1.0, 5.0, 32, device_type=DEVICE_TYPE)          # l(b) = 5 + b ms
@@ -57,46 +55,21 @@ WINDOW_S = 2.0       # failures of the kill: those sent in this window from the 
 BIN_S = 0.25
 
 
+def start_cluster(workdir: pathlib.Path, backends: int) -> Cluster:
+    return Cluster(workdir, backends=backends, device=f"emulated:{DEVICE_TYPE}",
+                   frontend={"report_interval_s": 0.5}).start()
+
+
 def _upload(cluster: Cluster, tmp: pathlib.Path, name: str, profile: Profile, slo_ms: float,
             min_replicas: int = 0) -> None:
     model, prof = tmp / f"{name}.onnx", tmp / f"{name}.json"
     model.write_bytes(model_bytes(mlp_small()))
     prof.write_text(profile.to_json())
-    upload_model(cluster.scheduler.address, model, name, profile_path=str(prof), slo_ms=slo_ms,
-                 min_replicas=min_replicas)
-    wait_ready(cluster.frontend.address, name)
+    cluster.upload(Upload(model, name, str(prof), slo_ms, min_replicas))
 
 
-def _rss_mb(pid: int) -> float:
-    try:
-        for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-class RssSampler:
-    def __init__(self, pids: dict[str, int], every_s: float = 0.1) -> None:
-        self.pids, self.every_s = pids, every_s
-        self.peak = {name: 0.0 for name in pids}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for name, pid in self.pids.items():
-                self.peak[name] = max(self.peak[name], _rss_mb(pid))
-            time.sleep(self.every_s)
-
-    def __enter__(self) -> "RssSampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+def steady_load(cluster: Cluster, model: str, rate: float, slo_ms: float) -> BackgroundLoad:
+    return BackgroundLoad(cluster.frontend.address, model, rate, slo_ms=slo_ms, cv=0.0).start()
 
 
 def _serving_except(cluster: Cluster, model: str, stopped) -> int:
@@ -117,7 +90,7 @@ def _serving_except(cluster: Cluster, model: str, stopped) -> int:
 def kill_scenario(tmp: pathlib.Path, rate: float, replicas: int, steady_s: float, after_s: float,
                   fault: str = "kill") -> dict:
     """``fault``: ``kill`` (SIGKILL) or ``hang`` (SIGSTOP, continued after the measurement)."""
-    cluster = start_cluster(tmp / f"{fault}{replicas}", 3, f"emulated:{DEVICE_TYPE}")
+    cluster = start_cluster(tmp / f"{fault}{replicas}", 3)
     stopped = None
     try:
         _upload(cluster, tmp, "victim", FAST, FAST_SLO_MS, replicas)
@@ -125,24 +98,25 @@ def kill_scenario(tmp: pathlib.Path, rate: float, replicas: int, steady_s: float
         while len(cluster.serving("victim")) < replicas and time.monotonic() < deadline:
             time.sleep(0.2)
         serving = cluster.serving("victim")
-        load = OpenLoop(cluster.frontend.address, "victim", rate).start()
+        load = steady_load(cluster, "victim", rate, FAST_SLO_MS)
         time.sleep(steady_s)
         in_flight = load.in_flight()
         kill_t = time.monotonic()
         if fault == "hang":
             stopped = serving[0]
-            stopped.proc.send_signal(signal.SIGSTOP)
+            stopped.pause()
         else:
             serving[0].kill()
         time.sleep(after_s)
-        result = load.stop()
+        result = load.stop().samples
         replicas_after = _serving_except(cluster, "victim", stopped)
     finally:
         if stopped is not None:
-            stopped.proc.send_signal(signal.SIGCONT)
+            stopped.resume()
         cluster.stop()
     slo_s = FAST_SLO_MS / 1000
-    rows = list(zip(result.statuses, result.send_times, result.done_times))
+    codes = result.status_counts()
+    rows = list(zip(result.statuses(), result.sent_at.tolist(), result.done_at.tolist()))
 
     def window(lo: float, hi: float) -> tuple[int, int, int]:
         """(requests, failed, late) among those sent in [kill + lo, kill + hi)."""
@@ -164,10 +138,10 @@ def kill_scenario(tmp: pathlib.Path, rate: float, replicas: int, steady_s: float
     recovery = next((t for k, (t, _) in enumerate(after_bins)
                      if all(g >= need for _, g in after_bins[k:k + int(1.0 / BIN_S)])), None)
     return {
-        "fault": fault, "min_replicas": replicas, "rate_rps": rate, "load_average": round(os.getloadavg()[0], 1), "sent": result.sent, "codes": result.codes,
-        "no_response": result.codes.get("NO_RESPONSE", 0),
+        "fault": fault, "min_replicas": replicas, "rate_rps": rate, "load_average": round(os.getloadavg()[0], 1),
+        "sent": len(rows), "codes": codes, "no_response": codes.get("NO_RESPONSE", 0),
         "in_flight_at_kill": in_flight, "good_fraction_before_kill": round(good_before, 3),
-        "failed": result.failed, "backends_serving_before": len(serving),
+        "failed": len(rows) - codes.get("OK", 0), "backends_serving_before": len(serving),
         "backends_serving_after": replicas_after,
         "window_s": WINDOW_S, "failed_in_window_after": failed_after, "late_in_window_after": late_after,
         "failed_in_window_before": failed_before, "late_in_window_before": late_before,
@@ -176,29 +150,31 @@ def kill_scenario(tmp: pathlib.Path, rate: float, replicas: int, steady_s: float
 
 
 def overload_scenario(tmp: pathlib.Path, factors: list[float], phase_s: float, capacity_rps: float) -> list[dict]:
-    cluster = start_cluster(tmp / f"overload{capacity_rps:g}", 1, f"emulated:{DEVICE_TYPE}")
+    cluster = start_cluster(tmp / f"overload{capacity_rps:g}", 1)
     out = []
     profile, slo_ms = heavy(capacity_rps)
     try:
         _upload(cluster, tmp, "heavy", profile, slo_ms)
-        pids = {"frontend": cluster.frontend.proc.pid, "backend": cluster.backends[0].proc.pid}
+        pids = {"frontend": cluster.frontend.pid, "backend": cluster.backends[0].pid}
         slo_s = slo_ms / 1000
         for factor in factors:
             rate = factor * capacity_rps
             with RssSampler(pids) as rss:
-                load = OpenLoop(cluster.frontend.address, "heavy", rate).start()
+                load = steady_load(cluster, "heavy", rate, slo_ms)
                 time.sleep(phase_s)
-                result = load.stop()
-            warm = result.send_times[0] + 1.0          # the first second fills the queues
-            end = result.send_times[-1]
-            good = sum(1 for s, t, d in zip(result.statuses, result.send_times, result.done_times)
+                result = load.stop().samples
+            sent, done = result.sent_at.tolist(), result.done_at.tolist()
+            codes = result.status_counts()
+            warm = sent[0] + 1.0          # the first second fills the queues
+            end = sent[-1]
+            good = sum(1 for s, t, d in zip(result.statuses(), sent, done)
                        if s == "OK" and d - t <= slo_s and warm <= t <= end)
             goodput = good / (end - warm)
-            out.append({"factor": factor, "offered_rps": rate, "sent": result.sent, "codes": result.codes,
+            out.append({"factor": factor, "offered_rps": rate, "sent": len(sent), "codes": codes,
                         "load_average": round(os.getloadavg()[0], 1),
                         "goodput_rps": round(goodput, 1), "goodput_over_capacity": round(goodput / capacity_rps, 3),
                         "capacity_rps": capacity_rps, "slo_ms": slo_ms,
-                        "no_response": result.codes.get("NO_RESPONSE", 0),
+                        "no_response": codes.get("NO_RESPONSE", 0),
                         "peak_rss_mb": {k: round(v, 1) for k, v in rss.peak.items()}})
             time.sleep(1.0)      # let the queues drain before the next phase
     finally:
@@ -238,10 +214,7 @@ def main() -> int:
             for o in report["overload"]:
                 print(f"capacity {o['capacity_rps']:g} rps, overload {o['factor']:g}x ({o['offered_rps']:.0f} rps): goodput {o['goodput_rps']} rps = "
                       f"{o['goodput_over_capacity']} of capacity; peak RSS {o['peak_rss_mb']}; {o['codes']}", flush=True)
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {out}")
+    print(f"wrote {write_json(args.out, report, indent=2)}")
     return 0
 
 

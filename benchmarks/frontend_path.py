@@ -1,12 +1,13 @@
 """Frontend-to-backend path (issue 2): one long-lived Execute stream per backend vs one ExecuteOne RPC per request.
 
-    python benchmarks/frontend_path.py [--repeats 3] [--step-s 5] [--model mlp_small]
+    python -m benchmarks.frontend_path [--repeats 3] [--step-s 5] [--model mlp_small]
 
-The same local cluster as benchmarks/serving.py (scheduler, one CPU backend, one frontend as
-separate processes; only ``--model`` uploaded), started once per path and repeat with the frontend
-flag ``--exec-path stream|unary``, in alternating order (stream, unary, unary, stream, ...) so
-that drift in the machine's background load hits both paths alike. On a cheap model (mlp_small,
-~10 us of compute) the RPC path is what limits. Per path it measures:
+The same local cluster as benchmarks/serving.py (``nexus.bench.experiments.SampleCluster``:
+scheduler, one CPU backend, one frontend as separate processes; only ``--model`` uploaded), started
+once per path and repeat with the frontend flag ``--exec-path stream|unary``, in alternating order
+(stream, unary, unary, stream, ...) so that drift in the machine's background load hits both paths
+alike. On a cheap model (mlp_small, ~10 us of compute) the RPC path is what limits. Per path it
+measures:
 
 - p50 / p99 latency at a low rate (``--low-rate``, batch 1);
 - CPU milliseconds per request of the frontend, the backend and the load client at a fixed
@@ -24,17 +25,16 @@ It prints a table per repeat and the medians, and writes benchmarks/out/frontend
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import pathlib
 import statistics
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from nexus.bench.experiments import SampleCluster, add_path_arguments, exit_on_sigterm, low_and_cpu_runs, max_rate
+from nexus.bench.meters import CpuMeter, uptime, wait_quiet
+from nexus.bench.report import step_summary, write_json
 
-from serving import (OUT, Cluster, CpuMeter, add_path_arguments, exit_on_sigterm, low_and_cpu_runs,  # noqa: E402
-                     max_rate, report_dict, uptime, wait_quiet)
+OUT = pathlib.Path(__file__).resolve().parent / "out"
 
 
 def measure_path(path: str, args, tag: str) -> dict:
@@ -44,15 +44,14 @@ def measure_path(path: str, args, tag: str) -> dict:
     slo = args.slo_ms or SAMPLE_MODELS[args.model].slo_ms
     res: dict = {"path": path, "quiet": wait_quiet(args.quiet_wait_s)}
     res["uptime_before"] = uptime()
-    with Cluster([args.model], threads=args.threads, exec_path=path, tag=tag) as c:
+    with SampleCluster([args.model], threads=args.threads, exec_path=path, tag=tag) as c:
         runs, cpu = low_and_cpu_runs(c, args, slo, warmup_rate=50)
         res.update(runs)
-        res["external_cores"] = cpu["machine_busy_cores"] - sum(cpu["cpu_s"].values()) / cpu["wall_s"]
-        pids = {n: c.pid(n) for n in ("frontend", "backend", "scheduler")}
-        pids["client"] = os.getpid()
+        res["external_cores"] = cpu["external_cores"]
+        pids = c.pids()
         rate, steps = 0.0, []
         if args.search:
-            rate, steps = max_rate(c.frontend, args.model, slo, args.lo, None, args.step_s, rel_tol=0.04,
+            rate, steps = max_rate(c.frontend.address, args.model, slo, args.lo, None, args.step_s, rel_tol=0.04,
                                    max_steps=args.max_steps, pids=pids, warmup_s=args.warmup_s)
         res["max_rate"] = rate
         res["steps"] = steps
@@ -60,9 +59,10 @@ def measure_path(path: str, args, tag: str) -> dict:
         # dropped by the client, so no backlog builds) and a generous deadline: completions per second.
         time.sleep(1.0)
         meter = CpuMeter(pids).start()
-        r = run_bench(c.frontend, args.model, args.cap_rate, args.cap_s, 2000.0, concurrency_limit=args.cap_inflight or None)
+        r = run_bench(c.frontend.address, args.model, args.cap_rate, args.cap_s, 2000.0,
+                      concurrency_limit=args.cap_inflight or None)
         cpu = meter.stop()
-        res["capacity"] = report_dict(r)
+        res["capacity"] = step_summary(r)
         res["capacity_rps"] = r.throughput_rps
         res["capacity_cores"] = {k: v / cpu["wall_s"] for k, v in cpu["cpu_s"].items()}
     res["uptime_after"] = uptime()
@@ -141,10 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     faster = "stream" if statistics.median(cap_ratios) >= 1.0 else "unary"
     print(f"serves more (capacity): {faster}")
     print(uptime())
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "runs": runs, "medians": med, "rate_ratios": rate_ratios,
-                               "p50_ratios": p50_ratios, "cap_ratios": cap_ratios, "faster": faster}, indent=1, default=str))
+    out = write_json(args.out, {"args": vars(args), "runs": runs, "medians": med, "rate_ratios": rate_ratios,
+                                "p50_ratios": p50_ratios, "cap_ratios": cap_ratios, "faster": faster})
     print(f"wrote {out}")
     return 0
 

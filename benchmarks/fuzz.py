@@ -1,12 +1,12 @@
 """Fuzzing at scale: requests tried and statuses seen, with the servers checked alive throughout.
 
-Runs the strategies of ``tests/fuzzing.py`` (property-based and byte-mutated ModelInfer requests
+Runs the strategies of ``nexus/bench/fuzzing.py`` (property-based and byte-mutated ModelInfer requests
 against a `nexus serve` cluster; mutated UploadModel streams and registrations against a standalone
 scheduler with a cluster token) for ``--examples`` requests each. Every ``--check-every`` requests
 it asks the frontend for ServerReady and ModelReady and runs one valid inference, and the scheduler
 for its health. Writes ``benchmarks/out/fuzz.json``; the page is ``benchmarks/fuzz.md``.
 
-    python benchmarks/fuzz.py [--examples 1000] [--check-every 100]
+    python -m benchmarks.fuzz [--examples 1000] [--check-every 100]
 """
 
 from __future__ import annotations
@@ -19,21 +19,21 @@ import sys
 import tempfile
 import time
 
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hypothesis import HealthCheck, given, settings
+
+from common import grpc_util
+from common.pb import kserve, kserve_grpc
+from common.profile import Profile
+from common.sample_models import mlp_small, model_bytes
+from common.security import token_metadata
+from nexus.bench import fuzzing
+from nexus.bench.cluster import Node, ServeCluster, Upload
+from nexus.bench.report import write_json
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import grpc  # noqa: E402
-import numpy as np  # noqa: E402
-from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-
-from common import grpc_util  # noqa: E402
-from common.pb import kserve, kserve_grpc  # noqa: E402
-from common.profile import Profile  # noqa: E402
-from common.sample_models import mlp_small, model_bytes  # noqa: E402
-from common.security import token_metadata  # noqa: E402
-from tests import fuzzing  # noqa: E402
-from tests.conftest import NexusProcess, nexus_cli, start_cluster  # noqa: E402
 
 MODEL, INPUT, FEATURES = "mlp", "input", 64
 
@@ -53,11 +53,12 @@ def main() -> int:
     args = ap.parse_args()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="nexus-fuzz-"))
     serve_log = (tmp / "serve.log").open("w")
-    cluster = start_cluster(tmp / "data", "--no-samples", stderr=serve_log)
+    cluster = ServeCluster(tmp / "data", "--no-samples", stderr=serve_log)
     token_file = tmp / "token"
     token_file.write_text("fuzz-token\n")
-    scheduler = NexusProcess(tmp / "scheduler.log", "scheduler", "--listen", "127.0.0.1:0",
-                             "--data-dir", str(tmp / "db"), "--token-file", str(token_file), "--max-upload-mb", "1")
+    scheduler = Node("scheduler", ["scheduler", "--listen", "127.0.0.1:0", "--data-dir", str(tmp / "db"),
+                                   "--token-file", str(token_file), "--max-upload-mb", "1"],
+                     log_path=tmp / "scheduler.log", log_level="INFO")
     seen: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     checks = {"done": 0, "failed": 0}
     sent = [0]
@@ -66,15 +67,11 @@ def main() -> int:
         model.write_bytes(model_bytes(mlp_small()))
         profile = tmp / "profile.json"
         profile.write_text(Profile.linear(0.2, 1.0, 32, memory_base_mb=5, device_type="cpu").to_json())
-        up = nexus_cli("models", "upload", str(model), "--name", MODEL, "--profile", str(profile), "--slo-ms", "1000",
-                       "--scheduler", cluster.scheduler)
-        assert up.returncode == 0, up.stderr
+        scheduler.wait_ready(60)
+        cluster.upload(Upload(model, MODEL, str(profile), 1000.0))
         frontend = grpc_util.channel(cluster.frontend)
         control = grpc_util.channel(scheduler.address)
         stub = kserve_grpc.GRPCInferenceServiceStub(frontend)
-        deadline = time.monotonic() + 120
-        while not _model_ready(stub) and time.monotonic() < deadline:
-            time.sleep(0.2)
 
         def alive() -> None:
             sent[0] += 1
@@ -144,9 +141,7 @@ def main() -> int:
         scheduler.stop()
         cluster.stop()
         serve_log.close()
-    out = pathlib.Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.output, report, indent=2)
     print(json.dumps(report, indent=2))
     return 0 if not any(report["unexpected"].values()) and not report["liveness_failures"] else 1
 

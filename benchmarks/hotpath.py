@@ -1,13 +1,13 @@
 """The per-request path (issue 12, item 2): A/B of code versions and settings in one run, and the
 per-request timeline from ``nexus frontend --trace``.
 
-    python benchmarks/hotpath.py ab --before DIR [--repeats 3] [--model mlp_small]
-    python benchmarks/hotpath.py threads [--repeats 3] [--model resnet18_64]
-    python benchmarks/hotpath.py trace [--model mlp_small] [--low-rate 50] [--high-rate 600]
+    python -m benchmarks.hotpath ab --before DIR [--repeats 3] [--model mlp_small]
+    python -m benchmarks.hotpath threads [--repeats 3] [--model resnet18_64]
+    python -m benchmarks.hotpath trace [--model mlp_small] [--low-rate 50] [--high-rate 600]
 
-``ab``: the same local cluster as benchmarks/serving.py (scheduler, one CPU backend, one frontend as
-separate processes) for each variant, variants in rotating order per repeat so that drift in the
-machine's background load hits them alike:
+``ab``: the same local cluster as benchmarks/serving.py (``nexus.bench.experiments.SampleCluster``:
+scheduler, one CPU backend, one frontend as separate processes) for each variant, variants in
+rotating order per repeat so that drift in the machine's background load hits them alike:
 
 - ``before``: the components run from ``--before DIR``, a checkout of the code before the change
   (``git archive <commit> | tar -x -C DIR``), on asyncio's event loop;
@@ -37,26 +37,27 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from nexus.bench.experiments import SampleCluster, add_path_arguments, exit_on_sigterm, low_and_cpu_runs
+from nexus.bench.meters import uptime, wait_quiet
+from nexus.bench.report import step_summary
 
-from serving import (OUT, Cluster, add_path_arguments, exit_on_sigterm, low_and_cpu_runs, report_dict,  # noqa: E402
-                     uptime, wait_quiet)
+OUT = pathlib.Path(__file__).resolve().parent / "out"
 
 
-def measure(args, tag: str, *, code_dir=None, env=None, backend_args=(), cap_deadline_ms: float | None = None) -> dict:
+def measure(args, tag: str, *, code_dir=None, env=None, backend=None, cap_deadline_ms: float | None = None) -> dict:
     from common.sample_models import SAMPLE_MODELS
     from nexus.bench import run_bench
 
     slo = args.slo_ms or SAMPLE_MODELS[args.model].slo_ms
     res: dict = {"quiet": wait_quiet(args.quiet_wait_s), "uptime_before": uptime()}
-    with Cluster([args.model], threads=0, tag=tag, code_dir=code_dir, env=env, backend_args=backend_args) as c:
+    with SampleCluster([args.model], threads=0, tag=tag, code_dir=code_dir, env=env, backend=backend) as c:
         runs, _ = low_and_cpu_runs(c, args, slo, warmup_rate=args.low_rate)
         res.update(runs)
         time.sleep(1.0)
         deadline = cap_deadline_ms or args.cap_deadline_ms
-        r = run_bench(c.frontend, args.model, args.cap_rate, args.cap_s, deadline,
+        r = run_bench(c.frontend.address, args.model, args.cap_rate, args.cap_s, deadline,
                       concurrency_limit=args.cap_inflight or None, warmup_s=args.cap_warmup_s)
-        res["capacity"] = report_dict(r)
+        res["capacity"] = step_summary(r)
         res["capacity_rps"] = r.goodput_rps
     res["uptime_after"] = uptime()
     cpu = res["cpu_ms_per_request"]
@@ -124,21 +125,21 @@ def trace_breakdown(args) -> dict:
     path = OUT / f"hotpath-trace-{args.model}.jsonl"
     OUT.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
-    with Cluster([args.model], tag="trace", frontend_args=("--trace", str(path), "--report-interval-s", "0.5")) as c:
-        run_bench(c.frontend, args.model, args.low_rate, 2, slo)
+    with SampleCluster([args.model], tag="trace", frontend={"trace": str(path), "report_interval_s": 0.5}) as c:
+        run_bench(c.frontend.address, args.model, args.low_rate, 2, slo)
         for load, rate in (("low", args.low_rate), ("high", args.high_rate)):
             time.sleep(1.0)
             t0 = time.time()
-            r = run_bench(c.frontend, args.model, rate, args.trace_s, slo, warmup_s=1.0)
+            r = run_bench(c.frontend.address, args.model, rate, args.trace_s, slo, warmup_s=1.0)
             t1 = time.time()
             time.sleep(1.5)                      # the frontend writes its trace at each report
             recs = [json.loads(line) for line in path.read_text().splitlines()]
             recs = [x for x in recs if t0 + 1.0 <= x["time"] <= t1 and x["status"] == "OK"]
             if not recs:
-                print(f"{load}: no traced request in the window; client report {report_dict(r)}", flush=True)
+                print(f"{load}: no traced request in the window; client report {step_summary(r)}", flush=True)
                 return out
             med = {p: statistics.median(x["phases_ns"][p] for x in recs) / 1e3 for p in PHASES}
-            out[load] = {"rate": rate, "report": report_dict(r), "traced": len(recs),
+            out[load] = {"rate": rate, "report": step_summary(r), "traced": len(recs),
                          "median_us": med, "median_total_us": statistics.median(x["total_ns"] for x in recs) / 1e3,
                          "median_batch": statistics.median(x["batch_size"] for x in recs),
                          "uptime": uptime()}
@@ -179,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.mode == "threads":
         from common.sample_models import SAMPLE_MODELS
         slo = args.slo_ms or SAMPLE_MODELS[args.model].slo_ms
-        result = run_variants(args, {"threads1": {"backend_args": ("--threads", "1"), "cap_deadline_ms": slo},
-                                     "threads2": {"backend_args": ("--threads", "2"), "cap_deadline_ms": slo}},
+        result = run_variants(args, {"threads1": {"backend": {"threads": 1}, "cap_deadline_ms": slo},
+                                     "threads2": {"backend": {"threads": 2}, "cap_deadline_ms": slo}},
                               "threads1")
     else:
         result = trace_breakdown(args)

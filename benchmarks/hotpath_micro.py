@@ -1,7 +1,7 @@
 """Per-request CPU of the request path's Python work and of a gRPC stream under each event loop,
 measured in one process each (no cluster, so far less noise from a shared machine than end to end).
 
-    python benchmarks/hotpath_micro.py --before DIR [--repeats 7]
+    python -m benchmarks.hotpath_micro --before DIR [--repeats 7]
 
 ``path``: for a request of one row of mlp_small (64 FP32) and of resnet18_64 (3x64x64 FP32), the
 CPU microseconds (``time.process_time``) per request of the frontend's edge work (parse and validate

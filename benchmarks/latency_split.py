@@ -6,7 +6,7 @@ log-uniform in [5, 500] requests/s, fan-outs gamma in [0.5, 4]. For each split w
 estimated GPUs (the DP's objective) and the GPUs squishy actually uses once every query of a
 workload is split that way and all stage sessions are packed together.
 
-    python benchmarks/latency_split.py
+    python -m benchmarks.latency_split
 """
 
 from __future__ import annotations
@@ -17,15 +17,11 @@ import random
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common.plan import QueryEdge, QuerySpec, QueryStage, validate_plan  # noqa: E402
-from common.profile import Profile  # noqa: E402
-from globalsched.algorithms import even_split, proportional_split, solve, split_latency  # noqa: E402
-from plan_quality import CLASSES, MAX_BATCH, V100  # noqa: E402
+from benchmarks.plan_quality import CLASSES, MAX_BATCH, V100
+from common.plan import QueryEdge, QuerySpec, QueryStage, validate_plan
+from common.profile import Profile
+from globalsched.algorithms import even_split, proportional_split, solve, split_latency
 
 
 def random_query(rng: random.Random, name: str, dag: bool) -> QuerySpec:

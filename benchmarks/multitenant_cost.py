@@ -1,6 +1,6 @@
 """Benchmark: the profiler's prediction against reality, and the multi-tenant cost change, on CPU.
 
-    python benchmarks/multitenant_cost.py [--models vehicle_cls,face_cls] [--slo-ms 50] [--threads 1]
+    python -m benchmarks.multitenant_cost [--models vehicle_cls,face_cls] [--slo-ms 50] [--threads 1]
         [--duration-s 2] [--price-per-hour 1.0] [--out benchmarks/out/multitenant_cost]
 
 1. Prediction against reality, offline (every sample model): profile on the grid 1, 2, 3, 4, 6, 8,
@@ -26,16 +26,14 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from common.sample_models import build_sample_model, model_bytes  # noqa: E402
-from profiler.auto_batch import BatchPlan  # noqa: E402
-from profiler.environment import resolve_threads  # noqa: E402
-from profiler.multitenant import TenantSpec, measure_multitenant  # noqa: E402
-from profiler.plot import plot_frontier, plot_profile  # noqa: E402
-from profiler.profiling import measure_plan, profile_model  # noqa: E402
-from profiler.runtime import open_runtime  # noqa: E402
-from profiler.tables import format_multitenant_table  # noqa: E402
+from common.sample_models import build_sample_model, model_bytes
+from profiler.auto_batch import BatchPlan
+from profiler.environment import resolve_threads
+from profiler.multitenant import TenantSpec, measure_multitenant
+from profiler.plot import plot_frontier, plot_profile
+from profiler.profiling import measure_plan, profile_model
+from profiler.runtime import open_runtime
+from profiler.tables import format_multitenant_table
 
 
 def dense_check(name: str, data: bytes, profile, threads: int | None, budget_s: float) -> dict:

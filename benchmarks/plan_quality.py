@@ -8,10 +8,10 @@ several ms per image on top of ~10 ms), memory = weights + activations per image
 in [50, 400] ms, rates log-uniform in [5, 2000] requests/s. The ``memory`` suite uses large models
 on an 8 GB GPU, where memory binds and the published algorithm's plans overcommit it.
 
-    python benchmarks/plan_quality.py                 # the numbers in benchmarks/plan_quality.md
-    python benchmarks/plan_quality.py --sizes 10 100 --seeds 3 --json out.json
-    python benchmarks/plan_quality.py --bounds-only   # tight vs throughput-only bound against CP-SAT
-    python benchmarks/plan_quality.py --headroom-only # pooled vs per-session headroom, long tails
+    python -m benchmarks.plan_quality                 # the numbers in benchmarks/plan_quality.md
+    python -m benchmarks.plan_quality --sizes 10 100 --seeds 3 --json out.json
+    python -m benchmarks.plan_quality --bounds-only   # tight vs throughput-only bound against CP-SAT
+    python -m benchmarks.plan_quality --headroom-only # pooled vs per-session headroom, long tails
 
 ``lb`` is the tight bound (throughput and each session's fixed cost per duty cycle), ``lb_old`` the
 throughput-only bound of earlier releases.
@@ -29,15 +29,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from common.headroom import overflow_probability_target, simulated_overflow_share  # noqa: E402
-from common.plan import GpuSpec, Plan, SessionSpec, validate_plan  # noqa: E402
-from common.profile import Profile  # noqa: E402
-from globalsched.algorithms import (PlannerConfig, ReplanState, Solver, lower_bound_gpus, replan,  # noqa: E402
+from common.headroom import overflow_probability_target, simulated_overflow_share
+from common.plan import GpuSpec, Plan, SessionSpec, validate_plan
+from common.profile import Profile
+from globalsched.algorithms import (PlannerConfig, ReplanState, Solver, lower_bound_gpus, replan,
                                    solve)
-from globalsched.algorithms.baselines import per_session_headroom  # noqa: E402
-from globalsched.algorithms.lower_bound import bounds_gpus  # noqa: E402
+from globalsched.algorithms.baselines import per_session_headroom
+from globalsched.algorithms.lower_bound import bounds_gpus
 
 # (alpha ms/image, beta ms, weights MB, activations MB/image): ranges per model class
 CLASSES = {

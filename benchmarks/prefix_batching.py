@@ -21,7 +21,7 @@ Memory: the runtimes' own accounting (``Runtime.memory_mb``: serialized weights 
 inputs/outputs) summed over the sessions, and the weight bytes of the split, ON vs OFF; plus the
 resident memory a fresh process gains creating (and running once) each configuration's sessions.
 
-Run: ``python benchmarks/prefix_batching.py`` (about 6 minutes on 2 cores, more while other processes
+Run: ``python -m benchmarks.prefix_batching`` (about 6 minutes on 2 cores, more while other processes
 keep the machine busy: each measurement waits up to ``--quiet-wait-s`` for a quiet moment);
 ``--threads 1`` and ``--emulate`` (the emulated GPU with a GPU-like profile) are the other two runs of
 benchmarks/prefix_batching.md, which summarises the results; raw ones go to ``benchmarks/out/``.
@@ -30,11 +30,8 @@ benchmarks/prefix_batching.md, which summarises the results; raw ones go to ``be
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
-import random
-import resource
 import statistics
 import sys
 import tempfile
@@ -43,17 +40,18 @@ import time
 
 import numpy as np
 
+from backend.engine import Engine, Session, SharedPrefix, Work
+from backend.server import suffix_threads
+from common.arrivals import arrival_times
+from common.batching import SlidingWindowEarlyDrop
+from common.onnx_prefix import find_shared_prefix
+from common.profile import Profile
+from common.runtimes import load_runtime
+from common.sample_models import backbone_variant, model_bytes, variant_name
+from nexus.bench.meters import CpuMeter, wait_quiet
+from nexus.bench.report import write_json
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from backend.engine import Engine, Session, SharedPrefix, Work  # noqa: E402
-from common.batching import SlidingWindowEarlyDrop  # noqa: E402
-from common.runtimes import load_runtime  # noqa: E402
-from backend.server import suffix_threads  # noqa: E402
-from common.onnx_prefix import find_shared_prefix  # noqa: E402
-from common.profile import Profile  # noqa: E402
-from common.sample_models import backbone_variant, model_bytes, variant_name  # noqa: E402
-
 MB = 1024 * 1024
 
 
@@ -72,42 +70,6 @@ for s in sessions:   # run once so that each session's buffers exist
     s.run(None, {name: feed})
 print(rss() - base)
 """
-
-
-def _machine_busy_s() -> float:
-    """CPU seconds the whole machine has been busy (all cores), from /proc/stat."""
-    with open("/proc/stat") as f:
-        fields = [int(v) for v in f.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-class OtherLoad:
-    """Cores that *other* processes kept busy between :meth:`start` and :meth:`cores`."""
-
-    def start(self) -> "OtherLoad":
-        self.t, self.busy, self.own = time.monotonic(), _machine_busy_s(), _own_cpu_s()
-        return self
-
-    def cores(self) -> float:
-        wall = max(time.monotonic() - self.t, 1e-6)
-        return max(0.0, (_machine_busy_s() - self.busy) - (_own_cpu_s() - self.own)) / wall
-
-
-def wait_quiet(timeout_s: float, threshold_cores: float = 0.3) -> float:
-    """Wait (up to ``timeout_s``) until other processes use less than ``threshold_cores``; returns it."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        probe = OtherLoad().start()
-        time.sleep(1.0)
-        busy = probe.cores()
-        if busy < threshold_cores or time.monotonic() > deadline:
-            return busy
 
 
 def rss_growth_mb(files: list[pathlib.Path], cut: str) -> float:
@@ -147,13 +109,9 @@ class Config:
 def run_load(config: Config, names: list[str], rate: float, duration_s: float, slo_ms: float, seed: int,
              inputs: dict[str, np.ndarray]) -> dict:
     """Open-loop Poisson load at ``rate`` over ``names``; returns counts and rates of the window."""
-    rng = random.Random(seed)
-    t, arrivals = 0.0, []
-    while True:
-        t += rng.expovariate(rate)
-        if t >= duration_s:
-            break
-        arrivals.append((t, rng.choice(names)))
+    rng = np.random.default_rng(seed)
+    times = arrival_times(rate, duration_s, rng)
+    arrivals = list(zip(times.tolist(), (names[i] for i in rng.integers(0, len(names), len(times)).tolist())))
     engine = config.engine
     lock = threading.Lock()
     outcomes: list[tuple[str, float]] = []
@@ -168,7 +126,7 @@ def run_load(config: Config, names: list[str], rate: float, duration_s: float, s
                     finished.set()
         return done
 
-    others = OtherLoad().start()
+    others = CpuMeter({"self": os.getpid()}).start()
     before = {n: (s.stats.execution_count, s.stats.inference_count) for n, s in config.sessions.items()}
     group_before = {g.name: (g.stats.execution_count, g.stats.inference_count) for g in config.groups}
     start = engine.clock()
@@ -200,7 +158,7 @@ def run_load(config: Config, names: list[str], rate: float, duration_s: float, s
         "good_fraction": on_time / len(arrivals) if arrivals else 1.0,
         "p99_ms": ok_latencies[int(0.99 * (len(ok_latencies) - 1))] if ok_latencies else None,
         "mean_batch": rows / execs if execs else 0.0, "batches": execs, "client_lag_ms": lag * 1000.0,
-        "other_load_cores": others.cores(),
+        "other_load_cores": max(0.0, others.stop()["external_cores"]),
     }
 
 
@@ -307,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     for rate in rates:
         for k in range(args.repeat):
             for cfg in ((on, off) if k % 2 == 0 else (off, on)):
-                before = wait_quiet(args.quiet_wait_s) if args.quiet_wait_s > 0 else 0.0
+                before = wait_quiet(args.quiet_wait_s, 0.3, window_s=1.0)["busy_cores"] if args.quiet_wait_s > 0 else 0.0
                 r = run_load(cfg, names, rate, args.duration_s, args.slo_ms, args.seed + k, inputs)
                 r["other_load_before_cores"] = before
                 results.append(r)
@@ -346,9 +304,7 @@ def main(argv: list[str] | None = None) -> int:
               "threads": args.threads, "profile_ms": {b: profile.latency_ms(b) for b in range(1, profile.max_batch + 1)},
               "split_s": split_s, "results": results, "summary": summary, "goodput_ratio_by_rate": ratios,
               "memory": memory}
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    out = write_json(args.out, report, indent=2)
     print()
     print(f"medians of {args.repeat} run(s) per cell; 'other' = cores other processes used meanwhile")
     print(f"{'rate':>6} | {'ON goodput':>10} {'good%':>6} {'batch':>6} {'other':>5} | {'OFF goodput':>11} "

@@ -1,15 +1,16 @@
 """Profile vs serving (issue 5): per batch size, the latency the backend sees under load vs the profile.
 
-    python benchmarks/profile_vs_serving.py [--models resnet18_64,vehicle_cls,face_cls,mlp_small]
+    python -m benchmarks.profile_vs_serving [--models resnet18_64,vehicle_cls,face_cls,mlp_small]
                                             [--threads 1] [--phase-s 4] [--repeats 2]
 
-One local cluster (scheduler, one CPU backend, one frontend as separate processes; the harness of
-benchmarks/serving.py) serves the sample models; the backend profiles each one when it registers,
-as in ``nexus serve``. Then, one model at a time, Poisson load at a mix of rates (fractions of the
-model's saturated throughput from its profile, low to slightly over, so that many batch sizes
-occur) goes through the frontend, and ModelStatistics gives, per batch size, the backend's
-compute_infer time (ns / count: running the batch; gathering its inputs is compute_input). After the cluster stops,
-the profile the scheduler holds is read from its model database.
+One local cluster (scheduler, one CPU backend, one frontend as separate processes;
+``nexus.bench.experiments.SampleCluster``, as in benchmarks/serving.py) serves the sample models;
+the backend profiles each one when it registers, as in ``nexus serve``. Then, one model at a time,
+Poisson load at a mix of rates (fractions of the model's saturated throughput from its profile, low
+to slightly over, so that many batch sizes occur) goes through the frontend, and ModelStatistics
+gives, per batch size, the backend's compute_infer time (ns / count: running the batch; gathering
+its inputs is compute_input). After the cluster stops, the profile the scheduler holds is read from
+its model database.
 
 Per batch size b up to the backend's largest batch (the largest b with 2*l(b) <= SLO under the
 profile, what the backend will run) it reports the served mean against the profile's mean (the
@@ -25,16 +26,17 @@ Writes benchmarks/out/profile_vs_serving.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import statistics
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from nexus.bench.experiments import PIN_OTHER, SampleCluster, exit_on_sigterm, on_exec_cpus
+from nexus.bench.meters import CpuMeter, uptime, wait_quiet
+from nexus.bench.report import write_json
+from nexus.bench.stats import model_stats, stats_delta
 
-from serving import (OUT, PIN_OTHER, Cluster, CpuMeter, exit_on_sigterm, model_stats, on_exec_cpus,  # noqa: E402
-                     stats_delta, uptime, wait_quiet)
+OUT = pathlib.Path(__file__).resolve().parent / "out"
 
 RATE_MIX = (0.05, 0.15, 0.3, 0.5, 0.7, 0.85, 1.0, 1.15)
 
@@ -47,22 +49,23 @@ def saturated(profile, slo_ms: float) -> tuple[int, float]:
     return b, b * 1000.0 / profile.latency_ms(b)
 
 
-def drive(c: Cluster, model: str, slo_ms: float, capacity_rps: float, phase_s: float, mix,
+def drive(c: SampleCluster, model: str, slo_ms: float, capacity_rps: float, phase_s: float, mix,
           max_rate_rps: float) -> dict:
     from nexus.bench import run_bench
 
-    before = model_stats(c.frontend, model)
-    meter = CpuMeter({"frontend": c.pid("frontend"), "backend": c.pid("backend"), "client": os.getpid()}).start()
+    frontend = c.frontend.address
+    before = model_stats(frontend, model)
+    meter = CpuMeter({"frontend": c.frontend.pid, "backend": c.backends[0].pid, "client": os.getpid()}).start()
     phases = []
     for f in mix:
         rate = min(max(2.0, f * capacity_rps), max_rate_rps)
-        r = run_bench(c.frontend, model, rate, phase_s, slo_ms, seed=int(f * 1000))
+        r = run_bench(frontend, model, rate, phase_s, slo_ms, seed=int(f * 1000))
         phases.append({"rate": rate, "within_slo": r.within_slo, "sent": r.sent, "p50_ms": r.p50_ms,
                        "p99_ms": r.p99_ms})
     cpu = meter.stop()
-    d = stats_delta(model_stats(c.frontend, model), before)
+    d = stats_delta(model_stats(frontend, model), before)
     return {"phases": phases, "batches": d["batches"], "cpu": cpu,
-            "external_cores": cpu["machine_busy_cores"] - sum(cpu["cpu_s"].values()) / cpu["wall_s"]}
+            "external_cores": cpu["external_cores"]}
 
 
 def reprofile(model: str, threads: int, max_batch: int):
@@ -80,8 +83,8 @@ def one_repeat(args, i: int) -> dict:
 
     models = [m for m in args.models.split(",") if m]
     res: dict = {"quiet": wait_quiet(args.quiet_wait_s), "uptime_before": uptime(), "models": {}}
-    with Cluster(models, threads=args.threads, pin=args.pin, tag=f"pvs{i}") as c:
-        profiles = c.live_profiles()    # what the scheduler planned with; the rate mix comes from it
+    with SampleCluster(models, threads=args.threads, pin=args.pin, tag=f"pvs{i}") as c:
+        profiles = c.live_profiles(models)    # what the scheduler planned with; the rate mix comes from it
         for model in models:
             slo = SAMPLE_MODELS[model].slo_ms
             prof = profiles[model].get("cpu")
@@ -98,7 +101,7 @@ def one_repeat(args, i: int) -> dict:
                     entry["reprofile"] = reprofile(model, args.threads, b_max).to_json_obj()
             res["models"][model] = entry
         c.stop()
-        final = c.profiles()
+        final = c.profiles(models)
     for model, entry in res["models"].items():
         prof = final[model]["cpu"]
         entry["profile"] = prof.to_json_obj()
@@ -189,10 +192,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{within_abs}/{len(worst)} within 15% or 0.2 ms; * = interpolated profile row")
         print()
     print(uptime())
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "runs": runs, "summary": summary}, indent=1, default=str))
-    print(f"wrote {out}")
+    print(f"wrote {write_json(args.out, {'args': vars(args), 'runs': runs, 'summary': summary})}")
     return 0
 
 

@@ -7,7 +7,7 @@ room and path allowance included). The load runs without a break: a warm-up in w
 measures rate and gamma and re-plans, then the measured window. GPUs needed is the most devices the
 scheduler's plan used during that window. Reported: GPUs needed, goodput, bad rate (late + dropped + failed), p99.
 
-    python benchmarks/query_split.py [--rate 27] [--profile-scale 2] [--duration-s 40]
+    python -m benchmarks.query_split [--rate 27] [--profile-scale 2] [--duration-s 40]
 """
 
 from __future__ import annotations
@@ -20,20 +20,19 @@ import tempfile
 import threading
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common.config import BatchStart, SchedulerConfig
+from common.plan import GpuSpec, SessionSpec
+from common.profile import Profile
+from common.query_def import parse_query
+from common.sample_models import detector_64, face_cls, model_bytes, vehicle_cls
+from globalsched.algorithms import PlannerConfig, solve
+from globalsched.query_sessions import plan_query_sessions
+from nexus.bench import run_bench
+from nexus.bench.cluster import ServeCluster, Upload
+from nexus.bench.report import write_json
+from nexus.queries_cmd import list_queries, register_query
 
-from common.config import BatchStart, SchedulerConfig  # noqa: E402
-from common.plan import GpuSpec, SessionSpec  # noqa: E402
-from common.profile import Profile  # noqa: E402
-from common.query_def import parse_query  # noqa: E402
-from common.sample_models import detector_64, face_cls, model_bytes, vehicle_cls  # noqa: E402
-from globalsched.algorithms import PlannerConfig, solve  # noqa: E402
-from globalsched.query_sessions import plan_query_sessions  # noqa: E402
-from nexus.bench import run_bench  # noqa: E402
-from nexus.models_cmd import upload_model  # noqa: E402
-from nexus.queries_cmd import list_queries, register_query  # noqa: E402
-from tests.conftest import start_cluster  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 GPU = "gtx1080ti"
 SPARE_BACKENDS = 2
@@ -103,19 +102,18 @@ def run_method(method: str, args, workdir: pathlib.Path) -> dict:
     models = {"det3": detector_64(BOXES), "vehicle": vehicle_cls(), "face": face_cls()}
     # Spare backends: squishy's count is not monotone in the rate, and the scheduler plans for the
     # rate it measures, not the one offered. GPUs needed is what its plan uses.
-    cluster = start_cluster(workdir / method, "--device", f"emulated:{GPU}", "--backends", str(n + SPARE_BACKENDS),
-                            "--no-samples",
-                            "--latency-split", method, "--epoch-s", str(args.epoch_s),
-                            "--rate-headroom", str(args.rate_headroom), "--burst-sigma", str(args.burst_sigma),
-                            "--path-allowance-ms", str(args.path_allowance_ms), "--batch-start", args.batch_start)
+    cluster = ServeCluster(workdir / method, "--device", f"emulated:{GPU}", "--backends", str(n + SPARE_BACKENDS),
+                           "--no-samples",
+                           "--latency-split", method, "--epoch-s", str(args.epoch_s),
+                           "--rate-headroom", str(args.rate_headroom), "--burst-sigma", str(args.burst_sigma),
+                           "--path-allowance-ms", str(args.path_allowance_ms), "--batch-start", args.batch_start)
     try:
         for name, model in models.items():
             path = workdir / f"{name}.onnx"
             path.write_bytes(model_bytes(model))
             prof = workdir / f"{name}.json"
             prof.write_text(profile(name, args.profile_scale).to_json())
-            upload_model(cluster.scheduler, path, name, profile_path=str(prof), slo_ms=400, load=False,
-                         creds=cluster.creds)
+            cluster.upload(Upload(path, name, str(prof), 400.0, load=False))
         register_query(cluster.scheduler, json.dumps(QUERY), cluster.creds)
         time.sleep(2)
         # One continuous open-loop run: the warm-up lets the scheduler measure the rate and gamma and
@@ -166,9 +164,7 @@ def main() -> int:
                   f"bad={100 * r['bad_rate']:.2f}% (late {r['late']}, dropped {r['dropped']}, failed {r['failed']} "
                   f"of {r['sent']})  p50={r['p50_ms']:.0f} p99={r['p99_ms']:.0f} ms  planned={r['planned_rps']:.1f} qps  "
                   f"budgets={ {k: round(v) for k, v in r['budgets_ms'].items()} }", flush=True)
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
+    write_json(args.out, {"args": vars(args), "rows": rows}, indent=2)
     return 0
 
 

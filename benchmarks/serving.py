@@ -1,6 +1,6 @@
 """Serving efficiency on one CPU backend (issue 2): the system against the model's own limit.
 
-    python benchmarks/serving.py [--threads 1] [--repeats 3] [--step-s 5] [--warmup-s 4] [--slo-ms 100]
+    python -m benchmarks.serving [--threads 1] [--repeats 3] [--step-s 5] [--warmup-s 4] [--slo-ms 100]
 
 Per repeat, in one run and on one machine:
 
@@ -15,7 +15,7 @@ Per repeat, in one run and on one machine:
     the largest Poisson rate at which 99% of the requests finish within the SLO, by a ramp of
     ``nexus.bench.find_max_rate`` steps (5 s measured after a 4 s lead-in each) that only goes up,
     by 7%, from 0.3x the limit to the first failing rate (``--search bisect``: find_max_rate's own
-    doubling and bisection; see :func:`ramp_rate` for why it is not the default). The ratio
+    doubling and bisection; see ``nexus.bench.experiments.ramp_rate`` for why it is not the default). The ratio
     served / limit is the result. For reference it also reports the BATCHING BOUND: the same search on
     ``backend.simulate`` (an ideal work-conserving server executing exactly the ORT-direct l(b)
     with the backend's early-drop policy, no RPC, no CPU sharing), i.e. what Poisson arrivals and
@@ -30,11 +30,11 @@ Per repeat, in one run and on one machine:
 Client, frontend, backend and ORT share the machine's cores; other engineers' tests share it
 too: every step records the CPU used by processes outside this benchmark ("other load"), and each
 repeat first waits (up to ``--quiet-wait-s``) for a quiet moment. JSON goes to
-benchmarks/out/serving.json. The cluster harness here (:class:`Cluster`) is also used by
-benchmarks/frontend_path.py and benchmarks/profile_vs_serving.py.
+benchmarks/out/serving.json. The cluster is ``nexus.bench.experiments.SampleCluster``, as in
+benchmarks/frontend_path.py, hotpath.py and profile_vs_serving.py.
 
-Harness-only experiment switches (environment of the component processes, set only by this
-file; the project never reads them): ``--cprofile frontend,backend`` runs those components under
+Harness-only experiment switches (``nexus.bench.experiments``: environment of the component
+processes, set only by the benchmarks; the project never reads them): ``--cprofile frontend,backend`` runs those components under
 cProfile (main thread: the event loop) into benchmarks/out/<tag>.<name>.prof; ``--ort-no-spin``
 starts the backend with ORT's intra-op spin-waiting off (a proposed fix in
 common/runtimes/onnx_runtime.py, which this benchmark does not own); ``--budget-margin-ms M``
@@ -49,500 +49,38 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import pathlib
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 
 import numpy as np
 
-from common.config import BackendConfig, BatchStart, FrontendConfig, SchedulerConfig
-from nexus.launcher import Child, component_argv
-from nexus.serve_cmd import wait_models_ready
+from nexus.bench.experiments import PIN_OTHER, SampleCluster, exit_on_sigterm, max_rate, on_exec_cpus, ramp_rate
+from nexus.bench.meters import CpuMeter, uptime, wait_quiet
+from nexus.bench.ort_direct import ort_limit as direct_limit
+from nexus.bench.ort_direct import ort_session, paced_latencies, time_batch
+from nexus.bench.report import write_json
+from nexus.bench.stats import model_stats, stats_delta
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "out"
 
-# Bootstrap of every component process: optional experiment patches, then ``nexus <argv>``.
-_BOOT = r"""
-import os, sys
-if os.environ.get("NEXUS_BENCH_CPUS"):
-    os.sched_setaffinity(0, {int(c) for c in os.environ["NEXUS_BENCH_CPUS"].split(",")})
-if os.environ.get("NEXUS_BENCH_EXEC_CPUS"):
-    import backend.engine as _be
-    _exec_cpus = {int(c) for c in os.environ["NEXUS_BENCH_EXEC_CPUS"].split(",")}
-    _loop = _be.Engine._loop
-    def _pinned_loop(self):
-        os.sched_setaffinity(0, _exec_cpus)   # this thread only: the executor, which runs ORT
-        return _loop(self)
-    _be.Engine._loop = _pinned_loop
-if os.environ.get("NEXUS_BENCH_ORT_NOSPIN") == "1":
-    import onnxruntime as ort
-    _init = ort.InferenceSession.__init__
-    def _no_spin(self, path_or_bytes, sess_options=None, providers=None, provider_options=None, **kw):
-        if sess_options is None:
-            sess_options = ort.SessionOptions()
-        sess_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        _init(self, path_or_bytes, sess_options, providers, provider_options, **kw)
-    ort.InferenceSession.__init__ = _no_spin
-_margin_ms = float(os.environ.get("NEXUS_BENCH_BUDGET_MARGIN_MS") or 0)
-if _margin_ms:
-    import frontend.backend_pool as _bp
-    _execute = _bp.BackendConnection.execute
-    async def _execute_with_margin(self, item):
-        item.budget_us = max(1, item.budget_us - int(_margin_ms * 1000))
-        return await _execute(self, item)
-    _bp.BackendConnection.execute = _execute_with_margin
-from nexus.cli import main
-out = os.environ.get("NEXUS_BENCH_CPROFILE_OUT")
-if out:
-    import cProfile
-    prof = cProfile.Profile()
-    prof.enable()
-    try:
-        code = main(sys.argv[1:])
-    finally:
-        prof.disable()
-        prof.dump_stats(out)
-    sys.exit(code)
-sys.exit(main(sys.argv[1:]))
-"""
-
-
-def uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-    except Exception:
-        return pathlib.Path("/proc/loadavg").read_text().strip()
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process, all its threads."""
-    try:
-        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy() -> tuple[float, float]:
-    """(busy, total) jiffies of all CPUs, from /proc/stat."""
-    parts = [int(x) for x in pathlib.Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = parts[3] + parts[4]
-    return float(sum(parts) - idle), float(sum(parts))
-
-
-def busy_cores(window_s: float = 2.0) -> float:
-    """Cores busy on the whole machine over ``window_s``."""
-    b0 = machine_busy()
-    time.sleep(window_s)
-    b1 = machine_busy()
-    return (b1[0] - b0[0]) / max(b1[1] - b0[1], 1) * (os.cpu_count() or 1)
-
-
-def wait_quiet(timeout_s: float, threshold_cores: float = 0.4) -> dict:
-    """Wait (up to ``timeout_s``) until the machine's other load is below ``threshold_cores``.
-
-    Other engineers' tests share this machine; starting a measurement in a quiet moment makes it
-    less noisy, it does not make it noise-free. Returns what was seen.
-    """
-    t0 = time.monotonic()
-    busy = busy_cores()
-    while busy > threshold_cores and time.monotonic() - t0 < timeout_s:
-        busy = busy_cores()
-    return {"busy_cores": round(busy, 2), "waited_s": round(time.monotonic() - t0, 1)}
-
-
-def exit_on_sigterm() -> None:
-    """SIGTERM raises SystemExit, so that ``with Cluster(...)`` blocks stop their processes."""
-    def handler(signum, frame):
-        raise SystemExit(128 + signum)
-    signal.signal(signal.SIGTERM, handler)
-
-
-class Component(Child):
-    """One ``nexus <name>`` process started through the harness's boot code, stderr to a log file."""
-
-    def __init__(self, name: str, argv: list[str], env: dict, log_dir: pathlib.Path,
-                 code_dir: pathlib.Path = ROOT) -> None:
-        self.log = open(log_dir / f"{name}.log", "w")
-        super().__init__(name, argv, env, command=[sys.executable, "-c", _BOOT], stderr=self.log, cwd=code_dir,
-                         start_new_session=True)
-
-    def stop(self) -> None:
-        super().stop(timeout_s=20)
-        self.log.close()
-
-
-class Cluster:
-    """Scheduler + one CPU backend + one frontend on loopback, with ``models`` uploaded (only those)."""
-
-    def __init__(self, models: list[str], *, threads: int = 0, exec_path: str = "stream",
-                 cprofile: tuple[str, ...] = (), ort_no_spin: bool = False, budget_margin_ms: float = 0.0,
-                 pin: bool = False, batch_start: str = "eager", epoch_s: float = 30.0, tag: str = "cluster",
-                 keep_dir: bool = False, code_dir: pathlib.Path | None = None, env: dict | None = None,
-                 frontend_args: tuple[str, ...] = (), backend_args: tuple[str, ...] = ()) -> None:
-        """``code_dir``: run the components from another checkout of the project (A/B of two
-        versions in one run, benchmarks/hotpath.py); ``env``: more environment for every component."""
-        self.models = models
-        self.code_dir = pathlib.Path(code_dir) if code_dir else ROOT
-        self.extra_env = dict(env or {})
-        self.frontend_args = tuple(frontend_args)
-        self.backend_args = tuple(backend_args)
-        self.threads = threads
-        self.exec_path = exec_path
-        self.cprofile = cprofile
-        self.ort_no_spin = ort_no_spin
-        self.budget_margin_ms = budget_margin_ms
-        self.pin = pin
-        self.batch_start = batch_start
-        self.epoch_s = epoch_s
-        self.tag = tag
-        self.keep_dir = keep_dir
-        self.dir = pathlib.Path(tempfile.mkdtemp(prefix=f"nexus-bench-{tag}-"))
-        self.components: dict[str, Component] = {}
-        self.frontend = self.scheduler = ""
-
-    def _env(self, name: str) -> dict:
-        env = dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_LOG="WARNING")
-        env.pop("NEXUS_BENCH_CPROFILE_OUT", None)
-        env.pop("NEXUS_BENCH_ORT_NOSPIN", None)
-        env.pop("NEXUS_BENCH_BUDGET_MARGIN_MS", None)
-        env.pop("NEXUS_BENCH_CPUS", None)
-        env.pop("NEXUS_BENCH_EXEC_CPUS", None)
-        if self.pin:
-            env["NEXUS_BENCH_CPUS"] = ",".join(map(str, PIN_OTHER))
-            if name == "backend":
-                env["NEXUS_BENCH_EXEC_CPUS"] = ",".join(map(str, PIN_EXEC))
-        if name == "frontend" and self.budget_margin_ms:
-            env["NEXUS_BENCH_BUDGET_MARGIN_MS"] = str(self.budget_margin_ms)
-        if name in self.cprofile:
-            OUT.mkdir(parents=True, exist_ok=True)
-            env["NEXUS_BENCH_CPROFILE_OUT"] = str(OUT / f"{self.tag}.{name}.prof")
-        if name == "backend" and self.ort_no_spin:
-            env["NEXUS_BENCH_ORT_NOSPIN"] = "1"
-        if self.code_dir != ROOT:
-            env["PYTHONPATH"] = str(self.code_dir)
-        env.update(self.extra_env)
-        return env
-
-    def _start(self, name: str, argv: list[str]) -> Component:
-        c = Component(name, argv, self._env(name), self.dir, self.code_dir)
-        self.components[name] = c
-        return c
-
-    def start(self, ready_timeout_s: float = 240) -> "Cluster":
-        from common.sample_models import SAMPLE_MODELS, write_sample_models
-        from nexus.models_cmd import upload_model
-
-        try:
-            sched = self._start("scheduler", component_argv(SchedulerConfig(
-                listen="127.0.0.1:0", data_dir=self.dir / "db", epoch_s=self.epoch_s)))
-            self.scheduler = sched.wait_ready()
-            paths = write_sample_models(self.dir / "samples", self.models)
-            for name, path in paths.items():
-                upload_model(self.scheduler, path, name, slo_ms=SAMPLE_MODELS[name].slo_ms)
-            self._start("backend", [*component_argv(BackendConfig(
-                scheduler=self.scheduler, listen="127.0.0.1:0", device="cpu", threads=self.threads,
-                batch_start=BatchStart(self.batch_start))), *self.backend_args]).wait_ready()
-            self.frontend = self._start("frontend", [*component_argv(FrontendConfig(
-                scheduler=self.scheduler, listen="127.0.0.1:0", metrics_listen="",
-                exec_path=self.exec_path)), *self.frontend_args]).wait_ready()
-            self._wait_models_ready(ready_timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def _wait_models_ready(self, timeout_s: float) -> None:
-        pending = wait_models_ready(self.frontend, list(self.models), timeout_s)
-        if pending:
-            raise RuntimeError(f"models not ready in {timeout_s} s: {pending}")
-
-    def pid(self, name: str) -> int:
-        return self.components[name].proc.pid
-
-    def live_profiles(self) -> dict:
-        """The profiles the scheduler holds now, by model and device type (read-only SQLite, while it runs)."""
-        import sqlite3
-
-        from common.profile import Profile
-
-        db = sqlite3.connect(f"file:{self.dir / 'db' / 'nexus.db'}?mode=ro", uri=True)
-        try:
-            out: dict = {m: {} for m in self.models}
-            for model, device_type, text in db.execute("SELECT model, device_type, profile_json FROM profiles"):
-                if model in out:
-                    out[model][device_type] = Profile.from_json(text)
-            return out
-        finally:
-            db.close()
-
-    def profiles(self):
-        """The profiles the scheduler holds, by model (reads the model database; call after stop())."""
-        from globalsched.modeldb import ModelDatabase
-
-        db = ModelDatabase(self.dir / "db")
-        try:
-            return {m: db.profiles(m) for m in self.models}
-        finally:
-            db.close()
-
-    def stop(self) -> None:
-        for name in ("frontend", "backend", "scheduler"):
-            c = self.components.get(name)
-            if c is not None:
-                c.stop()
-
-    def cleanup(self) -> None:
-        if not self.keep_dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> "Cluster":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-        self.cleanup()
-
-
-# ---- statistics ----------------------------------------------------------------------------------
-
-def model_stats(frontend: str, model: str) -> dict:
-    """ModelStatistics of one model through the KServe API, as plain numbers."""
-    from common import grpc_util
-    from common.pb import kserve, kserve_grpc
-
-    with grpc_util.channel(frontend) as ch:
-        reply = kserve_grpc.GRPCInferenceServiceStub(ch).ModelStatistics(
-            kserve.ModelStatisticsRequest(name=model), timeout=10)
-    s = reply.model_stats[0]
-    inf = s.inference_stats
-    return {
-        "success_count": inf.success.count, "success_ns": inf.success.ns, "fail_count": inf.fail.count,
-        "queue_count": inf.queue.count, "queue_ns": inf.queue.ns,
-        # per request (Triton's count: one sample per success): the phases of the batch it ran in
-        "compute_count": inf.compute_infer.count,
-        "compute_ns": inf.compute_input.ns + inf.compute_infer.ns + inf.compute_output.ns,
-        "execution_count": s.execution_count, "inference_count": s.inference_count,
-        "batches": {b.batch_size: (b.compute_infer.count, b.compute_infer.ns) for b in s.batch_stats},
-    }
-
-
-def stats_delta(after: dict, before: dict) -> dict:
-    d = {k: after[k] - before[k] for k in after if k != "batches"}
-    batches = {}
-    for size, (count, ns) in after["batches"].items():
-        c0, n0 = before["batches"].get(size, (0, 0))
-        if count - c0 > 0:
-            batches[size] = (count - c0, ns - n0)
-    d["batches"] = batches
-    return d
-
-
-class CpuMeter:
-    """CPU seconds of named processes (and of the whole machine) between start() and stop()."""
-
-    def __init__(self, pids: dict[str, int]) -> None:
-        self.pids = pids
-
-    def start(self) -> "CpuMeter":
-        self.t0 = time.monotonic()
-        self.c0 = {n: cpu_seconds(p) for n, p in self.pids.items()}
-        self.m0 = machine_busy()
-        return self
-
-    def stop(self) -> dict:
-        wall = time.monotonic() - self.t0
-        c1 = {n: cpu_seconds(p) for n, p in self.pids.items()}
-        m1 = machine_busy()
-        ncpu = os.cpu_count() or 1
-        busy = (m1[0] - self.m0[0]) / max(m1[1] - self.m0[1], 1) * ncpu
-        return {"wall_s": wall, "cpu_s": {n: c1[n] - self.c0[n] for n in self.pids},
-                "machine_busy_cores": busy}
-
-
 # ---- ONNX Runtime directly -----------------------------------------------------------------------
 
-# --pin: the backend's executor thread (ORT with one intra-op thread runs on it) gets the last CPU,
-# everything else (the backend's event loop and gRPC threads, frontend, scheduler, client) the others.
-_ALL_CPUS = sorted(os.sched_getaffinity(0))
-PIN_EXEC = _ALL_CPUS[-1:]
-PIN_OTHER = _ALL_CPUS[:-1] or _ALL_CPUS
-
-
-class on_exec_cpus:
-    """With pinning on, run ORT-direct measurements on the executor's CPU (this thread only)."""
-
-    def __init__(self, pin: bool) -> None:
-        self.pin = pin
-
-    def __enter__(self):
-        if self.pin:
-            self.saved = os.sched_getaffinity(0)
-            os.sched_setaffinity(0, set(PIN_EXEC))
-
-    def __exit__(self, *exc):
-        if self.pin:
-            os.sched_setaffinity(0, self.saved)
-
-
-def ort_session(model_bytes: bytes, threads: int, no_spin: bool = True):
-    """An InferenceSession with the options common/runtimes/onnx_runtime.py uses (since commit
-    d54f56d that includes intra-op spinning off; ``no_spin=False`` measures the old default)."""
-    import onnxruntime as ort
-
-    o = ort.SessionOptions()
-    o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    o.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    o.inter_op_num_threads = 1
-    if threads:
-        o.intra_op_num_threads = threads
-    o.log_severity_level = 3
-    if no_spin:
-        o.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(model_bytes, sess_options=o, providers=["CPUExecutionProvider"])
-
-
-def time_batch(session, x: np.ndarray, repeats: int, warmup: int = 3) -> list[float]:
-    for _ in range(warmup):
-        session.run(None, {"input": x})
-    out = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        session.run(None, {"input": x})
-        out.append((time.perf_counter() - t) * 1000)
-    return out
-
-
 def ort_limit(model: str, threads: int, slo_ms: float, repeats: int = 15, no_spin: bool = True) -> dict:
-    """Median l(b) for b = 1, 2, ... until 2*l(b) exceeds the SLO twice in a row; the saturated b."""
+    """ORT direct on the sample ``model``: median l(b) for b = 1, 2, ... until 2*l(b) exceeds the SLO
+    twice in a row; the saturated b (``nexus.bench.ort_direct.ort_limit``)."""
     from common.sample_models import build_sample_model, model_bytes, sample_input
 
     m = build_sample_model(model)
-    session = ort_session(model_bytes(m), threads, no_spin)
-    lat: dict[int, float] = {}
-    over = 0
-    b = 1
-    while over < 2 and b <= 256:
-        lat[b] = statistics.median(time_batch(session, sample_input(m, b, seed=b), repeats))
-        over = over + 1 if 2 * lat[b] > slo_ms else 0
-        b += 1
-    ok = [b for b, l in lat.items() if 2 * l <= slo_ms]
-    best = max(ok) if ok else 1
-    return {"latency_ms": lat, "batch": best, "l_ms": lat[best], "throughput_rps": best * 1000 / lat[best]}
+    session = ort_session(model_bytes(m), threads, spin=not no_spin)
+    return direct_limit(session, slo_ms, lambda b: sample_input(m, b, seed=b), repeats)
 
 
 # ---- load ---------------------------------------------------------------------------------------
 
-def report_dict(r) -> dict:
-    keys = ("offered_rps", "sent", "within_slo", "late", "dropped", "failed", "goodput_rps", "throughput_rps",
-            "bad_rate", "p50_ms", "p90_ms", "p99_ms", "client_lag_ms")
-    return {k: getattr(r, k) for k in keys}
-
-
-def add_path_arguments(p, *, cap_s: float) -> None:
-    """The flags of the per-request path benchmarks (hotpath.py, frontend_path.py): a low-rate run,
-    a CPU run and an overload (capacity) run of one model."""
-    p.add_argument("--slo-ms", type=float, default=0.0, help="0: the model's SLO")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--low-rate", type=float, default=50.0)
-    p.add_argument("--low-s", type=float, default=8.0)
-    p.add_argument("--cpu-rate", type=float, default=300.0)
-    p.add_argument("--cpu-s", type=float, default=8.0)
-    p.add_argument("--cap-rate", type=float, default=3000.0, help="overload rate for the capacity measurement")
-    p.add_argument("--cap-s", type=float, default=cap_s)
-    p.add_argument("--cap-inflight", type=int, default=32, help="0: no limit (open loop: goodput at --cap-rate)")
-
-
-def low_and_cpu_runs(cluster, args, slo_ms: float, warmup_rate: float) -> tuple[dict, dict]:
-    """On a running cluster: a warm-up, ``--low-rate`` for ``--low-s`` (the low-load latency), then
-    ``--cpu-rate`` for ``--cpu-s`` with the frontend's, the backend's and this client's CPU metered.
-    Returns the runs' reports (``low``, ``cpu_run``, ``cpu_ms_per_request``) and the meter's result."""
-    from nexus.bench import run_bench
-
-    run_bench(cluster.frontend, args.model, warmup_rate, 2, slo_ms)   # warm up connections and code paths
-    out = {"low": report_dict(run_bench(cluster.frontend, args.model, args.low_rate, args.low_s, slo_ms,
-                                        warmup_s=1.0))}
-    meter = CpuMeter({"frontend": cluster.pid("frontend"), "backend": cluster.pid("backend"),
-                      "client": os.getpid()}).start()
-    r = run_bench(cluster.frontend, args.model, args.cpu_rate, args.cpu_s, slo_ms)
-    cpu = meter.stop()
-    out["cpu_run"] = report_dict(r)
-    out["cpu_ms_per_request"] = {k: v * 1000 / max(r.sent, 1) for k, v in cpu["cpu_s"].items()}
-    return out, cpu
-
-
-def max_rate(frontend: str, model: str, slo_ms: float, lo: float, hi: float | None, step_s: float,
-             rel_tol: float = 0.03, max_steps: int = 9, on_step=None, pids: dict | None = None,
-             warmup_s: float = 4.0) -> tuple[float, list[dict]]:
-    """``find_max_rate`` (99% within SLO); every step's report as a dict plus the load on the machine
-    from other processes than ``pids`` (the cluster and this client) during the step.
-
-    ``warmup_s`` (not measured) lets the scheduler re-plan for the step's rate first: the frontend
-    reports rates every 2 s and the backend batches to the plan's duty cycle, so a step that follows
-    a higher rate would otherwise be measured against a plan made for the higher rate."""
-    from nexus.bench import find_max_rate
-
-    out: list[dict] = []
-    meter = CpuMeter(pids or {}).start()
-
-    def step(r) -> None:
-        nonlocal meter
-        cpu = meter.stop()
-        d = report_dict(r)
-        d["machine_busy_cores"] = cpu["machine_busy_cores"]
-        d["external_cores"] = cpu["machine_busy_cores"] - sum(cpu["cpu_s"].values()) / cpu["wall_s"]
-        if on_step is not None:
-            d.update(on_step(r) or {})
-        out.append(d)
-        meter = CpuMeter(pids or {}).start()
-
-    rate, _ = find_max_rate(frontend, model, slo_ms, 0.99, lo=lo, hi=hi, step_duration_s=step_s,
-                            rel_tol=rel_tol, max_steps=max_steps, warmup_s=warmup_s, cooldown_s=1.0, on_step=step)
-    return rate, out
-
-
-def ramp_rate(frontend: str, model: str, slo_ms: float, start: float, stop: float, factor: float, step_s: float,
-              on_step=None, pids: dict | None = None, warmup_s: float = 4.0) -> tuple[float, list[dict]]:
-    """The largest rate of the ramp start, start*factor, ... (< stop) at which 99% finish within the SLO.
-
-    Each rate is one ``find_max_rate`` step (``max_steps=1``: it tests ``lo`` only); the ramp stops
-    at the first failing rate. Rates only go up: the backend batches to a duty cycle that the
-    scheduler plans from smoothed rate reports, so a step below a previous, higher one would be
-    served with a plan made for the higher rate (longer waits) for 10-20 s; bisection would measure
-    that lag, not the capacity.
-    """
-    from nexus.bench import find_max_rate
-
-    out: list[dict] = []
-    best = 0.0
-    rate = start
-    while rate < stop:
-        meter = CpuMeter(pids or {}).start()
-        got, reports = find_max_rate(frontend, model, slo_ms, 0.99, lo=rate, step_duration_s=step_s, max_steps=1,
-                                     warmup_s=warmup_s, cooldown_s=0.0)
-        cpu = meter.stop()
-        d = report_dict(reports[0])
-        d["machine_busy_cores"] = cpu["machine_busy_cores"]
-        d["external_cores"] = cpu["machine_busy_cores"] - sum(cpu["cpu_s"].values()) / cpu["wall_s"]
-        if on_step is not None:
-            d.update(on_step(reports[0]) or {})
-        out.append(d)
-        if got <= 0:
-            break
-        best = rate
-        rate *= factor
-    return best, out
-
-
-def low_load(cluster: Cluster, model: str, rate: float, duration_s: float, slo_ms: float, threads: int,
+def low_load(cluster: SampleCluster, model: str, rate: float, duration_s: float, slo_ms: float, threads: int,
              no_spin: bool = True, rounds: int = 5, pin: bool = False) -> dict:
     """p50 at a low rate against ORT's own batch-1 p50, with where the time and the CPU go.
 
@@ -554,20 +92,19 @@ def low_load(cluster: Cluster, model: str, rate: float, duration_s: float, slo_m
     from nexus.bench import LoadClient
 
     m = build_sample_model(model)
-    session = ort_session(model_bytes(m), threads, no_spin)
+    session = ort_session(model_bytes(m), threads, spin=not no_spin)
     x = sample_input(m, 1)
     time_batch(session, x, 0, warmup=5)
     rng = np.random.default_rng(1)
-    pids = {n: cluster.pid(n) for n in ("frontend", "backend", "scheduler")}
-    pids["client"] = os.getpid()
+    pids = cluster.pids()
     phase_s = duration_s / rounds
 
     async def served() -> tuple[list, list, list, dict, dict]:
         lat, ort, reports = [], [], []
         cpu_total: dict[str, float] = {}
         busy = []
-        before = model_stats(cluster.frontend, model)
-        async with LoadClient(cluster.frontend, model) as client:
+        before = model_stats(cluster.frontend.address, model)
+        async with LoadClient(cluster.frontend.address, model) as client:
             await client.run(rate, 1.0, slo_ms)  # warm up
             for i in range(rounds):
                 meter = CpuMeter(pids).start()
@@ -575,19 +112,14 @@ def low_load(cluster: Cluster, model: str, rate: float, duration_s: float, slo_m
                 cpu = meter.stop()
                 for k, v in cpu["cpu_s"].items():
                     cpu_total[k] = cpu_total.get(k, 0.0) + v
-                busy.append(cpu["machine_busy_cores"] - sum(cpu["cpu_s"].values()) / cpu["wall_s"])
+                busy.append(cpu["external_cores"])
                 reports.append(r)
                 s = r.samples
                 ok = s.measured & np.isfinite(s.latency_ms)
                 lat.extend(s.latency_ms[ok].tolist())
-                end = time.monotonic() + phase_s
                 with on_exec_cpus(pin):
-                    while time.monotonic() < end:
-                        time.sleep(rng.exponential(1.0 / rate))
-                        t = time.perf_counter()
-                        session.run(None, {"input": x})
-                        ort.append((time.perf_counter() - t) * 1000)
-        after = model_stats(cluster.frontend, model)
+                    ort.extend(paced_latencies(session, x, rate, phase_s, rng))
+        after = model_stats(cluster.frontend.address, model)
         return lat, ort, reports, cpu_total, {"stats": stats_delta(after, before), "external_cores": busy}
 
     lat, ort, reports, cpu_total, extra = asyncio.run(served())
@@ -627,7 +159,9 @@ def batching_bound(latency_ms: dict[int, float], max_batch: int, slo_ms: float) 
     ORT-direct l(b), the backend's early-drop policy, work-conserving) keeps 99% within the SLO,
     from ``backend.simulate`` (bisection, 3 seeds x 40 s). What batching itself allows."""
     from common.batching import SlidingWindowEarlyDrop
-    from backend.simulate import poisson_arrivals, simulate
+    from backend.simulate import simulate
+    from common.arrivals import arrival_times
+    from common.rate_search import max_passing_rate
 
     sizes = sorted(latency_ms)
 
@@ -641,18 +175,17 @@ def batching_bound(latency_ms: dict[int, float], max_batch: int, slo_ms: float) 
     for b in range(1, max_batch + 1):       # the policy needs l(b) non-decreasing
         running = max(running, l_of(b))
         mono[b] = running
-    lo, hi = 1.0, 1.2 * max_batch * 1000.0 / mono[max_batch]
-    for _ in range(14):
-        mid = 0.5 * (lo + hi)
-        ok = True
+
+    def passes(rate: float) -> bool:
         for seed in range(3):
-            r = simulate(SlidingWindowEarlyDrop(), poisson_arrivals(mid, 40.0, seed), slo_ms, mono.__getitem__,
+            r = simulate(SlidingWindowEarlyDrop(), arrival_times(rate, 40.0, seed), slo_ms, mono.__getitem__,
                          max_batch)
             if r.on_time < 0.99 * r.offered:
-                ok = False
-                break
-        lo, hi = (mid, hi) if ok else (lo, mid)
-    return lo
+                return False
+        return True
+
+    # 14 bisections between 1 rps (taken to pass) and 1.2x the saturated throughput (taken to fail).
+    return max_passing_rate(passes, 1.0, bracket=(1.0, 1.2 * max_batch * 1000.0 / mono[max_batch]), refine=14)
 
 
 def hop_floor(rate: float, duration_s: float, slo_ms: float) -> dict:
@@ -681,8 +214,9 @@ def one_repeat(args, i: int) -> dict:
 
     res: dict = {"quiet": wait_quiet(args.quiet_wait_s), "uptime_before": uptime()}
     cprofile = tuple(x for x in args.cprofile.split(",") if x)
-    with Cluster([model], threads=args.threads, cprofile=cprofile, ort_no_spin=args.ort_no_spin,
-                 budget_margin_ms=args.budget_margin_ms, pin=args.pin, batch_start=args.batch_start, tag=f"serving{i}") as c:
+    with SampleCluster([model], threads=args.threads, cprofile=cprofile, cprofile_dir=OUT, ort_no_spin=args.ort_no_spin,
+                       budget_margin_ms=args.budget_margin_ms, pin=args.pin, batch_start=args.batch_start,
+                       tag=f"serving{i}") as c:
         threads = args.threads or (os.cpu_count() or 1)
         with on_exec_cpus(args.pin):
             lim = ort_limit(model, args.threads, args.slo_ms, args.ort_repeats)
@@ -712,22 +246,22 @@ def one_repeat(args, i: int) -> dict:
 
         lo = max(10.0, 0.3 * lim["throughput_rps"])
         hi = 1.1 * lim["throughput_rps"]
-        meter = CpuMeter({"frontend": c.pid("frontend"), "backend": c.pid("backend"), "client": os.getpid()}).start()
-        before = model_stats(c.frontend, model)
-        pids = {n: c.pid(n) for n in ("frontend", "backend", "scheduler")}
-        pids["client"] = os.getpid()
+        pids = c.pids()
+        meter = CpuMeter({k: pids[k] for k in ("frontend", "backend", "client")}).start()
+        frontend = c.frontend.address
+        before = model_stats(frontend, model)
         if args.search == "ramp":
-            rate, steps = ramp_rate(c.frontend, model, args.slo_ms, args.ramp_start * lim["throughput_rps"], hi,
+            rate, steps = ramp_rate(frontend, model, args.slo_ms, args.ramp_start * lim["throughput_rps"], hi,
                                     args.ramp_factor, args.step_s, on_step=next_to_step, pids=pids,
                                     warmup_s=args.warmup_s)
         else:
-            rate, steps = max_rate(c.frontend, model, args.slo_ms, lo, hi, args.step_s, on_step=next_to_step,
+            rate, steps = max_rate(frontend, model, args.slo_ms, lo, hi, args.step_s, on_step=next_to_step,
                                    pids=pids, warmup_s=args.warmup_s)
             if rate == 0.0:      # even the lowest rate failed (a burst of other load, or a slow config): go lower
-                rate, more = max_rate(c.frontend, model, args.slo_ms, lo / 3, lo, args.step_s, on_step=next_to_step,
+                rate, more = max_rate(frontend, model, args.slo_ms, lo / 3, lo, args.step_s, on_step=next_to_step,
                                       pids=pids, max_steps=6, warmup_s=args.warmup_s)
                 steps += more
-        d = stats_delta(model_stats(c.frontend, model), before)
+        d = stats_delta(model_stats(frontend, model), before)
         cpu = meter.stop()
         l_med = statistics.median(l_samples)
         limit = b_star * 1000 / l_med
@@ -743,7 +277,7 @@ def one_repeat(args, i: int) -> dict:
         print(f"[{i}] served {rate:.1f} rps / limit {limit:.1f} rps (b*={b_star}, l={l_med:.1f} ms, "
               f"range {min(l_samples):.1f}-{max(l_samples):.1f}) = {res['ratio']:.3f}", flush=True)
         c.stop()
-        prof = c.profiles()[model].get("cpu")
+        prof = c.profiles(c.models)[model].get("cpu")
         if prof is not None:
             from backend.engine import session_max_batch
             res["scheduler_profile_ms"] = {r.batch: r.latency_ms for r in prof.rows}
@@ -824,10 +358,7 @@ def main(argv: list[str] | None = None) -> int:
           f"added p50 median {summary['added_p50_median_ms']:.2f} ms "
           f"(range {summary['added_p50_min_ms']:.2f}-{summary['added_p50_max_ms']:.2f})")
     print(uptime())
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "runs": runs, "summary": summary}, indent=1, default=str))
-    print(f"wrote {out}")
+    print(f"wrote {write_json(args.out, {'args': vars(args), 'runs': runs, 'summary': summary})}")
     return 0
 
 

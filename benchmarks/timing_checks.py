@@ -11,7 +11,7 @@ on it, so they are measured here and reported with the bound each one is expecte
    (>= 300 ms), the client lag of an open-loop run (< 200 ms) and of a run whose loop is blocked for
    200 ms (>= 150 ms).
 
-Run: ``python benchmarks/timing_checks.py [--only emulated|bench] [--rounds 5]``; prints a table and
+Run: ``python -m benchmarks.timing_checks [--only emulated|bench] [--rounds 5]``; prints a table and
 writes ``benchmarks/out/timing_checks.json``. Exit status 0 whatever the figures (it reports; the
 figures are read, not gated).
 """
@@ -22,15 +22,14 @@ import argparse
 import asyncio
 import json
 import pathlib
-import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common.profile import Profile
+from common.sample_models import mlp_small, model_bytes
+from nexus.bench.cluster import ServeCluster, Upload
 
-from common.profile import Profile  # noqa: E402
-from common.sample_models import mlp_small, model_bytes  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 DEVICE_TYPE = "gtx1080ti"
 PROFILE = Profile.linear(2.0, 20.0, 24, memory_base_mb=400, memory_per_item_mb=8, device_type=DEVICE_TYPE)
@@ -43,21 +42,14 @@ def emulated_ratios(rounds: int) -> list[dict[int, float]]:
     import tritonclient.grpc as grpcclient
 
     from nexus.bench import run_bench
-    from tests.conftest import nexus_cli, start_cluster
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="timing-checks-"))
-    cluster = start_cluster(tmp / "cluster", "--no-samples", "--device", f"emulated:{DEVICE_TYPE}")
+    cluster = ServeCluster(tmp / "cluster", "--no-samples", "--device", f"emulated:{DEVICE_TYPE}")
     try:
         (tmp / "mlp.onnx").write_bytes(model_bytes(mlp_small()))
         (tmp / "profile.json").write_text(PROFILE.to_json())
-        up = nexus_cli("models", "upload", str(tmp / "mlp.onnx"), "--name", "emu_mlp", "--profile",
-                       str(tmp / "profile.json"), "--slo-ms", str(EMU_SLO_MS), "--scheduler", cluster.scheduler)
-        if up.returncode != 0:
-            raise SystemExit(f"upload failed: {up.stderr}")
+        cluster.upload(Upload(tmp / "mlp.onnx", "emu_mlp", str(tmp / "profile.json"), EMU_SLO_MS), timeout_s=60)
         client = grpcclient.InferenceServerClient(cluster.frontend)
-        deadline = time.monotonic() + 60
-        while not client.is_model_ready("emu_mlp") and time.monotonic() < deadline:
-            time.sleep(0.2)
 
         def batch_stats() -> dict[int, tuple[int, int]]:
             stats = client.get_inference_statistics("emu_mlp").model_stats[0]
@@ -84,10 +76,9 @@ def emulated_ratios(rounds: int) -> list[dict[int, float]]:
 
 def bench_figures() -> dict[str, float]:
     from nexus.bench import run_bench, run_bench_async
-    from nexus.bench.fake_kserve import spawn
-    from tests.test_bench import CONFIG, GRACE_MS, SLO_MS
+    from nexus.bench.fake_kserve import GRACE_MS, SCRIPTED_CONFIG, SLO_MS, spawn
 
-    proc, server = spawn(CONFIG)
+    proc, server = spawn(SCRIPTED_CONFIG)
     try:
         mixed = run_bench(server, "mixed", 100.0, 2.0, SLO_MS, grace_ms=GRACE_MS, seed=5)
         slow = run_bench(server, "slow", 50.0, 1.0, 1000.0, seed=2)

@@ -3,7 +3,7 @@ bidirectional stream (today's Execute stream) and of a pyzmq DEALER/ROUTER pair 
 (``ipc://``), two processes, the same protobuf messages.
 
     pip install pyzmq        # not a project dependency: this benchmark decides whether it becomes one
-    python benchmarks/transport_micro.py [--repeats 5] [--n 6000] [--inflight 8]
+    python -m benchmarks.transport_micro [--repeats 5] [--n 6000] [--inflight 8]
 
 The "backend" process answers each ``control.ExecItem`` with a ``control.ExecResult`` carrying an
 output of 1000 FP32 (what a classifier returns); the "frontend" process keeps ``--inflight``
@@ -25,12 +25,13 @@ import subprocess
 import sys
 import tempfile
 
+from nexus.bench.report import write_json
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "out"
 
 BACKEND = r"""
 import asyncio, sys, time
-sys.path.insert(0, ROOT)
 from common.pb import control, control_grpc
 from nexus.process import loop_factory
 
@@ -79,7 +80,6 @@ with asyncio.Runner(loop_factory=loop_factory()) as r:
 
 FRONTEND = r"""
 import asyncio, json, sys, time
-sys.path.insert(0, ROOT)
 from common.pb import control, control_grpc
 from nexus.process import loop_factory
 
@@ -160,14 +160,14 @@ print(json.dumps({"wall_s": wall, "cpu_s": cpu}))
 
 
 def run_pair(transport: str, n: int, warm: int, inflight: int, side: int, tmp: pathlib.Path) -> dict:
-    code = {k: v.replace("ROOT", repr(str(ROOT)), 1) for k, v in (("b", BACKEND), ("f", FRONTEND))}
     ipc = f"ipc://{tmp}/backend.sock"
-    backend = subprocess.Popen([sys.executable, "-c", code["b"], transport, ipc, str(n + warm)],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    # Both run from the repository root (``python -c`` imports from its working directory first).
+    backend = subprocess.Popen([sys.executable, "-c", BACKEND, transport, ipc, str(n + warm)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     port = backend.stdout.readline().strip()
     address = f"127.0.0.1:{port}" if transport == "grpc" else ipc
-    front = subprocess.run([sys.executable, "-c", code["f"], transport, address, str(n), str(warm),
-                            str(inflight), str(side)], capture_output=True, text=True, check=True)
+    front = subprocess.run([sys.executable, "-c", FRONTEND, transport, address, str(n), str(warm),
+                            str(inflight), str(side)], capture_output=True, text=True, check=True, cwd=ROOT)
     got = json.loads(front.stdout.strip().splitlines()[-1])
     if transport == "grpc":
         backend.stdin.write("\n")
@@ -210,9 +210,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{g['rate_rps']:.0f} rps; zmq frontend {z['frontend_us']:.0f} us + backend {z['backend_us']:.0f} us, "
               f"{z['rate_rps']:.0f} rps; zmq/grpc CPU "
               f"{(z['frontend_us'] + z['backend_us']) / (g['frontend_us'] + g['backend_us']):.2f}")
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "runs": runs, "summary": summary}, indent=1))
+    write_json(args.out, {"args": vars(args), "runs": runs, "summary": summary})
     return 0
 
 

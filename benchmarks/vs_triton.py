@@ -1,6 +1,6 @@
 """Nexus against Triton in the same run, same machine, same client (issue 12, item 3).
 
-    python benchmarks/vs_triton.py --triton-python /work/pytriton-venv310/bin/python [--quick] [--py-spy]
+    python -m benchmarks.vs_triton --triton-python /work/pytriton-venv310/bin/python [--quick] [--py-spy]
 
 One after the other on this machine, for each model (a ResNet-18-class CNN at 64x64, seed 1018,
 a different file from the sample ``resnet18_64``, at a 100 ms SLO; a tiny CNN built here, 3x32x32,
@@ -13,7 +13,7 @@ at a 20 ms SLO):
    b* with 2*l(b*) <= SLO (Nexus's saturated batch), and ``batch1_ms`` is l(1). Measured again
    before each server's phase, so each server is compared with the limit measured next to it.
 2. TRITON: a real tritonserver (the one bundled in the ``nvidia-pytriton`` wheel, run from its own
-   virtualenv by ``--triton-python``; this file, with ``--serve-triton``, is the model script):
+   virtualenv by ``--triton-python``, with benchmarks/triton_model.py as the model script):
    ONNX Runtime with the same session options as ORT direct inside the Python model function
    (PyTriton's ``@batch``), dynamic batching with
    ``max_batch_size`` = b* and a max queue delay (``--triton-queue-delay-us``), the same .onnx file.
@@ -47,20 +47,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import json
 import os
 import pathlib
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
+
+from nexus.bench import pyspy
+from nexus.bench.cluster import ServeCluster, descendants
+from nexus.bench.meters import CpuMeter, LoadSampler, loadavg
+from nexus.bench.ort_direct import ort_limit as direct_limit
+from nexus.bench.ort_direct import ort_session
+from nexus.bench.report import step_summary, write_json
+from nexus.launcher import nexus_command
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "out"
@@ -77,96 +82,30 @@ MODELS = {
 
 def build_models(directory: pathlib.Path) -> dict[str, pathlib.Path]:
     """Write both .onnx files; return name -> path."""
-    from common import sample_models as sm
+    from common.sample_models import model_bytes, resnet18_64, tiny_cnn
 
-    r18 = sm.resnet18_64(seed=1018)
-    # Tiny CNN: three 3x3/2 convs (3->8->16->32 channels) on 3x32x32, global pool, FC to 10.
-    b = sm._GraphBuilder(2020, prefix="tiny_")
-    x = b.relu(b.conv("input", 3, 8, 3, stride=2))
-    x = b.relu(b.conv(x, 8, 16, 3, stride=2))
-    x = b.relu(b.conv(x, 16, 32, 3, stride=2))
-    logits = b.gemm(sm._pool_flatten(b, x), 32, 10)
-    tiny = b.model("tiny_cnn", MODELS["tiny_cnn"][1], [(logits, "logits", 10)], "Tiny CNN for per-request overhead.")
     paths = {}
-    for name, model in (("r18_64", r18), ("tiny_cnn", tiny)):
+    for name, model in (("r18_64", resnet18_64(seed=1018)), ("tiny_cnn", tiny_cnn())):
         paths[name] = directory / f"{name}.onnx"
-        paths[name].write_bytes(sm.model_bytes(model))
+        paths[name].write_bytes(model_bytes(model))
     return paths
 
 
-def ort_session(path: str, threads: int, spin: bool):
-    """An ORT CPU session: ``threads`` intra-op threads (0: ORT's default, one per core); ``spin``
-    False turns intra-op spin-waiting off, as the Nexus backend does (an idle worker that spins
-    takes a core from the server's own threads on a 2-core machine)."""
-    import onnxruntime as ort
-
-    o = ort.SessionOptions()
-    o.log_severity_level = 3
-    if threads:
-        o.intra_op_num_threads = threads
-    if not spin:
-        o.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(path, sess_options=o, providers=["CPUExecutionProvider"])
-
-
 def ort_limit(path: pathlib.Path, slo_ms: float, repeats: int, threads: int = 0, spin: bool = False) -> dict:
-    """ORT called directly in a loop: l(b) medians, the saturated batch b* and b*/l(b*)."""
-    session = ort_session(str(path), threads, spin)
+    """ORT called directly in a loop (``nexus.bench.ort_direct``): l(b) medians, the saturated batch b*
+    and b*/l(b*). Past 16, b steps by a quarter: the tiny model's b* is in the hundreds."""
+    session = ort_session(path, threads, spin=spin)
     shape = session.get_inputs()[0].shape[1:]
     rng = np.random.default_rng(0)
-    lat: dict[int, float] = {}
-    over, b = 0, 1
-    while over < 2 and b <= 256:
-        x = rng.standard_normal((b, *shape)).astype(np.float32)
-        for _ in range(3):
-            session.run(None, {"input": x})
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            session.run(None, {"input": x})
-            times.append((time.perf_counter() - t) * 1000)
-        lat[b] = statistics.median(times)
-        over = over + 1 if 2 * lat[b] > slo_ms else 0
-        # Past 16, step by a quarter: the tiny model's b* is in the hundreds.
-        b = b + 1 if b < 16 else int(b * 1.25)
-    ok = [k for k, v in lat.items() if 2 * v <= slo_ms]
-    best = max(ok) if ok else 1
-    return {"latency_ms": {k: round(v, 3) for k, v in lat.items()}, "batch": best, "l_ms": round(lat[best], 3),
-            "limit_rps": round(best * 1000 / lat[best], 1), "batch1_ms": round(lat[1], 3),
-            "threads": threads or "ORT default", "spin": spin}
+    lim = direct_limit(session, slo_ms, lambda b: rng.standard_normal((b, *shape)).astype(np.float32), repeats,
+                       next_batch=lambda b: b + 1 if b < 16 else int(b * 1.25))
+    lat = lim["latency_ms"]
+    return {"latency_ms": {k: round(v, 3) for k, v in lat.items()}, "batch": lim["batch"],
+            "l_ms": round(lim["l_ms"], 3), "limit_rps": round(lim["throughput_rps"], 1),
+            "batch1_ms": round(lat[1], 3), "threads": threads or "ORT default", "spin": spin}
 
 
 # ---- machine ----------------------------------------------------------------------------------------
-
-class LoadSampler:
-    """Samples /proc/loadavg (1-minute figure) every ``period_s`` in a thread."""
-
-    def __init__(self, period_s: float = 5.0) -> None:
-        self.period_s = period_s
-        self.samples: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        t0 = time.monotonic()
-        while not self._stop.is_set():
-            self.samples.append((round(time.monotonic() - t0, 1), loadavg()))
-            self._stop.wait(self.period_s)
-
-    def start(self) -> "LoadSampler":
-        self._thread.start()
-        return self
-
-    def stop(self) -> dict:
-        self._stop.set()
-        self._thread.join()
-        values = [v for _, v in self.samples]
-        return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
-
-
-def loadavg() -> float:
-    return float(pathlib.Path("/proc/loadavg").read_text().split()[0])
-
 
 def favour(pid: int, nice: int) -> None:
     """Niceness ``nice`` for a process and for its scheduler autogroup (its session; with autogroups on,
@@ -201,40 +140,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for task in pathlib.Path(f"/proc/{p}/task").glob("*"):
-            try:
-                kids = [int(k) for k in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
 # ---- load ---------------------------------------------------------------------------------------------
 
 def step_dict(r) -> dict:
-    keys = ("offered_rps", "sent", "within_slo", "late", "dropped", "failed", "goodput_rps", "throughput_rps",
-            "bad_rate", "p50_ms", "p90_ms", "p99_ms", "client_lag_ms")
-    d = {k: getattr(r, k) for k in keys}
-    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in d.items()}
+    return step_summary(r, 3)
 
 
 async def measure_server(address: str, model: str, slo_ms: float, start_rps: float, args, label: str,
                          during_near_max=None) -> dict:
     """Low-load p50, then the goodput search; returns both with every step."""
-    from nexus.bench.loadgen import LoadClient
+    from nexus.bench import LoadClient, search_rate
 
     steps: list[dict] = []
     async with LoadClient(address, model, seed=1) as client:
@@ -242,106 +157,28 @@ async def measure_server(address: str, model: str, slo_ms: float, start_rps: flo
         print(f"  [{label}] {model} low load {args.low_rate:g} rps: p50 {low.p50_ms:.2f} ms p99 {low.p99_ms:.2f} ms "
               f"({low.sent} requests)", flush=True)
 
-        async def passes(rate: float) -> bool:
-            await asyncio.sleep(args.cooldown_s)
-            duration = max(args.step_s, min(args.min_requests / rate, args.max_step_s))
-            r = await client.run(rate, duration, slo_ms, warmup_s=args.warmup_s, seed=len(steps) + 1)
+        def step(r) -> None:
             ok = r.sent > 0 and r.good_fraction >= 0.99
             steps.append({**step_dict(r), "pass": ok})
-            print(f"  [{label}] {model} {rate:7.1f} rps: {'pass' if ok else 'FAIL'} good {r.good_fraction:.4f} "
+            print(f"  [{label}] {model} {r.offered_rps:7.1f} rps: {'pass' if ok else 'FAIL'} good {r.good_fraction:.4f} "
                   f"p50 {r.p50_ms or float('nan'):.1f} p99 {r.p99_ms or float('nan'):.1f} ms, {r.sent} req, "
                   f"lag {r.client_lag_ms:.0f} ms, load {loadavg():.1f}", flush=True)
-            return ok
 
         # Unrecorded warm-up at the first rate: batch sizes, arenas and connections seen once.
         await client.run(start_rps, 2.0, slo_ms, seed=0)
-        best = await search_rate(passes, start_rps, args.rel_tol, args.max_steps)
+        # From the first rate: double while passing or halve while failing (down to 5 rps), then bisect.
+        best, _ = await search_rate(
+            client, slo_ms, start_rps, step_duration_s=lambda rate: max(args.step_s, min(args.min_requests / rate,
+                                                                                          args.max_step_s)),
+            warmup_s=args.warmup_s, cooldown_s=args.cooldown_s, seed=1, on_step=step,
+            rel_tol=args.rel_tol, max_steps=args.max_steps, floor=5.0)
         near = None
         if during_near_max is not None and best > 0:
             near = await during_near_max(client, 0.9 * best)
     return {"low": step_dict(low), "goodput_rps": round(best, 1), "steps": steps, "near_max": near}
 
 
-async def search_rate(passes, start: float, rel_tol: float, max_steps: int, floor: float = 5.0) -> float:
-    """Largest passing rate: from ``start`` double while passing or halve while failing (down to
-    ``floor``), then bisect between the best pass and the lowest fail to ``rel_tol``."""
-    steps = 1
-    if await passes(start):
-        best, fail = start, None
-        while steps < max_steps:
-            steps += 1
-            if await passes(best * 2):
-                best *= 2
-            else:
-                fail = best * 2
-                break
-    else:
-        best, fail = 0.0, start
-        while steps < max_steps and fail / 2 >= floor:
-            steps += 1
-            if await passes(fail / 2):
-                best = fail / 2
-                break
-            fail /= 2
-    while fail is not None and best > 0 and steps < max_steps and fail - best > rel_tol * best:
-        steps += 1
-        mid = 0.5 * (best + fail)
-        if await passes(mid):
-            best = mid
-        else:
-            fail = mid
-    return best
-
-
 # ---- Triton --------------------------------------------------------------------------------------------
-
-def serve_triton(argv: list[str]) -> int:
-    """Model script run under the pytriton virtualenv:
-    ``--serve-triton GRPC HTTP METRICS DELAY_US THREADS SPIN NAME=PATH:MAXB ...``."""
-    import sysconfig
-
-    # The python backend's stub loads libpython of this interpreter's version; a pyenv build keeps it
-    # in its own LIBDIR, off the loader's path, where a system library of another patch release may be.
-    os.environ["LD_LIBRARY_PATH"] = ":".join(filter(None, [sysconfig.get_config_var("LIBDIR"),
-                                                         os.environ.get("LD_LIBRARY_PATH")]))
-    from pytriton.decorators import batch
-    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-    from pytriton.triton import Triton, TritonConfig
-
-    grpc_port, http_port, metrics_port, delay_us, threads, spin = (int(a) for a in argv[:6])
-    config = TritonConfig(grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
-                          grpc_address="127.0.0.1", http_address="127.0.0.1", metrics_address="127.0.0.1")
-    with Triton(config=config) as triton:
-        for spec in argv[6:]:
-            name, rest = spec.split("=", 1)
-            path, max_batch = rest.rsplit(":", 1)
-            session = ort_session(path, threads, bool(spin))
-            inp, out = session.get_inputs()[0], session.get_outputs()[0]
-
-            def make_fn(session=session, in_name=inp.name, out_name=out.name):
-                @batch
-                def infer(**inputs):
-                    return {out_name: session.run([out_name], {in_name: inputs[in_name]})[0]}
-                return infer
-
-            triton.bind(
-                model_name=name,
-                infer_func=make_fn(),
-                inputs=[Tensor(name=inp.name, dtype=np.float32, shape=_dims(inp.shape[1:]))],
-                outputs=[Tensor(name=out.name, dtype=np.float32, shape=_dims(out.shape[1:]))],
-                config=ModelConfig(max_batch_size=int(max_batch),
-                                   batcher=DynamicBatcher(max_queue_delay_microseconds=delay_us)),
-                strict=False,
-            )
-        print("TRITON-READY", flush=True)
-        triton.serve()
-    return 0
-
-
-def _dims(shape) -> tuple[int, ...]:
-    """ORT's shape without the batch dimension, a symbolic dimension as -1."""
-    return tuple(d if isinstance(d, int) else -1 for d in shape)
-
 
 class Server:
     """A server process in its own session (killed as a group), output to a log file."""
@@ -389,7 +226,7 @@ def wait_ready(address: str, names: list[str], timeout_s: float) -> None:
 def run_triton(args, paths, limits, work: pathlib.Path) -> dict:
     ports = [free_port() for _ in range(3)]
     specs = [f"{n}={paths[n]}:{limits[n]['batch']}" for n in args.models]
-    srv = Server("triton", [args.triton_python, str(pathlib.Path(__file__).resolve()), "--serve-triton",
+    srv = Server("triton", [args.triton_python, str(ROOT / "benchmarks" / "triton_model.py"),
                             *map(str, ports), str(args.triton_queue_delay_us), str(args.ort_threads),
                             str(int(args.ort_spin)), *specs], work)
     try:
@@ -410,40 +247,32 @@ def run_triton(args, paths, limits, work: pathlib.Path) -> dict:
 # ---- Nexus ----------------------------------------------------------------------------------------------
 
 def run_nexus(args, paths, work: pathlib.Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    nexus = [sys.executable, "-m", "nexus"]
+    nexus = nexus_command()
     data = work / "nexus-data"
-    cmd = [*nexus, "serve", "--no-samples", "--frontend-port", "0", "--metrics-port", "0", "--http-port", "0",
-           "--scheduler-port", "0", "--data-dir", str(data)]
+    flags = ["--no-samples"]
     if args.nexus_threads:
-        cmd += ["--threads", str(args.nexus_threads)]
+        flags += ["--threads", str(args.nexus_threads)]
     if args.nexus_batch_start:
-        cmd += ["--batch-start", args.nexus_batch_start]
-    srv = Server("nexus", cmd, work, env)
-    favour(srv.proc.pid, args.nice)      # its own session: the scheduler, backend and frontend share it
+        flags += ["--batch-start", args.nexus_batch_start]
+    srv = ServeCluster(data, *flags, timeout_s=180, log_path=work / "nexus.log", log_level="INFO")
+    favour_tree(srv.pid, args.nice)      # its own session: the scheduler, backend and frontend share it
     try:
-        words = srv.wait_line("NEXUS-READY serve", 180).split()
-        frontend, scheduler = words[2], words[3]
+        frontend, scheduler = srv.frontend, srv.scheduler
         profiles = {}
         for name in args.models:
             prof = work / f"{name}.profile.json"
             subprocess.run([*nexus, "profile", str(paths[name]), "-o", str(prof), "--no-plot", "-q"],
-                           check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+                           check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
             p = json.loads(prof.read_text())
             profiles[name] = {"max_batch": max(int(b) for b in p["meta"]["measured_batches"])}
             subprocess.run([*nexus, "models", "upload", str(paths[name]), "--name", name, "--profile", str(prof),
                             "--slo-ms", str(MODELS[name][0]), "--scheduler", scheduler,
                             "--token-file", str(data / "token")],     # the cluster token nexus serve made
-                           check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
-        wait_ready(frontend, args.models, 180)
-        favour_tree(srv.proc.pid, args.nice)
+                           check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        srv.wait_models_ready(args.models, 180)
+        favour_tree(srv.pid, args.nice)
         print(f"nexus serve on {frontend} (scheduler {scheduler}); profiles {profiles}", flush=True)
-        pids = {"serve": srv.proc.pid}
-        for pid in descendants(srv.proc.pid):
-            line = cmdline(pid)
-            for comp in ("scheduler", "backend", "frontend"):
-                if f" {comp} " in f" {line} ":
-                    pids[comp] = pid
+        pids = {"serve": srv.pid, **srv.components()}
         out = {}
         for name in args.models:
             slo, _, start = MODELS[name]
@@ -457,7 +286,6 @@ def run_nexus(args, paths, work: pathlib.Path) -> dict:
 
 def make_near_max(args, pids: dict[str, int], work: pathlib.Path, model: str):
     """A step at ``rate`` with CPU accounting per process and py-spy on frontend and backend."""
-    from benchmarks.serving import cpu_seconds, machine_busy     # one /proc reader for the benchmarks
 
     async def near_max(client, rate: float) -> dict:
         slo = MODELS[model][0]
@@ -466,74 +294,22 @@ def make_near_max(args, pids: dict[str, int], work: pathlib.Path, model: str):
         for comp in ("frontend", "backend"):
             if comp in pids:
                 raw = work / f"spy-{model}-{comp}.txt"
-                spies[comp] = (raw, subprocess.Popen(
-                    [args.py_spy_bin, "record", "--pid", str(pids[comp]), "--duration", str(int(duration)),
-                     "--rate", "100", "--format", "raw", "--threads", "--nonblocking", "--output", str(raw)],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                spies[comp] = (raw, pyspy.record(args.py_spy_bin, pids[comp], duration, raw))
         await asyncio.sleep(0.5)
         watched = {**{k: v for k, v in pids.items() if k != "serve"}, "client": os.getpid()}
-        c0 = {k: cpu_seconds(p) for k, p in watched.items()}
-        m0, w0 = machine_busy(), time.monotonic()
+        meter = CpuMeter(watched).start()
         r = await client.run(rate, duration, slo, warmup_s=0.0, seed=999)
-        wall = time.monotonic() - w0
-        m1 = machine_busy()
-        cores = {k: round((cpu_seconds(p) - c0[k]) / wall, 3) for k, p in watched.items()}
-        cores["machine"] = round((m1[0] - m0[0]) / max(m1[1] - m0[1], 1) * (os.cpu_count() or 1), 3)
+        cpu = meter.stop()
+        cores = {k: round(v / cpu["wall_s"], 3) for k, v in cpu["cpu_s"].items()}
+        cores["machine"] = round(cpu["machine_busy_cores"], 3)
         cores["others"] = round(cores["machine"] - sum(v for k, v in cores.items() if k != "machine"), 3)
         per_req_ms = {k: round(v * 1000 / max(r.throughput_rps, 1e-9), 3) for k, v in cores.items()}
-        tops = {}
-        for comp, (raw, proc) in spies.items():
-            try:
-                proc.wait(timeout=duration + 30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            tops[comp] = top_functions(raw, int(duration)) if raw.exists() else {"error": f"py-spy exit {proc.returncode}"}
+        tops = {comp: pyspy.finish(proc, raw, duration) for comp, (raw, proc) in spies.items()}
         print(f"  [nexus] {model} near max {rate:.0f} rps: cores {cores}", flush=True)
         return {"rate_rps": round(rate, 1), "step": step_dict(r), "cores": cores, "cpu_ms_per_request": per_req_ms,
                 "py_spy": tops}
 
     return near_max
-
-
-# Frames of a thread waiting, not working: dropped before the shares are computed.
-_IDLE = ("epoll_wait", "select (", "poll (", "wait (threading", "_worker (concurrent", "sleep", "acquire",
-         "_wait_for_tstate_lock", "wait (", "get (queue")
-
-
-def top_functions(raw: pathlib.Path, seconds: float, rate_hz: int = 100, n: int = 12) -> dict:
-    """py-spy raw (collapsed) stacks -> the functions with the most samples (self and inclusive), as % of
-    the process's busy samples, and each thread's busy share of one core over ``seconds``."""
-    self_c: collections.Counter = collections.Counter()
-    incl: collections.Counter = collections.Counter()
-    threads: collections.Counter = collections.Counter()
-    total = idle = 0
-    for line in raw.read_text(errors="replace").splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not count.isdigit():
-            continue
-        k = int(count)
-        frames = stack.split(";")
-        leaf = frames[-1]
-        if any(s in leaf for s in _IDLE):
-            idle += k
-            continue
-        total += k
-        threads[frames[0].split(": ", 1)[-1]] += k     # "thread (TID): NAME" with --threads
-        self_c[_short(leaf)] += k
-        for f in set(_short(f) for f in frames[1:]):
-            incl[f] += k
-    pct = lambda c: {f: round(100 * v / max(total, 1), 1) for f, v in c.most_common(n)}
-    cores = {t: round(v / (rate_hz * seconds), 3) for t, v in threads.most_common(6)}
-    return {"busy_samples": total, "idle_samples": idle, "self_pct": pct(self_c), "inclusive_pct": pct(incl),
-            "thread_cores": cores}
-
-
-def _short(frame: str) -> str:
-    """'func (path/to/file.py:123)' -> 'func (file.py)'."""
-    name, _, where = frame.partition(" (")
-    file = where.split(":")[0].rstrip(")")
-    return f"{name} ({'/'.join(file.split('/')[-2:])})"
 
 
 # ---- report ----------------------------------------------------------------------------------------------
@@ -611,8 +387,6 @@ def print_table(rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--serve-triton"]:
-        return serve_triton(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--triton-python", default="/work/pytriton-venv310/bin/python",
                    help="python of a virtualenv with nvidia-pytriton and onnxruntime")
@@ -665,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sampler = LoadSampler().start()
     t0 = time.monotonic()
-    result: dict = {"command": " ".join(["python", "benchmarks/vs_triton.py", *argv]), "models": args.models,
+    result: dict = {"command": " ".join(["python", "-m", "benchmarks.vs_triton", *argv]), "models": args.models,
                     "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(), "nice": args.nice,
                     "ort_direct": {}}
     with tempfile.TemporaryDirectory(prefix="vs-triton-") as tmp:
@@ -694,9 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     result["load_average"] = sampler.stop()
     result["wall_s"] = round(time.monotonic() - t0, 1)
     result["summary"] = summary(result)
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    out = write_json(args.out, result)
     plot(result, pathlib.Path(args.plot))
     print(f"\nwall {result['wall_s']} s; load average (1 min) during the run: {result['load_average']}")
     print_table(result["summary"])
@@ -705,5 +477,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     sys.exit(main())

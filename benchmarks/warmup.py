@@ -2,7 +2,7 @@
 
 One run, repeated ``--reps`` times, alternating the two modes (warm: backends as shipped; cold: the
 same backends with ``--no-warmup``) so that both see the same machine: a scheduler, a frontend and
-two CPU backends (ONNX Runtime, started by nexus/launcher.py as ``nexus serve`` starts them) serve
+two CPU backends (ONNX Runtime, started by the library's harness, ``nexus.bench.cluster.Cluster``) serve
 ``resnet18_64`` (a sample model), uploaded with a CPU profile measured once at the start so that no
 backend has run the model before it is placed there.
 
@@ -17,7 +17,7 @@ Each request's latency is measured by the client (one gRPC channel to the fronte
 before the model is loaded). The backend's own time for the first request's batch (its ``compute_ns``
 in ``Stats``) is kept too, to tell a runtime's first-run cost from the rest of the path.
 
-    python benchmarks/warmup.py [--reps 5] [--steady 60] [--gap-ms 20] [--threads 0] [--json OUT]
+    python -m benchmarks.warmup [--reps 5] [--steady 60] [--gap-ms 20] [--threads 0] [--json OUT]
 
 Target (issue 20): with warm-up, the first request after a load or a move is at most 1.5x the
 steady-state p50. Numbers: benchmarks/warmup.md.
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import shutil
 import statistics
@@ -35,18 +34,12 @@ import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import grpc
+import numpy as np
 
-import grpc  # noqa: E402
-import numpy as np  # noqa: E402
-
-from common.config import BackendConfig, FrontendConfig, SchedulerConfig  # noqa: E402
-from common.pb import control, control_grpc, kserve, kserve_grpc  # noqa: E402
-from common.sample_models import build_sample_model, model_bytes  # noqa: E402
-from nexus.launcher import Child, launch  # noqa: E402
-from nexus.models_cmd import upload_model  # noqa: E402
+from common.pb import control, control_grpc, kserve, kserve_grpc
+from common.sample_models import build_sample_model, model_bytes
+from nexus.bench.cluster import Cluster, Upload
 
 MODEL = "resnet18_64"
 SHAPE = (1, 3, 64, 64)
@@ -65,45 +58,10 @@ def measure_profile(path: pathlib.Path, threads: int) -> pathlib.Path:
     return out
 
 
-class Cluster:
-    """Scheduler, frontend and two CPU backends, started through nexus.launcher; logs in ``workdir``."""
-
-    def __init__(self, workdir: pathlib.Path, warmup: bool, threads: int) -> None:
-        self.workdir = workdir
-        self.env = dict(os.environ, NEXUS_LOG="WARNING")
-        self.logs = []
-        self.children: list[Child] = []
-        self.scheduler = self._launch(SchedulerConfig(listen="127.0.0.1:0", data_dir=workdir / "db"), "scheduler")
-        self.scheduler_address = self.scheduler.wait_ready(60)
-        self.frontend = self._launch(FrontendConfig(scheduler=self.scheduler_address, listen="127.0.0.1:0",
-                                                    http_listen="", metrics_listen="", report_interval_s=0.5),
-                                     "frontend")
-        self.backends = [self._launch(BackendConfig(scheduler=self.scheduler_address, listen="127.0.0.1:0",
-                                                    device="cpu", threads=threads, warmup=warmup), f"backend-{i}")
-                         for i in range(2)]
-        self.frontend_address = self.frontend.wait_ready(60)
-        for b in self.backends:
-            b.wait_ready(60)
-
-    def _launch(self, config, name: str) -> Child:
-        log = open(self.workdir / f"{name}.log", "a")
-        self.logs.append(log)
-        child = launch(config, name, env=self.env, stderr=log)
-        self.children.append(child)
-        return child
-
-    def serving(self) -> Child:
-        """The live backend that holds the model's session."""
-        for b in self.backends:
-            if b.running() and _session(b.address) is not None:
-                return b
-        raise RuntimeError(f"no backend serves {MODEL}")
-
-    def stop(self) -> None:
-        for c in reversed(self.children):
-            c.stop(timeout_s=30)
-        for log in self.logs:
-            log.close()
+def start_cluster(workdir: pathlib.Path, warmup: bool, threads: int) -> Cluster:
+    """Scheduler, frontend and two CPU backends (``warmup`` on or off); logs in ``workdir``."""
+    return Cluster(workdir, backends=2, device="cpu", backend={"threads": threads, "warmup": warmup},
+                   frontend={"http_listen": "", "metrics_listen": "", "report_interval_s": 0.5}).start(timeout_s=60)
 
 
 def _session(backend: str) -> control.SessionStats | None:
@@ -167,19 +125,20 @@ def first_and_steady(client: Client, backend: str, steady: int, gap_s: float) ->
 
 
 def one_run(workdir: pathlib.Path, model: pathlib.Path, profile: pathlib.Path, warmup: bool, args) -> dict:
-    cluster = Cluster(workdir, warmup, args.threads)
-    client = Client(cluster.frontend_address)
+    cluster = start_cluster(workdir, warmup, args.threads)
+    client = Client(cluster.frontend.address)
     try:
-        upload_model(cluster.scheduler_address, model, MODEL, profile_path=str(profile), slo_ms=SLO_MS)
+        cluster.upload(Upload(model, MODEL, str(profile), SLO_MS), wait=False)
         deadline = time.monotonic() + 120
         while not client.ready():
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{MODEL} not ready within 120 s")
             time.sleep(0.02)
-        source = cluster.serving()
+        [source] = cluster.serving(MODEL)
         load = first_and_steady(client, source.address, args.steady, args.gap_ms / 1000)
         source.stop(timeout_s=60)          # SIGTERM: Leave moves the session, then it drains and exits
-        move = first_and_steady(client, cluster.serving().address, args.steady, args.gap_ms / 1000)
+        [target] = cluster.serving(MODEL)
+        move = first_and_steady(client, target.address, args.steady, args.gap_ms / 1000)
     finally:
         client.close()
         cluster.stop()

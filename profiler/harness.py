@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from common.arrivals import arrival_times
 from common.batching import BatchPolicy, Pending, Queue, SlidingWindowEarlyDrop, remove_taken, saturated_batch, schedule
 from common.profile import Profile
 from profiler.errors import ProfilerError
 from profiler.inputs import make_feeds
-from profiler.loadgen import poisson_arrivals
 
 
 def max_batch_for_slo(profile: Profile, slo_ms: float) -> int:
@@ -162,7 +162,7 @@ class Harness:
         for i, (name, model) in enumerate(self.models.items()):
             rate = float(rates_rps.get(name, 0.0))
             rng = np.random.default_rng([seed, i])
-            queues.append(_Queue(i, model, poisson_arrivals(rate, duration_s, rng)))
+            queues.append(_Queue(i, model, arrival_times(rate, duration_s, rng)))
         error: list[BaseException] = []
         worker = threading.Thread(target=self._execute, args=(queues, error), name="harness-executor", daemon=True)
         worker.start()

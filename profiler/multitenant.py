@@ -4,7 +4,7 @@ For models M_1..M_N (N >= 2) on one device, all with the same SLO:
 
 1. each model is profiled (unless a profile is given) with batch latencies capped at SLO/2;
 2. *dedicated peak* R_i: the harness (:mod:`profiler.harness`) serves M_i alone and an open-loop ramp
-   (:mod:`profiler.ramp`) finds the largest Poisson rate at which the latency percentile stays within
+   (:mod:`common.rate_search`) finds the largest Poisson rate at which the latency percentile stays within
    the SLO and at most 1% of requests are dropped or late;
 3. *co-located frontier*: every model is loaded on the same device; for each fraction f the models
    M_1..M_{N-1} are held at f * R_j / (N-1) and M_N's rate is ramped until any model breaks. With two
@@ -25,19 +25,28 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from common.profile import Profile
+from common.rate_search import max_passing_rate
 from profiler.cost import compare_point, cost_per_million
 from profiler.environment import device_type_of, environment_meta, parse_device, resolve_threads
 from profiler.errors import ProfilerError
 from profiler.harness import Harness, ModelStepStats, TenantModel
 from profiler.model_file import model_sha256
 from profiler.profiling import profile_model
-from profiler.ramp import find_max_rate
 from profiler.runtime import open_runtime
 from profiler.slowdown import measured_slowdown, merge_exec
 
 REPORT_KIND = "nexus-multitenant-report"
 REPORT_VERSION = 1
 DEFAULT_FRACTIONS = (0.25, 0.5, 0.75)
+# A ramp whose first rate fails halves it down to this fraction of the first rate before it gives up.
+MIN_FRACTION = 1.0 / 64
+
+
+def _ramp(passes: Callable[[float], bool], start: float, growth: float, refine: int, max_rate: float) -> float:
+    """The largest passing rate: from ``start`` times ``growth`` while passing (or divided while failing),
+    then ``refine`` bisections."""
+    return max_passing_rate(passes, start, growth=growth, refine=refine, max_rate=max_rate,
+                            floor=start * MIN_FRACTION)
 
 
 @dataclass(frozen=True)
@@ -156,7 +165,7 @@ def _measure(harness: Harness, models: list[TenantModel], tenants: Sequence[Tena
         def alone(rate: float) -> bool:
             return all(s.ok for s in step(f"dedicated {m.name}", {m.name: rate}).values())
 
-        return find_max_rate(alone, start, growth=growth, refine=refine, max_rate=_rate_cap(m, duration_s))
+        return _ramp(alone, start, growth, refine, _rate_cap(m, duration_s))
 
     first: dict[str, float] = {}
     for m in models:
@@ -174,8 +183,8 @@ def _measure(harness: Harness, models: list[TenantModel], tenants: Sequence[Tena
             return all(s.ok for s in step(kind, {**fixed, ramped.name: rate}).values())
 
         line = first[ramped.name] * (1.0 - f)
-        rate = find_max_rate(shared, max(0.5 * line, 0.01 * first[ramped.name]), growth=growth, refine=refine,
-                             max_rate=min(4.0 * first[ramped.name], _rate_cap(ramped, duration_s)))
+        rate = _ramp(shared, max(0.5 * line, 0.01 * first[ramped.name]), growth, refine,
+                     min(4.0 * first[ramped.name], _rate_cap(ramped, duration_s)))
         rates = {**fixed, ramped.name: rate}
         if rate <= 0 and not all(s.ok for s in step(kind + " (fixed load alone)", fixed).values()):
             rates = {n: 0.0 for n in rates}  # even the fixed load fails when co-located

@@ -1,58 +1,28 @@
-"""Shared fixtures: real local clusters started as separate processes on free loopback ports."""
+"""Shared fixtures: real local clusters (``nexus serve``, through the benchmark library's harness,
+nexus/bench/cluster.py) on free loopback ports."""
 
 from __future__ import annotations
 
 import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
 
-from nexus.launcher import Child, nexus_command
-from nexus.process import READY_PREFIX  # noqa: F401  (tests import it from here)
+from nexus.bench.cluster import Node, ServeCluster
+from nexus.launcher import nexus_command
 
 # scheduler address -> the cluster token `nexus serve` made: nexus_cli sends it, as an operator would
 _CLUSTER_TOKENS: dict[str, str] = {}
 
 
-class RunningCluster:
-    def __init__(self, child: Child, frontend: str, scheduler: str, data_dir) -> None:
-        self.child = child
-        self.proc = child.proc
-        self.frontend = frontend
-        self.scheduler = scheduler
-        self.data_dir = data_dir
-        self.info = child.info         # key=value words of the ready line (metrics=URL, http=HOST:PORT)
-        self.http = self.info.get("http", "")    # KServe v2 HTTP/REST HOST:PORT
-        token_file = pathlib.Path(data_dir) / "token"
-        self.token = token_file.read_text().strip() if token_file.exists() else ""
-        if self.token:
-            _CLUSTER_TOKENS[scheduler] = self.token
-
-    @property
-    def creds(self):
-        """Credentials for admin calls from the test process (the cluster token)."""
-        from common.security import Credentials
-        return Credentials(token=self.token or None)
-
-    def stop(self) -> int:
-        return self.child.stop(timeout_s=30)
-
-
-def start_cluster(data_dir, *extra: str, timeout_s: float = 240, stderr=None) -> RunningCluster:
-    """Run ``nexus serve`` (through nexus.launcher) on free ports; return once it printed its ready line."""
-    env = dict(os.environ, NEXUS_LOG=os.environ.get("NEXUS_LOG", "WARNING"))
-    child = Child("nexus serve", ["serve", "--frontend-port", "0", "--scheduler-port", "0", "--metrics-port", "0",
-                                  "--http-port", "0", "--data-dir", str(data_dir), *extra], env, stderr=stderr,
-                  start_new_session=True)
-    try:
-        child.wait_ready(timeout_s)
-    except RuntimeError:
-        child.stop()
-        raise
-    frontend, scheduler = child.ready_fields[2:4]
-    return RunningCluster(child, frontend, scheduler, data_dir)
+def start_cluster(data_dir, *extra: str, timeout_s: float = 240, stderr=None) -> ServeCluster:
+    """Run ``nexus serve`` (the benchmark library's harness) on free ports; return once it printed its
+    ready line. Admin calls of :func:`nexus_cli` against it carry its cluster token."""
+    c = ServeCluster(data_dir, *extra, timeout_s=timeout_s, stderr=stderr)
+    if c.token:
+        _CLUSTER_TOKENS[c.scheduler] = c.token
+    return c
 
 
 @pytest.fixture(scope="session")
@@ -73,26 +43,20 @@ def direct(tmp_path_factory):
     return {name: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for name, p in paths.items()}
 
 
-class NexusProcess:
-    """``nexus ARGV`` (through nexus.launcher) with its log (stderr) in a file; the address from its ready line."""
+class NexusProcess(Node):
+    """``nexus ARGV`` (the benchmark library's :class:`Node`) with its log (stderr) in a file at INFO;
+    the address from its ready line."""
 
     def __init__(self, log_path: pathlib.Path, *argv: str, env: dict | None = None) -> None:
-        self.log_path = log_path
-        self.log = log_path.open("w")
-        self.child = Child(argv[0], argv, {**os.environ, "NEXUS_LOG": "INFO", **(env or {})}, stderr=self.log)
+        super().__init__(argv[0], argv, env={"NEXUS_LOG": "INFO", **(env or {})}, log_path=log_path)
         try:
-            self.address = self.child.wait_ready(60)
+            self.wait_ready(60)
         except RuntimeError as exc:
-            raise AssertionError(f"{exc}: {self.logs()}") from None
-        self.proc = self.child.proc
+            self.stop()
+            raise AssertionError(str(exc)) from None
 
-    def logs(self) -> str:
-        self.log.flush()
-        return self.log_path.read_text()
-
-    def stop(self) -> None:
-        self.child.stop(timeout_s=30)
-        self.log.close()
+    def stop(self, timeout_s: float = 30.0) -> int:
+        return super().stop(timeout_s)
 
 
 def nexus_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:

@@ -137,7 +137,7 @@ def test_a_model_no_device_type_can_profile_is_reported_and_one_with_the_same_by
             up = nexus_cli("models", "upload", str(path), "--name", name, "--slo-ms", "200", *extra,
                            "--scheduler", cluster.scheduler.address)
             assert up.returncode == 0, up.stderr
-        wait_ready(cluster.frontend.address, "slow_model", features=8)
+        wait_ready(cluster.frontend.address, "slow_model")
         with grpc.insecure_channel(cluster.scheduler.address) as channel:
             admin = control_grpc.SchedulerStub(channel)
             deadline = time.monotonic() + 60

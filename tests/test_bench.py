@@ -26,66 +26,22 @@ import pytest
 from common.pb import kserve
 from nexus import bench_cmd
 from nexus.bench import (
+    BackgroundLoad,
     BenchError,
     BenchReport,
     build_request,
     find_max_rate,
-    poisson_arrivals,
     run_bench,
     run_bench_async,
-    search_max_rate,
 )
 from nexus.bench.report import lag_warning
-from nexus.bench.fake_kserve import spawn
+from nexus.bench.fake_kserve import GRACE_MS, MIXED_PATTERN, SCRIPTED_CONFIG, SLO_MS, spawn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-SLO_MS = 250.0
-GRACE_MS = 250.0  # client deadline 500 ms
-# Cycled per request by the server: 5 on time, 1 late, 2 failed, 2 dropped (one by the server
-# shedding, one by the client's deadline passing).
-MIXED_PATTERN = [
-    "ok",
-    "ok",
-    "sleep:350",  # late: > SLO, well before the 500 ms client deadline
-    "error:INTERNAL",  # failed
-    "ok",
-    "error:RESOURCE_EXHAUSTED",  # dropped
-    "ok",
-    "sleep:1500",  # dropped: the client's DEADLINE_EXCEEDED
-    "error:INVALID_ARGUMENT",  # failed
-    "ok",
-]
-
-CONFIG = {
-    "models": {
-        "fast": {"inputs": [["input", "FP32", [-1, 8]]], "outputs": [["output", "FP32", [-1, 4]]], "latency_ms": 1},
-        "mixed": {
-            "inputs": [["input", "FP32", [-1, 8]]],
-            "outputs": [["output", "FP32", [-1, 4]]],
-            "latency_ms": 0,
-            "pattern": MIXED_PATTERN,
-        },
-        "slow": {"inputs": [["input", "FP32", [-1, 8]]], "outputs": [["output", "FP32", [-1, 4]]], "latency_ms": 300},
-        # One worker, 10 ms per request: a capacity of 100 rps.
-        "single": {
-            "inputs": [["input", "FP32", [-1, 8]]],
-            "outputs": [["output", "FP32", [-1, 4]]],
-            "latency_ms": 10,
-            "workers": 1,
-        },
-        "multi": {
-            "inputs": [["a", "FP32", [-1, 3, 4]], ["b", "INT64", [-1, 2]], ["c", "UINT8", [-1, -1]]],
-            "outputs": [["y", "FP16", [-1, 5]]],
-            "latency_ms": 0,
-        },
-    }
-}
-
-
 @pytest.fixture(scope="module")
 def server() -> str:
-    proc, address = spawn(CONFIG)
+    proc, address = spawn(SCRIPTED_CONFIG)
     try:
         yield address
     finally:
@@ -116,22 +72,6 @@ def check_invariants(r: BenchReport) -> None:
 # ---------------------------------------------------------------- pure parts
 
 
-def test_poisson_arrivals_count_and_gaps():
-    rate, total = 500.0, 40.0
-    t = poisson_arrivals(rate, total, np.random.default_rng(1))
-    expected = rate * total
-    assert abs(len(t) - expected) < 4 * math.sqrt(expected)
-    assert np.all(np.diff(t) > 0) and t[0] >= 0 and t[-1] < total
-    gaps = np.diff(t)
-    assert gaps.mean() == pytest.approx(1 / rate, rel=0.03)
-    assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.05)  # exponential: CV = 1
-    # Counts per second are Poisson: variance ~ mean.
-    per_s = np.bincount(t.astype(int), minlength=int(total))
-    assert per_s.var() / per_s.mean() == pytest.approx(1.0, abs=0.5)
-    assert np.array_equal(t, poisson_arrivals(rate, total, np.random.default_rng(1)))
-    assert len(poisson_arrivals(0.5, 0.001, np.random.default_rng(0))) <= 1
-
-
 def test_build_request_shapes_from_metadata():
     meta = kserve.ModelMetadataResponse(name="m")
     meta.inputs.add(name="a", datatype="FP32", shape=[-1, 3, 4])
@@ -148,26 +88,6 @@ def test_build_request_shapes_from_metadata():
     assert list(req.inputs[2].shape) == [2, 7]
     with pytest.raises(BenchError, match="no input named 'zz'"):
         build_request(meta, model="m", input_shapes={"zz": (1,)})
-
-
-def test_search_max_rate_finds_threshold():
-    capacity = 137.0
-    seen: list[float] = []
-
-    async def passes(rate: float) -> bool:
-        seen.append(rate)
-        return rate <= capacity
-
-    best = asyncio.run(search_max_rate(passes, 10.0, None, rel_tol=0.02, max_steps=30))
-    assert capacity * 0.98 <= best <= capacity
-    assert seen[:5] == [10.0, 20.0, 40.0, 80.0, 160.0]  # ramp, then bisection
-    best = asyncio.run(search_max_rate(passes, 10.0, 1000.0, rel_tol=0.02, max_steps=30))
-    assert capacity * 0.98 <= best <= capacity
-    assert asyncio.run(search_max_rate(passes, 200.0, 400.0)) == 0.0
-    assert asyncio.run(search_max_rate(passes, 10.0, 100.0)) == 100.0
-    seen.clear()
-    asyncio.run(search_max_rate(passes, 10.0, None, max_steps=4))
-    assert len(seen) == 4
 
 
 # ---------------------------------------------------------------- against a real gRPC server
@@ -282,6 +202,56 @@ def test_find_max_rate_against_a_single_worker_model(server):
         check_invariants(r)
     assert reports[0].good_fraction >= 0.99 and reports[1].good_fraction < 0.99
     assert rate in [r.offered_rps for r in reports if r.good_fraction >= 0.99]
+
+
+def test_background_load_runs_until_stopped_and_keeps_every_request(server):
+    load = BackgroundLoad(server, "fast", 200.0, slo_ms=SLO_MS, timeout_s=1.0, cv=0.0).start()
+    deadline = time.monotonic() + 10
+    while load.counts()["answered"] < 50 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    tail = load.last_answered(20)
+    report = load.stop()
+    check_invariants(report)
+    samples = report.samples
+    assert report.sent >= 50 and samples.status_counts() == {"OK": report.sent}
+    assert load.counts() == {"sent": report.sent, "answered": report.sent, "failed": {}, "failed_total": 0,
+                             "no_response": 0, "examples": {}}
+    assert len(tail) == 20 and all(s == "OK" for s, _ in tail)
+    assert [t for _, t in tail] == sorted(t for _, t in tail) and tail[-1][1] <= time.monotonic()
+    assert np.all(samples.done_at >= samples.sent_at) and load.in_flight() == 0
+    # cv=0: evenly spaced arrivals at 200 rps
+    assert np.allclose(np.diff(samples.sched_s), 1 / 200.0)
+
+
+def test_requests_past_the_client_deadline_are_no_response_and_server_errors_keep_their_status(server):
+    slow = BackgroundLoad(server, "slow", 20.0, slo_ms=100.0, timeout_s=0.15).start()
+    time.sleep(0.5)
+    statuses = slow.stop().samples.status_counts()
+    assert set(statuses) == {"NO_RESPONSE"}
+    assert slow.counts()["no_response"] == statuses["NO_RESPONSE"] and slow.counts()["failed_total"] == 0
+    mixed = run_bench(server, "mixed", 100.0, 1.0, SLO_MS, grace_ms=GRACE_MS, seed=5).samples.status_counts()
+    assert {"OK", "INTERNAL", "RESOURCE_EXHAUSTED", "NO_RESPONSE"} <= set(mixed)   # sleep:1500 has no answer
+
+
+def test_several_frontends_are_balanced(server):
+    other, address = spawn({"models": {"fast": {**SCRIPTED_CONFIG["models"]["fast"], "pattern": ["error:INTERNAL"]}}})
+    try:
+        r = run_bench([server, address], "fast", 200.0, 1.0, SLO_MS, seed=1)
+    finally:
+        other.terminate()
+        other.wait(10)
+    check_invariants(r)
+    assert r.ok > 0.3 * r.sent and r.errors.get("INTERNAL", 0) > 0.3 * r.sent      # round-robin over both
+    assert r.address == f"{server},{address}"
+
+
+def test_background_load_errors():
+    with pytest.raises(BenchError, match="must not be below the SLO"):
+        BackgroundLoad("127.0.0.1:1", "fast", 10.0, slo_ms=500.0, timeout_s=0.1)
+    with pytest.raises(BenchError, match="cannot reach the frontend"):
+        BackgroundLoad(f"127.0.0.1:{free_port()}", "fast", 10.0, slo_ms=100.0).start()
+    with pytest.raises(BenchError, match="no frontend address"):
+        run_bench([], "fast", 10.0, 1.0, SLO_MS)
 
 
 # ---------------------------------------------------------------- the command

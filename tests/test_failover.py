@@ -9,7 +9,6 @@ missed heartbeats. Counts are asserted, never times.
 from __future__ import annotations
 
 import json
-import signal
 import time
 
 import grpc
@@ -18,7 +17,9 @@ import pytest
 from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
-from tests.components import OpenLoop, infer_request, start_cluster, wait_ready
+from nexus.bench import BackgroundLoad
+from nexus.bench.cluster import Cluster
+from tests.components import infer_request, start_cluster, wait_ready
 from tests.conftest import nexus_cli
 
 pytestmark = pytest.mark.slow
@@ -31,9 +32,14 @@ FAST_SLO_MS = 2000.0
 MAX_QUEUE = 8
 
 
+def steady_load(cluster: Cluster, model: str, rate_rps: float) -> BackgroundLoad:
+    """Requests at a steady rate (evenly spaced), each given 10 s: one without an answer by then is lost."""
+    return BackgroundLoad(cluster.frontend.address, model, rate_rps, slo_ms=FAST_SLO_MS, cv=0.0).start()
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = start_cluster(tmp_path_factory.mktemp("failover"), 3, DEVICE, ("--node-timeout-s", "3600"))
+    c = start_cluster(tmp_path_factory.mktemp("failover"), 3, DEVICE, scheduler={"node_timeout_s": 3600})
     yield c
     c.stop()
 
@@ -41,7 +47,7 @@ def cluster(tmp_path_factory):
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
     """One backend with a short queue: a session cannot be spread, so its queue fills."""
-    c = start_cluster(tmp_path_factory.mktemp("admission"), 1, DEVICE, (), ("--max-queue", str(MAX_QUEUE)))
+    c = start_cluster(tmp_path_factory.mktemp("admission"), 1, DEVICE, backend={"max_queue": MAX_QUEUE})
     yield c
     c.stop()
 
@@ -162,15 +168,15 @@ def test_kill_9_of_a_replica_fails_at_most_the_requests_in_flight(cluster, tmp_p
         time.sleep(0.2)
     serving = cluster.serving("twin")
     assert len(serving) == 2
-    load = OpenLoop(cluster.frontend.address, "twin", 100).start()
+    load = steady_load(cluster, "twin", 100)
     time.sleep(2.0)
     in_flight = load.in_flight()
     serving[0].kill()
     time.sleep(3.0)
-    result = load.stop()
-    print("twin:", result.codes, "in flight at the kill:", in_flight)
-    assert "NO_RESPONSE" not in result.codes
-    assert result.failed <= in_flight, result.codes
+    codes = load.stop().samples.status_counts()
+    print("twin:", codes, "in flight at the kill:", in_flight)
+    assert "NO_RESPONSE" not in codes
+    assert sum(codes.values()) - codes.get("OK", 0) <= in_flight, codes
     # The plan is repaired: the session is back on two backends (the third one took a replica).
     deadline = time.monotonic() + 30
     while len(cluster.serving("twin")) < 2 and time.monotonic() < deadline:
@@ -182,24 +188,26 @@ def test_kill_9_of_a_replica_fails_at_most_the_requests_in_flight(cluster, tmp_p
 def test_kill_9_of_the_only_backend_of_a_session_is_repaired_without_heartbeat_timeouts(cluster, tmp_path):
     _upload(cluster, tmp_path, "solo", FAST, FAST_SLO_MS)
     [serving] = cluster.serving("solo")
-    load = OpenLoop(cluster.frontend.address, "solo", 100).start()
+    load = steady_load(cluster, "solo", 100)
     time.sleep(2.0)
     serving.kill()
     time.sleep(3.0)
-    result = load.stop()
-    print("solo:", result.codes)
-    assert "NO_RESPONSE" not in result.codes
-    assert set(result.codes) <= {"OK", "UNAVAILABLE", "DEADLINE_EXCEEDED"}, result.codes
+    samples = load.stop().samples
+    codes = samples.status_counts()
+    print("solo:", codes)
+    assert "NO_RESPONSE" not in codes
+    assert set(codes) <= {"OK", "UNAVAILABLE", "DEADLINE_EXCEEDED"}, codes
     # The node timeout is an hour: only the Attach stream can have told the scheduler.
     assert len(cluster.serving("solo")) == 1
-    after_kill = [s for s, t in zip(result.statuses, result.send_times) if t > result.send_times[-1] - 1.0]
-    assert after_kill and all(s == "OK" for s in after_kill), result.codes
+    sent = samples.sent_at
+    after_kill = [s for s, t in zip(samples.statuses(), sent) if t > sent[-1] - 1.0]
+    assert after_kill and all(s == "OK" for s in after_kill), codes
 
 
 @pytest.fixture
 def pair(tmp_path_factory):
     """Two backends of its own: the module's cluster may have lost backends to the kill tests."""
-    c = start_cluster(tmp_path_factory.mktemp("hang"), 2, DEVICE, ("--node-timeout-s", "3600"))
+    c = start_cluster(tmp_path_factory.mktemp("hang"), 2, DEVICE, scheduler={"node_timeout_s": 3600})
     yield c
     c.stop()
 
@@ -216,10 +224,10 @@ def test_a_hung_backend_is_routed_around_by_keepalive_without_heartbeat_timeouts
     [serving] = cluster.serving("frozen")
     others = [b for b in cluster.backends if b is not serving and b.proc.poll() is None]
     assert others
-    load = OpenLoop(cluster.frontend.address, "frozen", 50).start()
+    load = steady_load(cluster, "frozen", 50)
     time.sleep(2.0)
     stopped_at = time.monotonic()
-    serving.proc.send_signal(signal.SIGSTOP)
+    serving.pause()
     try:
         # Served again: 25 requests in a row, all sent after the stop, answered OK.
         deadline = time.monotonic() + 40
@@ -228,10 +236,10 @@ def test_a_hung_backend_is_routed_around_by_keepalive_without_heartbeat_timeouts
             tail = load.last_answered(25)
             if len(tail) == 25 and tail[0][1] > stopped_at and all(s == "OK" for s, _ in tail):
                 break
-        result = load.stop()
-        print("frozen:", result.codes)
-        assert "NO_RESPONSE" not in result.codes
-        assert set(result.codes) <= {"OK", "UNAVAILABLE", "DEADLINE_EXCEEDED"}, result.codes
+        codes = load.stop().samples.status_counts()
+        print("frozen:", codes)
+        assert "NO_RESPONSE" not in codes
+        assert set(codes) <= {"OK", "UNAVAILABLE", "DEADLINE_EXCEEDED"}, codes
         assert len(tail) == 25 and tail[0][1] > stopped_at and all(s == "OK" for s, _ in tail), tail
         # A live backend took the session over while the hung one was still stopped.
         moved = []
@@ -241,4 +249,4 @@ def test_a_hung_backend_is_routed_around_by_keepalive_without_heartbeat_timeouts
             moved += [b for s in stats.sessions if s.model == "frozen"]
         assert moved
     finally:
-        serving.proc.send_signal(signal.SIGCONT)
+        serving.resume()

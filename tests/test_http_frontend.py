@@ -433,7 +433,7 @@ def test_a_grpc_client_or_bad_bytes_on_the_http_port_make_one_log_line_each(tmp_
     frontend = NexusProcess(tmp_path / "frontend.log", "frontend", "--scheduler", f"127.0.0.1:{dead}",
                             "--listen", "127.0.0.1:0")
     try:
-        address = frontend.child.info["http"]
+        address = frontend.info["http"]
         with grpc.insecure_channel(address) as channel:          # HTTP/2 where HTTP/1.1 is served
             with pytest.raises(grpc.RpcError):
                 kserve_grpc.GRPCInferenceServiceStub(channel).ServerLive(kserve.ServerLiveRequest(), timeout=10)

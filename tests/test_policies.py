@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from common.batching import (
     POLICIES, BatchPolicy, EarliestFirst, Pending, PolicyName, Selection, SlidingWindowEarlyDrop, make_policy,
 )
-from backend.simulate import SimResult, capacity_rps, poisson_arrivals, saturated_batch, simulate
+from backend.simulate import SimResult, capacity_rps, saturated_batch, simulate
+from common.arrivals import arrival_times
 
 ALPHA_MS, BETA_MS, SLO_MS = 1.0, 5.0, 100.0
 
@@ -163,7 +164,7 @@ def test_profile_helpers():
 
 
 def run(policy: BatchPolicy, load: float, seconds: float = 20.0, seed: int = 1) -> SimResult:
-    return simulate(policy, poisson_arrivals(load * CAPACITY, seconds, seed), SLO_MS, linear, B)
+    return simulate(policy, arrival_times(load * CAPACITY, seconds, seed), SLO_MS, linear, B)
 
 
 def test_early_drop_keeps_goodput_at_capacity_under_2x_overload():
@@ -188,7 +189,7 @@ def test_early_drop_holds_for_other_profiles(alpha, beta, slo):
 
     batch = saturated_batch(latency, slo, 512)
     capacity = capacity_rps(latency, batch)
-    arrivals = poisson_arrivals(2.0 * capacity, 10.0, seed=3)
+    arrivals = arrival_times(2.0 * capacity, 10.0, 3)
     early = simulate(SlidingWindowEarlyDrop(), arrivals, slo, latency, batch)
     fifo = simulate(EarliestFirst(drop_expired=False), arrivals, slo, latency, batch)
     assert early.goodput_rps >= 0.9 * capacity > 3 * fifo.goodput_rps
@@ -257,15 +258,6 @@ def test_simulation_rejects_misbehaving_policies():
 def test_simulation_lets_a_policy_wait_for_arrivals():
     result = simulate(_Waiter(), (0.0, 0.001, 0.002, 0.003), SLO_MS, linear, 8)
     assert (result.on_time, result.dropped, result.batches) == (3, 1, 1)
-
-
-def test_poisson_arrivals_are_deterministic_and_at_the_rate():
-    arrivals = poisson_arrivals(1000.0, 10.0, seed=5)
-    assert arrivals == poisson_arrivals(1000.0, 10.0, seed=5) != poisson_arrivals(1000.0, 10.0, seed=6)
-    assert 9500 < len(arrivals) < 10500 and all(0 <= t < 10.0 for t in arrivals)
-    assert list(arrivals) == sorted(arrivals)
-    with pytest.raises(ValueError, match="must be positive"):
-        poisson_arrivals(0.0, 1.0)
 
 
 # ---- duty-cycle batching in the engine (fake clock) -----------------------------------------------

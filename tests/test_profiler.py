@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import subprocess
 import sys
 
-import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -19,11 +17,9 @@ from profiler.auto_batch import BatchPlan, probe_grid, trim_to_best_throughput
 from profiler.cost import compare_point, cost_per_million
 from profiler.errors import ProfilerError
 from profiler.fill import fill_rows
-from profiler.loadgen import poisson_arrivals
 from profiler.measure import BatchMeasurement
 from profiler.model_file import model_sha256, read_model_file
 from profiler.profiling import profile_model
-from profiler.ramp import find_max_rate
 from profiler.slowdown import apply_colocation_slowdown, measured_slowdown, slowdowns_from_report
 
 # Fast settings: few timed runs, small time budget, one pinned thread (the test machine is shared).
@@ -282,24 +278,3 @@ def test_cost_figures_are_consistent():
     assert point["cost_change_vs_dedicated"] == pytest.approx(1 / 0.75 - 1)
     assert point["dedicated_devices_whole"] == 2
     assert point["cost_change_vs_dedicated_whole"] == pytest.approx(-0.5)
-
-
-def test_find_max_rate_brackets_the_threshold():
-    seen = []
-
-    def trial(rate):
-        seen.append(rate)
-        return rate <= 123.4
-
-    best = find_max_rate(trial, 10.0, refine=6)
-    assert best <= 123.4 and best > 123.4 * 0.97
-    assert find_max_rate(lambda r: False, 10.0) == 0.0
-    assert find_max_rate(lambda r: True, 10.0, max_rate=50.0) == 50.0
-    assert 0 < find_max_rate(lambda r: r <= 1.0, 10.0) <= 1.0
-
-
-def test_poisson_arrivals_have_the_offered_rate():
-    t = poisson_arrivals(2000.0, 2.0, np.random.default_rng(1))
-    assert abs(len(t) - 4000) < 4 * math.sqrt(4000)
-    assert np.all(np.diff(t) >= 0) and t[-1] < 2.0
-    assert len(poisson_arrivals(0.0, 1.0, np.random.default_rng(1))) == 0

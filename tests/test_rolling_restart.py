@@ -12,9 +12,8 @@ import time
 
 import pytest
 
-from benchmarks.rolling_restart import DEVICE_TYPE, MODEL, SLO_MS, Load, rolling_restart
-from common.profile import Profile
-from common.sample_models import mlp_small, model_bytes
+from nexus.bench import BackgroundLoad
+from nexus.bench.rolling_restart import CLIENT_TIMEOUT_S, DEVICE_TYPE, MODEL, SLO_MS, model_upload, rolling_restart
 from nexus.models_cmd import upload_model
 from nexus.serve_cmd import wait_models_ready
 from tests.conftest import start_cluster
@@ -57,20 +56,18 @@ def test_nexus_serve_restarts_a_killed_backend_and_keeps_serving(tmp_path):
         cluster = start_cluster(tmp_path / "data", "--backends", "2", "--no-samples", "--device",
                                 f"emulated:{DEVICE_TYPE}", stderr=log)
     try:
-        model, profile = tmp_path / "mlp.onnx", tmp_path / "profile.json"
-        model.write_bytes(model_bytes(mlp_small()))
-        profile.write_text(Profile.linear(0.5, 5.0, 32, device_type=DEVICE_TYPE).to_json())
-        upload_model(cluster.scheduler, model, MODEL, profile_path=str(profile), slo_ms=SLO_MS, creds=cluster.creds)
-        assert not wait_models_ready(cluster.frontend, [MODEL], 120)
+        model = model_upload(tmp_path)
+        cluster.upload(model)
         pid = int(_wait_line(log_path, r"backend-0 started \(pid (\d+)\)").group(1))
-        load = Load(cluster.frontend, rate_rps=30).start()
+        load = BackgroundLoad(cluster.frontend, MODEL, 30, slo_ms=SLO_MS, timeout_s=CLIENT_TIMEOUT_S).start()
         time.sleep(1.0)
         os.kill(pid, signal.SIGKILL)
         _wait_line(log_path, rf"backend-0 \(pid {pid}\) exited with status -9; restarting in")
         back = _wait_line(log_path, r"backend-0 is back \(pid (\d+)\)")
         assert int(back.group(1)) != pid
         time.sleep(2.0)
-        counts = load.stop()
+        load.stop()
+        counts = load.counts()
         assert cluster.proc.poll() is None                      # nexus serve itself kept running
         assert counts["sent"] > 0 and counts["no_response"] == 0, counts
         assert counts["answered"] + counts["failed_total"] == counts["sent"], counts
@@ -80,7 +77,7 @@ def test_nexus_serve_restarts_a_killed_backend_and_keeps_serving(tmp_path):
         scheduler_pid = int(_wait_line(log_path, r"scheduler started \(pid (\d+)\)").group(1))
         os.kill(scheduler_pid, signal.SIGKILL)
         back = _wait_line(log_path, rf"scheduler is back \(pid \d+\) at {re.escape(cluster.scheduler)}")
-        upload_model(cluster.scheduler, model, "mlp2", profile_path=str(profile), slo_ms=SLO_MS,
+        upload_model(cluster.scheduler, model.path, "mlp2", profile_path=model.profile_path, slo_ms=SLO_MS,
                      creds=cluster.creds)
         assert not wait_models_ready(cluster.frontend, [MODEL, "mlp2"], 120)
         assert back and cluster.proc.poll() is None

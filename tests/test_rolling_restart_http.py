@@ -10,7 +10,6 @@ table. Every request's outcome is counted; no wall-clock assertion."""
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,18 +19,13 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from common.config import BackendConfig, FrontendConfig, SchedulerConfig
-from common.profile import Profile
-from common.sample_models import mlp_small, model_bytes
-from nexus.launcher import launch, pin_listen
+from nexus.bench.cluster import Cluster
+from nexus.bench.rolling_restart import DEVICE_TYPE as DEVICE
+from nexus.bench.rolling_restart import MODEL, model_upload
 from tests.components import wait_for, wait_ready
-from tests.conftest import nexus_cli
 
 pytestmark = pytest.mark.slow
 
-MODEL = "mlp"
-DEVICE = "t4"
-SLO_MS = 200
 RATE_RPS = 30.0
 CLIENT_TIMEOUT_S = 30.0
 # what a restart may cost on a busy machine: late (504) or turned away (503, 429), never lost or 404
@@ -110,43 +104,23 @@ class HttpLoad:
 
 
 def test_rolling_restart_of_the_frontends_answers_every_http_request(tmp_path):
-    env = dict(os.environ, NEXUS_LOG="WARNING")
-    children = []
+    cluster = Cluster(tmp_path, backends=2, frontends=2, device=f"emulated:{DEVICE}", frontend={"metrics_listen": ""})
     try:
-        scheduler = launch(SchedulerConfig(listen="127.0.0.1:0", data_dir=tmp_path / "db"), env=env)
-        children.append(scheduler)
-        s = scheduler.wait_ready(60)
-        model, profile = tmp_path / "mlp.onnx", tmp_path / "profile.json"
-        model.write_bytes(model_bytes(mlp_small()))
-        profile.write_text(Profile.linear(0.5, 5.0, 32, device_type=DEVICE).to_json())
-        up = nexus_cli("models", "upload", str(model), "--name", MODEL, "--profile", str(profile),
-                       "--slo-ms", str(SLO_MS), "--scheduler", s)
-        assert up.returncode == 0, up.stderr
-        for _ in range(2):
-            children.append(launch(BackendConfig(scheduler=s, listen="127.0.0.1:0", device=f"emulated:{DEVICE}"),
-                                   env=env))
-        frontends = []
-        for _ in range(2):
-            config = FrontendConfig(scheduler=s, listen="127.0.0.1:0", http_listen="127.0.0.1:0", metrics_listen="")
-            child = launch(config, env=env)
-            children.append(child)
-            child.wait_ready(60)
-            pin_listen(child, config, http_listen=child.info["http"])   # back on the same addresses
-            wait_ready(child.address, MODEL, 120)
-            frontends.append(child)
-        load = HttpLoad([f.info["http"] for f in frontends], RATE_RPS).start()
+        cluster.start([model_upload(tmp_path)], timeout_s=120)
+        for f in cluster.frontends:
+            wait_ready(f.address, MODEL, 120)
+        load = HttpLoad([f.info["http"] for f in cluster.frontends], RATE_RPS).start()
         exits = []
-        for i, frontend in enumerate(frontends):
+        for i, frontend in enumerate(cluster.frontends):
             wait_for(lambda: all(n >= 10 for n in load.answered_by), 60, "both frontends answering")
             exits.append(frontend.stop(timeout_s=60))
             load.answered_by[i] = 0
-            frontend.start()
+            frontend.start()           # back on the same addresses, gRPC and HTTP
             frontend.wait_ready(60)
         wait_for(lambda: all(n >= 10 for n in load.answered_by), 60, "both frontends answering after the restarts")
         counts = load.stop()
     finally:
-        for child in reversed(children):
-            child.stop(timeout_s=30)
+        cluster.stop(timeout_s=30)
     print("HTTP outcomes:", counts)
     sent = sum(counts.values())
     failed = {k: v for k, v in counts.items() if k != "OK"}

@@ -1,51 +1,22 @@
-"""The pure parts of benchmarks/vs_triton.py: its rate search, its py-spy reduction, its models and
-its argument refusals. The benchmark itself (servers under load) is run by hand; see
-benchmarks/vs_triton.md."""
+"""The parts of benchmarks/vs_triton.py that run without servers: the py-spy reduction
+(nexus/bench/pyspy.py), its models, and the driver's argument refusals (run as a command, as a user
+would). The benchmark itself (servers under load) is run by hand; see benchmarks/vs_triton.md."""
 
 from __future__ import annotations
 
-import asyncio
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 
-from benchmarks import vs_triton
-from common.sample_models import model_bytes, resnet18_64
+from common.sample_models import model_bytes, resnet18_64, tiny_cnn
+from nexus.bench.pyspy import top_functions
 
-
-def search(threshold: float, start: float, **kw) -> tuple[float, list[float]]:
-    tried: list[float] = []
-
-    async def passes(rate: float) -> bool:
-        tried.append(rate)
-        return rate <= threshold
-
-    return asyncio.run(vs_triton.search_rate(passes, start, kw.pop("rel_tol", 0.05), kw.pop("max_steps", 20), **kw)), tried
-
-
-def test_search_goes_up_then_bisects_to_the_tolerance():
-    best, tried = search(300.0, 80.0)
-    assert tried[:3] == [80.0, 160.0, 320.0]
-    assert best <= 300.0 < best * 1.05 + 1e-9 or 320.0 - best <= 0.05 * best
-
-
-def test_search_goes_down_when_the_first_rate_fails():
-    best, tried = search(30.0, 300.0)
-    assert tried[:4] == [300.0, 150.0, 75.0, 37.5]
-    assert best <= 30.0 and (37.5 - best <= 0.05 * best or 30.0 - best < 0.05 * best)
-
-
-def test_search_gives_zero_when_nothing_passes_down_to_the_floor():
-    best, tried = search(0.0, 40.0, floor=5.0)
-    assert best == 0.0
-    assert tried == [40.0, 20.0, 10.0, 5.0]
-
-
-def test_search_stops_at_max_steps():
-    best, tried = search(1e9, 10.0, max_steps=4)
-    assert len(tried) == 4 and best == 80.0
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_top_functions_reduces_collapsed_stacks(tmp_path):
@@ -56,7 +27,7 @@ def test_top_functions_reduces_collapsed_stacks(tmp_path):
         "thread (2): Thread-1;Thread.run (threading.py:982) 60\n"
         "thread (1): MainThread;run (asyncio/base_events.py:1);select (selectors.py:468) 500\n"
     )
-    top = vs_triton.top_functions(raw, seconds=1.0, rate_hz=100)
+    top = top_functions(raw, seconds=1.0, rate_hz=100)
     assert top["busy_samples"] == 100 and top["idle_samples"] == 500
     assert top["self_pct"]["Thread.run (threading.py)"] == 60.0
     assert top["self_pct"]["infer (frontend/kserve.py)"] == 30.0
@@ -65,13 +36,12 @@ def test_top_functions_reduces_collapsed_stacks(tmp_path):
 
 
 def test_models_are_valid_and_the_resnet_is_another_file(tmp_path):
-    paths = vs_triton.build_models(tmp_path)
-    assert set(paths) == set(vs_triton.MODELS)
-    assert paths["r18_64"].read_bytes() != model_bytes(resnet18_64())
-    for name, path in paths.items():
-        onnx.checker.check_model(onnx.load(str(path)))
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        x = np.zeros((2, *vs_triton.MODELS[name][1]), np.float32)
+    models = {"r18_64": (resnet18_64(seed=1018), (3, 64, 64)), "tiny_cnn": (tiny_cnn(), (3, 32, 32))}
+    assert model_bytes(models["r18_64"][0]) != model_bytes(resnet18_64())
+    for name, (model, shape) in models.items():
+        onnx.checker.check_model(model)
+        session = ort.InferenceSession(model_bytes(model), providers=["CPUExecutionProvider"])
+        x = np.zeros((2, *shape), np.float32)
         assert session.run(None, {"input": x})[0].shape[0] == 2
 
 
@@ -80,8 +50,8 @@ def test_models_are_valid_and_the_resnet_is_another_file(tmp_path):
     (["--servers", "tritonx"], "unknown model or server"),
     (["--triton-python", "/nonexistent/python"], "does not exist"),
 ])
-def test_bad_arguments_are_refused(argv, message, capsys):
-    with pytest.raises(SystemExit) as e:
-        vs_triton.main(argv)
-    assert e.value.code == 2
-    assert message in capsys.readouterr().err
+def test_bad_arguments_are_refused(argv, message):
+    run = subprocess.run([sys.executable, "-m", "benchmarks.vs_triton", *argv], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 2
+    assert message in run.stderr

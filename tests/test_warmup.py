@@ -30,8 +30,9 @@ from common.warmup import (
     WarmupData, WarmupError, WarmupInput, WarmupSample, check_samples, default_samples, feeds, from_json, from_pb,
     to_json, to_pb,
 )
+from nexus.bench import BackgroundLoad
 from nexus.models_cmd import CommandError, upload_model
-from tests.components import OpenLoop, start, start_cluster, wait_ready
+from tests.components import start, start_cluster, wait_ready
 from tests.conftest import nexus_cli
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -374,7 +375,7 @@ def test_config_warm_up_runs_on_the_backend_before_the_model_is_routed(tmp_path)
     _mlp_repo(repo, MLP_CONFIG, {"ones.bin": ONES})                              # its own warm-up: 3 + 1 batches
     (repo / "plain" / "1").mkdir(parents=True)                                   # none: the default warm-up
     (repo / "plain" / "1" / "model.onnx").write_bytes(model_bytes(mlp_small(hidden=32)))
-    cluster = start_cluster(tmp_path / "data", 1, "cpu", backend_args=("--metrics-port", str(_free_port())))
+    cluster = start_cluster(tmp_path / "data", 1, "cpu", backend={"metrics_port": _free_port()})
     try:
         r = nexus_cli("models", "import", str(repo), "--scheduler", cluster.scheduler.address)
         assert r.returncode == 0, r.stderr
@@ -443,7 +444,7 @@ def test_readiness_and_traffic_wait_for_warm_up_and_serving_sessions_never_stall
         # A serving session keeps being served while another one warms up on the same backend.
         _upload(tmp_path, sched.address, "fast", 32, 1.0)
         wait_ready(fe.address, "fast")
-        load = OpenLoop(fe.address, "fast", 40.0).start()
+        load = BackgroundLoad(fe.address, "fast", 40.0, slo_ms=200.0, cv=0.0).start()   # steady, 10 s deadline
         _upload(tmp_path, sched.address, "late", 40, 40.0, warmup_count=30)
         during = []
         deadline = time.monotonic() + 60
@@ -482,8 +483,8 @@ def test_readiness_and_traffic_wait_for_warm_up_and_serving_sessions_never_stall
             assert time.monotonic() < deadline
             time.sleep(0.1)
         backends[0].stop()
-        result = load.stop()
-        assert result.failed == 0, result.codes
+        codes = load.stop().samples.status_counts()
+        assert set(codes) == {"OK"}, codes
         stats = _backend_stats(second)
         for name, count in (("fast", 2), ("slow", 30), ("late", 30)):
             assert _session(stats, name) is not None and _session(stats, name).warmup_count >= count, (name, stats)

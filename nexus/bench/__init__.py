@@ -8,24 +8,27 @@ API for benchmarks and scripts::
     rate, reports = find_max_rate("127.0.0.1:8001", "resnet18_64", slo_ms=100, lo=50)
 
 ``run_bench_async`` / ``find_max_rate_async`` are the same inside a running event loop, and
-:class:`LoadClient` keeps one connection and prepared request across several runs.
+:class:`LoadClient` keeps one connection and prepared request across several runs (``search_rate``
+searches with one). The search itself is :mod:`common.rate_search`, the arrivals
+:mod:`common.arrivals`.
 """
 
 from nexus.bench.loadgen import (
+    BackgroundLoad,
     BenchError,
     LoadClient,
     build_request,
     default_grace_ms,
     find_max_rate,
     find_max_rate_async,
-    poisson_arrivals,
     run_bench,
     run_bench_async,
-    search_max_rate,
+    search_rate,
 )
 from nexus.bench.report import BenchReport, BenchSamples, format_table
 
 __all__ = [
+    "BackgroundLoad",
     "BenchError",
     "BenchReport",
     "BenchSamples",
@@ -35,8 +38,7 @@ __all__ = [
     "find_max_rate",
     "find_max_rate_async",
     "format_table",
-    "poisson_arrivals",
     "run_bench",
     "run_bench_async",
-    "search_max_rate",
+    "search_rate",
 ]

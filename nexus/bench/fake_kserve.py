@@ -45,6 +45,51 @@ DEFAULT_CONFIG = {
 }
 
 
+# Scripted models with known answers, for the checks of the load generator itself (tests/test_bench.py,
+# benchmarks/timing_checks.py), run at an SLO of SLO_MS with GRACE_MS of grace (a 500 ms client deadline).
+SLO_MS = 250.0
+GRACE_MS = 250.0
+# Cycled per request by the server: 5 on time, 1 late, 2 failed, 2 dropped (one by the server
+# shedding, one by the client's deadline passing).
+MIXED_PATTERN = [
+    "ok",
+    "ok",
+    "sleep:350",  # late: > SLO, well before the 500 ms client deadline
+    "error:INTERNAL",  # failed
+    "ok",
+    "error:RESOURCE_EXHAUSTED",  # dropped
+    "ok",
+    "sleep:1500",  # dropped: the client's DEADLINE_EXCEEDED
+    "error:INVALID_ARGUMENT",  # failed
+    "ok",
+]
+
+SCRIPTED_CONFIG = {
+    "models": {
+        "fast": {"inputs": [["input", "FP32", [-1, 8]]], "outputs": [["output", "FP32", [-1, 4]]], "latency_ms": 1},
+        "mixed": {
+            "inputs": [["input", "FP32", [-1, 8]]],
+            "outputs": [["output", "FP32", [-1, 4]]],
+            "latency_ms": 0,
+            "pattern": MIXED_PATTERN,
+        },
+        "slow": {"inputs": [["input", "FP32", [-1, 8]]], "outputs": [["output", "FP32", [-1, 4]]], "latency_ms": 300},
+        # One worker, 10 ms per request: a capacity of 100 rps.
+        "single": {
+            "inputs": [["input", "FP32", [-1, 8]]],
+            "outputs": [["output", "FP32", [-1, 4]]],
+            "latency_ms": 10,
+            "workers": 1,
+        },
+        "multi": {
+            "inputs": [["a", "FP32", [-1, 3, 4]], ["b", "INT64", [-1, 2]], ["c", "UINT8", [-1, -1]]],
+            "outputs": [["y", "FP16", [-1, 5]]],
+            "latency_ms": 0,
+        },
+    }
+}
+
+
 @dataclass
 class FakeModel:
     name: str

@@ -1,9 +1,9 @@
 """Open-loop load generation against a KServe v2 gRPC frontend.
 
-Arrivals follow a Poisson process (exponential gaps from a seeded numpy generator) and are sent at
-their absolute scheduled times: the sender never waits for a response, so a slow server cannot slow
-the offered load down (no coordinated omission). When the client itself falls behind schedule it
-says so (``client_lag_ms``).
+Arrivals come from :func:`common.arrivals.arrival_times` (a Poisson process by default, Gamma gaps of
+another coefficient of variation with ``cv``; seeded) and are sent at their absolute scheduled times:
+the sender never waits for a response, so a slow server cannot slow the offered load down (no
+coordinated omission). When the client itself falls behind schedule it says so (``client_lag_ms``).
 
 Every request is the same message, built once from the model's metadata with random inputs and
 serialized once; the calls go through a raw-bytes unary method (identity serializers), so a
@@ -15,19 +15,26 @@ as Triton does, the request parameter ``timeout`` (microseconds) set to the SLO.
 from __future__ import annotations
 
 import asyncio
+import inspect
+import json
 import math
 import re
+import threading
 import time
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import grpc
 import grpc.aio
 import numpy as np
 
+from common.arrivals import arrival_times
+from common.rate_search import max_passing_rate_async
+from common import grpc_util
 from common.pb import kserve, kserve_grpc
 from common.tensors import numpy_dtype
 from nexus.bench.report import (
     CLIENT_DROPPED,
+    PENDING,
     CLIENT_LIMIT_STATUS,
     DROP_CODES,
     DROPPED,
@@ -41,6 +48,15 @@ from nexus.bench.report import (
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 DEFAULT_ADDRESS = "127.0.0.1:8001"
+# Several frontends: round-robin over those whose gRPC health check says SERVING (gRPC's client-side
+# health checking watches them), reconnecting to a restarted one within a second.
+BALANCED_OPTIONS = [
+    ("grpc.service_config", json.dumps({"loadBalancingConfig": [{"round_robin": {}}],
+                                        "healthCheckConfig": {"serviceName": ""}})),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 _UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
 
 
@@ -59,22 +75,6 @@ def check_address(address: str) -> str:
 def default_grace_ms(slo_ms: float) -> float:
     """Client deadline past the SLO: half the SLO, at least 20 ms."""
     return max(20.0, 0.5 * slo_ms)
-
-
-def poisson_arrivals(rate_rps: float, total_s: float, rng: np.random.Generator) -> np.ndarray:
-    """Arrival times (seconds, ascending, in [0, total_s)) of a Poisson process of ``rate_rps``."""
-    if rate_rps <= 0 or total_s <= 0:
-        return np.zeros(0)
-    expected = rate_rps * total_s
-    chunk = int(expected + 6 * math.sqrt(expected) + 16)
-    parts: list[np.ndarray] = []
-    last = 0.0
-    while last < total_s:
-        t = last + np.cumsum(rng.exponential(1.0 / rate_rps, chunk))
-        parts.append(t)
-        last = float(t[-1])
-    arrivals = np.concatenate(parts)
-    return arrivals[arrivals < total_s]
 
 
 def _random_tensor(shape: Sequence[int], dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:
@@ -138,7 +138,11 @@ class _Run:
     """Mutable state of one open-loop phase (per-request arrays plus live counters)."""
 
     def __init__(self, n: int, slo_ms: float) -> None:
+        self.sched_s = np.zeros(n)
         self.lag_s = np.zeros(n)
+        self.done_s = np.full(n, np.nan)
+        self.start_s = 0.0
+        self.sent = 0
         self.latency_ms = np.full(n, np.nan)
         self.outcome = np.zeros(n, dtype=np.int8)
         self.status = np.full(n, NO_STATUS, dtype=np.int16)
@@ -149,6 +153,7 @@ class _Run:
         self.sending = True
         self.idle = asyncio.Event()
         self.first_error: str | None = None
+        self.examples: dict[str, str] = {}   # status name -> the first such error's message
         self.tasks: set[asyncio.Task] = set()
 
 
@@ -159,11 +164,13 @@ class LoadClient:
     request; each ``await client.run(rate, duration, slo)`` is one open-loop phase returning a
     :class:`BenchReport`. ``raw=False`` sends through the generated stub instead (a protobuf
     serialization per request and a parse per response), kept to measure what the raw path saves.
+    ``address`` may list several frontends: each channel then balances round-robin over those whose
+    gRPC health check says SERVING (as a client behind a load balancer; IPv4 addresses).
     """
 
     def __init__(
         self,
-        address: str,
+        address: str | Sequence[str],
         model: str,
         *,
         batch: int = 1,
@@ -176,7 +183,11 @@ class LoadClient:
         timeout_param: bool = True,
         root_certificates: bytes | None = None,
     ) -> None:
-        self.address = check_address(address)
+        addresses = [address] if isinstance(address, str) else list(address)
+        if not addresses:
+            raise BenchError("no frontend address")
+        self.addresses = [check_address(a) for a in addresses]
+        self.address = ",".join(self.addresses)
         if not model:
             raise BenchError("a model name is required (--model)")
         if batch < 1:
@@ -197,6 +208,8 @@ class LoadClient:
         self.request: Any = None
         self._channels: list[grpc.aio.Channel] = []
         self._checked_response = False
+        self.runs = 0                       # runs started (a rate search cools down between them)
+        self.current: _Run | None = None    # the run in progress, or the last one
 
     async def __aenter__(self) -> "LoadClient":
         await self.open()
@@ -210,11 +223,15 @@ class LoadClient:
         if self.n_channels > 1:
             # Without a local subchannel pool, channels to one target share one TCP connection.
             options.append(("grpc.use_local_subchannel_pool", 1))
+        target = self.addresses[0]
+        if len(self.addresses) > 1:
+            target = "ipv4:" + self.address
+            options += [*grpc_util.CHANNEL_OPTIONS, *BALANCED_OPTIONS]
         if self.root_certificates is not None:
             tls = grpc.ssl_channel_credentials(root_certificates=self.root_certificates)
-            self._channels = [grpc.aio.secure_channel(self.address, tls, options=options) for _ in range(self.n_channels)]
+            self._channels = [grpc.aio.secure_channel(target, tls, options=options) for _ in range(self.n_channels)]
         else:
-            self._channels = [grpc.aio.insecure_channel(self.address, options=options) for _ in range(self.n_channels)]
+            self._channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(self.n_channels)]
         try:
             stub = kserve_grpc.GRPCInferenceServiceStub(self._channels[0])
             req = kserve.ModelMetadataRequest(name=self.model, version=self.model_version)
@@ -282,19 +299,26 @@ class LoadClient:
         concurrency_limit: int | None = None,
         seed: int | None = None,
         progress: bool = False,
+        cv: float = 1.0,
+        stop: threading.Event | None = None,
     ) -> BenchReport:
-        """One open-loop phase: Poisson arrivals at ``rate_rps`` for ``warmup_s + duration_s``."""
+        """One open-loop phase: arrivals at ``rate_rps`` for ``warmup_s + duration_s`` (Poisson, or Gamma
+        gaps with coefficient of variation ``cv``). Once ``stop`` is set (from any thread) no further
+        request is sent; the report then covers the requests sent, over the time they took to send."""
         if not self._channels or self.request is None:
             raise BenchError("LoadClient.run() before open()")
-        _check_run_args(rate_rps, duration_s, slo_ms, warmup_s, grace_ms, concurrency_limit)
+        _check_run_args(rate_rps, duration_s, slo_ms, warmup_s, grace_ms, concurrency_limit, cv)
         grace_ms = default_grace_ms(slo_ms) if grace_ms is None else float(grace_ms)
         timeout_s = (slo_ms + grace_ms) / 1000.0
         rng = np.random.default_rng(self.seed if seed is None else seed)
-        arrivals = poisson_arrivals(rate_rps, warmup_s + duration_s, rng)
+        arrivals = arrival_times(rate_rps, warmup_s + duration_s, rng, cv=cv)
         n = len(arrivals)
         st = _Run(n, slo_ms)
+        st.sched_s = arrivals
+        self.current = st
 
         payload, calls = self.call_path(slo_ms)
+        self.runs += 1
 
         bar = None
         if progress:
@@ -310,7 +334,7 @@ class LoadClient:
             )
             ticker = asyncio.ensure_future(self._progress(st, bar))
         try:
-            await self._drive(st, arrivals, calls, payload, timeout_s, concurrency_limit)
+            await self._drive(st, arrivals, calls, payload, timeout_s, concurrency_limit, stop)
         finally:
             if bar is not None:
                 ticker.cancel()
@@ -322,14 +346,20 @@ class LoadClient:
                 bar.update(st.finished - bar.n)
                 bar.close()
 
+        k = st.sent
+        if k < n:  # stopped early: the window is what was sent
+            duration_s = max(float(arrivals[k - 1]) - warmup_s, 1e-9) if k else 1e-9
         samples = BenchSamples(
-            sched_s=arrivals,
-            lag_s=st.lag_s,
-            latency_ms=st.latency_ms,
-            outcome=st.outcome,
-            status=st.status,
+            sched_s=arrivals[:k],
+            lag_s=st.lag_s[:k],
+            latency_ms=st.latency_ms[:k],
+            outcome=st.outcome[:k],
+            status=st.status[:k],
             warmup_s=float(warmup_s),
             slo_ms=float(slo_ms),
+            done_s=st.done_s[:k],
+            start_s=st.start_s,
+            timeout_ms=timeout_s * 1000.0,
         )
         return build_report(
             samples,
@@ -357,10 +387,13 @@ class LoadClient:
         payload: Any,
         timeout_s: float,
         limit: int | None,
+        stop: threading.Event | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
         clock = loop.time
         start = clock() + 0.002
+        st.start_s = start
+        stopped = stop.is_set if stop is not None else (lambda: False)
         sched = (arrivals + start).tolist()
         n = len(sched)
         nch = len(calls)
@@ -371,10 +404,10 @@ class LoadClient:
         discard = tasks.discard
         i = 0
         try:
-            while i < n:
+            while i < n and not stopped():
                 now = clock()
                 if sched[i] > now:
-                    await asyncio.sleep(sched[i] - now)
+                    await asyncio.sleep(min(sched[i] - now, 0.1))
                     continue
                 # Send everything that is due; never wait for responses.
                 while i < n and sched[i] <= now:
@@ -392,6 +425,7 @@ class LoadClient:
                         tasks.add(task)
                         task.add_done_callback(discard)
                     i += 1
+                st.sent = i
                 await asyncio.sleep(0)  # let the new calls start even when behind schedule
             st.sending = False
             if st.inflight:
@@ -408,6 +442,7 @@ class LoadClient:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _one(self, st: _Run, i: int, call: Any, t0: float) -> None:
+        clock = asyncio.get_running_loop().time
         try:
             response = await call
         except grpc.aio.AioRpcError as e:
@@ -419,8 +454,10 @@ class LoadClient:
             else:
                 st.outcome[i] = FAILED
                 st.failed += 1
-            if st.first_error is None:
-                st.first_error = f"{code.name}: {(e.details() or '').strip()}"
+            if code.name not in st.examples:
+                st.examples[code.name] = (e.details() or "").strip()
+                if st.first_error is None:
+                    st.first_error = f"{code.name}: {st.examples[code.name]}"
         except asyncio.CancelledError:
             st.status[i] = grpc.StatusCode.CANCELLED.value[0]
             st.outcome[i] = FAILED
@@ -443,6 +480,7 @@ class LoadClient:
             if ms > st.slo_ms:
                 st.late += 1
         finally:
+            st.done_s[i] = clock() - st.start_s
             st.inflight -= 1
             st.finished += 1
             if not st.inflight and not st.sending:
@@ -465,6 +503,96 @@ class LoadClient:
         return True
 
 
+class BackgroundLoad:
+    """Open-loop load from a thread and event loop of its own until :meth:`stop`: for tests and
+    scenarios that kill, pause or restart nodes while requests flow.
+
+    A :class:`LoadClient` run of at most ``max_duration_s`` at ``rate_rps`` (``cv``: 1 Poisson, 0
+    evenly spaced; see :mod:`common.arrivals`) with SLO ``slo_ms`` and a client deadline of
+    ``timeout_s``: a request without an answer by then is counted as ``NO_RESPONSE``.
+    ``client_options`` are those of :class:`LoadClient` (several addresses balance over frontends).
+    """
+
+    def __init__(self, address: str | Sequence[str], model: str, rate_rps: float, *, slo_ms: float,
+                 timeout_s: float = 10.0, cv: float = 1.0, seed: int = 0, max_duration_s: float = 1800.0,
+                 **client_options: Any) -> None:
+        if not timeout_s * 1000.0 >= slo_ms:
+            raise BenchError(f"the client deadline ({timeout_s:g} s) must not be below the SLO ({slo_ms:g} ms)")
+        self.client = LoadClient(address, model, seed=seed, **client_options)
+        self.rate_rps, self.slo_ms, self.timeout_s, self.cv = rate_rps, slo_ms, timeout_s, cv
+        self.max_duration_s = max_duration_s
+        self.report: BenchReport | None = None
+        self._error: BaseException | None = None
+        self._opened = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="background-load", daemon=True)
+
+    async def _run(self) -> None:
+        try:
+            async with self.client:
+                self._opened.set()
+                self.report = await self.client.run(
+                    self.rate_rps, self.max_duration_s, self.slo_ms, grace_ms=self.timeout_s * 1000.0 - self.slo_ms,
+                    cv=self.cv, stop=self._stop)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            self._error = exc
+        finally:
+            self._opened.set()
+
+    def start(self, timeout_s: float = 30.0) -> "BackgroundLoad":
+        """Start sending once the client reached the frontend (BenchError if it could not)."""
+        self._thread.start()
+        self._opened.wait(timeout_s)
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+        return self
+
+    def in_flight(self) -> int:
+        st = self.client.current
+        return st.inflight if st is not None else 0
+
+    def _samples(self) -> BenchSamples:
+        st = self.client.current or _Run(0, self.slo_ms)     # none before the run's first line
+        k = st.sent
+        return BenchSamples(sched_s=st.sched_s[:k], lag_s=st.lag_s[:k], latency_ms=st.latency_ms[:k],
+                            outcome=st.outcome[:k], status=st.status[:k], warmup_s=0.0, slo_ms=self.slo_ms,
+                            done_s=st.done_s[:k], start_s=st.start_s, timeout_ms=self.timeout_s * 1000.0)
+
+    def last_answered(self, n: int) -> list[tuple[str, float]]:
+        """(status, time sent on the monotonic clock) of the last ``n`` requests that ended, in sending order."""
+        s = self._samples()
+        ended = np.flatnonzero(s.outcome != PENDING)[-n:] if n > 0 else np.zeros(0, dtype=int)
+        names = s.statuses()
+        sent = s.sent_at
+        return [(names[i], float(sent[i])) for i in ended]
+
+    def counts(self) -> dict:
+        """``sent``, ``answered``, ``failed`` (by status), ``failed_total``, ``no_response`` (so far) and
+        ``examples`` (the first message of each failed status)."""
+        s = self._samples() if self.report is None else self.report.samples
+        statuses = [name for name, done in zip(s.statuses(), (s.outcome != PENDING).tolist()) if done]
+        failed: dict[str, int] = {}
+        for name in statuses:
+            if name not in ("OK", "NO_RESPONSE"):
+                failed[name] = failed.get(name, 0) + 1
+        return {"sent": len(s.sched_s), "answered": statuses.count("OK"), "failed": dict(sorted(failed.items())),
+                "failed_total": sum(failed.values()), "no_response": statuses.count("NO_RESPONSE"),
+                "examples": dict(self.client.current.examples) if self.client.current is not None else {}}
+
+    def stop(self) -> BenchReport:
+        """Stop sending, wait for every request sent to end (answered, failed or past its deadline)."""
+        self._stop.set()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.report
+
+
+# Keywords of LoadClient other than the address and the model (find_max_rate passes them on).
+_CLIENT_OPTIONS = frozenset(inspect.signature(LoadClient).parameters) - {"address", "model", "seed"}
+
+
 def _postfix(st: _Run) -> dict[str, int]:
     return {"good": st.ok - st.late, "late": st.late, "drop": st.dropped, "fail": st.failed, "inflight": st.inflight}
 
@@ -476,6 +604,7 @@ def _check_run_args(
     warmup_s: float,
     grace_ms: float | None,
     concurrency_limit: int | None,
+    cv: float = 1.0,
 ) -> None:
     if not (rate_rps > 0 and math.isfinite(rate_rps)):
         raise BenchError(f"--rate must be > 0, got {rate_rps}")
@@ -489,49 +618,33 @@ def _check_run_args(
         raise BenchError(f"--grace-ms must be >= 0, got {grace_ms}")
     if concurrency_limit is not None and concurrency_limit < 1:
         raise BenchError(f"--concurrency-limit must be >= 1, got {concurrency_limit}")
+    if not (cv >= 0 and math.isfinite(cv)):
+        raise BenchError(f"the arrivals' coefficient of variation must be >= 0, got {cv}")
 
 
 async def run_bench_async(
-    address: str,
+    address: str | Sequence[str],
     model: str,
     rate_rps: float,
     duration_s: float,
     slo_ms: float,
     *,
-    batch: int = 1,
     warmup_s: float = 0.0,
     seed: int = 0,
-    channels: int = 1,
     concurrency_limit: int | None = None,
     grace_ms: float | None = None,
-    model_version: str = "",
-    input_shapes: Mapping[str, Sequence[int]] | None = None,
-    connect_timeout_s: float = 5.0,
     progress: bool = False,
-    raw: bool = True,
-    timeout_param: bool = True,
-    root_certificates: bytes | None = None,
+    cv: float = 1.0,
+    **client_options: Any,
 ) -> BenchReport:
-    """Open-loop Poisson load at ``rate_rps`` against ``model`` at ``address``; see :class:`BenchReport`.
+    """Open-loop load at ``rate_rps`` against ``model`` at ``address``; see :class:`BenchReport`.
 
+    ``client_options`` are those of :class:`LoadClient` (``batch``, ``channels``, ``raw``, ...).
     Raises :class:`BenchError` when the run cannot start (bad arguments, unreachable frontend,
     unknown model). Request failures during the run are counted, never raised.
     """
-    _check_run_args(rate_rps, duration_s, slo_ms, warmup_s, grace_ms, concurrency_limit)
-    client = LoadClient(
-        address,
-        model,
-        batch=batch,
-        channels=channels,
-        seed=seed,
-        model_version=model_version,
-        input_shapes=input_shapes,
-        connect_timeout_s=connect_timeout_s,
-        raw=raw,
-        timeout_param=timeout_param,
-        root_certificates=root_certificates,
-    )
-    async with client:
+    _check_run_args(rate_rps, duration_s, slo_ms, warmup_s, grace_ms, concurrency_limit, cv)
+    async with LoadClient(address, model, seed=seed, **client_options) as client:
         return await client.run(
             rate_rps,
             duration_s,
@@ -540,6 +653,7 @@ async def run_bench_async(
             grace_ms=grace_ms,
             concurrency_limit=concurrency_limit,
             progress=progress,
+            cv=cv,
         )
 
 
@@ -548,138 +662,87 @@ def run_bench(address: str, model: str, rate_rps: float, duration_s: float, slo_
     return asyncio.run(run_bench_async(address, model, rate_rps, duration_s, slo_ms, **kwargs))
 
 
-async def find_max_rate_async(
-    address: str,
-    model: str,
+async def search_rate(
+    client: LoadClient,
     slo_ms: float,
-    target_good_fraction: float = 0.99,
-    lo: float = 10.0,
-    hi: float | None = None,
-    step_duration_s: float = 5.0,
+    lo: float,
     *,
-    rel_tol: float = 0.05,
-    max_steps: int = 12,
+    target_good_fraction: float = 0.99,
+    step_duration_s: float | Callable[[float], float] = 5.0,
     warmup_s: float = 1.0,
     cooldown_s: float = 0.5,
-    batch: int = 1,
     seed: int = 0,
-    channels: int = 1,
     grace_ms: float | None = None,
     concurrency_limit: int | None = None,
-    model_version: str = "",
-    input_shapes: Mapping[str, Sequence[int]] | None = None,
-    connect_timeout_s: float = 5.0,
     progress: bool = False,
     on_step: Callable[[BenchReport], None] | None = None,
+    **search: Any,
 ) -> tuple[float, list[BenchReport]]:
-    """The largest rate (rps) at which at least ``target_good_fraction`` of requests finish within SLO.
+    """The largest rate at which at least ``target_good_fraction`` of requests finish within the SLO,
+    with open-loop steps of ``client`` (open), searched by :func:`common.rate_search.rate_steps`
+    from ``lo`` (``search``: its keywords ``hi``, ``growth``, ``max_rate``, ``floor``, ``rel_tol``,
+    ``refine``, ``max_steps``).
 
-    Runs open-loop steps of ``step_duration_s`` (after ``warmup_s``) each: ``lo`` first, then, without
-    ``hi``, doubling until a step fails; with ``hi``, ``hi`` itself; then bisection between the best
-    passing and the lowest failing rate until they are within ``rel_tol`` of each other or
-    ``max_steps`` steps were run. Returns (best passing rate, or 0.0 if ``lo`` fails; every step's
-    report in order). Steps are ``cooldown_s`` apart. Reports whose ``client_lag_ms`` is large
-    measured the client, not the server.
+    Each step runs ``step_duration_s`` (a number, or a function of the rate) after ``warmup_s`` of
+    unmeasured load, ``cooldown_s`` after the client's previous run, with seed ``seed`` plus its
+    index. Returns (best passing rate, or 0.0; every step's report in order). Reports whose
+    ``client_lag_ms`` is large measured the client, not the server.
     """
     if not 0.0 < target_good_fraction <= 1.0:
         raise BenchError(f"target_good_fraction must be in (0, 1], got {target_good_fraction}")
+    reports: list[BenchReport] = []
+
+    async def passes(rate: float) -> bool:
+        if client.runs and cooldown_s > 0:
+            await asyncio.sleep(cooldown_s)  # let the server drain what the last run left
+        duration = step_duration_s(rate) if callable(step_duration_s) else step_duration_s
+        r = await client.run(
+            rate,
+            duration,
+            slo_ms,
+            warmup_s=warmup_s,
+            grace_ms=grace_ms,
+            concurrency_limit=concurrency_limit,
+            seed=seed + len(reports),
+            progress=progress,
+        )
+        reports.append(r)
+        if on_step is not None:
+            on_step(r)
+        return r.sent > 0 and r.good_fraction >= target_good_fraction
+
+    try:
+        best = await max_passing_rate_async(passes, lo, **search)
+    except ValueError as e:
+        raise BenchError(str(e)) from None
+    return best, reports
+
+
+async def find_max_rate_async(address: str | Sequence[str], model: str, slo_ms: float,
+                              target_good_fraction: float = 0.99, lo: float = 10.0, hi: float | None = None,
+                              step_duration_s: float = 5.0, *, rel_tol: float = 0.05, max_steps: int | None = 12,
+                              seed: int = 0, **options: Any) -> tuple[float, list[BenchReport]]:
+    """:func:`search_rate` on a client of its own: ``lo`` first, then without ``hi`` doubling until a
+    step fails, with ``hi`` that rate itself, then bisection to ``rel_tol`` within ``max_steps``.
+
+    ``options`` are those of :class:`LoadClient` (``batch``, ``channels``, ...) and of
+    :func:`search_rate` (``warmup_s``, ``cooldown_s``, ``on_step``, ``growth``, ...). Returns (best
+    passing rate, or 0.0 if ``lo`` fails; every step's report in order).
+    """
     if not lo > 0 or (hi is not None and hi <= lo):
         raise BenchError(f"need 0 < lo < hi, got lo={lo}, hi={hi}")
-    if max_steps < 1:
+    if max_steps is not None and max_steps < 1:
         raise BenchError("max_steps must be >= 1")
-    reports: list[BenchReport] = []
-    client = LoadClient(
-        address,
-        model,
-        batch=batch,
-        channels=channels,
-        seed=seed,
-        model_version=model_version,
-        input_shapes=input_shapes,
-        connect_timeout_s=connect_timeout_s,
-    )
-    async with client:
-
-        async def passes(rate: float) -> bool:
-            if reports and cooldown_s > 0:
-                await asyncio.sleep(cooldown_s)  # let the server drain what the last step left
-            r = await client.run(
-                rate,
-                step_duration_s,
-                slo_ms,
-                warmup_s=warmup_s,
-                grace_ms=grace_ms,
-                concurrency_limit=concurrency_limit,
-                seed=seed + len(reports),
-                progress=progress,
-            )
-            reports.append(r)
-            if on_step is not None:
-                on_step(r)
-            return r.sent > 0 and r.good_fraction >= target_good_fraction
-
-        best = await search_max_rate(passes, lo, hi, rel_tol=rel_tol, max_steps=max_steps)
-        return best, reports
+    client_options = {k: options.pop(k) for k in list(options) if k in _CLIENT_OPTIONS}
+    async with LoadClient(address, model, seed=seed, **client_options) as client:
+        return await search_rate(client, slo_ms, lo, target_good_fraction=target_good_fraction,
+                                 step_duration_s=step_duration_s, seed=seed, hi=hi, rel_tol=rel_tol,
+                                 max_steps=max_steps, **options)
 
 
-async def search_max_rate(
-    passes: Callable[[float], Awaitable[bool]],
-    lo: float,
-    hi: float | None = None,
-    *,
-    rel_tol: float = 0.05,
-    max_steps: int = 12,
-) -> float:
-    """The search of :func:`find_max_rate_async` over a monotone pass/fail test of a rate.
-
-    Tries ``lo`` (0.0 if it fails), then ``hi`` if given (returned if it passes) or doublings of
-    ``lo`` until one fails, then bisects between the best passing and the lowest failing rate until
-    they are within ``rel_tol`` (relative) or ``passes`` ran ``max_steps`` times.
-    """
-    steps = 0
-
-    async def test(rate: float) -> bool:
-        nonlocal steps
-        steps += 1
-        return await passes(rate)
-
-    if not await test(lo):
-        return 0.0
-    best = lo
-    if hi is None:
-        rate = lo * 2.0
-        while True:
-            if steps >= max_steps:
-                return best
-            if await test(rate):
-                best, rate = rate, rate * 2.0
-            else:
-                hi = rate
-                break
-    else:
-        if steps >= max_steps:
-            return best
-        if await test(hi):
-            return hi
-    while steps < max_steps and hi - best > rel_tol * best:
-        mid = 0.5 * (best + hi)
-        if await test(mid):
-            best = mid
-        else:
-            hi = mid
-    return best
-
-
-def find_max_rate(
-    address: str,
-    model: str,
-    slo_ms: float,
-    target_good_fraction: float = 0.99,
-    lo: float = 10.0,
-    hi: float | None = None,
-    step_duration_s: float = 5.0,
-    **kwargs: Any,
-) -> tuple[float, list[BenchReport]]:
+def find_max_rate(address: str | Sequence[str], model: str, slo_ms: float, target_good_fraction: float = 0.99,
+                  lo: float = 10.0, hi: float | None = None, step_duration_s: float = 5.0,
+                  **kwargs: Any) -> tuple[float, list[BenchReport]]:
     """Blocking :func:`find_max_rate_async`."""
     return asyncio.run(
         find_max_rate_async(address, model, slo_ms, target_good_fraction, lo, hi, step_duration_s, **kwargs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import pathlib
 from dataclasses import dataclass, field
 
 import grpc
@@ -23,8 +24,10 @@ class BenchSamples:
     """Raw per-request data of a run, index = arrival order (warmup requests included).
 
     ``sched_s`` is the scheduled arrival time from the start of the run, ``lag_s`` how late the
-    client sent it, ``latency_ms`` the client-side latency of a response (NaN without one) and
-    ``outcome`` one of the module's outcome codes.
+    client sent it, ``latency_ms`` the client-side latency of a response (NaN without one),
+    ``outcome`` one of the module's outcome codes and ``done_s`` when the request ended, answered or
+    not (from the start of the run; NaN if never sent). ``start_s`` is the start of the run on the
+    monotonic clock (``time.monotonic``), ``timeout_ms`` the client's deadline of every request.
     """
 
     sched_s: np.ndarray
@@ -34,10 +37,39 @@ class BenchSamples:
     status: np.ndarray  # gRPC status code number of each request (0 = OK; see NO_STATUS, CLIENT_LIMIT_STATUS)
     warmup_s: float
     slo_ms: float
+    done_s: np.ndarray | None = None
+    start_s: float = 0.0
+    timeout_ms: float = math.inf
 
     @property
     def measured(self) -> np.ndarray:
         return self.sched_s >= self.warmup_s
+
+    @property
+    def sent_at(self) -> np.ndarray:
+        """When each request was sent, on the monotonic clock."""
+        return self.start_s + self.sched_s + self.lag_s
+
+    @property
+    def done_at(self) -> np.ndarray:
+        """When each request ended, on the monotonic clock (NaN if it was never sent)."""
+        return self.start_s + self.done_s
+
+    def statuses(self) -> list[str]:
+        """Each request's status by name, in sending order: ``OK``, a gRPC status code
+        (``UNAVAILABLE``, ...), ``NO_RESPONSE`` when the client's own deadline passed without an
+        answer, ``CLIENT_CONCURRENCY_LIMIT`` when the client never sent it."""
+        no_answer = ((self.status == grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
+                     & (self.done_s - self.sched_s - self.lag_s >= 0.999 * self.timeout_ms / 1000.0))
+        return ["NO_RESPONSE" if none else _CODE_NAMES.get(code, f"CODE_{code}")
+                for code, none in zip(self.status.tolist(), no_answer.tolist())]
+
+    def status_counts(self) -> dict[str, int]:
+        """How many requests ended with each status of :meth:`statuses`."""
+        counts: dict[str, int] = {}
+        for name in self.statuses():
+            counts[name] = counts.get(name, 0) + 1
+        return dict(sorted(counts.items()))
 
 
 @dataclass
@@ -103,6 +135,28 @@ class BenchReport:
 
     def format_table(self) -> str:
         return format_table(self)
+
+
+# What a benchmark keeps of each step of a search (``step_summary``).
+STEP_KEYS = ("offered_rps", "sent", "within_slo", "late", "dropped", "failed", "goodput_rps", "throughput_rps",
+             "bad_rate", "p50_ms", "p90_ms", "p99_ms", "client_lag_ms")
+
+
+def step_summary(r: BenchReport, digits: int | None = None) -> dict:
+    """The report's :data:`STEP_KEYS` as a dict, floats rounded to ``digits`` when given."""
+    d = {k: getattr(r, k) for k in STEP_KEYS}
+    if digits is not None:
+        d = {k: (round(v, digits) if isinstance(v, float) else v) for k, v in d.items()}
+    return d
+
+
+def write_json(path: str | pathlib.Path, data, indent: int = 1) -> pathlib.Path:
+    """Write a benchmark's raw result as JSON (values JSON cannot hold as their ``str``), creating
+    the directory; returns the path."""
+    out = pathlib.Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=indent, default=str) + "\n")
+    return out
 
 
 def _round(x: float, digits: int = 4) -> float | None:

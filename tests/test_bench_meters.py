@@ -1,0 +1,41 @@
+"""The benchmark library's meters (nexus/bench/meters.py): CPU per process and of the machine, RSS."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+
+from nexus.bench.meters import CpuMeter, RssSampler, cpu_seconds, loadavg, rss_mb, wait_quiet
+
+
+def _burn(cpu_s: float) -> None:
+    end = time.process_time() + cpu_s
+    while time.process_time() < end:
+        pass
+
+
+def test_cpu_meter_counts_the_cpu_a_process_spent_and_the_machine_saw():
+    meter = CpuMeter({"me": os.getpid()}).start()
+    _burn(0.3)
+    cpu = meter.stop()
+    assert cpu["cpu_s"]["me"] >= 0.25            # /proc/PID/stat counts in 10 ms ticks
+    assert cpu["machine_busy_cores"] > 0
+    assert cpu["external_cores"] == cpu["machine_busy_cores"] - cpu["cpu_s"]["me"] / cpu["wall_s"]
+
+
+def test_a_process_that_is_gone_reads_as_nan_cpu_and_no_memory():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert math.isnan(cpu_seconds(child.pid)) and rss_mb(child.pid) == 0.0
+
+
+def test_rss_sampler_keeps_the_peak_and_the_quiet_wait_gives_up_at_its_timeout():
+    with RssSampler({"me": os.getpid()}, every_s=0.01) as rss:
+        time.sleep(0.05)
+    assert rss.peak["me"] > 10 and rss_mb(os.getpid()) > 10
+    seen = wait_quiet(0.0, threshold_cores=-1.0, window_s=0.05)   # nothing is ever that quiet
+    assert seen["busy_cores"] > -1.0 and seen["waited_s"] >= 0
+    assert loadavg() >= 0

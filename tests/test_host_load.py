@@ -102,17 +102,20 @@ def test_no_reading_and_no_time_give_none():
 
 def test_a_real_busy_process_shows_up_by_name():
     m = HostLoadMeter(processes=True)
-    hog = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 30\nwhile time.time() < end: pass"])
+    spin = ("import ctypes, time\nctypes.CDLL(None).prctl(15, b'nexus-hog', 0, 0, 0)\n"    # PR_SET_NAME
+            "end = time.time() + 30\nwhile time.time() < end: pass")
+    hog = subprocess.Popen([sys.executable, "-c", spin])
     try:
         time.sleep(1.0)
         m.sample()                                # start of the window: the hog is running
-        time.sleep(1.0)
+        time.sleep(2.0)
         load = m.sample()
     finally:
         hog.kill()
         hog.wait()
-    assert load is not None and load.other_cores >= 0.3, load
-    assert any(name.startswith("python") and cores >= 0.3 for name, cores in load.busiest), load.busiest
+    # a busy loop gets a good share of a core even on a busy machine
+    assert load is not None and load.other_cores >= 0.2, load
+    assert any(name == "nexus-hog" and cores >= 0.2 for name, cores in load.busiest), load.busiest
 
 
 def test_host_load_json_carries_the_verdict():

@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 import urllib.request
 
@@ -23,8 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from common.pb import control, control_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
-from nexus.launcher import Child
-from tests.components import OpenLoop, wait_for, wait_ready
+from nexus.bench.cluster import Cluster
+from nexus.bench.loadgen import BackgroundLoad
+from tests.components import wait_for, wait_ready
 
 pytestmark = pytest.mark.slow
 
@@ -32,41 +31,12 @@ SLO_MS = 400.0
 TABLE = Profile.linear(8.0, 20.0, 16, memory_base_mb=100, memory_per_item_mb=1, device_type="t4")  # l(16) = 148 ms
 
 
-def start(name: str, *argv: str, log_to=None, level: str = "WARNING") -> Child:
-    child = Child(name, [name, *argv], dict(os.environ, NEXUS_LOG=level), stderr=log_to, start_new_session=True)
-    child.wait_ready(120)
-    return child
-
-
-@contextlib.contextmanager
-def processes(tmp_path):
-    """(children, scheduler log file): every child started into the list is stopped at the end."""
-    children: list[Child] = []
-    with (tmp_path / "scheduler.log").open("w") as log:
-        try:
-            yield children, log
-        finally:
-            for c in reversed(children):
-                c.stop(timeout_s=20)
-
-
-def start_scheduler(tmp_path, log, children: list) -> Child:
-    """A scheduler logging at INFO to ``log``, folding samples every second, appended to ``children``."""
-    sched = start("scheduler", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "db"), "--profile-update-s",
-                  "1", log_to=log, level="INFO")
-    children.append(sched)
-    return sched
-
-
-def start_frontend(sched: Child, children: list) -> Child:
-    children.append(start("frontend", "--scheduler", sched.address, "--listen", "127.0.0.1:0",
-                          "--report-interval-s", "0.5"))
-    return children[-1]
-
-
-def scheduler_stub(address: str):
-    channel = grpc.insecure_channel(address)
-    return channel, control_grpc.SchedulerStub(channel)
+def cluster(tmp_path, device: str, backends: int, factor: float) -> Cluster:
+    """A scheduler (logging at INFO, folding samples every second), a frontend and ``backends`` emulated
+    backends whose batches take ``factor`` times their table's latency."""
+    return Cluster(tmp_path, backends=backends, device=device, scheduler={"profile_update_s": 1.0},
+                   backend={"emulated_latency_factor": factor}, frontend={"report_interval_s": 0.5},
+                   env=lambda kind: {"NEXUS_LOG": "INFO"} if kind == "scheduler" else {}).start()
 
 
 def upload(stub, name: str, profile: Profile, *, load: bool = True, rate_rps: float = 0.0, sample: bool = True) -> None:
@@ -92,6 +62,11 @@ def placement(reply: control.StatusReply, model: str) -> list[float]:
     return [s.planned_rate_rps for d in reply.devices for s in d.sessions if s.session == model]
 
 
+def device_types(stub, model: str) -> list[control.DeviceTypeStatus]:
+    return [d for m in stub.ListModels(control.ListModelsRequest(), timeout=10).models if m.name == model
+            for d in m.device_types]
+
+
 def l_at(curve: control.ProfileCurve, batch: int) -> float:
     return dict(zip(curve.batch, curve.latency_ms))[batch]
 
@@ -102,61 +77,53 @@ def scrape(url: str) -> list:
 
 
 def test_a_pessimistic_table_is_measured_and_replaced_and_overload_does_not_ratchet(tmp_path):
-    with processes(tmp_path) as (children, log):
-        sched = start_scheduler(tmp_path, log, children)
-        start_frontend(sched, children)
-        for _ in range(2):
-            children.append(start("backend", "--scheduler", sched.address, "--device", "emulated:t4",
-                                  "--emulated-latency-factor", "0.5"))
-        channel, stub = scheduler_stub(sched.address)
+    with cluster(tmp_path, "emulated:t4", 2, 0.5) as c, grpc.insecure_channel(c.scheduler.address) as channel:
+        stub = control_grpc.SchedulerStub(channel)
         upload(stub, "emu", TABLE, rate_rps=120.0)
         # The table's plan: 120 rps needs two devices at 16 / 148 ms = 108 rps each.
         before = wait_for(lambda: len(placement(r := status(stub), "emu")) == 2 and r, 60, "the table's plan")
         assert profile_of(before, "emu", "t4").in_use == "table"
         assert max(placement(before, "emu")) < 110
-        wait_ready(children[1].address, "emu")
+        wait_ready(c.frontend.address, "emu")
 
-        load = OpenLoop(children[1].address, "emu", 120.0).start()
+        load = BackgroundLoad(c.frontend.address, "emu", 120.0, slo_ms=SLO_MS).start()
         try:
             after = wait_for(lambda: (p := profile_of(r := status(stub), "emu", "t4")).in_use == "measured"
                              and len(placement(r, "emu")) == 1 and r, 90, "a plan on the measured profile")
         finally:
-            result = load.stop()
+            report = load.stop()
         measured = profile_of(after, "emu", "t4")
         # the devices run at half the table's latency, and the plan now gives one device the whole load
         assert l_at(measured.measured, 16) == pytest.approx(0.5 * TABLE.latency_ms(16), rel=0.15)
         assert l_at(measured.table, 16) == pytest.approx(TABLE.latency_ms(16))
         print(f"planned throughput per device: table {placement(before, 'emu')}, measured {placement(after, 'emu')}")
-        assert placement(after, "emu")[0] >= 100.0          # the measured rate, on one device
+        assert placement(after, "emu")[0] >= 0.75 * 120.0   # one device carries the whole (measured) rate
         assert measured.samples >= 40 and measured.drift >= 0.15
-        assert result.codes.get("OK", 0) >= 0.95 * result.sent, result.codes
+        assert report.ok >= 0.95 * report.sent, report
 
         # An overloaded period: far beyond both devices' capacity. Its batches are flagged contended
         # and the profile the plan uses does not move (no ratchet).
         in_use_l16 = l_at(measured.measured, 16)
-        overload = OpenLoop(children[1].address, "emu", 500.0, client_timeout_s=2.0).start()
+        overload = BackgroundLoad(c.frontend.address, "emu", 500.0, slo_ms=SLO_MS, timeout_s=2.0).start()
         try:
             time.sleep(4.0)
         finally:
-            overload.stop(drain_s=5.0)
+            overload.stop()
         later = wait_for(lambda: (p := profile_of(status(stub), "emu", "t4")).contended_samples > 0 and p, 30,
                          "contended samples reported")
         assert later.in_use == "measured"
         assert l_at(later.measured, 16) <= in_use_l16 * 1.02
 
-        metrics = scrape(sched.info["metrics"])
-        in_use = {s.labels["source"] for s in metrics
+        in_use = {s.labels["source"] for s in scrape(c.scheduler.info["metrics"])
                   if s.name == "nexus_profile_in_use" and s.labels["model"] == "emu"}
         assert in_use == {"measured"}
-        channel.close()
-    text = (tmp_path / "scheduler.log").read_text()
-    assert "profile of emu on t4 drifted" in text and "% from its table: re-plan" in text, text[-3000:]
+        log = c.scheduler.logs()
+    assert "profile of emu on t4 drifted" in log and "% from its table: re-plan" in log, log[-3000:]
 
 
 def test_a_predicted_profile_plans_until_serving_measures_it_and_its_error_is_reported(tmp_path):
-    with processes(tmp_path) as (children, log):
-        sched = start_scheduler(tmp_path, log, children)
-        channel, stub = scheduler_stub(sched.address)
+    with cluster(tmp_path, "emulated:v100", 1, 0.8) as c, grpc.insecure_channel(c.scheduler.address) as channel:
+        stub = control_grpc.SchedulerStub(channel)
         # Two models measured on both types (a v100 takes half a t4's time), stored only;
         # a third with a t4 table only, served.
         for name, t4 in (("a", Profile.linear(4.0, 20.0, 16, device_type="t4")),
@@ -165,25 +132,18 @@ def test_a_predicted_profile_plans_until_serving_measures_it_and_its_error_is_re
             stub.AddProfile(control.ProfileUpload(model=name, profile_json=Profile.from_rows(
                 t4.scaled(0.5).rows, "v100").to_json()), timeout=10)
         upload(stub, "c", TABLE, sample=False)
-        start_frontend(sched, children)
-        children.append(start("backend", "--scheduler", sched.address, "--device", "emulated:v100",
-                              "--emulated-latency-factor", "0.8"))
         planned = wait_for(lambda: placement(r := status(stub), "c") and r, 60, "c planned on the v100")
         predicted = profile_of(planned, "c", "v100")
         assert predicted.in_use == "predicted" and predicted.predicted_from == "t4"
         assert not predicted.HasField("table")
         assert l_at(predicted.predicted, 16) == pytest.approx(0.5 * TABLE.latency_ms(16))
-        [desc] = [m for m in stub.ListModels(control.ListModelsRequest(), timeout=10).models if m.name == "c"]
-        state = {d.device_type: d for d in desc.device_types}["v100"]
-        assert state.state in (control.PREDICTED, control.PROFILING)
         # the v100 cannot measure a model it has no datasheet for: the prediction keeps planning it
-        state = wait_for(lambda: next(d for m in stub.ListModels(control.ListModelsRequest(), timeout=10).models
-                                      if m.name == "c" for d in m.device_types if d.device_type == "v100"
-                                      and d.state == control.PREDICTED), 30, "the profiling run refused")
+        state = wait_for(lambda: next((d for d in device_types(stub, "c") if d.device_type == "v100"
+                                       and d.state == control.PREDICTED), None), 30, "the profiling run refused")
         assert state.reason.startswith("predicted from t4; an emulated device (emulated:v100)")
 
-        wait_ready(children[1].address, "c")
-        load = OpenLoop(children[1].address, "c", 60.0).start()
+        wait_ready(c.frontend.address, "c")
+        load = BackgroundLoad(c.frontend.address, "c", 60.0, slo_ms=SLO_MS).start()
         try:
             after = wait_for(lambda: (p := profile_of(status(stub), "c", "v100")).in_use == "measured" and p,
                              90, "the measurement replacing the prediction")
@@ -193,12 +153,10 @@ def test_a_predicted_profile_plans_until_serving_measures_it_and_its_error_is_re
         assert after.prediction_replaced_by == "serving measurements"
         assert after.prediction_error_mean == pytest.approx(0.25, abs=0.06) and after.prediction_bias > 0
         assert l_at(after.measured, 16) == pytest.approx(0.8 * l_at(after.predicted, 16), rel=0.15)
-        [desc] = [m for m in stub.ListModels(control.ListModelsRequest(), timeout=10).models if m.name == "c"]
-        state = {d.device_type: d for d in desc.device_types}["v100"]
+        state = next(d for d in device_types(stub, "c") if d.device_type == "v100")
         assert (state.state, state.reason) == (control.PROFILED, "measured while serving (no table)")
-        errors = {s.labels["stat"]: s.value for s in scrape(sched.info["metrics"])
+        errors = {s.labels["stat"]: s.value for s in scrape(c.scheduler.info["metrics"])
                   if s.name == "nexus_profile_prediction_error_ratio" and s.labels["model"] == "c"}
         assert errors["mean"] == pytest.approx(after.prediction_error_mean)
-        channel.close()
-    text = (tmp_path / "scheduler.log").read_text()
-    assert "prediction of c on v100 (from t4) replaced by serving measurements: off by" in text, text[-3000:]
+        log = c.scheduler.logs()
+    assert "prediction of c on v100 (from t4) replaced by serving measurements: off by" in log, log[-3000:]

@@ -405,6 +405,10 @@ class ModelAdmin:
             await asyncio.to_thread(self.db.add_profile, model, profile)
             self.book.table_arrived(key, profile, "a profiling run")
             log.info("profiled %s on %s (max batch %d)", model, profile.device_type, profile.max_batch)
+            from profiler.tables import load_warning
+
+            if busy := load_warning(profile):
+                log.warning("profiling %s on %s: %s", model, node.node_id, busy)
         except (grpc.aio.AioRpcError, ProfileError, KeyError) as exc:
             log.warning("profiling %s on %s failed: %s", model, node.node_id, exc)
             self.load_failures.record(model, node.device_type, node.node_id, str(exc))

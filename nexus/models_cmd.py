@@ -36,12 +36,15 @@ def _chunks(header: control.UploadHeader, path: pathlib.Path) -> Iterator[contro
 def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile_path: str | None = None,
                  slo_ms: float = 0.0, runtime: str = "", io_path: str | None = None, load: bool = True,
                  timeout_s: float = 300, min_replicas: int = 0, warmup: Sequence[WarmupSample] = (),
-                 creds: Credentials = grpc_util.NO_CREDENTIALS) -> control.ModelDesc:
+                 creds: Credentials = grpc_util.NO_CREDENTIALS, pin_profile: bool = False) -> control.ModelDesc:
     """Stream a model file to the scheduler; raise CommandError with the scheduler's reason if refused.
-    ``warmup``: the model's warm-up samples (config.pbtxt's model_warmup; none: the backends' default)."""
+    ``warmup``: the model's warm-up samples (config.pbtxt's model_warmup; none: the backends' default).
+    ``pin_profile``: the profile always plans, whatever serving measures (``"meta": {"pinned": true}``)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise CommandError(f"no such file: {path}")
+    if pin_profile and not profile_path:
+        raise CommandError("--pin-profile needs --profile (the table to pin)")
     if min_replicas < 0:
         raise CommandError(f"--min-replicas must not be negative, got {min_replicas}")
     header = control.UploadHeader(name=name, slo_ms=slo_ms, load=load, min_replicas=min_replicas,
@@ -53,12 +56,26 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
                 setattr(header, attr, pathlib.Path(file).read_text())
             except OSError as exc:
                 raise CommandError(f"cannot read {file}: {exc.strerror}") from None
+    if pin_profile:
+        header.profile_json = pinned(header.profile_json, profile_path)
     with grpc_util.channel(scheduler, creds) as channel:
         stub = control_grpc.SchedulerStub(channel)
         try:
             return stub.UploadModel(_chunks(header, path), timeout=timeout_s).model
         except grpc.RpcError as exc:
             raise CommandError(_rpc_message(exc, scheduler)) from None
+
+
+def pinned(profile_json: str, where: str) -> str:
+    """The profile file's JSON with ``meta.pinned`` set (globalsched/profile_book.py: a pinned table
+    always plans; uploading it again without the pin unpins it)."""
+    from common.profile import Profile, ProfileError
+
+    try:
+        profile = Profile.from_json(profile_json, where)
+    except ProfileError as exc:
+        raise CommandError(f"invalid profile: {exc}") from None
+    return Profile(profile.rows, profile.device_type, {**profile.meta, "pinned": True}).to_json()
 
 
 def list_models(scheduler: str, creds: Credentials = grpc_util.NO_CREDENTIALS) -> list[control.ModelDesc]:
@@ -89,7 +106,8 @@ def _run_upload(args) -> int:
     try:
         model = upload_model(args.scheduler, args.file, args.name, profile_path=args.profile, slo_ms=args.slo_ms,
                              runtime=args.runtime, io_path=args.io, load=not args.no_load,
-                             min_replicas=args.min_replicas, creds=client_credentials(args))
+                             min_replicas=args.min_replicas, creds=client_credentials(args),
+                             pin_profile=args.pin_profile)
     except (CommandError, ClientFlagError) as exc:
         print(f"nexus models upload: error: {exc}", file=sys.stderr)
         return 2
@@ -122,7 +140,10 @@ def register(sub) -> None:
     up = msub.add_parser("upload", help="upload a model file (ONNX, or TorchScript with --io)")
     up.add_argument("file")
     up.add_argument("--name", required=True)
-    up.add_argument("--profile", help="profile JSON (common/profile.py format, with device_type)")
+    up.add_argument("--profile", help="profile JSON (common/profile.py format, with device_type): where planning "
+                                      "starts; serving measurements replace it once enough samples count")
+    up.add_argument("--pin-profile", action="store_true",
+                    help="plan with --profile always, whatever serving measures (measurements are still shown)")
     up.add_argument("--slo-ms", type=float, default=0.0, help="SLO of the model's session (default: scheduler's)")
     up.add_argument("--runtime", default="", choices=["", "onnxruntime", "torch"], help="default: from the file suffix")
     up.add_argument("--io", help="JSON with inputs/outputs (required for torch models)")

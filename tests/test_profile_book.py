@@ -269,3 +269,27 @@ def test_a_model_without_a_table_on_a_present_type_plans_with_a_prediction(tmp_p
     assert admin.profile_choices("c")["v100"].source == MEASURED
     assert admin.book.replaced[("c", "v100")].error.mean_rel == pytest.approx(0.25, abs=0.03)
     db.close()
+
+
+def test_measured_profiles_off_keeps_planning_on_tables_and_asks_for_no_replan(tmp_path):
+    node = backend("be-1", "emulated:t4")
+    admin, db, requests = _admin(tmp_path, {"be-1": node}, profile_update_s=1.0, measured_profiles=False)
+    _upload(db, "m", TABLE_T4)
+    admin.serving_samples(node, [_report("m", 0.5)], now_s=0.0)
+    admin.serving_samples(node, [_report("m", 0.5, seed=1)], now_s=1.0)
+    assert requests == [] and admin.profile_choices("m")["t4"].source == TABLE
+    [r] = admin.profile_reports()
+    assert r.measured is not None and r.samples >= 60          # measured and shown all the same
+    db.close()
+
+
+def test_settings_that_make_no_sense_are_refused():
+    from common.config import BackendConfig, ConfigError
+    from common.profile import ProfileError
+
+    with pytest.raises(ConfigError, match="--profile-update-s"):
+        SchedulerConfig(profile_update_s=0).validate()
+    with pytest.raises(ConfigError, match="--emulated-latency-factor"):
+        BackendConfig(emulated_latency_factor=-1.0).validate()
+    with pytest.raises(ProfileError, match="positive number"):
+        TABLE_T4.scaled(0.0)

@@ -39,20 +39,19 @@ def demands(plan: ClusterPlan | None, backends: Iterable[Node], measured_rps: Ma
     out = {}
     for t in sorted(types):
         cost = {node: 0.0 for node in registered.get(t, [])}
-        sessions: set[str] = set()
+        capacity: dict[str, float] = {}
         folded = 0
         placement = plan.placements.get(t) if plan is not None else None
         if placement is not None:
             folded = placement.overcommitted
             for b in placement.backends:
                 for s in b.sessions:
-                    sessions.add(s.model)
+                    capacity[s.model] = capacity.get(s.model, 0.0) + s.throughput_rps
                     if b.node_id in cost:
-                        cost[b.node_id] += s.throughput_rps
-        planned = sum(plan.sessions[s].rate_rps for s in sessions if s in plan.sessions) if plan is not None else 0.0
-        measured = sum(measured_rps.get(s, 0.0) for s in sessions)
+                        cost[b.node_id] += s.load_rps or s.throughput_rps
+        demand = sum(max(measured_rps.get(s, 0.0), c) for s, c in capacity.items())
         out[t] = TypeDemand(t, plan.devices_needed.get(t, 0) if plan is not None else 0, len(registered.get(t, [])),
-                            planned, measured, folded, cost)
+                            sum(capacity.values()), demand, folded, cost)
     return out
 
 

@@ -1,15 +1,19 @@
 """How many devices of each type to have: a pure policy, ``decisions, state = desired_devices(...)``.
 
 Inputs per device type (:class:`TypeDemand`): the devices the plan uses, the backends registered,
-the planned and measured rates of the sessions placed there, and what moving each backend's sessions
-would cost. Output per type (:class:`ScalingDecision`): the desired count, why, and when it is below
+what the plan's batches serve of each session placed there against its measured rate, and what
+moving each backend's sessions would cost. Output per type (:class:`ScalingDecision`): the desired count, why, and when it is below
 the registered count, which backend to drain first.
 
 The rules (an operator's expectations: no flapping, nothing lost, no idle device held for long):
 
-* **Up at once.** The raw need is the plan's devices, times the ratio by which the measured rate
-  outruns the planned rate when it does by more than ``outrun_ratio`` (the plan catches up only after
-  the re-planner's cooldown; the devices should already be starting), times 1 + ``headroom``,
+* **Up at once.** The raw need is the plan's devices, times the ratio by which demand outruns what
+  the plan's batches can serve when it does by more than ``outrun_ratio`` (the plan catches up after
+  it; the devices should already be starting). Demand counts each session at the larger of its
+  measured rate and its capacity (an idle session's room does not absorb another's excess), and the
+  capacity is the throughput of its planned batches, not the rate it was planned for: a plan for a
+  few requests per second on a device that serves hundreds needs no device more when they come. Then
+  times 1 + ``headroom``,
   rounded up, within the bounds. When it exceeds the registered count the desired count is that
   need, at once: this covers a plan that folds sessions onto busy devices.
 * **Down after a cool-down, one device at a time.** The desired count never drops below the largest
@@ -36,7 +40,7 @@ from common.config import DeviceBounds
 class ScalingConfig:
     cooldown_s: float = 60.0        # surplus must last this long, and removals are this far apart
     headroom: float = 0.0           # devices beyond the plan's, as a fraction of it
-    outrun_ratio: float = 1.1       # measured / planned rate above which demand, not the plan, sets the need
+    outrun_ratio: float = 1.1       # demand / capacity above which demand, not the plan, sets the need
     bounds: DeviceBounds = field(default_factory=DeviceBounds)
 
 
@@ -47,8 +51,8 @@ class TypeDemand:
     device_type: str
     needed: int                      # devices the plan uses (before folding onto those registered)
     registered: int
-    planned_rps: float = 0.0         # sum over the sessions placed on this type
-    measured_rps: float = 0.0        # the same sessions' measured rates
+    capacity_rps: float = 0.0        # what the plan's batches serve of the sessions placed on this type
+    demand_rps: float = 0.0          # each such session at the larger of its measured rate and its capacity
     folded: int = 0                  # plan devices folded onto busy backends
     move_cost: Mapping[str, float] = field(default_factory=dict)   # backend -> planned rps of its sessions
 
@@ -88,10 +92,10 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
             ) -> tuple[ScalingDecision, TypeHistory]:
     low, high = config.bounds.of(d.device_type)
     need, why = d.needed, f"the plan uses {d.needed}"
-    if d.planned_rps > 0 and d.measured_rps > config.outrun_ratio * d.planned_rps:
-        ratio = d.measured_rps / d.planned_rps
+    if d.capacity_rps > 0 and d.demand_rps > config.outrun_ratio * d.capacity_rps:
+        ratio = d.demand_rps / d.capacity_rps
         need = math.ceil(d.needed * ratio - 1e-9)
-        why = (f"measured {d.measured_rps:.0f} rps outruns the planned {d.planned_rps:.0f} rps "
+        why = (f"demand {d.demand_rps:.0f} rps outruns the {d.capacity_rps:.0f} rps the plan's batches serve "
                f"(x{ratio:.2f}): {need} for the plan's {d.needed}")
     if config.headroom > 0 and need > 0:
         need = math.ceil(need * (1 + config.headroom) - 1e-9)

@@ -26,11 +26,31 @@ def test_a_plan_that_folds_sessions_scales_up_at_once():
     assert d.desired == 4 and "3 plan devices folded onto busy backends: add 3" in d.reason
 
 
-def test_a_measured_rate_that_outruns_the_plan_scales_up_before_the_plan_does():
+def test_demand_that_outruns_the_plans_capacity_scales_up_before_the_plan_does():
     policy = Policy(cooldown_s=60)
-    assert policy.at(0.0, needed=2, registered=2, planned_rps=100, measured_rps=105).desired == 2   # within 1.1
-    d = policy.at(1.0, needed=2, registered=2, planned_rps=100, measured_rps=250)
-    assert d.desired == 5 and "outruns the planned 100 rps (x2.50)" in d.reason
+    assert policy.at(0.0, needed=2, registered=2, capacity_rps=100, demand_rps=105).desired == 2   # within 1.1
+    d = policy.at(1.0, needed=2, registered=2, capacity_rps=100, demand_rps=250)
+    assert d.desired == 5 and "demand 250 rps outruns the 100 rps the plan's batches serve (x2.50)" in d.reason
+
+
+def test_demand_is_each_session_at_its_measured_rate_or_its_capacity():
+    """A device planned for 2 rps that serves 100 needs nothing more at 19 rps; one session beyond its
+    capacity is not absorbed by another's idle room."""
+    from globalsched.cluster import ClusterPlan, PlannedSession
+    from globalsched.device_scaler import demands
+    from globalsched.membership import Node
+    from globalsched.placement import BackendAssignment, PlacedSession, Placement
+
+    plan = ClusterPlan({"t4": Placement((BackendAssignment("be-1", 20.0, (PlacedSession("a", 2, 100.0, 2.0),
+                                                                           PlacedSession("b", 2, 100.0, 2.0))),),
+                                        0, 0)}, {}, {}, devices_needed={"t4": 1},
+                       sessions={n: PlannedSession(n, n, 100.0, 2.0) for n in "ab"})
+    backends = [Node("be-1", 2, "127.0.0.1:1", "emulated:t4", "t4")]
+    quiet = demands(plan, backends, {"a": 19.0, "b": 0.0})["t4"]
+    assert (quiet.capacity_rps, quiet.demand_rps) == (200.0, 200.0)
+    hot = demands(plan, backends, {"a": 300.0, "b": 0.0})["t4"]
+    assert hot.demand_rps == 400.0 and hot.move_cost == {"be-1": 4.0}
+    assert Policy().at(0.0, needed=1, registered=1, capacity_rps=hot.capacity_rps, demand_rps=hot.demand_rps).desired == 2
 
 
 def test_surplus_goes_one_device_at_a_time_after_the_cool_down():

@@ -422,8 +422,9 @@ def _upload(tmp_path, scheduler: str, name: str, hidden: int, latency_ms: float,
 
 @pytest.mark.slow
 def test_readiness_and_traffic_wait_for_warm_up_and_serving_sessions_never_stall(tmp_path):
-    """Emulated t4s, whose batches take what the profile says: warm-up lasts a known time here."""
-    sched = start("scheduler", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data"))
+    """Emulated t4s, whose batches take what the profile says: warm-up lasts a known time here. Every
+    session keeps two replicas when two backends exist, so a second backend is given them all."""
+    sched = start("scheduler", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data"), "--min-replicas", "2")
     fe = start("frontend", "--scheduler", sched.address, "--listen", "127.0.0.1:0", "--report-interval-s", "0.5")
     backends = []
     try:
@@ -479,7 +480,7 @@ def test_readiness_and_traffic_wait_for_warm_up_and_serving_sessions_never_stall
         backends.append(start("backend", "--scheduler", sched.address, "--device", "emulated:t4"))
         second = backends[1].address
         deadline = time.monotonic() + 60
-        while not _backend_stats(second).sessions:      # registered and given part of the plan (it wants 2)
+        while not _backend_stats(second).sessions:      # registered and given the replicas
             assert time.monotonic() < deadline
             time.sleep(0.1)
         backends[0].stop()

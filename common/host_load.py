@@ -33,6 +33,7 @@ from typing import Callable
 
 STEAL_CORES = 0.1          # steal at least this much (in cores) is contention whatever else runs
 SLACK_CORES = 0.5          # other work beyond the spare cores by more than this is contention
+BUSIEST = 8                # other processes named in a reading
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,7 @@ class HostLoadMeter:
             load_avg = float(self.read("/proc/loadavg").split()[0])
         except (OSError, ValueError, IndexError):
             load_avg = None
-        return HostLoad(elapsed, self.cores, max(steal, 0.0) / elapsed, other, load_avg, tuple(busiest[:5]))
+        return HostLoad(elapsed, self.cores, max(steal, 0.0) / elapsed, other, load_avg, tuple(busiest[:BUSIEST]))
 
 
 class ContentionMonitor:

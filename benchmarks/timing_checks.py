@@ -9,9 +9,21 @@ on it, so they are measured here and reported with the bound each one is expecte
 2. ``bench``: ``nexus bench`` against its fake KServe server (from tests/test_bench.py): the longest
    latency of the scripted late answers (expected in [350, SLO + grace) ms), p50 of 300 ms answers
    (>= 300 ms), the client lag of an open-loop run (< 200 ms) and of a run whose loop is blocked for
-   200 ms (>= 150 ms).
+   200 ms (>= 150 ms);
+3. ``planner``: CPU seconds squishy bin packing takes for 1000 sessions (``plan_quality.py``'s
+   workload), expected < 2 s (from tests/test_algorithms_squishy.py);
+4. ``multitenant``: the profiler's harness serving two emulated models at light load on the wall
+   clock: p99 per model, expected <= 60 ms (the SLO) in at least one of three steps, bad rate <= 1%
+   (from tests/test_profiler_multitenant.py, which checks the same step on a virtual clock);
+5. ``bench-search``: ``find_max_rate`` against the fake server's single-worker model (capacity
+   100 rps) with 0.7 s steps: 20 rps passes, 400 rps fails, the rate found is in [20, 400)
+   (from tests/test_bench.py, which checks the search's wiring with no timing claim).
 
-Run: ``python -m benchmarks.timing_checks [--only emulated|bench] [--rounds 5]``; prints a table and
+How long a killed or hung backend takes to be repaired is ``benchmarks/faults.py``'s figure (the
+time from the kill until goodput is back); tests/test_failover.py waits for the repair instead.
+
+Run: ``python -m benchmarks.timing_checks [--only emulated|bench|planner|multitenant|bench-search]
+[--rounds 5]``; prints a table and
 writes ``benchmarks/out/timing_checks.json``. Exit status 0 whatever the figures (it reports; the
 figures are read, not gated).
 """
@@ -100,9 +112,63 @@ def bench_figures() -> dict[str, float]:
             "stalled_client_lag_ms": lagged.client_lag_ms, "slo_plus_grace_ms": SLO_MS + GRACE_MS}
 
 
+def planner_cpu_s() -> float:
+    """CPU seconds of one squishy plan of 1000 generated sessions on a V100."""
+    from benchmarks.plan_quality import V100, generate
+    from globalsched.algorithms import solve
+
+    sessions = generate(1000, 1)
+    start = time.process_time()
+    solve(sessions, V100)
+    return time.process_time() - start
+
+
+def multitenant_light_load(attempts: int = 3) -> list[dict[str, float]]:
+    """The harness at light load on the wall clock, up to ``attempts`` steps until one is within SLO:
+    per step, each model's p99 (ms) and bad rate."""
+    from common.runtimes import load_runtime
+    from profiler.harness import Harness, TenantModel
+
+    data = model_bytes(mlp_small())
+    profiles = {"a": Profile.linear(0.25, 2.0, 32, 500, 10, device_type="gtx"),
+                "b": Profile.linear(0.5, 3.0, 32, 800, 20, device_type="gtx")}
+    runtimes = {name: load_runtime("emulated", data, "emulated:gtx", profile=p) for name, p in profiles.items()}
+    try:
+        harness = Harness([TenantModel(name, runtimes[name], p, 60.0) for name, p in profiles.items()])
+        harness.run_step({"a": 100.0, "b": 50.0}, 0.2, seed=0)      # warm-up
+        steps = []
+        for attempt in range(attempts):
+            stats = harness.run_step({"a": 200.0, "b": 100.0}, 0.5, seed=1 + attempt)
+            steps.append({f"{name}_{key}": getattr(s, key) for name, s in stats.items() for key in ("p99_ms", "bad_rate")})
+            if all(s.ok for s in stats.values()):
+                break
+        return steps
+    finally:
+        for rt in runtimes.values():
+            rt.close()
+
+
+def bench_search() -> dict[str, float]:
+    """find_max_rate against the fake server's single-worker model (100 rps), with 0.7 s steps."""
+    from nexus.bench import find_max_rate
+    from nexus.bench.fake_kserve import spawn
+
+    proc, server = spawn({"models": {"single": {"inputs": [["input", "FP32", [-1, 8]]],
+                                                "outputs": [["output", "FP32", [-1, 4]]],
+                                                "latency_ms": 10, "workers": 1}}})
+    try:
+        rate, reports = find_max_rate(server, "single", 200.0, 0.99, lo=20.0, hi=400.0, step_duration_s=0.7,
+                                      warmup_s=0.1, cooldown_s=0.0, rel_tol=0.5, max_steps=4)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    return {"rate_rps": rate, "lo_good_fraction": reports[0].good_fraction,
+            "hi_good_fraction": reports[1].good_fraction if len(reports) > 1 else float("nan")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=["emulated", "bench"])
+    ap.add_argument("--only", choices=["emulated", "bench", "planner", "multitenant", "bench-search"])
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     result: dict = {}
@@ -122,6 +188,22 @@ def main() -> None:
         for i, r in enumerate(rounds):
             for size, ratio in sorted(r.items()):
                 rows.append((f"emulated round {i}: compute / l({size})", ratio, "[0.98, 1.10]", 0.98 <= ratio <= 1.10))
+    if args.only in (None, "planner"):
+        cpu_s = result["planner_cpu_s"] = planner_cpu_s()
+        rows.append(("planner: CPU s, squishy, 1000 sessions", cpu_s, "< 2", cpu_s < 2.0))
+    if args.only in (None, "multitenant"):
+        steps = result["multitenant_light_load"] = multitenant_light_load()
+        for i, step in enumerate(steps):
+            for key, value in step.items():
+                bound, ok = ("<= 60", value <= 60.0) if key.endswith("p99_ms") else ("<= 0.01", value <= 0.01)
+                rows.append((f"multitenant step {i}: {key}", value, bound, ok))
+    if args.only in (None, "bench-search"):
+        f = result["bench_search"] = bench_search()
+        rows += [("bench-search: rate found (rps)", f["rate_rps"], "[20, 400)", 20 <= f["rate_rps"] < 400),
+                 ("bench-search: good fraction at 20 rps", f["lo_good_fraction"], ">= 0.99",
+                  f["lo_good_fraction"] >= 0.99),
+                 ("bench-search: good fraction at 400 rps", f["hi_good_fraction"], "< 0.99",
+                  f["hi_good_fraction"] < 0.99)]
     width = max(len(r[0]) for r in rows)
     for name, value, bound, ok in rows:
         print(f"{name:<{width}}  {value:9.3f}  expected {bound:<14} {'ok' if ok else 'MISSED'}")

@@ -241,8 +241,12 @@ class SecurityConfig:
             raise ConfigError("--tls-cert and --tls-key go together: give both or neither")
         for name in ("tls_cert", "tls_key", "tls_ca", "token_file"):
             path = getattr(self, name)
-            if path and not pathlib.Path(path).is_file():
+            if path and not pathlib.Path(path).exists():
                 raise ConfigError(f"{_flag(name)}: no such file {path!r}")
+            if path and pathlib.Path(path).is_dir():
+                raise ConfigError(f"{_flag(name)}: {path!r} is a directory, not a file")
+            # anything else that exists is read by Credentials.load, which says what is wrong with it
+            # (empty, as /dev/null; unreadable)
 
 
 DEFAULT_SCHEDULER_METRICS_LISTEN = "127.0.0.1:8102"

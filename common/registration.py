@@ -47,6 +47,8 @@ async def keep_registered(scheduler, register: control.RegisterRequest, node) ->
     A node that sets ``node.leaving`` (it drains: its Leave is in flight or answered) never
     registers again: the loop keeps the Attach stream it holds until the scheduler ends it, then
     waits to be cancelled, so a node being moved out of the plan is not put back into it.
+    Cancelled (the node stops), it leaves the Attach stream open too: a node that leaves the plan
+    after this loop ends still leaves it first, and its channel's close ends the stream.
     """
     interval = 1.0
     refused = 0
@@ -97,6 +99,14 @@ async def keep_registered(scheduler, register: control.RegisterRequest, node) ->
                 continue
             log.warning("scheduler unreachable (%s); retrying", exc.code().name)
             await asyncio.sleep(min(interval, 1.0))
+        except asyncio.CancelledError:
+            # The node is stopping. Its Attach stream stays open until the node has left the plan
+            # (its drain calls Leave) or closed its channel: the scheduler then sees a node that
+            # left, not one whose stream ended (which it reports as a failure and repairs later).
+            if attach is not None:
+                attach.add_done_callback(lambda task: task.cancelled() or task.exception())
+                attach = None
+            raise
         finally:
             if attach is not None:
                 attach.cancel()

@@ -92,10 +92,14 @@ class ControlLoop:
             for b in placement.backends:
                 log.info("epoch %d: %s duty cycle %.1f ms: %s", self.epoch, b.node_id, b.duty_cycle_ms,
                          ", ".join(f"{s.model} b={s.batch} {s.throughput_rps:.1f} rps" for s in b.sessions) or "idle")
+        # Warnings that still hold are not repeated with every plan.
+        before = self.plan
         for note in plan.notes:
-            log.warning(note)
+            if before is None or note not in before.notes:
+                log.warning(note)
         for model, why in plan.best_effort.items():
-            log.warning("%s: %s", model, why)
+            if before is None or before.best_effort.get(model) != why:
+                log.warning("%s: %s", model, why)
 
     async def epoch_timer(self) -> None:
         """Now and then, let the planner judge the plan (its epoch, rate bands and cooldown decide; a

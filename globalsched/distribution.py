@@ -29,6 +29,9 @@ MODEL_TABLE_TIMEOUT_S = 120     # a backend loads its models before it answers
 ROUTING_TABLE_TIMEOUT_S = 10
 
 
+NODE_LEFT = "the node left while the call was in flight"
+
+
 async def _answers(calls: list[tuple[Node, object]]) -> list[tuple[Node, object, str]]:
     """Await every call; ``(node, reply, error)`` for each, ``error`` empty on success.
 
@@ -47,7 +50,7 @@ async def _answers(calls: list[tuple[Node, object]]) -> list[tuple[Node, object,
     out = []
     for (node, _), task in zip(calls, tasks):
         if task.cancelled():
-            out.append((node, None, "the node left while the call was in flight"))
+            out.append((node, None, NODE_LEFT))
         elif isinstance(task.exception(), grpc.aio.AioRpcError):
             out.append((node, None, task.exception().details() or task.exception().code().name))
         elif task.exception() is not None:
@@ -102,7 +105,9 @@ class Distribution:
         calls = [(n, n.stub.UpdateRoutingTable(table, timeout=ROUTING_TABLE_TIMEOUT_S)) for n in self.nodes.values()
                  if n.kind == control.NODE_KIND_FRONTEND]
         for node, _, error in await _answers(calls):
-            if error:
+            if error == NODE_LEFT:
+                log.info("routing table push to %s ended: %s", node.node_id, error)     # it is gone: nothing to do
+            elif error:
                 log.warning("routing table push to %s failed: %s", node.node_id, error)
 
     def routing_table(self, plan: ClusterPlan, epoch: int, failed: dict[str, str] | None = None

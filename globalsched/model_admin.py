@@ -187,11 +187,14 @@ class ModelAdmin:
         serving = self.db.serving(name)
         profiles = {t: p.capped(serving.batch_cap) for t, p in self.db.profiles(name).items()}
         desc = model_desc(record, profiles, loaded, self.db.min_replicas(name), serving)
-        present = {n.device_type for n in self.nodes.values() if n.kind == control.NODE_KIND_BACKEND}
+        present: dict[str, int] = {}
+        for n in self.nodes.values():
+            if n.kind == control.NODE_KIND_BACKEND:
+                present[n.device_type] = present.get(n.device_type, 0) + 1
         choices = self.profile_choices(name)
-        for t in sorted(present | set(profiles)):
+        for t in sorted(set(present) | set(profiles)):
             state, reason = self.device_type_state(name, t, t in profiles, choices.get(t))
-            desc.device_types.add(device_type=t, state=state, reason=reason)
+            desc.device_types.add(device_type=t, state=state, reason=reason, backends=present.get(t, 0))
         return desc
 
     def device_type_state(self, model: str, device_type: str, profiled: bool,

@@ -190,7 +190,9 @@ class Supervisor:
 
     :meth:`check` is called periodically: a child that exited is restarted after ``initial_s``,
     doubling with every failure in a row up to ``max_s``; one that stayed up ``stable_s`` has its
-    count reset. Only :meth:`stop_all` stops children for good.
+    count reset. Once :attr:`stopping` is set (by :meth:`stop_all`, or by a signal handler the
+    moment the cluster is told to stop) nothing is restarted any more: a child that exits then
+    exits because the cluster stops.
     """
 
     def __init__(self, log: Callable[[str], None], *, initial_s: float = 0.5, max_s: float = 30.0,
@@ -201,6 +203,7 @@ class Supervisor:
         self.stable_s = stable_s
         self.clock = clock
         self.watches: list[_Watch] = []
+        self.stopping = False
 
     def add(self, child: Child) -> Child:
         self.watches.append(_Watch(child, started_at=self.clock(), announced=bool(child.ready_fields)))
@@ -214,6 +217,8 @@ class Supervisor:
         return min(self.initial_s * 2 ** max(failures - 1, 0), self.max_s)
 
     def check(self) -> None:
+        if self.stopping:
+            return
         now = self.clock()
         for w in self.watches:
             c = w.child
@@ -238,6 +243,13 @@ class Supervisor:
                 c.start()
                 self.log(f"{c.name} restarted (pid {c.proc.pid})")
 
-    def stop_all(self) -> None:
-        for w in reversed(self.watches):
-            w.child.stop()
+    def stop_all(self) -> dict[str, int]:
+        """Stop every child, the last added first (each one's SIGTERM drain ends before the next
+        starts); their exit statuses by name."""
+        self.stopping = True
+        return {w.child.name: w.child.stop() for w in reversed(self.watches)}
+
+    def signal_all(self, sig: int) -> None:
+        """Send ``sig`` to every child still running."""
+        for w in self.watches:
+            w.child.signal(sig)

@@ -3,98 +3,35 @@
 from __future__ import annotations
 
 import json
-import pathlib
 import sys
-from typing import Iterator, Sequence
 
-import grpc
-
-from common import grpc_util
-from common.pb import control, control_grpc
-from common.security import Credentials
-from common.warmup import WarmupSample, describe as describe_warmup, from_pb as warmup_from_pb
-from common.warmup import to_pb as warmup_to_pb
+from common.pb import control
+from common.warmup import describe as describe_warmup, from_pb as warmup_from_pb
 from nexus.client_flags import ClientFlagError, add_client_security, client_credentials
-
-DEFAULT_SCHEDULER = "127.0.0.1:8100"
-
-
-class CommandError(Exception):
-    pass
+from nexus.repository_cmd import add_import_parser
+from nexus.scheduler_client import DEFAULT_SCHEDULER, AdminCallError, list_models, upload_model
 
 
-def _chunks(header: control.UploadHeader, path: pathlib.Path) -> Iterator[control.UploadChunk]:
-    yield control.UploadChunk(header=header)
-    with path.open("rb") as f:
-        while True:
-            data = f.read(grpc_util.UPLOAD_CHUNK_BYTES)
-            if not data:
-                return
-            yield control.UploadChunk(data=data)
+_STATE_WORDS = {control.PROFILED: "profiled", control.NOT_PROFILED: "not profiled yet",
+                control.PROFILING: "profiling", control.NEEDS_PROFILE: "needs a profile",
+                control.CANNOT_LOAD: "cannot load", control.PREDICTED: "predicted"}
 
 
-def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile_path: str | None = None,
-                 slo_ms: float = 0.0, runtime: str = "", io_path: str | None = None, load: bool = True,
-                 timeout_s: float = 300, min_replicas: int = 0, warmup: Sequence[WarmupSample] = (),
-                 creds: Credentials = grpc_util.NO_CREDENTIALS, pin_profile: bool = False) -> control.ModelDesc:
-    """Stream a model file to the scheduler; raise CommandError with the scheduler's reason if refused.
-    ``warmup``: the model's warm-up samples (config.pbtxt's model_warmup; none: the backends' default).
-    ``pin_profile``: the profile always plans, whatever serving measures (``"meta": {"pinned": true}``)."""
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise CommandError(f"no such file: {path}")
-    if pin_profile and not profile_path:
-        raise CommandError("--pin-profile needs --profile (the table to pin)")
-    if min_replicas < 0:
-        raise CommandError(f"--min-replicas must not be negative, got {min_replicas}")
-    header = control.UploadHeader(name=name, slo_ms=slo_ms, load=load, min_replicas=min_replicas,
-                                  runtime=runtime or ("torch" if path.suffix in (".pt", ".pt2") else "onnxruntime"))
-    header.warmup.extend(warmup_to_pb(warmup))
-    for attr, file in (("profile_json", profile_path), ("io_json", io_path)):
-        if file:
-            try:
-                setattr(header, attr, pathlib.Path(file).read_text())
-            except OSError as exc:
-                raise CommandError(f"cannot read {file}: {exc.strerror}") from None
-    if pin_profile:
-        header.profile_json = pinned(header.profile_json, profile_path)
-    with grpc_util.channel(scheduler, creds) as channel:
-        stub = control_grpc.SchedulerStub(channel)
-        try:
-            return stub.UploadModel(_chunks(header, path), timeout=timeout_s).model
-        except grpc.RpcError as exc:
-            raise CommandError(_rpc_message(exc, scheduler)) from None
+def _device_types(m: control.ModelDesc) -> list[dict]:
+    return [{"device_type": d.device_type, "state": _STATE_WORDS.get(d.state, "unknown"), "reason": d.reason,
+             "backends": d.backends} for d in m.device_types]
 
 
-def pinned(profile_json: str, where: str) -> str:
-    """The profile file's JSON with ``meta.pinned`` set (globalsched/profile_book.py: a pinned table
-    always plans; uploading it again without the pin unpins it)."""
-    from common.profile import Profile, ProfileError
-
-    try:
-        profile = Profile.from_json(profile_json, where)
-    except ProfileError as exc:
-        raise CommandError(f"invalid profile: {exc}") from None
-    return Profile(profile.rows, profile.device_type, {**profile.meta, "pinned": True}).to_json()
-
-
-def list_models(scheduler: str, creds: Credentials = grpc_util.NO_CREDENTIALS) -> list[control.ModelDesc]:
-    with grpc_util.channel(scheduler, creds) as channel:
-        try:
-            return list(control_grpc.SchedulerStub(channel).ListModels(control.ListModelsRequest(), timeout=30).models)
-        except grpc.RpcError as exc:
-            raise CommandError(_rpc_message(exc, scheduler)) from None
-
-
-def _rpc_message(exc: grpc.RpcError, scheduler: str) -> str:
-    if exc.code() == grpc.StatusCode.UNAVAILABLE:
-        return f"cannot reach the scheduler at {scheduler} ({exc.details()})"
-    return exc.details()
+def _servable_column(m: control.ModelDesc) -> str:
+    """Per device type with backends registered, whether the model can be served there."""
+    return ", ".join(f"{d.device_type}: {_STATE_WORDS.get(d.state, 'unknown')}" for d in m.device_types
+                     if d.backends) or "-"
 
 
 def _describe(m: control.ModelDesc) -> dict:
     return {"name": m.name, "sha256": m.sha256, "runtime": m.runtime, "size_bytes": m.size_bytes,
             "slo_ms": m.default_slo_ms, "loaded": m.loaded, "profiles": list(m.profiled_device_types),
+            "device_types": _device_types(m), "batch_cap": m.batch_cap, "expected_rate_rps": m.expected_rate_rps,
             "min_replicas": m.min_replicas,
             "prefix_group": m.prefix_group,
             "warmup": describe_warmup(warmup_from_pb(m.warmup)),
@@ -108,7 +45,7 @@ def _run_upload(args) -> int:
                              runtime=args.runtime, io_path=args.io, load=not args.no_load,
                              min_replicas=args.min_replicas, creds=client_credentials(args),
                              pin_profile=args.pin_profile)
-    except (CommandError, ClientFlagError) as exc:
+    except (AdminCallError, ClientFlagError) as exc:
         print(f"nexus models upload: error: {exc}", file=sys.stderr)
         return 2
     print(f"uploaded {model.name} ({model.size_bytes} bytes, sha256 {model.sha256[:12]}, runtime {model.runtime})")
@@ -118,16 +55,17 @@ def _run_upload(args) -> int:
 def _run_list(args) -> int:
     try:
         models = list_models(args.scheduler, client_credentials(args))
-    except (CommandError, ClientFlagError) as exc:
+    except (AdminCallError, ClientFlagError) as exc:
         print(f"nexus models list: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps([_describe(m) for m in models], indent=2))
         return 0
-    rows = [("NAME", "RUNTIME", "SIZE", "SLO_MS", "LOADED", "PROFILES", "PREFIX")]
+    rows = [("NAME", "RUNTIME", "SIZE", "SLO_MS", "LOADED", "PROFILES", "ON REGISTERED DEVICE TYPES", "PREFIX")]
     for m in models:
         rows.append((m.name, m.runtime, f"{m.size_bytes / 1e6:.1f}MB", f"{m.default_slo_ms:g}",
-                     "yes" if m.loaded else "no", ",".join(m.profiled_device_types) or "-", m.prefix_group[:12] or "-"))
+                     "yes" if m.loaded else "no", ",".join(m.profiled_device_types) or "-", _servable_column(m),
+                     m.prefix_group[:12] or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -159,6 +97,4 @@ def register(sub) -> None:
     add_client_security(ls)
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=_run_list)
-    from nexus.repository_cmd import add_import_parser
-
     add_import_parser(msub)

@@ -6,30 +6,8 @@ import json
 import pathlib
 import sys
 
-import grpc
-
-from common import grpc_util
-from common.pb import control, control_grpc
-from common.security import Credentials
 from nexus.client_flags import ClientFlagError, add_client_security, client_credentials
-from nexus.models_cmd import DEFAULT_SCHEDULER, CommandError, _rpc_message
-
-
-def register_query(scheduler: str, text: str, creds: Credentials = grpc_util.NO_CREDENTIALS) -> str:
-    """Register a query definition; raise CommandError with the scheduler's reason if refused."""
-    with grpc_util.channel(scheduler, creds) as channel:
-        try:
-            return control_grpc.SchedulerStub(channel).RegisterQuery(control.QueryDefinition(json=text), timeout=30).name
-        except grpc.RpcError as exc:
-            raise CommandError(_rpc_message(exc, scheduler)) from None
-
-
-def list_queries(scheduler: str, creds: Credentials = grpc_util.NO_CREDENTIALS) -> list[control.QueryInfo]:
-    with grpc_util.channel(scheduler, creds) as channel:
-        try:
-            return list(control_grpc.SchedulerStub(channel).ListQueries(control.ListQueriesRequest(), timeout=30).queries)
-        except grpc.RpcError as exc:
-            raise CommandError(_rpc_message(exc, scheduler)) from None
+from nexus.scheduler_client import DEFAULT_SCHEDULER, AdminCallError, list_queries, register_query
 
 
 def _run_register(args) -> int:
@@ -40,7 +18,7 @@ def _run_register(args) -> int:
         return 2
     try:
         name = register_query(args.scheduler, text, client_credentials(args))
-    except (CommandError, ClientFlagError) as exc:
+    except (AdminCallError, ClientFlagError) as exc:
         print(f"nexus queries register: error: {exc}", file=sys.stderr)
         return 2
     print(f"registered query {name}")
@@ -50,7 +28,7 @@ def _run_register(args) -> int:
 def _run_list(args) -> int:
     try:
         queries = list_queries(args.scheduler, client_credentials(args))
-    except (CommandError, ClientFlagError) as exc:
+    except (AdminCallError, ClientFlagError) as exc:
         print(f"nexus queries list: error: {exc}", file=sys.stderr)
         return 2
     out = [{"name": q.name, "split": q.split_method, "budgets_ms": dict(q.budgets_ms), "gamma": dict(q.gamma),

@@ -17,7 +17,7 @@ from common.model_repository import RepositoryError, RepositoryModel, describe, 
 from common.security import Credentials
 from common.warmup import from_pb as warmup_from_pb
 from nexus.client_flags import ClientFlagError, add_client_security, client_credentials
-from nexus.models_cmd import DEFAULT_SCHEDULER, CommandError, list_models, upload_model
+from nexus.scheduler_client import DEFAULT_SCHEDULER, AdminCallError, list_models, upload_model
 
 
 def read_checked(root: str, prog: str) -> list[RepositoryModel] | None:
@@ -72,7 +72,7 @@ def _run_import(args) -> int:
         return 0
     try:
         uploaded = upload_repository(args.scheduler, models, load=not args.no_load, creds=client_credentials(args))
-    except (CommandError, ClientFlagError) as exc:
+    except (AdminCallError, ClientFlagError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     for m in models:

@@ -6,18 +6,26 @@ config dataclasses: every component flag of ``nexus serve`` is derived from ``Sc
 ``BackendConfig`` (shared by every backend) and ``FrontendConfig`` (as ``--frontend-*``), with the
 components' own defaults. ``nexus serve`` supervises them: a child that dies is restarted with
 exponential backoff and the cluster keeps serving on the others; only Ctrl-C or SIGTERM stops
-everything. Children also die with this process if it is killed (PR_SET_PDEATHSIG).
+everything: SIGINT and SIGTERM, however this process was started (also where a script's background
+job inherited SIGINT ignored). The children run in sessions of their own, so a signal to this
+process's group reaches only this process, which stops them in order (frontend, backends, then the
+scheduler that the backends leave the plan through), restarts none of them on the way down, and
+confirms the stop in one last line. Children also die with this process if it is killed
+(PR_SET_PDEATHSIG). They log warnings and errors only unless ``--log-level`` (or ``$NEXUS_LOG``)
+says otherwise; this command prints what an operator needs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pathlib
 import signal
 import sys
 import time
 import urllib.parse
+from typing import Callable, Iterable, Mapping
 
 import grpc
 
@@ -25,7 +33,8 @@ from common import grpc_util
 from common.config import BackendConfig, ConfigError, FrontendConfig, SchedulerConfig, SecurityConfig, add_arguments, \
     from_args, join_host_port
 from common.security import TOKEN_ENV, Credentials, SecurityError, ensure_token_file
-from common.pb import kserve, kserve_grpc
+from common.pb import control, kserve, kserve_grpc
+from nexus.client_flags import SERVE_DATA_DIR
 from nexus.launcher import Child, Supervisor, launch, pin_listen
 from nexus.process import READY_PREFIX
 
@@ -40,15 +49,25 @@ FRONTEND_PREFIX = "frontend"
 
 
 def wait_models_ready(frontend: str, names: list[str], timeout_s: float,
-                      creds: Credentials = grpc_util.NO_CREDENTIALS) -> list[str]:
-    """Poll the frontend until every model is ready; return those still not ready at the timeout."""
+                      creds: Credentials = grpc_util.NO_CREDENTIALS,
+                      unservable: Callable[[], Mapping[str, str]] | None = None,
+                      given_up: dict[str, str] | None = None) -> list[str]:
+    """Poll the frontend until every model is ready; return those still not ready at the timeout.
+
+    ``unservable()`` names models that cannot be served at all, with why (see
+    :func:`unservable_models`): they are waited for no longer and go into ``given_up``."""
     deadline = time.monotonic() + timeout_s
     pending = list(names)
     with grpc_util.channel(frontend, creds) as channel:
         stub = kserve_grpc.GRPCInferenceServiceStub(channel)
         while pending and time.monotonic() < deadline:
+            hopeless = unservable() if unservable is not None else {}
             still = []
             for name in pending:
+                if name in hopeless:
+                    if given_up is not None:
+                        given_up[name] = hopeless[name]
+                    continue
                 try:
                     if not stub.ModelReady(kserve.ModelReadyRequest(name=name), timeout=5).ready:
                         still.append(name)
@@ -58,6 +77,23 @@ def wait_models_ready(frontend: str, names: list[str], timeout_s: float,
             if pending:
                 time.sleep(0.3)
     return pending
+
+
+def unservable_models(models: Iterable[control.ModelDesc]) -> dict[str, str]:
+    """Models no registered device type can serve (each type with backends needs a profile it cannot
+    measure, or spent its load attempts), with the reason of the first such type."""
+    out = {}
+    for m in models:
+        present = [d for d in m.device_types if d.backends]
+        if present and all(d.state in (control.NEEDS_PROFILE, control.CANNOT_LOAD) for d in present):
+            out[m.name] = f"{present[0].device_type}: {present[0].reason}"
+    return out
+
+
+def children_log_level(args) -> str:
+    """The children's log level: ``--log-level``, else ``$NEXUS_LOG``, else WARNING (their INFO lines
+    are the components' chatter; this command prints what an operator needs)."""
+    return (args.log_level or os.environ.get("NEXUS_LOG", "") or "WARNING").upper()
 
 
 def _log(message: str) -> None:
@@ -113,8 +149,7 @@ def configs(args, security: SecurityConfig = SecurityConfig()) -> tuple[Schedule
 def run(args) -> int:
     from common.sample_models import SAMPLE_MODELS, write_sample_models
     from common.sample_queries import SAMPLE_QUERIES, sample_query_json
-    from nexus.models_cmd import CommandError, list_models, upload_model
-    from nexus.queries_cmd import list_queries, register_query
+    from nexus.scheduler_client import AdminCallError, list_models, list_queries, register_query, upload_model
     from common.emulated_gpus import UnknownGpuError, check_device
 
     try:
@@ -141,15 +176,24 @@ def run(args) -> int:
     except (ConfigError, SecurityError) as exc:
         print(f"nexus serve: error: {exc}", file=sys.stderr, flush=True)
         return 2
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_LOG=children_log_level(args))
     supervisor = Supervisor(_log)
 
-    def stop_all(*_):
+    def stop(signum, _frame):
+        if supervisor.stopping:           # a second signal: every child stops at once
+            supervisor.signal_all(signal.SIGTERM)
+            return
+        supervisor.stopping = True        # from now on a child that exits is not restarted
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, stop_all)
+    # Both signals stop the cluster, also where SIGINT was inherited ignored (a script's background
+    # job). The children run in sessions of their own: a signal to this process's group (Ctrl-C)
+    # reaches only this process, which stops them in order (frontend, backends, then the scheduler
+    # they leave the plan through).
+    handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    start = functools.partial(launch, env=env, start_new_session=True)
     try:
-        scheduler = supervisor.add(launch(sched_cfg, env=env))
+        scheduler = supervisor.add(start(sched_cfg))
         sched_addr = scheduler.wait_ready(60)
         # a restarted scheduler comes back where the nodes and scrapers look
         scheduler_metrics = scheduler.info.get("metrics", "")
@@ -173,9 +217,9 @@ def run(args) -> int:
         names += [m.name for m in list_models(sched_addr, creds) if m.loaded and m.name not in names]
         backend_cfg = dataclasses.replace(backend_cfg, scheduler=sched_addr)
         for i in range(args.backends):
-            supervisor.add(launch(backend_cfg, f"backend-{i}", env=env))
+            supervisor.add(start(backend_cfg, f"backend-{i}"))
         frontend_cfg = dataclasses.replace(frontend_cfg, scheduler=sched_addr)
-        frontend = supervisor.add(launch(frontend_cfg, env=env))
+        frontend = supervisor.add(start(frontend_cfg))
         for c in supervisor.children[1:]:
             c.wait_ready(120)
         http_address = frontend.info.get("http", "")
@@ -185,9 +229,17 @@ def run(args) -> int:
                    metrics_listen=urllib.parse.urlsplit(metrics_url).netloc)
         for c in supervisor.children:
             _log(f"{c.name} started (pid {c.proc.pid}) at {c.address}")
-        missing = wait_models_ready(frontend.address, names, args.ready_timeout_s, creds)
+        if names:
+            _log(f"waiting for {len(names)} models and queries to be profiled and placed "
+                 f"(at most {args.ready_timeout_s:.0f} s)")
+        unserved: dict[str, str] = {}
+        missing = wait_models_ready(frontend.address, names, args.ready_timeout_s, creds,
+                                    lambda: unservable_models(list_models(sched_addr, creds)), unserved)
+        for name, why in unserved.items():
+            _log(f"warning: {name} cannot be served: {why}")
         if missing:
             _log(f"warning: not ready after {args.ready_timeout_s:.0f} s: {', '.join(missing)}")
+        names = [n for n in names if n not in unserved and n not in missing]
         print(f"Nexus is serving on {frontend.address} (KServe v2 gRPC) and http://{http_address} (KServe v2 "
               f"HTTP/REST); scheduler at {sched_addr}", flush=True)
         print(f"  models: {', '.join(names) or '(none)'}", flush=True)
@@ -203,13 +255,27 @@ def run(args) -> int:
             supervisor.check()
             time.sleep(0.2)
     except KeyboardInterrupt:
-        return 0
-    except (RuntimeError, CommandError) as exc:
+        status = 0
+    except (RuntimeError, AdminCallError) as exc:
         print(f"nexus serve: error: {exc}", file=sys.stderr, flush=True)
-        return 1
+        status = 1
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        supervisor.stop_all()
+        _stop(supervisor, handlers)
+    return status
+
+
+def _stop(supervisor: Supervisor, handlers: dict) -> None:
+    """Stop every child in order, put the signal handlers back, and confirm it in one line."""
+    try:
+        exits = supervisor.stop_all()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    unclean = [f"{name} exited with status {code}" for name, code in exits.items() if code != 0]
+    if unclean:
+        _log(f"stopped; {', '.join(unclean)}")
+    else:
+        _log(f"stopped: every process exited cleanly ({', '.join(exits) or 'none started'})")
 
 
 def register(sub) -> None:
@@ -225,7 +291,8 @@ def register(sub) -> None:
     p.add_argument("--http-port", dest="serve_http_port", type=int, default=8000,
                    help="frontend's KServe v2 HTTP/REST port (0: any free port; default 8000)")
     p.add_argument("--scheduler-port", type=int, default=8100, help="scheduler port (0: any free port)")
-    p.add_argument("--data-dir", default=".nexus-data", help="model database and sample models")
+    p.add_argument("--data-dir", default=SERVE_DATA_DIR, help=f"model database, sample models and the cluster token "
+                   f"(default {SERVE_DATA_DIR}, where the admin commands look for the token)")
     p.add_argument("--no-samples", action="store_true", help="do not build and upload the sample models")
     p.add_argument("--model-repository", default="", metavar="DIR",
                    help="also serve the models of a Triton model repository (<name>/config.pbtxt, <name>/1/model.onnx)")
@@ -237,6 +304,8 @@ def register(sub) -> None:
     p.add_argument("--token-file", default="", help="cluster token guarding registration and admin calls "
                    "(default: $NEXUS_TOKEN, else <data-dir>/token, created with mode 0600 at first start)")
     p.add_argument("--ready-timeout-s", type=float, default=180.0)
+    p.add_argument("--log-level", default="", help="the components' log level: DEBUG, INFO, WARNING "
+                   "(default: $NEXUS_LOG, else WARNING)")
     add_arguments(p.add_argument_group("scheduler (as `nexus scheduler`)"), SchedulerConfig, skip=SCHEDULER_OWN)
     add_arguments(p.add_argument_group("every backend (as `nexus backend`)"), BackendConfig, skip=BACKEND_OWN)
     add_arguments(p.add_argument_group("the frontend (`nexus frontend`'s flags, prefixed --frontend-)"),

@@ -4,16 +4,19 @@ One horizontal bar per device, its length the duty cycle (100%), filled left to 
 of its sessions: each segment is l(batch) / duty cycle, coloured by model (a query's stages take their
 model's colour), labelled with the session and its batch where it fits. What is left of the cycle is
 idle, hatched. Beside each bar: occupancy, planned and measured rate. The title says how many devices
-the plan uses against the lower bound.
+the plan uses against the lower bound. The legend names the models that can be seen (a model whose
+every batch takes a sliver too thin to see is left out) and explains every symbol drawn: ``×N``, ``γ``,
+the SLO mark, query stages and idle time.
 """
 
 from __future__ import annotations
 
 import os
 
-from nexus.status_cmd import ClusterStatus
+from nexus.status_model import ClusterStatus
 
 _IDLE = "#eef0f2"
+MIN_VISIBLE_PCT = 0.3      # a segment narrower than this share of the duty cycle cannot be seen
 _PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
             "#9c755f", "#bab0ac", "#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#17becf")
 
@@ -39,9 +42,13 @@ def model_colours(st: ClusterStatus) -> dict[str, str]:
 
 def write_status_plot(st: ClusterStatus, path: str | os.PathLike) -> None:
     """Write the plan picture to ``path`` (PNG, or any format matplotlib infers from the suffix)."""
+    status_figure(st).savefig(path, dpi=110)
+
+
+def status_figure(st: ClusterStatus):
+    """The plan picture as a matplotlib Figure (Agg canvas)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
 
     devices = list(st.devices)
     n = max(len(devices), 1)
@@ -114,12 +121,34 @@ def write_status_plot(st: ClusterStatus, path: str | os.PathLike) -> None:
                  color="#555555", loc="left")
     if qax is not None:
         _draw_queries(qax, paths, colours)
-    handles = [Patch(facecolor=c, label=m) for m, c in colours.items()]
-    if any("/" in s.session for d in devices for s in d.sessions):
-        handles.append(Patch(facecolor="#888888", edgecolor="white", hatch="....", label="query stage"))
-    handles.append(Patch(facecolor=_IDLE, edgecolor="#c8ccd0", hatch="//", label="idle"))
+    _legend(fig, st, paths, colours)
+    return fig
+
+
+def _legend(fig, st: ClusterStatus, paths, colours: dict[str, str]) -> None:
+    """The models that can be seen, then every symbol the picture uses, each explained."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    visible = {s.model for d in st.devices for s in d.sessions if 100 * s.share >= MIN_VISIBLE_PCT}
+    visible |= {q.stage_models.get(stage, "") for q, path in paths for stage in path if q.budgets_ms.get(stage, 0.0) > 0}
+    handles = [Patch(facecolor=c, label=m) for m, c in colours.items() if m in visible]
     fig.legend(handles=handles, loc="outside right upper", frameon=False, title="model", fontsize=9)
-    fig.savefig(path, dpi=110)
+
+    def words(label: str) -> Patch:
+        return Patch(facecolor="none", edgecolor="none", label=label)
+
+    symbols = []
+    if any(d.sessions for d in st.devices):
+        symbols.append(words("name ×N: a session's batch,\nN requests per duty cycle"))
+    if any("/" in s.session for d in st.devices for s in d.sessions) or paths:
+        symbols.append(Patch(facecolor="#888888", edgecolor="white", hatch="....", label="query stage"))
+    symbols.append(Patch(facecolor=_IDLE, edgecolor="#c8ccd0", hatch="//", label="idle share of the cycle"))
+    if paths:
+        symbols.append(Line2D([], [], color="#c0392b", linewidth=2, label="the query's SLO"))
+        if any(q.gamma for q, _ in paths):
+            symbols.append(words("γ stage g: fan-out, requests to\nthe stage per request to its parent"))
+    fig.legend(handles=symbols, loc="outside right lower", frameon=False, title="symbols", fontsize=9)
 
 
 def _draw_queries(ax, paths, colours: dict[str, str]) -> None:

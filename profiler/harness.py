@@ -10,7 +10,8 @@ the model's *dedicated* profile latency). So a co-location slowdown measured her
 the batching that serves it.
 
 The chosen batch executes for real through the model's runtime. Latency is completion time minus
-scheduled arrival. A step passes for a model when at most ``max_bad_rate`` of its requests were
+scheduled arrival, on the harness's ``clock`` (``time.perf_counter`` unless another is injected, with
+the ``sleep`` that waits on it: a virtual clock makes a step exact and instant). A step passes for a model when at most ``max_bad_rate`` of its requests were
 dropped or late and the ``percentile`` of its completed latencies is within the SLO.
 """
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -138,7 +139,8 @@ class Harness:
     """Serves ``models`` on one device with one executor thread; see the module docstring."""
 
     def __init__(self, models: list[TenantModel], *, percentile: float = 99.0, max_bad_rate: float = 0.01,
-                 policy: BatchPolicy | None = None) -> None:
+                 policy: BatchPolicy | None = None, clock: Callable[[], float] = time.perf_counter,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         names = [m.name for m in models]
         if len(set(names)) != len(names):
             raise ProfilerError(f"model names must be distinct, got {names}")
@@ -150,6 +152,8 @@ class Harness:
         self.percentile = percentile
         self.max_bad_rate = max_bad_rate
         self.policy = policy or SlidingWindowEarlyDrop()
+        self.clock = clock
+        self.sleep = sleep
 
     def run_step(self, rates_rps: dict[str, float], duration_s: float, seed: int = 0) -> dict[str, ModelStepStats]:
         """Offer ``rates_rps`` (model -> rate; models not named get no load) for ``duration_s``."""
@@ -179,7 +183,7 @@ class Harness:
             error.append(exc)
 
     def _loop(self, queues: list[_Queue]) -> None:
-        clock = time.perf_counter
+        clock = self.clock
         t0 = clock()
         while True:
             now = clock() - t0
@@ -198,7 +202,7 @@ class Harness:
                     wake = min(wake, decision.wake_s)
                 wait = wake - (clock() - t0)
                 if wait > 0:
-                    time.sleep(wait)
+                    self.sleep(wait)
                 continue
             q = queues[int(decision.queue)]
             remove_taken(q.queue, decision)

@@ -3,9 +3,11 @@ nexus/bench/cluster.py) on free loopback ports."""
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import subprocess
+import tempfile
 
 import pytest
 
@@ -59,11 +61,18 @@ class NexusProcess(Node):
         return super().stop(timeout_s)
 
 
+@functools.cache
+def _empty_dir() -> str:
+    return tempfile.mkdtemp(prefix="nexus-cli-")
+
+
 def nexus_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
     """Run the ``nexus`` command as a user would; against a cluster started by :func:`start_cluster`,
-    with its token in ``$NEXUS_TOKEN``, as its operator would."""
+    with its token in ``$NEXUS_TOKEN``, as its operator would. It runs in an empty folder, so that a
+    ``.nexus-data/token`` of the checkout (a local ``nexus serve``'s) is never picked up."""
     env = None
     if "--scheduler" in args and "--token-file" not in args:
         token = _CLUSTER_TOKENS.get(args[args.index("--scheduler") + 1])
         env = dict(os.environ, NEXUS_TOKEN=token) if token else None
-    return subprocess.run([*nexus_command(), *args], capture_output=True, text=True, timeout=timeout_s, env=env)
+    return subprocess.run([*nexus_command(), *args], capture_output=True, text=True, timeout=timeout_s, env=env,
+                          cwd=_empty_dir())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 
 import pytest
 
@@ -185,13 +184,10 @@ def _random_sessions(n: int, seed: int) -> list[SessionSpec]:
 
 
 @pytest.mark.slow
-def test_a_thousand_sessions_plan_quickly_and_close_to_the_bound() -> None:
+def test_a_thousand_sessions_plan_validly_and_close_to_the_bound() -> None:
     sessions = _random_sessions(1000, 1)
     gpu = GpuSpec("v100", 16000)
-    start = time.process_time()
-    plan = solve(sessions, gpu)
-    cpu_s = time.process_time() - start
-    assert cpu_s < 2.0  # ~0.4 s on the reference machine; generous for loaded CI runners
+    plan = solve(sessions, gpu)     # its CPU time is benchmarks/timing_checks.py's figure (--only planner)
     assert validate_plan(plan, sessions, gpu) == []
     assert plan.num_gpus <= 1.10 * plan.lower_bound
     assert plan.num_gpus <= solve(sessions, gpu, Solver.NEXUS).num_gpus

@@ -190,18 +190,23 @@ def test_api_errors(server):
         run_bench("localhost", "fast", 1.0, 1.0, SLO_MS)
 
 
-def test_find_max_rate_against_a_single_worker_model(server):
-    # Capacity 100 rps; 400 rps overloads it at once, 20 rps is easy.
+def test_find_max_rate_runs_lo_then_hi_and_returns_the_best_passing_step(server):
+    """The search wired to real load steps, with no timing claim: ``lo`` first, then ``hi``; the rate
+    returned is the highest step that passed (0.0 when ``lo`` fails). That 20 rps passes and 400 rps
+    fails on this machine is a figure of benchmarks/timing_checks.py (--only bench-search)."""
     rate, reports = find_max_rate(
-        server, "single", 200.0, 0.99, lo=20.0, hi=400.0, step_duration_s=0.7,
-        warmup_s=0.1, cooldown_s=0.0, rel_tol=0.5, max_steps=4,
+        server, "single", 200.0, 0.99, lo=20.0, hi=400.0, step_duration_s=0.3,
+        warmup_s=0.1, cooldown_s=0.0, rel_tol=0.5, max_steps=3,
     )
-    assert [r.offered_rps for r in reports][:2] == [20.0, 400.0]
-    assert 20.0 <= rate < 400.0
     for r in reports:
         check_invariants(r)
-    assert reports[0].good_fraction >= 0.99 and reports[1].good_fraction < 0.99
-    assert rate in [r.offered_rps for r in reports if r.good_fraction >= 0.99]
+    offered = [r.offered_rps for r in reports]
+    passed = [r.offered_rps for r in reports if r.sent > 0 and r.good_fraction >= 0.99]
+    assert 1 <= len(reports) <= 3 and offered[0] == 20.0
+    if offered[0] not in passed:
+        assert rate == 0.0 and offered == [20.0]
+    else:
+        assert offered[1] == 400.0 and rate == max(passed)
 
 
 def test_background_load_runs_until_stopped_and_keeps_every_request(server):

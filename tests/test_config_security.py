@@ -95,6 +95,19 @@ def test_empty_or_unreadable_token_files_are_refused(tmp_path):
         read_token(tmp_path / "missing")
 
 
+def test_a_token_file_that_is_no_regular_file_gets_a_precise_error(tmp_path):
+    """/dev/null exists and reads empty; a folder is no file: neither is "no such file"."""
+    from nexus.client_flags import ClientFlagError, client_credentials
+
+    for path, message in (("/dev/null", "--token-file /dev/null: the file is empty"),
+                          (str(tmp_path), f"--token-file: '{tmp_path}' is a directory, not a file"),
+                          (str(tmp_path / "absent"), "--token-file: no such file")):
+        args = argparse.Namespace(tls_ca="", token_file=path, scheduler="127.0.0.1:8100")
+        with pytest.raises(ClientFlagError) as refused:
+            client_credentials(args)
+        assert message in str(refused.value)
+
+
 def test_token_comes_from_the_environment_when_no_file_is_given():
     assert Credentials.load(SecurityConfig(), environ={"NEXUS_TOKEN": " t0k \n"}).token == "t0k"
     assert Credentials.load(SecurityConfig(), environ={}).token is None

@@ -95,3 +95,23 @@ def test_a_failed_plan_reaches_the_waiter_and_the_task_goes_on():
         task.cancel()
 
     asyncio.run(main())
+
+
+def test_a_warning_that_still_holds_is_not_repeated_with_every_plan(caplog):
+    """A best-effort session (its SLO below 2*l(1)) is warned about once, not on every re-plan."""
+    import logging
+
+    async def main():
+        world = World()
+        world.models.append(ModelView("tight", 3.0, {"gpu": PROFILE}))       # 2*l(1) = 24 ms > 3 ms
+        trigger, loop, task = await _started(world)
+        for i in range(3):
+            await trigger.replan_now(f"change {i}")
+        task.cancel()
+        return loop.plan
+
+    with caplog.at_level(logging.WARNING, logger="nexus.scheduler"):
+        plan = asyncio.run(main())
+    assert "tight" in plan.best_effort
+    warned = [r for r in caplog.records if r.getMessage().startswith("tight: SLO 3 ms")]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]

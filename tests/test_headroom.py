@@ -12,7 +12,7 @@ from common.headroom import (BurstSums, BurstTerm, burst_excess_ms, lone_session
                              overflow_probability_target, own_burst_load_items, poisson_quantile_items, poisson_tail,
                              simulated_overflow_share)
 from common.plan import GpuPlan, GpuSpec, Plan, SessionAlloc, SessionSpec, ViolationKind, validate_plan
-from common.profile import BatchLatency, Profile
+from common.profile import Profile
 from globalsched.algorithms import PlannerConfig, ReplanState, Solver, replan, solve
 from globalsched.algorithms.baselines import per_session_headroom
 

@@ -18,11 +18,11 @@ from tritonclient.utils import InferenceServerException
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.config import BackendConfig, FrontendConfig, SchedulerConfig
-from common.pb import kserve, kserve_grpc
+from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from nexus.launcher import launch
-from nexus.models_cmd import upload_model
+from nexus.scheduler_client import upload_model
 
 pytestmark = pytest.mark.slow
 
@@ -49,6 +49,13 @@ def server_ready(address: str) -> bool:
         return kserve_grpc.GRPCInferenceServiceStub(channel).ServerReady(kserve.ServerReadyRequest(), timeout=10).ready
 
 
+def queued(backend: str) -> int:
+    """Requests waiting in the backend's queues (not those running)."""
+    with grpc.insecure_channel(backend) as channel:
+        stats = control_grpc.BackendStub(channel).Stats(control.BackendStatsRequest(), timeout=10)
+    return sum(s.queue_length for s in stats.sessions)
+
+
 def wait_for(predicate, timeout_s: float = 120, what: str = "") -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -68,11 +75,11 @@ def infer(frontend: str, model: str = "mlp") -> np.ndarray:
     return grpcclient.InferenceServerClient(frontend).infer(model, [_input()], client_timeout=30).as_numpy("logits")
 
 
-def upload(tmp_path, scheduler: str, latency_ms: float) -> None:
+def upload(tmp_path, scheduler: str, latency_ms: float, max_batch: int = 16) -> None:
     path = tmp_path / "mlp.onnx"
     path.write_bytes(model_bytes(mlp_small()))
     profile = tmp_path / "profile.json"
-    profile.write_text(Profile.linear(0.1, latency_ms, 16, device_type=DEVICE).to_json())
+    profile.write_text(Profile.linear(0.1, latency_ms, max_batch, device_type=DEVICE).to_json())
     upload_model(scheduler, path, "mlp", profile_path=str(profile), slo_ms=max(20 * latency_ms, 1000))
 
 
@@ -157,8 +164,8 @@ def test_sigterm_turns_not_serving_first_and_finishes_requests_in_flight(tmp_pat
     backend = frontend = None
     try:
         s = scheduler.wait_ready(60)
-        # each request takes a second on the device: it is surely in flight when the signal comes
-        upload(tmp_path, s, latency_ms=1000.0)
+        # each request takes a second on the device, one at a time
+        upload(tmp_path, s, latency_ms=1000.0, max_batch=1)
         backend = launch(BackendConfig(scheduler=s, listen="127.0.0.1:0", device=f"emulated:{DEVICE}"), env=_env())
         frontend = launch(FrontendConfig(scheduler=s, listen="127.0.0.1:0", drain_grace_s=30), env=_env())
         b, f = backend.wait_ready(60), frontend.wait_ready(60)
@@ -168,13 +175,16 @@ def test_sigterm_turns_not_serving_first_and_finishes_requests_in_flight(tmp_pat
         watch = Watch(f)
         wait_for(lambda: watch.statuses == [SERVING], what="watch sees SERVING")
         results: list = []
-        sender = threading.Thread(target=lambda: results.append(infer(f)))
-        sender.start()
-        time.sleep(0.3)                      # the request is on the device now (it takes a second)
+        senders = [threading.Thread(target=lambda: results.append(infer(f))) for _ in range(2)]
+        for sender in senders:
+            sender.start()
+        # one request runs on the device and one waits behind it: both are in flight at the signal
+        wait_for(lambda: queued(b) == 1, what="a request queued at the backend")
         frontend.signal(15)
         wait_for(lambda: NOT_SERVING in watch.statuses, what="frontend NOT_SERVING after SIGTERM")
-        sender.join(timeout=60)
-        assert results and results[0].shape == (1, 10)     # the request in flight was answered
+        for sender in senders:
+            sender.join(timeout=60)
+        assert [r.shape for r in results] == [(1, 10), (1, 10)]     # the requests in flight were answered
         assert frontend.proc.wait(timeout=60) == 0
         watch.close()
 

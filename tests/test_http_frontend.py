@@ -285,7 +285,9 @@ def test_request_past_its_deadline_gets_504(client, direct):
     with pytest.raises(InferenceServerException) as e:
         client.infer(SMALL, [tensor], timeout=1)     # a deadline of 1 us has passed before dispatch
     assert e.value.status() == "504" and "deadline" in e.value.message()
-    assert client.infer(SMALL, [tensor], timeout=TIMEOUT_US).as_numpy(direct[SMALL].get_outputs()[0].name) is not None
+    out = direct[SMALL].get_outputs()[0].name
+    got = client.infer(SMALL, [tensor], timeout=TIMEOUT_US).as_numpy(out)
+    np.testing.assert_allclose(got, direct[SMALL].run([out], {name: data})[0], rtol=1e-5, atol=1e-6)
 
 
 def test_repository_index_and_statistics(cluster, client, direct):

@@ -108,6 +108,23 @@ def test_supervisor_restarts_a_dead_child_with_backoff_until_stopped():
     assert not child.running()
 
 
+def test_a_stopping_supervisor_restarts_no_child_that_exits():
+    """Once told to stop (serve's signal handler sets ``stopping`` first thing), a child that exits
+    is neither restarted nor reported as a failure; stop_all gives every exit status."""
+    now = [0.0]
+    lines: list[str] = []
+    supervisor = Supervisor(lines.append, initial_s=0.1, clock=lambda: now[0])
+    child = supervisor.add(Child("flaky", _FLAKY, command=[sys.executable]))
+    child.wait_ready(30)
+    supervisor.stopping = True
+    child.proc.wait(30)
+    for _ in range(3):
+        now[0] += 10.0
+        supervisor.check()
+    assert child.starts == 1 and lines == []
+    assert supervisor.stop_all() == {"flaky": 3}
+
+
 def test_supervisor_backoff_doubles_up_to_its_cap():
     supervisor = Supervisor(lambda line: None, initial_s=1.0, max_s=8.0)
     assert [supervisor.backoff_s(n) for n in (1, 2, 3, 4, 5)] == [1.0, 2.0, 4.0, 8.0, 8.0]

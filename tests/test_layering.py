@@ -1,7 +1,8 @@
 """The house's arrows run one way (DESIGN.md, Layout): the ground floor (``common``) imports no
-component, and no two packages import each other, in particular ``backend`` and ``profiler`` (the
-runtimes that both use live in ``common.runtimes``). Imports are read with ``ast``, lazy ones inside
-functions included, so a cycle cannot hide behind an import done at call time."""
+component, no two packages import each other, in particular ``backend`` and ``profiler`` (the
+runtimes that both use live in ``common.runtimes``), and no two files import each other, directly or
+around a circle (GUIDE: "No two files import each other"). Imports are read with ``ast``, lazy ones
+inside functions included, so a cycle cannot hide behind an import done at call time."""
 
 from __future__ import annotations
 
@@ -68,3 +69,131 @@ def test_no_import_cycle_between_packages():
 
     cycles = [p for p in PACKAGES if p in reach(p)]
     assert cycles == [], {p: GRAPH[p] for p in cycles}
+
+
+# ---- circles between files --------------------------------------------------------------------------
+
+
+def _module_files() -> dict[str, pathlib.Path]:
+    """Dotted module name -> file, for every module of the project's packages (a package is its __init__)."""
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join(parts)] = path
+    return modules
+
+
+MODULES = _module_files()
+
+
+def imported_modules(module: str, source: str, is_package: bool, known) -> set[str]:
+    """The modules of ``known`` that ``module`` (whose text is ``source``) names in an import
+    statement, at the top or inside a function.
+
+    ``from p import x`` counts as an import of ``p.x`` when that is a module, else of ``p`` itself;
+    ``import p.q`` of the longest known prefix; relative imports are resolved against the module's
+    package. Parent packages that Python imports on the way are not counted: they are not what the
+    file asked for."""
+    package = module if is_package else module.rpartition(".")[0]
+
+    def deepest(name: str) -> str | None:
+        while name:
+            if name in known:
+                return name
+            name = name.rpartition(".")[0]
+        return None
+
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            resolved = deepest(target)
+            if resolved and resolved != module:
+                found.add(resolved)
+    return found
+
+
+FILE_GRAPH = {m: imported_modules(m, path.read_text(), path.name == "__init__.py", MODULES)
+              for m, path in MODULES.items()}
+
+
+def file_cycles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted; sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[tuple[str, ...]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(tuple(sorted(component)))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(components)
+
+
+def test_no_two_files_import_each_other():
+    cycles = file_cycles(FILE_GRAPH)
+    assert cycles == [], {c: {m: sorted(FILE_GRAPH[m] & set(c)) for m in c} for c in cycles}
+
+
+def test_the_file_circle_check_sees_lazy_and_relative_imports():
+    """The check itself: imports inside functions and relative ones are edges, and circles are found."""
+    known = {"pkg", "pkg.a", "pkg.b", "pkg.sub", "pkg.sub.c"}
+    lazy = "import os\n\ndef f():\n    from pkg.b import thing\n    import pkg.sub.c\n"
+    assert imported_modules("pkg.a", lazy, False, known) == {"pkg.b", "pkg.sub.c"}
+    relative = "from . import a\nfrom .. import b\nfrom ..sub import c\nfrom pkg import name_not_a_module\n"
+    assert imported_modules("pkg.sub.c", relative, False, known) == {"pkg.sub", "pkg.b", "pkg"}
+    assert imported_modules("pkg.sub", "from . import c\n", True, known) == {"pkg.sub.c"}
+    graph = {"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}, "a.w": {"a.x"}, "b.p": {"b.q"}, "b.q": set()}
+    assert file_cycles(graph) == [("a.x", "a.y", "a.z")]
+    assert file_cycles({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"c"}}) == [("a", "b"), ("c", "d")]
+
+
+def test_tests_and_benchmarks_do_not_import_each_other():
+    """What both need lives in the benchmark library (nexus/bench/) or below it (issue 19)."""
+    def importers(folder: str, target: str) -> list[str]:
+        found = []
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                         else [])
+                if any(n.split(".")[0] == target for n in names):
+                    found.append(str(path.relative_to(ROOT)))
+        return found
+
+    assert importers("tests", "benchmarks") == []
+    assert importers("benchmarks", "tests") == []

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from common.runtimes import load_runtime
+from common.runtimes import DeviceSpec, load_runtime
+from common.runtimes.emulated import EmulatedRuntime
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes, write_sample_models
 from profiler.errors import ProfilerError
@@ -36,21 +37,38 @@ def test_max_batch_follows_the_backend_rule():
     assert max_batch_for_slo(PROFILE_A, 3.0) == 0
 
 
-def test_harness_serves_light_load_within_slo(emulated_models):
-    a, b = emulated_models
-    harness = Harness([a, b])
-    harness.run_step({"a": 100.0, "b": 50.0}, 0.2, seed=0)  # warm-up
-    # Timing on a shared CPU: a burst of contention can spoil one step; one clean step in three is required.
-    for attempt in range(3):
-        stats = harness.run_step({"a": 200.0, "b": 100.0}, 0.5, seed=1 + attempt)
-        for name, s in stats.items():
-            assert s.offered > 0 and s.completed + s.dropped == s.offered
-            assert max(s.exec_ms) <= (a if name == "a" else b).max_batch
-        if all(s.ok for s in stats.values()):
-            break
-    else:
-        pytest.fail(f"light load missed the SLO in three steps: {stats}")
-    assert all(s.p99_ms <= 60.0 and s.bad_rate <= 0.01 for s in stats.values())
+class VirtualClock:
+    """Seconds that pass only when something waits: the harness's sleeps and the emulated batches."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> None:
+        self.now_s += max(seconds, 0.0)
+
+
+def test_harness_serves_light_load_within_slo_on_a_virtual_clock():
+    """The harness's batching and accounting, exact: every batch takes l(b) of virtual time, so light
+    load is served in full within the SLO. (On the wall clock the same step is a figure of
+    benchmarks/timing_checks.py, --only multitenant.)"""
+    clock = VirtualClock()
+    data = model_bytes(mlp_small())
+    device = DeviceSpec.parse("emulated:gtx")
+    a, b = (TenantModel(name, EmulatedRuntime(data, device, profile, wait=clock.advance), profile, 60.0)
+            for name, profile in (("a", PROFILE_A), ("b", PROFILE_B)))
+    harness = Harness([a, b], clock=clock, sleep=clock.advance)
+    stats = harness.run_step({"a": 200.0, "b": 100.0}, 0.5, seed=1)
+    assert clock.now_s >= 0.5
+    for model, s in zip((a, b), (stats["a"], stats["b"])):
+        assert s.offered > 50 and s.completed == s.offered and s.dropped == s.late == 0, s
+        assert s.ok and s.p99_ms <= 60.0 and s.bad_rate == 0.0
+        assert max(s.exec_ms) <= model.max_batch
+        for batch, (count, total_ms) in s.exec_ms.items():
+            assert total_ms == pytest.approx(count * model.profile.latency_ms(batch))
+        assert sum(batch * count for batch, (count, _) in s.exec_ms.items()) == s.completed
 
 
 def test_harness_overload_drops_and_fails(emulated_models):

@@ -14,7 +14,7 @@ import pytest
 
 from nexus.bench import BackgroundLoad
 from nexus.bench.rolling_restart import CLIENT_TIMEOUT_S, DEVICE_TYPE, MODEL, SLO_MS, model_upload, rolling_restart
-from nexus.models_cmd import upload_model
+from nexus.scheduler_client import upload_model
 from nexus.serve_cmd import wait_models_ready
 from tests.conftest import start_cluster
 
@@ -50,6 +50,13 @@ def _wait_line(path, pattern: str, timeout_s: float = 120) -> re.Match:
     raise AssertionError(f"no {pattern!r} in:\n{path.read_text()[-3000:]}")
 
 
+def _wait_answered(load: BackgroundLoad, answered: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while load.counts()["answered"] < answered:
+        assert time.monotonic() < deadline, f"fewer than {answered} requests answered in {timeout_s} s: {load.counts()}"
+        time.sleep(0.1)
+
+
 def test_nexus_serve_restarts_a_killed_backend_and_keeps_serving(tmp_path):
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as log:
@@ -60,12 +67,12 @@ def test_nexus_serve_restarts_a_killed_backend_and_keeps_serving(tmp_path):
         cluster.upload(model)
         pid = int(_wait_line(log_path, r"backend-0 started \(pid (\d+)\)").group(1))
         load = BackgroundLoad(cluster.frontend, MODEL, 30, slo_ms=SLO_MS, timeout_s=CLIENT_TIMEOUT_S).start()
-        time.sleep(1.0)
+        _wait_answered(load, 10)
         os.kill(pid, signal.SIGKILL)
         _wait_line(log_path, rf"backend-0 \(pid {pid}\) exited with status -9; restarting in")
         back = _wait_line(log_path, r"backend-0 is back \(pid (\d+)\)")
         assert int(back.group(1)) != pid
-        time.sleep(2.0)
+        _wait_answered(load, load.counts()["answered"] + 30)      # the load goes on being answered after the restart
         load.stop()
         counts = load.counts()
         assert cluster.proc.poll() is None                      # nexus serve itself kept running

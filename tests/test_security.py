@@ -239,7 +239,7 @@ def test_serve_makes_a_private_token_and_passes_tls_to_its_components(tmp_path, 
         assert len(token_file.read_text().strip()) >= 32
         tls = ["--scheduler", cluster.scheduler, "--tls-ca", str(pki.ca)]
         refused = subprocess.run([sys.executable, "-m", "nexus", "models", "list", *tls],
-                                 capture_output=True, text=True, timeout=60,
+                                 capture_output=True, text=True, timeout=60, cwd=tmp_path,
                                  env={k: v for k, v in os.environ.items() if k != "NEXUS_TOKEN"})
         assert refused.returncode == 2 and "missing cluster token" in refused.stderr
         ok = nexus_cli("models", "list", *tls, "--token-file", str(token_file))

@@ -31,7 +31,7 @@ from common.warmup import (
     to_json, to_pb,
 )
 from nexus.bench import BackgroundLoad
-from nexus.models_cmd import CommandError, upload_model
+from nexus.scheduler_client import AdminCallError, upload_model
 from tests.components import start, start_cluster, wait_ready
 from tests.conftest import nexus_cli
 
@@ -434,7 +434,7 @@ def test_readiness_and_traffic_wait_for_warm_up_and_serving_sessions_never_stall
         first = backends[0].address
         seen_warming = False
         deadline = time.monotonic() + 60
-        while (status := _health(first)) != SERVING:
+        while _health(first) != SERVING:
             stats = _backend_stats(first)
             seen_warming |= stats.warming == ["slow"] and _session(stats, "slow") is None
             assert time.monotonic() < deadline
@@ -462,7 +462,7 @@ def test_readiness_and_traffic_wait_for_warm_up_and_serving_sessions_never_stall
         # (batch 32, past the profile's 16) fails the model's load with the reason.
         bad = tmp_path / "bad.onnx"
         bad.write_bytes(model_bytes(mlp_small(hidden=24)))
-        with pytest.raises(CommandError, match=r"model_warmup\[0\] \('x'\).batch_size must be >= 1, got 0"):
+        with pytest.raises(AdminCallError, match=r"model_warmup\[0\] \('x'\).batch_size must be >= 1, got 0"):
             upload_model(sched.address, bad, "bad", warmup=(WarmupSample("x", 0, (
                 WarmupInput("input", "FP32", (64,), WarmupData.ZERO),)),))
         _upload(tmp_path, sched.address, "toobig", 24, 1.0, warmup_count=1, warmup_batch=32)

@@ -15,8 +15,8 @@ from common.runtimes.base import (
     RuntimeClosedError,
     RuntimeKind,
     check_feeds,
-    load_runtime,
 )
+from common.runtimes.loader import load_runtime
 
 __all__ = [
     "DeviceKind", "DeviceSpec", "DeviceUnavailableError", "FeedError", "IOSpecs", "ModelFileError",

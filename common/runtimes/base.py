@@ -1,7 +1,7 @@
 """The runtime interface: one loaded model on one device, run batch by batch.
 
-A :class:`Runtime` is created by :func:`load_runtime` from model bytes, a :class:`RuntimeKind` and a
-:class:`DeviceSpec`. Contract every runtime keeps:
+A :class:`Runtime` is created by :func:`common.runtimes.loader.load_runtime` from model bytes, a
+:class:`RuntimeKind` and a :class:`DeviceSpec`. Contract every runtime keeps:
 
 - ``inputs`` / ``outputs`` describe the tensors without the batch dimension; ``run`` takes and
   returns arrays batched along dim 0, every input with the same batch size, every output with it.
@@ -24,12 +24,11 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from common.model_io import ModelFileError
-from common.profile import Profile
 from common.tensors import TensorSpec
 
 __all__ = [
     "DeviceKind", "DeviceSpec", "DeviceUnavailableError", "FeedError", "IOSpecs", "ModelFileError",
-    "Runtime", "RuntimeClosedError", "RuntimeKind", "check_feeds", "load_runtime",
+    "Runtime", "RuntimeClosedError", "RuntimeKind", "check_feeds",
 ]
 
 IOSpecs = tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]
@@ -227,46 +226,3 @@ def check_io_override(io: IOSpecs | None) -> IOSpecs | None:
     if len(set(s.name for s in inputs)) != len(inputs) or len(set(s.name for s in outputs)) != len(outputs):
         raise ValueError(f"io tensor names must be unique among inputs and among outputs, got {names}")
     return inputs, outputs
-
-
-def load_runtime(kind: "RuntimeKind | str", model_bytes: bytes, device: "DeviceSpec | str", *,
-                 profile: Profile | None = None, intra_op_threads: int | None = None,
-                 io: IOSpecs | None = None) -> Runtime:
-    """Load ``model_bytes`` as a runtime of ``kind`` on ``device``.
-
-    - ``onnxruntime``: an ONNX model on "cpu" or "cuda[:N]"; specs read from the model (``io`` may
-      override them, with the same names and datatypes).
-    - ``torch``: a TorchScript archive or a ``torch.export`` (.pt2) archive on "cpu" or "cuda[:N]";
-      TorchScript carries no static specs, so ``io`` is required for it (the model database keeps
-      them in the model's io sidecar JSON, see :func:`common.model_io.parse_io_json`).
-    - ``emulated``: only on "emulated:<gpu>" devices, and emulated devices take only this kind;
-      needs ``profile``; specs from the ONNX model, or from ``io`` when given (then the bytes are
-      not parsed, so any model format can be emulated).
-
-    ``intra_op_threads``: threads per model on CPU (None: the runtime's default, all cores).
-    """
-    try:
-        kind = RuntimeKind(kind)
-    except ValueError:
-        raise ValueError(f"unknown runtime kind {kind!r}; known: {', '.join(k.value for k in RuntimeKind)}") from None
-    spec = DeviceSpec.parse(device)
-    if intra_op_threads is not None and (isinstance(intra_op_threads, bool) or not isinstance(intra_op_threads, int)
-                                         or intra_op_threads < 1):
-        raise ValueError(f"intra_op_threads must be a positive integer or None, got {intra_op_threads!r}")
-    io = check_io_override(io)
-    if not isinstance(model_bytes, (bytes, bytearray, memoryview)):
-        raise ValueError(f"model_bytes must be bytes, got {type(model_bytes).__name__}")
-    model_bytes = bytes(model_bytes)
-    if (kind is RuntimeKind.EMULATED) != spec.is_emulated:
-        raise ValueError(f"runtime kind {kind.value!r} cannot run on device {str(spec)!r}: the emulated runtime "
-                         f"runs exactly on emulated:<gpu> devices")
-    if kind is RuntimeKind.ONNXRUNTIME:
-        from common.runtimes.onnx_runtime import OnnxRuntime
-        return OnnxRuntime(model_bytes, spec, intra_op_threads=intra_op_threads, io=io)
-    if kind is RuntimeKind.TORCH:
-        from common.runtimes.torch_runtime import TorchRuntime
-        return TorchRuntime(model_bytes, spec, intra_op_threads=intra_op_threads, io=io)
-    from common.runtimes.emulated import EmulatedRuntime
-    if profile is None:
-        raise ValueError("the emulated runtime needs the model's profile (profile=...)")
-    return EmulatedRuntime(model_bytes, spec, profile, io=io)

@@ -4,7 +4,7 @@ Outputs are zeros of the declared shapes and dtypes (a variable dimension is emu
 model bytes are never executed: specs come from the ONNX model's declared inputs and outputs, or
 from ``io`` when given (then the bytes are not parsed at all). Waiting is precise: ``time.sleep``
 for all but the last ~1 ms, then a short spin on ``time.perf_counter``, so batch latencies follow
-the profile closely on an idle machine. A batch larger than the profile's ``max_batch`` is a
+the profile closely on an idle machine (``wait`` replaces it, e.g. to advance a virtual clock). A batch larger than the profile's ``max_batch`` is a
 ``ValueError`` (the profile says nothing about it).
 """
 
@@ -37,7 +37,8 @@ def precise_sleep(duration_s: float, *, spin_s: float = SPIN_S,
 class EmulatedRuntime(Runtime):
     kind = RuntimeKind.EMULATED
 
-    def __init__(self, model_bytes: bytes, device: DeviceSpec, profile: Profile, *, io: IOSpecs | None = None) -> None:
+    def __init__(self, model_bytes: bytes, device: DeviceSpec, profile: Profile, *, io: IOSpecs | None = None,
+                 wait: Callable[[float], None] = precise_sleep) -> None:
         super().__init__()
         if not device.is_emulated:
             raise ValueError(f"the emulated runtime runs on emulated:<gpu> devices, not {device}")
@@ -46,6 +47,7 @@ class EmulatedRuntime(Runtime):
         inputs, outputs = io if io is not None else onnx_io(model_bytes)
         self.inputs, self.outputs, self.device = tuple(inputs), tuple(outputs), str(device)
         self.profile = profile
+        self._wait = wait
         self._max_batch_seen = 1
 
     def _run(self, feeds: Mapping[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
@@ -53,7 +55,7 @@ class EmulatedRuntime(Runtime):
             raise ValueError(f"batch size {batch} exceeds the profile's largest batch {self.profile.max_batch} "
                              f"on {self.device}")
         self._max_batch_seen = max(self._max_batch_seen, batch)
-        precise_sleep(self.profile.latency_ms(batch) / 1000.0)
+        self._wait(self.profile.latency_ms(batch) / 1000.0)
         return {spec.name: np.zeros((batch, *(d if d >= 0 else 1 for d in spec.shape)), dtype=spec.dtype)
                 for spec in self.outputs}
 

@@ -29,7 +29,7 @@ from common.config import BackendConfig, FrontendConfig, SchedulerConfig
 from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.security import Credentials
 from nexus.launcher import Child, component_argv, pin_listen
-from nexus.models_cmd import upload_model
+from nexus.scheduler_client import upload_model
 from nexus.serve_cmd import wait_models_ready
 
 
@@ -256,13 +256,13 @@ class Cluster:
 
     def serving(self, model: str) -> list[Node]:
         """The live backends that have ``model`` loaded (from their Stats)."""
-        return [b for b, stats in self._backend_stats() if any(s.model == model for s in stats.sessions)]
+        return [b for b, stats in self.backend_stats() if any(s.model == model for s in stats.sessions)]
 
     def executed(self, model: str) -> int:
         """Rows of ``model`` executed, summed over the live backends."""
-        return sum(s.inference_count for _, stats in self._backend_stats() for s in stats.sessions if s.model == model)
+        return sum(s.inference_count for _, stats in self.backend_stats() for s in stats.sessions if s.model == model)
 
-    def _backend_stats(self):
+    def backend_stats(self):
         for b in self.backends:
             if b.proc.poll() is not None:
                 continue

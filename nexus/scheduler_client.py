@@ -1,0 +1,113 @@
+"""The scheduler's admin calls, as the ``nexus`` commands make them: upload and list models, register
+and list queries, read the plan's status.
+
+Every call dials ``scheduler`` with the client's :class:`~common.security.Credentials` (TLS CA,
+cluster token) and raises :class:`AdminCallError` with a message fit for the operator: the
+scheduler's own reason when it refused, "cannot reach the scheduler at ..." when it is not there,
+or what is wrong with a local file before anything is sent. Replies are converted to the commands'
+types here, at the edge.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Iterator, Sequence
+
+import grpc
+
+from common import grpc_util
+from common.pb import control, control_grpc
+from common.security import Credentials
+from common.warmup import WarmupSample, to_pb as warmup_to_pb
+from nexus.status_model import ClusterStatus, from_reply
+
+DEFAULT_SCHEDULER = "127.0.0.1:8100"
+
+
+class AdminCallError(Exception):
+    """An admin call that failed; the message says why (the scheduler's reason, or the local cause)."""
+
+
+def rpc_error_message(exc: grpc.RpcError, scheduler: str) -> str:
+    """What an operator reads for a failed call: the scheduler's reason, or that it cannot be reached."""
+    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+        return f"cannot reach the scheduler at {scheduler} ({exc.details()})"
+    return exc.details()
+
+
+def _call(scheduler: str, creds: Credentials, method: str, request, timeout_s: float = 30.0):
+    """One call of the scheduler's ``method``; AdminCallError with the operator's message when it fails."""
+    with grpc_util.channel(scheduler, creds) as channel:
+        try:
+            return getattr(control_grpc.SchedulerStub(channel), method)(request, timeout=timeout_s)
+        except grpc.RpcError as exc:
+            raise AdminCallError(rpc_error_message(exc, scheduler)) from None
+
+
+def _chunks(header: control.UploadHeader, path: pathlib.Path) -> Iterator[control.UploadChunk]:
+    yield control.UploadChunk(header=header)
+    with path.open("rb") as f:
+        while True:
+            data = f.read(grpc_util.UPLOAD_CHUNK_BYTES)
+            if not data:
+                return
+            yield control.UploadChunk(data=data)
+
+
+def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile_path: str | None = None,
+                 slo_ms: float = 0.0, runtime: str = "", io_path: str | None = None, load: bool = True,
+                 timeout_s: float = 300, min_replicas: int = 0, warmup: Sequence[WarmupSample] = (),
+                 creds: Credentials = grpc_util.NO_CREDENTIALS, pin_profile: bool = False) -> control.ModelDesc:
+    """Stream a model file to the scheduler; raise AdminCallError with the scheduler's reason if refused.
+    ``warmup``: the model's warm-up samples (config.pbtxt's model_warmup; none: the backends' default).
+    ``pin_profile``: the profile always plans, whatever serving measures (``"meta": {"pinned": true}``)."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise AdminCallError(f"no such file: {path}")
+    if pin_profile and not profile_path:
+        raise AdminCallError("--pin-profile needs --profile (the table to pin)")
+    if min_replicas < 0:
+        raise AdminCallError(f"--min-replicas must not be negative, got {min_replicas}")
+    header = control.UploadHeader(name=name, slo_ms=slo_ms, load=load, min_replicas=min_replicas,
+                                  runtime=runtime or ("torch" if path.suffix in (".pt", ".pt2") else "onnxruntime"))
+    header.warmup.extend(warmup_to_pb(warmup))
+    for attr, file in (("profile_json", profile_path), ("io_json", io_path)):
+        if file:
+            try:
+                setattr(header, attr, pathlib.Path(file).read_text())
+            except OSError as exc:
+                raise AdminCallError(f"cannot read {file}: {exc.strerror}") from None
+    if pin_profile:
+        header.profile_json = pinned(header.profile_json, profile_path)
+    return _call(scheduler, creds, "UploadModel", _chunks(header, path), timeout_s).model
+
+
+def pinned(profile_json: str, where: str) -> str:
+    """The profile file's JSON with ``meta.pinned`` set (globalsched/profile_book.py: a pinned table
+    always plans; uploading it again without the pin unpins it)."""
+    from common.profile import Profile, ProfileError
+
+    try:
+        profile = Profile.from_json(profile_json, where)
+    except ProfileError as exc:
+        raise AdminCallError(f"invalid profile: {exc}") from None
+    return Profile(profile.rows, profile.device_type, {**profile.meta, "pinned": True}).to_json()
+
+
+def list_models(scheduler: str, creds: Credentials = grpc_util.NO_CREDENTIALS) -> list[control.ModelDesc]:
+    return list(_call(scheduler, creds, "ListModels", control.ListModelsRequest()).models)
+
+
+def register_query(scheduler: str, text: str, creds: Credentials = grpc_util.NO_CREDENTIALS) -> str:
+    """Register a query definition; raise AdminCallError with the scheduler's reason if refused."""
+    return _call(scheduler, creds, "RegisterQuery", control.QueryDefinition(json=text)).name
+
+
+def list_queries(scheduler: str, creds: Credentials = grpc_util.NO_CREDENTIALS) -> list[control.QueryInfo]:
+    return list(_call(scheduler, creds, "ListQueries", control.ListQueriesRequest()).queries)
+
+
+def fetch_status(scheduler: str, timeout_s: float = 30.0,
+                 creds: Credentials = grpc_util.NO_CREDENTIALS) -> ClusterStatus:
+    """The scheduler's read-only ``GetStatus``, as a :class:`~nexus.status_model.ClusterStatus`."""
+    return from_reply(_call(scheduler, creds, "GetStatus", control.StatusRequest(), timeout_s))

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 import urllib.request
 
@@ -23,6 +24,7 @@ from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from nexus.bench.cluster import Cluster
 from nexus.bench.loadgen import BackgroundLoad
+from nexus.launcher import nexus_command
 from tests.components import wait_for, wait_ready
 
 pytestmark = pytest.mark.slow
@@ -161,5 +163,9 @@ def test_a_predicted_profile_plans_until_serving_measures_it_and_its_error_is_re
         errors = {s.labels["stat"]: s.value for s in scrape(c.scheduler.info["metrics"])
                   if s.name == "nexus_profile_prediction_error_ratio" and s.labels["model"] == "c"}
         assert errors["mean"] == pytest.approx(after.prediction_error_mean)
+        shown = subprocess.run([*nexus_command(), "status", "--scheduler", c.scheduler.address], capture_output=True,
+                               text=True, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        assert "c on v100: the prediction (from t4) was replaced by serving measurements: off by" in shown.stdout
         log = c.scheduler.logs()
     assert "prediction of c on v100 (from t4) replaced by serving measurements: off by" in log, log[-3000:]

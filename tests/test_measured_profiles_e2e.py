@@ -154,6 +154,8 @@ def test_a_predicted_profile_plans_until_serving_measures_it_and_its_error_is_re
                              90, "the measurement replacing the prediction")
         finally:
             load.stop()
+        print(f"prediction of c on v100: l(16) {l_at(after.predicted, 16):.1f} ms, measured {l_at(after.measured, 16):.1f} "
+              f"ms, error mean {after.prediction_error_mean:.3f} max {after.prediction_error_max:.3f}")
         # the device runs at 0.8x the prediction: the prediction was 25% pessimistic
         assert after.prediction_replaced_by == "serving measurements"
         assert after.prediction_error_mean == pytest.approx(0.25, abs=0.06) and after.prediction_bias > 0

@@ -37,6 +37,12 @@ waits at most one warm-up batch, as it would behind any co-located session). War
 nowhere in the serving statistics, nor in utilisation: their number and time come back in the
 job's :class:`WarmupResult`.
 
+Latency samples (``Engine.samples``, backend/latency_samples.py): every serving batch of a session
+outside a prefix group that runs without error records its model, rows, infer-phase time and
+whether it was contended: the device was behind (rows of the session left queued once the batch took
+its own, or drops in the same decision) or ``host_contended()`` says other work shares the cores.
+Warm-up batches record nothing.
+
 Statistics of a session in a group: ``inference_count`` counts its own rows, while a batch counts
 once per member present in it, under the size of the *merged* batch (``batch_histogram``) and with
 the time of the whole group batch (``compute_ns``): what its requests experienced. Memory: a
@@ -69,6 +75,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from backend.latency_samples import SampleRecorder
 from common.batching import BatchPolicy, Decision, Pending, Queue, remove_taken, saturated_batch, schedule
 from common.profile import Profile
 from common.tensors import TensorSpec
@@ -374,6 +381,10 @@ class Engine:
         self.groups: list[SharedPrefix] = []
         self._warmups: collections.deque[_WarmupJob] = collections.deque()   # appended by the loop, run here
         self._warmup_turn_s = 0.0     # while serving keeps the device busy, the next warm-up batch waits for this
+        # Latency samples of the serving batches (backend/latency_samples.py; None: not recorded), and
+        # whether the host's CPU is contended now (a CPU device's backend sets it; the default: never).
+        self.samples: SampleRecorder | None = None
+        self.host_contended: Callable[[], bool] = lambda: False
         self._thread: threading.Thread | None = None
         if start:
             self._thread = threading.Thread(target=self._loop, name="executor", daemon=True)
@@ -591,7 +602,8 @@ class Engine:
                                                                      f"({(p.deadline_s - now) * 1000:.1f} ms left)")))
         if batch:
             if isinstance(unit, Session):
-                self._run(unit, batch, answers)
+                # Behind: rows left queued after the batch took its own (it was capped), or drops.
+                self._run(unit, batch, answers, contended=bool(dropped) or bool(unit.queue))
             else:
                 self._run_group(unit, batch, answers)
         self._post(answers)
@@ -653,7 +665,9 @@ class Engine:
             # Nothing ready: sleep until new work arrives or the earliest batch is due.
             self._wake.wait(None if decision.wake_s is None else max(decision.wake_s - self.clock(), 0.0005))
 
-    def _run(self, session: Session, batch: list[Pending], answers: list) -> None:
+    def _run(self, session: Session, batch: list[Pending], answers: list, contended: bool = False) -> None:
+        """Run one batch of a session; ``contended``: the device was behind when it started (recorded
+        with its latency sample, see backend/latency_samples.py)."""
         works = [p.payload for p in batch]
         start = gathered = ran = self.clock()
         parts: list[list[np.ndarray]] = []
@@ -689,6 +703,8 @@ class Engine:
                                       phases)
                 else:
                     stats.fail_count += 1
+        if error is None and self.samples is not None:
+            self.samples.record(session.model, rows, phases.infer_ns / 1e6, contended or self.host_contended())
         for i, w in enumerate(works):
             if error is not None:
                 answers.append((w, Outcome("EXEC_INTERNAL", f"model {session.name!r} failed: {error}")))

@@ -84,8 +84,10 @@ class Distribution:
                 for s in b.sessions:
                     model = plan.model_of(s.model)
                     planned = plan.sessions.get(s.model)
+                    emulated = self.admin.emulated_profile(model, node.device_type) \
+                        if node.device.startswith("emulated:") else None
                     entries.append(convert.session_entry(self.admin.desc(model), s, planned.slo_ms if planned else 0.0,
-                                                         self.admin.profiles(model).get(node.device_type)))
+                                                         self.admin.profiles(model).get(node.device_type), emulated))
                 table = convert.model_table(epoch, b, entries)
                 calls.append((node, node.stub.UpdateModelTable(table, timeout=MODEL_TABLE_TIMEOUT_S)))
         for node, reply, error in await _answers(calls):

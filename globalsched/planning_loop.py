@@ -5,7 +5,11 @@
 backend runs each planned GPU), and returns the next placement with the next state. It
 
 1. drops the GPUs of backends that are gone (a lost node), and forces a re-plan when that happened,
-   when backends joined, or when a session's SLO or minimum replicas changed;
+   when backends joined, or when a session's SLO or minimum replicas changed; on a forced re-plan it
+   also takes out the allocations of sessions whose profile moved by the drift threshold since they
+   were planned (a measured profile replaced the table, a new table was uploaded): their batches and
+   duty cycles were the old profile's, so they are placed again like a deficit, and a profile that
+   got faster frees devices instead of only shrinking batches in place;
 2. takes the extra replicas (below) out of the plan, then asks
    :func:`globalsched.algorithms.replan.replan` for the next plan: it decides *whether* to re-plan
    (sessions changed, the epoch, a rate out of its band, after a cooldown) and repairs the plan
@@ -26,12 +30,19 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import AbstractSet, Callable, Mapping, Sequence
 
-from common.plan import (GpuPlan, GpuSpec, Plan, PlanningError, PrefixGroup, SessionAlloc, SessionSpec, ViolationKind,
-                         gpu_exec_breakdown, validate_plan)
+from common.measured_profile import EstimatorConfig
+from common.plan import (GpuPlan, GpuSpec, Plan, PlanningError, PrefixGroup, SessionAlloc, SessionSpec,
+                         ViolationKind, gpu_exec_breakdown, validate_plan)
+from common.profile import Profile
 from globalsched.algorithms.batching import prepare, residual_config
 from globalsched.algorithms.config import PlannerConfig
 from globalsched.algorithms.replan import ReplanConfig, ReplanReason, ReplanState, match_ids, replan
 from globalsched.placement import BackendAssignment, BackendSlot, PlacedSession, Placement
+
+
+# A session whose profile moved this much since it was planned is re-placed at the next re-plan (the
+# measured-profile drift threshold: a smaller change keeps its allocations, which the re-planner resizes).
+PROFILE_CHANGE = EstimatorConfig().drift_threshold
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,7 @@ class TypeState:
     signature: tuple = ()
     slots: frozenset[str] = frozenset()
     placement: Placement | None = None
+    profiles: Mapping[str, Profile] = field(default_factory=dict)  # session -> the profile it was planned with
 
 
 @dataclass(frozen=True)
@@ -91,6 +103,9 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
             kept.append(g)
         current = replace(current, gpus=tuple(kept))
         current = _strip_replicas(current, st.replicas)
+        changed = profile_changes(st.profiles, specs)
+        if changed and force is not None:    # re-placed from scratch: their batches and cycles were the old profile's
+            current = _without_sessions(current, changed)
     if not specs:
         plan = Plan("replan", (), 0, 0.0)
         state, reason = st.replan, (ReplanReason.NONE if current is not None and not current.gpus
@@ -135,9 +150,36 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
     by_name, by_group = {s.name: s for s in grouped}, {g.name: g for g in groups}
     placement, nodes = _assign(plan.gpus, slots, st.nodes, previous,
                                lambda g: gpu_exec_breakdown(g, by_name, by_group)[0])
-    new = TypeState(plan, state, nodes, frozenset(replicas), signature, alive, placement)
+    new = TypeState(plan, state, nodes, frozenset(replicas), signature, alive, placement,
+                    {s.name: s.profile for s in specs})
     return TypeResult(placement, _devices_needed(plan, specs, min_replicas), plan.lower_bound,
                       plan.lower_bound_throughput_only or 0, reason, new, notes)
+
+
+def profile_changes(before: Mapping[str, Profile], specs: Sequence[SessionSpec],
+                    threshold: float = PROFILE_CHANGE) -> frozenset[str]:
+    """Sessions whose profile moved by at least ``threshold`` (relative, at some batch both profiles
+    have) since they were planned."""
+    out = set()
+    for s in specs:
+        old = before.get(s.name)
+        if old is None or old is s.profile:
+            continue
+        n = min(old.max_batch, s.profile.max_batch)
+        if old.max_batch != s.profile.max_batch or any(
+                abs(s.profile.latency_ms(b) - old.latency_ms(b)) >= threshold * old.latency_ms(b)
+                for b in range(1, n + 1)):
+            out.add(s.name)
+    return frozenset(out)
+
+
+def _without_sessions(plan: Plan, names: frozenset[str]) -> Plan:
+    gpus = []
+    for g in plan.gpus:
+        keep = tuple(a for a in g.sessions if a.session not in names)
+        if keep:
+            gpus.append(GpuPlan(g.id, g.duty_cycle_ms, keep, g.shared_prefixes))
+    return replace(plan, gpus=tuple(gpus))
 
 
 def _with_replicas(plan: Plan, current: Plan | None, st: TypeState, specs: Sequence[SessionSpec],

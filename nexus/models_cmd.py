@@ -14,7 +14,7 @@ from nexus.scheduler_client import DEFAULT_SCHEDULER, AdminCallError, list_model
 
 _STATE_WORDS = {control.PROFILED: "profiled", control.NOT_PROFILED: "not profiled yet",
                 control.PROFILING: "profiling", control.NEEDS_PROFILE: "needs a profile",
-                control.CANNOT_LOAD: "cannot load"}
+                control.CANNOT_LOAD: "cannot load", control.PREDICTED: "predicted"}
 
 
 def _device_types(m: control.ModelDesc) -> list[dict]:
@@ -43,7 +43,8 @@ def _run_upload(args) -> int:
     try:
         model = upload_model(args.scheduler, args.file, args.name, profile_path=args.profile, slo_ms=args.slo_ms,
                              runtime=args.runtime, io_path=args.io, load=not args.no_load,
-                             min_replicas=args.min_replicas, creds=client_credentials(args))
+                             min_replicas=args.min_replicas, creds=client_credentials(args),
+                             pin_profile=args.pin_profile)
     except (AdminCallError, ClientFlagError) as exc:
         print(f"nexus models upload: error: {exc}", file=sys.stderr)
         return 2
@@ -77,7 +78,10 @@ def register(sub) -> None:
     up = msub.add_parser("upload", help="upload a model file (ONNX, or TorchScript with --io)")
     up.add_argument("file")
     up.add_argument("--name", required=True)
-    up.add_argument("--profile", help="profile JSON (common/profile.py format, with device_type)")
+    up.add_argument("--profile", help="profile JSON (common/profile.py format, with device_type): where planning "
+                                      "starts; serving measurements replace it once enough samples count")
+    up.add_argument("--pin-profile", action="store_true",
+                    help="plan with --profile always, whatever serving measures (measurements are still shown)")
     up.add_argument("--slo-ms", type=float, default=0.0, help="SLO of the model's session (default: scheduler's)")
     up.add_argument("--runtime", default="", choices=["", "onnxruntime", "torch"], help="default: from the file suffix")
     up.add_argument("--io", help="JSON with inputs/outputs (required for torch models)")

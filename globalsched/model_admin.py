@@ -305,13 +305,14 @@ class ModelAdmin:
         tables = self.tables()
         emulated = node.device.startswith("emulated:")
         invalid = 0
-        for report in reports:
-            if report.model not in tables:
+        for batches in reports:
+            if batches.model not in tables:
                 continue
-            good = [LatencySample(s.batch, s.latency_ms, s.contended) for s in report.samples
+            good = [LatencySample(s.batch, s.latency_ms, s.contended) for s in batches.samples
                     if s.batch >= 1 and math.isfinite(s.latency_ms) and s.latency_ms > 0]
-            invalid += len(report.samples) - len(good)
-            self.book.record(report.model, node.device_type, good, emulated=emulated, now_s=now_s, lost=report.lost)
+            invalid += len(batches.samples) - len(good)
+            self.book.record(batches.model, node.device_type, good, emulated=emulated, now_s=now_s,
+                             lost=batches.lost)
         if invalid:
             self.invalid_samples += invalid
             if time.monotonic() - self._invalid_logged > 60:

@@ -90,7 +90,7 @@ def test_a_pessimistic_table_is_measured_and_replaced_and_overload_does_not_ratc
 
         load = BackgroundLoad(c.frontend.address, "emu", 120.0, slo_ms=SLO_MS).start()
         try:
-            after = wait_for(lambda: (p := profile_of(r := status(stub), "emu", "t4")).in_use == "measured"
+            after = wait_for(lambda: profile_of(r := status(stub), "emu", "t4").in_use == "measured"
                              and len(placement(r, "emu")) == 1 and r, 90, "a plan on the measured profile")
         finally:
             report = load.stop()

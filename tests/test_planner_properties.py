@@ -22,7 +22,6 @@ other examples, when hunting for bugs by hand.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 

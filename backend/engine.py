@@ -17,6 +17,10 @@ Contracts:
   :meth:`Engine.step` itself on a fake clock.
 - Batches are counted in rows (:mod:`common.batching`): max and planned batches, l(b), the policy's
   window and the statistics' batch sizes.
+- The batching decision (early drop, a duty-cycle batch's latest start) estimates a batch of a
+  session outside a prefix group as l(b) times the median ratio of its recent batches' observed
+  times to l(b) (:mod:`backend.calibration`): the profile's l(b) is the planning figure, with a
+  margin; a request dropped on that margin is one the batch would have served in time.
 - Work-conserving: a batch starts as soon as the device is free and a request waits; under load
   the queue grows while a batch runs, so the next batch is larger, up to the session's max batch
   (the largest b with 2*l(b) <= SLO, never below the planned batch). With a duty cycle set
@@ -69,6 +73,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from backend.calibration import Calibration
 from common.batching import BatchPolicy, Decision, Pending, Queue, remove_taken, saturated_batch, schedule
 from common.profile import Profile
 from common.tensors import TensorSpec
@@ -243,6 +248,7 @@ class Session:
         self.depth = QueueDepth()
         self.stats = SessionStats()
         self.group: SharedPrefix | None = None
+        self.calibration = Calibration()        # observed batch times against l(b) (backend/calibration.py)
 
     @property
     def memory_mb(self) -> float:
@@ -262,6 +268,11 @@ class Session:
             return p.latency_ms(batch)
         per_item = (p.latency_ms(p.max_batch) - p.latency_ms(1)) / max(p.max_batch - 1, 1)
         return p.latency_ms(p.max_batch) + per_item * (batch - p.max_batch)
+
+    def expected_ms(self, batch: int) -> float:
+        """How long a batch of ``batch`` rows will take here: l(b) times the calibration's median ratio
+        of observed to profiled batch times (the batching decision's estimate; planning keeps l(b))."""
+        return self.latency_ms(batch) * self.calibration.factor
 
 
 def session_max_batch(profile: Profile | None, slo_ms: float) -> int:
@@ -398,6 +409,8 @@ class Engine:
                 old = self.sessions.get(new.name)
                 if old is not None and old is not new:   # keep queue and counters across re-plans
                     new.queue, new.stats, new.depth = old.queue, old.stats, old.depth
+                    if new.profile == old.profile:      # ratios to another profile mean nothing
+                        new.calibration = old.calibration
             for g in groups:
                 old_group = next((o for o in self.groups if o.name == g.name), None)
                 if old_group is not None:
@@ -543,7 +556,7 @@ class Engine:
         queues: list[Queue] = []
         for s in self._solo:
             if s.queue:
-                queues.append(Queue(str(len(units)), tuple(s.queue), s.max_batch, s.latency_ms, s.planned_batch))
+                queues.append(Queue(str(len(units)), tuple(s.queue), s.max_batch, s.expected_ms, s.planned_batch))
                 units.append(s)
         for g in self.groups:
             member_queues = [m.queue for m in g.members if m.queue]
@@ -678,6 +691,8 @@ class Engine:
         phases = _phases(start, gathered, ran, end, error)
         self._account_busy(end, end - start)
         rows = sum(w.rows for w in works)
+        if error is None and session.profile is not None:
+            session.calibration.observe(session.latency_ms(rows), (end - start) * 1000)
         stats = session.stats
         with self.stats_lock:       # a Stats snapshot sees the whole batch or none of it
             stats.inference_count += rows

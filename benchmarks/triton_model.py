@@ -14,7 +14,9 @@ Each model gets ``instances`` model instances (Triton's ``instance_group`` count
 callable per instance), each with its own ONNX Runtime session of ``threads`` intra-op threads (0:
 ORT's default, one per core) from the direct-ORT baseline (``nexus/bench/ort_direct.py``, loaded by
 its path), called in PyTriton's ``@batch`` model function; dynamic batching with ``max_batch_size``,
-``max_queue_delay_microseconds`` and ``preferred_batch_size``. Prints ``TRITON-READY`` once it serves.
+``max_queue_delay_microseconds`` and ``preferred_batch_size``. No endpoint is restricted (PyTriton 0.7
+guards statistics with a generated token by default; perf_analyzer reads them). Prints
+``TRITON-READY`` once it serves.
 """
 
 from __future__ import annotations
@@ -61,14 +63,16 @@ def main(argv: list[str]) -> int:
     os.environ["LD_LIBRARY_PATH"] = ":".join(filter(None, [sysconfig.get_config_var("LIBDIR"),
                                                          os.environ.get("LD_LIBRARY_PATH")]))
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-    from pytriton.triton import Triton, TritonConfig
+    from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
     ort_direct = _ort_direct()
     config = json.loads(argv[0])
     triton_config = TritonConfig(grpc_port=config["grpc_port"], http_port=config["http_port"],
                                  metrics_port=config["metrics_port"], grpc_address="127.0.0.1",
                                  http_address="127.0.0.1", metrics_address="127.0.0.1")
-    with Triton(config=triton_config) as triton:
+    # PyTriton restricts the statistics and repository endpoints to callers with its generated token by
+    # default; perf_analyzer reads statistics and model configs, and the server listens on loopback only.
+    with Triton(config=triton_config, security_config=TritonSecurityConfig(restricted_endpoints=[])) as triton:
         for m in config["models"]:
             sessions = [ort_direct.ort_session(m["path"], m.get("threads", 0), spin=m.get("spin", False))
                         for _ in range(max(1, m.get("instances", 1)))]

@@ -190,7 +190,7 @@ class Measurer:
 
         best = max_passing_rate(passes, start_rps, growth=self.args.growth, floor=self.args.floor_rps,
                                 rel_tol=self.args.rel_tol, max_steps=self.args.max_steps)
-        at_best = next((s for s in steps if s["pass"] and abs(s["offered_rps"] - best) < 1e-6), None)
+        at_best = max((s for s in steps if s["pass"]), key=lambda s: s["offered_rps"], default=None)
         return {"goodput_rps": round(best, 1), "at_goodput": at_best, "steps": steps}
 
 

@@ -17,13 +17,15 @@ Contracts:
   :meth:`Engine.step` itself on a fake clock.
 - Batches are counted in rows (:mod:`common.batching`): max and planned batches, l(b), the policy's
   window and the statistics' batch sizes.
-- The batching decision (early drop, a duty-cycle batch's latest start) estimates a batch of a
-  session outside a prefix group as l(b) times the median ratio of its recent batches' observed
-  times to l(b) (:mod:`backend.calibration`): the profile's l(b) is the planning figure, with a
-  margin; a request dropped on that margin is one the batch would have served in time.
+- The batching decision (early drop, a duty-cycle batch's latest start, the session's max batch)
+  estimates a batch of a session outside a prefix group as l(b) times the median ratio of its
+  recent batches' observed times to l(b) (:mod:`backend.calibration`): the profile's l(b) is the
+  planning figure, with a margin, perhaps measured on a busy machine; a request dropped on that
+  margin is one the batch would have served in time, and a batch capped by it leaves throughput
+  unused that the SLO allows.
 - Work-conserving: a batch starts as soon as the device is free and a request waits; under load
   the queue grows while a batch runs, so the next batch is larger, up to the session's max batch
-  (the largest b with 2*l(b) <= SLO, never below the planned batch). With a duty cycle set
+  (the largest b with 2*l(b) <= SLO on the calibrated estimate below, never below the planned batch). With a duty cycle set
   (``--batch-start duty-cycle``) a batch waits for the planned batch, at most one duty cycle.
 - Prefix batching (Nexus section 6.1): sessions of one :class:`SharedPrefix` (models that share
   their first layers, split by the backend into one prefix runtime and a suffix runtime per model)
@@ -242,13 +244,24 @@ class Session:
         self.slo_ms = slo_ms
         self.profile = profile
         self.planned_batch = max(1, planned_batch)
-        self.max_batch = max(self.planned_batch, session_max_batch(profile, slo_ms))
+        self._cap = (None, 0)            # (the calibration factor it was computed for, max batch)
         self.max_queue = max_queue
         self.queue: list[Pending] = []          # sorted by (deadline, id); the executor's
         self.depth = QueueDepth()
         self.stats = SessionStats()
         self.group: SharedPrefix | None = None
         self.calibration = Calibration()        # observed batch times against l(b) (backend/calibration.py)
+
+    @property
+    def max_batch(self) -> int:
+        """The largest batch of this session here: Nexus's saturated batch (the largest b with
+        2 * expected(b) <= SLO, within the profile) on the calibrated estimate, never below the planned
+        batch. A profile that over-states l(b) would otherwise cap the batch, and the device's
+        throughput, below what it delivers within the SLO."""
+        factor = self.calibration.factor
+        if self._cap[0] != factor:
+            self._cap = (factor, max(self.planned_batch, session_max_batch(self.profile, self.slo_ms, factor)))
+        return self._cap[1]
 
     @property
     def memory_mb(self) -> float:
@@ -275,11 +288,12 @@ class Session:
         return self.latency_ms(batch) * self.calibration.factor
 
 
-def session_max_batch(profile: Profile | None, slo_ms: float) -> int:
-    """The saturated batch of a session (:func:`common.batching.saturated_batch`) at least 1; 32 unprofiled."""
+def session_max_batch(profile: Profile | None, slo_ms: float, factor: float = 1.0) -> int:
+    """The saturated batch of a session (:func:`common.batching.saturated_batch`) with its profile's
+    l(b) times ``factor``, at least 1; 32 unprofiled."""
     if profile is None:
         return 32
-    return max(1, saturated_batch(profile.latency_ms, slo_ms, profile.max_batch))
+    return max(1, saturated_batch(lambda b: profile.latency_ms(b) * factor, slo_ms, profile.max_batch))
 
 
 @dataclass

@@ -137,7 +137,26 @@ def test_early_drop_predicts_from_what_batches_took_not_the_profiles_margin(runt
     _submit(engine, clock, outcomes, key="tight", slo_s=0.008)
     engine.step()
     assert outcomes["tight"].status == "EXEC_OK"
-    assert session.max_batch == 16                          # the batch cap stays the plan's
+
+
+def test_the_batch_cap_follows_what_batches_take(runtime):
+    # l(b) = 5b + 10 ms by the profile: 2*l(b) <= 100 up to b = 8. Batches that take half that allow 18;
+    # twice that, 3, but never fewer than the plan's batch.
+    engine, clock = _engine(runtime, planned=4)
+    session = Session("m", runtime, 100.0, 4, Profile.linear(5.0, 10.0, 32, device_type="cpu"))
+    engine.set_sessions({"m": session})
+    assert session.max_batch == 8
+    session.runtime = _TimedRuntime(runtime, clock, 7.5)      # l(1) = 15 ms by the profile
+    outcomes = {}
+    for _ in range(5):
+        _submit(engine, clock, outcomes)
+        engine.step()
+    assert session.calibration.factor == pytest.approx(0.5) and session.max_batch == 18
+    session.runtime.ms = 60.0
+    for _ in range(12):
+        _submit(engine, clock, outcomes)
+        engine.step()
+    assert session.calibration.factor == pytest.approx(4.0) and session.max_batch == 4
 
 
 def test_a_slower_device_than_its_profile_drops_earlier(runtime):

@@ -3,8 +3,11 @@
     python -m benchmarks.vs_triton [--scenarios single,mix] [--servers triton,nexus]
                                    [--nexus-config NAME=FLAGS ...] [--triton-python PY] [--quick] [--nice -15]
 
-One after the other on this machine, each server on the same model files, measured by the same
-tool. Scenarios:
+Each server on the same model files, measured by the same tool, on this machine. Per scenario:
+ORT direct; Triton's tuning grid, one candidate at a time; then ``--rounds`` rounds in which each
+server (Triton's best candidate and every Nexus configuration, all started once and left running,
+idle but for the one measured) gets a goodput search, in an order that rotates between rounds, so
+that drift in the machine's other load hits them alike; ratios are taken within a round. Scenarios:
 
 - ``single``: a ResNet-18-class CNN at 3x64x64 (``resnet18_64(seed=1018)``, another file than the
   sample) at a 100 ms SLO.
@@ -44,8 +47,8 @@ nothing added, what a user gets, and ``two-devices`` = ``--backends 2 --threads 
 core), free ports, the models uploaded with ``nexus models upload --slo-ms`` and profiled by a
 backend, as ``nexus serve`` does its samples.
 
-In the single scenario, ORT called directly (``nexus.bench.ort_direct``: ORT's default threads,
-spinning off) gives the model's own limit b*/l(b*), measured before each server. ``--nice -15`` (as
+ORT called directly (``nexus.bench.ort_direct``: ORT's default threads, spinning off) gives each
+model's own limit b*/l(b*), before and after the servers' measurements (and b* sets Triton's batch). ``--nice -15`` (as
 root) favours the whole benchmark (servers, perf_analyzer and ORT direct alike) over other load on a
 shared machine. Output: tables on stdout, benchmarks/out/vs_triton.json and a plot (worst p99/SLO
 against the offered rate, per server and scenario) at ``--plot``.
@@ -60,10 +63,13 @@ import pathlib
 import resource
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -239,38 +245,66 @@ def wait_ready(address: str, names, timeout_s: float) -> None:
         raise RuntimeError(f"not ready at {address} after {timeout_s:.0f} s: {missing}")
 
 
-def run_triton(args, tool, scenario: str, paths, limits, work: pathlib.Path) -> dict:
+@dataclass
+class Running:
+    """A server started for a scenario: where it listens, its process (all its processes are below it),
+    how to stop it, and what it says of itself after a level (None: nothing)."""
+
+    label: str
+    address: str
+    pid: int
+    stop: Callable[[], object]
+    describe: Callable[[], object] | None = None
+    info: dict = field(default_factory=dict)
+
+
+def start_triton(args, scenario: str, candidate: dict, paths, work: pathlib.Path) -> Running:
+    """PyTriton serving the scenario's models with ``candidate``'s settings (:func:`triton_candidates`)."""
+    ports = [free_port() for _ in range(3)]
+    config = {"grpc_port": ports[0], "http_port": ports[1], "metrics_port": ports[2],
+              "models": [{**m, "path": str(paths[m["name"]])} for m in candidate["models"]]}
+    srv = Server("triton", [args.triton_python, str(ROOT / "benchmarks" / "triton_model.py"), json.dumps(config)],
+                 work)
+    try:
+        srv.wait_line("TRITON-READY", 240)
+        address = f"127.0.0.1:{ports[0]}"
+        wait_ready(address, SCENARIOS[scenario], 120)
+    except BaseException:
+        srv.stop()
+        raise
+    favour_tree(srv.proc.pid, args.nice)
+    print(f"Triton (PyTriton) on {address}: {candidate['name']}", flush=True)
+    return Running(f"triton ({candidate['name']})", address, srv.proc.pid, srv.stop,
+                   info={"settings": candidate["models"]})
+
+
+def tune_triton(args, tool, scenario: str, paths, limits, work: pathlib.Path) -> dict:
+    """Every candidate of Triton's grid, one at a time: its goodput; the best one's name."""
     names = SCENARIOS[scenario]
     out = {"candidates": []}
     for cand in triton_candidates(scenario, limits)[:args.triton_candidates or None]:
-        ports = [free_port() for _ in range(3)]
-        config = {"grpc_port": ports[0], "http_port": ports[1], "metrics_port": ports[2],
-                  "models": [{**m, "path": str(paths[m["name"]])} for m in cand["models"]]}
-        srv = Server("triton", [args.triton_python, str(ROOT / "benchmarks" / "triton_model.py"), json.dumps(config)],
-                     work)
         try:
-            srv.wait_line("TRITON-READY", 240)
-            address = f"127.0.0.1:{ports[0]}"
-            wait_ready(address, names, 120)
-            favour_tree(srv.proc.pid, args.nice)
-            print(f"Triton (PyTriton) on {address}: {cand['name']}", flush=True)
-            result = Measurer(args, tool, address, srv.proc.pid, work, f"triton {cand['name']}").goodput(
-                names, args.start_rps or START_RPS[scenario])
+            srv = start_triton(args, scenario, cand, paths, work)
         except RuntimeError as exc:
             print(f"triton {cand['name']} failed: {exc}", file=sys.stderr, flush=True)
-            result = {"goodput_rps": 0.0, "error": str(exc)[-2000:], "steps": []}
+            out["candidates"].append({"name": cand["name"], "settings": cand["models"], "goodput_rps": 0.0,
+                                      "error": str(exc)[-2000:], "steps": []})
+            continue
+        try:
+            result = Measurer(args, tool, srv.address, srv.pid, work, f"tuning triton {cand['name']}").goodput(
+                names, args.start_rps or START_RPS[scenario])
         finally:
             srv.stop()
         out["candidates"].append({"name": cand["name"], "settings": cand["models"], **result})
     best = max(out["candidates"], key=lambda c: c["goodput_rps"])
     out["best"] = best["name"]
-    out["goodput_rps"] = best["goodput_rps"]
     return out
 
 
 # ---- Nexus ----------------------------------------------------------------------------------------------
 
-def run_nexus(args, tool, scenario: str, paths, flags: tuple[str, ...], label: str, work: pathlib.Path) -> dict:
+def start_nexus(args, scenario: str, paths, flags: tuple[str, ...], label: str, work: pathlib.Path) -> Running:
+    """``nexus serve --no-samples FLAGS`` with the scenario's models uploaded (profiled by a backend)."""
     names = SCENARIOS[scenario]
     data = work / f"nexus-{scenario}-{label}"
     srv = ServeCluster(data, "--no-samples", *flags, timeout_s=240, log_path=work / f"nexus-{scenario}-{label}.log",
@@ -280,16 +314,14 @@ def run_nexus(args, tool, scenario: str, paths, flags: tuple[str, ...], label: s
         for name in names:
             srv.upload(Upload(paths[name], name, slo_ms=MODELS[name].slo_ms), wait=False)
         srv.wait_models_ready(list(names), 600)
-        favour_tree(srv.pid, args.nice)
-        profiles = srv_profiles(srv, names)
-        print(f"nexus serve {' '.join(flags) or '(defaults)'} on {srv.frontend}; profiles {profiles}", flush=True)
-        result = Measurer(args, tool, srv.frontend, srv.pid, work, f"nexus {label}", lambda: plan_now(srv)).goodput(
-            names, args.start_rps or START_RPS[scenario])
-        result["profiles"] = profiles
-        result["flags"] = list(flags)
-        return result
-    finally:
+    except BaseException:
         srv.stop()
+        raise
+    favour_tree(srv.pid, args.nice)
+    profiles = srv_profiles(srv, names)
+    print(f"nexus serve {' '.join(flags) or '(defaults)'} on {srv.frontend}; profiles {profiles}", flush=True)
+    return Running(f"nexus {label}", srv.frontend, srv.pid, srv.stop, lambda: plan_now(srv),
+                   {"flags": list(flags), "profiles": profiles})
 
 
 def srv_profiles(srv: ServeCluster, names) -> dict:
@@ -315,27 +347,32 @@ def plan_now(srv: ServeCluster) -> list[dict]:
 # ---- report ----------------------------------------------------------------------------------------------
 
 def summary(result: dict) -> list[dict]:
+    """Per scenario and server: the goodput of every round, their median, the median of the rounds'
+    ratios to Triton, and the cores at the goodput (median over rounds)."""
     rows = []
     for scenario, res in result["scenarios"].items():
-        triton = res.get("triton", {}).get("goodput_rps")
-        entries = []
-        if "triton" in res:
-            entries.append((f"triton ({res['triton']['best']})", res["triton"], res["triton"]["candidates"]))
-        for label, nx in res.get("nexus", {}).items():
-            entries.append((f"nexus {label}", nx, None))
-        for name, r, candidates in entries:
-            best = r if candidates is None else next(c for c in candidates if c["name"] == r["best"])
-            at = best.get("at_goodput") or {}
-            rows.append({"scenario": scenario, "server": name, "goodput_rps": r["goodput_rps"],
-                         "vs_triton": round(r["goodput_rps"] / triton, 2) if triton else None,
-                         "server_cores": at.get("cores", {}).get("server"),
-                         "client_cores": at.get("cores", {}).get("client"),
-                         "machine_cores": at.get("cores", {}).get("machine")})
+        rounds = res.get("rounds", [])
+        if not rounds:
+            continue
+        triton = next((label for label in rounds[0] if label.startswith("triton")), None)
+        for label in rounds[0]:
+            per_round = [r[label]["goodput_rps"] for r in rounds]
+            row = {"scenario": scenario, "server": label, "goodput_rps": per_round,
+                   "median_rps": round(statistics.median(per_round), 1)}
+            if triton is not None:
+                ratios = [r[label]["goodput_rps"] / r[triton]["goodput_rps"] for r in rounds
+                          if r[triton]["goodput_rps"] > 0]
+                row["vs_triton"] = round(statistics.median(ratios), 2) if ratios else None
+            at = [r[label]["at_goodput"]["cores"] for r in rounds if r[label].get("at_goodput")]
+            for key in ("server", "client", "machine"):
+                row[f"{key}_cores"] = round(statistics.median(c[key] for c in at), 2) if at else None
+            rows.append(row)
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
-    cols = ["scenario", "server", "goodput_rps", "vs_triton", "server_cores", "client_cores", "machine_cores"]
+    cols = ["scenario", "server", "goodput_rps", "median_rps", "vs_triton", "server_cores", "client_cores",
+            "machine_cores"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:
@@ -346,25 +383,20 @@ def plot(result: dict, path: pathlib.Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    scenarios = list(result["scenarios"])
+    scenarios = [s for s, r in result["scenarios"].items() if r.get("rounds")]
     if not scenarios:
         return
     fig = Figure(figsize=(5.5 * len(scenarios), 3.8), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(scenarios), squeeze=False)[0]
     for ax, scenario in zip(axes, scenarios):
-        res = result["scenarios"][scenario]
-        series = []
-        if "triton" in res:
-            best = next(c for c in res["triton"]["candidates"] if c["name"] == res["triton"]["best"])
-            series.append((f"triton ({best['name']})", best["steps"]))
-        series += [(f"nexus {label}", r["steps"]) for label, r in res.get("nexus", {}).items()]
-        for name, steps in series:
-            pts = sorted((s["offered_rps"], min(s["worst_p99_over_slo"], 3.0), s["pass"]) for s in steps)
-            if pts:
-                line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", lw=1, label=name)
-                ax.scatter([p[0] for p in pts if not p[2]], [p[1] for p in pts if not p[2]], marker="x",
-                           color=line.get_color())
+        rounds = result["scenarios"][scenario]["rounds"]
+        for label in rounds[0]:
+            pts = sorted((s["offered_rps"], min(s["worst_p99_over_slo"], 3.0), s["pass"])
+                         for r in rounds for s in r[label]["steps"])
+            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], ".", ms=5, label=label)
+            ax.scatter([p[0] for p in pts if not p[2]], [p[1] for p in pts if not p[2]], marker="x",
+                       color=line.get_color())
         ax.axhline(1.0, color="red", lw=0.8, ls=":", label="SLO")
         ax.set_xlabel("offered rate, total (rps, Poisson)")
         ax.set_ylabel("worst model's p99 / SLO (3: failed)")
@@ -372,6 +404,46 @@ def plot(result: dict, path: pathlib.Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.savefig(path, dpi=80)
+
+
+def run_scenario(args, tool, scenario: str, servers: list[str], configs: dict[str, tuple[str, ...]],
+                 work: pathlib.Path) -> dict:
+    """ORT direct; Triton's tuning; then ``--rounds`` rounds in which every server (Triton's best
+    candidate and each Nexus configuration, all started once and left running) gets a goodput search,
+    in an order that rotates between rounds, so that drift in the machine's other load hits them alike."""
+    names = SCENARIOS[scenario]
+    paths = build_models(work, names)
+    res: dict = {"models": {n: {"slo_ms": MODELS[n].slo_ms} for n in names}, "ort_direct": {}, "rounds": []}
+
+    def direct(when: str) -> None:
+        limits = {n: ort_limit(paths[n], MODELS[n], args.ort_repeats) for n in names}
+        res["ort_direct"][when] = limits
+        print(f"[{scenario}] ORT direct {when}: " + ", ".join(
+            f"{n} b*={v['batch']} l={v['l_ms']} ms limit {v['limit_rps']} rps" for n, v in limits.items()), flush=True)
+
+    direct("before")
+    running: list[Running] = []
+    try:
+        if "triton" in servers:
+            res["triton_tuning"] = tune_triton(args, tool, scenario, paths, res["ort_direct"]["before"], work)
+            best = next(c for c in triton_candidates(scenario, res["ort_direct"]["before"])
+                        if c["name"] == res["triton_tuning"]["best"])
+            running.append(start_triton(args, scenario, best, paths, work))
+        if "nexus" in servers:
+            running += [start_nexus(args, scenario, paths, flags, label, work) for label, flags in configs.items()]
+        res["servers"] = {r.label: r.info for r in running}
+        for i in range(args.rounds):
+            order = running[i % len(running):] + running[:i % len(running)]
+            one = {}
+            for srv in order:
+                one[srv.label] = Measurer(args, tool, srv.address, srv.pid, work, f"round {i + 1} {srv.label}",
+                                          srv.describe).goodput(names, args.start_rps or START_RPS[scenario])
+            res["rounds"].append(one)
+    finally:
+        for srv in running:
+            srv.stop()
+    direct("after")
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -384,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nexus-config", action="append", default=[], metavar="NAME[=FLAGS]",
                    help=f"nexus serve configurations to measure (repeat; default: {', '.join(NEXUS_CONFIGS)})")
     p.add_argument("--triton-candidates", type=int, default=0, help="measure only the first N of Triton's grid")
+    p.add_argument("--rounds", type=int, default=2, help="goodput searches per server after the tuning")
     p.add_argument("--perf-analyzer", default="", help="perf_analyzer binary (default: fetched, see the module doc)")
     p.add_argument("--quick", action="store_true", help="smoke run: short windows, coarse search")
     p.add_argument("--window-ms", type=int, default=3000)
@@ -442,25 +515,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="vs-triton-") as tmp:
         work = pathlib.Path(tmp)
         for scenario in scenarios:
-            names = SCENARIOS[scenario]
-            paths = build_models(work, names)
-            res: dict = {"models": {n: {"slo_ms": MODELS[n].slo_ms} for n in names}, "ort_direct": {}}
-            result["scenarios"][scenario] = res
-            for server in servers:
-                limits = {n: ort_limit(paths[n], MODELS[n], args.ort_repeats) for n in names}
-                res["ort_direct"][server] = limits
-                print(f"[{scenario}] ORT direct before {server}: " + ", ".join(
-                    f"{n} b*={v['batch']} l={v['l_ms']} ms limit {v['limit_rps']} rps" for n, v in limits.items()),
-                    flush=True)
-                try:
-                    if server == "triton":
-                        res["triton"] = run_triton(args, tool, scenario, paths, limits, work)
-                    else:
-                        res["nexus"] = {label: run_nexus(args, tool, scenario, paths, flags, label, work)
-                                        for label, flags in configs.items()}
-                except (RuntimeError, subprocess.CalledProcessError) as exc:
-                    print(f"{server} failed: {exc}", file=sys.stderr, flush=True)
-                    res[f"{server}_error"] = str(exc)[-2000:]
+            try:
+                result["scenarios"][scenario] = run_scenario(args, tool, scenario, servers, configs, work)
+            except (RuntimeError, subprocess.CalledProcessError) as exc:
+                print(f"{scenario} failed: {exc}", file=sys.stderr, flush=True)
+                result["scenarios"][scenario] = {"error": str(exc)[-2000:]}
     result["load_average"] = sampler.stop()
     result["wall_s"] = round(time.monotonic() - t0, 1)
     result["summary"] = summary(result)
@@ -469,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwall {result['wall_s']} s; load average (1 min) during the run: {result['load_average']}")
     print_table(result["summary"])
     print(f"wrote {out} and {args.plot}")
-    return 0 if not any(k.endswith("_error") for r in result["scenarios"].values() for k in r) else 1
+    return 0 if not any("error" in r for r in result["scenarios"].values()) else 1
 
 
 if __name__ == "__main__":

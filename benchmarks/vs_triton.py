@@ -31,16 +31,15 @@ Python backend stubs and the PyTriton process; Nexus: every component) and of th
 processes (they are this process's children: ``getrusage``), and the cores the whole machine kept
 busy; the report gives them in cores beside every throughput.
 
-TRITON, configured as its users would, tuned by a grid (every candidate's goodput is reported):
-Triton 2.51, the ``tritonserver`` bundled in ``nvidia-pytriton`` 0.7 (its own virtualenv,
-``--triton-python``; benchmarks/triton_model.py), ONNX Runtime in the model function with the
-direct-ORT baseline's session options, one ORT session per model instance. Dynamic batching:
-``max_batch_size`` = the saturated batch b* of ORT called directly (the largest b with 2*l(b) <= SLO,
-capped at 64), ``preferred_batch_size`` [b*/2, b*], and a max queue delay. Candidates:
-
-- single: instances x ORT threads per instance in {1 x 2, 2 x 1} and a queue delay of 2 or 10 ms;
-- mix: one instance per model with one ORT thread (the four models side by side, a core-thread
-  each) or ORT's default threads, and a queue delay of 0.5 ms or a tenth of the model's SLO.
+TRITON, configured as its users would, tuned as Triton's Model Analyzer does, one candidate at a
+time (every candidate's goodput is reported): Triton 2.51, the ``tritonserver`` bundled in
+``nvidia-pytriton`` 0.7 (its own virtualenv, ``--triton-python``; benchmarks/triton_model.py), ONNX
+Runtime in the model function with the direct-ORT baseline's session options, one ORT session per
+model instance, dynamic batching with ``preferred_batch_size`` [max/2, max]. First stage: max batch
+size and instances x ORT threads (single: 8, 16 or 32, and 1 x 2 or 2 x 1, at a 5 ms queue delay;
+mix: the models side by side, one ORT thread each, at a 0.5 ms delay or a tenth of the SLO, or ORT's
+default threads); second stage: the best of them at a quarter and four times its queue delay
+(nexus/bench/triton_compare.py).
 
 NEXUS: ``nexus serve --no-samples`` with the flags of each ``--nexus-config`` (default: ``default``,
 nothing added, what a user gets, and ``two-devices`` = ``--backends 2 --threads 1``, one device per
@@ -81,7 +80,7 @@ from nexus.bench.ort_direct import ort_limit as direct_limit
 from nexus.bench.ort_direct import ort_session
 from nexus.bench.report import write_json
 from nexus.bench.triton_compare import MAX_TRITON_BATCH, MODELS, NEXUS_CONFIGS, SCENARIOS, SERVED_FRACTION, START_RPS, \
-    ModelSpec, build_models, level_passes, parse_nexus_configs, shares, triton_candidates
+    ModelSpec, build_models, delay_candidates, level_passes, parse_nexus_configs, shares, triton_candidates
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "out"
@@ -279,25 +278,33 @@ def start_triton(args, scenario: str, candidate: dict, paths, work: pathlib.Path
 
 
 def tune_triton(args, tool, scenario: str, paths, limits, work: pathlib.Path) -> dict:
-    """Every candidate of Triton's grid, one at a time: its goodput; the best one's name."""
+    """Triton's tuning, one candidate at a time: the first stage's grid, then the best of it at a
+    shorter and a longer queue delay (nexus/bench/triton_compare.py). Returns every candidate's
+    goodput and the best candidate."""
     names = SCENARIOS[scenario]
-    out = {"candidates": []}
-    for cand in triton_candidates(scenario, limits)[:args.triton_candidates or None]:
-        try:
-            srv = start_triton(args, scenario, cand, paths, work)
-        except RuntimeError as exc:
-            print(f"triton {cand['name']} failed: {exc}", file=sys.stderr, flush=True)
-            out["candidates"].append({"name": cand["name"], "settings": cand["models"], "goodput_rps": 0.0,
-                                      "error": str(exc)[-2000:], "steps": []})
-            continue
-        try:
-            result = Measurer(args, tool, srv.address, srv.pid, work, f"tuning triton {cand['name']}").goodput(
-                names, args.start_rps or START_RPS[scenario])
-        finally:
-            srv.stop()
-        out["candidates"].append({"name": cand["name"], "settings": cand["models"], **result})
+    out: dict = {"candidates": []}
+
+    def measure(candidates: list[dict]) -> None:
+        for cand in candidates:
+            try:
+                srv = start_triton(args, scenario, cand, paths, work)
+            except RuntimeError as exc:
+                print(f"triton {cand['name']} failed: {exc}", file=sys.stderr, flush=True)
+                out["candidates"].append({**cand, "goodput_rps": 0.0, "error": str(exc)[-2000:], "steps": []})
+                continue
+            try:
+                result = Measurer(args, tool, srv.address, srv.pid, work, f"tuning triton {cand['name']}").goodput(
+                    names, args.start_rps or START_RPS[scenario])
+            finally:
+                srv.stop()
+            out["candidates"].append({**cand, **result})
+
+    measure(triton_candidates(scenario, limits)[:args.triton_candidates or None])
+    first = max(out["candidates"], key=lambda c: c["goodput_rps"])
+    if args.triton_candidates == 0:
+        measure(delay_candidates(first))
     best = max(out["candidates"], key=lambda c: c["goodput_rps"])
-    out["best"] = best["name"]
+    out["best"] = {"name": best["name"], "models": best["models"]}
     return out
 
 
@@ -426,9 +433,7 @@ def run_scenario(args, tool, scenario: str, servers: list[str], configs: dict[st
     try:
         if "triton" in servers:
             res["triton_tuning"] = tune_triton(args, tool, scenario, paths, res["ort_direct"]["before"], work)
-            best = next(c for c in triton_candidates(scenario, res["ort_direct"]["before"])
-                        if c["name"] == res["triton_tuning"]["best"])
-            running.append(start_triton(args, scenario, best, paths, work))
+            running.append(start_triton(args, scenario, res["triton_tuning"]["best"], paths, work))
         if "nexus" in servers:
             running += [start_nexus(args, scenario, paths, flags, label, work) for label, flags in configs.items()]
         res["servers"] = {r.label: r.info for r in running}
@@ -455,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenarios", default="single,mix", help=f"comma-separated of {', '.join(SCENARIOS)}")
     p.add_argument("--nexus-config", action="append", default=[], metavar="NAME[=FLAGS]",
                    help=f"nexus serve configurations to measure (repeat; default: {', '.join(NEXUS_CONFIGS)})")
-    p.add_argument("--triton-candidates", type=int, default=0, help="measure only the first N of Triton's grid")
+    p.add_argument("--triton-candidates", type=int, default=0,
+                   help="tune Triton over only the first N candidates of its grid, without the delay stage")
     p.add_argument("--rounds", type=int, default=2, help="goodput searches per server after the tuning")
     p.add_argument("--perf-analyzer", default="", help="perf_analyzer binary (default: fetched, see the module doc)")
     p.add_argument("--quick", action="store_true", help="smoke run: short windows, coarse search")

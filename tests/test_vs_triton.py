@@ -50,20 +50,24 @@ def test_models_are_valid_and_the_resnet_is_another_file(tmp_path):
 
 
 def test_tritons_grid_is_what_its_users_would_tune():
-    from nexus.bench.triton_compare import triton_candidates
+    from nexus.bench.triton_compare import delay_candidates, triton_candidates
 
-    limits = {"r18_64": {"batch": 16}, "small_cnn": {"batch": 12}, "tiny16": {"batch": 300}, "mlp": {"batch": 90}}
+    limits = {"r18_64": {"batch": 4}, "small_cnn": {"batch": 12}, "tiny16": {"batch": 300}, "mlp": {"batch": 90}}
     single = triton_candidates("single", limits)
-    assert {(m["instances"], m["threads"], m["queue_delay_us"]) for c in single for m in c["models"]} == \
-        {(1, 2, 2000), (1, 2, 10000), (2, 1, 2000), (2, 1, 10000)}
-    assert all(m["max_batch"] == 16 and m["preferred_batch_sizes"] == [8, 16] for c in single for m in c["models"])
+    assert {(m["max_batch"], m["instances"], m["threads"], m["queue_delay_us"]) for c in single for m in c["models"]} \
+        == {(b, i, t, 5000) for b in (8, 16, 32) for i, t in ((1, 2), (2, 1))}
+    assert all(m["preferred_batch_sizes"] == [m["max_batch"] // 2, m["max_batch"]] for c in single for m in c["models"])
     mix = triton_candidates("mix", limits)
     assert [c["name"] for c in mix] == ["1 thread per model, delay 0.5 ms", "1 thread per model, delay SLO/10",
                                         "ORT default threads, delay 0.5 ms"]
     slo_tenth = {m["name"]: m["queue_delay_us"] for m in mix[1]["models"]}
     assert slo_tenth == {"r18_64": 10000, "small_cnn": 5000, "tiny16": 3000, "mlp": 2000}
-    assert {m["name"]: m["max_batch"] for m in mix[0]["models"]} == {"r18_64": 16, "small_cnn": 12, "tiny16": 64,
+    assert {m["name"]: m["max_batch"] for m in mix[0]["models"]} == {"r18_64": 8, "small_cnn": 12, "tiny16": 64,
                                                                      "mlp": 64}
+    shorter, longer = delay_candidates(mix[1])
+    assert [m["queue_delay_us"] for m in shorter["models"]] == [2500, 1250, 750, 500]
+    assert [m["queue_delay_us"] for m in longer["models"]] == [40000, 20000, 12000, 8000]
+    assert all(a["max_batch"] == b["max_batch"] for a, b in zip(longer["models"], mix[1]["models"]))
 
 
 def test_a_mix_level_passes_only_when_every_model_does():

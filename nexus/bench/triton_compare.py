@@ -52,31 +52,49 @@ def build_models(directory: pathlib.Path, names) -> dict[str, pathlib.Path]:
     return paths
 
 
-def triton_candidates(scenario: str, limits: dict[str, dict]) -> list[dict]:
-    """Triton's tuning grid, per candidate a name and each model's settings. ``limits``: each model's
-    ORT-direct saturated batch b* (``{"batch": b*}``). ``max_batch_size`` is b* (at most 64),
-    ``preferred_batch_size`` [b*/2, b*]; for ``single``, instances x ORT threads in {1 x 2, 2 x 1} and
-    a queue delay of 2 or 10 ms; for ``mix``, one instance per model with one ORT thread (side by side,
-    a core-thread each) and a queue delay of 0.5 ms or a tenth of the model's SLO, or ORT's default
-    threads (the untuned baseline) and 0.5 ms."""
-    def model(name: str, instances: int, threads: int, delay_us: int) -> dict:
-        b = max(1, min(limits[name]["batch"], MAX_TRITON_BATCH))
-        preferred = sorted({max(1, b // 2), b})
-        return {"name": name, "max_batch": b, "preferred_batch_sizes": preferred, "queue_delay_us": delay_us,
-                "instances": instances, "threads": threads}
+def _triton_model(name: str, max_batch: int, instances: int, threads: int, delay_us: int) -> dict:
+    b = max(1, min(max_batch, MAX_TRITON_BATCH))
+    return {"name": name, "max_batch": b, "preferred_batch_sizes": sorted({max(1, b // 2), b}),
+            "queue_delay_us": delay_us, "instances": instances, "threads": threads}
 
+
+def triton_candidates(scenario: str, limits: dict[str, dict]) -> list[dict]:
+    """The first stage of Triton's tuning, per candidate a name and each model's settings, as Triton's
+    Model Analyzer sweeps them: ``max_batch_size`` with ``preferred_batch_size`` [max/2, max], and
+    instances x ORT threads per instance. ``limits``: each model's ORT-direct saturated batch b*
+    (``{"batch": b*}``).
+
+    - single: max batch 8, 16 or 32, times 1 instance of 2 threads or 2 of 1, at a 5 ms queue delay;
+    - mix: max batch b* (within 8..64) per model; one instance of one ORT thread per model (the four
+      models side by side, a core-thread each) at a 0.5 ms queue delay or a tenth of the model's SLO,
+      or ORT's default threads (the untuned baseline) at 0.5 ms.
+
+    :func:`delay_candidates` is the second stage."""
     if scenario == "single":
-        return [{"name": f"{inst}x{thr} threads, delay {delay // 1000} ms",
-                 "models": [model("r18_64", inst, thr, delay)]}
-                for inst, thr in ((1, 2), (2, 1)) for delay in (2000, 10000)]
+        return [{"name": f"max batch {b}, {inst}x{thr} threads, delay 5 ms",
+                 "models": [_triton_model("r18_64", b, inst, thr, 5000)]}
+                for b in (8, 16, 32) for inst, thr in ((1, 2), (2, 1))]
     names = SCENARIOS[scenario]
+
+    def batch(n: str) -> int:
+        return max(8, limits[n]["batch"])
+
+    return [
+        {"name": "1 thread per model, delay 0.5 ms", "models": [_triton_model(n, batch(n), 1, 1, 500) for n in names]},
+        {"name": "1 thread per model, delay SLO/10",
+         "models": [_triton_model(n, batch(n), 1, 1, int(MODELS[n].slo_ms * 100)) for n in names]},
+        {"name": "ORT default threads, delay 0.5 ms", "models": [_triton_model(n, batch(n), 1, 0, 500) for n in names]},
+    ]
+
+
+def delay_candidates(best: dict) -> list[dict]:
+    """The second stage: the best first-stage candidate at a shorter and a longer queue delay (a
+    quarter and four times its own)."""
     out = []
-    for threads, label in ((1, "1 thread per model"), (0, "ORT default threads")):
-        for delay_name, delay_of in (("0.5 ms", lambda n: 500), ("SLO/10", lambda n: int(MODELS[n].slo_ms * 100))):
-            if threads == 0 and delay_name != "0.5 ms":
-                continue        # the untuned baseline: one delay is enough
-            out.append({"name": f"{label}, delay {delay_name}",
-                        "models": [model(n, 1, threads, delay_of(n)) for n in names]})
+    for factor, word in ((0.25, "shorter"), (4, "longer")):
+        models = [{**m, "queue_delay_us": int(m["queue_delay_us"] * factor)} for m in best["models"]]
+        delays = ", ".join(f"{m['queue_delay_us'] / 1000:g}" for m in models)
+        out.append({"name": f"{best['name']}, {word} delay ({delays} ms)", "models": models})
     return out
 
 

@@ -1,13 +1,18 @@
 """Nexus against a tuned Triton, measured by Triton's own perf_analyzer (issue 18 item 5).
 
     python -m benchmarks.vs_triton [--scenarios single,mix] [--servers triton,nexus]
-                                   [--nexus-config NAME=FLAGS ...] [--triton-python PY] [--quick] [--nice -15]
+                                   [--nexus-config NAME[=FLAGS] ...] [--triton-python PY] [--ladders 2]
+                                   [--start-rps R --factor 1.1] [--quick] [--nice -15]
 
-Each server on the same model files, measured by the same tool, on this machine. Per scenario:
-ORT direct; Triton's tuning grid, one candidate at a time; then ``--rounds`` rounds in which each
-server (Triton's best candidate and every Nexus configuration, all started once and left running,
-idle but for the one measured) gets a goodput search, in an order that rotates between rounds, so
-that drift in the machine's other load hits them alike; ratios are taken within a round. Scenarios:
+Each server on the same model files, measured by the same tool, on this machine. Per scenario, two
+paired ladders (nexus/bench/ladder.py): every server of a ladder is started once and left running,
+and at each rate of the ladder every server still in the race is measured, one right after the
+other, before the ladder goes up to the next rate; a server leaves after two failed levels in a row,
+and its goodput is the highest rate it passed. On this shared machine, the other load drifts and
+spikes for minutes at a time: servers measured one after the other would be compared under
+different load. Ladder 1 holds Triton's first-stage candidates and every Nexus configuration;
+ladder 2 the best Triton candidate of ladder 1 at three queue delays and the Nexus configurations
+again. Ratios are taken within a ladder, against its best Triton candidate. Scenarios:
 
 - ``single``: a ResNet-18-class CNN at 3x64x64 (``resnet18_64(seed=1018)``, another file than the
   sample) at a 100 ms SLO.
@@ -23,22 +28,22 @@ level runs one perf_analyzer per model at once, each at its share of the rate. A
 every perf_analyzer completed it (no failed request: perf_analyzer stops at the first one; stable
 windows), every model's p99 is within its SLO, and every model was served its offered rate: at least
 97% of it, or within the Poisson noise of the windows' count (three standard deviations; see
-``nexus.bench.perf_analyzer.Level.passes``). GOODPUT: the largest total rate that passes, searched from ``--start-rps`` (growing by
-``--growth`` while levels pass, shrinking while they fail, then bisecting to ``--rel-tol``).
+``nexus.bench.perf_analyzer.Level.passes``). The ladder starts at ``--start-rps`` (total) and steps
+by ``--factor``.
 
 CPU. Every level meters the CPU seconds of the server's processes (/proc; Triton: tritonserver, its
 Python backend stubs and the PyTriton process; Nexus: every component) and of the perf_analyzer
 processes (they are this process's children: ``getrusage``), and the cores the whole machine kept
 busy; the report gives them in cores beside every throughput.
 
-TRITON, configured as its users would, tuned as Triton's Model Analyzer does, one candidate at a
-time (every candidate's goodput is reported): Triton 2.51, the ``tritonserver`` bundled in
-``nvidia-pytriton`` 0.7 (its own virtualenv, ``--triton-python``; benchmarks/triton_model.py), ONNX
-Runtime in the model function with the direct-ORT baseline's session options, one ORT session per
-model instance, dynamic batching with ``preferred_batch_size`` [max/2, max]. First stage: max batch
-size and instances x ORT threads (single: 8, 16 or 32, and 1 x 2 or 2 x 1, at a 5 ms queue delay;
-mix: the models side by side, one ORT thread each, at a 0.5 ms delay or a tenth of the SLO, or ORT's
-default threads); second stage: the best of them at a quarter and four times its queue delay
+TRITON, configured as its users would, tuned as Triton's Model Analyzer does (every candidate's
+goodput is reported): Triton 2.51, the ``tritonserver`` bundled in ``nvidia-pytriton`` 0.7 (its own
+virtualenv, ``--triton-python``; benchmarks/triton_model.py), ONNX Runtime in the model function with
+the direct-ORT baseline's session options, one ORT session per model instance, dynamic batching with
+``preferred_batch_size`` [max/2, max]. First stage (ladder 1): max batch size and instances x ORT
+threads (single: 8, 16 or 32, and 1 x 2 or 2 x 1, at a 5 ms queue delay; mix: the models side by side,
+one ORT thread each, at a 0.5 ms delay or a tenth of the SLO, or ORT's default threads); second stage
+(ladder 2): the best of them at its own, a quarter and four times its queue delay
 (nexus/bench/triton_compare.py).
 
 NEXUS: ``nexus serve --no-samples`` with the flags of each ``--nexus-config`` (default: ``default``,
@@ -47,10 +52,11 @@ core), free ports, the models uploaded with ``nexus models upload --slo-ms`` and
 backend, as ``nexus serve`` does its samples.
 
 ORT called directly (``nexus.bench.ort_direct``: ORT's default threads, spinning off) gives each
-model's own limit b*/l(b*), before and after the servers' measurements (and b* sets Triton's batch). ``--nice -15`` (as
-root) favours the whole benchmark (servers, perf_analyzer and ORT direct alike) over other load on a
-shared machine. Output: tables on stdout, benchmarks/out/vs_triton.json and a plot (worst p99/SLO
-against the offered rate, per server and scenario) at ``--plot``.
+model's own limit b*/l(b*), before and after the servers' measurements (in the mix, b* within 8..64
+is Triton's max batch size). ``--nice N`` (as root) favours the whole benchmark (servers,
+perf_analyzer and ORT direct alike) over other load on a shared machine. Output: tables on stdout,
+benchmarks/out/vs_triton.json and a plot (worst p99/SLO against the offered rate, per server, of
+each scenario's last ladder) at ``--plot``.
 """
 
 from __future__ import annotations
@@ -62,7 +68,6 @@ import pathlib
 import resource
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -72,9 +77,9 @@ from typing import Callable
 
 import numpy as np
 
-from common.rate_search import max_passing_rate
 from nexus.bench import perf_analyzer as pa
 from nexus.bench.cluster import ServeCluster, Upload, descendants, live_profiles
+from nexus.bench.ladder import paired_ladder
 from nexus.bench.meters import CpuMeter, LoadSampler, loadavg
 from nexus.bench.ort_direct import ort_limit as direct_limit
 from nexus.bench.ort_direct import ort_session
@@ -184,21 +189,6 @@ class Measurer:
               f"{out['cores']['machine']:.2f} | load {out['load_average']:.1f}", flush=True)
         return out
 
-    def goodput(self, models, start_rps: float) -> dict:
-        steps: list[dict] = []
-
-        def passes(total: float) -> bool:
-            if steps:
-                time.sleep(self.args.cooldown_s)
-            steps.append(self.level(shares(total, models)))
-            return steps[-1]["pass"]
-
-        best = max_passing_rate(passes, start_rps, growth=self.args.growth, floor=self.args.floor_rps,
-                                rel_tol=self.args.rel_tol, max_steps=self.args.max_steps)
-        at_best = max((s for s in steps if s["pass"]), key=lambda s: s["offered_rps"], default=None)
-        return {"goodput_rps": round(best, 1), "at_goodput": at_best, "steps": steps}
-
-
 # ---- Triton ----------------------------------------------------------------------------------------------
 
 class Server:
@@ -277,37 +267,6 @@ def start_triton(args, scenario: str, candidate: dict, paths, work: pathlib.Path
                    info={"settings": candidate["models"]})
 
 
-def tune_triton(args, tool, scenario: str, paths, limits, work: pathlib.Path) -> dict:
-    """Triton's tuning, one candidate at a time: the first stage's grid, then the best of it at a
-    shorter and a longer queue delay (nexus/bench/triton_compare.py). Returns every candidate's
-    goodput and the best candidate."""
-    names = SCENARIOS[scenario]
-    out: dict = {"candidates": []}
-
-    def measure(candidates: list[dict]) -> None:
-        for cand in candidates:
-            try:
-                srv = start_triton(args, scenario, cand, paths, work)
-            except RuntimeError as exc:
-                print(f"triton {cand['name']} failed: {exc}", file=sys.stderr, flush=True)
-                out["candidates"].append({**cand, "goodput_rps": 0.0, "error": str(exc)[-2000:], "steps": []})
-                continue
-            try:
-                result = Measurer(args, tool, srv.address, srv.pid, work, f"tuning triton {cand['name']}").goodput(
-                    names, args.start_rps or START_RPS[scenario])
-            finally:
-                srv.stop()
-            out["candidates"].append({**cand, **result})
-
-    measure(triton_candidates(scenario, limits)[:args.triton_candidates or None])
-    first = max(out["candidates"], key=lambda c: c["goodput_rps"])
-    if args.triton_candidates == 0:
-        measure(delay_candidates(first))
-    best = max(out["candidates"], key=lambda c: c["goodput_rps"])
-    out["best"] = {"name": best["name"], "models": best["models"]}
-    return out
-
-
 # ---- Nexus ----------------------------------------------------------------------------------------------
 
 def start_nexus(args, scenario: str, paths, flags: tuple[str, ...], label: str, work: pathlib.Path) -> Running:
@@ -354,31 +313,25 @@ def plan_now(srv: ServeCluster) -> list[dict]:
 # ---- report ----------------------------------------------------------------------------------------------
 
 def summary(result: dict) -> list[dict]:
-    """Per scenario and server: the goodput of every round, their median, the median of the rounds'
-    ratios to Triton, and the cores at the goodput (median over rounds)."""
+    """Per scenario, ladder and server: the goodput, its ratio to the best Triton candidate of the same
+    ladder, and the cores (server, perf_analyzer, whole machine) at the level of the goodput."""
     rows = []
     for scenario, res in result["scenarios"].items():
-        rounds = res.get("rounds", [])
-        if not rounds:
-            continue
-        triton = next((label for label in rounds[0] if label.startswith("triton")), None)
-        for label in rounds[0]:
-            per_round = [r[label]["goodput_rps"] for r in rounds]
-            row = {"scenario": scenario, "server": label, "goodput_rps": per_round,
-                   "median_rps": round(statistics.median(per_round), 1)}
-            if triton is not None:
-                ratios = [r[label]["goodput_rps"] / r[triton]["goodput_rps"] for r in rounds
-                          if r[triton]["goodput_rps"] > 0]
-                row["vs_triton"] = round(statistics.median(ratios), 2) if ratios else None
-            at = [r[label]["at_goodput"]["cores"] for r in rounds if r[label].get("at_goodput")]
-            for key in ("server", "client", "machine"):
-                row[f"{key}_cores"] = round(statistics.median(c[key] for c in at), 2) if at else None
-            rows.append(row)
+        for i, ladder in enumerate(res.get("ladders", []), start=1):
+            tritons = [label for label in ladder if label.startswith("triton")]
+            best = max((ladder[label]["goodput_rps"] for label in tritons), default=0.0)
+            for label, r in ladder.items():
+                at = max((s for s in r["steps"] if s["pass"]), key=lambda s: s["rate"], default=None)
+                cores = at["cores"] if at else {}
+                rows.append({"scenario": scenario, "ladder": i, "server": label, "goodput_rps": r["goodput_rps"],
+                             "vs_best_triton": round(r["goodput_rps"] / best, 2) if best else None,
+                             "server_cores": cores.get("server"), "client_cores": cores.get("client"),
+                             "machine_cores": cores.get("machine")})
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
-    cols = ["scenario", "server", "goodput_rps", "median_rps", "vs_triton", "server_cores", "client_cores",
+    cols = ["scenario", "ladder", "server", "goodput_rps", "vs_best_triton", "server_cores", "client_cores",
             "machine_cores"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
@@ -390,37 +343,49 @@ def plot(result: dict, path: pathlib.Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    scenarios = [s for s, r in result["scenarios"].items() if r.get("rounds")]
+    scenarios = [s for s, r in result["scenarios"].items() if r.get("ladders")]
     if not scenarios:
         return
-    fig = Figure(figsize=(5.5 * len(scenarios), 3.8), layout="constrained")
+    fig = Figure(figsize=(6 * len(scenarios), 4.2), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(scenarios), squeeze=False)[0]
     for ax, scenario in zip(axes, scenarios):
-        rounds = result["scenarios"][scenario]["rounds"]
-        for label in rounds[0]:
-            pts = sorted((s["offered_rps"], min(s["worst_p99_over_slo"], 3.0), s["pass"])
-                         for r in rounds for s in r[label]["steps"])
-            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], ".", ms=5, label=label)
+        ladder = result["scenarios"][scenario]["ladders"][-1]
+        for label, r in ladder.items():
+            pts = [(s["rate"], min(s["worst_p99_over_slo"], 3.0), s["pass"]) for s in r["steps"]]
+            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], ".-", lw=0.8, ms=4, label=label)
             ax.scatter([p[0] for p in pts if not p[2]], [p[1] for p in pts if not p[2]], marker="x",
                        color=line.get_color())
         ax.axhline(1.0, color="red", lw=0.8, ls=":", label="SLO")
         ax.set_xlabel("offered rate, total (rps, Poisson)")
-        ax.set_ylabel("worst model's p99 / SLO (3: failed)")
-        ax.set_title(f"{scenario}: {', '.join(SCENARIOS[scenario])}", fontsize="small")
+        ax.set_ylabel("worst model's p99 / SLO (3: failed level)")
+        ax.set_title(f"{scenario} (last ladder): {', '.join(SCENARIOS[scenario])}", fontsize="small")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
     fig.savefig(path, dpi=80)
+
+
+def run_ladder(args, tool, scenario: str, running: list[Running], work: pathlib.Path, tag: str) -> dict:
+    """A paired ladder (nexus/bench/ladder.py) over the running servers: per server its goodput and levels."""
+    names = SCENARIOS[scenario]
+    measurers = {r.label: Measurer(args, tool, r.address, r.pid, work, f"{tag} {r.label}", r.describe) for r in running}
+
+    def level(label: str, rate: float) -> dict:
+        time.sleep(args.cooldown_s)
+        return measurers[label].level(shares(rate, names))
+
+    start = args.start_rps or START_RPS[scenario]
+    return paired_ladder(list(measurers), level, start, args.factor, args.max_rps or 8 * start)
 
 
 def run_scenario(args, tool, scenario: str, servers: list[str], configs: dict[str, tuple[str, ...]],
                  work: pathlib.Path) -> dict:
-    """ORT direct; Triton's tuning; then ``--rounds`` rounds in which every server (Triton's best
-    candidate and each Nexus configuration, all started once and left running) gets a goodput search,
-    in an order that rotates between rounds, so that drift in the machine's other load hits them alike."""
+    """ORT direct; ladder 1: Triton's first-stage candidates and every Nexus configuration; ladder 2:
+    the best Triton candidate of ladder 1 and its two queue delays, and the Nexus configurations again
+    (all started once per ladder and left running, idle but for the one measured)."""
     names = SCENARIOS[scenario]
     paths = build_models(work, names)
-    res: dict = {"models": {n: {"slo_ms": MODELS[n].slo_ms} for n in names}, "ort_direct": {}, "rounds": []}
+    res: dict = {"models": {n: {"slo_ms": MODELS[n].slo_ms} for n in names}, "ort_direct": {}, "ladders": []}
 
     def direct(when: str) -> None:
         limits = {n: ort_limit(paths[n], MODELS[n], args.ort_repeats) for n in names}
@@ -428,24 +393,35 @@ def run_scenario(args, tool, scenario: str, servers: list[str], configs: dict[st
         print(f"[{scenario}] ORT direct {when}: " + ", ".join(
             f"{n} b*={v['batch']} l={v['l_ms']} ms limit {v['limit_rps']} rps" for n, v in limits.items()), flush=True)
 
+    def ladder(tag: str, tritons: list[dict], nexus: list[Running]) -> dict:
+        started: list[Running] = []
+        try:
+            for cand in tritons:
+                started.append(start_triton(args, scenario, cand, paths, work))
+            out = run_ladder(args, tool, scenario, started + nexus, work, tag)
+        finally:
+            for srv in started:
+                srv.stop()
+        for srv in started + nexus:
+            out[srv.label]["server"] = srv.info
+        res["ladders"].append(out)
+        return out
+
     direct("before")
-    running: list[Running] = []
+    nexus: list[Running] = []
     try:
-        if "triton" in servers:
-            res["triton_tuning"] = tune_triton(args, tool, scenario, paths, res["ort_direct"]["before"], work)
-            running.append(start_triton(args, scenario, res["triton_tuning"]["best"], paths, work))
         if "nexus" in servers:
-            running += [start_nexus(args, scenario, paths, flags, label, work) for label, flags in configs.items()]
-        res["servers"] = {r.label: r.info for r in running}
-        for i in range(args.rounds):
-            order = running[i % len(running):] + running[:i % len(running)]
-            one = {}
-            for srv in order:
-                one[srv.label] = Measurer(args, tool, srv.address, srv.pid, work, f"round {i + 1} {srv.label}",
-                                          srv.describe).goodput(names, args.start_rps or START_RPS[scenario])
-            res["rounds"].append(one)
+            nexus = [start_nexus(args, scenario, paths, flags, label, work) for label, flags in configs.items()]
+        tritons = triton_candidates(scenario, res["ort_direct"]["before"])[:args.triton_candidates or None] \
+            if "triton" in servers else []
+        first = ladder("ladder 1", tritons, nexus)
+        if tritons and args.ladders > 1:
+            best = max(tritons, key=lambda c: first[f"triton ({c['name']})"]["goodput_rps"])
+            ladder("ladder 2", [best, *delay_candidates(best)], nexus)
+        for _ in range(2, args.ladders):
+            ladder(f"ladder {len(res['ladders']) + 1}", [], nexus)
     finally:
-        for srv in running:
+        for srv in nexus:
             srv.stop()
     direct("after")
     return res
@@ -462,17 +438,17 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"nexus serve configurations to measure (repeat; default: {', '.join(NEXUS_CONFIGS)})")
     p.add_argument("--triton-candidates", type=int, default=0,
                    help="tune Triton over only the first N candidates of its grid, without the delay stage")
-    p.add_argument("--rounds", type=int, default=2, help="goodput searches per server after the tuning")
+    p.add_argument("--ladders", type=int, default=2,
+                   help="paired ladders: the first with Triton's first-stage grid, the second with its best "
+                        "candidate at three queue delays, more with the Nexus configurations alone")
     p.add_argument("--perf-analyzer", default="", help="perf_analyzer binary (default: fetched, see the module doc)")
     p.add_argument("--quick", action="store_true", help="smoke run: short windows, coarse search")
     p.add_argument("--window-ms", type=int, default=3000)
     p.add_argument("--stability-pct", type=float, default=25.0)
     p.add_argument("--max-trials", type=int, default=6)
-    p.add_argument("--start-rps", type=float, default=0.0, help="first total rate (0: per scenario)")
-    p.add_argument("--growth", type=float, default=1.5)
-    p.add_argument("--floor-rps", type=float, default=10.0)
-    p.add_argument("--rel-tol", type=float, default=0.05)
-    p.add_argument("--max-steps", type=int, default=9)
+    p.add_argument("--start-rps", type=float, default=0.0, help="the ladder's first total rate (0: per scenario)")
+    p.add_argument("--factor", type=float, default=1.1, help="the ladder's step from one rate to the next")
+    p.add_argument("--max-rps", type=float, default=0.0, help="the ladder's top (0: 8x its first rate)")
     p.add_argument("--cooldown-s", type=float, default=1.0)
     p.add_argument("--ort-repeats", type=int, default=11)
     p.add_argument("--nice", type=int, default=0,
@@ -495,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     if args.quick:
-        args.window_ms, args.max_trials, args.rel_tol, args.max_steps, args.ort_repeats = 1500, 4, 0.15, 5, 5
+        args.window_ms, args.max_trials, args.factor, args.ort_repeats = 1500, 4, 1.3, 5
     if "triton" in servers and not pathlib.Path(args.triton_python).exists():
         p.error(f"--triton-python {args.triton_python} does not exist (see the module docstring)")
     if args.perf_analyzer:

@@ -102,3 +102,25 @@ def test_bad_arguments_are_refused(argv, message):
                          text=True, timeout=60)
     assert run.returncode == 2
     assert message in run.stderr
+
+
+def test_a_paired_ladder_measures_every_server_at_each_rate_until_it_fails_twice():
+    from nexus.bench.ladder import ladder_rates, paired_ladder
+
+    capacity = {"a": 130, "b": 300}
+    flaky = {("b", 160.0)}                        # one failed level (the machine's): b stays in the race
+    calls = []
+
+    def level(server, rate):
+        calls.append((server, rate))
+        return {"pass": rate <= capacity[server] and (server, rate) not in flaky}
+
+    assert ladder_rates(100, 1.25, 300) == [100, 125, 156.25, 195.3125, 244.140625]
+    out = paired_ladder(["a", "b"], level, 100, 1.6, 1000)
+    assert out["a"]["goodput_rps"] == 100.0 and out["a"]["dropped_at"] == 256.0
+    assert out["b"]["goodput_rps"] == 256.0 and out["b"]["dropped_at"] == 655.4
+    assert [s["rate"] for s in out["a"]["steps"]] == [100, 160, 256]
+    assert [s["pass"] for s in out["b"]["steps"]] == [True, False, True, False, False]
+    assert calls[:4] == [("a", 100), ("b", 100), ("b", 160), ("a", 160)]      # the order rotates by rate
+    with pytest.raises(ValueError):
+        paired_ladder(["a"], level, 100, 1.0, 200)

@@ -204,16 +204,16 @@ def resnet18_64(num_classes: int = 1000, seed: int = RESNET_SEED) -> onnx.ModelP
     )
 
 
-def tiny_cnn(seed: int = 2020) -> onnx.ModelProto:
-    """A tiny CNN on 3x32x32: three 3x3/2 convs (3->8->16->32 channels), global pool, FC to 10. Its
-    compute is a few microseconds, so serving it measures the per-request overhead
-    (benchmarks/vs_triton.py). Not a served sample."""
+def tiny_cnn(seed: int = 2020, size: int = 32) -> onnx.ModelProto:
+    """A tiny CNN on 3x``size``x``size`` (32 by default): three 3x3/2 convs (3->8->16->32 channels),
+    global pool, FC to 10. Its compute is a few microseconds, so serving it measures the per-request
+    overhead (benchmarks/vs_triton.py). Not a served sample."""
     b = _GraphBuilder(seed, prefix="tiny_")
     x = b.relu(b.conv("input", 3, 8, 3, stride=2))
     x = b.relu(b.conv(x, 8, 16, 3, stride=2))
     x = b.relu(b.conv(x, 16, 32, 3, stride=2))
     logits = b.gemm(_pool_flatten(b, x), 32, 10)
-    return b.model("tiny_cnn", (3, 32, 32), [(logits, "logits", 10)], "Tiny CNN for per-request overhead.")
+    return b.model("tiny_cnn", (3, size, size), [(logits, "logits", 10)], "Tiny CNN for per-request overhead.")
 
 
 # --- the shared-backbone family -------------------------------------------------------------

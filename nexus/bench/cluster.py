@@ -271,19 +271,7 @@ class Cluster:
 
     def live_profiles(self, models: Sequence[str]) -> dict:
         """The profiles the scheduler holds now, by model and device type (read-only SQLite, while it runs)."""
-        import sqlite3
-
-        from common.profile import Profile
-
-        db = sqlite3.connect(f"file:{self.workdir / 'db' / 'nexus.db'}?mode=ro", uri=True)
-        try:
-            out: dict = {m: {} for m in models}
-            for model, device_type, text in db.execute("SELECT model, device_type, profile_json FROM profiles"):
-                if model in out:
-                    out[model][device_type] = Profile.from_json(text)
-            return out
-        finally:
-            db.close()
+        return live_profiles(self.workdir / "db", models)
 
     def profiles(self, models: Sequence[str]) -> dict:
         """The profiles the scheduler holds, by model (reads the model database; call after stop())."""
@@ -294,6 +282,24 @@ class Cluster:
             return {m: db.profiles(m) for m in models}
         finally:
             db.close()
+
+
+def live_profiles(db_dir: pathlib.Path, models: Sequence[str]) -> dict:
+    """The profiles a running scheduler whose model database is in ``db_dir`` holds, by model and
+    device type (read-only SQLite)."""
+    import sqlite3
+
+    from common.profile import Profile
+
+    db = sqlite3.connect(f"file:{pathlib.Path(db_dir) / 'nexus.db'}?mode=ro", uri=True)
+    try:
+        out: dict = {m: {} for m in models}
+        for model, device_type, text in db.execute("SELECT model, device_type, profile_json FROM profiles"):
+            if model in out:
+                out[model][device_type] = Profile.from_json(text)
+        return out
+    finally:
+        db.close()
 
 
 def wait_model_served(frontend: str, model: str, timeout_s: float = 60.0) -> None:

@@ -36,15 +36,19 @@ def _chunks(header: control.UploadHeader, path: pathlib.Path) -> Iterator[contro
 def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile_path: str | None = None,
                  slo_ms: float = 0.0, runtime: str = "", io_path: str | None = None, load: bool = True,
                  timeout_s: float = 300, min_replicas: int = 0, warmup: Sequence[WarmupSample] = (),
+                 expected_rate_rps: float = 0.0,
                  creds: Credentials = grpc_util.NO_CREDENTIALS) -> control.ModelDesc:
     """Stream a model file to the scheduler; raise CommandError with the scheduler's reason if refused.
-    ``warmup``: the model's warm-up samples (config.pbtxt's model_warmup; none: the backends' default)."""
+    ``warmup``: the model's warm-up samples (config.pbtxt's model_warmup; none: the backends' default).
+    ``expected_rate_rps``: the rate its session is planned for until one is measured (0: the
+    scheduler's default), so that a model's first requests find the capacity they need."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise CommandError(f"no such file: {path}")
     if min_replicas < 0:
         raise CommandError(f"--min-replicas must not be negative, got {min_replicas}")
     header = control.UploadHeader(name=name, slo_ms=slo_ms, load=load, min_replicas=min_replicas,
+                                  expected_rate_rps=expected_rate_rps,
                                   runtime=runtime or ("torch" if path.suffix in (".pt", ".pt2") else "onnxruntime"))
     header.warmup.extend(warmup_to_pb(warmup))
     for attr, file in (("profile_json", profile_path), ("io_json", io_path)):
@@ -78,7 +82,7 @@ def _rpc_message(exc: grpc.RpcError, scheduler: str) -> str:
 def _describe(m: control.ModelDesc) -> dict:
     return {"name": m.name, "sha256": m.sha256, "runtime": m.runtime, "size_bytes": m.size_bytes,
             "slo_ms": m.default_slo_ms, "loaded": m.loaded, "profiles": list(m.profiled_device_types),
-            "min_replicas": m.min_replicas,
+            "min_replicas": m.min_replicas, "expected_rate_rps": m.expected_rate_rps,
             "prefix_group": m.prefix_group,
             "warmup": describe_warmup(warmup_from_pb(m.warmup)),
             "inputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in m.inputs],
@@ -89,7 +93,8 @@ def _run_upload(args) -> int:
     try:
         model = upload_model(args.scheduler, args.file, args.name, profile_path=args.profile, slo_ms=args.slo_ms,
                              runtime=args.runtime, io_path=args.io, load=not args.no_load,
-                             min_replicas=args.min_replicas, creds=client_credentials(args))
+                             min_replicas=args.min_replicas, expected_rate_rps=args.expected_rate_rps,
+                             creds=client_credentials(args))
     except (CommandError, ClientFlagError) as exc:
         print(f"nexus models upload: error: {exc}", file=sys.stderr)
         return 2
@@ -130,6 +135,9 @@ def register(sub) -> None:
     up.add_argument("--min-replicas", type=int, default=0,
                     help="backends its session keeps at least, so losing one needs no re-plan "
                          "(default 0: the scheduler's --min-replicas)")
+    up.add_argument("--expected-rate-rps", type=float, default=0.0,
+                    help="plan its session for this rate until the frontends measure one "
+                         "(default 0: the scheduler's --default-rate-rps)")
     up.add_argument("--scheduler", default=DEFAULT_SCHEDULER)
     add_client_security(up)
     up.set_defaults(func=_run_upload)

@@ -119,7 +119,8 @@ def serving(address: str) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Upload:
-    """A model to upload: its file, name and, optionally, profile (a file) and SLO."""
+    """A model to upload: its file, name and, optionally, profile (a file), SLO and the rate it is
+    planned for until one is measured."""
 
     path: pathlib.Path
     name: str
@@ -127,6 +128,7 @@ class Upload:
     slo_ms: float = 0.0
     min_replicas: int = 0
     load: bool = True
+    expected_rate_rps: float = 0.0
 
 
 class Cluster:
@@ -243,7 +245,8 @@ class Cluster:
     def upload(self, model: Upload, *, wait: bool = True, timeout_s: float = 120.0) -> None:
         """Upload ``model`` to the scheduler; with ``wait``, until every frontend answers an inference of it."""
         upload_model(self.scheduler.address, model.path, model.name, profile_path=model.profile_path,
-                     slo_ms=model.slo_ms, min_replicas=model.min_replicas, load=model.load)
+                     slo_ms=model.slo_ms, min_replicas=model.min_replicas, load=model.load,
+                     expected_rate_rps=model.expected_rate_rps)
         if wait and model.load:
             for f in self.frontends:
                 wait_model_served(f.address, model.name, timeout_s)
@@ -345,7 +348,8 @@ class ServeCluster(Node):
 
     def upload(self, model: Upload, *, wait: bool = True, timeout_s: float = 120.0) -> None:
         upload_model(self.scheduler, model.path, model.name, profile_path=model.profile_path, slo_ms=model.slo_ms,
-                     min_replicas=model.min_replicas, load=model.load, creds=self.creds)
+                     min_replicas=model.min_replicas, load=model.load, expected_rate_rps=model.expected_rate_rps,
+                     creds=self.creds)
         if wait and model.load:
             self.wait_models_ready([model.name], timeout_s)
 

@@ -81,6 +81,7 @@ class ClusterStatus:
     unplaced: dict[str, str] = field(default_factory=dict)      # session -> why
     best_effort: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    lower_bound_throughput_only: int = 0     # the bound of earlier releases, for comparison
 
     @property
     def devices_in_use(self) -> int:
@@ -128,7 +129,7 @@ def from_reply(reply: control.StatusReply) -> ClusterStatus:
     unplaced = {name: r.reason for name, r in routes.items() if not r.backends}
     return ClusterStatus(routing.epoch, reply.solver, reply.plan_age_s, routing.planned_devices, routing.lower_bound,
                          reply.frontends, tuple(devices), tuple(queries), unplaced, dict(reply.best_effort),
-                         tuple(reply.notes))
+                         tuple(reply.notes), routing.lower_bound_throughput_only)
 
 
 def _paths(q: QueryDef) -> tuple[tuple[str, ...], ...]:
@@ -172,7 +173,8 @@ def render_text(st: ClusterStatus) -> str:
     lines = [f"epoch {st.epoch} · solver {st.solver or '-'} · plan {st.plan_age_s:.1f} s old · "
              f"{st.frontends} frontend(s)",
              f"devices: {st.devices_in_use} in use of {len(st.devices)} registered · plan needs "
-             f"{st.planned_devices} · lower bound {st.lower_bound}", ""]
+             f"{st.planned_devices} · lower bound {st.lower_bound} "
+             f"(throughput alone: {st.lower_bound_throughput_only})", ""]
     for d in st.devices:
         memory = f"{d.memory_used_mb:,.0f} of {d.memory_mb:,.0f} MB" if d.memory_mb else f"{d.memory_used_mb:,.0f} MB"
         if not d.sessions:

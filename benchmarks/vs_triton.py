@@ -60,8 +60,8 @@ import time
 import numpy as np
 
 from nexus.bench import pyspy
-from nexus.bench.cluster import ServeCluster, descendants
-from nexus.bench.meters import CpuMeter, LoadSampler, loadavg
+from nexus.bench.cluster import ServeCluster
+from nexus.bench.meters import CpuMeter, LoadSampler, favour, favour_tree, loadavg
 from nexus.bench.ort_direct import ort_limit as direct_limit
 from nexus.bench.ort_direct import ort_session
 from nexus.bench.report import step_summary, write_json
@@ -106,33 +106,6 @@ def ort_limit(path: pathlib.Path, slo_ms: float, repeats: int, threads: int = 0,
 
 
 # ---- machine ----------------------------------------------------------------------------------------
-
-def favour(pid: int, nice: int) -> None:
-    """Niceness ``nice`` for a process and for its scheduler autogroup (its session; with autogroups on,
-    a process's niceness only counts against others of its session, and sessions share the CPU
-    evenly unless their own niceness says otherwise)."""
-    if not nice:
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, pid, nice)
-    except OSError:
-        pass
-    try:
-        pathlib.Path(f"/proc/{pid}/autogroup").write_text(str(nice))
-    except OSError:
-        pass
-
-
-def favour_tree(pid: int, nice: int) -> None:
-    """:func:`favour` for a process, all its threads and all its descendants (their threads too)."""
-    for p in [pid, *descendants(pid)]:
-        favour(p, nice)
-        for task in pathlib.Path(f"/proc/{p}/task").glob("*"):
-            try:
-                os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
-            except (OSError, ValueError):
-                pass
-
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -28,6 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from common.config import BackendConfig, FrontendConfig, SchedulerConfig
 from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.security import Credentials
+from nexus.bench.meters import descendants
 from nexus.launcher import Child, component_argv, pin_listen
 from nexus.models_cmd import upload_model
 from nexus.serve_cmd import wait_models_ready
@@ -368,21 +369,6 @@ class ServeCluster(Node):
                 if f" {kind} " in words:
                     out.setdefault(kind, pid)
         return out
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children, their children, ...), from /proc."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for task in pathlib.Path(f"/proc/{p}/task").glob("*"):
-            try:
-                kids = [int(k) for k in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
 
 
 def cmdline(pid: int) -> str:

@@ -152,3 +152,45 @@ class RssSampler:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, their children, ...), from /proc."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in pathlib.Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def favour(pid: int, nice: int) -> None:
+    """Niceness ``nice`` for a process and for its scheduler autogroup (its session; with autogroups on,
+    a process's niceness only counts against others of its session, and sessions share the CPU
+    evenly unless their own niceness says otherwise)."""
+    if not nice:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+    except OSError:
+        pass
+    try:
+        pathlib.Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except OSError:
+        pass
+
+
+def favour_tree(pid: int, nice: int) -> None:
+    """:func:`favour` for a process, all its threads and all its descendants (their threads too)."""
+    for p in [pid, *descendants(pid)]:
+        favour(p, nice)
+        for task in pathlib.Path(f"/proc/{p}/task").glob("*"):
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
+            except (OSError, ValueError):
+                pass

@@ -258,6 +258,25 @@ class Cluster:
             if pending:
                 raise RuntimeError(f"models not ready on {f.name} ({f.address}) within {timeout_s:.0f} s: {pending}")
 
+    def wait_plan_spread(self, timeout_s: float = 120.0):
+        """Until the scheduler's plan in force runs on every device it needs (as many backends in use
+        as it plans devices, or every backend there is), and every frontend holds that plan's routing
+        table (its ``nexus_routing_epoch``). Models are served once the first backend is up, with the
+        plan folded onto it; a load started then would measure the sessions' moves to the backends
+        that register a moment later. Returns the scheduler's status (``nexus.status_cmd``)."""
+        from nexus.status_cmd import fetch_status
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = fetch_status(self.scheduler.address)
+            spread = st.devices_in_use >= min(st.planned_devices, len(st.devices))
+            if spread and all(routing_epoch(f.info.get("metrics", "")) >= st.epoch for f in self.frontends):
+                return st
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the plan did not spread within {timeout_s:.0f} s: {st.devices_in_use} backends "
+                                   f"in use of {len(st.devices)}, {st.planned_devices} planned (epoch {st.epoch})")
+            time.sleep(0.5)
+
     def serving(self, model: str) -> list[Node]:
         """The live backends that have ``model`` loaded (from their Stats)."""
         return [b for b, stats in self._backend_stats() if any(s.model == model for s in stats.sessions)]
@@ -298,6 +317,23 @@ class Cluster:
             return {m: db.profiles(m) for m in models}
         finally:
             db.close()
+
+
+def routing_epoch(metrics_url: str) -> int:
+    """The plan epoch of the routing table a frontend holds, from its ``/metrics`` (-1 when unknown)."""
+    import urllib.request
+
+    if not metrics_url:
+        return -1
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=5) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return -1
+    for line in text.splitlines():
+        if line.startswith("nexus_routing_epoch "):
+            return int(float(line.split()[1]))
+    return -1
 
 
 def wait_model_served(frontend: str, model: str, timeout_s: float = 60.0) -> None:

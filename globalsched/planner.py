@@ -11,7 +11,9 @@ What it does, in order:
 1. sessions: every served model at its measured rate (before one is measured, the rate it was
    uploaded expecting, else the default rate), and the stage sessions
    of every query, whose SLOs are the latency split's budgets (globalsched/query_sessions.py); all
-   rates times 1 + ``rate_headroom``. Models whose load attempts are spent on every present device
+   rates times 1 + ``rate_headroom``. A measured rate within Poisson noise of the rate the plan in
+   force was made for is that planned rate (:func:`settled_rates`): noise neither re-plans nor
+   resizes batches. Models whose load attempts are spent on every present device
    type are left out (routed UNAVAILABLE with the reason by the distribution);
 2. a query's measured fan-out that left the band of the one planned for forces a re-plan (after the
    re-planner's cooldown): the latency split depends on it; a session whose demand surged beyond
@@ -28,8 +30,9 @@ Nothing here reads a clock, a socket or the database.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
+from typing import AbstractSet, Mapping, Sequence
 
 from common.config import SchedulerConfig
 from common.plan import GpuSpec, SessionSpec
@@ -40,6 +43,13 @@ from globalsched.cluster import (MIN_PLANNED_RATE_RPS, UNBOUNDED_MEMORY_MB, Clus
 from globalsched.placement import BackendAssignment, BackendSlot, PlacedSession, Placement
 from globalsched.planning_loop import TypeState, plan_type
 from globalsched.query_sessions import plan_query_sessions
+
+# A measured rate is told from the planned one when their request counts over the measurement
+# window differ by more than this many Poisson standard deviations (a few requests added). With a
+# hundred sessions judged at every evaluation, each must rarely pass for noise: at 4 sigma, about one
+# evaluation in 160 (two-sided, normal tails) re-plans on noise; at 2 sigma, nearly every one did.
+RATE_NOISE_SIGMAS = 4.0
+RATE_NOISE_MIN_REQUESTS = 3.0
 
 
 @dataclass(frozen=True)
@@ -89,7 +99,7 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
     if drift and force is None and state.plan is not None and \
             (state.last_plan_s is None or view.now_s - state.last_plan_s >= settings.replan.cooldown_s):
         force, why = ReplanReason.SESSIONS_CHANGED, (*why, drift)
-    sessions, planned, queries = session_inputs(view, settings)
+    sessions, planned, queries = session_inputs(view, settings, planned_rates(state.plan, settings))
     placed, types = place_sessions(sessions, view.backends, state, view.now_s, force, settings,
                                    {m.name: m.min_replicas for m in view.models})
     changed = any(r is not ReplanReason.NONE for r in placed.reasons.values())
@@ -126,12 +136,48 @@ def gamma_drift(measured: Mapping[tuple[str, str, str], float], planned: Mapping
     return ""
 
 
-def session_inputs(view: ClusterView, settings: PlannerSettings
+def planned_rates(plan: ClusterPlan | None, settings: PlannerSettings) -> dict[str, float]:
+    """The measured rates ``plan`` was made for (headroom taken out), per session and query."""
+    if plan is None:
+        return {}
+    headroom = 1.0 + settings.rate_headroom
+    out = {name: s.rate_rps / headroom for name, s in plan.sessions.items()}
+    out.update({name: rate / headroom for name, rate in plan.planned_query_rates.items()})
+    return out
+
+
+def settled_rates(measured: Mapping[str, float], windows_s: Mapping[str, float], planned: Mapping[str, float],
+                  surging: AbstractSet[str] = frozenset(), sigmas: float = RATE_NOISE_SIGMAS) -> dict[str, float]:
+    """``measured`` rates, except that one within Poisson noise of the rate it is planned for is that
+    planned rate: over its window of ``windows_s`` seconds, the requests counted differ from those
+    the planned rate gives by at most ``sigmas`` standard deviations (plus a few requests).
+
+    The rate band of the re-planner (Nexus's [0.8, 1.1]) assumes a rate known to a few percent. A
+    session of 0.3 requests/s counts 3 requests in a 10 s window, give or take 1.7, so a long tail of
+    such sessions left some session outside its band at every evaluation and re-planned every few
+    seconds, each re-plan pushing tables to every node and resizing batches on noise. A change beyond
+    noise is planned for as before; a rate without a known window (no counts) or surging is taken as
+    measured."""
+    out = dict(measured)
+    for name, rate in measured.items():
+        was, window = planned.get(name), windows_s.get(name, 0.0)
+        if was is None or window <= 0 or name in surging:
+            continue
+        expected = was * window
+        if abs(rate * window - expected) <= sigmas * math.sqrt(expected) + RATE_NOISE_MIN_REQUESTS:
+            out[name] = was
+    return out
+
+
+def session_inputs(view: ClusterView, settings: PlannerSettings, planned_rps: Mapping[str, float] = {}
                    ) -> tuple[list[SessionInput], dict[str, PlannedSession], tuple[dict, dict, dict]]:
     """The sessions to place (model sessions and query stages, rates with headroom), every planned
-    session by name, and the queries' (plans, planned rates, planned gammas)."""
+    session by name, and the queries' (plans, planned rates, planned gammas). ``planned_rps``: the
+    rates the plan in force was made for (:func:`planned_rates`), which measurements within noise
+    of them keep (:func:`settled_rates`)."""
     headroom = 1.0 + settings.rate_headroom
-    rates = {k: v * headroom for k, v in view.rates_rps.items()}
+    measured = settled_rates(view.rates_rps, view.rate_windows_s, planned_rps, frozenset(view.surges_rps))
+    rates = {k: v * headroom for k, v in measured.items()}
     default_rate = settings.default_rate_rps * headroom
     present = view.device_types()
     out: list[SessionInput] = []

@@ -71,16 +71,23 @@ class Workload:
         """
         return self._rates(now)[0]
 
+    def rate_windows_s(self, now: float) -> dict[str, float]:
+        """Per session, the seconds of counted requests behind its planning rate: the shortest window of
+        any frontend reporting it (0 where a frontend sent no counts: no noise estimate). The planner
+        tells noise from change with it (globalsched/planner.py, :func:`settled_rates`)."""
+        return self._rates(now)[2]
+
     def surges(self, now: float) -> dict[str, float]:
         """Sessions whose latest report, on some frontend, rose beyond Poisson noise and SURGE_RATIO
         above that frontend's window mean: their rate summed over frontends, with the surging
         frontends' latest rates."""
-        rates, surging = self._rates(now)
+        rates, surging, _ = self._rates(now)
         return {model: rates[model] for model in surging}
 
-    def _rates(self, now: float) -> tuple[dict[str, float], set[str]]:
+    def _rates(self, now: float) -> tuple[dict[str, float], set[str], dict[str, float]]:
         totals: dict[str, float] = {}
         surging: set[str] = set()
+        windows: dict[str, float] = {}
         for node, per_model in self.rates.items():
             for model, (smoothed, t) in per_model.items():
                 if now - t > RATE_REPORT_TTL_S:
@@ -99,7 +106,8 @@ class Workload:
                         rate = max(rate, latest_n / latest_w)
                         surging.add(model)
                 totals[model] = totals.get(model, 0.0) + rate
-        return totals, surging
+                windows[model] = min(windows.get(model, window_s), window_s)
+        return totals, surging, windows
 
     def current_rates(self, now: float) -> dict[str, float]:
         """The smoothed rate per session, summed over frontends."""

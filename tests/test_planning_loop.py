@@ -4,11 +4,13 @@ without a re-plan, and rates are judged by the re-planner's band and cooldown.""
 
 from __future__ import annotations
 
+import numpy as np
+
 from common.profile import Profile
 from globalsched.algorithms.replan import ReplanConfig, ReplanReason
 from globalsched.cluster import ClusterView, ModelView, SessionInput
 from globalsched.placement import BackendSlot
-from globalsched.planner import PlannerSettings, PlannerState, plan_cluster
+from globalsched.planner import PlannerSettings, PlannerState, plan_cluster, settled_rates
 
 PROFILE = Profile.linear(2.0, 10.0, 32, memory_base_mb=100, memory_per_item_mb=1, device_type="gpu")
 
@@ -25,11 +27,13 @@ class Loop:
         self.state = PlannerState()
         self.changed = False
 
-    def plan(self, sessions: list[SessionInput], slots, now: float, min_replicas=None, force=None, surges=None):
+    def plan(self, sessions: list[SessionInput], slots, now: float, min_replicas=None, force=None, surges=None,
+             window_s: float = 0.0):
         view = ClusterView(now, tuple(slots),
                            tuple(ModelView(s.model, s.slo_ms, s.profiles, min_replicas=(min_replicas or {}).get(s.model, 0))
                                  for s in sessions),
-                           rates_rps={s.model: s.rate_rps for s in sessions}, surges_rps=surges or {}, force=force)
+                           rates_rps={s.model: s.rate_rps for s in sessions}, surges_rps=surges or {}, force=force,
+                           rate_windows_s={s.model: window_s for s in sessions} if window_s else {})
         before = self.state.plan
         plan, self.state = plan_cluster(view, self.state, self.settings)
         self.changed = plan is not before
@@ -144,3 +148,44 @@ def test_a_demand_surge_is_planned_for_within_the_cooldown():
     plan = loop.plan(stepped, slots, 1.5, surges={"m": 600.0})
     assert loop.changed and plan.why == ("demand surge: m at 600 rps, planned for 60",)
     assert sum(share for _, share in plan.backends_of("m")) >= 600.0
+
+
+def test_a_rate_within_poisson_noise_of_the_planned_one_is_the_planned_one():
+    planned = {"slow": 0.3, "busy": 100.0, "new": 5.0}
+    windows = {"slow": 10.0, "busy": 10.0}
+    # 6 requests where 3 were expected: noise; 1,300 where 1,000 were: 9.5 sigma, a change
+    assert settled_rates({"slow": 0.6, "busy": 130.0}, windows, planned) == {"slow": 0.3, "busy": 130.0}
+    assert settled_rates({"busy": 110.0}, windows, planned) == {"busy": 100.0}          # 3.2 sigma: noise
+    assert settled_rates({"busy": 110.0}, {}, planned) == {"busy": 110.0}               # no counts: as measured
+    assert settled_rates({"busy": 110.0}, windows, planned, {"busy"}) == {"busy": 110.0}  # a surge: as measured
+    assert settled_rates({"other": 7.0}, windows, planned) == {"other": 7.0}            # not planned yet
+
+
+def test_a_long_tail_measured_with_poisson_noise_keeps_its_plan_and_a_step_beyond_noise_re_plans():
+    """Sessions of 0.3 to 3 requests/s counted over 10 s swing far outside the [0.8, 1.1] band by
+    noise alone: judged as measured they re-plan at every evaluation after the cooldown; judged
+    against the noise of their counts the plan stands. A real step still re-plans."""
+    rng = np.random.default_rng(7)
+    true = {f"m{i}": 0.3 + 0.06 * i for i in range(40)}
+    slots = _slots("a", "b", "c", "d")
+
+    def measured(rates):
+        return [SessionInput(name, 150.0, rng.poisson(rate * 10.0) / 10.0, {"gpu": PROFILE})
+                for name, rate in rates.items()]
+
+    plain, settled = _loop(cooldown_s=5.0, epoch_s=300.0), _loop(cooldown_s=5.0, epoch_s=300.0)
+    first = [SessionInput(name, 150.0, rate, {"gpu": PROFILE}) for name, rate in true.items()]
+    plain.plan(first, slots, 0.0)
+    plan = settled.plan(first, slots, 0.0, window_s=10.0)
+    replans = 0
+    for t in range(6, 60, 6):
+        sample = measured(true)
+        plain.plan(sample, slots, float(t))
+        replans += plain.changed
+        assert settled.plan(sample, slots, float(t), window_s=10.0) is plan
+    assert replans >= 8
+    stepped = dict(true, m0=6.0)             # 60 requests where 3 were expected
+    after = settled.plan(measured(stepped), slots, 66.0, window_s=10.0)
+    assert settled.changed and after.sessions["m0"].rate_rps > 3.0
+    assert all(after.sessions[n].rate_rps == plan.sessions[n].rate_rps for n in true if n != "m0")  # the rest stand
+

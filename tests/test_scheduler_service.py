@@ -132,8 +132,10 @@ def test_plans_use_the_windowed_mean_rate_not_the_smoothed_one(tmp_path):
     smoothed = service.workload.current_rates(now)["m"]
     assert smoothed > 24                                              # the excursion of the last report
     assert abs(service.workload.planning_rates(now)["m"] - 114 / 5) < 1e-9     # what the plan is made for
+    assert service.workload.rate_windows_s(now) == {"m": 5.0}                   # over 5 s of counts
     service.workload.rate_history["fe"]["m"].clear()                           # no counts: the smoothed rate
     assert service.workload.planning_rates(now)["m"] == smoothed
+    assert service.workload.rate_windows_s(now) == {"m": 0.0}                   # and no noise estimate
 
 
 def test_routing_table_carries_the_planned_figures(tmp_path):

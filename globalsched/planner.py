@@ -9,7 +9,7 @@ previous plan is returned itself (``plan is state.plan``) and nothing needs appl
 What it does, in order:
 
 1. sessions: every served model at its measured rate (before one is measured, the rate it was
-   uploaded expecting, else the default rate), and the stage sessions
+   uploaded expecting, until its first requests, else the default rate), and the stage sessions
    of every query, whose SLOs are the latency split's budgets (globalsched/query_sessions.py); all
    rates times 1 + ``rate_headroom``. A measured rate within Poisson noise of the rate the plan in
    force was made for is that planned rate (:func:`settled_rates`): noise neither re-plans nor
@@ -83,12 +83,16 @@ class PlannerState:
     types: Mapping[str, TypeState] = field(default_factory=dict)
     last_plan_s: float | None = None
     backends: tuple[BackendSlot, ...] = ()      # those the plan was made for
+    served: frozenset[str] = frozenset()        # models that have had requests measured (see session_inputs)
 
 
 def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettings = PlannerSettings()
                  ) -> tuple[ClusterPlan, PlannerState]:
     """The plan for ``view`` and the next state (see the module docstring)."""
     force, why = view.force, view.why
+    served = state.served | {name for name, rate in view.rates_rps.items() if rate > 0}
+    if served != state.served:
+        state = replace(state, served=served)
     surge = demand_surge(view.surges_rps, state.plan, settings)
     if surge and force is None:
         force, why = ReplanReason.SESSIONS_CHANGED, (*why, surge)     # no cooldown: capacity is needed now
@@ -99,7 +103,7 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
     if drift and force is None and state.plan is not None and \
             (state.last_plan_s is None or view.now_s - state.last_plan_s >= settings.replan.cooldown_s):
         force, why = ReplanReason.SESSIONS_CHANGED, (*why, drift)
-    sessions, planned, queries = session_inputs(view, settings, planned_rates(state.plan, settings))
+    sessions, planned, queries = session_inputs(view, settings, planned_rates(state.plan, settings), served)
     placed, types = place_sessions(sessions, view.backends, state, view.now_s, force, settings,
                                    {m.name: m.min_replicas for m in view.models})
     changed = any(r is not ReplanReason.NONE for r in placed.reasons.values())
@@ -108,7 +112,7 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
     query_plans, query_rates, gammas = queries
     plan = replace(placed, sessions=planned, query_plans=query_plans, planned_query_rates=query_rates,
                    planned_gammas=gammas, why=why)
-    return plan, PlannerState(plan, types, view.now_s, view.backends)
+    return plan, PlannerState(plan, types, view.now_s, view.backends, served)
 
 
 def demand_surge(surges_rps: Mapping[str, float], plan: ClusterPlan | None, settings: PlannerSettings) -> str:
@@ -169,12 +173,18 @@ def settled_rates(measured: Mapping[str, float], windows_s: Mapping[str, float],
     return out
 
 
-def session_inputs(view: ClusterView, settings: PlannerSettings, planned_rps: Mapping[str, float] = {}
+def session_inputs(view: ClusterView, settings: PlannerSettings, planned_rps: Mapping[str, float] = {},
+                   served: AbstractSet[str] = frozenset()
                    ) -> tuple[list[SessionInput], dict[str, PlannedSession], tuple[dict, dict, dict]]:
     """The sessions to place (model sessions and query stages, rates with headroom), every planned
     session by name, and the queries' (plans, planned rates, planned gammas). ``planned_rps``: the
     rates the plan in force was made for (:func:`planned_rates`), which measurements within noise
-    of them keep (:func:`settled_rates`)."""
+    of them keep (:func:`settled_rates`).
+
+    A model uploaded with an expected rate is planned for it until requests of it are measured
+    (``served``: the models that have had some): frontends report every model they route, at zero
+    before any client sends, and a plan made for those zeros would meet the first minute of traffic
+    with the smallest batches and wait for a surge to be detected."""
     headroom = 1.0 + settings.rate_headroom
     measured = settled_rates(view.rates_rps, view.rate_windows_s, planned_rps, frozenset(view.surges_rps))
     rates = {k: v * headroom for k, v in measured.items()}
@@ -184,7 +194,10 @@ def session_inputs(view: ClusterView, settings: PlannerSettings, planned_rps: Ma
     for m in view.models:
         if present and set(present) <= m.unloadable_on:
             continue                         # routed with its reason, never placed again
-        rate = rates.get(m.name, m.expected_rate_rps * headroom if m.expected_rate_rps > 0 else default_rate)
+        if m.expected_rate_rps > 0 and (m.name not in served or m.name not in rates):
+            rate = m.expected_rate_rps * headroom
+        else:
+            rate = rates.get(m.name, default_rate)
         out.append(SessionInput(m.name, m.slo_ms, rate, m.profiles, m.prefix_group, m.prefix_share))
     profiles = {name: m.profiles for name, m in view.stage_models.items()}
     stage_sessions, query_plans = plan_query_sessions(view.queries, rates, view.gammas, profiles, present,

@@ -8,7 +8,7 @@ import numpy as np
 
 from common.profile import Profile
 from globalsched.algorithms.replan import ReplanConfig, ReplanReason
-from globalsched.cluster import ClusterView, ModelView, SessionInput
+from globalsched.cluster import MIN_PLANNED_RATE_RPS, ClusterView, ModelView, SessionInput
 from globalsched.placement import BackendSlot
 from globalsched.planner import PlannerSettings, PlannerState, plan_cluster, settled_rates
 
@@ -28,9 +28,10 @@ class Loop:
         self.changed = False
 
     def plan(self, sessions: list[SessionInput], slots, now: float, min_replicas=None, force=None, surges=None,
-             window_s: float = 0.0):
+             window_s: float = 0.0, expected=None):
         view = ClusterView(now, tuple(slots),
-                           tuple(ModelView(s.model, s.slo_ms, s.profiles, min_replicas=(min_replicas or {}).get(s.model, 0))
+                           tuple(ModelView(s.model, s.slo_ms, s.profiles, min_replicas=(min_replicas or {}).get(s.model, 0),
+                                           expected_rate_rps=(expected or {}).get(s.model, 0.0))
                                  for s in sessions),
                            rates_rps={s.model: s.rate_rps for s in sessions}, surges_rps=surges or {}, force=force,
                            rate_windows_s={s.model: window_s for s in sessions} if window_s else {})
@@ -188,4 +189,19 @@ def test_a_long_tail_measured_with_poisson_noise_keeps_its_plan_and_a_step_beyon
     after = settled.plan(measured(stepped), slots, 66.0, window_s=10.0)
     assert settled.changed and after.sessions["m0"].rate_rps > 3.0
     assert all(after.sessions[n].rate_rps == plan.sessions[n].rate_rps for n in true if n != "m0")  # the rest stand
+
+
+def test_an_expected_rate_holds_while_frontends_report_zero_and_until_requests_are_measured():
+    loop = _loop(cooldown_s=5.0, epoch_s=30.0)
+    slots = _slots("a", "b", "c")
+    expected = {"m": 400.0}
+
+    def at(rate: float) -> list[SessionInput]:
+        return [SessionInput("m", 100.0, rate, {"gpu": PROFILE})]
+
+    for now in (0.0, 10.0, 40.0):        # no client yet: every report says 0 requests/s
+        plan = loop.plan(at(0.0), slots, now, expected=expected)
+        assert plan.sessions["m"].rate_rps == 400.0 and sum(share for _, share in plan.backends_of("m")) >= 400.0
+    assert loop.plan(at(50.0), slots, 80.0, expected=expected).sessions["m"].rate_rps == 50.0   # measured now
+    assert loop.plan(at(0.0), slots, 120.0, expected=expected).sessions["m"].rate_rps == MIN_PLANNED_RATE_RPS
 

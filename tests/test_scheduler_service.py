@@ -215,8 +215,13 @@ def test_a_model_uploaded_with_an_expected_rate_and_a_batch_cap_is_planned_by_th
     assert batches and max(batches) <= 4
     desc = service.admin.desc("hot")
     assert desc.expected_rate_rps == 400.0 and desc.batch_cap == 4 and desc.max_batch == 4
-    service.workload.rates["fe"] = {"hot": (50.0, now)}            # measured: that rate from now on
+    service.workload.rates["fe"] = {"hot": (0.0, now)}             # routed, but no client yet: still expected
     sessions, _, _ = session_inputs(service.read_view(now), service.control.settings)
+    assert {s.model: s.rate_rps for s in sessions}["hot"] == 400.0
+    service.workload.rates["fe"] = {"hot": (50.0, now)}            # requests measured: that rate from now on
+    _, state = plan_cluster(service.read_view(now), PlannerState())
+    assert "hot" in state.served
+    sessions, _, _ = session_inputs(service.read_view(now), service.control.settings, served=state.served)
     assert {s.model: s.rate_rps for s in sessions}["hot"] == 50.0
 
 

@@ -23,7 +23,9 @@ What it does, in order:
    is below 2*l(1) on every type is served best effort at batch 1;
 4. each device type is re-planned by globalsched/planning_loop.py (minimal movement, replicas,
    GPUs mapped onto backends); ``devices_needed`` reports how many devices each type's plan uses,
-   which the device scaler compares with the backends registered.
+   which the device scaler compares with the backends registered;
+5. a re-plan that nothing forced (the epoch, a rate) and that gives every node the tables it has
+   (:func:`same_tables`) returns the previous plan itself: no epoch, no push to every node.
 
 Nothing here reads a clock, a socket or the database.
 """
@@ -112,7 +114,21 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
     query_plans, query_rates, gammas = queries
     plan = replace(placed, sessions=planned, query_plans=query_plans, planned_query_rates=query_rates,
                    planned_gammas=gammas, why=why)
+    if force is None and state.plan is not None and same_tables(plan, state.plan):
+        # An epoch or a rate re-planned to what runs already: nothing to tell the nodes.
+        return state.plan, PlannerState(state.plan, types, view.now_s, view.backends, served)
     return plan, PlannerState(plan, types, view.now_s, view.backends, served)
+
+
+def same_tables(new: ClusterPlan, old: ClusterPlan) -> bool:
+    """Whether ``new`` gives every node the tables ``old`` gave (the same backends running the same
+    sessions at the same batches, throughputs and duty cycles; the same sessions, query splits and
+    unplaced models routed alike), so that applying it would change nothing. Only for re-plans nothing
+    forced: a forced one may bring what the plan does not show (a new model file or profile)."""
+    return ({t: p.backends for t, p in new.placements.items()} == {t: p.backends for t, p in old.placements.items()}
+            and new.sessions == old.sessions and new.query_plans == old.query_plans
+            and new.planned_query_rates == old.planned_query_rates and new.unplaced == old.unplaced
+            and new.need_profile == old.need_profile and new.best_effort == old.best_effort)
 
 
 def demand_surge(surges_rps: Mapping[str, float], plan: ClusterPlan | None, settings: PlannerSettings) -> str:

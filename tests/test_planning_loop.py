@@ -10,7 +10,7 @@ from common.profile import Profile
 from globalsched.algorithms.replan import ReplanConfig, ReplanReason
 from globalsched.cluster import MIN_PLANNED_RATE_RPS, ClusterView, ModelView, SessionInput
 from globalsched.placement import BackendSlot
-from globalsched.planner import PlannerSettings, PlannerState, plan_cluster, settled_rates
+from globalsched.planner import PlannerSettings, PlannerState, plan_cluster, same_tables, settled_rates
 
 PROFILE = Profile.linear(2.0, 10.0, 32, memory_base_mb=100, memory_per_item_mb=1, device_type="gpu")
 
@@ -204,4 +204,17 @@ def test_an_expected_rate_holds_while_frontends_report_zero_and_until_requests_a
         assert plan.sessions["m"].rate_rps == 400.0 and sum(share for _, share in plan.backends_of("m")) >= 400.0
     assert loop.plan(at(50.0), slots, 80.0, expected=expected).sessions["m"].rate_rps == 50.0   # measured now
     assert loop.plan(at(0.0), slots, 120.0, expected=expected).sessions["m"].rate_rps == MIN_PLANNED_RATE_RPS
+
+
+def test_an_epoch_that_re_plans_to_the_tables_in_force_is_no_new_plan():
+    loop = _loop(cooldown_s=5.0, epoch_s=30.0)
+    slots = _slots("a", "b", "c")
+    sessions = [SessionInput(f"m{i}", 100.0, 100.0 * (i + 1), {"gpu": PROFILE}) for i in range(3)]
+    first = loop.plan(sessions, slots, 0.0)
+    assert loop.plan(sessions, slots, 31.0) is first and not loop.changed       # the epoch: the same tables
+    assert loop.state.last_plan_s == 31.0                                          # judged now: cooldown anew
+    forced = loop.plan(sessions, slots, 40.0, force=ReplanReason.SESSIONS_CHANGED)  # may bring a new file
+    assert loop.changed and forced is not first and same_tables(forced, first)
+    grown = [SessionInput("m0", 100.0, 300.0, {"gpu": PROFILE}), *sessions[1:]]
+    assert loop.plan(grown, slots, 80.0) is not forced and loop.changed
 

@@ -9,7 +9,7 @@ previous plan is returned itself (``plan is state.plan``) and nothing needs appl
 What it does, in order:
 
 1. sessions: every served model at its measured rate (before one is measured, the rate it was
-   uploaded expecting, until its first requests, else the default rate), and the stage sessions
+   uploaded expecting, until its requests fill a rate window, else the default rate), and the stage sessions
    of every query, whose SLOs are the latency split's budgets (globalsched/query_sessions.py); all
    rates times 1 + ``rate_headroom``. A measured rate within Poisson noise of the rate the plan in
    force was made for is that planned rate (:func:`settled_rates`): noise neither re-plans nor
@@ -45,6 +45,7 @@ from globalsched.cluster import (MIN_PLANNED_RATE_RPS, UNBOUNDED_MEMORY_MB, Clus
 from globalsched.placement import BackendAssignment, BackendSlot, PlacedSession, Placement
 from globalsched.planning_loop import TypeState, plan_type
 from globalsched.query_sessions import plan_query_sessions
+from globalsched.workload import PLAN_RATE_WINDOW_S
 
 # A measured rate is told from the planned one when their request counts over the measurement
 # window differ by more than this many Poisson standard deviations (a few requests added). With a
@@ -85,16 +86,19 @@ class PlannerState:
     types: Mapping[str, TypeState] = field(default_factory=dict)
     last_plan_s: float | None = None
     backends: tuple[BackendSlot, ...] = ()      # those the plan was made for
-    served: frozenset[str] = frozenset()        # models that have had requests measured (see session_inputs)
+    # when each model's first requests were measured (see session_inputs)
+    first_requests_s: Mapping[str, float] = field(default_factory=dict)
 
 
 def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettings = PlannerSettings()
                  ) -> tuple[ClusterPlan, PlannerState]:
     """The plan for ``view`` and the next state (see the module docstring)."""
     force, why = view.force, view.why
-    served = state.served | {name for name, rate in view.rates_rps.items() if rate > 0}
-    if served != state.served:
-        state = replace(state, served=served)
+    started = {name: view.now_s for name, rate in view.rates_rps.items() if rate > 0
+               and name not in state.first_requests_s}
+    if started:
+        state = replace(state, first_requests_s={**state.first_requests_s, **started})
+    first = state.first_requests_s
     surge = demand_surge(view.surges_rps, state.plan, settings)
     if surge and force is None:
         force, why = ReplanReason.SESSIONS_CHANGED, (*why, surge)     # no cooldown: capacity is needed now
@@ -105,7 +109,7 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
     if drift and force is None and state.plan is not None and \
             (state.last_plan_s is None or view.now_s - state.last_plan_s >= settings.replan.cooldown_s):
         force, why = ReplanReason.SESSIONS_CHANGED, (*why, drift)
-    sessions, planned, queries = session_inputs(view, settings, planned_rates(state.plan, settings), served)
+    sessions, planned, queries = session_inputs(view, settings, planned_rates(state.plan, settings), first)
     placed, types = place_sessions(sessions, view.backends, state, view.now_s, force, settings,
                                    {m.name: m.min_replicas for m in view.models})
     changed = any(r is not ReplanReason.NONE for r in placed.reasons.values())
@@ -116,8 +120,8 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
                    planned_gammas=gammas, why=why)
     if force is None and state.plan is not None and same_tables(plan, state.plan):
         # An epoch or a rate re-planned to what runs already: nothing to tell the nodes.
-        return state.plan, PlannerState(state.plan, types, view.now_s, view.backends, served)
-    return plan, PlannerState(plan, types, view.now_s, view.backends, served)
+        return state.plan, PlannerState(state.plan, types, view.now_s, view.backends, first)
+    return plan, PlannerState(plan, types, view.now_s, view.backends, first)
 
 
 def same_tables(new: ClusterPlan, old: ClusterPlan) -> bool:
@@ -190,17 +194,18 @@ def settled_rates(measured: Mapping[str, float], windows_s: Mapping[str, float],
 
 
 def session_inputs(view: ClusterView, settings: PlannerSettings, planned_rps: Mapping[str, float] = {},
-                   served: AbstractSet[str] = frozenset()
+                   first_requests_s: Mapping[str, float] = {}
                    ) -> tuple[list[SessionInput], dict[str, PlannedSession], tuple[dict, dict, dict]]:
     """The sessions to place (model sessions and query stages, rates with headroom), every planned
     session by name, and the queries' (plans, planned rates, planned gammas). ``planned_rps``: the
     rates the plan in force was made for (:func:`planned_rates`), which measurements within noise
     of them keep (:func:`settled_rates`).
 
-    A model uploaded with an expected rate is planned for it until requests of it are measured
-    (``served``: the models that have had some): frontends report every model they route, at zero
-    before any client sends, and a plan made for those zeros would meet the first minute of traffic
-    with the smallest batches and wait for a surge to be detected."""
+    A model uploaded with an expected rate is planned for it until its requests have been measured
+    for a whole rate window (``first_requests_s``: when each model's first ones were), and for the
+    larger of it and the measured rate meanwhile. Frontends report every model they route, at zero
+    before any client sends: a plan made for those zeros would meet the first requests with the
+    smallest batches, and one made for the first window's mean, half zeros, with half the capacity."""
     headroom = 1.0 + settings.rate_headroom
     measured = settled_rates(view.rates_rps, view.rate_windows_s, planned_rps, frozenset(view.surges_rps))
     rates = {k: v * headroom for k, v in measured.items()}
@@ -210,8 +215,9 @@ def session_inputs(view: ClusterView, settings: PlannerSettings, planned_rps: Ma
     for m in view.models:
         if present and set(present) <= m.unloadable_on:
             continue                         # routed with its reason, never placed again
-        if m.expected_rate_rps > 0 and (m.name not in served or m.name not in rates):
-            rate = m.expected_rate_rps * headroom
+        since = first_requests_s.get(m.name)
+        if m.expected_rate_rps > 0 and (since is None or view.now_s - since < PLAN_RATE_WINDOW_S):
+            rate = max(m.expected_rate_rps * headroom, rates.get(m.name, 0.0) if since is not None else 0.0)
         else:
             rate = rates.get(m.name, default_rate)
         out.append(SessionInput(m.name, m.slo_ms, rate, m.profiles, m.prefix_group, m.prefix_share))

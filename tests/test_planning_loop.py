@@ -191,7 +191,7 @@ def test_a_long_tail_measured_with_poisson_noise_keeps_its_plan_and_a_step_beyon
     assert all(after.sessions[n].rate_rps == plan.sessions[n].rate_rps for n in true if n != "m0")  # the rest stand
 
 
-def test_an_expected_rate_holds_while_frontends_report_zero_and_until_requests_are_measured():
+def test_an_expected_rate_holds_while_frontends_report_zero_and_through_the_first_window_of_requests():
     loop = _loop(cooldown_s=5.0, epoch_s=30.0)
     slots = _slots("a", "b", "c")
     expected = {"m": 400.0}
@@ -202,8 +202,10 @@ def test_an_expected_rate_holds_while_frontends_report_zero_and_until_requests_a
     for now in (0.0, 10.0, 40.0):        # no client yet: every report says 0 requests/s
         plan = loop.plan(at(0.0), slots, now, expected=expected)
         assert plan.sessions["m"].rate_rps == 400.0 and sum(share for _, share in plan.backends_of("m")) >= 400.0
-    assert loop.plan(at(50.0), slots, 80.0, expected=expected).sessions["m"].rate_rps == 50.0   # measured now
-    assert loop.plan(at(0.0), slots, 120.0, expected=expected).sessions["m"].rate_rps == MIN_PLANNED_RATE_RPS
+    assert loop.plan(at(200.0), slots, 80.0, expected=expected).sessions["m"].rate_rps == 400.0  # a first window
+    assert loop.plan(at(900.0), slots, 81.0, expected=expected, surges={"m": 900.0}).sessions["m"].rate_rps == 900.0
+    assert loop.plan(at(50.0), slots, 100.0, expected=expected).sessions["m"].rate_rps == 50.0   # measured now
+    assert loop.plan(at(0.0), slots, 140.0, expected=expected).sessions["m"].rate_rps == MIN_PLANNED_RATE_RPS
 
 
 def test_an_epoch_that_re_plans_to_the_tables_in_force_is_no_new_plan():

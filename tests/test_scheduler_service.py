@@ -220,9 +220,12 @@ def test_a_model_uploaded_with_an_expected_rate_and_a_batch_cap_is_planned_by_th
     assert {s.model: s.rate_rps for s in sessions}["hot"] == 400.0
     service.workload.rates["fe"] = {"hot": (50.0, now)}            # requests measured: that rate from now on
     _, state = plan_cluster(service.read_view(now), PlannerState())
-    assert "hot" in state.served
-    sessions, _, _ = session_inputs(service.read_view(now), service.control.settings, served=state.served)
-    assert {s.model: s.rate_rps for s in sessions}["hot"] == 50.0
+    assert state.first_requests_s == {"hot": now}
+    sessions, _, _ = session_inputs(service.read_view(now), service.control.settings, first_requests_s={"hot": now})
+    assert {s.model: s.rate_rps for s in sessions}["hot"] == 400.0      # a first window: still at least expected
+    sessions, _, _ = session_inputs(service.read_view(now), service.control.settings,
+                                    first_requests_s={"hot": now - 11.0})
+    assert {s.model: s.rate_rps for s in sessions}["hot"] == 50.0       # a whole window of requests: as measured
 
 
 def test_bad_serving_settings_are_refused_at_upload(tmp_path):

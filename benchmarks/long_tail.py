@@ -30,7 +30,6 @@ import os
 import pathlib
 import sys
 import shutil
-import threading
 import time
 
 import numpy as np
@@ -43,7 +42,7 @@ from globalsched.algorithms import PlannerConfig, solve
 from globalsched.algorithms.lower_bound import bounds_gpus
 from nexus.bench import BenchReport, LoadClient
 from nexus.bench.cluster import Cluster, Upload
-from nexus.bench.meters import CpuMeter, LoadSampler, favour, favour_tree, uptime
+from nexus.bench.meters import CpuMeter, CpuTimeline, LoadSampler, Periodic, favour, favour_tree, uptime
 from nexus.bench.report import OK, write_json
 from nexus.bench.workloads import long_tail
 from nexus.models_cmd import CommandError
@@ -73,8 +72,7 @@ class StatusWatch:
         self.scheduler, self.every_s = scheduler, every_s
         self.samples: list[dict] = []
         self._where: dict[str, set[str]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._periodic = Periodic(every_s, self.sample)
 
     def sample(self) -> dict | None:
         try:
@@ -95,43 +93,12 @@ class StatusWatch:
         self.samples.append(s)
         return s
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            self.sample()
-
     def start(self) -> "StatusWatch":
-        self._thread.start()
+        self._periodic.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-class CpuTimeline:
-    """The cores used by the benchmark's processes and by every other process, second by second."""
-
-    def __init__(self, pids: dict[str, int]) -> None:
-        self.pids = pids
-        self.seconds: list[tuple[float, float, float]] = []      # (start, ours, others)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            t, meter = time.monotonic(), CpuMeter(self.pids).start()
-            self._stop.wait(1.0)
-            m = meter.stop()
-            ours = sum(v for v in m["cpu_s"].values() if v == v) / m["wall_s"]
-            self.seconds.append((t, ours, m["external_cores"]))
-
-    def start(self) -> "CpuTimeline":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._periodic.stop()
 
 
 def frontend_view(metrics_urls: list[str]) -> dict:

@@ -15,8 +15,10 @@ Reported:
   from GetStatus every few seconds; the same planning functions offline, for comparison;
 - requests: the share answered within their model's SLO, over the whole run and in its first
   minute (from the first request), per minute, and the shares late, dropped (by status) and failed;
-- CPU: cores used by the client, the scheduler, the frontends and the backends, the whole machine
-  and every other process on it (other people's work on a shared machine), beside the throughput.
+- CPU: cores used by the client (a process of its own), this harness (its watches and meters), the
+  scheduler, the frontends and the backends, the whole machine and every other process on it (other
+  people's work on a shared machine), second by second, beside the throughput; and what the
+  frontends themselves counted late and dropped, to tell the serving path from the client's side.
 
     python -m benchmarks.long_tail                                   # 150 rps, 20 backends, 10 minutes
     python -m benchmarks.long_tail --rate 300 --backends 60 --duration-s 120
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import pathlib
 import sys
@@ -122,14 +125,17 @@ def frontend_view(metrics_urls: list[str]) -> dict:
     return out
 
 
-async def drive(frontends: list[str], sessions: list[SessionSpec], duration_s: float, seed: int
+async def drive(frontends: list[str], sessions: list[SessionSpec], duration_s: float, seed: int, conn
                 ) -> tuple[float, list[BenchReport]]:
-    """One open-loop Poisson client per model, all at once, every one balanced over the frontends.
-    Returns the monotonic time the load started and each model's report."""
+    """One open-loop Poisson client per model, all at once, every one balanced over the frontends:
+    opened, then said ready on ``conn``, then run once ``conn`` says go. Returns the monotonic time
+    the load started and each model's report."""
     clients = [LoadClient(frontends, s.model, seed=seed * 1000 + i) for i, s in enumerate(sessions)]
     for c in clients:
         await c.open()
     try:
+        conn.send("ready")
+        await asyncio.get_running_loop().run_in_executor(None, conn.recv)
         start = time.monotonic()
         reports = await asyncio.gather(*(c.run(s.rate_rps, duration_s, s.slo_ms)
                                          for c, s in zip(clients, sessions)))
@@ -137,6 +143,13 @@ async def drive(frontends: list[str], sessions: list[SessionSpec], duration_s: f
         for c in clients:
             await c.close()
     return start, list(reports)
+
+
+def client_main(frontends: list[str], sessions: list[SessionSpec], duration_s: float, seed: int, conn) -> None:
+    """The load client's process: nothing else runs in it (the watches and meters of the benchmark
+    would share its interpreter lock and delay its replies, which it would count as latency)."""
+    conn.send(asyncio.run(drive(frontends, sessions, duration_s, seed, conn)))
+    conn.recv()          # stays until its CPU time is read
 
 
 def attainment(reports: list[BenchReport], start_s: float, duration_s: float) -> dict:
@@ -209,22 +222,31 @@ def run(args) -> dict:
               f"{uptime()}", flush=True)
         watch = StatusWatch(cluster.scheduler.address, args.status_every_s)
         before = watch.sample()
-        pids = {"client": os.getpid(), "scheduler": cluster.scheduler.pid,
+        ours, theirs = multiprocessing.get_context("spawn").Pipe()
+        client = multiprocessing.get_context("spawn").Process(
+            target=client_main, args=([f.address for f in cluster.frontends], sessions, args.duration_s, args.seed,
+                                      theirs), name="long-tail client")
+        client.start()
+        if not ours.poll(300) or ours.recv() != "ready":
+            raise RuntimeError("the load client did not open its connections within 300 s")
+        pids = {"client": client.pid, "harness": os.getpid(), "scheduler": cluster.scheduler.pid,
                 **{b.name: b.pid for b in cluster.backends}, **{f.name: f.pid for f in cluster.frontends}}
         meter, load, timeline = CpuMeter(pids).start(), LoadSampler().start(), CpuTimeline(pids).start()
         watch.start()
         start_wall = time.time()
-        start, reports = asyncio.run(drive([f.address for f in cluster.frontends], sessions, args.duration_s,
-                                           args.seed))
+        ours.send("go")
+        start, reports = ours.recv()
         cpu, loadavg = meter.stop(), load.stop()
         timeline.stop()
+        ours.send("bye")
+        client.join()
         watch.stop()
         after = watch.sample()
         served = frontend_view([f.info["metrics"] for f in cluster.frontends])
     during = [s for s in watch.samples if s["t"] >= start]
     requests = attainment(reports, start, args.duration_s)
     wall = cpu["wall_s"]
-    kinds = {"client": 0.0, "scheduler": 0.0, "frontends": 0.0, "backends": 0.0}
+    kinds = {"client": 0.0, "harness": 0.0, "scheduler": 0.0, "frontends": 0.0, "backends": 0.0}
     for name, seconds in cpu["cpu_s"].items():
         kinds["frontends" if name.startswith("frontend") else "backends" if name.startswith("backend") else name] += \
             seconds

@@ -73,6 +73,7 @@ class ClusterView:
     rates_rps: Mapping[str, float] = field(default_factory=dict)
     surges_rps: Mapping[str, float] = field(default_factory=dict)   # sessions whose demand just jumped
     rate_windows_s: Mapping[str, float] = field(default_factory=dict)
+    surge_windows_s: Mapping[str, float] = field(default_factory=dict)   # seconds of each surging report
     gammas: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
     force: ReplanReason | None = None
     why: tuple[str, ...] = ()

@@ -84,9 +84,14 @@ class Workload:
         rates, surging, _ = self._rates(now)
         return {model: rates[model] for model in surging}
 
-    def _rates(self, now: float) -> tuple[dict[str, float], set[str], dict[str, float]]:
+    def surge_windows_s(self, now: float) -> dict[str, float]:
+        """Per surging session, the seconds of the latest report that surged (the shortest, when
+        several frontends' did): what the planner judges a surge's noise by."""
+        return self._rates(now)[1]
+
+    def _rates(self, now: float) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
         totals: dict[str, float] = {}
-        surging: set[str] = set()
+        surging: dict[str, float] = {}
         windows: dict[str, float] = {}
         for node, per_model in self.rates.items():
             for model, (smoothed, t) in per_model.items():
@@ -104,7 +109,7 @@ class Workload:
                     if latest_n > expected + SURGE_SIGMAS * expected ** 0.5 + SURGE_MIN_EXTRA and \
                             latest_n > SURGE_RATIO * expected:
                         rate = max(rate, latest_n / latest_w)
-                        surging.add(model)
+                        surging[model] = min(surging.get(model, latest_w), latest_w)
                 totals[model] = totals.get(model, 0.0) + rate
                 windows[model] = min(windows.get(model, window_s), window_s)
         return totals, surging, windows

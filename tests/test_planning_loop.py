@@ -10,7 +10,8 @@ from common.profile import Profile
 from globalsched.algorithms.replan import ReplanConfig, ReplanReason
 from globalsched.cluster import MIN_PLANNED_RATE_RPS, ClusterView, ModelView, SessionInput
 from globalsched.placement import BackendSlot
-from globalsched.planner import PlannerSettings, PlannerState, plan_cluster, same_tables, settled_rates
+from globalsched.planner import (PlannerSettings, PlannerState, plan_cluster, real_surges, same_tables,
+                                 settled_rates)
 
 PROFILE = Profile.linear(2.0, 10.0, 32, memory_base_mb=100, memory_per_item_mb=1, device_type="gpu")
 
@@ -28,13 +29,14 @@ class Loop:
         self.changed = False
 
     def plan(self, sessions: list[SessionInput], slots, now: float, min_replicas=None, force=None, surges=None,
-             window_s: float = 0.0, expected=None):
+             window_s: float = 0.0, expected=None, surge_window_s: float = 0.0):
         view = ClusterView(now, tuple(slots),
                            tuple(ModelView(s.model, s.slo_ms, s.profiles, min_replicas=(min_replicas or {}).get(s.model, 0),
                                            expected_rate_rps=(expected or {}).get(s.model, 0.0))
                                  for s in sessions),
                            rates_rps={s.model: s.rate_rps for s in sessions}, surges_rps=surges or {}, force=force,
-                           rate_windows_s={s.model: window_s for s in sessions} if window_s else {})
+                           rate_windows_s={s.model: window_s for s in sessions} if window_s else {},
+                           surge_windows_s={m: surge_window_s for m in surges or {}} if surge_window_s else {})
         before = self.state.plan
         plan, self.state = plan_cluster(view, self.state, self.settings)
         self.changed = plan is not before
@@ -219,4 +221,22 @@ def test_an_epoch_that_re_plans_to_the_tables_in_force_is_no_new_plan():
     assert loop.changed and forced is not first and same_tables(forced, first)
     grown = [SessionInput("m0", 100.0, 300.0, {"gpu": PROFILE}), *sessions[1:]]
     assert loop.plan(grown, slots, 80.0) is not forced and loop.changed
+
+
+def test_a_surge_within_noise_of_the_planned_rate_is_no_surge():
+    assert real_surges({"m": 6.0}, {"m": 2.0}, {"m": 5.3}) == {}             # 12 requests where 10.6 were planned
+    assert real_surges({"m": 60.0}, {"m": 2.0}, {"m": 5.3}) == {"m": 60.0}   # 120 where 10.6 were: a surge
+    assert real_surges({"m": 6.0}, {}, {"m": 5.3}) == {"m": 6.0}             # no window known: a surge
+    assert real_surges({"m": 6.0}, {"m": 2.0}, {}) == {"m": 6.0}             # not planned yet: a surge
+    loop = _loop(cooldown_s=5.0, epoch_s=30.0)
+    slots = _slots("a", "b", "c")
+    expected = {"m": 5.3}
+    plan = loop.plan([SessionInput("m", 100.0, 0.0, {"gpu": PROFILE})], slots, 0.0, expected=expected)
+    # The first report of its traffic is a surge against the zeros reported before: noise around the plan.
+    same = loop.plan([SessionInput("m", 100.0, 6.0, {"gpu": PROFILE})], slots, 1.0, expected=expected,
+                     surges={"m": 6.0}, surge_window_s=2.0)
+    assert same is plan
+    surged = loop.plan([SessionInput("m", 100.0, 60.0, {"gpu": PROFILE})], slots, 2.0, expected=expected,
+                       surges={"m": 60.0}, surge_window_s=2.0)
+    assert loop.changed and surged.sessions["m"].rate_rps == 60.0 and surged.why[0].startswith("demand surge: m")
 

@@ -80,7 +80,7 @@ import numpy as np
 from nexus.bench import perf_analyzer as pa
 from nexus.bench.cluster import ServeCluster, Upload, descendants, live_profiles
 from nexus.bench.ladder import paired_ladder
-from nexus.bench.meters import CpuMeter, LoadSampler, loadavg
+from nexus.bench.meters import CpuMeter, LoadSampler, favour, favour_tree, loadavg
 from nexus.bench.ort_direct import ort_limit as direct_limit
 from nexus.bench.ort_direct import ort_session
 from nexus.bench.report import write_json
@@ -103,33 +103,6 @@ def ort_limit(path: pathlib.Path, spec: ModelSpec, repeats: int, threads: int = 
 
 
 # ---- machine ----------------------------------------------------------------------------------------
-
-def favour(pid: int, nice: int) -> None:
-    """Niceness ``nice`` for a process and for its scheduler autogroup (its session; with autogroups on,
-    a process's niceness only counts against others of its session, and sessions share the CPU
-    evenly unless their own niceness says otherwise)."""
-    if not nice:
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, pid, nice)
-    except OSError:
-        pass
-    try:
-        pathlib.Path(f"/proc/{pid}/autogroup").write_text(str(nice))
-    except OSError:
-        pass
-
-
-def favour_tree(pid: int, nice: int) -> None:
-    """:func:`favour` for a process, all its threads and all its descendants (their threads too)."""
-    for p in [pid, *descendants(pid)]:
-        favour(p, nice)
-        for task in pathlib.Path(f"/proc/{p}/task").glob("*"):
-            try:
-                os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
-            except (OSError, ValueError):
-                pass
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -302,7 +275,7 @@ def srv_profiles(srv: ServeCluster, names) -> dict:
 
 def plan_now(srv: ServeCluster) -> list[dict]:
     """The scheduler's plan now, compact: per device its duty cycle and (model, batch, l(batch), rps)."""
-    from nexus.status_cmd import fetch_status
+    from nexus.scheduler_client import fetch_status
 
     st = fetch_status(srv.scheduler, creds=srv.creds)
     return [{"device": d.node_id, "duty_cycle_ms": round(d.duty_cycle_ms, 1),

@@ -280,9 +280,11 @@ def face_cls() -> onnx.ModelProto:
     return backbone_variant(1)
 
 
-def mlp_small(in_features: int = 64, hidden: int = 128, num_classes: int = 10) -> onnx.ModelProto:
-    """A tiny MLP (in_features -> hidden -> hidden -> classes), microseconds per batch."""
-    b = _GraphBuilder(MLP_SEED)
+def mlp_small(in_features: int = 64, hidden: int = 128, num_classes: int = 10,
+              seed: int = MLP_SEED) -> onnx.ModelProto:
+    """A tiny MLP (in_features -> hidden -> hidden -> classes), microseconds per batch. Another
+    ``seed`` gives other weights: a distinct model that shares no prefix with the sample."""
+    b = _GraphBuilder(seed)
     x = b.relu(b.gemm("input", in_features, hidden, gain=np.sqrt(2.0)))
     x = b.relu(b.gemm(x, hidden, hidden, gain=np.sqrt(2.0)))
     logits = b.gemm(x, hidden, num_classes)

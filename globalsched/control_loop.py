@@ -88,6 +88,9 @@ class ControlLoop:
         return plan
 
     def _log(self, plan: ClusterPlan) -> None:
+        reasons = ", ".join(f"{t} {r.value}" for t, r in sorted(plan.reasons.items()) if r is not ReplanReason.NONE)
+        log.info("epoch %d: re-planned: %s%s", self.epoch, reasons or "no device type changed",
+                 f" ({'; '.join(plan.why)})" if plan.why else "")
         for placement in plan.placements.values():
             for b in placement.backends:
                 log.info("epoch %d: %s duty cycle %.1f ms: %s", self.epoch, b.node_id, b.duty_cycle_ms,

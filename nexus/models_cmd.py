@@ -43,7 +43,8 @@ def _run_upload(args) -> int:
     try:
         model = upload_model(args.scheduler, args.file, args.name, profile_path=args.profile, slo_ms=args.slo_ms,
                              runtime=args.runtime, io_path=args.io, load=not args.no_load,
-                             min_replicas=args.min_replicas, creds=client_credentials(args),
+                             min_replicas=args.min_replicas, expected_rate_rps=args.expected_rate_rps,
+                             creds=client_credentials(args),
                              pin_profile=args.pin_profile)
     except (AdminCallError, ClientFlagError) as exc:
         print(f"nexus models upload: error: {exc}", file=sys.stderr)
@@ -89,6 +90,9 @@ def register(sub) -> None:
     up.add_argument("--min-replicas", type=int, default=0,
                     help="backends its session keeps at least, so losing one needs no re-plan "
                          "(default 0: the scheduler's --min-replicas)")
+    up.add_argument("--expected-rate-rps", type=float, default=0.0,
+                    help="plan its session for this rate until the frontends measure one "
+                         "(default 0: the scheduler's --default-rate-rps)")
     up.add_argument("--scheduler", default=DEFAULT_SCHEDULER)
     add_client_security(up)
     up.set_defaults(func=_run_upload)

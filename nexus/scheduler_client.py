@@ -57,10 +57,13 @@ def _chunks(header: control.UploadHeader, path: pathlib.Path) -> Iterator[contro
 def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile_path: str | None = None,
                  slo_ms: float = 0.0, runtime: str = "", io_path: str | None = None, load: bool = True,
                  timeout_s: float = 300, min_replicas: int = 0, warmup: Sequence[WarmupSample] = (),
-                 creds: Credentials = grpc_util.NO_CREDENTIALS, pin_profile: bool = False) -> control.ModelDesc:
+                 expected_rate_rps: float = 0.0, creds: Credentials = grpc_util.NO_CREDENTIALS,
+                 pin_profile: bool = False) -> control.ModelDesc:
     """Stream a model file to the scheduler; raise AdminCallError with the scheduler's reason if refused.
     ``warmup``: the model's warm-up samples (config.pbtxt's model_warmup; none: the backends' default).
-    ``pin_profile``: the profile always plans, whatever serving measures (``"meta": {"pinned": true}``)."""
+    ``pin_profile``: the profile always plans, whatever serving measures (``"meta": {"pinned": true}``).
+    ``expected_rate_rps``: the rate its session is planned for until one is measured (0: the
+    scheduler's default), so that a model's first requests find the capacity they need."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise AdminCallError(f"no such file: {path}")
@@ -69,6 +72,7 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
     if min_replicas < 0:
         raise AdminCallError(f"--min-replicas must not be negative, got {min_replicas}")
     header = control.UploadHeader(name=name, slo_ms=slo_ms, load=load, min_replicas=min_replicas,
+                                  expected_rate_rps=expected_rate_rps,
                                   runtime=runtime or ("torch" if path.suffix in (".pt", ".pt2") else "onnxruntime"))
     header.warmup.extend(warmup_to_pb(warmup))
     for attr, file in (("profile_json", profile_path), ("io_json", io_path)):

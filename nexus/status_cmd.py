@@ -29,7 +29,8 @@ def render_text(st: ClusterStatus) -> str:
     lines = [f"epoch {st.epoch} · solver {st.solver or '-'} · plan {st.plan_age_s:.1f} s old · "
              f"{st.frontends} frontend(s)",
              f"devices: {st.devices_in_use} in use of {len(st.devices)} registered · plan needs "
-             f"{st.planned_devices} · lower bound {st.lower_bound}", ""]
+             f"{st.planned_devices} · lower bound {st.lower_bound} "
+             f"(throughput alone: {st.lower_bound_throughput_only})", ""]
     for d in st.devices:
         memory = f"{d.memory_used_mb:,.0f} of {d.memory_mb:,.0f} MB" if d.memory_mb else f"{d.memory_used_mb:,.0f} MB"
         if not d.sessions:

@@ -94,6 +94,7 @@ class ClusterStatus:
     best_effort: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     profiles: tuple[ProfileStatus, ...] = ()
+    lower_bound_throughput_only: int = 0     # the bound of earlier releases, for comparison
 
     @property
     def devices_in_use(self) -> int:
@@ -141,7 +142,8 @@ def from_reply(reply: control.StatusReply) -> ClusterStatus:
     unplaced = {name: r.reason for name, r in routes.items() if not r.backends}
     return ClusterStatus(routing.epoch, reply.solver, reply.plan_age_s, routing.planned_devices, routing.lower_bound,
                          reply.frontends, tuple(devices), tuple(queries), unplaced, dict(reply.best_effort),
-                         tuple(reply.notes), tuple(_profile(p) for p in reply.profiles))
+                         tuple(reply.notes), tuple(_profile(p) for p in reply.profiles),
+                         routing.lower_bound_throughput_only)
 
 
 def _curve(message: control.ModelProfileStatus, name: str) -> tuple[tuple[int, float], ...]:

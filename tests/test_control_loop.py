@@ -5,6 +5,7 @@ failed plan reaches the waiter without ending the task."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -49,7 +50,9 @@ async def _started(world: World):
     return trigger, loop, task
 
 
-def test_a_burst_of_triggers_is_one_plan_and_an_unchanged_plan_is_not_applied_again():
+def test_a_burst_of_triggers_is_one_plan_and_an_unchanged_plan_is_not_applied_again(caplog):
+    caplog.set_level(logging.INFO, logger="nexus.scheduler")
+
     async def main():
         world = World()
         trigger, loop, task = await _started(world)
@@ -59,6 +62,7 @@ def test_a_burst_of_triggers_is_one_plan_and_an_unchanged_plan_is_not_applied_ag
         await asyncio.sleep(0.3)
         assert world.reads == reads + 1 and len(world.applied) == applied + 1
         assert world.applied[-1][0] == loop.epoch == trigger.epoch
+        assert f"epoch {loop.epoch}: re-planned: gpu sessions-changed (change 0; change 1" in caplog.text  # and why
         trigger.evaluate()                                 # nothing changed: planned, not applied
         await asyncio.sleep(0.3)
         assert world.reads == reads + 2 and len(world.applied) == applied + 1

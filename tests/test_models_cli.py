@@ -64,6 +64,9 @@ def test_bad_uploads_are_refused_with_a_clear_message_and_register_nothing(small
     bad_name.write_bytes(model_bytes(mlp_small()))
     result = nexus_cli("models", "upload", str(bad_name), "--name", "bad name!", "--scheduler", address)
     assert result.returncode == 2 and "invalid model name" in result.stderr
+    result = nexus_cli("models", "upload", str(bad_name), "--name", "m", "--expected-rate-rps", "-5",
+                       "--scheduler", address)
+    assert result.returncode == 2 and "expected_rate_rps must be a rate of at least 0" in result.stderr
     assert _list(address) == []
     blobs = list((tmp_path / "db" / "blobs").rglob("*"))
     assert not [b for b in blobs if b.is_file()], blobs

@@ -2,7 +2,8 @@
 
 Layout under the data directory::
 
-    nexus.db                 SQLite: model versions, profiles (per version and device type), sessions
+    nexus.db                 SQLite: model versions, profiles (per version and device type), sessions,
+                             the measured profiles in use (per version, globalsched/profile_book.py)
     blobs/ab/abcdef...       model files, named by their SHA-256
     tmp/                     uploads in progress (removed on failure)
 
@@ -103,6 +104,17 @@ CREATE TABLE IF NOT EXISTS model_serving (
 CREATE TABLE IF NOT EXISTS version_policies (
     model TEXT PRIMARY KEY,
     policy_json TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS measured_profiles (
+    model TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    device_type TEXT NOT NULL,
+    basis TEXT NOT NULL,
+    profile_json TEXT NOT NULL,
+    raise_streak INTEGER NOT NULL,
+    margin REAL NOT NULL,
+    PRIMARY KEY (model, version, device_type),
+    FOREIGN KEY (model, version) REFERENCES models(name, version) ON DELETE CASCADE
 )
 """
 
@@ -115,6 +127,8 @@ _MIGRATION_1_TO_2 = (
     ("sessions", "INSERT INTO sessions SELECT model, slo_ms FROM sessions_v1"),
     ("model_replicas", "INSERT INTO model_replicas SELECT model, min_replicas FROM model_replicas_v1"),
     ("model_serving", "INSERT INTO model_serving SELECT model, expected_rate_rps, batch_cap FROM model_serving_v1"),
+    ("measured_profiles", "INSERT INTO measured_profiles SELECT model, 1, device_type, basis, profile_json, "
+                          "raise_streak, margin FROM measured_profiles_v1"),
 )
 
 
@@ -181,6 +195,7 @@ class ModelDatabase:
         self._db.execute("PRAGMA journal_mode = WAL")
         self._open_schema()
         self._db.execute("PRAGMA foreign_keys = ON")
+        self.profiles_version = 0       # bumps whenever a model or a table is stored (readers cache by it)
         self._collect_garbage()
 
     def close(self) -> None:
@@ -194,6 +209,7 @@ class ModelDatabase:
         Foreign keys are off meanwhile (SQLite applies that pragma only outside a transaction)."""
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version == SCHEMA_VERSION:
+            self._db.executescript(_SCHEMA)       # tables added since, within the schema version
             return
         if version > SCHEMA_VERSION:
             raise RuntimeError(f"{self.data_dir / 'nexus.db'} has schema {version}, newer than this release's "
@@ -396,6 +412,7 @@ class ModelDatabase:
                 self._db.execute("ROLLBACK")
                 self._collect_unreferenced(u.sha256)
                 raise
+            self.profiles_version += 1
             if old and old[0] != u.sha256:
                 self._collect_unreferenced(old[0])
         return record
@@ -485,12 +502,35 @@ class ModelDatabase:
                 raise KeyError(_unknown(name, version, self._db))
             self._db.execute("INSERT OR REPLACE INTO profiles VALUES (?,?,?,?)",
                              (name, version, profile.device_type, profile.to_json()))
+            self.profiles_version += 1
 
     def profiles(self, key: str) -> dict[str, Profile]:
         with self._lock:
             rows = self._db.execute("SELECT device_type, profile_json FROM profiles WHERE model=? AND version=?",
                                     split_key(key)).fetchall()
         return {r[0]: Profile.from_json(r[1]) for r in rows}
+
+    def save_measured(self, key: str, device_type: str, basis: str, profile: Profile, raise_streak: int,
+                      margin: float) -> None:
+        """Keep the measured profile in use for (version key, device type) (globalsched/profile_book.py);
+        a version no longer stored is ignored."""
+        name, version = split_key(key)
+        with self._lock:
+            if self._db.execute("SELECT 1 FROM models WHERE name=? AND version=?", (name, version)).fetchone():
+                self._db.execute("INSERT OR REPLACE INTO measured_profiles VALUES (?,?,?,?,?,?,?)",
+                                 (name, version, device_type, basis, profile.to_json(), raise_streak, margin))
+
+    def delete_measured(self, key: str, device_type: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM measured_profiles WHERE model=? AND version=? AND device_type=?",
+                             (*split_key(key), device_type))
+
+    def measured_profiles(self) -> list[tuple[str, str, str, Profile, int, float]]:
+        """(version key, device type, basis, profile, raise streak, margin) of every kept measured profile."""
+        with self._lock:
+            rows = self._db.execute("SELECT model, version, device_type, basis, profile_json, raise_streak, margin "
+                                    "FROM measured_profiles ORDER BY model, version, device_type").fetchall()
+        return [(version_key(r[0], r[1]), r[2], r[3], Profile.from_json(r[4]), r[5], r[6]) for r in rows]
 
     # ---- serving (per model name) ------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ def read_view(now_s: float, backends: Iterable[Node], admin: ModelAdmin, workloa
         backends=tuple(BackendSlot(n.node_id, n.device_type, n.memory_mb) for n in backends),
         models=tuple(models), queries=queries, stage_models=stage_models,
         rates_rps=rates, surges_rps=workload.surges(now_s),
+        rate_windows_s=workload.rate_windows_s(now_s), surge_windows_s=workload.surge_windows_s(now_s),
         gammas=workload.current_gammas(now_s), force=force, why=why)
 
 

@@ -71,16 +71,28 @@ class Workload:
         """
         return self._rates(now)[0]
 
+    def rate_windows_s(self, now: float) -> dict[str, float]:
+        """Per session, the seconds of counted requests behind its planning rate: the shortest window of
+        any frontend reporting it (0 where a frontend sent no counts: no noise estimate). The planner
+        tells noise from change with it (globalsched/planner.py, :func:`settled_rates`)."""
+        return self._rates(now)[2]
+
     def surges(self, now: float) -> dict[str, float]:
         """Sessions whose latest report, on some frontend, rose beyond Poisson noise and SURGE_RATIO
         above that frontend's window mean: their rate summed over frontends, with the surging
         frontends' latest rates."""
-        rates, surging = self._rates(now)
+        rates, surging, _ = self._rates(now)
         return {model: rates[model] for model in surging}
 
-    def _rates(self, now: float) -> tuple[dict[str, float], set[str]]:
+    def surge_windows_s(self, now: float) -> dict[str, float]:
+        """Per surging session, the seconds of the latest report that surged (the shortest, when
+        several frontends' did): what the planner judges a surge's noise by."""
+        return self._rates(now)[1]
+
+    def _rates(self, now: float) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
         totals: dict[str, float] = {}
-        surging: set[str] = set()
+        surging: dict[str, float] = {}
+        windows: dict[str, float] = {}
         for node, per_model in self.rates.items():
             for model, (smoothed, t) in per_model.items():
                 if now - t > RATE_REPORT_TTL_S:
@@ -97,9 +109,10 @@ class Workload:
                     if latest_n > expected + SURGE_SIGMAS * expected ** 0.5 + SURGE_MIN_EXTRA and \
                             latest_n > SURGE_RATIO * expected:
                         rate = max(rate, latest_n / latest_w)
-                        surging.add(model)
+                        surging[model] = min(surging.get(model, latest_w), latest_w)
                 totals[model] = totals.get(model, 0.0) + rate
-        return totals, surging
+                windows[model] = min(windows.get(model, window_s), window_s)
+        return totals, surging, windows
 
     def current_rates(self, now: float) -> dict[str, float]:
         """The smoothed rate per session, summed over frontends."""

@@ -28,9 +28,27 @@ def _policy(m: control.ModelDesc) -> str:
         return f"invalid: {exc}"
 
 
+_STATE_WORDS = {control.PROFILED: "profiled", control.NOT_PROFILED: "not profiled yet",
+                control.PROFILING: "profiling", control.NEEDS_PROFILE: "needs a profile",
+                control.CANNOT_LOAD: "cannot load", control.PREDICTED: "predicted"}
+
+
+def _device_types(m: control.ModelDesc) -> list[dict]:
+    return [{"device_type": d.device_type, "state": _STATE_WORDS.get(d.state, "unknown"), "reason": d.reason,
+             "backends": d.backends} for d in m.device_types]
+
+
+def _servable_column(m: control.ModelDesc) -> str:
+    """Per device type with backends registered, whether the model can be served there."""
+    return ", ".join(f"{d.device_type}: {_STATE_WORDS.get(d.state, 'unknown')}" for d in m.device_types
+                     if d.backends) or "-"
+
+
 def _describe(m: control.ModelDesc) -> dict:
-    return {"name": m.name, "version": m.version or 1, "version_policy": _policy(m), "sha256": m.sha256, "runtime": m.runtime, "size_bytes": m.size_bytes,
+    return {"name": m.name, "version": m.version or 1, "version_policy": _policy(m), "sha256": m.sha256,
+            "runtime": m.runtime, "size_bytes": m.size_bytes,
             "slo_ms": m.default_slo_ms, "loaded": m.loaded, "profiles": list(m.profiled_device_types),
+            "device_types": _device_types(m), "batch_cap": m.batch_cap, "expected_rate_rps": m.expected_rate_rps,
             "min_replicas": m.min_replicas,
             "prefix_group": m.prefix_group,
             "warmup": describe_warmup(warmup_from_pb(m.warmup)),
@@ -42,7 +60,9 @@ def _run_upload(args) -> int:
     try:
         model = upload_model(args.scheduler, args.file, args.name, profile_path=args.profile, slo_ms=args.slo_ms,
                              runtime=args.runtime, io_path=args.io, load=not args.no_load,
-                             min_replicas=args.min_replicas, version=args.version, creds=client_credentials(args))
+                             min_replicas=args.min_replicas, version=args.version,
+                             expected_rate_rps=args.expected_rate_rps, creds=client_credentials(args),
+                             pin_profile=args.pin_profile)
     except (AdminCallError, ClientFlagError) as exc:
         print(f"nexus models upload: error: {exc}", file=sys.stderr)
         return 2
@@ -60,10 +80,12 @@ def _run_list(args) -> int:
     if args.json:
         print(json.dumps([_describe(m) for m in models], indent=2))
         return 0
-    rows = [("NAME", "VERSION", "RUNTIME", "SIZE", "SLO_MS", "LOADED", "PROFILES", "PREFIX")]
+    rows = [("NAME", "VERSION", "RUNTIME", "SIZE", "SLO_MS", "LOADED", "PROFILES", "ON REGISTERED DEVICE TYPES",
+             "PREFIX")]
     for m in models:
         rows.append((m.name, str(m.version or 1), m.runtime, f"{m.size_bytes / 1e6:.1f}MB", f"{m.default_slo_ms:g}",
-                     "yes" if m.loaded else "no", ",".join(m.profiled_device_types) or "-", m.prefix_group[:12] or "-"))
+                     "yes" if m.loaded else "no", ",".join(m.profiled_device_types) or "-", _servable_column(m),
+                     m.prefix_group[:12] or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -85,7 +107,10 @@ def register(sub) -> None:
     up.add_argument("--version", type=_positive_version, default=0, metavar="N",
                     help="the version this file is, a positive integer (default: the next after the newest, "
                          "1 for a new model); a stored version is replaced")
-    up.add_argument("--profile", help="profile JSON (common/profile.py format, with device_type)")
+    up.add_argument("--profile", help="profile JSON (common/profile.py format, with device_type): where planning "
+                                      "starts; serving measurements replace it once enough samples count")
+    up.add_argument("--pin-profile", action="store_true",
+                    help="plan with --profile always, whatever serving measures (measurements are still shown)")
     up.add_argument("--slo-ms", type=float, default=0.0, help="SLO of the model's session (default: scheduler's)")
     up.add_argument("--runtime", default="", choices=["", "onnxruntime", "torch"], help="default: from the file suffix")
     up.add_argument("--io", help="JSON with inputs/outputs (required for torch models)")
@@ -93,6 +118,9 @@ def register(sub) -> None:
     up.add_argument("--min-replicas", type=int, default=0,
                     help="backends its session keeps at least, so losing one needs no re-plan "
                          "(default 0: the scheduler's --min-replicas)")
+    up.add_argument("--expected-rate-rps", type=float, default=0.0,
+                    help="plan its session for this rate until the frontends measure one "
+                         "(default 0: the scheduler's --default-rate-rps)")
     up.add_argument("--scheduler", default=DEFAULT_SCHEDULER)
     add_client_security(up)
     up.set_defaults(func=_run_upload)

@@ -59,19 +59,26 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
                  slo_ms: float = 0.0, runtime: str = "", io_path: str | None = None, load: bool = True,
                  timeout_s: float = 300, min_replicas: int = 0, warmup: Sequence[WarmupSample] = (),
                  version: int = 0, version_policy: VersionPolicy | None = None,
-                 creds: Credentials = grpc_util.NO_CREDENTIALS) -> control.ModelDesc:
+                 expected_rate_rps: float = 0.0, creds: Credentials = grpc_util.NO_CREDENTIALS,
+                 pin_profile: bool = False) -> control.ModelDesc:
     """Stream a model file to the scheduler; raise AdminCallError with the scheduler's reason if refused.
     ``warmup``: the version's warm-up samples (config.pbtxt's model_warmup; none: the backends' default).
     ``version``: the version the file is (0: the next after the newest, 1 for a new model);
-    ``version_policy``: the model's from now on (None: the one it has, else the latest version)."""
+    ``version_policy``: the model's from now on (None: the one it has, else the latest version).
+    ``pin_profile``: the profile always plans, whatever serving measures (``"meta": {"pinned": true}``).
+    ``expected_rate_rps``: the rate its session is planned for until one is measured (0: the
+    scheduler's default), so that a model's first requests find the capacity they need."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise AdminCallError(f"no such file: {path}")
+    if pin_profile and not profile_path:
+        raise AdminCallError("--pin-profile needs --profile (the table to pin)")
     if min_replicas < 0:
         raise AdminCallError(f"--min-replicas must not be negative, got {min_replicas}")
     if version < 0:
         raise AdminCallError(f"--version must be a positive integer, got {version}")
     header = control.UploadHeader(name=name, slo_ms=slo_ms, load=load, min_replicas=min_replicas, version=version,
+                                  expected_rate_rps=expected_rate_rps,
                                   runtime=runtime or ("torch" if path.suffix in (".pt", ".pt2") else "onnxruntime"))
     header.warmup.extend(warmup_to_pb(warmup))
     if version_policy is not None:
@@ -82,7 +89,21 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
                 setattr(header, attr, pathlib.Path(file).read_text())
             except OSError as exc:
                 raise AdminCallError(f"cannot read {file}: {exc.strerror}") from None
+    if pin_profile:
+        header.profile_json = pinned(header.profile_json, profile_path)
     return _call(scheduler, creds, "UploadModel", _chunks(header, path), timeout_s).model
+
+
+def pinned(profile_json: str, where: str) -> str:
+    """The profile file's JSON with ``meta.pinned`` set (globalsched/profile_book.py: a pinned table
+    always plans; uploading it again without the pin unpins it)."""
+    from common.profile import Profile, ProfileError
+
+    try:
+        profile = Profile.from_json(profile_json, where)
+    except ProfileError as exc:
+        raise AdminCallError(f"invalid profile: {exc}") from None
+    return Profile(profile.rows, profile.device_type, {**profile.meta, "pinned": True}).to_json()
 
 
 def list_models(scheduler: str, creds: Credentials = grpc_util.NO_CREDENTIALS) -> list[control.ModelDesc]:

@@ -125,6 +125,9 @@ CREATE TABLE model_replicas (model TEXT PRIMARY KEY REFERENCES models(name) ON D
     min_replicas INTEGER NOT NULL);
 CREATE TABLE model_serving (model TEXT PRIMARY KEY REFERENCES models(name) ON DELETE CASCADE,
     expected_rate_rps REAL NOT NULL, batch_cap INTEGER NOT NULL);
+CREATE TABLE measured_profiles (model TEXT NOT NULL REFERENCES models(name) ON DELETE CASCADE,
+    device_type TEXT NOT NULL, basis TEXT NOT NULL, profile_json TEXT NOT NULL, raise_streak INTEGER NOT NULL,
+    margin REAL NOT NULL, PRIMARY KEY (model, device_type));
 CREATE TABLE model_warmup (model TEXT PRIMARY KEY REFERENCES models(name) ON DELETE CASCADE,
     samples_json TEXT NOT NULL);
 """
@@ -153,6 +156,7 @@ def _schema_1_database(path, with_warmup_table: bool = True) -> tuple[str, str]:
     db.execute("INSERT INTO sessions VALUES ('mlp', 35.0)")
     db.execute("INSERT INTO model_replicas VALUES ('mlp', 2)")
     db.execute("INSERT INTO model_serving VALUES ('mlp', 12.5, 8)")
+    db.execute("INSERT INTO measured_profiles VALUES ('mlp', 'cpu', 'table', ?, 1, 0.05)", (CPU.to_json(),))
     if with_warmup_table:
         sample = WarmupSample("zeros", 2, (WarmupInput("input", "FP32", (64,), WarmupData.ZERO),), 1)
         from common.warmup import to_json
@@ -172,9 +176,12 @@ def test_a_database_from_before_versions_is_migrated_its_models_becoming_version
     assert [(s.model, s.slo_ms) for s in db.sessions()] == [("mlp", 35.0)]
     assert db.min_replicas("mlp") == 2 and db.serving("mlp") == ServingSettings(12.5, 8)
     assert len(db.model("mlp").warmup) == (1 if with_warmup_table else 0)
+    assert db.measured_profiles() == [("mlp", "cpu", "table", CPU, 1, 0.05)]   # kept, as version 1's
     assert db.read_blob(sha_mlp) == V1 and db.read_blob(sha_stored) == V2     # no blob was collected
     assert db.add_model("mlp", [V2]).key == "mlp:2"                            # and it takes versions now
     db.add_profile("mlp:2", CPU)
+    db.save_measured("mlp:2", "cpu", "table", CPU, 0, 0.1)
+    db.save_measured("gone:3", "cpu", "table", CPU, 0, 0.1)                    # a version not stored: ignored
     db.close()
     raw = sqlite3.connect(path / "nexus.db")
     assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
@@ -183,6 +190,9 @@ def test_a_database_from_before_versions_is_migrated_its_models_becoming_version
     raw.close()
     again = ModelDatabase(path)                     # opening a migrated database again changes nothing
     assert [r.key for r in again.models()] == ["mlp", "mlp:2", "stored"] and again.profiles("mlp:2") == {"cpu": CPU}
+    assert [row[:2] for row in again.measured_profiles()] == [("mlp", "cpu"), ("mlp:2", "cpu")]
+    again.delete_measured("mlp:2", "cpu")
+    assert [row[:2] for row in again.measured_profiles()] == [("mlp", "cpu")]
     again.close()
 
 

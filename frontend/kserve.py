@@ -13,7 +13,8 @@ versions served; ModelReady, ModelConfig, ModelStatistics and RepositoryIndex an
 
 System shared memory (frontend/shared_memory.py): the SystemSharedMemory* calls manage the
 frontend's registered regions. As in Triton they need no token; ``shared_memory_access`` (Triton's
-restricted protocol, category ``shared-memory``) can require a header of them.
+restricted protocol, category ``shared-memory``) can require a header of them, and of the
+CudaSharedMemory* calls, which answer as a server with no CUDA regions (registering one is refused).
 """
 
 from __future__ import annotations
@@ -295,3 +296,24 @@ class KServeService:
         await self._admit_shared_memory_call(context)
         self.state.shared_memory.unregister(request.name)
         return kserve.SystemSharedMemoryUnregisterResponse()
+
+    # CUDA shared memory is not offered: no region is ever registered. Status and Unregister answer as
+    # Triton's do with no regions (tritonclient's shm examples clear both kinds first); Register is
+    # refused, saying what is offered instead.
+
+    async def CudaSharedMemoryStatus(self, request, context):
+        await self._admit_shared_memory_call(context)
+        if request.name:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no CUDA shared memory region {request.name!r} is "
+                                                           f"registered (this frontend offers none)")
+        return kserve.CudaSharedMemoryStatusResponse()
+
+    async def CudaSharedMemoryRegister(self, request, context):
+        await self._admit_shared_memory_call(context)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            f"CUDA shared memory region {request.name!r}: this frontend does not offer CUDA shared "
+                            f"memory; register system shared memory (SystemSharedMemoryRegister) instead")
+
+    async def CudaSharedMemoryUnregister(self, request, context):
+        await self._admit_shared_memory_call(context)
+        return kserve.CudaSharedMemoryUnregisterResponse()

@@ -192,6 +192,7 @@ def parse_infer_request(request, model: ModelEntry, shared_memory=None) -> Parse
                 if region.byte_size < nbytes:
                     raise _invalid(f"output {o.name!r}: shared_memory_byte_size {region.byte_size} is too small for "
                                    f"the {nbytes} bytes of shape {[rows, *spec.shape]} {spec.datatype}")
+            shared_memory.locate(f"output {o.name!r}", region.name, region.offset, region.byte_size)
             output_regions[index[o.name]] = region
     else:
         outputs = tuple(range(len(model.outputs)))

@@ -490,9 +490,26 @@ class _Api:
                          request)
         return web.Response(status=200)
 
+    async def cuda_shm_status(self, request):
+        name = request.match_info.get("name", "")
+        await self._call("CudaSharedMemoryStatus", kserve.CudaSharedMemoryStatusRequest(name=name), request)
+        return web.json_response([])
+
+    async def cuda_shm_register(self, request):
+        await self._json_body(request)
+        await self._call("CudaSharedMemoryRegister", kserve.CudaSharedMemoryRegisterRequest(
+            name=request.match_info["name"]), request)
+        return web.Response(status=200)
+
+    async def cuda_shm_unregister(self, request):
+        name = request.match_info.get("name", "")
+        await self._call("CudaSharedMemoryUnregister", kserve.CudaSharedMemoryUnregisterRequest(name=name), request)
+        return web.Response(status=200)
+
 
 def build_app(service: KServeService, max_body_bytes: int) -> web.Application:
-    """The KServe v2 REST routes (with Triton's repository and statistics extensions) over ``service``."""
+    """The KServe v2 REST routes (with Triton's repository, statistics and shared-memory extensions) over
+    ``service``."""
     api = _Api(service, max_body_bytes)
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors])
     r = app.router
@@ -509,6 +526,11 @@ def build_app(service: KServeService, max_body_bytes: int) -> web.Application:
     r.add_post("/v2/systemsharedmemory/region/{name}/register", api.shm_register)
     r.add_post("/v2/systemsharedmemory/unregister", api.shm_unregister)
     r.add_post("/v2/systemsharedmemory/region/{name}/unregister", api.shm_unregister)
+    r.add_get("/v2/cudasharedmemory/status", api.cuda_shm_status)
+    r.add_get("/v2/cudasharedmemory/region/{name}/status", api.cuda_shm_status)
+    r.add_post("/v2/cudasharedmemory/region/{name}/register", api.cuda_shm_register)
+    r.add_post("/v2/cudasharedmemory/unregister", api.cuda_shm_unregister)
+    r.add_post("/v2/cudasharedmemory/region/{name}/unregister", api.cuda_shm_unregister)
     for model in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
         r.add_get(model, api.model_metadata)
         r.add_get(model + "/ready", api.model_ready)

@@ -13,9 +13,13 @@ Contracts:
 - Keys are as ``shm_open`` takes them on Linux: leading '/' optional, then one name of at most 255
   bytes without '/'; the object is ``/dev/shm/<name>``. It is opened read-write when registered
   (outputs are written to it), and must hold ``offset + byte_size`` bytes then.
-- Every access checks the object still holds the region: an object truncated since (the client
-  destroyed and re-created it smaller) would fault the frontend, so it is refused naming the region.
-  An object unlinked after registration keeps working, as in Triton: the mapping holds its memory.
+- Every access checks the object still holds the region: an object truncated since would fault the
+  frontend, and one re-created under the key since (the client destroyed it and created another)
+  is not the memory the client now writes, so both are refused naming the region. An object
+  unlinked after registration, and not re-created, keeps working, as in Triton: the mapping holds
+  its memory.
+- A request's inputs and outputs are checked against their regions before it runs: an unknown
+  region or an offset and size past its end is refused without running the model.
 - Unregistering an unknown name is no error (Triton's behaviour), an empty name unregisters all.
 - Refusals raise :class:`frontend.requests.RequestError` with the gRPC status: INVALID_ARGUMENT for
   a bad key, size, offset or region name in a request, NOT_FOUND for a key with no object and for
@@ -64,6 +68,8 @@ class _Region:
 
     def __init__(self, status: RegionStatus, fd: int, mapping: mmap.mmap) -> None:
         self.status, self.fd, self.mapping = status, fd, mapping
+        st = os.fstat(fd)
+        self.identity = (st.st_dev, st.st_ino)
 
     def close(self) -> None:
         self.mapping.close()
@@ -76,6 +82,14 @@ class _Region:
         if size < s.offset + s.byte_size:
             raise _invalid(f"shared memory region {s.name!r}: object {s.key!r} shrank to {size} bytes since it was "
                            f"registered (offset {s.offset} + byte_size {s.byte_size}); register the region again")
+        try:
+            st = os.stat(object_path(s.key))
+        except FileNotFoundError:           # unlinked: the mapping still holds the memory
+            return
+        if (st.st_dev, st.st_ino) != self.identity:
+            raise _invalid(f"shared memory region {s.name!r}: object {s.key!r} was destroyed and created anew since "
+                           f"the region was registered, so the frontend no longer sees what is written to it; "
+                           f"unregister and register the region again")
 
 
 class SharedMemoryRegistry:
@@ -144,7 +158,10 @@ class SharedMemoryRegistry:
             raise RequestError(grpc.StatusCode.NOT_FOUND, f"no shared memory region {name!r} is registered")
         return [region.status]
 
-    def _slice(self, what: str, region_name: str, offset: int, byte_size: int) -> tuple[_Region, int, int]:
+    def locate(self, what: str, region_name: str, offset: int, byte_size: int) -> tuple[_Region, int, int]:
+        """The region, start and end in its mapping of ``byte_size`` bytes at ``offset`` in region
+        ``region_name``, for ``what`` (an input or output, in messages); RequestError when the region is
+        unknown, too small, or no longer the client's (see the module's contracts)."""
         with self._lock:
             region = self._regions.get(region_name)
         if region is None:
@@ -159,7 +176,7 @@ class SharedMemoryRegistry:
 
     def read(self, what: str, region_name: str, offset: int, byte_size: int) -> bytes:
         """``byte_size`` bytes at ``offset`` in the region, for ``what`` (an input, in messages)."""
-        region, start, end = self._slice(what, region_name, offset, byte_size)
+        region, start, end = self.locate(what, region_name, offset, byte_size)
         try:
             return region.mapping[start:end]
         except ValueError:          # unregistered (and unmapped) by another call meanwhile
@@ -170,7 +187,7 @@ class SharedMemoryRegistry:
         if len(data) > byte_size:
             raise _invalid(f"{what}: shared_memory_byte_size {byte_size} of region {region_name!r} is too small "
                            f"for the {len(data)} bytes of the result")
-        region, start, _ = self._slice(what, region_name, offset, byte_size)
+        region, start, _ = self.locate(what, region_name, offset, byte_size)
         try:
             region.mapping[start:start + len(data)] = data
         except ValueError:

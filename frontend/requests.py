@@ -85,19 +85,19 @@ def parse_infer_request(request, model: ModelEntry, shared_memory=None) -> Parse
     """``shared_memory``: the frontend's :class:`frontend.shared_memory.SharedMemoryRegistry`, which
     inputs naming a region are read from (None: no region may be named)."""
     by_name = {}
+    regions = {}                          # input index -> its shared memory (none: most requests)
     for i, tensor in enumerate(request.inputs):
         name = tensor.name
         if name in by_name:
             raise _invalid(f"input {name!r} is given twice")
         by_name[name] = (i, tensor)
+        if tensor.parameters:
+            region = _region(tensor.parameters, f"input {name!r}")
+            if region is not None:
+                if shared_memory is None:
+                    raise _invalid(f"input {name!r}: shared memory cannot be used here")
+                regions[i] = region
     specs = model.inputs
-    regions = {}
-    for i, tensor in enumerate(request.inputs):
-        region = _region(tensor.parameters, f"input {tensor.name!r}")
-        if region is not None:
-            if shared_memory is None:
-                raise _invalid(f"input {tensor.name!r}: shared memory cannot be used here")
-            regions[i] = region
     if len(by_name) != len(specs) or any(s.name not in by_name for s in specs):
         expected = {s.name for s in specs}
         unknown = sorted(set(by_name) - expected)
@@ -112,10 +112,9 @@ def parse_infer_request(request, model: ModelEntry, shared_memory=None) -> Parse
     if raw_count and raw_count != len(by_name) - len(regions):
         raise _invalid(f"raw_input_contents has {raw_count} entries for {len(by_name) - len(regions)} inputs "
                        f"not in shared memory")
-    raw_index, k = {}, 0                  # an input's entry in raw_input_contents: shared-memory ones have none
-    for i in range(len(request.inputs)):
-        if i not in regions:
-            raw_index[i], k = k, k + 1
+    raw_index = None                      # an input's entry in raw_input_contents: shared-memory ones have none
+    if regions:
+        raw_index = {i: k for k, i in enumerate(i for i in range(len(request.inputs)) if i not in regions)}
     rows = None
     raws = []
     item_counts = model.input_item_counts
@@ -154,7 +153,7 @@ def parse_infer_request(request, model: ModelEntry, shared_memory=None) -> Parse
                                f"{nbytes} bytes of shape {list(shape)} {spec.datatype}")
             raw = shared_memory.read(f"input {spec.name!r}", region.name, region.offset, region.byte_size)
         elif raw_count:
-            raw = raw_contents[raw_index[index]]
+            raw = raw_contents[index if raw_index is None else raw_index[index]]
             nbytes = count * dtype.itemsize
             if len(raw) != nbytes:
                 raise _invalid(f"input {spec.name!r}: expected {nbytes} bytes of raw data for shape "
@@ -181,7 +180,7 @@ def parse_infer_request(request, model: ModelEntry, shared_memory=None) -> Parse
                                f"outputs are {sorted(index)}")
         outputs = tuple(index[n] for n in names)
         for o in request.outputs:
-            region = _region(o.parameters, f"output {o.name!r}")
+            region = _region(o.parameters, f"output {o.name!r}") if o.parameters else None
             if region is None:
                 continue
             if shared_memory is None:

@@ -521,16 +521,14 @@ def build_app(service: KServeService, max_body_bytes: int) -> web.Application:
     r.add_post("/v2/repository/index", api.repository_index)
     r.add_post("/v2/repository/models/{name}/load", api.load)
     r.add_post("/v2/repository/models/{name}/unload", api.unload)
-    r.add_get("/v2/systemsharedmemory/status", api.shm_status)
-    r.add_get("/v2/systemsharedmemory/region/{name}/status", api.shm_status)
-    r.add_post("/v2/systemsharedmemory/region/{name}/register", api.shm_register)
-    r.add_post("/v2/systemsharedmemory/unregister", api.shm_unregister)
-    r.add_post("/v2/systemsharedmemory/region/{name}/unregister", api.shm_unregister)
-    r.add_get("/v2/cudasharedmemory/status", api.cuda_shm_status)
-    r.add_get("/v2/cudasharedmemory/region/{name}/status", api.cuda_shm_status)
-    r.add_post("/v2/cudasharedmemory/region/{name}/register", api.cuda_shm_register)
-    r.add_post("/v2/cudasharedmemory/unregister", api.cuda_shm_unregister)
-    r.add_post("/v2/cudasharedmemory/region/{name}/unregister", api.cuda_shm_unregister)
+    for prefix, status, register, unregister in (
+            ("/v2/systemsharedmemory", api.shm_status, api.shm_register, api.shm_unregister),
+            ("/v2/cudasharedmemory", api.cuda_shm_status, api.cuda_shm_register, api.cuda_shm_unregister)):
+        r.add_get(prefix + "/status", status)
+        r.add_get(prefix + "/region/{name}/status", status)
+        r.add_post(prefix + "/region/{name}/register", register)
+        r.add_post(prefix + "/unregister", unregister)
+        r.add_post(prefix + "/region/{name}/unregister", unregister)
     for model in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
         r.add_get(model, api.model_metadata)
         r.add_get(model + "/ready", api.model_ready)

@@ -173,16 +173,17 @@ class RoutingTable:
     @staticmethod
     def from_proto(table: control.RoutingTable) -> "RoutingTable":
         models = {}
+        versions: dict[str, dict[int, ModelEntry]] = {}
         for r in table.routes:
             entry = _entry(r.model, r.slo_ms, True, r.backends, r.reason, r.planned_rate_rps, r.measured_rate_rps,
                            r.session)
             models[entry.session] = entry
+            if entry.name == r.model.name:          # a model's version, not a query's stage ("<query>/<stage>")
+                versions.setdefault(entry.name, {})[entry.version] = entry
         for d in table.stored:
             entry = _entry(d, 0.0, False, (), "not loaded")
-            models.setdefault(entry.session, entry)
-        versions: dict[str, dict[int, ModelEntry]] = {}
-        for entry in models.values():
-            if entry.session == version_key(entry.name, entry.version):    # not a query's stage
+            if entry.session not in models:
+                models[entry.session] = entry
                 versions.setdefault(entry.name, {})[entry.version] = entry
         queries = {}
         for info in table.queries:

@@ -407,6 +407,11 @@ def test_http_refuses_shared_memory_mixed_with_data_and_bad_registrations(cluste
     assert status == 400 and "'byte_size' must be a non-negative integer" in error
     status, error = post("/v2/systemsharedmemory/region/r/register", {"key": "/nexus-test-none", "byte_size": 8})
     assert status == 404 and "no shared-memory object with key '/nexus-test-none'" in error
+    try:
+        urllib.request.urlopen(f"http://{cluster.http}/v2/systemsharedmemory/region/nope/status", timeout=60)
+        raise AssertionError("the status of an unknown region was answered")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 404 and json.loads(exc.read())["error"] == "no shared memory region 'nope' is registered"
     status, error = post("/v2/systemsharedmemory/region/r/register", {"key": "a/b", "byte_size": 8})
     assert status == 400 and "shared memory key 'a/b' is not a POSIX shared-memory name" in error
     status, error = post(f"/v2/models/{MODEL}/infer", {"inputs": [{

@@ -8,8 +8,9 @@ previous plan is returned itself (``plan is state.plan``) and nothing needs appl
 
 What it does, in order:
 
-1. sessions: every served model at its measured rate (before one is measured, the rate it was
-   uploaded expecting, else the default rate), and the stage sessions
+1. sessions: every served model at its measured rate (before its traffic has been measured over a
+   whole rate window, at least the rate it was uploaded expecting; without either, the default
+   rate), and the stage sessions
    of every query, whose SLOs are the latency split's budgets (globalsched/query_sessions.py); all
    rates times 1 + ``rate_headroom``. Models whose load attempts are spent on every present device
    type are left out (routed UNAVAILABLE with the reason by the distribution);
@@ -138,7 +139,11 @@ def session_inputs(view: ClusterView, settings: PlannerSettings
     for m in view.models:
         if present and set(present) <= m.unloadable_on:
             continue                         # routed with its reason, never placed again
-        rate = rates.get(m.name, m.expected_rate_rps * headroom if m.expected_rate_rps > 0 else default_rate)
+        measured = rates.get(m.name)
+        if m.expected_rate_rps > 0:          # the operator's word until the traffic has been measured
+            rate = max(m.expected_rate_rps * headroom, measured or 0.0)
+        else:
+            rate = default_rate if measured is None else measured
         out.append(SessionInput(m.name, m.slo_ms, rate, m.profiles, m.prefix_group, m.prefix_share))
     profiles = {name: m.profiles for name, m in view.stage_models.items()}
     stage_sessions, query_plans = plan_query_sessions(view.queries, rates, view.gammas, profiles, present,

@@ -11,17 +11,12 @@ from __future__ import annotations
 import collections
 
 from common.pb import control
+from common.surge import is_surge
 
 RATE_REPORT_TTL_S = 10.0        # a frontend's report counts this long
 RATE_SMOOTHING = 0.3            # weight of the newest report in the exponentially smoothed rate
 PLAN_RATE_WINDOW_S = 10.0       # plans use the mean rate of the reports of this window
 MIN_EDGE_SAMPLES = 20           # parent rows before a measured gamma is trusted
-# A frontend's latest report is a surge when its count is beyond Poisson noise around the window's
-# mean (this many standard deviations, plus a few requests) and this much above the mean: a plan made
-# for the window's mean would then miss for the window's length.
-SURGE_SIGMAS = 4.0
-SURGE_MIN_EXTRA = 3
-SURGE_RATIO = 1.5
 
 
 class Workload:
@@ -30,11 +25,14 @@ class Workload:
         # frontend -> model -> (time, requests, window seconds) of its reports over PLAN_RATE_WINDOW_S
         self.rate_history: dict[str, dict[str, collections.deque]] = {}
         self.edges: dict[str, dict[tuple[str, str, str], tuple[int, int, float]]] = {}  # frontend -> edge -> counts
+        self.first_traffic: dict[str, float] = {}     # session -> when a report first counted requests of it
 
     def report(self, request: control.WorkloadReport, now: float) -> None:
         """Take one frontend's report (its node is known: the caller checked)."""
         table = self.rates.setdefault(request.node_id, {})
         for r in request.rates:
+            if r.requests > 0 or (r.window_ms == 0 and r.rate_rps > 0):
+                self.first_traffic.setdefault(r.model, now)
             rate = max(r.rate_rps, 0.0)
             old = table.get(r.model)
             if old is not None and now - old[1] <= RATE_REPORT_TTL_S:   # smooth Poisson noise of short windows
@@ -60,6 +58,13 @@ class Workload:
         self.rate_history.pop(node_id, None)
         self.edges.pop(node_id, None)
 
+    def measured(self, now: float) -> set[str]:
+        """Sessions whose traffic has been measured over a whole PLAN_RATE_WINDOW_S: until then, a
+        session uploaded with an expected rate is planned for at least that rate (reports of no
+        requests before its traffic starts, or a window that its first seconds only partly fill,
+        measure nothing yet)."""
+        return {m for m, t in self.first_traffic.items() if now - t >= PLAN_RATE_WINDOW_S}
+
     def planning_rates(self, now: float) -> dict[str, float]:
         """The rates a plan is made for: requests over time across the reports of the last
         PLAN_RATE_WINDOW_S, per frontend, summed (the smoothed rate where a frontend sent no counts);
@@ -72,8 +77,8 @@ class Workload:
         return self._rates(now)[0]
 
     def surges(self, now: float) -> dict[str, float]:
-        """Sessions whose latest report, on some frontend, rose beyond Poisson noise and SURGE_RATIO
-        above that frontend's window mean: their rate summed over frontends, with the surging
+        """Sessions whose latest report, on some frontend, is a surge (common/surge.py) against that
+        frontend's window mean (its first report in the window: against none): their rate summed over frontends, with the surging
         frontends' latest rates."""
         rates, surging = self._rates(now)
         return {model: rates[model] for model in surging}
@@ -89,13 +94,14 @@ class Workload:
                          if now - at <= PLAN_RATE_WINDOW_S]
                 window_s = sum(w for _, w in fresh)
                 rate = sum(n for n, _ in fresh) / window_s if window_s > 0 else smoothed
-                if len(fresh) >= 2:
+                if fresh:               # a frontend's first report is judged against nothing: all news
                     latest_n, latest_w = fresh[-1]
                     before_s = window_s - latest_w
                     mean = sum(n for n, _ in fresh[:-1]) / before_s if before_s > 0 else 0.0
                     expected = mean * latest_w
-                    if latest_n > expected + SURGE_SIGMAS * expected ** 0.5 + SURGE_MIN_EXTRA and \
-                            latest_n > SURGE_RATIO * expected:
+                    # beyond noise around the window's mean: a plan made for the mean would miss
+                    # for the window's length
+                    if is_surge(latest_n, expected):
                         rate = max(rate, latest_n / latest_w)
                         surging.add(model)
                 totals[model] = totals.get(model, 0.0) + rate

@@ -213,9 +213,24 @@ def test_a_model_uploaded_with_an_expected_rate_and_a_batch_cap_is_planned_by_th
     assert batches and max(batches) <= 4
     desc = service.admin.desc("hot")
     assert desc.expected_rate_rps == 400.0 and desc.batch_cap == 4 and desc.max_batch == 4
-    service.workload.rates["fe"] = {"hot": (50.0, now)}            # measured: that rate from now on
-    sessions, _, _ = session_inputs(service.read_view(now), service.control.settings)
-    assert {s.model: s.rate_rps for s in sessions}["hot"] == 50.0
+    def report(at: float, requests: int) -> None:
+        service.workload.report(control.WorkloadReport(node_id="fe", rates=[control.SessionRate(
+            model="hot", rate_rps=requests / 2.0, requests=requests, window_ms=2000)]), at)
+
+    def planned(at: float) -> float:
+        sessions, _, _ = session_inputs(service.read_view(at), service.control.settings)
+        return {s.model: s.rate_rps for s in sessions}["hot"]
+
+    # Reports of no request measure nothing: the frontends report every served model from its upload on.
+    for t in range(5):
+        report(now + 2 * t, 0)
+    assert planned(now + 8) == 400.0
+    # Its traffic starts: still at least the expected rate while a rate window only partly holds it,
+    # then what was measured (here less than expected).
+    for t in range(5, 12):
+        report(now + 2 * t, 100)
+    assert planned(now + 16) == 400.0
+    assert planned(now + 22) == 50.0
 
 
 def test_bad_serving_settings_are_refused_at_upload(tmp_path):
@@ -255,6 +270,12 @@ def test_a_surge_beyond_noise_is_planned_for_at_once_and_noise_is_not():
     assert demand_surge(surged.surges(4.0), plan, settings) == "demand surge: m at 300 rps, planned for 60"
     assert demand_surge({"m": 64.0}, plan, settings) == ""          # within the band of the plan
     assert demand_surge(surged.surges(4.0), None, settings) == ""
+    # A frontend's first report is judged against nothing (a frontend that just started, or one that
+    # reports early before its first period ended): its traffic is news.
+    first, quiet = Workload(), Workload()
+    report(first, 0.0, 60)
+    report(quiet, 0.0, 3)
+    assert first.surges(0.0) == {"m": 60.0} and quiet.surges(0.0) == {}
 
 
 def _plan_for(sessions):

@@ -1,4 +1,5 @@
-"""``nexus models upload FILE --name NAME [--profile P.json] [--slo-ms S]`` and ``nexus models list``."""
+"""``nexus models upload FILE --name NAME [--profile P.json] [--slo-ms S] [--expected-rate-rps R]`` and
+``nexus models list``."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from nexus.scheduler_client import DEFAULT_SCHEDULER, AdminCallError, list_model
 def _describe(m: control.ModelDesc) -> dict:
     return {"name": m.name, "sha256": m.sha256, "runtime": m.runtime, "size_bytes": m.size_bytes,
             "slo_ms": m.default_slo_ms, "loaded": m.loaded, "profiles": list(m.profiled_device_types),
-            "min_replicas": m.min_replicas,
+            "min_replicas": m.min_replicas, "expected_rate_rps": m.expected_rate_rps, "batch_cap": m.batch_cap,
             "prefix_group": m.prefix_group,
             "warmup": describe_warmup(warmup_from_pb(m.warmup)),
             "inputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in m.inputs],
@@ -26,7 +27,8 @@ def _run_upload(args) -> int:
     try:
         model = upload_model(args.scheduler, args.file, args.name, profile_path=args.profile, slo_ms=args.slo_ms,
                              runtime=args.runtime, io_path=args.io, load=not args.no_load,
-                             min_replicas=args.min_replicas, creds=client_credentials(args))
+                             min_replicas=args.min_replicas, expected_rate_rps=args.expected_rate_rps,
+                             creds=client_credentials(args))
     except (AdminCallError, ClientFlagError) as exc:
         print(f"nexus models upload: error: {exc}", file=sys.stderr)
         return 2
@@ -67,6 +69,9 @@ def register(sub) -> None:
     up.add_argument("--min-replicas", type=int, default=0,
                     help="backends its session keeps at least, so losing one needs no re-plan "
                          "(default 0: the scheduler's --min-replicas)")
+    up.add_argument("--expected-rate-rps", type=float, default=0.0, metavar="R",
+                    help="plan for R requests/s from the start, until a rate is measured: a model that takes "
+                         "traffic at once gets its capacity at once (default 0: the scheduler's --default-rate-rps)")
     up.add_argument("--scheduler", default=DEFAULT_SCHEDULER)
     add_client_security(up)
     up.set_defaults(func=_run_upload)

@@ -43,12 +43,13 @@ def _sha256(path) -> str:
 
 def upload_repository(scheduler: str, models: list[RepositoryModel], *, load: bool = True,
                       creds: Credentials = grpc_util.NO_CREDENTIALS) -> list[str]:
-    """Upload every model (skipping one the scheduler holds with the same bytes and warm-up); return what was
-    uploaded."""
-    stored = {m.name: (m.sha256, warmup_from_pb(m.warmup)) for m in list_models(scheduler, creds)}
+    """Upload every model (skipping one the scheduler holds with the same bytes, warm-up, expected rate and
+    batch cap); return what was uploaded. ``max_batch_size`` is the model's batch cap."""
+    stored = {m.name: (m.sha256, warmup_from_pb(m.warmup), m.expected_rate_rps, m.batch_cap)
+              for m in list_models(scheduler, creds)}
     uploaded = []
     for m in models:
-        if stored.get(m.name) == (_sha256(m.path), m.warmup):
+        if stored.get(m.name) == (_sha256(m.path), m.warmup, m.expected_rate_rps, m.max_batch_size):
             continue
         with tempfile.NamedTemporaryFile("w", suffix=".json") as io_file:
             io_path = None
@@ -57,7 +58,8 @@ def upload_repository(scheduler: str, models: list[RepositoryModel], *, load: bo
                 io_file.flush()
                 io_path = io_file.name
             upload_model(scheduler, m.path, m.name, slo_ms=m.slo_ms, runtime=m.runtime, io_path=io_path, load=load,
-                         warmup=m.warmup, creds=creds)
+                         warmup=m.warmup, expected_rate_rps=m.expected_rate_rps, batch_cap=m.max_batch_size,
+                         creds=creds)
         uploaded.append(m.name)
     return uploaded
 

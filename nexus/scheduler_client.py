@@ -57,15 +57,19 @@ def _chunks(header: control.UploadHeader, path: pathlib.Path) -> Iterator[contro
 def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile_path: str | None = None,
                  slo_ms: float = 0.0, runtime: str = "", io_path: str | None = None, load: bool = True,
                  timeout_s: float = 300, min_replicas: int = 0, warmup: Sequence[WarmupSample] = (),
+                 expected_rate_rps: float = 0.0, batch_cap: int = 0,
                  creds: Credentials = grpc_util.NO_CREDENTIALS) -> control.ModelDesc:
     """Stream a model file to the scheduler; raise AdminCallError with the scheduler's reason if refused.
-    ``warmup``: the model's warm-up samples (config.pbtxt's model_warmup; none: the backends' default)."""
+    ``warmup``: the model's warm-up samples (config.pbtxt's model_warmup; none: the backends' default);
+    ``expected_rate_rps``: the rate it is planned for until one is measured (0: the scheduler's default);
+    ``batch_cap``: its largest batch (config.pbtxt's max_batch_size; 0: none)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise AdminCallError(f"no such file: {path}")
     if min_replicas < 0:
         raise AdminCallError(f"--min-replicas must not be negative, got {min_replicas}")
     header = control.UploadHeader(name=name, slo_ms=slo_ms, load=load, min_replicas=min_replicas,
+                                  expected_rate_rps=expected_rate_rps, batch_cap=batch_cap,
                                   runtime=runtime or ("torch" if path.suffix in (".pt", ".pt2") else "onnxruntime"))
     header.warmup.extend(warmup_to_pb(warmup))
     for attr, file in (("profile_json", profile_path), ("io_json", io_path)):

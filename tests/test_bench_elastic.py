@@ -1,0 +1,57 @@
+"""The elastic benchmark's analysis (nexus/bench/elastic.py) on made-up samples: integrals of step
+functions, recovery after a step, drain windows from nexus serve's lines and the failures in them,
+the Zipf trace's models."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from nexus.bench.elastic import Requests, drain_windows, failures_in, integral, recovery_s, share_within, zipf_models
+
+
+def test_integral_of_a_step_function_within_the_window():
+    assert integral([0.0, 10.0, 20.0], [2, 4, 1], 0.0, 30.0) == 2 * 10 + 4 * 10 + 1 * 10
+    assert integral([5.0, 10.0], [2, 4], 0.0, 12.0) == 2 * 10 + 4 * 2          # the first value holds before it
+    assert integral([0.0, 10.0], [2, 4], 8.0, 9.0) == 2.0
+    assert integral([], [], 0.0, 10.0) == 0.0
+
+
+def _requests(good_until: float, bad_from: float, bad_to: float, rate: float = 100.0) -> Requests:
+    t = np.arange(0.0, good_until, 1 / rate)
+    good = ~((t >= bad_from) & (t < bad_to))
+    return Requests(t, good, ["OK" if g else "DEADLINE_EXCEEDED" for g in good])
+
+
+def test_recovery_is_when_the_share_within_slo_comes_back_and_stays():
+    req = _requests(60.0, 20.0, 23.5)                      # a step at 20 s; 3.5 s of misses
+    assert recovery_s(req, 20.0, 60.0) == pytest.approx(4.0)
+    assert share_within(req, 0.0, 20.0) == (1.0, 2000)
+    assert recovery_s(_requests(60.0, 0.0, 0.0), 20.0, 60.0) == 0.0
+    assert recovery_s(_requests(60.0, 20.0, 60.0), 20.0, 60.0) is None
+    flapping = _requests(60.0, 20.0, 21.0)
+    flapping.good[(flapping.sent_at >= 24.0) & (flapping.sent_at < 24.5)] = False   # missed again within the hold
+    assert recovery_s(flapping, 20.0, 60.0) == pytest.approx(5.0)
+
+
+def test_drain_windows_and_the_requests_that_failed_in_them():
+    lines = [(10.0, "nexus serve: removing backend-3 (be-1 at 127.0.0.1:1): surplus; draining it (SIGTERM)"),
+             (11.0, "nexus serve: something else"),
+             (12.5, "nexus serve: backend-3 (pid 42) stopped, exit status 0"),
+             (20.0, "nexus serve: removing backend-4 (be-2 at 127.0.0.1:2): surplus; draining it (SIGTERM)")]
+    windows = drain_windows(lines)
+    assert windows == [("backend-3", 10.0, 12.5), ("backend-4", 20.0, math.inf)]
+    req = Requests(np.array([8.0, 9.5, 11.0, 14.0, 21.0]), np.array([True, False, False, False, False]),
+                   ["OK", "UNAVAILABLE", "CANCELLED", "UNAVAILABLE", "DEADLINE_EXCEEDED"])
+    assert failures_in(req, windows, before_s=1.0) == {"CANCELLED": 1, "DEADLINE_EXCEEDED": 1, "UNAVAILABLE": 1}
+
+
+def test_zipf_models_split_the_rate_and_cycle_cvs_and_slos():
+    models = zipf_models(24, zipf_s=1.0, seed=3)
+    shares = [m.share for m in models]
+    assert sum(shares) == pytest.approx(1.0) and shares == sorted(shares, reverse=True)
+    assert shares[0] / shares[1] == pytest.approx(2.0) and shares[0] / shares[23] == pytest.approx(24.0)
+    assert {m.cv for m in models} == {1.0, 2.0, 3.0, 4.0} and {m.slo_ms for m in models} == {200.0, 300.0, 400.0}
+    assert all(m.profile.device_type == "t4" and m.profile.latency_ms(2) > m.profile.latency_ms(1) for m in models)

@@ -17,9 +17,15 @@ Contracts:
   :meth:`Engine.step` itself on a fake clock.
 - Batches are counted in rows (:mod:`common.batching`): max and planned batches, l(b), the policy's
   window and the statistics' batch sizes.
+- The batching decision (early drop, a duty-cycle batch's latest start, the session's max batch)
+  estimates a batch of a session outside a prefix group as l(b) times the median ratio of its
+  recent batches' observed times to l(b) (:mod:`backend.calibration`): the profile's l(b) is the
+  planning figure, with a margin, perhaps measured on a busy machine; a request dropped on that
+  margin is one the batch would have served in time, and a batch capped by it leaves throughput
+  unused that the SLO allows.
 - Work-conserving: a batch starts as soon as the device is free and a request waits; under load
   the queue grows while a batch runs, so the next batch is larger, up to the session's max batch
-  (the largest b with 2*l(b) <= SLO, never below the planned batch). With a duty cycle set
+  (the largest b with 2*l(b) <= SLO on the calibrated estimate below, never below the planned batch). With a duty cycle set
   (``--batch-start duty-cycle``) a batch waits for the planned batch, at most one duty cycle.
 - Prefix batching (Nexus section 6.1): sessions of one :class:`SharedPrefix` (models that share
   their first layers, split by the backend into one prefix runtime and a suffix runtime per model)
@@ -36,6 +42,12 @@ the last warm-up batch took (so warm-up takes at most half of a saturated device
 waits at most one warm-up batch, as it would behind any co-located session). Warm-up batches count
 nowhere in the serving statistics, nor in utilisation: their number and time come back in the
 job's :class:`WarmupResult`.
+
+Latency samples (``Engine.samples``, backend/latency_samples.py): every serving batch of a session
+outside a prefix group that runs without error records its model, rows, infer-phase time and
+whether it was contended: the device was behind (rows of the session left queued once the batch took
+its own, or drops in the same decision) or ``host_contended()`` says other work shares the cores.
+Warm-up batches record nothing.
 
 Statistics of a session in a group: ``inference_count`` counts its own rows, while a batch counts
 once per member present in it, under the size of the *merged* batch (``batch_histogram``) and with
@@ -69,6 +81,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from backend.calibration import Calibration
+from backend.latency_samples import SampleRecorder
 from common.batching import BatchPolicy, Decision, Pending, Queue, remove_taken, saturated_batch, schedule
 from common.profile import Profile
 from common.tensors import TensorSpec
@@ -237,12 +251,24 @@ class Session:
         self.slo_ms = slo_ms
         self.profile = profile
         self.planned_batch = max(1, planned_batch)
-        self.max_batch = max(self.planned_batch, session_max_batch(profile, slo_ms))
+        self._cap = (None, 0)            # (the calibration factor it was computed for, max batch)
         self.max_queue = max_queue
         self.queue: list[Pending] = []          # sorted by (deadline, id); the executor's
         self.depth = QueueDepth()
         self.stats = SessionStats()
         self.group: SharedPrefix | None = None
+        self.calibration = Calibration()        # observed batch times against l(b) (backend/calibration.py)
+
+    @property
+    def max_batch(self) -> int:
+        """The largest batch of this session here: Nexus's saturated batch (the largest b with
+        2 * expected(b) <= SLO, within the profile) on the calibrated estimate, never below the planned
+        batch. A profile that over-states l(b) would otherwise cap the batch, and the device's
+        throughput, below what it delivers within the SLO."""
+        factor = self.calibration.factor
+        if self._cap[0] != factor:
+            self._cap = (factor, max(self.planned_batch, session_max_batch(self.profile, self.slo_ms, factor)))
+        return self._cap[1]
 
     @property
     def memory_mb(self) -> float:
@@ -263,12 +289,18 @@ class Session:
         per_item = (p.latency_ms(p.max_batch) - p.latency_ms(1)) / max(p.max_batch - 1, 1)
         return p.latency_ms(p.max_batch) + per_item * (batch - p.max_batch)
 
+    def expected_ms(self, batch: int) -> float:
+        """How long a batch of ``batch`` rows will take here: l(b) times the calibration's median ratio
+        of observed to profiled batch times (the batching decision's estimate; planning keeps l(b))."""
+        return self.latency_ms(batch) * self.calibration.factor
 
-def session_max_batch(profile: Profile | None, slo_ms: float) -> int:
-    """The saturated batch of a session (:func:`common.batching.saturated_batch`) at least 1; 32 unprofiled."""
+
+def session_max_batch(profile: Profile | None, slo_ms: float, factor: float = 1.0) -> int:
+    """The saturated batch of a session (:func:`common.batching.saturated_batch`) with its profile's
+    l(b) times ``factor``, at least 1; 32 unprofiled."""
     if profile is None:
         return 32
-    return max(1, saturated_batch(profile.latency_ms, slo_ms, profile.max_batch))
+    return max(1, saturated_batch(lambda b: profile.latency_ms(b) * factor, slo_ms, profile.max_batch))
 
 
 @dataclass
@@ -374,6 +406,10 @@ class Engine:
         self.groups: list[SharedPrefix] = []
         self._warmups: collections.deque[_WarmupJob] = collections.deque()   # appended by the loop, run here
         self._warmup_turn_s = 0.0     # while serving keeps the device busy, the next warm-up batch waits for this
+        # Latency samples of the serving batches (backend/latency_samples.py; None: not recorded), and
+        # whether the host's CPU is contended now (a CPU device's backend sets it; the default: never).
+        self.samples: SampleRecorder | None = None
+        self.host_contended: Callable[[], bool] = lambda: False
         self._thread: threading.Thread | None = None
         if start:
             self._thread = threading.Thread(target=self._loop, name="executor", daemon=True)
@@ -398,6 +434,8 @@ class Engine:
                 old = self.sessions.get(new.name)
                 if old is not None and old is not new:   # keep queue and counters across re-plans
                     new.queue, new.stats, new.depth = old.queue, old.stats, old.depth
+                    if new.profile == old.profile:      # ratios to another profile mean nothing
+                        new.calibration = old.calibration
             for g in groups:
                 old_group = next((o for o in self.groups if o.name == g.name), None)
                 if old_group is not None:
@@ -543,7 +581,7 @@ class Engine:
         queues: list[Queue] = []
         for s in self._solo:
             if s.queue:
-                queues.append(Queue(str(len(units)), tuple(s.queue), s.max_batch, s.latency_ms, s.planned_batch))
+                queues.append(Queue(str(len(units)), tuple(s.queue), s.max_batch, s.expected_ms, s.planned_batch))
                 units.append(s)
         for g in self.groups:
             member_queues = [m.queue for m in g.members if m.queue]
@@ -591,7 +629,8 @@ class Engine:
                                                                      f"({(p.deadline_s - now) * 1000:.1f} ms left)")))
         if batch:
             if isinstance(unit, Session):
-                self._run(unit, batch, answers)
+                # Behind: rows left queued after the batch took its own (it was capped), or drops.
+                self._run(unit, batch, answers, contended=bool(dropped) or bool(unit.queue))
             else:
                 self._run_group(unit, batch, answers)
         self._post(answers)
@@ -653,7 +692,9 @@ class Engine:
             # Nothing ready: sleep until new work arrives or the earliest batch is due.
             self._wake.wait(None if decision.wake_s is None else max(decision.wake_s - self.clock(), 0.0005))
 
-    def _run(self, session: Session, batch: list[Pending], answers: list) -> None:
+    def _run(self, session: Session, batch: list[Pending], answers: list, contended: bool = False) -> None:
+        """Run one batch of a session; ``contended``: the device was behind when it started (recorded
+        with its latency sample, see backend/latency_samples.py)."""
         works = [p.payload for p in batch]
         start = gathered = ran = self.clock()
         parts: list[list[np.ndarray]] = []
@@ -678,6 +719,8 @@ class Engine:
         phases = _phases(start, gathered, ran, end, error)
         self._account_busy(end, end - start)
         rows = sum(w.rows for w in works)
+        if error is None and session.profile is not None:
+            session.calibration.observe(session.latency_ms(rows), (end - start) * 1000)
         stats = session.stats
         with self.stats_lock:       # a Stats snapshot sees the whole batch or none of it
             stats.inference_count += rows
@@ -689,6 +732,8 @@ class Engine:
                                       phases)
                 else:
                     stats.fail_count += 1
+        if error is None and self.samples is not None:
+            self.samples.record(session.model, rows, phases.infer_ns / 1e6, contended or self.host_contended())
         for i, w in enumerate(works):
             if error is not None:
                 answers.append((w, Outcome("EXEC_INTERNAL", f"model {session.name!r} failed: {error}")))

@@ -25,6 +25,14 @@ fails is reported failed, like a load error. The warm-up of one table has ``WARM
 (half the scheduler's wait for the answer); batches left then are skipped, with a warning.
 ``--no-warmup`` turns it off.
 
+Measured profiles: the engine records every serving batch's latency (backend/latency_samples.py,
+which says when a batch counts as contended; on a CPU device a :class:`common.host_load.ContentionMonitor`
+watches the host's other work) and each heartbeat carries them to the scheduler. An emulated device
+waits the latencies of the table the scheduler sends for it (``emulated_profile_json``: the uploaded,
+profiled or datasheet table, or a prediction, never the measured profile the plan may use, which the
+emulation would then feed on), times ``--emulated-latency-factor``: a device faster or slower than
+its table says, whose serving measurements then correct the table.
+
 Metrics: ``Stats`` (also behind the frontend's ModelStatistics) and, with ``--metrics-port``, a
 Prometheus text endpoint (backend/metrics.py).
 """
@@ -32,6 +40,7 @@ Prometheus text endpoint (backend/metrics.py).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import sys
@@ -41,10 +50,12 @@ import grpc
 import numpy as np
 
 from backend.engine import Engine, ExecError, Outcome, Session, SharedPrefix, WarmupResult, Work
+from backend.latency_samples import SampleRecorder
 from backend.warmup import Warmer
 from common import grpc_util
 from common.config import BackendConfig, BatchStart
 from common.health import Health
+from common.host_load import ContentionMonitor
 from common.pb import control, control_grpc
 from common.profile import Profile
 from common.registration import keep_registered
@@ -174,8 +185,17 @@ class BackendService(control_grpc.BackendServicer):
         cached = self._loaded.get(model.name)
         if cached and cached[0] == key:
             return cached[1]
+        profile_json = entry.profile_json
+        if runtime_kind == "emulated":     # the device waits its table's latencies, never a measured profile's
+            profile_json = entry.emulated_profile_json or entry.profile_json
+            key += f"/{hashlib.sha256(profile_json.encode()).hexdigest()[:16]}"
+            cached = self._loaded.get(model.name)
+            if cached and cached[0] == key:
+                return cached[1]
         data = await self._fetch(model.sha256)
-        profile = Profile.from_json(entry.profile_json) if entry.profile_json else None
+        profile = Profile.from_json(profile_json) if profile_json else None
+        if profile is not None and runtime_kind == "emulated" and self.config.emulated_latency_factor != 1.0:
+            profile = profile.scaled(self.config.emulated_latency_factor)
         runtime = await asyncio.to_thread(
             load_runtime, runtime_kind, data, self.config.device, profile=profile,
             intra_op_threads=self._threads(), io=_io_json(model))
@@ -476,6 +496,15 @@ class BackendService(control_grpc.BackendServicer):
     async def Stats(self, request, context):
         return self.stats()
 
+    def fill_heartbeat(self, request: control.HeartbeatRequest) -> None:
+        """The latency samples of the batches served since the last heartbeat (backend/latency_samples.py)."""
+        if self.engine.samples is None:
+            return
+        for taken in self.engine.samples.take():
+            request.batch_samples.add(model=taken.model, lost=taken.lost, samples=[
+                control.LatencySample(batch=s.batch, latency_ms=s.latency_ms, contended=s.contended)
+                for s in taken.samples])
+
     # ---- profiling -----------------------------------------------------------------------------
 
     async def ProfileModel(self, request, context):
@@ -668,6 +697,11 @@ async def serve(config: BackendConfig, ready=None) -> None:
     # The executor thread must get the interpreter back quickly after a batch (default: 5 ms).
     sys.setswitchinterval(0.0005)
     engine = Engine(POLICIES[config.policy]())
+    engine.samples = SampleRecorder()
+    monitor = None
+    if config.device == "cpu":      # batches run on the host's cores: other work there contends them
+        monitor = ContentionMonitor(config.threads or len(os.sched_getaffinity(0))).start()
+        engine.host_contended = monitor.contended
     creds = Credentials.load(config.security)
     service = BackendService(config, engine)
     server = grpc_util.server(creds)
@@ -710,6 +744,8 @@ async def serve(config: BackendConfig, ready=None) -> None:
         finally:
             registration.cancel()
         engine.stop()
+        if monitor is not None:
+            monitor.stop()
         if metrics_server is not None:
             await metrics_server.close()
         await server.stop(grace=1)

@@ -31,17 +31,18 @@ import pathlib
 import shutil
 import sys
 import time
+import zlib
 
 from common.sample_models import mlp_small, model_bytes
 from common.profile import Profile
-from nexus.bench.cluster import ServeCluster, cmdline, descendants, wait_model_served
+from nexus.bench.cluster import ServeCluster, Upload, cmdline, descendants, wait_model_served
 from nexus.bench.elastic import (DEVICE_TYPE, ClusterSampler, LogTail, Requests, TraceModel, drain_windows,
                                  failures_in, integral, recovery_s, run_trace, share_within, write_elastic_plot,
                                  zipf_models)
 from nexus.bench.loadgen import LoadClient
 from nexus.bench.meters import loadavg, machine_busy, wait_quiet
 from nexus.bench.report import write_json
-from nexus.scheduler_client import fetch_status, upload_model
+from nexus.scheduler_client import fetch_status
 
 STEP = 5.0
 # l(b) = 2-6 ms + 10-20 ms per item, SLOs of 300-500 ms: 40 requests/s need 2 devices, 200 need 6
@@ -54,12 +55,11 @@ def _log(message: str) -> None:
 
 
 def _upload(cluster: ServeCluster, workdir: pathlib.Path, m: TraceModel, expected_rate_rps: float = 0.0) -> None:
-    path, profile = workdir / "model.onnx", workdir / f"{m.name}.profile.json"
-    if not path.exists():
-        path.write_bytes(model_bytes(mlp_small()))
+    """A model file of its own (other weights: identical files would share one prefix group)."""
+    path, profile = workdir / f"{m.name}.onnx", workdir / f"{m.name}.profile.json"
+    path.write_bytes(model_bytes(mlp_small(seed=zlib.crc32(m.name.encode()))))
     profile.write_text(m.profile.to_json())
-    upload_model(cluster.scheduler, path, m.name, profile_path=str(profile), slo_ms=m.slo_ms,
-                 expected_rate_rps=expected_rate_rps, creds=cluster.creds)
+    cluster.upload(Upload(path, m.name, str(profile), m.slo_ms, expected_rate_rps=expected_rate_rps), wait=False)
 
 
 def _settle(cluster: ServeCluster, timeout_s: float = 120.0) -> None:

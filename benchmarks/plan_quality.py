@@ -36,6 +36,7 @@ from globalsched.algorithms import (PlannerConfig, ReplanState, Solver, lower_bo
                                    solve)
 from globalsched.algorithms.baselines import per_session_headroom
 from globalsched.algorithms.lower_bound import bounds_gpus
+from nexus.bench.workloads import long_tail
 
 # (alpha ms/image, beta ms, weights MB, activations MB/image): ranges per model class
 CLASSES = {
@@ -137,17 +138,6 @@ def replan_table(n: int, seeds: int) -> list[str]:
     return lines
 
 
-def tail(n: int, total_rps: float, slo_ms: tuple[float, float], seed: int) -> list[SessionSpec]:
-    """Issue 18's long tail: Zipf rates (1/rank) adding up to ``total_rps``, GPU-like profiles
-    l(b) = 3-8 ms + 1-3 ms per item up to batch 32, SLOs uniform in ``slo_ms``."""
-    rng = random.Random(seed)
-    weights = [1 / (i + 1) for i in range(n)]
-    scale = total_rps / sum(weights)
-    return [SessionSpec(f"m{i}", f"m{i}", round(rng.uniform(*slo_ms), 1), w * scale,
-                        Profile.linear(rng.uniform(1, 3), rng.uniform(3, 8), 32, 300.0, 10.0))
-            for i, w in enumerate(weights)]
-
-
 def slow(n: int, seed: int) -> list[SessionSpec]:
     """``n`` slow sessions, 1-20 req/s, SLOs of 20-60 ms, l(b) = 3-8 ms + 1-3 ms per item: every one
     pays its fixed cost l(b)/(budget - l(b)) per cycle."""
@@ -167,7 +157,7 @@ def bounds_table(seeds: int, time_limit_s: float) -> list[str]:
         "4-6 sessions, mixed rates / 4": lambda seed: [
             x.with_rate(x.rate_rps / 4) for x in generate(random.Random(seed).choice([4, 5, 6]), 1000 + seed)],
         "8 slow sessions (1-20 req/s, SLO 20-60 ms)": lambda seed: slow(8, seed),
-        "10 models of an issue-18 tail (ranks 10-19 of 100, 150 req/s in all)": lambda seed: tail(
+        "10 models of an issue-18 tail (ranks 10-19 of 100, 150 req/s in all)": lambda seed: long_tail(
             100, 150.0, (50.0, 200.0), seed)[10:20],
     }
     for label, make in suites.items():
@@ -208,12 +198,12 @@ def modelled_overflow(plan: Plan, sessions: list[SessionSpec], cycles: int = 200
 def headroom_table(seeds: int, z: float = 1.5) -> list[str]:
     """GPUs and modelled overflow with pooled headroom, per-session headroom and none."""
     workloads = {
-        "100 models, 150 req/s Zipf, SLO 50-200 ms": lambda seed: tail(100, 150.0, (50.0, 200.0), seed),
-        "100 models, 300 req/s Zipf, SLO 500-800 ms": lambda seed: tail(100, 300.0, (500.0, 800.0), seed),
-        "100 models, 600 req/s Zipf, SLO 50-200 ms": lambda seed: tail(100, 600.0, (50.0, 200.0), seed),
-        "100 models, 1500 req/s Zipf, SLO 50-200 ms": lambda seed: tail(100, 1500.0, (50.0, 200.0), seed),
-        "200 models, 3000 req/s Zipf, SLO 30-100 ms": lambda seed: tail(200, 3000.0, (30.0, 100.0), seed),
-        "500 models, 2000 req/s Zipf, SLO 50-200 ms": lambda seed: tail(500, 2000.0, (50.0, 200.0), seed),
+        "100 models, 150 req/s Zipf, SLO 50-200 ms": lambda seed: long_tail(100, 150.0, (50.0, 200.0), seed),
+        "100 models, 300 req/s Zipf, SLO 500-800 ms": lambda seed: long_tail(100, 300.0, (500.0, 800.0), seed),
+        "100 models, 600 req/s Zipf, SLO 50-200 ms": lambda seed: long_tail(100, 600.0, (50.0, 200.0), seed),
+        "100 models, 1500 req/s Zipf, SLO 50-200 ms": lambda seed: long_tail(100, 1500.0, (50.0, 200.0), seed),
+        "200 models, 3000 req/s Zipf, SLO 30-100 ms": lambda seed: long_tail(200, 3000.0, (30.0, 100.0), seed),
+        "500 models, 2000 req/s Zipf, SLO 50-200 ms": lambda seed: long_tail(500, 2000.0, (50.0, 200.0), seed),
         "mixed, 100 sessions (rates 5-2000 req/s)": lambda seed: generate(100, seed),
     }
     p = overflow_probability_target(z)

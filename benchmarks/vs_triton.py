@@ -1,138 +1,108 @@
-"""Nexus against Triton in the same run, same machine, same client (issue 12, item 3).
+"""Nexus against a tuned Triton, measured by Triton's own perf_analyzer (issue 18 item 5).
 
-    python -m benchmarks.vs_triton --triton-python /work/pytriton-venv310/bin/python [--quick] [--py-spy]
+    python -m benchmarks.vs_triton [--scenarios single,mix] [--servers triton,nexus]
+                                   [--nexus-config NAME[=FLAGS] ...] [--triton-python PY] [--ladders 2]
+                                   [--start-rps R --factor 1.1] [--quick] [--nice -15]
 
-One after the other on this machine, for each model (a ResNet-18-class CNN at 64x64, seed 1018,
-a different file from the sample ``resnet18_64``, at a 100 ms SLO; a tiny CNN built here, 3x32x32,
-at a 20 ms SLO):
+Each server on the same model files, measured by the same tool, on this machine. Per scenario, two
+paired ladders (nexus/bench/ladder.py): every server of a ladder is started once and left running,
+and at each rate of the ladder every server still in the race is measured, one right after the
+other, before the ladder goes up to the next rate; a server leaves after two failed levels in a row,
+and its goodput is the highest rate it passed. On this shared machine, the other load drifts and
+spikes for minutes at a time: servers measured one after the other would be compared under
+different load. Ladder 1 holds Triton's first-stage candidates and every Nexus configuration;
+ladder 2 the best Triton candidate of ladder 1 at three queue delays and the Nexus configurations
+again. Ratios are taken within a ladder, against its best Triton candidate. Scenarios:
 
-1. ORT DIRECT: the model's own limit. The .onnx file in an ``onnxruntime.InferenceSession`` (ORT's
-   default threads, one per core, ``--ort-threads``; intra-op spin-waiting off as in the Nexus
-   backend unless ``--ort-spin``), called in a loop: l(b) is the median of timed runs of batch b for
-   b = 1, 2, ... until 2*l(b) exceeds the SLO twice in a row; the limit is b*/l(b*) at the largest
-   b* with 2*l(b*) <= SLO (Nexus's saturated batch), and ``batch1_ms`` is l(1). Measured again
-   before each server's phase, so each server is compared with the limit measured next to it.
-2. TRITON: a real tritonserver (the one bundled in the ``nvidia-pytriton`` wheel, run from its own
-   virtualenv by ``--triton-python``, with benchmarks/triton_model.py as the model script):
-   ONNX Runtime with the same session options as ORT direct inside the Python model function
-   (PyTriton's ``@batch``), dynamic batching with
-   ``max_batch_size`` = b* and a max queue delay (``--triton-queue-delay-us``), the same .onnx file.
-3. NEXUS: ``nexus serve --no-samples`` on free ports (defaults otherwise, so what a user gets),
-   each model profiled with ``nexus profile MODEL -o P.json`` (defaults) and uploaded with
-   ``nexus models upload --profile P.json --slo-ms SLO``.
+- ``single``: a ResNet-18-class CNN at 3x64x64 (``resnet18_64(seed=1018)``, another file than the
+  sample) at a 100 ms SLO.
+- ``mix``: four models of different sizes and SLOs behind one machine, equal shares of the total
+  rate, Poisson arrivals per model: that ResNet-18 at 100 ms, the small CNN (the sample
+  ``vehicle_cls``: a compact ResNet at 64x64) at 50 ms, a tiny CNN at 3x16x16 at 30 ms and the sample
+  MLP at 20 ms.
 
-Both servers get the same open-loop Poisson client, the project's own load generator
-(``nexus.bench.loadgen.LoadClient``, KServe v2 gRPC, one serialized request sent as raw bytes,
-with the request parameter ``timeout`` = SLO as Triton defines it). Per server and model:
+THE TOOL. perf_analyzer 2.50 (the tritonclient wheel's binary, :mod:`nexus.bench.perf_analyzer`) in
+request-rate mode: Poisson arrivals, asynchronous requests, measurement windows of ``--window-ms``
+that must agree within ``--stability-pct`` (p99 and throughput) in ``--max-trials`` windows. A mix
+level runs one perf_analyzer per model at once, each at its share of the rate. A level passes when
+every perf_analyzer completed it (no failed request: perf_analyzer stops at the first one; stable
+windows), every model's p99 is within its SLO, and every model was served its offered rate: at least
+97% of it, or within the Poisson noise of the windows' count (three standard deviations; see
+``nexus.bench.perf_analyzer.Level.passes``). The ladder starts at ``--start-rps`` (total) and steps
+by ``--factor``.
 
-* LOW LOAD: p50 at ``--low-rate`` rps (default 10) for ``--low-s`` seconds; the added p50 is that
-  minus ORT direct's l(1).
-* GOODPUT: the largest Poisson rate with p99 within the SLO (at least 99% of the sent requests
-  answered within the SLO; a dropped request counts as late): start at a per-model rate, double
-  until a step fails, then bisect to ``--rel-tol``. Every step lasts
-  max(``--step-s``, min(``--min-requests`` / rate, ``--max-step-s``)) seconds after a
-  ``--warmup-s`` lead-in, so a step has enough requests for a p99. The steps are the points of the latency-vs-rate plot.
-* With ``--py-spy`` (nexus only): at ~0.9x its goodput, the CPU each process used per second
-  (/proc/PID/stat: frontend, backend, scheduler, this client) and a py-spy sample of the
-  frontend and the backend (``--py-spy-bin``; all threads, idle frames dropped) reduced to the
-  functions that take the most samples.
+CPU. Every level meters the CPU seconds of the server's processes (/proc; Triton: tritonserver, its
+Python backend stubs and the PyTriton process; Nexus: every component) and of the perf_analyzer
+processes (they are this process's children: ``getrusage``), and the cores the whole machine kept
+busy; the report gives them in cores beside every throughput.
 
-The load average is sampled throughout; ``--nice -15`` (as root) favours the whole benchmark (servers,
-client, ORT direct alike) over other load on a shared machine. Output: a table on stdout, benchmarks/out/vs_triton.json,
-benchmarks/vs_triton.png (latency vs offered rate, both servers, per model). ``--quick`` is a
-smoke run (short steps, coarse search, a few minutes).
+TRITON, configured as its users would, tuned as Triton's Model Analyzer does (every candidate's
+goodput is reported): Triton 2.51, the ``tritonserver`` bundled in ``nvidia-pytriton`` 0.7 (its own
+virtualenv, ``--triton-python``; benchmarks/triton_model.py), ONNX Runtime in the model function with
+the direct-ORT baseline's session options, one ORT session per model instance, dynamic batching with
+``preferred_batch_size`` [max/2, max]. First stage (ladder 1): max batch size and instances x ORT
+threads (single: 8, 16 or 32, and 1 x 2 or 2 x 1, at a 5 ms queue delay; mix: the models side by side,
+one ORT thread each, at a 0.5 ms delay or a tenth of the SLO, or ORT's default threads); second stage
+(ladder 2): the best of them at its own, a quarter and four times its queue delay
+(nexus/bench/triton_compare.py).
+
+NEXUS: ``nexus serve --no-samples`` with the flags of each ``--nexus-config`` (default: ``default``,
+nothing added, what a user gets, and ``two-devices`` = ``--backends 2 --threads 1``, one device per
+core), free ports, the models uploaded with ``nexus models upload --slo-ms`` and profiled by a
+backend, as ``nexus serve`` does its samples.
+
+ORT called directly (``nexus.bench.ort_direct``: ORT's default threads, spinning off) gives each
+model's own limit b*/l(b*), before and after the servers' measurements (in the mix, b* within 8..64
+is Triton's max batch size). ``--nice N`` (as root) favours the whole benchmark (servers,
+perf_analyzer and ORT direct alike) over other load on a shared machine. Output: tables on stdout,
+benchmarks/out/vs_triton.json and a plot (worst p99/SLO against the offered rate, per server, of
+each scenario's last ladder) at ``--plot``.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import pathlib
+import resource
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
-from nexus.bench import pyspy
-from nexus.bench.cluster import ServeCluster, descendants
-from nexus.bench.meters import CpuMeter, LoadSampler, loadavg
+from nexus.bench import perf_analyzer as pa
+from nexus.bench.cluster import ServeCluster, Upload, descendants, live_profiles
+from nexus.bench.ladder import paired_ladder
+from nexus.bench.meters import CpuMeter, LoadSampler, favour, favour_tree, loadavg
 from nexus.bench.ort_direct import ort_limit as direct_limit
 from nexus.bench.ort_direct import ort_session
-from nexus.bench.report import step_summary, write_json
-from nexus.launcher import nexus_command
+from nexus.bench.report import write_json
+from nexus.bench.triton_compare import MAX_TRITON_BATCH, MODELS, NEXUS_CONFIGS, SCENARIOS, SERVED_FRACTION, START_RPS, \
+    ModelSpec, build_models, delay_candidates, level_passes, parse_nexus_configs, shares, triton_candidates
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "out"
 PLOT = ROOT / "benchmarks" / "vs_triton.png"
 
-# name -> (SLO ms, input shape, first rate of the search in rps)
-MODELS = {
-    "r18_64": (100.0, (3, 64, 64), 80.0),
-    "tiny_cnn": (20.0, (3, 32, 32), 300.0),
-}
-
-
-# ---- models ----------------------------------------------------------------------------------------
-
-def build_models(directory: pathlib.Path) -> dict[str, pathlib.Path]:
-    """Write both .onnx files; return name -> path."""
-    from common.sample_models import model_bytes, resnet18_64, tiny_cnn
-
-    paths = {}
-    for name, model in (("r18_64", resnet18_64(seed=1018)), ("tiny_cnn", tiny_cnn())):
-        paths[name] = directory / f"{name}.onnx"
-        paths[name].write_bytes(model_bytes(model))
-    return paths
-
-
-def ort_limit(path: pathlib.Path, slo_ms: float, repeats: int, threads: int = 0, spin: bool = False) -> dict:
-    """ORT called directly in a loop (``nexus.bench.ort_direct``): l(b) medians, the saturated batch b*
-    and b*/l(b*). Past 16, b steps by a quarter: the tiny model's b* is in the hundreds."""
-    session = ort_session(path, threads, spin=spin)
-    shape = session.get_inputs()[0].shape[1:]
+def ort_limit(path: pathlib.Path, spec: ModelSpec, repeats: int, threads: int = 0) -> dict:
+    """ORT called directly (``nexus.bench.ort_direct``): l(b) medians, the saturated batch b* and b*/l(b*).
+    Past 16, b steps by a quarter: a tiny model's b* is in the hundreds."""
+    session = ort_session(path, threads)
     rng = np.random.default_rng(0)
-    lim = direct_limit(session, slo_ms, lambda b: rng.standard_normal((b, *shape)).astype(np.float32), repeats,
-                       next_batch=lambda b: b + 1 if b < 16 else int(b * 1.25))
-    lat = lim["latency_ms"]
-    return {"latency_ms": {k: round(v, 3) for k, v in lat.items()}, "batch": lim["batch"],
-            "l_ms": round(lim["l_ms"], 3), "limit_rps": round(lim["throughput_rps"], 1),
-            "batch1_ms": round(lat[1], 3), "threads": threads or "ORT default", "spin": spin}
+    lim = direct_limit(session, spec.slo_ms, lambda b: rng.standard_normal((b, *spec.input_shape)).astype(np.float32),
+                       repeats, next_batch=lambda b: b + 1 if b < 16 else int(b * 1.25), max_batch=MAX_TRITON_BATCH)
+    return {"batch": lim["batch"], "l_ms": round(lim["l_ms"], 3), "limit_rps": round(lim["throughput_rps"], 1),
+            "batch1_ms": round(lim["latency_ms"][1], 3)}
 
 
 # ---- machine ----------------------------------------------------------------------------------------
-
-def favour(pid: int, nice: int) -> None:
-    """Niceness ``nice`` for a process and for its scheduler autogroup (its session; with autogroups on,
-    a process's niceness only counts against others of its session, and sessions share the CPU
-    evenly unless their own niceness says otherwise)."""
-    if not nice:
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, pid, nice)
-    except OSError:
-        pass
-    try:
-        pathlib.Path(f"/proc/{pid}/autogroup").write_text(str(nice))
-    except OSError:
-        pass
-
-
-def favour_tree(pid: int, nice: int) -> None:
-    """:func:`favour` for a process, all its threads and all its descendants (their threads too)."""
-    for p in [pid, *descendants(pid)]:
-        favour(p, nice)
-        for task in pathlib.Path(f"/proc/{p}/task").glob("*"):
-            try:
-                os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
-            except (OSError, ValueError):
-                pass
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -140,45 +110,59 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# ---- load ---------------------------------------------------------------------------------------------
-
-def step_dict(r) -> dict:
-    return step_summary(r, 3)
-
-
-async def measure_server(address: str, model: str, slo_ms: float, start_rps: float, args, label: str,
-                         during_near_max=None) -> dict:
-    """Low-load p50, then the goodput search; returns both with every step."""
-    from nexus.bench import LoadClient, search_rate
-
-    steps: list[dict] = []
-    async with LoadClient(address, model, seed=1) as client:
-        low = await client.run(args.low_rate, args.low_s, slo_ms, warmup_s=1.0, seed=100)
-        print(f"  [{label}] {model} low load {args.low_rate:g} rps: p50 {low.p50_ms:.2f} ms p99 {low.p99_ms:.2f} ms "
-              f"({low.sent} requests)", flush=True)
-
-        def step(r) -> None:
-            ok = r.sent > 0 and r.good_fraction >= 0.99
-            steps.append({**step_dict(r), "pass": ok})
-            print(f"  [{label}] {model} {r.offered_rps:7.1f} rps: {'pass' if ok else 'FAIL'} good {r.good_fraction:.4f} "
-                  f"p50 {r.p50_ms or float('nan'):.1f} p99 {r.p99_ms or float('nan'):.1f} ms, {r.sent} req, "
-                  f"lag {r.client_lag_ms:.0f} ms, load {loadavg():.1f}", flush=True)
-
-        # Unrecorded warm-up at the first rate: batch sizes, arenas and connections seen once.
-        await client.run(start_rps, 2.0, slo_ms, seed=0)
-        # From the first rate: double while passing or halve while failing (down to 5 rps), then bisect.
-        best, _ = await search_rate(
-            client, slo_ms, start_rps, step_duration_s=lambda rate: max(args.step_s, min(args.min_requests / rate,
-                                                                                          args.max_step_s)),
-            warmup_s=args.warmup_s, cooldown_s=args.cooldown_s, seed=1, on_step=step,
-            rel_tol=args.rel_tol, max_steps=args.max_steps, floor=5.0)
-        near = None
-        if during_near_max is not None and best > 0:
-            near = await during_near_max(client, 0.9 * best)
-    return {"low": step_dict(low), "goodput_rps": round(best, 1), "steps": steps, "near_max": near}
+def children_cpu_s() -> float:
+    """CPU seconds of this process's finished children (the perf_analyzer runs)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
-# ---- Triton --------------------------------------------------------------------------------------------
+# ---- one level, one search ---------------------------------------------------------------------------
+
+class Measurer:
+    """Runs perf_analyzer levels against one server and searches its goodput."""
+
+    def __init__(self, args, tool: tuple[pathlib.Path, dict], address: str, server_pid: int, work: pathlib.Path,
+                 label: str, describe=None) -> None:
+        self.args, self.tool, self.address, self.server_pid = args, tool, address, server_pid
+        self.work, self.label = work, label
+        self.describe = describe        # () -> what the server says of itself after a level (Nexus: its plan)
+
+    def level(self, rates: dict[str, float]) -> dict:
+        pids = [self.server_pid, *descendants(self.server_pid)]
+        meter = CpuMeter({str(p): p for p in pids}).start()
+        c0 = children_cpu_s()
+        binary, env = self.tool
+        runs = [pa.start_level(binary, env, self.address, model, rate, self.work, window_ms=self.args.window_ms,
+                               stability_pct=self.args.stability_pct, max_trials=self.args.max_trials)
+                for model, rate in rates.items()]
+        levels = [pa.finish_level(run) for run in runs]
+        cpu = meter.stop()
+        wall = max(cpu["wall_s"], 1e-9)
+        server = sum(v for v in cpu["cpu_s"].values() if v == v)     # NaN: a process gone meanwhile
+        client = children_cpu_s() - c0
+        slos = {m: MODELS[m].slo_ms for m in rates}
+        ok = level_passes(levels, slos, self.args.window_ms / 1000)
+        out = {"offered_rps": round(sum(rates.values()), 2), "pass": ok,
+               "throughput_rps": round(sum(lv.throughput_rps for lv in levels), 2),
+               "worst_p99_over_slo": round(max((lv.p99_us / 1000 / slos[lv.model] if lv.completed else float("inf"))
+                                               for lv in levels), 3),
+               "cores": {"server": round(server / wall, 3), "client": round(client / wall, 3),
+                         "machine": round(cpu["machine_busy_cores"], 3),
+                         "others": round(cpu["machine_busy_cores"] - (server + client) / wall, 3)},
+               "models": [lv.to_dict() for lv in levels], "load_average": loadavg()}
+        if self.describe is not None:
+            try:
+                out["server_state"] = self.describe()
+            except Exception as exc:      # a report, not a measurement: never fail a level for it
+                out["server_state"] = f"unavailable: {exc}"
+        detail = ", ".join(f"{lv.model} {lv.throughput_rps:.1f}/s p99 {lv.p99_us / 1000:.1f} ms" if lv.completed
+                           else f"{lv.model} FAILED: {lv.error[:80]}" for lv in levels)
+        print(f"  [{self.label}] {out['offered_rps']:7.1f} rps: {'pass' if ok else 'FAIL'} | {detail} | cores "
+              f"server {out['cores']['server']:.2f} client {out['cores']['client']:.2f} machine "
+              f"{out['cores']['machine']:.2f} | load {out['load_average']:.1f}", flush=True)
+        return out
+
+# ---- Triton ----------------------------------------------------------------------------------------------
 
 class Server:
     """A server process in its own session (killed as a group), output to a log file."""
@@ -215,208 +199,234 @@ class Server:
         self.log.close()
 
 
-def wait_ready(address: str, names: list[str], timeout_s: float) -> None:
+def wait_ready(address: str, names, timeout_s: float) -> None:
     from nexus.serve_cmd import wait_models_ready
 
-    missing = wait_models_ready(address, names, timeout_s)
+    missing = wait_models_ready(address, list(names), timeout_s)
     if missing:
         raise RuntimeError(f"not ready at {address} after {timeout_s:.0f} s: {missing}")
 
 
-def run_triton(args, paths, limits, work: pathlib.Path) -> dict:
+@dataclass
+class Running:
+    """A server started for a scenario: where it listens, its process (all its processes are below it),
+    how to stop it, and what it says of itself after a level (None: nothing)."""
+
+    label: str
+    address: str
+    pid: int
+    stop: Callable[[], object]
+    describe: Callable[[], object] | None = None
+    info: dict = field(default_factory=dict)
+
+
+def start_triton(args, scenario: str, candidate: dict, paths, work: pathlib.Path) -> Running:
+    """PyTriton serving the scenario's models with ``candidate``'s settings (:func:`triton_candidates`)."""
     ports = [free_port() for _ in range(3)]
-    specs = [f"{n}={paths[n]}:{limits[n]['batch']}" for n in args.models]
-    srv = Server("triton", [args.triton_python, str(ROOT / "benchmarks" / "triton_model.py"),
-                            *map(str, ports), str(args.triton_queue_delay_us), str(args.ort_threads),
-                            str(int(args.ort_spin)), *specs], work)
+    config = {"grpc_port": ports[0], "http_port": ports[1], "metrics_port": ports[2],
+              "models": [{**m, "path": str(paths[m["name"]])} for m in candidate["models"]]}
+    srv = Server("triton", [args.triton_python, str(ROOT / "benchmarks" / "triton_model.py"), json.dumps(config)],
+                 work)
     try:
-        srv.wait_line("TRITON-READY", 180)
+        srv.wait_line("TRITON-READY", 240)
         address = f"127.0.0.1:{ports[0]}"
-        wait_ready(address, args.models, 120)
-        favour_tree(srv.proc.pid, args.nice)
-        print(f"Triton (pytriton) serving on {address}: {', '.join(specs)}", flush=True)
-        out = {}
-        for name in args.models:
-            slo, _, start = MODELS[name]
-            out[name] = asyncio.run(measure_server(address, name, slo, start, args, "triton"))
-        return out
-    finally:
+        wait_ready(address, SCENARIOS[scenario], 120)
+    except BaseException:
         srv.stop()
+        raise
+    favour_tree(srv.proc.pid, args.nice)
+    print(f"Triton (PyTriton) on {address}: {candidate['name']}", flush=True)
+    return Running(f"triton ({candidate['name']})", address, srv.proc.pid, srv.stop,
+                   info={"settings": candidate["models"]})
 
 
 # ---- Nexus ----------------------------------------------------------------------------------------------
 
-def run_nexus(args, paths, work: pathlib.Path) -> dict:
-    nexus = nexus_command()
-    data = work / "nexus-data"
-    flags = ["--no-samples"]
-    if args.nexus_threads:
-        flags += ["--threads", str(args.nexus_threads)]
-    if args.nexus_batch_start:
-        flags += ["--batch-start", args.nexus_batch_start]
-    srv = ServeCluster(data, *flags, timeout_s=180, log_path=work / "nexus.log", log_level="INFO")
-    favour_tree(srv.pid, args.nice)      # its own session: the scheduler, backend and frontend share it
+def start_nexus(args, scenario: str, paths, flags: tuple[str, ...], label: str, work: pathlib.Path) -> Running:
+    """``nexus serve --no-samples FLAGS`` with the scenario's models uploaded (profiled by a backend)."""
+    names = SCENARIOS[scenario]
+    data = work / f"nexus-{scenario}-{label}"
+    srv = ServeCluster(data, "--no-samples", *flags, timeout_s=240, log_path=work / f"nexus-{scenario}-{label}.log",
+                       log_level="INFO")
+    favour_tree(srv.pid, args.nice)      # its own session: the scheduler, backends and frontend share it
     try:
-        frontend, scheduler = srv.frontend, srv.scheduler
-        profiles = {}
-        for name in args.models:
-            prof = work / f"{name}.profile.json"
-            subprocess.run([*nexus, "profile", str(paths[name]), "-o", str(prof), "--no-plot", "-q"],
-                           check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-            p = json.loads(prof.read_text())
-            profiles[name] = {"max_batch": max(int(b) for b in p["meta"]["measured_batches"])}
-            subprocess.run([*nexus, "models", "upload", str(paths[name]), "--name", name, "--profile", str(prof),
-                            "--slo-ms", str(MODELS[name][0]), "--scheduler", scheduler,
-                            "--token-file", str(data / "token")],     # the cluster token nexus serve made
-                           check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-        srv.wait_models_ready(args.models, 180)
-        favour_tree(srv.pid, args.nice)
-        print(f"nexus serve on {frontend} (scheduler {scheduler}); profiles {profiles}", flush=True)
-        pids = {"serve": srv.pid, **srv.components()}
-        out = {}
-        for name in args.models:
-            slo, _, start = MODELS[name]
-            near = make_near_max(args, pids, work, name) if args.py_spy else None
-            out[name] = asyncio.run(measure_server(frontend, name, slo, start, args, "nexus", near))
-            out[name]["profile"] = profiles[name]
-        return out
-    finally:
+        for name in names:
+            srv.upload(Upload(paths[name], name, slo_ms=MODELS[name].slo_ms), wait=False)
+        srv.wait_models_ready(list(names), 600)
+    except BaseException:
         srv.stop()
+        raise
+    favour_tree(srv.pid, args.nice)
+    profiles = srv_profiles(srv, names)
+    print(f"nexus serve {' '.join(flags) or '(defaults)'} on {srv.frontend}; profiles {profiles}", flush=True)
+    return Running(f"nexus {label}", srv.frontend, srv.pid, srv.stop, lambda: plan_now(srv),
+                   {"flags": list(flags), "profiles": profiles})
 
 
-def make_near_max(args, pids: dict[str, int], work: pathlib.Path, model: str):
-    """A step at ``rate`` with CPU accounting per process and py-spy on frontend and backend."""
+def srv_profiles(srv: ServeCluster, names) -> dict:
+    """Each model's profile as the scheduler holds it: its largest batch, l(1) and l(max) in ms."""
+    out = {}
+    for name, by_type in live_profiles(srv.data_dir / "db", names).items():
+        for device_type, p in by_type.items():
+            out[name] = {"device_type": device_type, "max_batch": p.max_batch, "l1_ms": round(p.latency_ms(1), 2),
+                         "lmax_ms": round(p.latency_ms(p.max_batch), 2)}
+    return out
 
-    async def near_max(client, rate: float) -> dict:
-        slo = MODELS[model][0]
-        duration = max(args.spy_s, min(args.min_requests / rate, args.max_step_s))
-        spies = {}
-        for comp in ("frontend", "backend"):
-            if comp in pids:
-                raw = work / f"spy-{model}-{comp}.txt"
-                spies[comp] = (raw, pyspy.record(args.py_spy_bin, pids[comp], duration, raw))
-        await asyncio.sleep(0.5)
-        watched = {**{k: v for k, v in pids.items() if k != "serve"}, "client": os.getpid()}
-        meter = CpuMeter(watched).start()
-        r = await client.run(rate, duration, slo, warmup_s=0.0, seed=999)
-        cpu = meter.stop()
-        cores = {k: round(v / cpu["wall_s"], 3) for k, v in cpu["cpu_s"].items()}
-        cores["machine"] = round(cpu["machine_busy_cores"], 3)
-        cores["others"] = round(cores["machine"] - sum(v for k, v in cores.items() if k != "machine"), 3)
-        per_req_ms = {k: round(v * 1000 / max(r.throughput_rps, 1e-9), 3) for k, v in cores.items()}
-        tops = {comp: pyspy.finish(proc, raw, duration) for comp, (raw, proc) in spies.items()}
-        print(f"  [nexus] {model} near max {rate:.0f} rps: cores {cores}", flush=True)
-        return {"rate_rps": round(rate, 1), "step": step_dict(r), "cores": cores, "cpu_ms_per_request": per_req_ms,
-                "py_spy": tops}
 
-    return near_max
+def plan_now(srv: ServeCluster) -> list[dict]:
+    """The scheduler's plan now, compact: per device its duty cycle and (model, batch, l(batch), rps)."""
+    from nexus.scheduler_client import fetch_status
+
+    st = fetch_status(srv.scheduler, creds=srv.creds)
+    return [{"device": d.node_id, "duty_cycle_ms": round(d.duty_cycle_ms, 1),
+             "sessions": [[s.model, s.batch, round(s.latency_ms, 1), round(s.device_rate_rps, 1)] for s in d.sessions]}
+            for d in st.devices]
 
 
 # ---- report ----------------------------------------------------------------------------------------------
 
-def plot(result: dict, path: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    models = result["models"]
-    fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 3.6), squeeze=False)
-    colors = {"nexus": "tab:blue", "triton": "tab:orange"}
-    for ax, name in zip(axes[0], models):
-        slo = MODELS[name][0]
-        for server in ("nexus", "triton"):
-            res = result.get(server, {}).get(name)
-            if not res:
-                continue
-            pts = sorted(s for s in ((st["offered_rps"], st["p50_ms"], st["p99_ms"]) for st in res["steps"])
-                         if s[1] is not None)
-            if not pts:
-                continue
-            x = [p[0] for p in pts]
-            ax.plot(x, [p[1] for p in pts], "o--", color=colors[server], ms=3, label=f"{server} p50")
-            ax.plot(x, [p[2] for p in pts], "s-", color=colors[server], ms=3, label=f"{server} p99")
-            ax.axvline(res["goodput_rps"], color=colors[server], lw=0.8, alpha=0.5)
-        lim = result["ort_direct"]["nexus" if "nexus" in result["ort_direct"] else "triton"][name]["limit_rps"]
-        right = ax.get_xlim()[1]
-        if lim < 3 * right:     # the tiny model's limit is far off the served range: left out
-            ax.axvline(lim, color="gray", lw=0.8, ls=":", label="ORT-direct limit")
-            right = max(right, lim * 1.05)
-        ax.axhline(slo, color="red", lw=0.8, ls=":", label=f"SLO {slo:g} ms")
-        ax.set_yscale("log")
-        ax.set_xlabel("offered rate (rps, Poisson)")
-        ax.set_ylabel("latency (ms)")
-        ax.set_title(f"{name}, SLO {slo:g} ms")
-        ax.set_xlim(0, right)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-
-
 def summary(result: dict) -> list[dict]:
+    """Per scenario, ladder and server: the goodput, its ratio to the best Triton candidate of the same
+    ladder, and the cores (server, perf_analyzer, whole machine) at the level of the goodput."""
     rows = []
-    for name in result["models"]:
-        row = {"model": name, "slo_ms": MODELS[name][0]}
-        for server in ("triton", "nexus"):
-            res = result.get(server, {}).get(name)
-            lim = result["ort_direct"].get(server, {}).get(name)
-            if res is None or lim is None:
-                continue
-            row[f"{server}_rps"] = res["goodput_rps"]
-            row[f"{server}_ort_rps"] = lim["limit_rps"]
-            row[f"{server}_ort_batch"] = lim["batch"]
-            row[f"{server}_of_ort"] = round(res["goodput_rps"] / lim["limit_rps"], 3)
-            row[f"{server}_p50_low_ms"] = res["low"]["p50_ms"]
-            row[f"{server}_added_p50_ms"] = round(res["low"]["p50_ms"] - lim["batch1_ms"], 2)
-        if "nexus_rps" in row and row.get("triton_rps"):
-            row["nexus_over_triton"] = round(row["nexus_rps"] / row["triton_rps"], 3)
-        rows.append(row)
+    for scenario, res in result["scenarios"].items():
+        for i, ladder in enumerate(res.get("ladders", []), start=1):
+            tritons = [label for label in ladder if label.startswith("triton")]
+            best = max((ladder[label]["goodput_rps"] for label in tritons), default=0.0)
+            for label, r in ladder.items():
+                at = max((s for s in r["steps"] if s["pass"]), key=lambda s: s["rate"], default=None)
+                cores = at["cores"] if at else {}
+                rows.append({"scenario": scenario, "ladder": i, "server": label, "goodput_rps": r["goodput_rps"],
+                             "vs_best_triton": round(r["goodput_rps"] / best, 2) if best else None,
+                             "server_cores": cores.get("server"), "client_cores": cores.get("client"),
+                             "machine_cores": cores.get("machine")})
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
-    cols = ["model", "slo_ms", "triton_rps", "nexus_rps", "nexus_over_triton", "triton_ort_rps", "nexus_ort_rps",
-            "triton_of_ort", "nexus_of_ort", "triton_added_p50_ms", "nexus_added_p50_ms"]
+    cols = ["scenario", "ladder", "server", "goodput_rps", "vs_best_triton", "server_cores", "client_cores",
+            "machine_cores"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:
         print("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
 
 
+def plot(result: dict, path: pathlib.Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    scenarios = [s for s, r in result["scenarios"].items() if r.get("ladders")]
+    if not scenarios:
+        return
+    fig = Figure(figsize=(6 * len(scenarios), 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(scenarios), squeeze=False)[0]
+    for ax, scenario in zip(axes, scenarios):
+        ladder = result["scenarios"][scenario]["ladders"][-1]
+        for label, r in ladder.items():
+            pts = [(s["rate"], min(s["worst_p99_over_slo"], 3.0), s["pass"]) for s in r["steps"]]
+            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], ".-", lw=0.8, ms=4, label=label)
+            ax.scatter([p[0] for p in pts if not p[2]], [p[1] for p in pts if not p[2]], marker="x",
+                       color=line.get_color())
+        ax.axhline(1.0, color="red", lw=0.8, ls=":", label="SLO")
+        ax.set_xlabel("offered rate, total (rps, Poisson)")
+        ax.set_ylabel("worst model's p99 / SLO (3: failed level)")
+        ax.set_title(f"{scenario} (last ladder): {', '.join(SCENARIOS[scenario])}", fontsize="small")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.savefig(path, dpi=80)
+
+
+def run_ladder(args, tool, scenario: str, running: list[Running], work: pathlib.Path, tag: str) -> dict:
+    """A paired ladder (nexus/bench/ladder.py) over the running servers: per server its goodput and levels."""
+    names = SCENARIOS[scenario]
+    measurers = {r.label: Measurer(args, tool, r.address, r.pid, work, f"{tag} {r.label}", r.describe) for r in running}
+
+    def level(label: str, rate: float) -> dict:
+        time.sleep(args.cooldown_s)
+        return measurers[label].level(shares(rate, names))
+
+    start = args.start_rps or START_RPS[scenario]
+    return paired_ladder(list(measurers), level, start, args.factor, args.max_rps or 8 * start)
+
+
+def run_scenario(args, tool, scenario: str, servers: list[str], configs: dict[str, tuple[str, ...]],
+                 work: pathlib.Path) -> dict:
+    """ORT direct; ladder 1: Triton's first-stage candidates and every Nexus configuration; ladder 2:
+    the best Triton candidate of ladder 1 and its two queue delays, and the Nexus configurations again
+    (all started once per ladder and left running, idle but for the one measured)."""
+    names = SCENARIOS[scenario]
+    paths = build_models(work, names)
+    res: dict = {"models": {n: {"slo_ms": MODELS[n].slo_ms} for n in names}, "ort_direct": {}, "ladders": []}
+
+    def direct(when: str) -> None:
+        limits = {n: ort_limit(paths[n], MODELS[n], args.ort_repeats) for n in names}
+        res["ort_direct"][when] = limits
+        print(f"[{scenario}] ORT direct {when}: " + ", ".join(
+            f"{n} b*={v['batch']} l={v['l_ms']} ms limit {v['limit_rps']} rps" for n, v in limits.items()), flush=True)
+
+    def ladder(tag: str, tritons: list[dict], nexus: list[Running]) -> dict:
+        started: list[Running] = []
+        try:
+            for cand in tritons:
+                started.append(start_triton(args, scenario, cand, paths, work))
+            out = run_ladder(args, tool, scenario, started + nexus, work, tag)
+        finally:
+            for srv in started:
+                srv.stop()
+        for srv in started + nexus:
+            out[srv.label]["server"] = srv.info
+        res["ladders"].append(out)
+        return out
+
+    direct("before")
+    nexus: list[Running] = []
+    try:
+        if "nexus" in servers:
+            nexus = [start_nexus(args, scenario, paths, flags, label, work) for label, flags in configs.items()]
+        tritons = triton_candidates(scenario, res["ort_direct"]["before"])[:args.triton_candidates or None] \
+            if "triton" in servers else []
+        first = ladder("ladder 1", tritons, nexus)
+        if tritons and args.ladders > 1:
+            best = max(tritons, key=lambda c: first[f"triton ({c['name']})"]["goodput_rps"])
+            ladder("ladder 2", [best, *delay_candidates(best)], nexus)
+        for _ in range(2, args.ladders):
+            ladder(f"ladder {len(res['ladders']) + 1}", [], nexus)
+    finally:
+        for srv in nexus:
+            srv.stop()
+    direct("after")
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--triton-python", default="/work/pytriton-venv310/bin/python",
+    p.add_argument("--triton-python", default=str(OUT / "pytriton-venv" / "bin" / "python"),
                    help="python of a virtualenv with nvidia-pytriton and onnxruntime")
     p.add_argument("--servers", default="triton,nexus", help="comma-separated, run in this order")
-    p.add_argument("--models", default="r18_64,tiny_cnn", help=f"comma-separated of {', '.join(MODELS)}")
-    p.add_argument("--quick", action="store_true", help="smoke run: short steps, coarse search")
-    p.add_argument("--step-s", type=float, default=4.0)
-    p.add_argument("--min-requests", type=int, default=1000, help="requests per search step at least")
-    p.add_argument("--max-step-s", type=float, default=12.0, help="cap of a step's length at low rates")
+    p.add_argument("--scenarios", default="single,mix", help=f"comma-separated of {', '.join(SCENARIOS)}")
+    p.add_argument("--nexus-config", action="append", default=[], metavar="NAME[=FLAGS]",
+                   help=f"nexus serve configurations to measure (repeat; default: {', '.join(NEXUS_CONFIGS)})")
+    p.add_argument("--triton-candidates", type=int, default=0,
+                   help="tune Triton over only the first N candidates of its grid, without the delay stage")
+    p.add_argument("--ladders", type=int, default=2,
+                   help="paired ladders: the first with Triton's first-stage grid, the second with its best "
+                        "candidate at three queue delays, more with the Nexus configurations alone")
+    p.add_argument("--perf-analyzer", default="", help="perf_analyzer binary (default: fetched, see the module doc)")
+    p.add_argument("--quick", action="store_true", help="smoke run: short windows, coarse search")
+    p.add_argument("--window-ms", type=int, default=3000)
+    p.add_argument("--stability-pct", type=float, default=25.0)
+    p.add_argument("--max-trials", type=int, default=6)
+    p.add_argument("--start-rps", type=float, default=0.0, help="the ladder's first total rate (0: per scenario)")
+    p.add_argument("--factor", type=float, default=1.1, help="the ladder's step from one rate to the next")
+    p.add_argument("--max-rps", type=float, default=0.0, help="the ladder's top (0: 8x its first rate)")
+    p.add_argument("--cooldown-s", type=float, default=1.0)
+    p.add_argument("--ort-repeats", type=int, default=11)
     p.add_argument("--nice", type=int, default=0,
-                   help="niceness of this process and everything it starts (servers, client, ORT direct); "
+                   help="niceness of this process and everything it starts (servers, perf_analyzer, ORT direct); "
                         "negative (root) favours the benchmark over other load on a shared machine")
-    p.add_argument("--warmup-s", type=float, default=1.0)
-    p.add_argument("--cooldown-s", type=float, default=0.5)
-    p.add_argument("--rel-tol", type=float, default=0.05)
-    p.add_argument("--max-steps", type=int, default=9)
-    p.add_argument("--low-rate", type=float, default=10.0)
-    p.add_argument("--low-s", type=float, default=15.0)
-    p.add_argument("--ort-repeats", type=int, default=15)
-    p.add_argument("--triton-queue-delay-us", type=int, default=1000)
-    p.add_argument("--ort-threads", type=int, default=0,
-                   help="intra-op threads of ORT direct and of ORT inside Triton (0: ORT's default, one per core)")
-    p.add_argument("--ort-spin", action="store_true",
-                   help="ORT direct and Triton: keep ORT's intra-op spin-waiting on (ORT's default; the Nexus "
-                        "backend turns it off, and so does this benchmark unless this is given)")
-    p.add_argument("--nexus-threads", type=int, default=0, help="nexus serve --threads (0: its default)")
-    p.add_argument("--nexus-batch-start", choices=("eager", "duty-cycle"), help="nexus serve --batch-start (default: its default)")
-    p.add_argument("--py-spy", action="store_true", help="nexus: CPU per process and py-spy at 0.9x goodput")
-    p.add_argument("--py-spy-bin", default=str(pathlib.Path("/work/pytriton-venv310/bin/py-spy")))
-    p.add_argument("--spy-s", type=float, default=8.0)
     p.add_argument("--out", default=str(OUT / "vs_triton.json"))
     p.add_argument("--plot", default=str(PLOT))
     p.add_argument("--replot", metavar="JSON", help="only redraw --plot from a JSON this benchmark wrote")
@@ -424,47 +434,47 @@ def main(argv: list[str] | None = None) -> int:
     if args.replot:
         plot(json.loads(pathlib.Path(args.replot).read_text()), pathlib.Path(args.plot))
         return 0
-    args.models = [m for m in args.models.split(",") if m]
+    scenarios = [s for s in args.scenarios.split(",") if s]
     servers = [s for s in args.servers.split(",") if s]
-    bad = [m for m in args.models if m not in MODELS] + [s for s in servers if s not in ("triton", "nexus")]
+    bad = [s for s in scenarios if s not in SCENARIOS] + [s for s in servers if s not in ("triton", "nexus")]
     if bad:
-        p.error(f"unknown model or server: {bad}")
+        p.error(f"unknown scenario or server: {bad}")
+    try:
+        configs = parse_nexus_configs(args.nexus_config or list(NEXUS_CONFIGS))
+    except ValueError as exc:
+        p.error(str(exc))
     if args.quick:
-        args.step_s, args.min_requests, args.rel_tol, args.max_steps = 2.0, 300, 0.2, 5
-        args.low_s, args.ort_repeats, args.spy_s = 5.0, 5, 4.0
+        args.window_ms, args.max_trials, args.factor, args.ort_repeats = 1500, 4, 1.3, 5
     if "triton" in servers and not pathlib.Path(args.triton_python).exists():
         p.error(f"--triton-python {args.triton_python} does not exist (see the module docstring)")
+    if args.perf_analyzer:
+        if not os.access(args.perf_analyzer, os.X_OK):
+            p.error(f"--perf-analyzer {args.perf_analyzer} is not an executable")
+        tool = (pathlib.Path(args.perf_analyzer), dict(os.environ))
+    else:
+        try:
+            tool = pa.fetch_perf_analyzer()
+        except pa.ToolUnavailable as exc:
+            p.error(f"perf_analyzer unavailable: {exc}")
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
     favour(os.getpid(), args.nice)   # before any thread or child: they inherit it
 
     sampler = LoadSampler().start()
     t0 = time.monotonic()
-    result: dict = {"command": " ".join(["python", "-m", "benchmarks.vs_triton", *argv]), "models": args.models,
-                    "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(), "nice": args.nice,
-                    "ort_direct": {}}
+    result: dict = {"command": " ".join(["python", "-m", "benchmarks.vs_triton", *argv]),
+                    "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
+                    "nice": args.nice, "criteria": {"served_fraction": SERVED_FRACTION, "percentile": 99,
+                                                    "window_ms": args.window_ms, "stability_pct": args.stability_pct,
+                                                    "max_trials": args.max_trials},
+                    "scenarios": {}}
     with tempfile.TemporaryDirectory(prefix="vs-triton-") as tmp:
         work = pathlib.Path(tmp)
-        paths = build_models(work)
-        for server in servers:
-            limits = {}
-            for name in args.models:
-                limits[name] = ort_limit(paths[name], MODELS[name][0], args.ort_repeats, args.ort_threads,
-                                         args.ort_spin)
-                print(f"ORT direct before {server}: {name} b*={limits[name]['batch']} l={limits[name]['l_ms']} ms "
-                      f"limit {limits[name]['limit_rps']} rps, batch-1 {limits[name]['batch1_ms']} ms", flush=True)
-            result["ort_direct"][server] = limits
+        for scenario in scenarios:
             try:
-                if server == "triton":
-                    result["triton"] = run_triton(args, paths, limits, work)
-                else:
-                    result["nexus"] = run_nexus(args, paths, work)
-            except (RuntimeError, subprocess.CalledProcessError) as e:
-                print(f"{server} failed: {e}", file=sys.stderr, flush=True)
-                result[f"{server}_error"] = str(e)
-        if args.py_spy:
-            for f in work.glob("spy-*.txt"):
-                OUT.mkdir(parents=True, exist_ok=True)
-                (OUT / f"vs_triton.{f.name}").write_text(f.read_text())
+                result["scenarios"][scenario] = run_scenario(args, tool, scenario, servers, configs, work)
+            except (RuntimeError, subprocess.CalledProcessError) as exc:
+                print(f"{scenario} failed: {exc}", file=sys.stderr, flush=True)
+                result["scenarios"][scenario] = {"error": str(exc)[-2000:]}
     result["load_average"] = sampler.stop()
     result["wall_s"] = round(time.monotonic() - t0, 1)
     result["summary"] = summary(result)
@@ -473,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwall {result['wall_s']} s; load average (1 min) during the run: {result['load_average']}")
     print_table(result["summary"])
     print(f"wrote {out} and {args.plot}")
-    return 0 if not any(k.endswith("_error") for k in result) else 1
+    return 0 if not any("error" in r for r in result["scenarios"].values()) else 1
 
 
 if __name__ == "__main__":

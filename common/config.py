@@ -303,6 +303,12 @@ class SchedulerConfig:
                 "far apart (a Kubernetes HPA on nexus_desired_devices must use the same)"})
     device_headroom: float = field(default=0.0, metadata={
         "help": "ask for this fraction more devices than the plan uses (spares that absorb a step at once)"})
+    measured_profiles: bool = field(default=True, metadata={
+        "help": "plan with the profiles backends measure while serving once enough samples count (off: "
+                "measurements are kept and shown, tables and predictions plan; a pinned table always plans)"})
+    profile_update_s: float = field(default=10.0, metadata={
+        "help": "how often each (model, device type) folds its new serving samples into its measured profile; "
+                "a latency raise beyond 10%% needs three agreeing updates"})
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> None:
@@ -317,7 +323,8 @@ class SchedulerConfig:
         _check_positive("min_replicas", self.min_replicas)
         if self.latency_split not in ("dp", "even", "proportional"):
             raise ConfigError(f"--latency-split: expected dp, even or proportional, got {self.latency_split!r}")
-        for name in ("epoch_s", "node_timeout_s", "max_upload_mb", "default_slo_ms", "default_rate_rps"):
+        for name in ("epoch_s", "node_timeout_s", "max_upload_mb", "default_slo_ms", "default_rate_rps",
+                     "profile_update_s"):
             _check_positive(name, getattr(self, name))
         for name in ("rate_headroom", "burst_sigma", "path_allowance_ms"):
             if getattr(self, name) < 0:
@@ -365,10 +372,14 @@ class BackendConfig:
     drain_grace_s: float = field(default=20.0, metadata={
         "help": "on SIGTERM: longest wait for the scheduler to move this backend's sessions and for its queues "
                 "to drain before it exits"})
+    emulated_latency_factor: float = field(default=1.0, metadata={
+        "help": "emulated devices: batches take this times the latency of the model's table (below 1: a device "
+                "faster than its table says; the scheduler's measured profile then corrects the table)"})
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> None:
         _check_address("scheduler", self.scheduler)
+        _check_positive("emulated_latency_factor", self.emulated_latency_factor)
         _check_address("listen", self.listen)
         _check_advertise(self.advertise)
         _check_positive("drain_grace_s", self.drain_grace_s)

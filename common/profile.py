@@ -80,6 +80,19 @@ class Profile:
             return self
         return Profile(self.rows[:max_batch], self.device_type, dict(self.meta, batch_cap=max_batch))
 
+    def scaled(self, factor: float) -> "Profile":
+        """The profile with every latency figure (l(b), and the raw mean, std and p99) times ``factor``
+        (> 0); memory and meta unchanged."""
+        if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
+            raise ProfileError(f"a latency scale factor must be a positive number, got {factor!r}")
+
+        def scale(x: float | None) -> float | None:
+            return None if x is None else x * factor
+
+        return Profile(tuple(BatchLatency(r.batch, r.latency_ms * factor, r.memory_mb, scale(r.mean_ms),
+                                          scale(r.std_ms), scale(r.p99_ms)) for r in self.rows),
+                       self.device_type, dict(self.meta))
+
     def validate(self, where: str = "profile") -> None:
         if not self.rows:
             raise ProfileError(f"{where}: must list at least batch size 1")

@@ -41,6 +41,9 @@ async def keep_registered(scheduler, register: control.RegisterRequest, node) ->
     cannot dial back at its address (FAILED_PRECONDITION) logs the scheduler's reason as an error
     and tries again, more slowly.
 
+    A node with a ``fill_heartbeat(request)`` method adds what it reports to each heartbeat (a
+    backend: its latency samples, backend/latency_samples.py); a heartbeat that fails loses it.
+
     A node that sets ``node.leaving`` (it drains: its Leave is in flight or answered) never
     registers again: the loop keeps the Attach stream it holds until the scheduler ends it, then
     waits to be cancelled, so a node being moved out of the plan is not put back into it.
@@ -75,7 +78,11 @@ async def keep_registered(scheduler, register: control.RegisterRequest, node) ->
                         continue
                 else:
                     await asyncio.sleep(interval)
-                beat = await scheduler.Heartbeat(control.HeartbeatRequest(node_id=node.node_id), timeout=5)
+                request = control.HeartbeatRequest(node_id=node.node_id)
+                fill = getattr(node, "fill_heartbeat", None)
+                if fill is not None:
+                    fill(request)
+                beat = await scheduler.Heartbeat(request, timeout=5)
                 if not beat.known:
                     if not getattr(node, "leaving", False):
                         log.warning("scheduler forgot %s; registering again", node.node_id)

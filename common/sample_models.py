@@ -204,16 +204,16 @@ def resnet18_64(num_classes: int = 1000, seed: int = RESNET_SEED) -> onnx.ModelP
     )
 
 
-def tiny_cnn(seed: int = 2020) -> onnx.ModelProto:
-    """A tiny CNN on 3x32x32: three 3x3/2 convs (3->8->16->32 channels), global pool, FC to 10. Its
-    compute is a few microseconds, so serving it measures the per-request overhead
-    (benchmarks/vs_triton.py). Not a served sample."""
+def tiny_cnn(seed: int = 2020, size: int = 32) -> onnx.ModelProto:
+    """A tiny CNN on 3x``size``x``size`` (32 by default): three 3x3/2 convs (3->8->16->32 channels),
+    global pool, FC to 10. Its compute is a few microseconds, so serving it measures the per-request
+    overhead (benchmarks/vs_triton.py). Not a served sample."""
     b = _GraphBuilder(seed, prefix="tiny_")
     x = b.relu(b.conv("input", 3, 8, 3, stride=2))
     x = b.relu(b.conv(x, 8, 16, 3, stride=2))
     x = b.relu(b.conv(x, 16, 32, 3, stride=2))
     logits = b.gemm(_pool_flatten(b, x), 32, 10)
-    return b.model("tiny_cnn", (3, 32, 32), [(logits, "logits", 10)], "Tiny CNN for per-request overhead.")
+    return b.model("tiny_cnn", (3, size, size), [(logits, "logits", 10)], "Tiny CNN for per-request overhead.")
 
 
 # --- the shared-backbone family -------------------------------------------------------------
@@ -280,9 +280,11 @@ def face_cls() -> onnx.ModelProto:
     return backbone_variant(1)
 
 
-def mlp_small(in_features: int = 64, hidden: int = 128, num_classes: int = 10) -> onnx.ModelProto:
-    """A tiny MLP (in_features -> hidden -> hidden -> classes), microseconds per batch."""
-    b = _GraphBuilder(MLP_SEED)
+def mlp_small(in_features: int = 64, hidden: int = 128, num_classes: int = 10,
+              seed: int = MLP_SEED) -> onnx.ModelProto:
+    """A tiny MLP (in_features -> hidden -> hidden -> classes), microseconds per batch. Another
+    ``seed`` gives other weights: a distinct model that shares no prefix with the sample."""
+    b = _GraphBuilder(seed)
     x = b.relu(b.gemm("input", in_features, hidden, gain=np.sqrt(2.0)))
     x = b.relu(b.gemm(x, hidden, hidden, gain=np.sqrt(2.0)))
     logits = b.gemm(x, hidden, num_classes)

@@ -88,9 +88,13 @@ async def _responses(result):
 
 
 def _guard_unary_request(behavior, method: str):
+    is_coroutine = inspect.iscoroutinefunction(behavior)   # known once: not asked per request
+
     async def unary(request, context):
         if isinstance(request, _Undecodable):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _reason(method, request))
+        if is_coroutine:
+            return await behavior(request, context)
         result = behavior(request, context)
         return await result if inspect.isawaitable(result) else result
 

@@ -4,7 +4,7 @@ Contract: :meth:`BackendConnection.execute` is called on the frontend's event lo
 backend's answer as a :class:`Reply` (the protobuf ``ExecResult`` is converted here, at the edge), or
 raises :class:`BackendGone` when the stream broke before the result came
 (the caller may retry elsewhere while the deadline allows). Requests are multiplexed by id; a
-single writer task drains an asyncio queue into the stream so callers never block on each other.
+single writer task drains a deque into the stream so callers never block on each other.
 A caller that is cancelled while it waits (its client cancelled, or its deadline passed) sends the
 backend ``ExecItem.cancel`` so that the request leaves the backend's queue without running.
 
@@ -16,6 +16,7 @@ Attach stream) or ``DOWN_HOLD_S`` passes (a backend that comes back at the same 
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 import itertools
 import logging
@@ -27,7 +28,7 @@ import grpc
 
 from common import grpc_util
 from common.pb import control, control_grpc
-from common.security import Credentials
+from common.security import Credentials, token_metadata
 
 log = logging.getLogger("nexus.frontend")
 
@@ -81,40 +82,69 @@ class Reply:
 
 
 class BackendConnection:
+    """One backend's Execute stream (module docstring). The stream is written by one writer task that
+    drains a deque (gRPC allows one write in flight per call) and read by the stream's task; the
+    token travels as call metadata, not through a channel interceptor (an intercepted stream relays
+    every message through one more asyncio layer)."""
+
     def __init__(self, address: str, creds: Credentials = grpc_util.NO_CREDENTIALS, on_broken=None) -> None:
         self.address = address
         self.on_broken = on_broken       # called with the address when the stream ends while open
-        self.channel = grpc_util.aio_channel(address, creds)
+        self.channel = grpc_util.aio_channel(address, creds, token_interceptor=False)
+        self.metadata = token_metadata(creds.token)
         self.stub = control_grpc.BackendStub(self.channel)
         self.outstanding = 0
         self._pending: dict[int, asyncio.Future] = {}
-        self._outbox: asyncio.Queue | None = None
+        self._outbox: collections.deque = collections.deque()
+        self._wake: asyncio.Future | None = None       # set while the writer waits for the outbox
         self._task: asyncio.Task | None = None
         self._closed = False
 
     def _ensure_stream(self) -> None:
         if self._task is None or self._task.done():
-            self._outbox = asyncio.Queue()
+            self._outbox = collections.deque()
+            self._wake = None
             self._task = asyncio.create_task(self._run(self._outbox))
 
-    async def _run(self, outbox: asyncio.Queue) -> None:
-        async def requests():
-            while True:
-                item = await outbox.get()
-                if item is None:
-                    return
-                yield item
+    def _send(self, item: control.ExecItem | None) -> None:
+        """Queue ``item`` on the stream (None: end it)."""
+        self._outbox.append(item)
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
 
-        call = self.stub.Execute(requests())
+    async def _write(self, call, outbox: collections.deque) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            async for result in call:
-                future = self._pending.pop(result.request_id, None)
+            while True:
+                while outbox:
+                    item = outbox.popleft()
+                    if item is None:
+                        await call.done_writing()
+                        return
+                    await call.write(item)
+                self._wake = loop.create_future()
+                await self._wake
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            return           # the stream ended: the reader tells the pending requests
+
+    async def _run(self, outbox: collections.deque) -> None:
+        call = self.stub.Execute(metadata=self.metadata)
+        writer = asyncio.create_task(self._write(call, outbox))
+        pending = self._pending
+        try:
+            while True:
+                result = await call.read()
+                if result is grpc.aio.EOF:
+                    break
+                future = pending.pop(result.request_id, None)
                 if future is not None and not future.done():
                     future.set_result(Reply.from_pb(result))
         except grpc.aio.AioRpcError as exc:
             if not self._closed:
                 log.warning("stream to backend %s broke: %s", self.address, exc.code().name)
         finally:
+            writer.cancel()
             if not self._closed and self.on_broken is not None:
                 self.on_broken(self.address)
             pending, self._pending = self._pending, {}
@@ -122,45 +152,60 @@ class BackendConnection:
                 if not future.done():
                     future.set_exception(BackendGone(f"backend {self.address} went away"))
 
-    async def execute(self, item: control.ExecItem) -> Reply:
+    async def execute(self, item: control.ExecItem, timeout_s: float | None = None) -> Reply:
+        """The backend's answer to ``item``; TimeoutError after ``timeout_s`` (the request is then
+        cancelled at the backend, as when the caller is cancelled)."""
         if self._closed:
             raise BackendGone(f"backend {self.address} is closed")
         self._ensure_stream()
-        future = asyncio.get_running_loop().create_future()
-        self._pending[item.request_id] = future
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        request_id = item.request_id
+        self._pending[request_id] = future
         self.outstanding += 1
+        timer = loop.call_later(timeout_s, _expire, future) if timeout_s is not None else None
         try:
-            self._outbox.put_nowait(item)
+            self._send(item)
             return await future
-        except asyncio.CancelledError:
-            if self._pending.pop(item.request_id, None) is not None and self._task is not None \
+        except (asyncio.CancelledError, TimeoutError):
+            if self._pending.pop(request_id, None) is not None and self._task is not None \
                     and not self._task.done():
-                self._outbox.put_nowait(control.ExecItem(request_id=item.request_id, cancel=True))
+                self._send(control.ExecItem(request_id=request_id, cancel=True))
             raise
         finally:
+            if timer is not None:
+                timer.cancel()
             self.outstanding -= 1
-            self._pending.pop(item.request_id, None)
+            self._pending.pop(request_id, None)
 
     async def execute_unary(self, item: control.ExecItem, timeout_s: float) -> Reply:
         """One RPC per request (kept for the path benchmark)."""
         self.outstanding += 1
         try:
-            return Reply.from_pb(await self.stub.ExecuteOne(item, timeout=timeout_s))
+            return Reply.from_pb(await self.stub.ExecuteOne(item, timeout=timeout_s, metadata=self.metadata))
         except grpc.aio.AioRpcError as exc:
             raise BackendGone(f"backend {self.address}: {exc.code().name}") from None
         finally:
             self.outstanding -= 1
 
+    async def stats(self, timeout_s: float = 5.0) -> control.BackendStats:
+        """The backend's ``Stats`` (a control call: it carries the cluster token)."""
+        return await self.stub.Stats(control.BackendStatsRequest(), timeout=timeout_s, metadata=self.metadata)
+
     async def close(self) -> None:
         self._closed = True
-        if self._outbox is not None:
-            self._outbox.put_nowait(None)
-        if self._task is not None:
+        if self._task is not None and not self._task.done():
+            self._send(None)
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout=2)
             except (asyncio.TimeoutError, Exception):
                 self._task.cancel()
         await self.channel.close()
+
+
+def _expire(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 class BackendPool:

@@ -195,6 +195,10 @@ class RequestRecord:
 
 def _pick(state: FrontendState, model: ModelEntry, exclude: set[str]):
     """Least outstanding work per unit of planned share, ties broken at random."""
+    backends = model.backends
+    if len(backends) == 1 and not exclude:       # the common case: nothing to choose
+        only = backends[0]
+        return None if state.pool.is_down(only.address) else only
     choices = [r for r in model.backends if r.address not in exclude and not state.pool.is_down(r.address)]
     if not choices:
         return None
@@ -244,8 +248,7 @@ async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes],
             marks.sent = time.monotonic_ns()
         try:
             if state.use_stream:
-                async with asyncio.timeout(left + DEADLINE_GRACE_S):
-                    result = await conn.execute(item)
+                result = await conn.execute(item, left + DEADLINE_GRACE_S)
             else:
                 result = await conn.execute_unary(item, left + 1.0)
         except BackendGone as exc:

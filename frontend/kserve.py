@@ -172,7 +172,7 @@ class KServeService:
         figures of backends that fail to answer, or are gone, at their last values)."""
         issued_at = time.monotonic()
         conns = list(self.state.pool.connections.items())
-        calls = [conn.stub.Stats(control.BackendStatsRequest(), timeout=5) for _, conn in conns]
+        calls = [conn.stats(timeout_s=5) for _, conn in conns]
         results = await asyncio.gather(*calls, return_exceptions=True)
         replies = []
         for (address, _), result in zip(conns, results):

@@ -49,15 +49,18 @@ This system's own:
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
 import grpc
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, UnknownMetricFamily
+from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, UnknownMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 
 # ``*_created`` series (creation timestamps) only mean something to OpenMetrics scrapers and double
@@ -85,8 +88,12 @@ def failure_reason(code: grpc.StatusCode) -> str:
     return _FAILURE_REASON.get(code, "OTHER")
 
 
-@dataclass
-class _TritonCounts:
+@dataclass(slots=True)
+class _ModelCounts:
+    """Everything recorded of one model: plain numbers, added to per request and turned into metric
+    families only at a scrape (``prometheus_client``'s labelled children take a lock and a dict
+    lookup per call, and its histogram walks its buckets in Python: several calls per request)."""
+
     success: int = 0
     failure: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     inferences: int = 0
@@ -94,6 +101,13 @@ class _TritonCounts:
     request_ns: int = 0
     queue_ns: int = 0
     compute_ns: int = 0
+    # Histograms as per-bucket counts (the last one is +Inf) and sums; made cumulative at a scrape.
+    latency_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+    latency_sum_s: float = 0.0
+    slo_ratio_buckets: list[int] = field(default_factory=lambda: [0] * (len(SLO_RATIO_BUCKETS) + 1))
+    slo_ratio_sum: float = 0.0
+    late: int = 0
+    dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys((c.name for c in DROP_STATUSES), 0))
 
     @property
     def request_us(self) -> int:
@@ -106,6 +120,43 @@ class _TritonCounts:
     @property
     def compute_us(self) -> int:
         return self.compute_ns // 1000
+
+
+def _histogram(name: str, doc: str, bounds: tuple[float, ...], per_model) -> HistogramMetricFamily:
+    """A histogram family from per-bucket counts: ``per_model`` yields (model, counts, sum)."""
+    family = HistogramMetricFamily(name, doc, labels=["model", "version"])
+    edges = [floatToGoString(b) for b in bounds] + ["+Inf"]
+    for model, counts, total in per_model:
+        if not any(counts):        # as a labelled histogram: a series from its first observation on
+            continue
+        family.add_metric([model, VERSION], list(zip(edges, itertools.accumulate(counts))), total)
+    return family
+
+
+class _RequestCollector(Collector):
+    """This system's own per-request metrics (module doc): latency and SLO-ratio histograms, late and
+    dropped counters, from the recorder's plain counts."""
+
+    def __init__(self, counts: dict[str, _ModelCounts]) -> None:
+        self.counts = counts
+
+    def collect(self):
+        models = sorted(self.counts.items())
+        yield _histogram("nexus_request_latency_seconds", "End-to-end latency of successful requests",
+                         LATENCY_BUCKETS_S, ((m, c.latency_buckets, c.latency_sum_s) for m, c in models))
+        yield _histogram("nexus_request_latency_slo_ratio",
+                         "Latency of successful requests divided by their SLO (le=1.0: within SLO)",
+                         SLO_RATIO_BUCKETS, ((m, c.slo_ratio_buckets, c.slo_ratio_sum) for m, c in models))
+        late = CounterMetricFamily("nexus_requests_late", "Successful requests answered after their SLO",
+                                   labels=["model", "version"])
+        dropped = CounterMetricFamily("nexus_requests_dropped", "Requests dropped or shed, by gRPC status",
+                                      labels=["model", "version", "reason"])
+        for model, c in models:
+            late.add_metric([model, VERSION], c.late)
+            for reason, n in c.dropped.items():
+                dropped.add_metric([model, VERSION, reason], n)
+        yield late
+        yield dropped
 
 
 class _TritonCollector(Collector):
@@ -121,7 +172,7 @@ class _TritonCollector(Collector):
          "compute_us"),
     )
 
-    def __init__(self, counts: dict[str, _TritonCounts]) -> None:
+    def __init__(self, counts: dict[str, _ModelCounts]) -> None:
         self.counts = counts
 
     def collect(self):
@@ -204,37 +255,25 @@ class FrontendMetrics:
 
     def __init__(self, table: Callable[[], object], in_flight: Callable[[], int] = lambda: 0) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self._triton: dict[str, _TritonCounts] = defaultdict(_TritonCounts)
-        self.registry.register(_TritonCollector(self._triton))
+        self._counts: dict[str, _ModelCounts] = {}
+        self.registry.register(_TritonCollector(self._counts))
+        self.registry.register(_RequestCollector(self._counts))
         self.registry.register(_PlanCollector(table))
-        labels = ["model", "version"]
-        self._latency = Histogram("nexus_request_latency_seconds", "End-to-end latency of successful requests",
-                                  labels, buckets=LATENCY_BUCKETS_S, registry=self.registry)
-        self._slo_ratio = Histogram("nexus_request_latency_slo_ratio",
-                                    "Latency of successful requests divided by their SLO (le=1.0: within SLO)",
-                                    labels, buckets=SLO_RATIO_BUCKETS, registry=self.registry)
-        self._late = Counter("nexus_requests_late", "Successful requests answered after their SLO", labels,
-                             registry=self.registry)
-        self._dropped = Counter("nexus_requests_dropped", "Requests dropped or shed, by gRPC status",
-                                [*labels, "reason"], registry=self.registry)
-        self._seen: set[str] = set()
         Gauge("nexus_requests_in_flight", "Requests being served now, over every transport",
               registry=self.registry).set_function(in_flight)
 
-    def _first_sight(self, model: str) -> None:
-        """Show a model's late and dropped counters at 0 before anything happens to them (ratios need them)."""
-        if model not in self._seen:
-            self._seen.add(model)
-            self._late.labels(model, VERSION)
-            for code in DROP_STATUSES:
-                self._dropped.labels(model, VERSION, code.name)
+    def _model(self, model: str) -> _ModelCounts:
+        """A model's counts, created (every counter shown at 0: ratios need them) on first sight."""
+        c = self._counts.get(model)
+        if c is None:
+            c = self._counts[model] = _ModelCounts()
+        return c
 
     def success(self, model: str, rows: int, latency_s: float, slo_s: float,
                 result=None) -> None:
         """A successful request of ``rows`` rows that took ``latency_s`` against a budget of ``slo_s``;
         ``result`` is the backend's answer, a ``frontend.backend_pool.Reply`` (None for a query, whose stages ran on several backends)."""
-        self._first_sight(model)
-        c = self._triton[model]
+        c = self._model(model)
         c.success += 1
         c.inferences += rows
         c.request_ns += round(latency_s * 1e9)
@@ -242,18 +281,21 @@ class FrontendMetrics:
             c.executions += bool(result.first_in_batch)
             c.queue_ns += result.queue_ns
             c.compute_ns += result.compute_ns
-        self._latency.labels(model, VERSION).observe(latency_s)
+        c.latency_buckets[bisect.bisect_left(LATENCY_BUCKETS_S, latency_s)] += 1
+        c.latency_sum_s += latency_s
         if slo_s > 0:
-            self._slo_ratio.labels(model, VERSION).observe(latency_s / slo_s)
+            ratio = latency_s / slo_s
+            c.slo_ratio_buckets[bisect.bisect_left(SLO_RATIO_BUCKETS, ratio)] += 1
+            c.slo_ratio_sum += ratio
             if latency_s > slo_s:
-                self._late.labels(model, VERSION).inc()
+                c.late += 1
 
     def failure(self, model: str, code: grpc.StatusCode) -> None:
         """A request of a known model that ended with ``code``."""
-        self._first_sight(model)
-        self._triton[model].failure[failure_reason(code)] += 1
+        c = self._model(model)
+        c.failure[failure_reason(code)] += 1
         if code in DROP_STATUSES:
-            self._dropped.labels(model, VERSION, code.name).inc()
+            c.dropped[code.name] += 1
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric (what ``/metrics`` serves)."""

@@ -59,7 +59,8 @@ class ClusterView:
     """Everything the planner reads, at ``now_s`` (monotonic seconds).
 
     ``rates_rps`` are measured (window means, before headroom; a surge's latest rate) per session
-    name, a query's under the query's name; ``surges_rps`` the sessions whose latest reports jumped
+    name, a query's under the query's name, over ``rate_windows_s`` seconds of counted requests (0
+    or absent: unknown); ``surges_rps`` the sessions whose latest reports jumped
     beyond noise (globalsched/workload.py); ``gammas`` the measured fan-out per (query, parent, child). ``stage_models`` has the
     profiles and unloadable device types of every model a query stage runs. ``force`` is set when
     something the plan depends on changed (``why`` says what); otherwise the planner judges the rates
@@ -73,6 +74,8 @@ class ClusterView:
     stage_models: Mapping[str, ModelView] = field(default_factory=dict)
     rates_rps: Mapping[str, float] = field(default_factory=dict)
     surges_rps: Mapping[str, float] = field(default_factory=dict)   # sessions whose demand just jumped
+    rate_windows_s: Mapping[str, float] = field(default_factory=dict)
+    surge_windows_s: Mapping[str, float] = field(default_factory=dict)   # seconds of each surging report
     gammas: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
     force: ReplanReason | None = None
     why: tuple[str, ...] = ()

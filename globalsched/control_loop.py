@@ -88,14 +88,21 @@ class ControlLoop:
         return plan
 
     def _log(self, plan: ClusterPlan) -> None:
+        reasons = ", ".join(f"{t} {r.value}" for t, r in sorted(plan.reasons.items()) if r is not ReplanReason.NONE)
+        log.info("epoch %d: re-planned: %s%s", self.epoch, reasons or "no device type changed",
+                 f" ({'; '.join(plan.why)})" if plan.why else "")
         for placement in plan.placements.values():
             for b in placement.backends:
                 log.info("epoch %d: %s duty cycle %.1f ms: %s", self.epoch, b.node_id, b.duty_cycle_ms,
                          ", ".join(f"{s.model} b={s.batch} {s.throughput_rps:.1f} rps" for s in b.sessions) or "idle")
+        # Warnings that still hold are not repeated with every plan.
+        before = self.plan
         for note in plan.notes:
-            log.warning(note)
+            if before is None or note not in before.notes:
+                log.warning(note)
         for model, why in plan.best_effort.items():
-            log.warning("%s: %s", model, why)
+            if before is None or before.best_effort.get(model) != why:
+                log.warning("%s: %s", model, why)
 
     async def epoch_timer(self) -> None:
         """Now and then, let the planner judge the plan (its epoch, rate bands and cooldown decide; a

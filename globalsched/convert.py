@@ -16,6 +16,7 @@ from globalsched.modeldb import ModelRecord, ServingSettings
 
 if TYPE_CHECKING:
     from globalsched.cluster import ClusterPlan, QueryPlan
+    from globalsched.profile_book import ProfileReport
     from globalsched.placement import BackendAssignment, PlacedSession
     from globalsched.scaling_policy import ScalingDecision
 
@@ -39,14 +40,17 @@ def model_desc(record: ModelRecord, profiles: dict[str, Profile], loaded: bool, 
 # ---- model tables (to backends) ------------------------------------------------------------------
 
 
-def session_entry(desc: control.ModelDesc, placed: PlacedSession, slo_ms: float, profile: Profile | None
-                  ) -> control.SessionEntry:
+def session_entry(desc: control.ModelDesc, placed: PlacedSession, slo_ms: float, profile: Profile | None,
+                  emulated: Profile | None = None) -> control.SessionEntry:
     """One session of a backend's table; ``placed.model`` is the session's name (a query stage's
-    differs from the model it runs)."""
-    return control.SessionEntry(model=desc, slo_ms=slo_ms, batch=placed.batch,
-                                profile_json=profile.to_json() if profile is not None else "",
+    differs from the model it runs). ``profile``: what the plan uses; ``emulated``: what an emulated
+    device executes, when it differs."""
+    emulated_json = emulated.to_json() if emulated is not None else ""
+    profile_json = profile.to_json() if profile is not None else ""
+    return control.SessionEntry(model=desc, slo_ms=slo_ms, batch=placed.batch, profile_json=profile_json,
                                 rate_rps=placed.throughput_rps,
-                                session=placed.model if placed.model != desc.name else "")
+                                session=placed.model if placed.model != desc.name else "",
+                                emulated_profile_json=emulated_json if emulated_json != profile_json else "")
 
 
 def model_table(epoch: int, assignment: BackendAssignment, entries: Iterable[control.SessionEntry]
@@ -127,11 +131,43 @@ def scaling_decision(decision: ScalingDecision, plan: ClusterPlan | None) -> con
                                    reason=decision.reason, drain_node_id=decision.drain)
 
 
+def profile_curve(profile: Profile) -> control.ProfileCurve:
+    """l(b) at batches 1, 2, 4, ... and the largest."""
+    batches, b = [], 1
+    while b < profile.max_batch:
+        batches.append(b)
+        b *= 2
+    batches.append(profile.max_batch)
+    return control.ProfileCurve(batch=batches, latency_ms=[profile.latency_ms(b) for b in batches],
+                                max_batch=profile.max_batch)
+
+
+def profile_status(r: ProfileReport) -> control.ModelProfileStatus:
+    out = control.ModelProfileStatus(
+        model=r.model, device_type=r.device_type, in_use=r.in_use, pinned=r.pinned, samples=r.samples,
+        contended_samples=r.contended_samples, samples_by_batch=dict(r.samples_by_batch), drift=r.drift,
+        held_back=r.held_back)
+    for field_name, profile in (("table", r.table), ("measured", r.measured), ("predicted", r.predicted)):
+        if profile is not None:
+            getattr(out, field_name).CopyFrom(profile_curve(profile))
+    if r.predicted is not None:
+        out.predicted_from = str(r.predicted.meta.get("predicted_from", ""))
+    if r.replaced is not None:
+        e = r.replaced.error
+        out.prediction_error_mean, out.prediction_error_max = e.mean_rel, e.max_rel
+        out.prediction_error_batch, out.prediction_bias = e.worst_batch, e.bias
+        out.prediction_replaced_by = r.replaced.by
+        out.predicted_from = out.predicted_from or str(r.replaced.predicted.meta.get("predicted_from", ""))
+    return out
+
+
 def status_reply(frontends: int, routing: control.RoutingTable, devices: Iterable[control.DeviceStatus],
                  plan: ClusterPlan | None = None, plan_age_s: float = 0.0,
-                 scaling: Iterable[ScalingDecision] = ()) -> control.StatusReply:
+                 scaling: Iterable[ScalingDecision] = (), profiles: Iterable[ProfileReport] = ()
+                 ) -> control.StatusReply:
     reply = control.StatusReply(frontends=frontends, routing=routing, devices=list(devices),
-                                scaling=[scaling_decision(d, plan) for d in scaling])
+                                scaling=[scaling_decision(d, plan) for d in scaling],
+                                profiles=[profile_status(r) for r in profiles])
     if plan is not None:
         reply.solver = plan.solver
         reply.notes.extend(plan.notes)

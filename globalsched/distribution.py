@@ -29,6 +29,9 @@ MODEL_TABLE_TIMEOUT_S = 120     # a backend loads its models before it answers
 ROUTING_TABLE_TIMEOUT_S = 10
 
 
+NODE_LEFT = "the node left while the call was in flight"
+
+
 async def _answers(calls: list[tuple[Node, object]]) -> list[tuple[Node, object, str]]:
     """Await every call; ``(node, reply, error)`` for each, ``error`` empty on success.
 
@@ -47,7 +50,7 @@ async def _answers(calls: list[tuple[Node, object]]) -> list[tuple[Node, object,
     out = []
     for (node, _), task in zip(calls, tasks):
         if task.cancelled():
-            out.append((node, None, "the node left while the call was in flight"))
+            out.append((node, None, NODE_LEFT))
         elif isinstance(task.exception(), grpc.aio.AioRpcError):
             out.append((node, None, task.exception().details() or task.exception().code().name))
         elif task.exception() is not None:
@@ -81,8 +84,10 @@ class Distribution:
                 for s in b.sessions:
                     model = plan.model_of(s.model)
                     planned = plan.sessions.get(s.model)
+                    emulated = self.admin.emulated_profile(model, node.device_type) \
+                        if node.device.startswith("emulated:") else None
                     entries.append(convert.session_entry(self.admin.desc(model), s, planned.slo_ms if planned else 0.0,
-                                                         self.admin.profiles(model).get(node.device_type)))
+                                                         self.admin.profiles(model).get(node.device_type), emulated))
                 table = convert.model_table(epoch, b, entries)
                 calls.append((node, node.stub.UpdateModelTable(table, timeout=MODEL_TABLE_TIMEOUT_S)))
         for node, reply, error in await _answers(calls):
@@ -100,7 +105,9 @@ class Distribution:
         calls = [(n, n.stub.UpdateRoutingTable(table, timeout=ROUTING_TABLE_TIMEOUT_S)) for n in self.nodes.values()
                  if n.kind == control.NODE_KIND_FRONTEND]
         for node, _, error in await _answers(calls):
-            if error:
+            if error == NODE_LEFT:
+                log.info("routing table push to %s ended: %s", node.node_id, error)     # it is gone: nothing to do
+            elif error:
                 log.warning("routing table push to %s failed: %s", node.node_id, error)
 
     def routing_table(self, plan: ClusterPlan, epoch: int, failed: dict[str, str] | None = None

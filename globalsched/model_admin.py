@@ -2,7 +2,16 @@
 
 Uploads are validated and stored in a thread (globalsched/modeldb.py); loads, unloads, profiles and
 query registrations change what the plan must serve and so ask for a re-plan. A model without a
-profile for a present device type is profiled on a backend of that type on demand. A model file
+profile for a present device type is profiled on a backend of that type on demand.
+
+Profiles in service (globalsched/profile_book.py decides which one plans): the backends' latency
+samples arrive with their heartbeats (:meth:`ModelAdmin.serving_samples`) and correct the tables;
+a measurement that drifted beyond the threshold asks for a re-plan, with the reason. A model with a
+table on one device type but none on a present one gets a prediction there
+(common/profile_prediction.py, from the profiles planning uses, measured ones included), which plans
+at once; a backend of that type still profiles it in the background when it can measure (a CPU or
+a GPU; an emulated GPU can only for the sample models), and until a profiling run or serving
+measures it the prediction plans. Whatever replaces a prediction, its error is logged and shown. A model file
 that a backend cannot load (while profiling it or from a model table) is recorded in
 :class:`globalsched.load_failures.LoadFailures`: retried on another backend a bounded number of
 times, then routed UNAVAILABLE with the reason. Every refusal raises :class:`Refused`.
@@ -13,15 +22,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import pathlib
-from typing import Mapping
+import time
+from typing import Iterable, Mapping
 
 import grpc
 
 from common import grpc_util
 from common.config import SchedulerConfig
+from common.measured_profile import LatencySample
 from common.pb import control
 from common.profile import Profile, ProfileError
+from common.profile_prediction import predict_profile
 from common.query_def import ModelIO, QueryError, parse_query, validate_query
 from common.warmup import WarmupError, from_pb as warmup_from_pb
 from globalsched.cluster import ClusterPlan
@@ -29,6 +42,7 @@ from globalsched.convert import model_desc
 from globalsched.load_failures import LoadFailures
 from globalsched.membership import Node
 from globalsched.modeldb import ModelDatabase, ServingSettings, UploadError
+from globalsched.profile_book import MEASURED, PREDICTED, Choice, ProfileBook, ProfileReport, report
 from globalsched.querydb import QueryStore
 from globalsched.refusal import Refused
 from globalsched.replan_trigger import ReplanTrigger
@@ -56,6 +70,12 @@ class ModelAdmin:
         # (model, device type) -> why the type cannot measure the profile it lacks (an emulated GPU)
         self.unmeasurable: dict[tuple[str, str], str] = {}
         self.trigger = trigger
+        self.book = ProfileBook(config.profile_update_s, enabled=config.measured_profiles, store=db)
+        self.book.restore(db.measured_profiles())
+        self.invalid_samples = 0            # latency samples backends sent that are no measurement
+        self._invalid_logged = 0.0
+        self._tables_cache: tuple[int, dict[str, dict[str, Profile]]] | None = None
+        self._choices_cache: tuple[tuple, dict[str, dict[str, Choice]]] | None = None
 
     def close(self) -> None:
         self.query_store.close()
@@ -93,6 +113,10 @@ class ModelAdmin:
         except (UploadError, WarmupError) as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"upload of {header.name!r} refused: {exc}") from None
         self._forget_failures(record.name)          # a new upload starts afresh
+        self.book.forget_model(record.name)         # its measurements were of the file it replaces
+        if header.profile_json:
+            for t, table in self.db.profiles(record.name).items():
+                self.book.table_arrived((record.name, t), table, "an uploaded table")
         self.trigger.request(f"model {record.name} uploaded")
         return control.UploadReply(model=self.desc(record.name))
 
@@ -148,11 +172,13 @@ class ModelAdmin:
             profile = Profile.from_json(request.profile_json)
             await asyncio.to_thread(self.db.add_profile, request.model, profile)
             self.unmeasurable.pop((request.model, profile.device_type), None)
+            self.book.table_arrived((request.model, profile.device_type), profile, "an uploaded table")
         except ProfileError as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"invalid profile: {exc}") from None
         except KeyError as exc:
             raise Refused(grpc.StatusCode.NOT_FOUND, str(exc.args[0])) from None
-        self.trigger.request(f"profile of {request.model} for {profile.device_type}")
+        self.trigger.request(f"profile of {request.model} for {profile.device_type} uploaded"
+                             f"{' (pinned)' if profile.meta.get('pinned') else ''}; its measurement starts afresh")
         return control.ProfileReply()
 
     def desc(self, name: str) -> control.ModelDesc:
@@ -161,35 +187,147 @@ class ModelAdmin:
         serving = self.db.serving(name)
         profiles = {t: p.capped(serving.batch_cap) for t, p in self.db.profiles(name).items()}
         desc = model_desc(record, profiles, loaded, self.db.min_replicas(name), serving)
-        present = {n.device_type for n in self.nodes.values() if n.kind == control.NODE_KIND_BACKEND}
-        for t in sorted(present | set(profiles)):
-            state, reason = self.device_type_state(name, t, t in profiles)
-            desc.device_types.add(device_type=t, state=state, reason=reason)
+        present: dict[str, int] = {}
+        for n in self.nodes.values():
+            if n.kind == control.NODE_KIND_BACKEND:
+                present[n.device_type] = present.get(n.device_type, 0) + 1
+        choices = self.profile_choices(name)
+        for t in sorted(set(present) | set(profiles)):
+            state, reason = self.device_type_state(name, t, t in profiles, choices.get(t))
+            desc.device_types.add(device_type=t, state=state, reason=reason, backends=present.get(t, 0))
         return desc
 
-    def device_type_state(self, model: str, device_type: str, profiled: bool) -> tuple[int, str]:
-        """(control.DeviceTypeState, reason) of ``model`` on ``device_type``."""
+    def device_type_state(self, model: str, device_type: str, profiled: bool,
+                          choice: Choice | None = None) -> tuple[int, str]:
+        """(control.DeviceTypeState, reason) of ``model`` on ``device_type``; ``choice``: what it plans
+        with there (a table's measurement, or a prediction or its measurement where it has no table)."""
         failed = self.load_failures.reason_on(model, device_type)
         if failed:
             return control.CANNOT_LOAD, failed
         if profiled:
             return control.PROFILED, ""
+        if choice is not None and choice.source == MEASURED:
+            return control.PROFILED, "measured while serving (no table)"
         if (model, device_type) in self.profiling:
             return control.PROFILING, ""
+        if choice is not None and choice.source == PREDICTED:
+            predicted_from = choice.profile.meta.get("predicted_from", "?")
+            why = self.unmeasurable.get((model, device_type), "")
+            return control.PREDICTED, f"predicted from {predicted_from}" + (f"; {why}" if why else "")
         if (model, device_type) in self.unmeasurable:
             return control.NEEDS_PROFILE, self.unmeasurable[(model, device_type)]
         return control.NOT_PROFILED, ""
 
-    def profiles(self, model: str) -> dict[str, Profile]:
-        """The model's profiles by device type, up to its batch cap, inflated by its measured co-location
-        slowdown."""
-        cap = self.db.serving(model).batch_cap
-        profiles = {t: p.capped(cap) for t, p in self.db.profiles(model).items()}
-        factor = self.slowdowns.get(model) or self.slowdowns.get(self.db.model(model).sha256 if self.db.model(model) else "")
+    # ---- profiles in service -----------------------------------------------------------------------
+
+    def tables(self) -> dict[str, dict[str, Profile]]:
+        """Every stored model's tables by device type, uncapped (read once per change of a table)."""
+        cached = self._tables_cache
+        if cached is None or cached[0] != self.db.profiles_version:
+            cached = self._tables_cache = (self.db.profiles_version,
+                                           {m.name: self.db.profiles(m.name) for m in self.db.models()})
+        return cached[1]
+
+    def present_types(self) -> tuple[str, ...]:
+        return tuple(sorted({n.device_type for n in self.nodes.values() if n.kind == control.NODE_KIND_BACKEND}))
+
+    def _choices(self) -> dict[str, dict[str, Choice]]:
+        """Every model's :class:`Choice` by device type, uncapped: its tables' (or their measurements'),
+        and predictions on the present device types it has no table for."""
+        tables = self.tables()
+        present = self.present_types()
+        key = (self.db.profiles_version, self.book.generation, present)
+        if self._choices_cache is not None and self._choices_cache[0] == key:
+            return self._choices_cache[1]
+        choices: dict[str, dict[str, Choice]] = {}
+        real: dict[tuple[str, str], Profile] = {}
+        for model, by_type in tables.items():
+            mine = choices[model] = {}
+            for t, table in by_type.items():
+                mine[t] = self.book.choose(model, t, table, None)
+                real[(model, t)] = mine[t].profile
+        for model, by_type in tables.items():
+            for t in present:
+                if t in by_type or not by_type:
+                    continue
+                predicted = predict_profile(model, t, real)
+                if predicted is not None:
+                    self.book.note_prediction((model, t), predicted.profile)
+                    choices[model][t] = self.book.choose(model, t, None, predicted.profile)
+        self._choices_cache = (key, choices)
+        return choices
+
+    def profile_choices(self, model: str) -> dict[str, Choice]:
+        """What ``model`` plans with on each device type (uncapped), and where it comes from."""
+        return self._choices().get(model, {})
+
+    def _served_form(self, model: str, profile: Profile, measured: bool) -> Profile:
+        """``profile`` up to the model's batch cap, inflated by its co-location slowdown unless it was
+        measured while serving (its samples include whatever shared the device)."""
+        profile = profile.capped(self.db.serving(model).batch_cap)
+        if measured:
+            return profile
+        record = self.db.model(model)
+        factor = self.slowdowns.get(model) or self.slowdowns.get(record.sha256 if record else "")
         if factor and factor > 1.0:
             from profiler.slowdown import apply_colocation_slowdown
-            profiles = {t: apply_colocation_slowdown(p, factor) for t, p in profiles.items()}
-        return profiles
+            profile = apply_colocation_slowdown(profile, factor)
+        return profile
+
+    def profiles(self, model: str) -> dict[str, Profile]:
+        """The profiles the plan uses for the model by device type (globalsched/profile_book.py: a
+        pinned table, a measured profile, the table or a prediction), up to its batch cap, inflated by
+        its co-location slowdown unless measured."""
+        return {t: self._served_form(model, c.profile, c.source == MEASURED)
+                for t, c in self.profile_choices(model).items()}
+
+    def profile_reports(self) -> list[ProfileReport]:
+        """Every stored model's profiles per device type it has one for (status and metrics)."""
+        tables = self.tables()
+        out = []
+        for model, choices in sorted(self._choices().items()):
+            for t, choice in sorted(choices.items()):
+                out.append(report(self.book, model, t, tables.get(model, {}).get(t), choice))
+        return out
+
+    def emulated_profile(self, model: str, device_type: str) -> Profile | None:
+        """What an emulated device of ``device_type`` executes for ``model``: its table, else its
+        prediction, never a measured profile (served as the plan's profiles are otherwise)."""
+        table = self.tables().get(model, {}).get(device_type)
+        base = table if table is not None else self.book.predictions.get((model, device_type))
+        return self._served_form(model, base, False) if base is not None else None
+
+    def serving_samples(self, node: Node, reports: Iterable[control.BatchSamples], now_s: float) -> None:
+        """A backend's heartbeat samples (backend/latency_samples.py): kept per model and its device
+        type; the keys whose update is due fold them in, and a drift asks for a re-plan. Samples of
+        unknown models are ignored; samples that are no measurement (batch 0, a latency not positive
+        and finite) are counted and logged, and change nothing."""
+        tables = self.tables()
+        emulated = node.device.startswith("emulated:")
+        invalid = 0
+        for batches in reports:
+            if batches.model not in tables:
+                continue
+            good = [LatencySample(s.batch, s.latency_ms, s.contended) for s in batches.samples
+                    if s.batch >= 1 and math.isfinite(s.latency_ms) and s.latency_ms > 0]
+            invalid += len(batches.samples) - len(good)
+            self.book.record(batches.model, node.device_type, good, emulated=emulated, now_s=now_s,
+                             lost=batches.lost)
+        if invalid:
+            self.invalid_samples += invalid
+            if time.monotonic() - self._invalid_logged > 60:
+                self._invalid_logged = time.monotonic()
+                log.warning("%s reported %d latency samples that are no measurement (ignored; %d so far)",
+                            node.node_id, invalid, self.invalid_samples)
+        due = self.book.due(now_s)
+        if not due:
+            return
+        self._choices()                     # the predictions of the types present now
+        for key in due:
+            table = tables.get(key[0], {}).get(key[1])
+            why = self.book.update(key, table, None if table is not None else self.book.predictions.get(key), now_s)
+            if why:
+                self.trigger.request(why)
 
     # ---- queries -----------------------------------------------------------------------------------
 
@@ -228,9 +366,15 @@ class ModelAdmin:
     # ---- profiling on demand -----------------------------------------------------------------------
 
     async def apply(self, plan: ClusterPlan, epoch: int) -> None:
-        """The actuator's part: profile every model the plan has no profile for on a present device type."""
+        """The actuator's part: profile every model the plan has no profile for on a present device type,
+        and, in the background, every served model that plans with a prediction on a present type."""
         for model, device_type in plan.need_profile.items():
             self.start_profiling(model, device_type)
+        served = {plan.model_of(s) for s in plan.sessions}
+        present = set(self.present_types())
+        for model, device_type in sorted(self.book.predictions):
+            if model in served and device_type in present:
+                self.start_profiling(model, device_type)
 
     def profiling_models(self) -> set[str]:
         return {m for m, _ in self.profiling}
@@ -263,7 +407,12 @@ class ModelAdmin:
                 return
             profile = Profile.from_json(reply.profile_json)
             await asyncio.to_thread(self.db.add_profile, model, profile)
+            self.book.table_arrived(key, profile, "a profiling run")
             log.info("profiled %s on %s (max batch %d)", model, profile.device_type, profile.max_batch)
+            from profiler.tables import load_warning
+
+            if busy := load_warning(profile):
+                log.warning("profiling %s on %s: %s", model, node.node_id, busy)
         except (grpc.aio.AioRpcError, ProfileError, KeyError) as exc:
             log.warning("profiling %s on %s failed: %s", model, node.node_id, exc)
             self.load_failures.record(model, node.device_type, node.node_id, str(exc))
@@ -280,8 +429,10 @@ class ModelAdmin:
 
     def unloadable_on(self, model: str) -> frozenset[str]:
         """Device types on which the model cannot be served: its load attempts are spent, or it has no
-        profile and the type cannot measure one."""
-        return self.load_failures.exhausted_types(model) | {t for m, t in self.unmeasurable if m == model}
+        profile, the type cannot measure one and no prediction plans it there."""
+        choices = self.profile_choices(model)
+        return self.load_failures.exhausted_types(model) | {t for m, t in self.unmeasurable
+                                                            if m == model and t not in choices}
 
     def load_failure_reason(self, model: str) -> str:
         """Why no backend can serve the model ("" when nothing rules a device type out)."""

@@ -2,7 +2,8 @@
 
 Layout under the data directory::
 
-    nexus.db                 SQLite: models, profiles (per device type), sessions
+    nexus.db                 SQLite: models, profiles (per device type), sessions, the measured
+                             profiles in use (globalsched/profile_book.py)
     blobs/ab/abcdef...       model files, named by their SHA-256
     tmp/                     uploads in progress (removed on failure)
 
@@ -75,6 +76,15 @@ CREATE TABLE IF NOT EXISTS model_warmup (
     model TEXT PRIMARY KEY REFERENCES models(name) ON DELETE CASCADE,
     samples_json TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS measured_profiles (
+    model TEXT NOT NULL REFERENCES models(name) ON DELETE CASCADE,
+    device_type TEXT NOT NULL,
+    basis TEXT NOT NULL,
+    profile_json TEXT NOT NULL,
+    raise_streak INTEGER NOT NULL,
+    margin REAL NOT NULL,
+    PRIMARY KEY (model, device_type)
+);
 """
 
 
@@ -127,6 +137,7 @@ class ModelDatabase:
         self._db.execute("PRAGMA foreign_keys = ON")
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.executescript(_SCHEMA)
+        self.profiles_version = 0       # bumps whenever a model or a table is stored (readers cache by it)
         self._collect_garbage()
 
     def close(self) -> None:
@@ -275,6 +286,7 @@ class ModelDatabase:
                 self._db.execute("ROLLBACK")
                 self._collect_unreferenced(sha)
                 raise
+            self.profiles_version += 1
             if old and old[0] != sha:
                 self._collect_unreferenced(old[0])
         return record
@@ -329,11 +341,32 @@ class ModelDatabase:
                 raise KeyError(f"unknown model {model!r}")
             self._db.execute("INSERT OR REPLACE INTO profiles VALUES (?,?,?)",
                              (model, profile.device_type, profile.to_json()))
+            self.profiles_version += 1
 
     def profiles(self, model: str) -> dict[str, Profile]:
         with self._lock:
             rows = self._db.execute("SELECT device_type, profile_json FROM profiles WHERE model=?", (model,)).fetchall()
         return {r[0]: Profile.from_json(r[1]) for r in rows}
+
+    def save_measured(self, model: str, device_type: str, basis: str, profile: Profile, raise_streak: int,
+                      margin: float) -> None:
+        """Keep the measured profile in use for (model, device type) (globalsched/profile_book.py); a
+        model no longer stored is ignored."""
+        with self._lock:
+            if self._db.execute("SELECT 1 FROM models WHERE name=?", (model,)).fetchone():
+                self._db.execute("INSERT OR REPLACE INTO measured_profiles VALUES (?,?,?,?,?,?)",
+                                 (model, device_type, basis, profile.to_json(), raise_streak, margin))
+
+    def delete_measured(self, model: str, device_type: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM measured_profiles WHERE model=? AND device_type=?", (model, device_type))
+
+    def measured_profiles(self) -> list[tuple[str, str, str, Profile, int, float]]:
+        """(model, device type, basis, profile, raise streak, margin) of every kept measured profile."""
+        with self._lock:
+            rows = self._db.execute("SELECT model, device_type, basis, profile_json, raise_streak, margin "
+                                    "FROM measured_profiles ORDER BY model, device_type").fetchall()
+        return [(r[0], r[1], r[2], Profile.from_json(r[3]), r[4], r[5]) for r in rows]
 
     def sessions(self) -> list[SessionRecord]:
         with self._lock:

@@ -5,7 +5,11 @@
 backend runs each planned GPU), and returns the next placement with the next state. It
 
 1. drops the GPUs of backends that are gone (a lost node), and forces a re-plan when that happened,
-   when backends joined, or when a session's SLO or minimum replicas changed;
+   when backends joined, or when a session's SLO or minimum replicas changed; on a forced re-plan it
+   also takes out the allocations of sessions whose profile moved by the drift threshold since they
+   were planned (a measured profile replaced the table, a new table was uploaded): their batches and
+   duty cycles were the old profile's, so they are placed again like a deficit, and a profile that
+   got faster frees devices instead of only shrinking batches in place;
 2. takes the extra replicas (below) out of the plan, then asks
    :func:`globalsched.algorithms.replan.replan` for the next plan: it decides *whether* to re-plan
    (sessions changed, the epoch, a rate out of its band, after a cooldown) and repairs the plan
@@ -26,11 +30,19 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import AbstractSet, Callable, Mapping, Sequence
 
-from common.plan import (EPS_MS, GpuPlan, GpuSpec, Plan, PlanningError, SessionAlloc, SessionSpec, gpu_burst_excess_ms,
-                         gpu_exec_breakdown, slo_budget_ms, validate_plan)
+from common.measured_profile import EstimatorConfig
+from common.plan import (GpuPlan, GpuSpec, Plan, PlanningError, PrefixGroup, SessionAlloc, SessionSpec,
+                         ViolationKind, gpu_exec_breakdown, validate_plan)
+from common.profile import Profile
+from globalsched.algorithms.batching import prepare, residual_config
 from globalsched.algorithms.config import PlannerConfig
 from globalsched.algorithms.replan import ReplanConfig, ReplanReason, ReplanState, match_ids, replan
 from globalsched.placement import BackendAssignment, BackendSlot, PlacedSession, Placement
+
+
+# A session whose profile moved this much since it was planned is re-placed at the next re-plan (the
+# measured-profile drift threshold: a smaller change keeps its allocations, which the re-planner resizes).
+PROFILE_CHANGE = EstimatorConfig().drift_threshold
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,7 @@ class TypeState:
     signature: tuple = ()
     slots: frozenset[str] = frozenset()
     placement: Placement | None = None
+    profiles: Mapping[str, Profile] = field(default_factory=dict)  # session -> the profile it was planned with
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,9 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
             kept.append(g)
         current = replace(current, gpus=tuple(kept))
         current = _strip_replicas(current, st.replicas)
+        changed = profile_changes(st.profiles, specs)
+        if changed and force is not None:    # re-placed from scratch: their batches and cycles were the old profile's
+            current = _without_sessions(current, changed)
     if not specs:
         plan = Plan("replan", (), 0, 0.0)
         state, reason = st.replan, (ReplanReason.NONE if current is not None and not current.gpus
@@ -112,7 +128,7 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
                           st.plan.lower_bound if st.plan else 0,
                           (st.plan.lower_bound_throughput_only or 0) if st.plan else 0, reason, st)
     wanted = {s.name: min_replicas.get(s.name, 1) for s in specs}
-    plan, replicas = _with_replicas(plan, current, st, specs, gpu, wanted, len(slots), config.planner)
+    plan, replicas = _with_replicas(plan, current, st, grouped, groups, gpu, wanted, len(slots), config.planner)
     notes: tuple[str, ...] = ()
     broken = validate_plan(plan, grouped, gpu, config.planner.margins_ms, groups, config.planner.burst_sigma)
     if broken:
@@ -122,7 +138,8 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
 
         fresh = solve_with_prefix_groups(specs, gpu, solver, config.planner, shares=shares)
         fresh = replace(fresh, gpus=tuple(match_ids(fresh.gpus, current)) if current is not None else fresh.gpus)
-        fresh, replicas = _with_replicas(fresh, current, st, specs, gpu, wanted, len(slots), config.planner)
+        fresh, replicas = _with_replicas(fresh, current, st, grouped, groups, gpu, wanted, len(slots),
+                                          config.planner)
         still = validate_plan(fresh, grouped, gpu, config.planner.margins_ms, groups, config.planner.burst_sigma)
         if still:
             raise PlanningError(f"{gpu.name}: every plan made breaks the validity rules, none is distributed: "
@@ -133,16 +150,43 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
     by_name, by_group = {s.name: s for s in grouped}, {g.name: g for g in groups}
     placement, nodes = _assign(plan.gpus, slots, st.nodes, previous,
                                lambda g: gpu_exec_breakdown(g, by_name, by_group)[0])
-    new = TypeState(plan, state, nodes, frozenset(replicas), signature, alive, placement)
+    new = TypeState(plan, state, nodes, frozenset(replicas), signature, alive, placement,
+                    {s.name: s.profile for s in specs})
     return TypeResult(placement, _devices_needed(plan, specs, min_replicas), plan.lower_bound,
                       plan.lower_bound_throughput_only or 0, reason, new, notes)
 
 
-def _with_replicas(plan: Plan, current: Plan | None, st: TypeState, specs: Sequence[SessionSpec], gpu: GpuSpec,
-                   wanted: Mapping[str, int], max_gpus: int, planner: PlannerConfig
-                   ) -> tuple[Plan, set[tuple[int, str]]]:
+def profile_changes(before: Mapping[str, Profile], specs: Sequence[SessionSpec],
+                    threshold: float = PROFILE_CHANGE) -> frozenset[str]:
+    """Sessions whose profile moved by at least ``threshold`` (relative, at some batch both profiles
+    have) since they were planned."""
+    out = set()
+    for s in specs:
+        old = before.get(s.name)
+        if old is None or old is s.profile:
+            continue
+        n = min(old.max_batch, s.profile.max_batch)
+        if old.max_batch != s.profile.max_batch or any(
+                abs(s.profile.latency_ms(b) - old.latency_ms(b)) >= threshold * old.latency_ms(b)
+                for b in range(1, n + 1)):
+            out.add(s.name)
+    return frozenset(out)
+
+
+def _without_sessions(plan: Plan, names: frozenset[str]) -> Plan:
+    gpus = []
+    for g in plan.gpus:
+        keep = tuple(a for a in g.sessions if a.session not in names)
+        if keep:
+            gpus.append(GpuPlan(g.id, g.duty_cycle_ms, keep, g.shared_prefixes))
+    return replace(plan, gpus=tuple(gpus))
+
+
+def _with_replicas(plan: Plan, current: Plan | None, st: TypeState, specs: Sequence[SessionSpec],
+                   groups: Sequence[PrefixGroup], gpu: GpuSpec, wanted: Mapping[str, int], max_gpus: int,
+                   planner: PlannerConfig) -> tuple[Plan, set[tuple[int, str]]]:
     plan = replace(plan, gpus=_fresh_ids(plan.gpus, current, st.plan))
-    gpus, replicas = add_replicas(plan.gpus, specs, gpu, wanted, max_gpus, planner, st.plan, st.replicas)
+    gpus, replicas = add_replicas(plan.gpus, specs, gpu, wanted, max_gpus, planner, st.plan, st.replicas, groups)
     return replace(plan, gpus=tuple(gpus)), replicas
 
 
@@ -194,14 +238,17 @@ def _strip_replicas(plan: Plan, replicas: AbstractSet[tuple[int, str]]) -> Plan:
 
 def add_replicas(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: GpuSpec, wanted: Mapping[str, int],
                  max_gpus: int, planner: PlannerConfig, before: Plan | None = None,
-                 replicas_before: AbstractSet[tuple[int, str]] = frozenset()) -> tuple[list[GpuPlan], set[tuple[int, str]]]:
+                 replicas_before: AbstractSet[tuple[int, str]] = frozenset(), groups: Sequence[PrefixGroup] = ()
+                 ) -> tuple[list[GpuPlan], set[tuple[int, str]]]:
     """``gpus`` with each session on at least ``wanted[session]`` GPUs where possible, and the
     (GPU id, session) replicas added.
 
     A replica runs the session's largest allocation (its batch; so the same throughput on a GPU of the
     same duty cycle). Where it goes, in order: the GPU it was on in ``before`` (no load, no move); a
-    new GPU while fewer than ``max_gpus`` exist; an existing GPU with room (duty cycle, SLO and memory
-    checked, least occupied first). A session that fits nowhere keeps fewer replicas.
+    new GPU while fewer than ``max_gpus`` exist; an existing GPU with room, least occupied first.
+    Every GPU a replica lands on keeps the validity rules (``specs`` and ``groups`` as the plan was
+    made with: burst headroom and shared prefixes included). A session that fits nowhere keeps fewer
+    replicas.
     """
     out = {g.id: g for g in gpus}
     by_name = {s.name: s for s in specs}
@@ -227,19 +274,19 @@ def add_replicas(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: Gpu
             placed = None
             for gid in candidates:
                 if gid not in out and len(out) < max_gpus:
-                    placed = GpuPlan(gid, primary_gpu.duty_cycle_ms, (primary,))
+                    placed = _alone(gid, spec, primary_gpu.duty_cycle_ms, primary, gpu, planner, groups)
                 elif gid in out:
-                    placed = _with(out[gid], spec, primary.planned_load_rps, gpu, planner, by_name)
+                    placed = _with(out[gid], spec, primary.planned_load_rps, gpu, planner, by_name, groups)
                 if placed is not None:
                     break
             if placed is None and len(out) < max_gpus:
-                placed = GpuPlan(next_id, primary_gpu.duty_cycle_ms, (primary,))
+                placed = _alone(next_id, spec, primary_gpu.duty_cycle_ms, primary, gpu, planner, groups)
                 next_id += 1
             if placed is None:
                 for g in sorted(out.values(), key=lambda g: _busy_ms(g, by_name) / g.duty_cycle_ms):
                     if g.id in have:
                         continue
-                    placed = _with(g, spec, primary.planned_load_rps, gpu, planner, by_name)
+                    placed = _with(g, spec, primary.planned_load_rps, gpu, planner, by_name, groups)
                     if placed is not None:
                         break
             if placed is None:
@@ -254,33 +301,42 @@ def _busy_ms(g: GpuPlan, specs: Mapping[str, SessionSpec]) -> float:
 
 
 def _with(g: GpuPlan, spec: SessionSpec, rate: float, gpu: GpuSpec, planner: PlannerConfig,
-          specs: Mapping[str, SessionSpec]) -> GpuPlan | None:
+          specs: Mapping[str, SessionSpec], groups: Sequence[PrefixGroup]) -> GpuPlan | None:
     """``g`` with ``spec`` added at the batch its duty cycle needs for ``rate`` (the arrivals it is
-    planned to carry), or None when that breaks the GPU: its batches' latencies plus the pooled
-    burst headroom (common/headroom.py) must fit the duty cycle, duty cycle plus every batch plus the
-    headroom must fit each session's SLO, and the memory must fit (prefix sharing ignored:
-    conservative)."""
-    p = spec.profile
-    batch = min(max(1, math.ceil(rate * g.duty_cycle_ms / 1000 - 1e-9)), p.max_batch)
-    budget = slo_budget_ms(spec.slo_ms, planner.margins_ms)
-    busy = _busy_ms(g, specs) + p.latency_ms(batch)
-    if busy > g.duty_cycle_ms or g.duty_cycle_ms + p.latency_ms(batch) > budget:
-        return None
-    memory = sum(specs[a.session].profile.memory_mb(a.batch) for a in g.sessions if a.session in specs)
-    if memory + p.memory_mb(batch) > gpu.memory_mb:
-        return None
+    planned to carry), or None when that breaks the GPU (:func:`_keeps_rules`)."""
+    batch = min(max(1, math.ceil(rate * g.duty_cycle_ms / 1000 - 1e-9)), spec.profile.max_batch)
     throughput = batch * 1000.0 / g.duty_cycle_ms
     new = GpuPlan(g.id, g.duty_cycle_ms, (*g.sessions, SessionAlloc(spec.name, batch, throughput, min(rate, throughput))),
                   g.shared_prefixes)
-    excess = gpu_burst_excess_ms(new, specs, planner.margins_ms, planner.burst_sigma)
-    if busy + excess > g.duty_cycle_ms + EPS_MS:
+    return new if _keeps_rules(new, specs, gpu, planner, groups) else None
+
+
+def _keeps_rules(g: GpuPlan, specs: Mapping[str, SessionSpec], gpu: GpuSpec, planner: PlannerConfig,
+                 groups: Sequence[PrefixGroup]) -> bool:
+    """Whether GPU ``g`` keeps the validity rules of :func:`common.plan.validate_plan`: its batches
+    (a shared prefix once, every member of its group waiting for the group's execution) plus the
+    pooled burst headroom (common/headroom.py) fit its duty cycle and every SLO, and its memory fits."""
+    one = Plan("replica", (g,), 0, 0.0)
+    return all(v.kind is ViolationKind.UNDER_SERVED
+               for v in validate_plan(one, [specs[a.session] for a in g.sessions], gpu, planner.margins_ms, groups,
+                                      planner.burst_sigma))
+
+
+def _alone(gid: int, spec: SessionSpec, duty_ms: float, primary: SessionAlloc, gpu: GpuSpec,
+           planner: PlannerConfig, groups: Sequence[PrefixGroup]) -> GpuPlan | None:
+    """A GPU of its own for a replica of ``primary`` (on a GPU of ``duty_ms``): the same allocation
+    when it keeps the rules alone. With burst headroom it may not: the primary's GPU pooled its burst
+    with others' batches (common/headroom.py). The replica then runs the configuration the planner
+    gives that load alone (:func:`~globalsched.algorithms.batching.residual_config`); None when there
+    is none (the replica goes to a GPU with room, or the session keeps fewer replicas)."""
+    same = GpuPlan(gid, duty_ms, (primary,))
+    if _keeps_rules(same, {spec.name: spec}, gpu, planner, groups):
+        return same
+    try:
+        batch, duty_ms = residual_config(prepare(spec, gpu, planner), primary.planned_load_rps)
+    except PlanningError:
         return None
-    for a in new.sessions:
-        s = specs.get(a.session)
-        if s is not None and g.duty_cycle_ms + s.profile.latency_ms(a.batch) + excess > \
-                slo_budget_ms(s.slo_ms, planner.margins_ms) + EPS_MS:
-            return None
-    return new
+    return GpuPlan(gid, duty_ms, (SessionAlloc(spec.name, batch, batch * 1000.0 / duty_ms, primary.planned_load_rps),))
 
 
 def _assign(gpus: Sequence[GpuPlan], slots: Sequence[BackendSlot], nodes_before: Mapping[int, str],

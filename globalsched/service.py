@@ -1,7 +1,8 @@
 """The global scheduler's gRPC servicer: it wires the scheduler's parts together and delegates to them.
 
 - globalsched/membership.py: Register (address resolution, dial-back), Heartbeat, Attach, Leave,
-  and removing lost nodes;
+  and removing lost nodes; a backend's heartbeat also carries its latency samples, which go to the
+  measured profiles (globalsched/model_admin.py, globalsched/profile_book.py);
 - globalsched/workload.py: ReportWorkload: smoothed rates, rate windows, fan-out per query edge;
 - globalsched/model_admin.py: the model database behind Upload/Download/List/Load/Unload/AddProfile,
   query registration, profiling on demand, models that fail to load;
@@ -37,6 +38,7 @@ from globalsched.membership import Membership
 from globalsched.model_admin import ModelAdmin
 from globalsched.modeldb import ModelDatabase
 from globalsched.planner import PlannerSettings
+from globalsched.profile_metrics import ProfileCollector
 from globalsched.refusal import Refused
 from globalsched.replan_trigger import ReplanTrigger
 from globalsched.scaling_policy import ScalingConfig
@@ -92,7 +94,11 @@ class SchedulerService(control_grpc.SchedulerServicer):
             await context.abort(r.code, r.message)
 
     async def Heartbeat(self, request, context):
-        return control.HeartbeatReply(known=self.membership.heartbeat(request.node_id))
+        known = self.membership.heartbeat(request.node_id)
+        node = self.nodes.get(request.node_id)
+        if known and request.batch_samples and node is not None and node.kind == control.NODE_KIND_BACKEND:
+            self.admin.serving_samples(node, request.batch_samples, time.monotonic())
+        return control.HeartbeatReply(known=known)
 
     async def Attach(self, request, context):
         events = self.membership.attach(request.node_id)
@@ -218,6 +224,7 @@ async def _start_metrics(config: SchedulerConfig, service: SchedulerService, ser
 
     registry = CollectorRegistry()
     registry.register(ScalerCollector(service.scaler))
+    registry.register(ProfileCollector(service.admin))
     try:
         metrics = await serve_metrics("scheduler", config.metrics_listen, config.resolved_metrics_listen, registry)
     except SystemExit:

@@ -1,7 +1,8 @@
 """The scheduler's ``GetStatus`` reply: the plan in force per device, for ``nexus status``.
 
-Read-only: it looks at the plan, the registered nodes, the profiles and the routing table the plan
-gives, and changes nothing. The messages are built in globalsched/convert.py.
+Read-only: it looks at the plan, the registered nodes, the profiles (per model and device type: the
+table, the measured profile, the prediction and which one plans, globalsched/profile_book.py) and
+the routing table the plan gives, and changes nothing. The messages are built in globalsched/convert.py.
 """
 
 from __future__ import annotations
@@ -36,4 +37,4 @@ def status_reply(plan: ClusterPlan | None, routing: control.RoutingTable, backen
         devices.append(convert.device_status(node.node_id, node.address, node.device, node.device_type,
                                              node.memory_mb, b.duty_cycle_ms if b is not None else 0.0, sessions,
                                              b.exec_ms if b is not None else 0.0))
-    return convert.status_reply(frontends, routing, devices, plan, plan_age_s, scaling)
+    return convert.status_reply(frontends, routing, devices, plan, plan_age_s, scaling, admin.profile_reports())

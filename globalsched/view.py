@@ -21,24 +21,22 @@ from globalsched.workload import Workload
 def read_view(now_s: float, backends: Iterable[Node], admin: ModelAdmin, workload: Workload,
               force: ReplanReason | None = None, why: tuple[str, ...] = ()) -> ClusterView:
     db = admin.db
-    measured = workload.measured(now_s)
     models = []
     for s in db.sessions():
-        models.append(_model_view(admin, s.model, s.slo_ms, s.model in measured))
+        models.append(_model_view(admin, s.model, s.slo_ms))
     queries = admin.queries()
-    stage_models = {st.model: _model_view(admin, st.model, 0.0, True) for q in queries.values() for st in q.stages}
+    stage_models = {st.model: _model_view(admin, st.model, 0.0) for q in queries.values() for st in q.stages}
     return ClusterView(
         now_s=now_s,
         backends=tuple(BackendSlot(n.node_id, n.device_type, n.memory_mb) for n in backends),
         models=tuple(models), queries=queries, stage_models=stage_models,
         rates_rps=workload.planning_rates(now_s), surges_rps=workload.surges(now_s),
+        rate_windows_s=workload.rate_windows_s(now_s), surge_windows_s=workload.surge_windows_s(now_s),
         gammas=workload.current_gammas(now_s), force=force, why=why)
 
 
-def _model_view(admin: ModelAdmin, name: str, slo_ms: float, measured: bool) -> ModelView:
-    """``measured``: its traffic has been measured over a whole rate window (its expected rate no longer counts)."""
+def _model_view(admin: ModelAdmin, name: str, slo_ms: float) -> ModelView:
     record = admin.db.model(name)
     group = record.prefix_group if record else ""
     return ModelView(name, slo_ms, admin.profiles(name), group, admin.db.prefix_share(name) if group else None,
-                     admin.db.min_replicas(name), admin.unloadable_on(name),
-                     0.0 if measured else admin.db.serving(name).expected_rate_rps)
+                     admin.db.min_replicas(name), admin.unloadable_on(name), admin.db.serving(name).expected_rate_rps)

@@ -25,14 +25,11 @@ class Workload:
         # frontend -> model -> (time, requests, window seconds) of its reports over PLAN_RATE_WINDOW_S
         self.rate_history: dict[str, dict[str, collections.deque]] = {}
         self.edges: dict[str, dict[tuple[str, str, str], tuple[int, int, float]]] = {}  # frontend -> edge -> counts
-        self.first_traffic: dict[str, float] = {}     # session -> when a report first counted requests of it
 
     def report(self, request: control.WorkloadReport, now: float) -> None:
         """Take one frontend's report (its node is known: the caller checked)."""
         table = self.rates.setdefault(request.node_id, {})
         for r in request.rates:
-            if r.requests > 0 or (r.window_ms == 0 and r.rate_rps > 0):
-                self.first_traffic.setdefault(r.model, now)
             rate = max(r.rate_rps, 0.0)
             old = table.get(r.model)
             if old is not None and now - old[1] <= RATE_REPORT_TTL_S:   # smooth Poisson noise of short windows
@@ -58,13 +55,6 @@ class Workload:
         self.rate_history.pop(node_id, None)
         self.edges.pop(node_id, None)
 
-    def measured(self, now: float) -> set[str]:
-        """Sessions whose traffic has been measured over a whole PLAN_RATE_WINDOW_S: until then, a
-        session uploaded with an expected rate is planned for at least that rate (reports of no
-        requests before its traffic starts, or a window that its first seconds only partly fill,
-        measure nothing yet)."""
-        return {m for m, t in self.first_traffic.items() if now - t >= PLAN_RATE_WINDOW_S}
-
     def planning_rates(self, now: float) -> dict[str, float]:
         """The rates a plan is made for: requests over time across the reports of the last
         PLAN_RATE_WINDOW_S, per frontend, summed (the smoothed rate where a frontend sent no counts);
@@ -76,16 +66,29 @@ class Workload:
         """
         return self._rates(now)[0]
 
+    def rate_windows_s(self, now: float) -> dict[str, float]:
+        """Per session, the seconds of counted requests behind its planning rate: the shortest window of
+        any frontend reporting it (0 where a frontend sent no counts: no noise estimate). The planner
+        tells noise from change with it (globalsched/planner.py, :func:`settled_rates`)."""
+        return self._rates(now)[2]
+
     def surges(self, now: float) -> dict[str, float]:
         """Sessions whose latest report, on some frontend, is a surge (common/surge.py) against that
-        frontend's window mean (its first report in the window: against none): their rate summed over frontends, with the surging
-        frontends' latest rates."""
-        rates, surging = self._rates(now)
+        frontend's window mean (its first report in the window: against none): their rate summed
+        over frontends, with the surging frontends' latest rates. The planner keeps those that are
+        surges against the rate planned too (globalsched/planner.py, :func:`real_surges`)."""
+        rates, surging, _ = self._rates(now)
         return {model: rates[model] for model in surging}
 
-    def _rates(self, now: float) -> tuple[dict[str, float], set[str]]:
+    def surge_windows_s(self, now: float) -> dict[str, float]:
+        """Per surging session, the seconds of the latest report that surged (the shortest, when
+        several frontends' did): what the planner judges a surge's noise by."""
+        return self._rates(now)[1]
+
+    def _rates(self, now: float) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
         totals: dict[str, float] = {}
-        surging: set[str] = set()
+        surging: dict[str, float] = {}
+        windows: dict[str, float] = {}
         for node, per_model in self.rates.items():
             for model, (smoothed, t) in per_model.items():
                 if now - t > RATE_REPORT_TTL_S:
@@ -103,9 +106,10 @@ class Workload:
                     # for the window's length
                     if is_surge(latest_n, expected):
                         rate = max(rate, latest_n / latest_w)
-                        surging.add(model)
+                        surging[model] = min(surging.get(model, latest_w), latest_w)
                 totals[model] = totals.get(model, 0.0) + rate
-        return totals, surging
+                windows[model] = min(windows.get(model, window_s), window_s)
+        return totals, surging, windows
 
     def current_rates(self, now: float) -> dict[str, float]:
         """The smoothed rate per session, summed over frontends."""

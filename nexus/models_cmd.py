@@ -13,10 +13,27 @@ from nexus.repository_cmd import add_import_parser
 from nexus.scheduler_client import DEFAULT_SCHEDULER, AdminCallError, list_models, upload_model
 
 
+_STATE_WORDS = {control.PROFILED: "profiled", control.NOT_PROFILED: "not profiled yet",
+                control.PROFILING: "profiling", control.NEEDS_PROFILE: "needs a profile",
+                control.CANNOT_LOAD: "cannot load", control.PREDICTED: "predicted"}
+
+
+def _device_types(m: control.ModelDesc) -> list[dict]:
+    return [{"device_type": d.device_type, "state": _STATE_WORDS.get(d.state, "unknown"), "reason": d.reason,
+             "backends": d.backends} for d in m.device_types]
+
+
+def _servable_column(m: control.ModelDesc) -> str:
+    """Per device type with backends registered, whether the model can be served there."""
+    return ", ".join(f"{d.device_type}: {_STATE_WORDS.get(d.state, 'unknown')}" for d in m.device_types
+                     if d.backends) or "-"
+
+
 def _describe(m: control.ModelDesc) -> dict:
     return {"name": m.name, "sha256": m.sha256, "runtime": m.runtime, "size_bytes": m.size_bytes,
             "slo_ms": m.default_slo_ms, "loaded": m.loaded, "profiles": list(m.profiled_device_types),
-            "min_replicas": m.min_replicas, "expected_rate_rps": m.expected_rate_rps, "batch_cap": m.batch_cap,
+            "device_types": _device_types(m), "batch_cap": m.batch_cap, "expected_rate_rps": m.expected_rate_rps,
+            "min_replicas": m.min_replicas,
             "prefix_group": m.prefix_group,
             "warmup": describe_warmup(warmup_from_pb(m.warmup)),
             "inputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in m.inputs],
@@ -28,7 +45,8 @@ def _run_upload(args) -> int:
         model = upload_model(args.scheduler, args.file, args.name, profile_path=args.profile, slo_ms=args.slo_ms,
                              runtime=args.runtime, io_path=args.io, load=not args.no_load,
                              min_replicas=args.min_replicas, expected_rate_rps=args.expected_rate_rps,
-                             creds=client_credentials(args))
+                             creds=client_credentials(args),
+                             pin_profile=args.pin_profile)
     except (AdminCallError, ClientFlagError) as exc:
         print(f"nexus models upload: error: {exc}", file=sys.stderr)
         return 2
@@ -45,10 +63,11 @@ def _run_list(args) -> int:
     if args.json:
         print(json.dumps([_describe(m) for m in models], indent=2))
         return 0
-    rows = [("NAME", "RUNTIME", "SIZE", "SLO_MS", "LOADED", "PROFILES", "PREFIX")]
+    rows = [("NAME", "RUNTIME", "SIZE", "SLO_MS", "LOADED", "PROFILES", "ON REGISTERED DEVICE TYPES", "PREFIX")]
     for m in models:
         rows.append((m.name, m.runtime, f"{m.size_bytes / 1e6:.1f}MB", f"{m.default_slo_ms:g}",
-                     "yes" if m.loaded else "no", ",".join(m.profiled_device_types) or "-", m.prefix_group[:12] or "-"))
+                     "yes" if m.loaded else "no", ",".join(m.profiled_device_types) or "-", _servable_column(m),
+                     m.prefix_group[:12] or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -61,7 +80,10 @@ def register(sub) -> None:
     up = msub.add_parser("upload", help="upload a model file (ONNX, or TorchScript with --io)")
     up.add_argument("file")
     up.add_argument("--name", required=True)
-    up.add_argument("--profile", help="profile JSON (common/profile.py format, with device_type)")
+    up.add_argument("--profile", help="profile JSON (common/profile.py format, with device_type): where planning "
+                                      "starts; serving measurements replace it once enough samples count")
+    up.add_argument("--pin-profile", action="store_true",
+                    help="plan with --profile always, whatever serving measures (measurements are still shown)")
     up.add_argument("--slo-ms", type=float, default=0.0, help="SLO of the model's session (default: scheduler's)")
     up.add_argument("--runtime", default="", choices=["", "onnxruntime", "torch"], help="default: from the file suffix")
     up.add_argument("--io", help="JSON with inputs/outputs (required for torch models)")

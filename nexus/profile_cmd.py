@@ -285,7 +285,7 @@ def _run_single(args: argparse.Namespace) -> int:
     from profiler.auto_batch import DEFAULT_LIMIT, DEFAULT_PATIENCE, BatchPlan
     from profiler.model_file import read_model_file
     from profiler.profiling import profile_model
-    from profiler.tables import format_profile_table
+    from profiler.tables import format_profile_table, load_warning
 
     _reject(args, MULTI_ONLY, "'nexus profile MODEL' (they belong to 'nexus profile multitenant')")
     if len(args.models) != 1:
@@ -342,6 +342,9 @@ def _run_single(args: argparse.Namespace) -> int:
         plot_profile(profile, plot, title=f"{meta.get('model', '')} on {profile.device_type}")
         if args.output and args.output != "-":
             print(f"wrote {plot}")
+    busy = load_warning(profile)
+    if busy:
+        print(f"{PROG}: warning: {busy}", file=sys.stderr)
     stop = meta.get("stop")
     if stop and stop["kind"] in ("failed", "out_of_memory", "memory_limit"):
         print(f"{PROG}: warning: the profile stops at batch {profile.max_batch}: {stop['reason']}", file=sys.stderr)

@@ -58,14 +58,18 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
                  slo_ms: float = 0.0, runtime: str = "", io_path: str | None = None, load: bool = True,
                  timeout_s: float = 300, min_replicas: int = 0, warmup: Sequence[WarmupSample] = (),
                  expected_rate_rps: float = 0.0, batch_cap: int = 0,
-                 creds: Credentials = grpc_util.NO_CREDENTIALS) -> control.ModelDesc:
+                 creds: Credentials = grpc_util.NO_CREDENTIALS, pin_profile: bool = False) -> control.ModelDesc:
     """Stream a model file to the scheduler; raise AdminCallError with the scheduler's reason if refused.
     ``warmup``: the model's warm-up samples (config.pbtxt's model_warmup; none: the backends' default);
-    ``expected_rate_rps``: the rate it is planned for until one is measured (0: the scheduler's default);
+    ``pin_profile``: the profile always plans, whatever serving measures (``"meta": {"pinned": true}``);
+    ``expected_rate_rps``: the rate its session is planned for until its traffic is measured (0: the
+    scheduler's default), so that a model's first requests find the capacity they need;
     ``batch_cap``: its largest batch (config.pbtxt's max_batch_size; 0: none)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise AdminCallError(f"no such file: {path}")
+    if pin_profile and not profile_path:
+        raise AdminCallError("--pin-profile needs --profile (the table to pin)")
     if min_replicas < 0:
         raise AdminCallError(f"--min-replicas must not be negative, got {min_replicas}")
     header = control.UploadHeader(name=name, slo_ms=slo_ms, load=load, min_replicas=min_replicas,
@@ -78,7 +82,21 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
                 setattr(header, attr, pathlib.Path(file).read_text())
             except OSError as exc:
                 raise AdminCallError(f"cannot read {file}: {exc.strerror}") from None
+    if pin_profile:
+        header.profile_json = pinned(header.profile_json, profile_path)
     return _call(scheduler, creds, "UploadModel", _chunks(header, path), timeout_s).model
+
+
+def pinned(profile_json: str, where: str) -> str:
+    """The profile file's JSON with ``meta.pinned`` set (globalsched/profile_book.py: a pinned table
+    always plans; uploading it again without the pin unpins it)."""
+    from common.profile import Profile, ProfileError
+
+    try:
+        profile = Profile.from_json(profile_json, where)
+    except ProfileError as exc:
+        raise AdminCallError(f"invalid profile: {exc}") from None
+    return Profile(profile.rows, profile.device_type, {**profile.meta, "pinned": True}).to_json()
 
 
 def list_models(scheduler: str, creds: Credentials = grpc_util.NO_CREDENTIALS) -> list[control.ModelDesc]:

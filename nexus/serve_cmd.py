@@ -32,6 +32,7 @@ import signal
 import sys
 import time
 import urllib.parse
+from typing import Callable, Iterable, Mapping
 
 import grpc
 
@@ -39,7 +40,7 @@ from common import grpc_util
 from common.config import BackendConfig, ConfigError, FrontendConfig, SchedulerConfig, SecurityConfig, add_arguments, \
     from_args, join_host_port
 from common.security import TOKEN_ENV, Credentials, SecurityError, ensure_token_file
-from common.pb import kserve, kserve_grpc
+from common.pb import control, kserve, kserve_grpc
 from nexus.client_flags import SERVE_DATA_DIR
 from nexus.launcher import Child, Supervisor, launch, pin_listen
 from nexus.local_scaler import LocalScaler
@@ -57,15 +58,25 @@ DRAIN_KILL_MARGIN_S = 10.0      # a backend removed by --backends auto is killed
 
 
 def wait_models_ready(frontend: str, names: list[str], timeout_s: float,
-                      creds: Credentials = grpc_util.NO_CREDENTIALS) -> list[str]:
-    """Poll the frontend until every model is ready; return those still not ready at the timeout."""
+                      creds: Credentials = grpc_util.NO_CREDENTIALS,
+                      unservable: Callable[[], Mapping[str, str]] | None = None,
+                      given_up: dict[str, str] | None = None) -> list[str]:
+    """Poll the frontend until every model is ready; return those still not ready at the timeout.
+
+    ``unservable()`` names models that cannot be served at all, with why (see
+    :func:`unservable_models`): they are waited for no longer and go into ``given_up``."""
     deadline = time.monotonic() + timeout_s
     pending = list(names)
     with grpc_util.channel(frontend, creds) as channel:
         stub = kserve_grpc.GRPCInferenceServiceStub(channel)
         while pending and time.monotonic() < deadline:
+            hopeless = unservable() if unservable is not None else {}
             still = []
             for name in pending:
+                if name in hopeless:
+                    if given_up is not None:
+                        given_up[name] = hopeless[name]
+                    continue
                 try:
                     if not stub.ModelReady(kserve.ModelReadyRequest(name=name), timeout=5).ready:
                         still.append(name)
@@ -75,6 +86,17 @@ def wait_models_ready(frontend: str, names: list[str], timeout_s: float,
             if pending:
                 time.sleep(0.3)
     return pending
+
+
+def unservable_models(models: Iterable[control.ModelDesc]) -> dict[str, str]:
+    """Models no registered device type can serve (each type with backends needs a profile it cannot
+    measure, or spent its load attempts), with the reason of the first such type."""
+    out = {}
+    for m in models:
+        present = [d for d in m.device_types if d.backends]
+        if present and all(d.state in (control.NEEDS_PROFILE, control.CANNOT_LOAD) for d in present):
+            out[m.name] = f"{present[0].device_type}: {present[0].reason}"
+    return out
 
 
 def children_log_level(args) -> str:
@@ -289,9 +311,14 @@ def run(args) -> int:
         if names:
             _log(f"waiting for {len(names)} models and queries to be profiled and placed "
                  f"(at most {args.ready_timeout_s:.0f} s)")
-        missing = wait_models_ready(frontend.address, names, args.ready_timeout_s, creds)
+        unserved: dict[str, str] = {}
+        missing = wait_models_ready(frontend.address, names, args.ready_timeout_s, creds,
+                                    lambda: unservable_models(list_models(sched_addr, creds)), unserved)
+        for name, why in unserved.items():
+            _log(f"warning: {name} cannot be served: {why}")
         if missing:
             _log(f"warning: not ready after {args.ready_timeout_s:.0f} s: {', '.join(missing)}")
+        names = [n for n in names if n not in unserved and n not in missing]
         print(f"Nexus is serving on {frontend.address} (KServe v2 gRPC) and http://{http_address} (KServe v2 "
               f"HTTP/REST); scheduler at {sched_addr}", flush=True)
         print(f"  models: {', '.join(names) or '(none)'}", flush=True)

@@ -4,7 +4,9 @@ The scaling policy's decision per device type (devices desired, registered and u
 why, and which backend drains next), every device with its duty cycle and occupancy (the share of
 the duty cycle it executes, a prefix its sessions share counted once), the sessions on it with
 batch (and the model's batch cap), planned and measured rate and SLO, the queries with their
-latency split, and the plan's device count against the lower bound. The data comes from the
+latency split, the plan's device count against the lower bound, and per model and device type its
+profiles: the table, the measured profile and the prediction (l(b) at a few batches), which one the
+plan uses, the serving samples held and a prediction's error once a measurement replaced it. The data comes from the
 scheduler's read-only ``GetStatus`` RPC (:func:`nexus.scheduler_client.fetch_status`) as a
 :class:`nexus.status_model.ClusterStatus`; this module prints it.
 """
@@ -29,7 +31,8 @@ def render_text(st: ClusterStatus) -> str:
     lines = [f"epoch {st.epoch} · solver {st.solver or '-'} · plan {st.plan_age_s:.1f} s old · "
              f"{st.frontends} frontend(s)",
              f"devices: {st.devices_in_use} in use of {len(st.devices)} registered · plan needs "
-             f"{st.planned_devices} · lower bound {st.lower_bound}"]
+             f"{st.planned_devices} · lower bound {st.lower_bound} "
+             f"(throughput alone: {st.lower_bound_throughput_only})"]
     for sc in st.scaling:
         drain = f" · drain {sc.drain_node_id}" if sc.drain_node_id else ""
         lines.append(f"scaling {sc.device_type}: {sc.desired} desired · {sc.registered} registered · plan uses "
@@ -60,6 +63,7 @@ def render_text(st: ClusterStatus) -> str:
         lines += _table(rows)
         lines += [f"  {q.name}: {q.reason}" for q in st.queries if q.reason]
         lines.append("")
+    lines += _profile_lines(st)
     for name, why in st.unplaced.items():
         lines.append(f"not placed: {name}: {why}")
     for name, why in st.best_effort.items():
@@ -67,6 +71,36 @@ def render_text(st: ClusterStatus) -> str:
     for note in st.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _curve(points: tuple[tuple[int, float], ...], used: bool) -> str:
+    if not points:
+        return "-"
+    return " ".join(f"{b}:{ms:.3g}" for b, ms in points) + (" *" if used else "")
+
+
+def _profile_lines(st: ClusterStatus) -> list[str]:
+    """The profiles section: one row per (model, device type), '*' on the profile the plan uses."""
+    if not st.profiles:
+        return []
+    lines = ["profiles: l(b) in ms as batch:ms; * the one the plan uses"]
+    rows = [["model", "device type", "plans with", "table", "measured", "predicted", "samples", "contended", "drift"]]
+    for p in st.profiles:
+        rows.append([p.model, p.device_type, p.in_use + (" (pinned)" if p.pinned else ""),
+                     _curve(p.table, p.in_use == "table"), _curve(p.measured, p.in_use == "measured"),
+                     _curve(p.predicted, p.in_use == "predicted"), str(p.samples), str(p.contended_samples),
+                     f"{p.drift:.0%}"])
+    lines += _table(rows, "  ")
+    for p in st.profiles:
+        if p.held_back:
+            lines.append(f"  {p.model} on {p.device_type}: {p.held_back}")
+        if p.prediction_error:
+            e = p.prediction_error
+            lines.append(f"  {p.model} on {p.device_type}: the prediction (from {p.predicted_from or '?'}) was "
+                         f"replaced by {e['replaced_by']}: off by {e['mean']:.0%} on average, {e['max']:.0%} at "
+                         f"batch {e['batch']} ({'pessimistic' if e['bias'] > 0 else 'optimistic'})")
+    lines.append("")
+    return lines
 
 
 def _run(args) -> int:

@@ -1,6 +1,7 @@
 """What ``nexus status`` shows, as values: the plan's devices with their sessions, the queries with
-their latency split, the plan's device count against the lower bound, and the scaling policy's
-decision per device type (how many devices it wants, and why).
+their latency split, the plan's device count against the lower bound, the scaling policy's decision
+per device type (how many devices it wants, and why), and per (model, device type) the profiles in
+service (table, measured, predicted) and which one the plan uses.
 
 :func:`from_reply` builds it from the scheduler's ``GetStatus`` reply; ``nexus status`` prints it as
 text or JSON (:mod:`nexus.status_cmd`) and draws it (:mod:`nexus.status_plot`).
@@ -79,6 +80,26 @@ class ScalingStatus:
 
 
 @dataclass(frozen=True)
+class ProfileStatus:
+    """One model's profiles on one device type (globalsched/profile_book.py): l(b) at a few batches
+    each ((batch, ms) pairs; empty where there is none), which one plans, the serving samples held."""
+
+    model: str
+    device_type: str
+    in_use: str                  # "table" | "measured" | "predicted"
+    pinned: bool
+    table: tuple[tuple[int, float], ...]
+    measured: tuple[tuple[int, float], ...]
+    predicted: tuple[tuple[int, float], ...]
+    predicted_from: str
+    samples: int
+    contended_samples: int
+    drift: float
+    held_back: str
+    prediction_error: dict[str, float | int | str] = field(default_factory=dict)   # once a measurement replaced it
+
+
+@dataclass(frozen=True)
 class ClusterStatus:
     epoch: int
     solver: str
@@ -92,6 +113,8 @@ class ClusterStatus:
     best_effort: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     scaling: tuple[ScalingStatus, ...] = ()
+    profiles: tuple[ProfileStatus, ...] = ()
+    lower_bound_throughput_only: int = 0     # the bound of earlier releases, for comparison
 
     def decision(self, device_type: str) -> ScalingStatus | None:
         return next((d for d in self.scaling if d.device_type == device_type), None)
@@ -144,7 +167,25 @@ def from_reply(reply: control.StatusReply) -> ClusterStatus:
                                   s.drain_node_id) for s in reply.scaling)
     return ClusterStatus(routing.epoch, reply.solver, reply.plan_age_s, routing.planned_devices, routing.lower_bound,
                          reply.frontends, tuple(devices), tuple(queries), unplaced, dict(reply.best_effort),
-                         tuple(reply.notes), scaling)
+                         tuple(reply.notes), scaling, tuple(_profile(p) for p in reply.profiles),
+                         routing.lower_bound_throughput_only)
+
+
+def _curve(message: control.ModelProfileStatus, name: str) -> tuple[tuple[int, float], ...]:
+    if not message.HasField(name):
+        return ()
+    curve = getattr(message, name)
+    return tuple(zip(curve.batch, curve.latency_ms))
+
+
+def _profile(p: control.ModelProfileStatus) -> ProfileStatus:
+    error: dict[str, float | int | str] = {}
+    if p.prediction_replaced_by:
+        error = {"mean": p.prediction_error_mean, "max": p.prediction_error_max, "batch": p.prediction_error_batch,
+                 "bias": p.prediction_bias, "replaced_by": p.prediction_replaced_by}
+    return ProfileStatus(p.model, p.device_type, p.in_use, p.pinned, _curve(p, "table"), _curve(p, "measured"),
+                         _curve(p, "predicted"), p.predicted_from, p.samples, p.contended_samples, p.drift,
+                         p.held_back, error)
 
 
 def _paths(q: QueryDef) -> tuple[tuple[str, ...], ...]:

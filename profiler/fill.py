@@ -3,7 +3,8 @@
 Planning needs l(b) for every b (``common.profile.Profile`` has no gaps). A batch size that was not
 measured gets, in ``interpolate`` mode (the default), the linear interpolation of the mean, standard
 deviation, p99 and memory of the measured sizes on either side, and its planning latency is derived
-from those by :func:`common.profile.conservative_latency_ms`, as for a measured row. ``step`` mode
+from those by :func:`common.profile.conservative_latency_ms`, as for a measured row (from the
+median-based terms where a neighbour was measured on contended cores, profiler/measure.py). ``step`` mode
 instead gives it the figures of the next measured size up: pessimistic, for devices whose latency
 moves in steps (GPU waves). Afterwards latency is lifted to its running maximum (a larger batch is
 never planned as faster) and so is memory.
@@ -35,13 +36,20 @@ def fill_rows(measured: Sequence[BatchMeasurement], mode: str = "interpolate") -
             if b in by_batch:
                 m = by_batch[b]
                 mean, std, p99, mem = m.mean_ms, m.std_ms, m.p99_ms, m.memory_mb
+                center, spread, floor = m.planning_terms()
             else:
                 t = (b - lo.batch) / (hi.batch - lo.batch) if mode == "interpolate" else 1.0
-                mean = lo.mean_ms + t * (hi.mean_ms - lo.mean_ms)
-                std = lo.std_ms + t * (hi.std_ms - lo.std_ms)
-                p99 = lo.p99_ms + t * (hi.p99_ms - lo.p99_ms)
-                mem = lo.memory_mb + t * (hi.memory_mb - lo.memory_mb)
-            lat_max = max(lat_max, conservative_latency_ms(mean, std, p99))
+
+                def between(x: float, y: float) -> float:
+                    return x + t * (y - x)
+
+                mean, std = between(lo.mean_ms, hi.mean_ms), between(lo.std_ms, hi.std_ms)
+                p99, mem = between(lo.p99_ms, hi.p99_ms), between(lo.memory_mb, hi.memory_mb)
+                (c0, s0, f0), (c1, s1, f1) = lo.planning_terms(), hi.planning_terms()
+                # a contended neighbour has no p99 floor: nor has the size between
+                center, spread = between(c0, c1), between(s0, s1)
+                floor = between(f0, f1) if f0 is not None and f1 is not None else None
+            lat_max = max(lat_max, conservative_latency_ms(center, spread, floor))
             mem_max = max(mem_max, mem)
             rows.append(BatchLatency(b, lat_max, mem_max, mean, std, p99))
     return rows

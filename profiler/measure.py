@@ -3,6 +3,12 @@
 The statistics kept per batch size are the mean, the sample standard deviation and the 99th
 percentile (numpy's linear interpolation) of the timed runs; the planning latency is derived from
 them by :func:`common.profile.conservative_latency_ms` and nowhere else.
+
+Unless the size was measured while other work took the cores the runtime's threads need
+(``contended``; common/host_load.py, judged by profiler/profiling.py): the mean, the deviation and
+above all the p99 of such runs describe the other work. The planning latency then comes from robust
+estimates of the same two terms, the median and 1.4826 times the median absolute deviation, with no
+p99 floor, as the scheduler's measured profiles do (common/measured_profile.py).
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from common.host_load import HostLoad
+from common.measured_profile import MAD_TO_STD
 from common.profile import BatchLatency, conservative_latency_ms
 from profiler.inputs import make_feeds
 from profiler.memory import MemoryProbe, is_out_of_memory
@@ -37,6 +45,8 @@ class BatchMeasurement:
     batch: int
     samples_ms: tuple[float, ...]
     memory_mb: float
+    load: HostLoad | None = None       # what else ran on the host meanwhile (None: not measured)
+    contended: bool = False            # other work took the cores the runtime's threads need
 
     @property
     def mean_ms(self) -> float:
@@ -53,11 +63,23 @@ class BatchMeasurement:
     @property
     def latency_ms(self) -> float:
         """The conservative planning latency (see :func:`common.profile.conservative_latency_ms`)."""
-        return conservative_latency_ms(self.mean_ms, self.std_ms, self.p99_ms)
+        return conservative_latency_ms(*self.planning_terms())
 
     @property
     def median_ms(self) -> float:
         return float(np.median(self.samples_ms))
+
+    @property
+    def mad_std_ms(self) -> float:
+        """1.4826 times the median absolute deviation: the standard deviation of the bulk of the runs."""
+        return MAD_TO_STD * float(np.median(np.abs(np.asarray(self.samples_ms) - self.median_ms)))
+
+    def planning_terms(self) -> tuple[float, float, float | None]:
+        """(center, spread, floor) of the planning latency: mean, std and p99; median-based without a
+        floor when the size was measured on contended cores (module docstring)."""
+        if self.contended:
+            return self.median_ms, self.mad_std_ms, None
+        return self.mean_ms, self.std_ms, self.p99_ms
 
     @property
     def throughput(self) -> float:
@@ -67,7 +89,10 @@ class BatchMeasurement:
 
     def merged(self, other: "BatchMeasurement") -> "BatchMeasurement":
         """Both measurements' samples of the same batch size together."""
-        return BatchMeasurement(self.batch, self.samples_ms + other.samples_ms, max(self.memory_mb, other.memory_mb))
+        loads = [m.load for m in (self, other) if m.load is not None]
+        return BatchMeasurement(self.batch, self.samples_ms + other.samples_ms, max(self.memory_mb, other.memory_mb),
+                                max(loads, key=lambda load: load.other_cores + load.steal_cores, default=None),
+                                self.contended or other.contended)
 
     def to_row(self) -> BatchLatency:
         return BatchLatency(self.batch, self.latency_ms, self.memory_mb, self.mean_ms, self.std_ms, self.p99_ms)

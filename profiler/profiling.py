@@ -3,7 +3,9 @@
 :func:`profile_model` is the entry point the CLI (``nexus profile``), the scheduler (profiling on
 upload) and the backend call. It loads the model through ``common.runtimes.load_runtime``, measures
 the planned batch sizes in increasing order (see :mod:`profiler.auto_batch`), fills the sizes in
-between (:mod:`profiler.fill`) and records what makes the result reproducible in ``meta``. A batch
+between (:mod:`profiler.fill`) and records what makes the result reproducible in ``meta``, and the
+host's load while each size was measured (``meta.host_load``; ``meta.contended_batches``: the sizes
+that other work's use of the cores spoiled, planned at a median-based figure, profiler/measure.py). A batch
 size that fails (runtime error, out of memory, wrong output shape) ends the profile at the largest
 size that worked; ``meta["stop"]`` says where and why. The format is documented in
 ``profiler/README.md``.
@@ -12,11 +14,13 @@ size that worked; ``meta["stop"]`` says where and why. The format is documented 
 from __future__ import annotations
 
 import datetime as _dt
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from common.profile import Profile
 from profiler.auto_batch import DEFAULT_LIMIT, DEFAULT_MIN_GAIN, DEFAULT_PATIENCE, BatchPlan, trim_to_best_throughput
-from profiler.environment import device_type_of, environment_meta, parse_device, resolve_threads
+from common.host_load import HostLoadMeter
+from profiler.environment import available_cpus, device_type_of, environment_meta, parse_device, resolve_threads
 from profiler.errors import ProfilerError
 from profiler.fill import fill_rows
 from profiler.measure import BatchFailed, BatchMeasurement, measure_batch
@@ -47,22 +51,36 @@ def _seed_everything(seed: int, runtime_kind: str) -> None:
 def measure_plan(runtime: Any, plan: BatchPlan, *, device: str, warmup: int = 3, iters: int = 30,
                  min_iters: int = 5, time_budget_s: float | None = None, seed: int = 0,
                  input_shapes: dict[str, tuple[int, ...]] | None = None, memory: MemoryProbe | None = None,
-                 progress: ProgressFn | None = None) -> tuple[list[BatchMeasurement], dict | None, Any]:
+                 progress: ProgressFn | None = None, threads: int | None = None
+                 ) -> tuple[list[BatchMeasurement], dict | None, Any]:
     """Measure ``plan`` on a loaded runtime. Returns (measurements, stop, timer); ``stop`` is
-    ``{"batch", "kind", "reason"}`` when the profile ended before the plan's last size."""
+    ``{"batch", "kind", "reason"}`` when the profile ended before the plan's last size.
+
+    The host's load is read around every batch size (common/host_load.py) and kept with it; on a CPU
+    device, a size measured while other work took the cores that ``threads`` runtime threads need
+    (default: every available CPU) is marked contended, and plans at the median-based figure
+    (profiler/measure.py)."""
     if warmup < 0 or iters < 1 or min_iters < 1:
         raise ProfilerError(f"need warmup >= 0 and iterations >= 1 (got warmup={warmup}, iters={iters})")
     timer = make_timer(device)
     memory = memory or MemoryProbe(device)
+    meter = HostLoadMeter(processes=True)
+    judged = (threads or len(available_cpus())) if device == "cpu" else None
     done: list[BatchMeasurement] = []
     stop: dict | None = None
     total = len(plan.sizes)
+
+    def measured(batch: int, warm: int) -> BatchMeasurement:
+        meter.sample()          # the window starts with the size's warm-up
+        m = measure_batch(runtime, batch, timer=timer, memory=memory, warmup=warm, iters=iters,
+                          min_iters=min(min_iters, iters), time_budget_s=time_budget_s, seed=seed,
+                          input_shapes=input_shapes)
+        load = meter.sample()
+        return replace(m, load=load, contended=bool(judged and load is not None and load.contended(judged)))
+
     for index, batch in enumerate(plan.sizes):
         try:
-            m = measure_batch(runtime, batch, timer=timer, memory=memory,
-                              warmup=warmup + (2 if index == 0 else 0), iters=iters,
-                              min_iters=min(min_iters, iters), time_budget_s=time_budget_s, seed=seed,
-                              input_shapes=input_shapes)
+            m = measured(batch, warmup + (2 if index == 0 else 0))
         except BatchFailed as exc:
             if progress:
                 progress(batch, None, total)
@@ -88,10 +106,7 @@ def measure_plan(runtime: Any, plan: BatchPlan, *, device: str, warmup: int = 3,
                 first = len(done) - plan.patience
                 best = max(range(first), key=lambda i: done[i].throughput)
                 for i in (best, *range(first, len(done))):
-                    again = measure_batch(runtime, done[i].batch, timer=timer, memory=memory, warmup=warmup,
-                                          iters=iters, min_iters=min(min_iters, iters),
-                                          time_budget_s=time_budget_s, seed=seed, input_shapes=input_shapes)
-                    done[i] = done[i].merged(again)
+                    done[i] = done[i].merged(measured(done[i].batch, warmup))
             except BatchFailed:
                 pass  # keep the first measurements
             why = plan.stop_reason(done)
@@ -137,7 +152,8 @@ def profile_model(model_bytes: bytes, device: str = "cpu", runtime_kind: str = "
     try:
         done, stop, timer = measure_plan(runtime, plan, device=device, warmup=warmup, iters=iters,
                                          min_iters=min_iters, time_budget_s=time_budget_s, seed=seed,
-                                         input_shapes=input_shapes, memory=memory, progress=progress)
+                                         input_shapes=input_shapes, memory=memory, progress=progress,
+                                         threads=threads)
     finally:
         try:
             runtime.close()
@@ -157,6 +173,9 @@ def profile_model(model_bytes: bytes, device: str = "cpu", runtime_kind: str = "
         "fill": fill,
         "measured_batches": [m.batch for m in done],
         "samples": {str(m.batch): len(m.samples_ms) for m in done},
+        "host_load": {str(m.batch): {**m.load.to_json_obj(threads or 1), "contended": m.contended}
+                      for m in done if m.load is not None},
+        "contended_batches": [m.batch for m in done if m.contended],
     })
     if stop:
         meta["stop"] = stop

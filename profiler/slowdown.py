@@ -11,7 +11,6 @@ with :func:`apply_colocation_slowdown`.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from common.profile import Profile
 
@@ -48,14 +47,10 @@ def apply_colocation_slowdown(profile: Profile, factor: float) -> Profile:
     if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor >= 1.0):
         raise ValueError(f"co-location slowdown must be a finite number >= 1, got {factor!r}")
 
-    def scale(x: float | None) -> float | None:
-        return None if x is None else x * factor
-
-    rows = tuple(replace(r, latency_ms=r.latency_ms * factor, mean_ms=scale(r.mean_ms), std_ms=scale(r.std_ms),
-                         p99_ms=scale(r.p99_ms)) for r in profile.rows)
+    scaled = profile.scaled(factor)
     meta = dict(profile.meta)
     meta["colocation_slowdown"] = float(meta.get("colocation_slowdown", 1.0)) * factor
-    return Profile(rows, profile.device_type, meta)
+    return Profile(scaled.rows, profile.device_type, meta)
 
 
 def slowdowns_from_report(report: dict) -> dict[str, float]:

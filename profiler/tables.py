@@ -12,16 +12,23 @@ def _f(x: Any, fmt: str = ".3f", none: str = "-") -> str:
 
 
 def format_profile_table(profile: Profile, all_rows: bool = False) -> str:
-    """Measured rows (or every row) with mean/std/p99, the planning latency, throughput and memory."""
+    """Measured rows (or every row) with mean/std/p99, the planning latency, throughput, memory and the
+    CPU other work used meanwhile (other processes plus steal, in cores; a contended size is marked)."""
     measured = set(profile.meta.get("measured_batches", [r.batch for r in profile.rows]))
-    lines = [f"{'batch':>5} {'mean ms':>9} {'std ms':>8} {'p99 ms':>9} {'l(b) ms':>9} {'items/s':>10} {'mem MB':>8}"]
+    loads = profile.meta.get("host_load", {})
+    lines = [f"{'batch':>5} {'mean ms':>9} {'std ms':>8} {'p99 ms':>9} {'l(b) ms':>9} {'items/s':>10} {'mem MB':>8} "
+             f"{'others':>7}"]
     for r in profile.rows:
         if not all_rows and r.batch not in measured:
             continue
         thr = r.batch * 1000.0 / r.mean_ms if r.mean_ms else None
+        load = loads.get(str(r.batch))
+        others = load["other_cores"] + load["steal_cores"] if load else None
         mark = "" if r.batch in measured else "  (interpolated)"
+        if load and load.get("contended"):
+            mark += "  (contended: median-based l(b))"
         lines.append(f"{r.batch:>5} {_f(r.mean_ms):>9} {_f(r.std_ms):>8} {_f(r.p99_ms):>9} {r.latency_ms:>9.3f} "
-                     f"{_f(thr, '.0f'):>10} {r.memory_mb:>8.1f}{mark}")
+                     f"{_f(thr, '.0f'):>10} {r.memory_mb:>8.1f} {_f(others, '.2f'):>7}{mark}")
     stop = profile.meta.get("stop")
     lines.append(f"max batch {profile.max_batch}; device type {profile.device_type!r}; "
                  f"{profile.meta.get('runtime', '?')} {profile.meta.get('runtime_version', '')}, "
@@ -29,6 +36,25 @@ def format_profile_table(profile: Profile, all_rows: bool = False) -> str:
     if stop:
         lines.append(f"stopped: {stop['reason']}")
     return "\n".join(lines)
+
+
+def load_warning(profile: Profile) -> str:
+    """Why the profile's batch sizes measured on contended cores are planned at a robust figure ("" when
+    none were): which sizes, and the worst load seen."""
+    contended = profile.meta.get("contended_batches") or []
+    if not contended:
+        return ""
+    loads = profile.meta.get("host_load", {})
+    worst = max((loads[str(b)] for b in contended if str(b) in loads),
+                key=lambda load: load["other_cores"] + load["steal_cores"], default=None)
+    seen = ""
+    if worst is not None:
+        seen = (f" (at worst: other processes {worst['other_cores']:.2f} cores, steal {worst['steal_cores']:.2f} cores"
+                + (f", load average {worst['load_avg']:.2f} on {worst['cores']} cores" if worst.get("load_avg") else "")
+                + (", busiest: " + ", ".join(f"{n} {c:.2f}" for n, c in worst["busiest"]) if worst["busiest"] else "")
+                + ")")
+    return (f"other work shared the cores while batch sizes {', '.join(map(str, contended))} were measured{seen}: "
+            f"they are planned at the median-based figure, not the p99; measure on an idle machine for a clean profile")
 
 
 def format_multitenant_table(report: dict[str, Any]) -> str:

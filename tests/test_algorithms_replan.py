@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.plan import GpuSpec, Plan, SessionSpec, validate_plan
+from common.plan import GpuPlan, GpuSpec, Plan, SessionAlloc, SessionSpec, validate_plan
 from common.profile import Profile
 from globalsched.algorithms import ReplanConfig, ReplanReason, ReplanState, replan, solve
 from globalsched.algorithms.gpuload import GpuLoad, Member
@@ -198,3 +198,44 @@ def test_every_replan_is_valid(n: int, seed: int, factors: list[float], when_s: 
         assert validate_plan(new, changed, GPU) == []
         assert new.lower_bound <= new.num_gpus and within_waste_rule(new, changed)
         assert 0 <= (new.moved or 0) <= n
+
+
+# ---- burst headroom: a GPU's feasibility is not monotone in its members ----------------------------
+
+
+def _alloc(s: SessionSpec, batch: int, duty_ms: float, load_rps: float) -> SessionAlloc:
+    return SessionAlloc(s.name, batch, batch * 1000.0 / duty_ms, load_rps)
+
+
+def _repair(current: Plan, sessions: list[SessionSpec], margins_ms: float) -> Plan:
+    """An epoch re-plan of ``current`` with burst headroom at z = 1.5; it must keep the rules."""
+    planned = tuple((s.name, s.rate_rps) for s in sessions)
+    assert validate_plan(current, sessions, GPU, margins_ms, burst_sigma=1.5) == []
+    config = ReplanConfig(planner=PlannerConfig(network_ms=margins_ms, burst_sigma=1.5))
+    plan, state = replan(current, sessions, GPU, 30.0, ReplanState(0.0, planned), config)
+    assert state.reason is ReplanReason.EPOCH
+    assert validate_plan(plan, sessions, GPU, margins_ms, burst_sigma=1.5) == []
+    return plan
+
+
+def test_an_idle_replica_whose_batch_covered_anothers_burst_leaves_and_the_gpu_is_retimed() -> None:
+    # GPU 0 runs "tight" at batch 1 with 0.455 arrivals per cycle: alone that is a burst of 2 items
+    # 6.7% of the time, which its SLO cannot absorb at this cycle; "spread"'s idle batch covered it.
+    tight = SessionSpec("tight", "mt", 20.0, 45.5, Profile.linear(1.861, 2.025, 32))
+    spread = SessionSpec("spread", "ms", 50.0, 17.1, Profile.linear(2.572, 2.061, 32))
+    current = Plan("replan", (GpuPlan(0, 10.0, (_alloc(tight, 1, 10.0, 45.5), _alloc(spread, 1, 10.0, 17.1))),
+                              GpuPlan(1, 30.0, (_alloc(spread, 4, 30.0, 17.1),))), 0, 0.0)
+    plan = _repair(current, [tight, spread], margins_ms=5.0)
+    assert plan.moved == 0
+    assert {g.id: g.session_names() for g in plan.gpus} == {0: {"tight"}, 1: {"spread"}}
+    assert plan.gpus[0].duty_cycle_ms < 10.0     # re-timed: a shorter cycle carries fewer arrivals each
+
+
+def test_an_idle_replica_stays_where_no_cycle_fits_the_others_without_it() -> None:
+    tight = SessionSpec("tight", "mt", 23.0, 139.0, Profile.linear(1.3, 6.0, 16))
+    partner = SessionSpec("partner", "mp", 100.0, 2.0, Profile.linear(1.1, 0.5, 16))
+    current = Plan("replan", (GpuPlan(0, 12.2, (_alloc(tight, 3, 12.2, 139.0), _alloc(partner, 1, 12.2, 1.0))),
+                              GpuPlan(1, 40.0, (_alloc(partner, 4, 40.0, 2.0),))), 0, 0.0)
+    plan = _repair(current, [tight, partner], margins_ms=0.0)
+    assert plan.moved == 0
+    assert {g.id: g.session_names() for g in plan.gpus} == {0: {"tight", "partner"}, 1: {"partner"}}

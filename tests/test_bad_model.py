@@ -21,6 +21,7 @@ from common.pb import kserve, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from globalsched.load_failures import MAX_LOAD_ATTEMPTS, LoadFailures
+from tests.components import wait_for
 from tests.conftest import nexus_cli, start_cluster
 
 
@@ -159,5 +160,46 @@ def test_a_model_no_device_type_can_profile_is_reported_and_one_with_the_same_by
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
             assert "--profile for device type 't4'" in refused.value.details()
             assert stub.ModelInfer(infer_request("slow_model", features=8), timeout=10).outputs[0].shape == [1, 8]
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.slow
+def test_nexus_serve_reports_a_model_no_device_type_can_serve_and_counts_only_the_servable_ones(tmp_path):
+    """Issue 20 item 2: on emulated t4s, a repository model without a t4 profile can never be served.
+    `nexus serve` says so instead of waiting its whole --ready-timeout-s for it, leaves it out of the
+    models it serves, and `nexus models list` shows why per device type."""
+    repo = tmp_path / "repo"
+    (repo / "my_model" / "1").mkdir(parents=True)
+    (repo / "my_model" / "1" / "model.onnx").write_bytes(softmax_out_of_range(1))
+    (repo / "my_model" / "config.pbtxt").write_text('max_batch_size: 8\n')
+    log_path = tmp_path / "serve.log"
+    with log_path.open("w") as log:
+        cluster = start_cluster(tmp_path / "data", "--device", "emulated:t4", "--model-repository", str(repo),
+                                "--ready-timeout-s", "600", stderr=log)
+    try:
+        logs = log_path.read_text()
+        [line] = [ln for ln in logs.splitlines() if "my_model cannot be served" in ln]
+        assert "t4: an emulated device (emulated:t4) executes a given profile and cannot measure one" in line
+        assert "not ready after" not in logs
+        def listed(*flags: str) -> str:
+            done = nexus_cli("models", "list", *flags, "--scheduler", cluster.scheduler)
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        # (a loaded machine can drop a backend for a moment: the state is per registered device type)
+        row = wait_for(lambda: next((r for r in listed().splitlines()
+                                     if r.startswith("my_model ") and "t4: needs a profile" in r), None),
+                       what="my_model listed as needing a t4 profile")
+        assert "t4: needs a profile" in row
+        mine = wait_for(lambda: next((m for m in json.loads(listed("--json"))
+                                      if m["name"] == "my_model" and m["device_types"]), None),
+                        what="my_model's device types in the JSON listing")
+        [t4] = mine["device_types"]
+        assert (t4["device_type"], t4["state"], t4["backends"]) == ("t4", "needs a profile", 1)
+        assert "--profile for device type 't4'" in t4["reason"]
+        with grpc_util.channel(cluster.frontend) as channel:       # the sample models serve
+            stub = kserve_grpc.GRPCInferenceServiceStub(channel)
+            assert stub.ModelReady(kserve.ModelReadyRequest(name="resnet18_64"), timeout=10).ready
     finally:
         cluster.stop()

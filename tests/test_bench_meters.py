@@ -8,7 +8,8 @@ import subprocess
 import sys
 import time
 
-from nexus.bench.meters import CpuMeter, RssSampler, cpu_seconds, loadavg, rss_mb, wait_quiet
+from nexus.bench.meters import (CpuMeter, CpuTimeline, LoadSampler, RssSampler, cpu_seconds, loadavg, rss_mb,
+                                wait_quiet)
 
 
 def _burn(cpu_s: float) -> None:
@@ -39,3 +40,18 @@ def test_rss_sampler_keeps_the_peak_and_the_quiet_wait_gives_up_at_its_timeout()
     seen = wait_quiet(0.0, threshold_cores=-1.0, window_s=0.05)   # nothing is ever that quiet
     assert seen["busy_cores"] > -1.0 and seen["waited_s"] >= 0
     assert loadavg() >= 0
+
+
+def test_the_timeline_and_the_load_sampler_sample_every_period_until_stopped():
+    timeline = CpuTimeline({"me": os.getpid()}, period_s=0.1).start()
+    load = LoadSampler(period_s=0.05).start()
+    _burn(0.35)
+    timeline.stop()
+    seen = load.stop()
+    assert len(timeline.seconds) >= 2 and seen["n"] >= 2 and seen["min"] <= seen["median"] <= seen["max"]
+    starts = [t for t, _, _ in timeline.seconds]
+    assert starts == sorted(starts) and max(ours for _, ours, _ in timeline.seconds) > 0.2   # this process burnt CPU
+    n = len(timeline.seconds)
+    time.sleep(0.25)
+    assert len(timeline.seconds) == n                   # stopped: no more samples
+

@@ -5,6 +5,7 @@ failed plan reaches the waiter without ending the task."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -49,7 +50,9 @@ async def _started(world: World):
     return trigger, loop, task
 
 
-def test_a_burst_of_triggers_is_one_plan_and_an_unchanged_plan_is_not_applied_again():
+def test_a_burst_of_triggers_is_one_plan_and_an_unchanged_plan_is_not_applied_again(caplog):
+    caplog.set_level(logging.INFO, logger="nexus.scheduler")
+
     async def main():
         world = World()
         trigger, loop, task = await _started(world)
@@ -59,6 +62,7 @@ def test_a_burst_of_triggers_is_one_plan_and_an_unchanged_plan_is_not_applied_ag
         await asyncio.sleep(0.3)
         assert world.reads == reads + 1 and len(world.applied) == applied + 1
         assert world.applied[-1][0] == loop.epoch == trigger.epoch
+        assert f"epoch {loop.epoch}: re-planned: gpu sessions-changed (change 0; change 1" in caplog.text  # and why
         trigger.evaluate()                                 # nothing changed: planned, not applied
         await asyncio.sleep(0.3)
         assert world.reads == reads + 2 and len(world.applied) == applied + 1
@@ -95,3 +99,23 @@ def test_a_failed_plan_reaches_the_waiter_and_the_task_goes_on():
         task.cancel()
 
     asyncio.run(main())
+
+
+def test_a_warning_that_still_holds_is_not_repeated_with_every_plan(caplog):
+    """A best-effort session (its SLO below 2*l(1)) is warned about once, not on every re-plan."""
+    import logging
+
+    async def main():
+        world = World()
+        world.models.append(ModelView("tight", 3.0, {"gpu": PROFILE}))       # 2*l(1) = 24 ms > 3 ms
+        trigger, loop, task = await _started(world)
+        for i in range(3):
+            await trigger.replan_now(f"change {i}")
+        task.cancel()
+        return loop.plan
+
+    with caplog.at_level(logging.WARNING, logger="nexus.scheduler"):
+        plan = asyncio.run(main())
+    assert "tight" in plan.best_effort
+    warned = [r for r in caplog.records if r.getMessage().startswith("tight: SLO 3 ms")]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]

@@ -151,6 +151,7 @@ def test_nexus_status_shows_every_device_and_session(emulated_cluster, tmp_path)
     placed = [s for d in st["devices"] for s in d["sessions"]]
     assert {s["session"] for s in placed} == _sessions()
     assert 1 <= st["lower_bound"] <= st["planned_devices"] <= 3
+    assert 1 <= st["lower_bound_throughput_only"] <= st["lower_bound"]
     assert st["devices_in_use"] >= 1 and st["unplaced"] == {}
     for d in st["devices"]:
         if d["sessions"]:
@@ -174,7 +175,7 @@ def test_nexus_status_shows_every_device_and_session(emulated_cluster, tmp_path)
         assert d["node_id"] in text.stdout
     for session in _sessions():
         assert session in text.stdout
-    assert f"lower bound {st['lower_bound']}" in text.stdout
+    assert f"lower bound {st['lower_bound']} (throughput alone: {st['lower_bound_throughput_only']})" in text.stdout
     [scaling] = st["scaling"]
     assert scaling["device_type"] == "gtx1080ti" and scaling["registered"] == 3 and scaling["reason"]
     assert f"scaling gtx1080ti: {scaling['desired']} desired · 3 registered" in text.stdout

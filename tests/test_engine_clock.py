@@ -107,6 +107,87 @@ def test_early_drop_answers_what_cannot_make_it_and_runs_the_rest(runtime):
     assert engine.sessions["m"].stats.dropped == 1
 
 
+class _TimedRuntime:
+    """The real runtime, with every run taking ``ms`` on the fake clock (as a device faster or slower
+    than its profile)."""
+
+    def __init__(self, runtime, clock: FakeClock, ms: float) -> None:
+        self.runtime, self.clock, self.ms = runtime, clock, ms
+        self.inputs, self.outputs = runtime.inputs, runtime.outputs
+
+    def run(self, feeds):
+        self.clock.t += self.ms / 1000
+        return self.runtime.run(feeds)
+
+
+def test_early_drop_predicts_from_what_batches_took_not_the_profiles_margin(runtime):
+    # The profile says l(1) = 12 ms (the planning figure); the device runs a batch in 4 ms. A request
+    # with 8 ms left is dropped on the profile alone, and served once batches showed what they take.
+    engine, clock = _engine(runtime)
+    session = engine.sessions["m"]
+    session.runtime = _TimedRuntime(runtime, clock, 4.0)
+    outcomes = {}
+    _submit(engine, clock, outcomes, slo_s=0.008)
+    engine.step()
+    assert outcomes[0].status == "EXEC_DEADLINE"           # no batch ran yet: l(1) it is
+    for _ in range(5):
+        _submit(engine, clock, outcomes)
+        engine.step()
+    assert session.calibration.factor == pytest.approx(4 / 12)
+    _submit(engine, clock, outcomes, key="tight", slo_s=0.008)
+    engine.step()
+    assert outcomes["tight"].status == "EXEC_OK"
+
+
+def test_the_batch_cap_follows_what_batches_take(runtime):
+    # l(b) = 5b + 10 ms by the profile: 2*l(b) <= 100 up to b = 8. Batches that take half that allow 18;
+    # twice that, 3, but never fewer than the plan's batch.
+    engine, clock = _engine(runtime, planned=4)
+    session = Session("m", runtime, 100.0, 4, Profile.linear(5.0, 10.0, 32, device_type="cpu"))
+    engine.set_sessions({"m": session})
+    assert session.max_batch == 8
+    session.runtime = _TimedRuntime(runtime, clock, 7.5)      # l(1) = 15 ms by the profile
+    outcomes = {}
+    for _ in range(5):
+        _submit(engine, clock, outcomes)
+        engine.step()
+    assert session.calibration.factor == pytest.approx(0.5) and session.max_batch == 18
+    session.runtime.ms = 60.0
+    for _ in range(12):
+        _submit(engine, clock, outcomes)
+        engine.step()
+    assert session.calibration.factor == pytest.approx(4.0) and session.max_batch == 4
+
+
+def test_a_slower_device_than_its_profile_drops_earlier(runtime):
+    engine, clock = _engine(runtime)
+    session = engine.sessions["m"]
+    session.runtime = _TimedRuntime(runtime, clock, 36.0)   # 3x the profile's l(1)
+    outcomes = {}
+    for _ in range(5):
+        _submit(engine, clock, outcomes)
+        engine.step()
+    assert session.calibration.factor == pytest.approx(3.0)
+    _submit(engine, clock, outcomes, key="doomed", slo_s=0.020)   # 12 ms by the profile, 36 ms here
+    engine.step()
+    assert outcomes["doomed"].status == "EXEC_DEADLINE"
+
+
+def test_the_calibration_survives_a_replan_of_the_same_profile_only(runtime):
+    engine, clock = _engine(runtime)
+    engine.sessions["m"].runtime = _TimedRuntime(runtime, clock, 6.0)
+    outcomes = {}
+    for _ in range(3):
+        _submit(engine, clock, outcomes)
+        engine.step()
+    calibration = engine.sessions["m"].calibration
+    engine.set_sessions({"m": Session("m", runtime, 100.0, 2, PROFILE)})          # a new plan, same profile
+    assert engine.sessions["m"].calibration is calibration
+    other = Profile.linear(3.0, 10.0, 16, device_type="cpu")
+    engine.set_sessions({"m": Session("m", runtime, 100.0, 2, other)})
+    assert engine.sessions["m"].calibration.samples == 0
+
+
 def test_a_request_expires_while_it_waits_in_virtual_time(runtime):
     engine, clock = _engine(runtime, EarliestFirst())
     outcomes = {}

@@ -176,6 +176,29 @@ def test_replica_counts_are_validated_and_stored_and_strangers_cannot_attach(clu
         assert "register first" in stranger.value.details()
 
 
+def test_an_expected_rate_is_planned_for_before_any_request_and_the_harness_waits_for_the_plan(cluster, tmp_path):
+    _upload(cluster, tmp_path, "expected", FAST, FAST_SLO_MS, "--expected-rate-rps", "1000")
+    listed = json.loads(nexus_cli("models", "list", "--scheduler", cluster.scheduler.address, "--json").stdout)
+    assert [m["expected_rate_rps"] for m in listed if m["name"] == "expected"] == [1000.0]
+    try:
+        # One device carries at most 32 rows per 37 ms cycle, 865 rps: the plan spreads it over two
+        # devices at once, and the harness returns once both serve it and every frontend routes so.
+        status = cluster.wait_plan_spread(timeout_s=60)
+        placed = [s for d in status.devices for s in d.sessions if s.session == "expected"]
+        assert len(placed) >= 2 and sum(s.device_rate_rps for s in placed) >= 1000.0
+        assert {s.planned_rate_rps for s in placed} == {1000.0}
+        assert status.devices_in_use >= min(status.planned_devices, len(status.devices))
+        cluster.frontend.pause()      # its metrics do not answer: the harness cannot see the table it holds
+        try:
+            with pytest.raises(RuntimeError, match="the plan did not spread within 1 s"):
+                cluster.wait_plan_spread(timeout_s=1)
+        finally:
+            cluster.frontend.resume()
+    finally:
+        with grpc.insecure_channel(cluster.scheduler.address) as ch:
+            control_grpc.SchedulerStub(ch).UnloadModel(control.UnloadRequest(name="expected"), timeout=10)
+
+
 def test_kill_9_of_a_replica_fails_at_most_the_requests_in_flight(cluster, tmp_path):
     _upload(cluster, tmp_path, "twin", FAST, FAST_SLO_MS, "--min-replicas", "2")
     listed = json.loads(nexus_cli("models", "list", "--scheduler", cluster.scheduler.address, "--json").stdout)

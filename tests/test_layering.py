@@ -180,3 +180,20 @@ def test_the_file_circle_check_sees_lazy_and_relative_imports():
     graph = {"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}, "a.w": {"a.x"}, "b.p": {"b.q"}, "b.q": set()}
     assert file_cycles(graph) == [("a.x", "a.y", "a.z")]
     assert file_cycles({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"c"}}) == [("a", "b"), ("c", "d")]
+
+
+def test_tests_and_benchmarks_do_not_import_each_other():
+    """What both need lives in the benchmark library (nexus/bench/) or below it (issue 19)."""
+    def importers(folder: str, target: str) -> list[str]:
+        found = []
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                         else [])
+                if any(n.split(".")[0] == target for n in names):
+                    found.append(str(path.relative_to(ROOT)))
+        return found
+
+    assert importers("tests", "benchmarks") == []
+    assert importers("benchmarks", "tests") == []

@@ -64,9 +64,9 @@ def test_bad_uploads_are_refused_with_a_clear_message_and_register_nothing(small
     bad_name.write_bytes(model_bytes(mlp_small()))
     result = nexus_cli("models", "upload", str(bad_name), "--name", "bad name!", "--scheduler", address)
     assert result.returncode == 2 and "invalid model name" in result.stderr
-    result = nexus_cli("models", "upload", str(bad_name), "--name", "ok", "--expected-rate-rps", "-1",
+    result = nexus_cli("models", "upload", str(bad_name), "--name", "m", "--expected-rate-rps", "-5",
                        "--scheduler", address)
-    assert result.returncode == 2 and "expected_rate_rps must be a rate of at least 0, got -1" in result.stderr
+    assert result.returncode == 2 and "expected_rate_rps must be a rate of at least 0" in result.stderr
     assert _list(address) == []
     blobs = list((tmp_path / "db" / "blobs").rglob("*"))
     assert not [b for b in blobs if b.is_file()], blobs
@@ -125,3 +125,32 @@ def test_uploaded_model_is_served(cluster, tmp_path):
         client.close()
     expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": data})[0]
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_pinned_profile_is_uploaded_pinned_and_errors_are_clear(small_limit_scheduler, tmp_path):
+    import grpc
+
+    from common.pb import control, control_grpc
+    from common.profile import Profile
+
+    address = small_limit_scheduler.address
+    model = tmp_path / "m.onnx"
+    model.write_bytes(model_bytes(mlp_small()))
+    profile = tmp_path / "t4.json"
+    profile.write_text(Profile.linear(1.0, 2.0, 8, device_type="t4").to_json())
+    alone = nexus_cli("models", "upload", str(model), "--name", "m", "--pin-profile", "--scheduler", address)
+    assert alone.returncode == 2 and "--pin-profile needs --profile" in alone.stderr
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"device_type": "t4", "profile": [{"batch": 2, "latency_ms": 1}]}')
+    bad = nexus_cli("models", "upload", str(model), "--name", "m", "--profile", str(broken), "--pin-profile",
+                    "--scheduler", address)
+    assert bad.returncode == 2 and "invalid profile" in bad.stderr and "expected 1" in bad.stderr
+    ok = nexus_cli("models", "upload", str(model), "--name", "m", "--profile", str(profile), "--pin-profile",
+                   "--scheduler", address)
+    assert ok.returncode == 0, ok.stderr
+    with grpc.insecure_channel(address) as channel:
+        status = control_grpc.SchedulerStub(channel).GetStatus(control.StatusRequest(), timeout=10)
+    [p] = [p for p in status.profiles if p.model == "m"]
+    assert (p.device_type, p.in_use, p.pinned) == ("t4", "table", True)
+    assert list(p.table.batch) == [1, 2, 4, 8] and p.table.latency_ms[-1] == pytest.approx(10.0)
+    assert not p.HasField("measured") and p.samples == 0

@@ -4,11 +4,18 @@ without a re-plan, and rates are judged by the re-planner's band and cooldown.""
 
 from __future__ import annotations
 
+import numpy as np
+
+from common.plan import GpuPlan, GpuSpec, Plan, SessionAlloc, SessionSpec, validate_plan
 from common.profile import Profile
+from globalsched.algorithms.config import PlannerConfig
 from globalsched.algorithms.replan import ReplanConfig, ReplanReason
-from globalsched.cluster import ClusterView, ModelView, SessionInput
+from globalsched.cluster import MIN_PLANNED_RATE_RPS, ClusterView, ModelView, SessionInput
 from globalsched.placement import BackendSlot
-from globalsched.planner import PlannerSettings, PlannerState, plan_cluster
+from globalsched.planner import (PlannerSettings, PlannerState, plan_cluster, real_surges, same_tables,
+                                 settled_rates)
+from globalsched.planning_loop import add_replicas
+from globalsched.prefix_groups import planning_groups
 
 PROFILE = Profile.linear(2.0, 10.0, 32, memory_base_mb=100, memory_per_item_mb=1, device_type="gpu")
 
@@ -25,11 +32,15 @@ class Loop:
         self.state = PlannerState()
         self.changed = False
 
-    def plan(self, sessions: list[SessionInput], slots, now: float, min_replicas=None, force=None, surges=None):
+    def plan(self, sessions: list[SessionInput], slots, now: float, min_replicas=None, force=None, surges=None,
+             window_s: float = 0.0, expected=None, surge_window_s: float = 0.0):
         view = ClusterView(now, tuple(slots),
-                           tuple(ModelView(s.model, s.slo_ms, s.profiles, min_replicas=(min_replicas or {}).get(s.model, 0))
+                           tuple(ModelView(s.model, s.slo_ms, s.profiles, min_replicas=(min_replicas or {}).get(s.model, 0),
+                                           expected_rate_rps=(expected or {}).get(s.model, 0.0))
                                  for s in sessions),
-                           rates_rps={s.model: s.rate_rps for s in sessions}, surges_rps=surges or {}, force=force)
+                           rates_rps={s.model: s.rate_rps for s in sessions}, surges_rps=surges or {}, force=force,
+                           rate_windows_s={s.model: window_s for s in sessions} if window_s else {},
+                           surge_windows_s={m: surge_window_s for m in surges or {}} if surge_window_s else {})
         before = self.state.plan
         plan, self.state = plan_cluster(view, self.state, self.settings)
         self.changed = plan is not before
@@ -144,3 +155,132 @@ def test_a_demand_surge_is_planned_for_within_the_cooldown():
     plan = loop.plan(stepped, slots, 1.5, surges={"m": 600.0})
     assert loop.changed and plan.why == ("demand surge: m at 600 rps, planned for 60",)
     assert sum(share for _, share in plan.backends_of("m")) >= 600.0
+
+
+def test_a_replica_on_a_gpu_of_its_own_keeps_the_burst_headroom_its_primary_pooled():
+    # The primary carries 0.455 arrivals per cycle at batch 1, which its 15 ms budget absorbs only
+    # because "spread"'s batch on the same GPU covers its burst; a copy alone on a new GPU would break
+    # the SLO (10 + 3.9 + a 1.9 ms burst > 15), so the replica is re-timed for that load alone.
+    planner = PlannerConfig(network_ms=5.0, burst_sigma=1.5)
+    tight = SessionSpec("tight", "mt", 20.0, 45.5, Profile.linear(1.861, 2.025, 32))
+    spread = SessionSpec("spread", "ms", 50.0, 17.1, Profile.linear(2.572, 2.061, 32))
+    shared = GpuPlan(0, 10.0, (SessionAlloc("tight", 1, 100.0, 45.5), SessionAlloc("spread", 1, 100.0, 17.1)))
+    gpu = GpuSpec("gpu", 16000.0)
+    gpus, added = add_replicas([shared], [tight, spread], gpu, {"tight": 2, "spread": 1}, 2, planner)
+    assert added == {(1, "tight")}
+    plan = Plan("replan", tuple(gpus), 0, 0.0)
+    assert validate_plan(plan, [tight, spread], gpu, planner.margins_ms, burst_sigma=1.5) == []
+    [replica] = gpus[1].sessions
+    assert replica.planned_load_rps == 45.5 and gpus[1].duty_cycle_ms < 10.0
+
+
+def test_a_replica_no_gpu_can_run_alone_is_not_added():
+    # 320 req/s at batch 4 within a 40 ms SLO: no lone cycle absorbs its burst (the primary given here
+    # does not either), and the only other GPU runs the session already: it keeps one replica.
+    planner = PlannerConfig(burst_sigma=1.5)
+    heavy = SessionSpec("heavy", "mh", 40.0, 320.0, Profile.linear(0.5, 10.0, 4))
+    primary = GpuPlan(0, 12.5, (SessionAlloc("heavy", 4, 320.0, 320.0),))
+    gpus, added = add_replicas([primary], [heavy], GpuSpec("gpu", 16000.0), {"heavy": 2}, 2, planner)
+    assert gpus == [primary] and added == set()
+
+
+def test_a_replica_joining_a_shared_prefix_is_checked_with_the_groups_execution():
+    # GPU 0 batches the prefix of s0-s2: every member waits for the group's 9.5 ms, 50 + 9.5 <= 60.
+    # s3 alone would fit (50 + 5.9), but as a member the group takes 12.2 ms and breaks every SLO.
+    specs = [SessionSpec(f"s{i}", f"m{i}", 60.0, 20.0, Profile.linear(1.0 + i * 0.3, 4.0, 32), "g") for i in range(4)]
+    grouped, groups = planning_groups(specs, {})
+    shared = GpuPlan(0, 50.0, tuple(SessionAlloc(f"s{i}", 1, 20.0) for i in range(3)), ("g",))
+    alone = GpuPlan(1, 50.0, (SessionAlloc("s3", 1, 20.0),))
+    gpu = GpuSpec("gpu", 16000.0)
+    gpus, added = add_replicas([shared, alone], grouped, gpu, {"s3": 2}, 2, PlannerConfig(), groups=groups)
+    assert added == set() and gpus == [shared, alone]
+    assert validate_plan(Plan("replan", (shared, alone), 0, 0.0), grouped, gpu, 0.0, groups) == []
+
+
+def test_a_rate_within_poisson_noise_of_the_planned_one_is_the_planned_one():
+    planned = {"slow": 0.3, "busy": 100.0, "new": 5.0}
+    windows = {"slow": 10.0, "busy": 10.0}
+    # 6 requests where 3 were expected: noise; 1,300 where 1,000 were: 9.5 sigma, a change
+    assert settled_rates({"slow": 0.6, "busy": 130.0}, windows, planned) == {"slow": 0.3, "busy": 130.0}
+    assert settled_rates({"busy": 110.0}, windows, planned) == {"busy": 100.0}          # 3.2 sigma: noise
+    assert settled_rates({"busy": 110.0}, {}, planned) == {"busy": 110.0}               # no counts: as measured
+    assert settled_rates({"busy": 110.0}, windows, planned, {"busy"}) == {"busy": 110.0}  # a surge: as measured
+    assert settled_rates({"other": 7.0}, windows, planned) == {"other": 7.0}            # not planned yet
+
+
+def test_a_long_tail_measured_with_poisson_noise_keeps_its_plan_and_a_step_beyond_noise_re_plans():
+    """Sessions of 0.3 to 3 requests/s counted over 10 s swing far outside the [0.8, 1.1] band by
+    noise alone: judged as measured they re-plan at every evaluation after the cooldown; judged
+    against the noise of their counts the plan stands. A real step still re-plans."""
+    rng = np.random.default_rng(7)
+    true = {f"m{i}": 0.3 + 0.06 * i for i in range(40)}
+    slots = _slots("a", "b", "c", "d")
+
+    def measured(rates):
+        return [SessionInput(name, 150.0, rng.poisson(rate * 10.0) / 10.0, {"gpu": PROFILE})
+                for name, rate in rates.items()]
+
+    plain, settled = _loop(cooldown_s=5.0, epoch_s=300.0), _loop(cooldown_s=5.0, epoch_s=300.0)
+    first = [SessionInput(name, 150.0, rate, {"gpu": PROFILE}) for name, rate in true.items()]
+    plain.plan(first, slots, 0.0)
+    plan = settled.plan(first, slots, 0.0, window_s=10.0)
+    replans = 0
+    for t in range(6, 60, 6):
+        sample = measured(true)
+        plain.plan(sample, slots, float(t))
+        replans += plain.changed
+        assert settled.plan(sample, slots, float(t), window_s=10.0) is plan
+    assert replans >= 8
+    stepped = dict(true, m0=6.0)             # 60 requests where 3 were expected
+    after = settled.plan(measured(stepped), slots, 66.0, window_s=10.0)
+    assert settled.changed and after.sessions["m0"].rate_rps > 3.0
+    assert all(after.sessions[n].rate_rps == plan.sessions[n].rate_rps for n in true if n != "m0")  # the rest stand
+
+
+def test_an_expected_rate_holds_while_frontends_report_zero_and_through_the_first_window_of_requests():
+    loop = _loop(cooldown_s=5.0, epoch_s=30.0)
+    slots = _slots("a", "b", "c")
+    expected = {"m": 400.0}
+
+    def at(rate: float) -> list[SessionInput]:
+        return [SessionInput("m", 100.0, rate, {"gpu": PROFILE})]
+
+    for now in (0.0, 10.0, 40.0):        # no client yet: every report says 0 requests/s
+        plan = loop.plan(at(0.0), slots, now, expected=expected)
+        assert plan.sessions["m"].rate_rps == 400.0 and sum(share for _, share in plan.backends_of("m")) >= 400.0
+    assert loop.plan(at(200.0), slots, 80.0, expected=expected).sessions["m"].rate_rps == 400.0  # a first window
+    assert loop.plan(at(900.0), slots, 81.0, expected=expected, surges={"m": 900.0}).sessions["m"].rate_rps == 900.0
+    assert loop.plan(at(50.0), slots, 100.0, expected=expected).sessions["m"].rate_rps == 50.0   # measured now
+    assert loop.plan(at(0.0), slots, 140.0, expected=expected).sessions["m"].rate_rps == MIN_PLANNED_RATE_RPS
+
+
+def test_an_epoch_that_re_plans_to_the_tables_in_force_is_no_new_plan():
+    loop = _loop(cooldown_s=5.0, epoch_s=30.0)
+    slots = _slots("a", "b", "c")
+    sessions = [SessionInput(f"m{i}", 100.0, 100.0 * (i + 1), {"gpu": PROFILE}) for i in range(3)]
+    first = loop.plan(sessions, slots, 0.0)
+    assert loop.plan(sessions, slots, 31.0) is first and not loop.changed       # the epoch: the same tables
+    assert loop.state.last_plan_s == 31.0                                          # judged now: cooldown anew
+    forced = loop.plan(sessions, slots, 40.0, force=ReplanReason.SESSIONS_CHANGED)  # may bring a new file
+    assert loop.changed and forced is not first and same_tables(forced, first)
+    grown = [SessionInput("m0", 100.0, 300.0, {"gpu": PROFILE}), *sessions[1:]]
+    assert loop.plan(grown, slots, 80.0) is not forced and loop.changed
+
+
+def test_a_surge_within_noise_of_the_planned_rate_is_no_surge():
+    assert real_surges({"m": 6.0}, {"m": 2.0}, {"m": 5.3}) == {}             # 12 requests where 10.6 were planned
+    assert real_surges({"m": 60.0}, {"m": 2.0}, {"m": 5.3}) == {"m": 60.0}   # 120 where 10.6 were: a surge
+    assert real_surges({"m": 6.0}, {}, {"m": 5.3}) == {"m": 6.0}             # no window known: a surge
+    assert real_surges({"m": 6.0}, {"m": 2.0}, {}) == {"m": 6.0}             # not planned yet: a surge
+    loop = _loop(cooldown_s=5.0, epoch_s=30.0)
+    slots = _slots("a", "b", "c")
+    expected = {"m": 5.3}
+    plan = loop.plan([SessionInput("m", 100.0, 0.0, {"gpu": PROFILE})], slots, 0.0, expected=expected)
+    # The first report of its traffic is a surge against the zeros reported before: noise around the plan.
+    same = loop.plan([SessionInput("m", 100.0, 6.0, {"gpu": PROFILE})], slots, 1.0, expected=expected,
+                     surges={"m": 6.0}, surge_window_s=2.0)
+    assert same is plan
+    surged = loop.plan([SessionInput("m", 100.0, 60.0, {"gpu": PROFILE})], slots, 2.0, expected=expected,
+                       surges={"m": 60.0}, surge_window_s=2.0)
+    assert loop.changed and surged.sessions["m"].rate_rps == 60.0 and surged.why[0].startswith("demand surge: m")
+

@@ -64,8 +64,9 @@ def assert_valid_profile(profile: Profile, max_batch: int | None = None) -> None
         assert profile.max_batch == max_batch
     lats = [r.latency_ms for r in profile.rows]
     assert all(b >= a for a, b in zip(lats, lats[1:]))
-    for r in profile.rows:
-        assert r.latency_ms >= conservative_latency_ms(r.mean_ms, r.std_ms, r.p99_ms) - 1e-5  # JSON rounds to 1e-6
+    if not profile.meta.get("contended_batches"):     # else some sizes plan at the median-based figure
+        for r in profile.rows:
+            assert r.latency_ms >= conservative_latency_ms(r.mean_ms, r.std_ms, r.p99_ms) - 1e-5  # JSON rounds
     again = Profile.from_json(profile.to_json())
     assert again.device_type == profile.device_type and again.max_batch == profile.max_batch
     for a, b in zip(again.rows, profile.rows):

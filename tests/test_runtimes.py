@@ -406,6 +406,8 @@ def test_precise_sleep_sleeps_then_spins_to_the_end():
     precise_sleep(0.020, spin_s=0.001, clock=clock, sleep=sleep)
     assert len(slept) == 1 and abs(slept[0] - 0.019) < 0.0005
     assert 100.020 <= now[0] < 100.0205
+    precise_sleep(0.020, clock=clock, sleep=sleep)        # by default it spins only the last 0.2 ms
+    assert len(slept) == 2 and abs(slept[1] - 0.0197) < 0.00005    # 20 ms less the spin and one clock reading
 
 
 def test_precise_sleep_returns_at_once_for_non_positive_durations():

@@ -134,6 +134,16 @@ def test_backbone_family_shares_backbone_and_differs_in_head():
         sm.backbone_variant(0, num_classes=0)
 
 
+def test_mlp_seeds_give_distinct_models_that_share_no_prefix():
+    from common.onnx_prefix import find_shared_prefix
+
+    default, other = sm.mlp_small(), sm.mlp_small(seed=10_001)
+    assert sm.model_bytes(sm.mlp_small(seed=sm.MLP_SEED)) == sm.model_bytes(default)
+    a, b = _init_digests(default), _init_digests(other)
+    assert a.keys() == b.keys() and all(a[k] != b[k] for k in a)     # same layers, other weights
+    assert find_shared_prefix({"a": default, "b": other}) is None
+
+
 def test_write_sample_models_skips_identical(tmp_path):
     names = ["mlp_small", "vehicle_cls"]
     paths = sm.write_sample_models(tmp_path, names)

@@ -132,8 +132,10 @@ def test_plans_use_the_windowed_mean_rate_not_the_smoothed_one(tmp_path):
     smoothed = service.workload.current_rates(now)["m"]
     assert smoothed > 24                                              # the excursion of the last report
     assert abs(service.workload.planning_rates(now)["m"] - 114 / 5) < 1e-9     # what the plan is made for
+    assert service.workload.rate_windows_s(now) == {"m": 5.0}                   # over 5 s of counts
     service.workload.rate_history["fe"]["m"].clear()                           # no counts: the smoothed rate
     assert service.workload.planning_rates(now)["m"] == smoothed
+    assert service.workload.rate_windows_s(now) == {"m": 0.0}                   # and no noise estimate
 
 
 def test_routing_table_carries_the_planned_figures(tmp_path):
@@ -213,24 +215,17 @@ def test_a_model_uploaded_with_an_expected_rate_and_a_batch_cap_is_planned_by_th
     assert batches and max(batches) <= 4
     desc = service.admin.desc("hot")
     assert desc.expected_rate_rps == 400.0 and desc.batch_cap == 4 and desc.max_batch == 4
-    def report(at: float, requests: int) -> None:
-        service.workload.report(control.WorkloadReport(node_id="fe", rates=[control.SessionRate(
-            model="hot", rate_rps=requests / 2.0, requests=requests, window_ms=2000)]), at)
-
-    def planned(at: float) -> float:
-        sessions, _, _ = session_inputs(service.read_view(at), service.control.settings)
-        return {s.model: s.rate_rps for s in sessions}["hot"]
-
-    # Reports of no request measure nothing: the frontends report every served model from its upload on.
-    for t in range(5):
-        report(now + 2 * t, 0)
-    assert planned(now + 8) == 400.0
-    # Its traffic starts: still at least the expected rate while a rate window only partly holds it,
-    # then what was measured (here less than expected).
-    for t in range(5, 12):
-        report(now + 2 * t, 100)
-    assert planned(now + 16) == 400.0
-    assert planned(now + 22) == 50.0
+    service.workload.rates["fe"] = {"hot": (0.0, now)}             # routed, but no client yet: still expected
+    sessions, _, _ = session_inputs(service.read_view(now), service.control.settings)
+    assert {s.model: s.rate_rps for s in sessions}["hot"] == 400.0
+    service.workload.rates["fe"] = {"hot": (50.0, now)}            # requests measured: that rate from now on
+    _, state = plan_cluster(service.read_view(now), PlannerState())
+    assert state.first_requests_s == {"hot": now}
+    sessions, _, _ = session_inputs(service.read_view(now), service.control.settings, first_requests_s={"hot": now})
+    assert {s.model: s.rate_rps for s in sessions}["hot"] == 400.0      # a first window: still at least expected
+    sessions, _, _ = session_inputs(service.read_view(now), service.control.settings,
+                                    first_requests_s={"hot": now - 11.0})
+    assert {s.model: s.rate_rps for s in sessions}["hot"] == 50.0       # a whole window of requests: as measured
 
 
 def test_bad_serving_settings_are_refused_at_upload(tmp_path):
@@ -265,6 +260,7 @@ def test_a_surge_beyond_noise_is_planned_for_at_once_and_noise_is_not():
         report(surged, float(t), n)
     assert noisy.surges(4.0) == {} and noisy.planning_rates(4.0)["m"] == sum([60, 55, 66, 58, 74]) / 5
     assert surged.surges(4.0) == {"m": 300.0} and surged.planning_rates(4.0)["m"] == 300.0
+    assert surged.surge_windows_s(4.0) == {"m": 1.0} and noisy.surge_windows_s(4.0) == {}   # the surging report's
     plan = _plan_for({"m": PlannedSession("m", "m", 50.0, 60.0)})
     settings = PlannerSettings()
     assert demand_surge(surged.surges(4.0), plan, settings) == "demand surge: m at 300 rps, planned for 60"

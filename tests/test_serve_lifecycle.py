@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 
 import grpc
@@ -81,20 +80,17 @@ def test_serve_leaves_no_process_behind(tmp_path, sig):
 
 
 def test_serve_started_as_a_background_job_stops_on_sigint_to_its_group(tmp_path):
-    """A script's `setsid nexus serve ... &` inherits SIGINT ignored (a shell without job control
-    ignores it in background jobs). SIGINT to its process group still stops it, in order, and no
+    """A script's `setsid nexus serve ... &` may inherit SIGINT ignored (a shell without job control
+    ignores it in background jobs, though not every bash does; the job's `trap "" INT` makes the
+    premise hold everywhere). SIGINT to its process group still stops it, in order, and no
     child is restarted as if it had crashed. Started as a user would, with no NEXUS_LOG, the start
     shows only `nexus serve`'s own lines: the components' INFO chatter stays out of sight."""
-    # The premise: a background job of a script starts with SIGINT ignored.
-    probe = subprocess.run(["bash", "-c", "sleep 30 & grep SigIgn /proc/$!/status; kill $!"], capture_output=True,
-                           text=True, timeout=30)
-    assert int(probe.stdout.split()[1], 16) & (1 << (signal.SIGINT - 1)), probe.stdout
     pid_file, log = tmp_path / "serve.pid", tmp_path / "serve.log"
     env = {k: v for k, v in os.environ.items() if k != "NEXUS_LOG"}
     job = Child("background job", ["serve", "--backends", "1", "--no-samples", "--frontend-port", "0",
                                    "--scheduler-port", "0", "--metrics-port", "0", "--http-port", "0",
                                    "--data-dir", str(tmp_path / "data")], env,
-                command=["bash", "-c", f'unset {PARENT_PID_ENV}; setsid "$@" 2>{log} & echo $! >{pid_file}; wait $!',
+                command=["bash", "-c", f'trap "" INT; unset {PARENT_PID_ENV}; setsid "$@" 2>{log} & echo $! >{pid_file}; wait $!',
                          "bash", *nexus_command()])
     serve = 0
     try:

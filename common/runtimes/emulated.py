@@ -3,7 +3,7 @@
 Outputs are zeros of the declared shapes and dtypes (a variable dimension is emulated as 1). The
 model bytes are never executed: specs come from the ONNX model's declared inputs and outputs, or
 from ``io`` when given (then the bytes are not parsed at all). Waiting is precise: ``time.sleep``
-for all but the last ~1 ms, then a short spin on ``time.perf_counter``, so batch latencies follow
+for all but the last 0.2 ms, then a short spin on ``time.perf_counter``, so batch latencies follow
 the profile closely on an idle machine (``wait`` replaces it, e.g. to advance a virtual clock). A batch larger than the profile's ``max_batch`` is a
 ``ValueError`` (the profile says nothing about it).
 """
@@ -19,7 +19,11 @@ from common.runtimes.base import DeviceSpec, IOSpecs, Runtime, RuntimeKind
 from common.model_io import onnx_io
 from common.profile import Profile
 
-SPIN_S = 0.001
+# The spin covers the sleep's wake-up overshoot (tens of microseconds on an idle Linux host). It was
+# 1 ms: on the shared 2-core machine, with tens of emulated devices, that cost 0.47 ms of CPU per batch
+# and was preempted anyway (overshoot p90 4.1 ms), where 0.2 ms cost 0.09 ms with a p90 of 1.2 ms
+# (benchmarks/long_tail.md). An emulated GPU should not take the host CPU a real one leaves free.
+SPIN_S = 0.0002
 
 
 def precise_sleep(duration_s: float, *, spin_s: float = SPIN_S,

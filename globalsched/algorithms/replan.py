@@ -319,9 +319,22 @@ def _incremental(current: Plan, sessions: Sequence[SessionSpec], gpu: GpuSpec, p
 
 
 def _remove(load: GpuLoad, name: str) -> None:
-    new = load.rebuilt(load.duty_ms, [m for m in load.members if m.sm.name != name], rebatch=False)
-    assert new is not None  # removing a member never breaks a GPU
-    load.commit(new)
+    """Take the idle ``name`` off ``load`` if the rest still fits, re-timed if need be; else leave it.
+
+    Without burst headroom the rest always fits. With it, the batch taken off may have covered the
+    others' bursts (the pooled statistic counts every planned item: common/headroom.py), so the
+    rest may no longer fit its duty cycle: the GPU is then re-timed (:meth:`GpuLoad.refit`: batches
+    and cycle change, nobody moves); when no cycle fits, ``name`` stays with the load it carries (its
+    session is served more than it needs), since moving the others would cost model loads."""
+    rest = [m for m in load.members if m.sm.name != name]
+    new = load.rebuilt(load.duty_ms, rest, rebatch=False)
+    if new is None:
+        without = GpuLoad(load.duty_ms, load.prefixes, load.capacity_mb, load.gid)
+        for m in rest:  # what fitted with ``name`` fits without it but for the headroom
+            without.add_at_batch(m, check_headroom=False)
+        new = without.refit()
+    if new is not None:
+        load.commit(new)
 
 
 def _dissolve(loads: list[GpuLoad], recent: set[str], wanted: int, max_victims: int = 200) -> list[GpuLoad]:

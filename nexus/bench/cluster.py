@@ -28,6 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from common.config import BackendConfig, FrontendConfig, SchedulerConfig
 from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.security import Credentials
+from nexus.bench.meters import descendants
 from nexus.launcher import Child, component_argv, pin_listen
 from nexus.scheduler_client import upload_model
 from nexus.serve_cmd import wait_models_ready
@@ -119,7 +120,8 @@ def serving(address: str) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Upload:
-    """A model to upload: its file, name and, optionally, profile (a file) and SLO."""
+    """A model to upload: its file, name and, optionally, profile (a file), SLO and the rate it is
+    planned for until one is measured."""
 
     path: pathlib.Path
     name: str
@@ -127,6 +129,7 @@ class Upload:
     slo_ms: float = 0.0
     min_replicas: int = 0
     load: bool = True
+    expected_rate_rps: float = 0.0
 
 
 class Cluster:
@@ -243,7 +246,8 @@ class Cluster:
     def upload(self, model: Upload, *, wait: bool = True, timeout_s: float = 120.0) -> None:
         """Upload ``model`` to the scheduler; with ``wait``, until every frontend answers an inference of it."""
         upload_model(self.scheduler.address, model.path, model.name, profile_path=model.profile_path,
-                     slo_ms=model.slo_ms, min_replicas=model.min_replicas, load=model.load)
+                     slo_ms=model.slo_ms, min_replicas=model.min_replicas, load=model.load,
+                     expected_rate_rps=model.expected_rate_rps)
         if wait and model.load:
             for f in self.frontends:
                 wait_model_served(f.address, model.name, timeout_s)
@@ -253,6 +257,25 @@ class Cluster:
             pending = wait_models_ready(f.address, names, timeout_s)
             if pending:
                 raise RuntimeError(f"models not ready on {f.name} ({f.address}) within {timeout_s:.0f} s: {pending}")
+
+    def wait_plan_spread(self, timeout_s: float = 120.0):
+        """Until the scheduler's plan in force runs on every device it needs (as many backends in use
+        as it plans devices, or every backend there is), and every frontend holds that plan's routing
+        table (its ``nexus_routing_epoch``). Models are served once the first backend is up, with the
+        plan folded onto it; a load started then would measure the sessions' moves to the backends
+        that register a moment later. Returns the scheduler's status (``nexus.status_model``)."""
+        from nexus.scheduler_client import fetch_status
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = fetch_status(self.scheduler.address)
+            spread = st.devices_in_use >= min(st.planned_devices, len(st.devices))
+            if spread and all(routing_epoch(f.info.get("metrics", "")) >= st.epoch for f in self.frontends):
+                return st
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the plan did not spread within {timeout_s:.0f} s: {st.devices_in_use} backends "
+                                   f"in use of {len(st.devices)}, {st.planned_devices} planned (epoch {st.epoch})")
+            time.sleep(0.5)
 
     def serving(self, model: str) -> list[Node]:
         """The live backends that have ``model`` loaded (from their Stats)."""
@@ -271,19 +294,7 @@ class Cluster:
 
     def live_profiles(self, models: Sequence[str]) -> dict:
         """The profiles the scheduler holds now, by model and device type (read-only SQLite, while it runs)."""
-        import sqlite3
-
-        from common.profile import Profile
-
-        db = sqlite3.connect(f"file:{self.workdir / 'db' / 'nexus.db'}?mode=ro", uri=True)
-        try:
-            out: dict = {m: {} for m in models}
-            for model, device_type, text in db.execute("SELECT model, device_type, profile_json FROM profiles"):
-                if model in out:
-                    out[model][device_type] = Profile.from_json(text)
-            return out
-        finally:
-            db.close()
+        return live_profiles(self.workdir / "db", models)
 
     def profiles(self, models: Sequence[str]) -> dict:
         """The profiles the scheduler holds, by model (reads the model database; call after stop())."""
@@ -294,6 +305,41 @@ class Cluster:
             return {m: db.profiles(m) for m in models}
         finally:
             db.close()
+
+
+def live_profiles(db_dir: pathlib.Path, models: Sequence[str]) -> dict:
+    """The profiles a running scheduler whose model database is in ``db_dir`` holds, by model and
+    device type (read-only SQLite)."""
+    import sqlite3
+
+    from common.profile import Profile
+
+    db = sqlite3.connect(f"file:{pathlib.Path(db_dir) / 'nexus.db'}?mode=ro", uri=True)
+    try:
+        out: dict = {m: {} for m in models}
+        for model, device_type, text in db.execute("SELECT model, device_type, profile_json FROM profiles"):
+            if model in out:
+                out[model][device_type] = Profile.from_json(text)
+        return out
+    finally:
+        db.close()
+
+
+def routing_epoch(metrics_url: str) -> int:
+    """The plan epoch of the routing table a frontend holds, from its ``/metrics`` (-1 when unknown)."""
+    import urllib.request
+
+    if not metrics_url:
+        return -1
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=5) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return -1
+    for line in text.splitlines():
+        if line.startswith("nexus_routing_epoch "):
+            return int(float(line.split()[1]))
+    return -1
 
 
 def wait_model_served(frontend: str, model: str, timeout_s: float = 60.0) -> None:
@@ -345,7 +391,8 @@ class ServeCluster(Node):
 
     def upload(self, model: Upload, *, wait: bool = True, timeout_s: float = 120.0) -> None:
         upload_model(self.scheduler, model.path, model.name, profile_path=model.profile_path, slo_ms=model.slo_ms,
-                     min_replicas=model.min_replicas, load=model.load, creds=self.creds)
+                     min_replicas=model.min_replicas, load=model.load, expected_rate_rps=model.expected_rate_rps,
+                     creds=self.creds)
         if wait and model.load:
             self.wait_models_ready([model.name], timeout_s)
 
@@ -364,21 +411,6 @@ class ServeCluster(Node):
                 if f" {kind} " in words:
                     out.setdefault(kind, pid)
         return out
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children, their children, ...), from /proc."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for task in pathlib.Path(f"/proc/{p}/task").glob("*"):
-            try:
-                kids = [int(k) for k in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
 
 
 def cmdline(pid: int) -> str:

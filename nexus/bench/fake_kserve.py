@@ -32,6 +32,7 @@ import numpy as np
 
 from common.pb import kserve, kserve_grpc
 from common.tensors import numpy_dtype
+from nexus.process import loop_factory
 
 DEFAULT_CONFIG = {
     "models": {
@@ -233,7 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.config:
         text = open(a.config[1:]).read() if a.config.startswith("@") else a.config
         config = json.loads(text)
-    asyncio.run(_main(config, a.port))
+    # The components' event loop (uvloop unless NEXUS_EVENT_LOOP says otherwise), so that this server is
+    # a like-for-like baseline of a frontend's gRPC cost (benchmarks/cpu_per_request.py).
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        runner.run(_main(config, a.port))
     return 0
 
 

@@ -8,6 +8,7 @@ the load of every other process ("external" load: other people's work on a share
 
 from __future__ import annotations
 
+import math
 import os
 import pathlib
 import statistics
@@ -93,30 +94,73 @@ def uptime() -> str:
         return pathlib.Path("/proc/loadavg").read_text().strip()
 
 
-class LoadSampler:
-    """Samples the 1-minute load average every ``period_s`` in a thread."""
+class Periodic:
+    """Calls ``sample()`` at once and then every ``period_s`` seconds, on a thread of its own, from
+    :meth:`start` until :meth:`stop`: the loop of every sampler here."""
 
-    def __init__(self, period_s: float = 5.0) -> None:
-        self.period_s = period_s
-        self.samples: list[tuple[float, float]] = []
+    def __init__(self, period_s: float, sample) -> None:
+        self.period_s, self.sample = period_s, sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        t0 = time.monotonic()
-        while not self._stop.is_set():
-            self.samples.append((round(time.monotonic() - t0, 1), loadavg()))
-            self._stop.wait(self.period_s)
+        while True:
+            self.sample()
+            if self._stop.wait(self.period_s):
+                return
 
-    def start(self) -> "LoadSampler":
+    def start(self) -> "Periodic":
         self._thread.start()
         return self
 
-    def stop(self) -> dict:
+    def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+class LoadSampler:
+    """Samples the 1-minute load average every ``period_s`` in a thread."""
+
+    def __init__(self, period_s: float = 5.0) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self._t0 = time.monotonic()
+        self._periodic = Periodic(period_s, lambda: self.samples.append((round(time.monotonic() - self._t0, 1),
+                                                                          loadavg())))
+
+    def start(self) -> "LoadSampler":
+        self._t0 = time.monotonic()
+        self._periodic.start()
+        return self
+
+    def stop(self) -> dict:
+        self._periodic.stop()
         values = [v for _, v in self.samples]
         return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
+
+
+class CpuTimeline:
+    """:class:`CpuMeter` second by second (every ``period_s``): ``seconds`` holds (start on the
+    monotonic clock, cores of the named processes, cores of every other process) per period."""
+
+    def __init__(self, pids: dict[str, int], period_s: float = 1.0) -> None:
+        self.pids = pids
+        self.seconds: list[tuple[float, float, float]] = []
+        self._meter: CpuMeter | None = None
+        self._periodic = Periodic(period_s, self._tick)
+
+    def _tick(self) -> None:
+        if self._meter is not None:
+            m = self._meter.stop()
+            ours = sum(v for v in m["cpu_s"].values() if not math.isnan(v)) / max(m["wall_s"], 1e-9)
+            self.seconds.append((self._meter.t0, ours, m["external_cores"]))
+        self._meter = CpuMeter(self.pids).start()
+
+    def start(self) -> "CpuTimeline":
+        self._periodic.start()
+        return self
+
+    def stop(self) -> None:
+        self._periodic.stop()
 
 
 def rss_mb(pid: int) -> float:
@@ -136,19 +180,57 @@ class RssSampler:
     def __init__(self, pids: dict[str, int], every_s: float = 0.1) -> None:
         self.pids, self.every_s = pids, every_s
         self.peak = {name: 0.0 for name in pids}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._periodic = Periodic(every_s, self._sample)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for name, pid in self.pids.items():
-                self.peak[name] = max(self.peak[name], rss_mb(pid))
-            self._stop.wait(self.every_s)
+    def _sample(self) -> None:
+        for name, pid in self.pids.items():
+            self.peak[name] = max(self.peak[name], rss_mb(pid))
 
     def __enter__(self) -> "RssSampler":
-        self._thread.start()
+        self._periodic.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._periodic.stop()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, their children, ...), from /proc."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in pathlib.Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def favour(pid: int, nice: int) -> None:
+    """Niceness ``nice`` for a process and for its scheduler autogroup (its session; with autogroups on,
+    a process's niceness only counts against others of its session, and sessions share the CPU
+    evenly unless their own niceness says otherwise)."""
+    if not nice:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+    except OSError:
+        pass
+    try:
+        pathlib.Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except OSError:
+        pass
+
+
+def favour_tree(pid: int, nice: int) -> None:
+    """:func:`favour` for a process, all its threads and all its descendants (their threads too)."""
+    for p in [pid, *descendants(pid)]:
+        favour(p, nice)
+        for task in pathlib.Path(f"/proc/{p}/task").glob("*"):
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
+            except (OSError, ValueError):
+                pass

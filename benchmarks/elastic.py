@@ -37,7 +37,7 @@ from common.sample_models import mlp_small, model_bytes
 from common.profile import Profile
 from nexus.bench.cluster import ServeCluster, Upload, cmdline, descendants, wait_model_served
 from nexus.bench.elastic import (DEVICE_TYPE, ClusterSampler, LogTail, Requests, TraceModel, drain_windows,
-                                 failures_in, integral, recovery_s, run_trace, share_within, write_elastic_plot,
+                                 errors_within, failures_in, integral, recovery_s, run_trace, share_within, write_elastic_plot,
                                  zipf_models)
 from nexus.bench.loadgen import LoadClient
 from nexus.bench.meters import loadavg, machine_busy, wait_quiet
@@ -114,6 +114,8 @@ def _trace_run(name: str, workdir: pathlib.Path, models: list[TraceModel], steps
     cpu_trace = [s.cpu_s for s in in_trace]
     share, sent = share_within(req, t0, end + 60)
     windows = drain_windows(lines)
+    phases = (("before the step", t0, step_up), ("step up", step_up, step_down),
+              ("after the step down", step_down, end + 60))
     result = {
         "run": name, "flags": list(extra), "steps": steps, "requests": sent, "within_slo": share,
         "statuses": {k: req.status.count(k) for k in sorted(set(req.status))},
@@ -123,9 +125,8 @@ def _trace_run(name: str, workdir: pathlib.Path, models: list[TraceModel], steps
         "plan_device_s": integral(ts, [s.plan_devices for s in samples], t0, end),
         "max_processes": max((s.processes for s in in_trace), default=0),
         "recovery_s": recovery_s(req, step_up, step_down),
-        "within_slo_by_phase": {label: share_within(req, a, b)[0] for label, a, b in
-                                (("before the step", t0, step_up), ("step up", step_up, step_down),
-                                 ("after the step down", step_down, end + 60))},
+        "within_slo_by_phase": {label: share_within(req, a, b)[0] for label, a, b in phases},
+        "errors_by_phase": {label: errors_within(req, a, b) for label, a, b in phases},
         "drains": [(b, round(s - t0, 1), round(e - t0, 1)) for b, s, e in windows],
         "failed_during_drains": failures_in(req, windows, before_s=max(m.slo_ms for m in models) / 1000 + 1.0),
         "client_cpu_cores": client_cpu_s / total_s,
@@ -154,7 +155,7 @@ def _cold_start(cluster: ServeCluster, workdir: pathlib.Path, rate_rps: float) -
 
     out = {}
     for name, expected in (("cold_plain", 0.0), ("cold_expected", rate_rps)):
-        m = TraceModel(name, Profile.linear(8.0, 8.0, 32, device_type=DEVICE_TYPE), 200.0, 1.0, 1.0)
+        m = TraceModel(name, Profile.linear(10.0, 10.0, 32, device_type=DEVICE_TYPE), 200.0, 1.0, 1.0)
         _upload(cluster, workdir, m, expected_rate_rps=expected)
         wait_model_served(cluster.frontend, name, 60)
 
@@ -223,9 +224,10 @@ def main() -> int:
     p.add_argument("--high-s", type=float, default=40.0)
     p.add_argument("--low-s", type=float, default=60.0)
     p.add_argument("--cooldown-s", type=float, default=10.0, help="the scheduler's --scale-down-cooldown-s")
-    p.add_argument("--max-backends", type=int, default=8)
-    p.add_argument("--idle-backends", type=int, default=6, help="--min-backends of the run with idle devices")
-    p.add_argument("--cold-rps", type=float, default=60.0, help="rate a newly uploaded model takes at once")
+    p.add_argument("--max-backends", type=int, default=12)
+    p.add_argument("--idle-backends", type=int, default=10, help="--min-backends of the run with idle devices")
+    p.add_argument("--cold-rps", type=float, default=150.0,
+                   help="rate a newly uploaded model takes at once (its profile serves about 90 per device)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--wait-quiet-s", type=float, default=600.0,
                    help="before each run, wait at most this long for the other processes to leave the machine")

@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from nexus.bench.elastic import Requests, drain_windows, failures_in, integral, recovery_s, share_within, zipf_models
+from nexus.bench.elastic import (ClusterSample, LogTail, Requests, drain_windows, errors_within, failures_in, integral,
+                                 recovery_s, share_within, write_elastic_plot, zipf_models)
 
 
 def test_integral_of_a_step_function_within_the_window():
@@ -46,6 +47,27 @@ def test_drain_windows_and_the_requests_that_failed_in_them():
     req = Requests(np.array([8.0, 9.5, 11.0, 14.0, 21.0]), np.array([True, False, False, False, False]),
                    ["OK", "UNAVAILABLE", "CANCELLED", "UNAVAILABLE", "DEADLINE_EXCEEDED"])
     assert failures_in(req, windows, before_s=1.0) == {"CANCELLED": 1, "DEADLINE_EXCEEDED": 1, "UNAVAILABLE": 1}
+    assert errors_within(req, 0.0, 12.0) == {"CANCELLED": 1, "UNAVAILABLE": 1}
+    assert errors_within(req, 0.0, 9.0) == {}
+
+
+def test_log_tail_reads_only_what_is_appended_after_it_starts(tmp_path):
+    log = tmp_path / "serve.log"
+    log.write_text("nexus serve: before\n")
+    tail = LogTail(log).start()
+    with log.open("a") as f:
+        f.write("nexus serve: removing backend-2 (be-9 at x): surplus\nnexus serve: half a li")
+    lines = tail.stop()
+    assert [line for _, line in lines] == ["nexus serve: removing backend-2 (be-9 at x): surplus"]
+    assert drain_windows(lines) == [("backend-2", lines[0][0], math.inf)]
+
+
+def test_the_plot_is_a_png(tmp_path):
+    samples = [ClusterSample(float(t), 1 + (t > 5), 1 + (t > 6), 2, 2, 1, 40.0, 0.1 * t) for t in range(12)]
+    req = _requests(12.0, 5.0, 6.0)
+    path = tmp_path / "elastic.png"
+    write_elastic_plot(path, samples, req, 0.0, 12.0, "made up", steps_at=(5.0,))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_zipf_models_split_the_rate_and_cycle_cvs_and_slos():

@@ -17,6 +17,7 @@ drained (:func:`drain_windows`, :func:`failures_in`), and a plot (:func:`write_e
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import math
 import pathlib
@@ -230,6 +231,14 @@ def share_within(req: Requests, start: float, end: float) -> tuple[float, int]:
     return (float(req.good[m].mean()) if n else 1.0), n
 
 
+def errors_within(req: Requests, start: float, end: float) -> dict[str, int]:
+    """Requests sent in [start, end) that ended with an error status, by status."""
+    status = np.array(req.status)
+    m = (req.sent_at >= start) & (req.sent_at < end) & (status != "OK")
+    names, counts = np.unique(status[m], return_counts=True)
+    return {str(n): int(c) for n, c in zip(names, counts)}
+
+
 def recovery_s(req: Requests, step_at: float, until: float, *, window_s: float = 1.0, hold_s: float = 5.0,
                target: float = 0.99) -> float | None:
     """Seconds from ``step_at`` until the share of requests within SLO, in consecutive ``window_s``
@@ -263,18 +272,15 @@ def drain_windows(lines: Sequence[tuple[float, str]]) -> list[tuple[str, float, 
 def failures_in(req: Requests, windows: Sequence[tuple[str, float, float]], before_s: float) -> dict[str, int]:
     """Requests that ended with an error status, by status, among those sent from ``before_s`` before a
     drain began (in flight when it began) until it ended."""
-    failed: dict[str, int] = {}
-    status = np.array(req.status)
+    failed: collections.Counter[str] = collections.Counter()
     for _, start, end in windows:
-        m = (req.sent_at >= start - before_s) & (req.sent_at <= end) & (status != "OK")
-        for name in status[m]:
-            failed[str(name)] = failed.get(str(name), 0) + 1
+        failed.update(errors_within(req, start - before_s, end))
     return dict(sorted(failed.items()))
 
 
 def write_elastic_plot(path: str | pathlib.Path, samples: Sequence[ClusterSample], req: Requests, t0: float,
                        end: float, title: str, steps_at: Sequence[float] = ()) -> None:
-    """Devices over time (processes, registered, desired, the lower bound) against the demand (requests
+    """Devices over time (processes, registered, desired, the plan's, the lower bound) against the demand (requests
     sent per second) and the share within SLO per second."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -284,7 +290,8 @@ def write_elastic_plot(path: str | pathlib.Path, samples: Sequence[ClusterSample
     ax, ax_share = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1])
     ts = [s.t - t0 for s in samples]
     for key, label, style in (("processes", "backend processes", "-"), ("registered", "registered", "--"),
-                              ("desired", "desired (policy)", ":"), ("lower_bound", "planner's lower bound", "-.")):
+                              ("desired", "desired (policy)", ":"), ("plan_devices", "plan uses", (0, (1, 3))),
+                              ("lower_bound", "planner's lower bound", "-.")):
         ax.step(ts, [getattr(s, key) for s in samples], where="post", linestyle=style, label=label)
     ax.set_ylabel("devices")
     ax.set_ylim(bottom=0)

@@ -193,6 +193,7 @@ def _cpu_device_model(out: pathlib.Path, args) -> dict:
         with (workdir / "serve.log").open("w") as err:
             cluster = ServeCluster(workdir / "data", *flags, stderr=err)
             try:
+                cluster.wait_models_ready([n for n, _ in CPU_MIX], 300)
                 single, steps = ramp_rate(cluster.frontend, "resnet18_64", 100.0, 40.0, 1000.0, 1.25, 8.0)
                 mix_rate, mix_steps = 0.0, []
                 rate = 40.0

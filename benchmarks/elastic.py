@@ -37,7 +37,8 @@ from common.sample_models import mlp_small, model_bytes
 from common.profile import Profile
 from nexus.bench.cluster import ServeCluster, Upload, cmdline, descendants, wait_model_served
 from nexus.bench.elastic import (DEVICE_TYPE, ClusterSampler, LogTail, Requests, TraceModel, drain_windows,
-                                 errors_within, failures_in, integral, recovery_s, run_trace, share_within, write_elastic_plot,
+                                 errors_within, failures_in, integral, recovery_s, run_trace, served_before,
+                                 share_within, write_elastic_plot,
                                  zipf_models)
 from nexus.bench.loadgen import LoadClient
 from nexus.bench.meters import loadavg, machine_busy, wait_quiet
@@ -115,6 +116,7 @@ def _trace_run(name: str, workdir: pathlib.Path, models: list[TraceModel], steps
     cpu_trace = [s.cpu_s for s in in_trace]
     share, sent = share_within(req, t0, end + 60)
     windows = drain_windows(lines)
+    drain_lead_s = max(m.slo_ms for m in models) / 1000 + 1.0      # in flight when the drain began
     phases = (("before the step", t0, step_up), ("step up", step_up, step_down),
               ("after the step down", step_down, end + 60))
     result = {
@@ -128,8 +130,12 @@ def _trace_run(name: str, workdir: pathlib.Path, models: list[TraceModel], steps
         "recovery_s": recovery_s(req, step_up, step_down),
         "within_slo_by_phase": {label: share_within(req, a, b)[0] for label, a, b in phases},
         "errors_by_phase": {label: errors_within(req, a, b) for label, a, b in phases},
-        "drains": [(b, round(s - t0, 1), round(e - t0, 1)) for b, s, e in windows],
-        "failed_during_drains": failures_in(req, windows, before_s=max(m.slo_ms for m in models) / 1000 + 1.0),
+        "drains": [{"backend": w.backend, "node_id": w.node_id, "start_s": round(w.start - t0, 1),
+                    "end_s": round(w.end - t0, 1), "served": sorted(served_before(samples, w.node_id, w.start))}
+                   for w in windows],
+        # what a drain could lose: the drained backend's models; and every failure while one ran
+        "failed_during_drains": failures_in(req, windows, drain_lead_s, samples),
+        "failed_during_drains_any_model": failures_in(req, windows, drain_lead_s),
         "client_cpu_cores": client_cpu_s / total_s,
         "serve_tree_cpu_cores": (cpu_trace[-1] - cpu_trace[0]) / max(in_trace[-1].t - in_trace[0].t, 1e-9)
         if len(in_trace) > 1 else None,

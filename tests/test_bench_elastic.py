@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from nexus.bench.elastic import (ClusterSample, LogTail, Requests, drain_windows, errors_within, failures_in, integral,
-                                 recovery_s, share_within, write_elastic_plot, zipf_models)
+from nexus.bench.elastic import (ClusterSample, DrainWindow, LogTail, Requests, drain_windows, errors_within, failures_in,
+                                 integral, recovery_s, served_before, share_within, write_elastic_plot, zipf_models)
 
 
 def test_integral_of_a_step_function_within_the_window():
@@ -43,12 +43,26 @@ def test_drain_windows_and_the_requests_that_failed_in_them():
              (12.5, "nexus serve: backend-3 (pid 42) stopped, exit status 0"),
              (20.0, "nexus serve: removing backend-4 (be-2 at 127.0.0.1:2): surplus; draining it (SIGTERM)")]
     windows = drain_windows(lines)
-    assert windows == [("backend-3", 10.0, 12.5), ("backend-4", 20.0, math.inf)]
+    assert windows == [DrainWindow("backend-3", "be-1", 10.0, 12.5), DrainWindow("backend-4", "be-2", 20.0, math.inf)]
     req = Requests(np.array([8.0, 9.5, 11.0, 14.0, 21.0]), np.array([True, False, False, False, False]),
-                   ["OK", "UNAVAILABLE", "CANCELLED", "UNAVAILABLE", "DEADLINE_EXCEEDED"])
+                   ["OK", "UNAVAILABLE", "CANCELLED", "UNAVAILABLE", "DEADLINE_EXCEEDED"],
+                   np.array(["a", "a", "b", "a", "c"], dtype=object))
     assert failures_in(req, windows, before_s=1.0) == {"CANCELLED": 1, "DEADLINE_EXCEEDED": 1, "UNAVAILABLE": 1}
     assert errors_within(req, 0.0, 12.0) == {"CANCELLED": 1, "UNAVAILABLE": 1}
+    assert errors_within(req, 0.0, 12.0, {"b"}) == {"CANCELLED": 1}
     assert errors_within(req, 0.0, 9.0) == {}
+    # Only the drained backend's models count: be-1 served a (b had moved off it before the drain),
+    # be-2 was idle when it was told to drain.
+    samples = [_sample(9.0, (("be-1", ("a", "b")), ("be-2", ("c",)))),
+               _sample(9.8, (("be-1", ("a",)), ("be-2", ()), ("be-3", ("b", "c")))),
+               _sample(10.5, (("be-3", ("a", "b", "c")),))]
+    assert served_before(samples, "be-1", 10.0) == {"a"} and served_before(samples, "be-2", 20.0) == set()
+    assert served_before(samples, "be-1", 5.0) == set()
+    assert failures_in(req, windows, before_s=1.0, samples=samples) == {"UNAVAILABLE": 1}
+
+
+def _sample(t: float, placement=()) -> ClusterSample:
+    return ClusterSample(t, 1, 1, 1, 1, 1, 0.0, 0.0, placement)
 
 
 def test_log_tail_reads_only_what_is_appended_after_it_starts(tmp_path):
@@ -59,7 +73,7 @@ def test_log_tail_reads_only_what_is_appended_after_it_starts(tmp_path):
         f.write("nexus serve: removing backend-2 (be-9 at x): surplus\nnexus serve: half a li")
     lines = tail.stop()
     assert [line for _, line in lines] == ["nexus serve: removing backend-2 (be-9 at x): surplus"]
-    assert drain_windows(lines) == [("backend-2", lines[0][0], math.inf)]
+    assert drain_windows(lines) == [DrainWindow("backend-2", "be-9", lines[0][0], math.inf)]
 
 
 def test_the_plot_is_a_png(tmp_path):

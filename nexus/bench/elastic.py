@@ -24,7 +24,7 @@ import pathlib
 import re
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -106,6 +106,7 @@ class ClusterSample:
     lower_bound: int
     measured_rps: float      # the rates frontends reported, summed over sessions
     cpu_s: float             # CPU seconds of nexus serve and every process below it, so far
+    placement: tuple[tuple[str, tuple[str, ...]], ...] = ()   # (node id, the models it serves) per device
 
 
 class ClusterSampler:
@@ -139,9 +140,10 @@ class ClusterSampler:
         st = self.fetch()
         d = st.decision(self.device_type)
         measured = sum({s.session: s.measured_rate_rps for dev in st.devices for s in dev.sessions}.values())
+        placement = tuple((dev.node_id, tuple(sorted({s.session for s in dev.sessions}))) for dev in st.devices)
         return ClusterSample(time.monotonic(), backends, d.registered if d else len(st.devices),
                              d.desired if d else 0, d.plan_devices if d else st.planned_devices, st.lower_bound,
-                             measured, sum(self._cpu.values()))
+                             measured, sum(self._cpu.values()), placement)
 
     def start(self) -> "ClusterSampler":
         self._thread.start()
@@ -206,22 +208,24 @@ def integral(times: Sequence[float], values: Sequence[float], start: float, end:
 @dataclasses.dataclass(frozen=True)
 class Requests:
     """Every request of a trace, over all models: when it was sent (monotonic), whether it was answered
-    within its SLO, its status name."""
+    within its SLO, its status name and its model."""
 
     sent_at: np.ndarray
     good: np.ndarray
     status: list[str]
+    model: np.ndarray | None = None      # None: unknown (every request counts for every model)
 
     @staticmethod
     def of(reports: Sequence[BenchReport]) -> "Requests":
-        sent, good, status = [], [], []
+        sent, good, status, model = [], [], [], []
         for r in reports:
             s = r.samples
             sent.append(s.sent_at)
             good.append((s.outcome == OK) & (s.latency_ms <= s.slo_ms))
             status += s.statuses()
+            model += [r.model] * len(s.sent_at)
         return Requests(np.concatenate(sent) if sent else np.zeros(0),
-                        np.concatenate(good) if good else np.zeros(0, bool), status)
+                        np.concatenate(good) if good else np.zeros(0, bool), status, np.array(model, dtype=object))
 
 
 def share_within(req: Requests, start: float, end: float) -> tuple[float, int]:
@@ -231,10 +235,13 @@ def share_within(req: Requests, start: float, end: float) -> tuple[float, int]:
     return (float(req.good[m].mean()) if n else 1.0), n
 
 
-def errors_within(req: Requests, start: float, end: float) -> dict[str, int]:
-    """Requests sent in [start, end) that ended with an error status, by status."""
+def errors_within(req: Requests, start: float, end: float, models: Collection[str] | None = None) -> dict[str, int]:
+    """Requests sent in [start, end) that ended with an error status, by status (only those of
+    ``models``, when given and the requests' models are known)."""
     status = np.array(req.status)
     m = (req.sent_at >= start) & (req.sent_at < end) & (status != "OK")
+    if models is not None and req.model is not None:
+        m &= np.isin(req.model, list(models))
     names, counts = np.unique(status[m], return_counts=True)
     return {str(n): int(c) for n, c in zip(names, counts)}
 
@@ -253,28 +260,53 @@ def recovery_s(req: Requests, step_at: float, until: float, *, window_s: float =
     return None
 
 
-_REMOVING = re.compile(r"removing (backend-\d+) ")
+_REMOVING = re.compile(r"removing (backend-\d+) \((\S*)")
 _STOPPED = re.compile(r"(backend-\d+) \(pid \d+\) stopped")
 
 
-def drain_windows(lines: Sequence[tuple[float, str]]) -> list[tuple[str, float, float]]:
-    """(backend, removal, exit) of every backend ``nexus serve`` removed, from its timestamped lines."""
-    started: dict[str, float] = {}
+@dataclasses.dataclass(frozen=True)
+class DrainWindow:
+    """A backend ``nexus serve`` removed: its name, node id, when it was told to drain and when it exited."""
+
+    backend: str
+    node_id: str
+    start: float
+    end: float
+
+
+def drain_windows(lines: Sequence[tuple[float, str]]) -> list[DrainWindow]:
+    """Every backend ``nexus serve`` removed, from its timestamped lines (end: inf if it never exited)."""
+    started: dict[str, tuple[str, float]] = {}
     out = []
     for t, line in lines:
         if m := _REMOVING.search(line):
-            started[m.group(1)] = t
+            started[m.group(1)] = (m.group(2), t)
         elif (m := _STOPPED.search(line)) and m.group(1) in started:
-            out.append((m.group(1), started.pop(m.group(1)), t))
-    return out + [(name, t, math.inf) for name, t in started.items()]
+            node_id, start = started.pop(m.group(1))
+            out.append(DrainWindow(m.group(1), node_id, start, t))
+    return out + [DrainWindow(name, node_id, t, math.inf) for name, (node_id, t) in started.items()]
 
 
-def failures_in(req: Requests, windows: Sequence[tuple[str, float, float]], before_s: float) -> dict[str, int]:
+def served_before(samples: Sequence[ClusterSample], node_id: str, t: float) -> frozenset[str]:
+    """The models ``node_id`` served in the last sample taken at or before ``t`` that lists it."""
+    for s in reversed(samples):
+        if s.t <= t:
+            for node, models in s.placement:
+                if node == node_id:
+                    return frozenset(models)
+    return frozenset()
+
+
+def failures_in(req: Requests, windows: Sequence[DrainWindow], before_s: float,
+                samples: Sequence[ClusterSample] | None = None) -> dict[str, int]:
     """Requests that ended with an error status, by status, among those sent from ``before_s`` before a
-    drain began (in flight when it began) until it ended."""
+    drain began (in flight when it began) until it ended; with ``samples``, only those of the models
+    the drained backend served when it was told to drain (:func:`served_before`), which the drain
+    could have lost, not every backend's."""
     failed: collections.Counter[str] = collections.Counter()
-    for _, start, end in windows:
-        failed.update(errors_within(req, start - before_s, end))
+    for w in windows:
+        models = served_before(samples, w.node_id, w.start) if samples is not None else None
+        failed.update(errors_within(req, w.start - before_s, w.end, models))
     return dict(sorted(failed.items()))
 
 

@@ -14,6 +14,7 @@ arrivals come in bursts (a CV of 2-4 is what production traces show at short tim
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 
@@ -55,3 +56,16 @@ def arrival_times(rate_rps: float, duration_s: float, rng: np.random.Generator |
         last = float(t[-1])
     times = np.concatenate(parts)
     return times[times < duration_s]
+
+
+def step_arrival_times(steps: Sequence[tuple[float, float]], rng: np.random.Generator | int = 0, *,
+                       cv: float = 1.0) -> np.ndarray:
+    """Sorted arrival offsets of a rate that changes in steps: ``steps`` lists ``(duration_s, rate_rps)``
+    in order, each step the process above (a renewal process restarted at the step's start)."""
+    if not isinstance(rng, np.random.Generator):
+        rng = np.random.default_rng(rng)
+    parts, start = [], 0.0
+    for duration_s, rate_rps in steps:
+        parts.append(start + arrival_times(rate_rps, duration_s, rng, cv=cv))
+        start += duration_s
+    return np.concatenate(parts) if parts else np.zeros(0)

@@ -11,7 +11,10 @@
 - What the config states is checked against the model file: a contradiction (an input the model
   does not have, another data type or shape, ``max_batch_size`` on a model without a batch
   dimension) is refused, naming the field (``input[0].dims``).
-- The SLO comes from ``parameters { key: "slo_ms" value { string_value: "50" } }``.
+- The SLO comes from ``parameters { key: "slo_ms" value { string_value: "50" } }``, the rate the
+  model is planned for until one is measured from ``parameters { key: "expected_rate_rps" value {
+  string_value: "200" } }``, and ``max_batch_size`` > 0 caps every batch of the model (the plan's
+  and a request's), as in Triton.
 - ``model_warmup`` samples are read as Triton reads them (an ``input_data_file`` from the model's
   ``warmup/`` folder, never from outside it) and checked against the model's inputs
   (:func:`common.warmup.check_samples`); backends run them before the model takes traffic.
@@ -42,6 +45,7 @@ from common.warmup import WarmupData, WarmupError, WarmupInput, WarmupSample, ch
 CONFIG_FILE = "config.pbtxt"
 WARMUP_FOLDER = "warmup"       # Triton's: input_data_file names a file in <model>/warmup/
 SLO_PARAMETER = "slo_ms"
+EXPECTED_RATE_PARAMETER = "expected_rate_rps"
 
 # Triton platform / backend names -> (runtime, default model file name).
 _ONNX = ("onnxruntime", "model.onnx")
@@ -84,10 +88,11 @@ class RepositoryModel:
     inputs: tuple[TensorSpec, ...]     # without the batch dimension
     outputs: tuple[TensorSpec, ...]
     slo_ms: float = 0.0                # 0: the scheduler's default
-    max_batch_size: int = 0            # from the config (0: not given, or full shapes in dims)
+    max_batch_size: int = 0            # from the config (0: not given, or full shapes in dims); the batch cap
     warnings: tuple[str, ...] = ()
     warmup: tuple[WarmupSample, ...] = ()   # model_warmup; empty: the backends' default warm-up
     version_policy: VersionPolicy = DEFAULT_POLICY   # the model's (every version read carries it)
+    expected_rate_rps: float = 0.0     # planned for until a rate is measured (0: the scheduler's default)
 
     @property
     def io_json(self) -> str:
@@ -267,24 +272,33 @@ def _warnings(config: mc.ModelConfig, where: str) -> list[str]:
             out.append(f"{where}: input[{i}].format is ignored (inputs are passed as they come)")
         if t.optional:
             out.append(f"{where}: input[{i}].optional is ignored: every input is required")
-    unknown = sorted(set(config.parameters) - {SLO_PARAMETER})
+    unknown = sorted(set(config.parameters) - {SLO_PARAMETER, EXPECTED_RATE_PARAMETER})
     if unknown:
-        out.append(f"{where}: parameters {', '.join(unknown)} ignored (known: {SLO_PARAMETER})")
+        out.append(f"{where}: parameters {', '.join(unknown)} ignored (known: {SLO_PARAMETER}, {EXPECTED_RATE_PARAMETER})")
     return out
 
 
-def _slo(config: mc.ModelConfig, where: str) -> float:
-    if SLO_PARAMETER not in config.parameters:
+def _number_parameter(config: mc.ModelConfig, key: str, what: str, where: str, *, zero_ok: bool) -> float:
+    """The finite number in ``parameters[key]`` (0.0 when absent); RepositoryError names the key."""
+    if key not in config.parameters:
         return 0.0
-    text = config.parameters[SLO_PARAMETER].string_value
+    text = config.parameters[key].string_value
     try:
-        slo = float(text)
+        value = float(text)
     except ValueError:
-        slo = -1.0
-    if not slo > 0 or slo != slo or slo == float("inf"):
-        raise RepositoryError(f"{where}: parameters.{SLO_PARAMETER} must be a positive number of milliseconds, "
-                              f"got {text!r}")
-    return slo
+        value = float("nan")
+    if not (value >= 0 if zero_ok else value > 0) or value == float("inf"):
+        raise RepositoryError(f"{where}: parameters.{key} must be {what}, got {text!r}")
+    return value
+
+
+def _slo(config: mc.ModelConfig, where: str) -> float:
+    return _number_parameter(config, SLO_PARAMETER, "a positive number of milliseconds", where, zero_ok=False)
+
+
+def _expected_rate(config: mc.ModelConfig, where: str) -> float:
+    return _number_parameter(config, EXPECTED_RATE_PARAMETER, "a number of requests per second, at least 0", where,
+                             zero_ok=True)
 
 
 def _warmup_file(model_dir: pathlib.Path, name: str, field: str, where: str) -> bytes:
@@ -392,7 +406,8 @@ def _read_version(model_dir: pathlib.Path, version: int, config: mc.ModelConfig,
         raise RepositoryError(f"{path}: {exc}") from None
     warmup = _warmup(config, model_dir, final_inputs, where)
     return RepositoryModel(model_dir.name, version, path, runtime, final_inputs, final_outputs, slo,
-                           config.max_batch_size, warnings, warmup, policy)
+                           config.max_batch_size, warnings, warmup, policy,
+                           _expected_rate(config, where))
 
 
 def read_repository(root: str | pathlib.Path) -> list[RepositoryModel]:
@@ -412,6 +427,7 @@ def describe(model: RepositoryModel) -> dict:
     return {"name": model.name, "version": model.version, "version_policy": model.version_policy.describe(),
             "file": str(model.path), "runtime": model.runtime,
             "slo_ms": model.slo_ms, "max_batch_size": model.max_batch_size,
+            "expected_rate_rps": model.expected_rate_rps,
             "inputs": [t.to_json_obj() for t in model.inputs], "outputs": [t.to_json_obj() for t in model.outputs],
             "warmup": describe_warmup(model.warmup), "warnings": list(model.warnings)}
 

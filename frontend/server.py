@@ -2,7 +2,8 @@
 KServe v2 HTTP/REST (``frontend.rest``) on a second port, in the same event loop.
 
 It registers with the scheduler, heartbeats, and reports per-model demand in rows per second every
-``report_interval_s``. Routing tables arrive by push (``Frontend.UpdateRoutingTable``).
+``report_interval_s``, and at once when a session's demand surges beyond its planned rate
+(``frontend.early_report``). Routing tables arrive by push (``Frontend.UpdateRoutingTable``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from common.registration import keep_registered
 from common.security import Credentials, ProtocolAccess, parse_restricted_header
 from frontend import readiness, rest
 from frontend.dispatch import FrontendState
+from frontend.early_report import CHECK_S, ReportClock
 from frontend.kserve import KServeService
 from frontend.routing import RoutingTable
 
@@ -45,23 +47,36 @@ class FrontendControl(control_grpc.FrontendServicer):
 
 
 async def _report_loop(state: FrontendState, scheduler, node, interval_s: float) -> None:
-    last = time.monotonic()
+    """Report the demand every ``interval_s``, and at once when a session surges (frontend/early_report.py)."""
+    clock = ReportClock(interval_s, time.monotonic())
     while True:
-        await asyncio.sleep(interval_s)
+        await asyncio.sleep(min(CHECK_S, interval_s))
+        now = time.monotonic()
+        models = state.table.models
+        planned = {name: m.planned_rate_rps for name in state.requests_window
+                   if (m := models.get(name)) is not None and m.served}
+        surging = clock.due(state.requests_window, planned, now)
+        if surging is None:
+            continue
+        if surging:
+            log.info("early workload report: demand of %s surged beyond its planned rate", ", ".join(surging))
         if state.tracer is not None:
             state.tracer.flush()
-        now = time.monotonic()
         window, state.requests_window = state.requests_window, {}
-        elapsed = max(now - last, 1e-6)
-        last = now
+        elapsed = max(now - clock.window_start, 1e-6)
         if not node.node_id:
+            clock.reported(now, surging)
             continue
         edges, state.edge_window = state.edge_window, {}
         report = control.WorkloadReport(node_id=node.node_id)
         served = [session for session, m in state.table.models.items() if m.served] + list(state.table.queries)
         for name in served:
             count = window.get(name, 0)
-            report.rates.add(model=name, rate_rps=count / elapsed, requests=count, window_ms=int(elapsed * 1000))
+            parts = clock.parts(name, count, planned[name], now) if name in surging else [(count, elapsed)]
+            for requests, window_s in parts:        # a surging session: before and since its surge
+                report.rates.add(model=name, rate_rps=requests / max(window_s, 1e-6), requests=requests,
+                                 window_ms=int(window_s * 1000))
+        clock.reported(now, surging)
         for (query, parent, child), (parent_rows, child_rows) in edges.items():
             report.edges.add(query=query, parent=parent, child=child, parent_requests=parent_rows,
                              child_requests=child_rows)

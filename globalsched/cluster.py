@@ -49,7 +49,9 @@ class ModelView:
     prefix_share: float | None = None
     min_replicas: int = 0                 # 0: the scheduler's default
     unloadable_on: frozenset[str] = frozenset()   # device types where its load attempts are spent
-    expected_rate_rps: float = 0.0        # planned for until its requests are measured (0: the scheduler's default)
+    # the least rate planned for until its traffic has been measured over a whole rate window (0: none;
+    # a model without one and no measured rate is planned for the scheduler's default)
+    expected_rate_rps: float = 0.0
 
 
 @dataclass(frozen=True)

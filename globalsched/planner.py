@@ -8,8 +8,9 @@ previous plan is returned itself (``plan is state.plan``) and nothing needs appl
 
 What it does, in order:
 
-1. sessions: every served model at its measured rate (before one is measured, the rate it was
-   uploaded expecting, until its requests fill a rate window, else the default rate), and the stage sessions
+1. sessions: every served model at its measured rate (before its traffic has been measured over a
+   whole rate window, at least the rate it was uploaded expecting; without either, the default
+   rate), and the stage sessions
    of every query, whose SLOs are the latency split's budgets (globalsched/query_sessions.py); all
    rates times 1 + ``rate_headroom``. A measured rate within Poisson noise of the rate the plan in
    force was made for is that planned rate (:func:`settled_rates`): noise neither re-plans nor
@@ -32,12 +33,12 @@ Nothing here reads a clock, a socket or the database.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import AbstractSet, Mapping, Sequence
 
 from common.config import SchedulerConfig
 from common.plan import GpuSpec, SessionSpec
+from common.surge import NOISE_SIGMAS, is_surge, within_noise
 from globalsched.algorithms.config import PlannerConfig
 from globalsched.algorithms.replan import ReplanConfig, ReplanReason
 from globalsched.cluster import (MIN_PLANNED_RATE_RPS, UNBOUNDED_MEMORY_MB, ClusterPlan, ClusterView, PlannedSession,
@@ -46,13 +47,6 @@ from globalsched.placement import BackendAssignment, BackendSlot, PlacedSession,
 from globalsched.planning_loop import TypeState, plan_type
 from globalsched.query_sessions import plan_query_sessions
 from globalsched.workload import PLAN_RATE_WINDOW_S
-
-# A measured rate is told from the planned one when their request counts over the measurement
-# window differ by more than this many Poisson standard deviations (a few requests added). With a
-# hundred sessions judged at every evaluation, each must rarely pass for noise: at 4 sigma, about one
-# evaluation in 160 (two-sided, normal tails) re-plans on noise; at 2 sigma, nearly every one did.
-RATE_NOISE_SIGMAS = 4.0
-RATE_NOISE_MIN_REQUESTS = 3.0
 
 
 @dataclass(frozen=True)
@@ -173,10 +167,10 @@ def planned_rates(plan: ClusterPlan | None, settings: PlannerSettings) -> dict[s
 
 
 def settled_rates(measured: Mapping[str, float], windows_s: Mapping[str, float], planned: Mapping[str, float],
-                  surging: AbstractSet[str] = frozenset(), sigmas: float = RATE_NOISE_SIGMAS) -> dict[str, float]:
+                  surging: AbstractSet[str] = frozenset(), sigmas: float = NOISE_SIGMAS) -> dict[str, float]:
     """``measured`` rates, except that one within Poisson noise of the rate it is planned for is that
-    planned rate: over its window of ``windows_s`` seconds, the requests counted differ from those
-    the planned rate gives by at most ``sigmas`` standard deviations (plus a few requests).
+    planned rate: over its window of ``windows_s`` seconds, the requests counted are Poisson noise
+    around those the planned rate gives (common/surge.py, at ``sigmas`` standard deviations).
 
     The rate band of the re-planner (Nexus's [0.8, 1.1]) assumes a rate known to a few percent. A
     session of 0.3 requests/s counts 3 requests in a 10 s window, give or take 1.7, so a long tail of
@@ -187,28 +181,25 @@ def settled_rates(measured: Mapping[str, float], windows_s: Mapping[str, float],
     out = dict(measured)
     for name, rate in measured.items():
         was, window = planned.get(name), windows_s.get(name, 0.0)
-        if was is not None and name not in surging and within_noise(rate, was, window, sigmas):
+        if was is not None and name not in surging and window > 0 and within_noise(rate * window, was * window, sigmas):
             out[name] = was
     return out
 
 
-def within_noise(rate: float, planned: float, window_s: float, sigmas: float = RATE_NOISE_SIGMAS) -> bool:
-    """Whether ``rate``, measured over ``window_s`` seconds (0: unknown, never), may be ``planned``
-    with Poisson noise: their request counts differ by at most ``sigmas`` standard deviations plus
-    RATE_NOISE_MIN_REQUESTS."""
-    expected = planned * window_s
-    return window_s > 0 and abs(rate * window_s - expected) <= sigmas * math.sqrt(expected) + RATE_NOISE_MIN_REQUESTS
-
-
 def real_surges(surges_rps: Mapping[str, float], windows_s: Mapping[str, float],
                 planned: Mapping[str, float]) -> dict[str, float]:
-    """The surges that are more than noise around the rate planned: the workload finds a surge
-    against the recent window's mean, which is zero before a model's first requests, so the first
-    report of a model planned for its expected rate was a surge, whatever its count, and re-planned
-    the device it ran on (the long-tail benchmark gained a device from 6 requests/s measured over
-    2 s where 5.3 were planned)."""
-    return {name: rate for name, rate in surges_rps.items()
-            if name not in planned or not within_noise(rate, planned[name], windows_s.get(name, 0.0))}
+    """The surges that are surges against the rate planned too (common/surge.py, the frontends' rule
+    for an early report): the workload finds a surge against the recent window's mean, which is zero
+    before a model's first requests, so the first report of a model planned for its expected rate was
+    a surge, whatever its count, and re-planned the device it ran on (the long-tail benchmark gained a
+    device from 6 requests/s measured over 2 s where 5.3 were planned). A surge of a session not
+    planned yet, or over a window not known, is taken as one."""
+    out = {}
+    for name, rate in surges_rps.items():
+        window = windows_s.get(name, 0.0)
+        if name not in planned or window <= 0 or is_surge(rate * window, planned[name] * window):
+            out[name] = rate
+    return out
 
 
 def session_inputs(view: ClusterView, settings: PlannerSettings, planned_rps: Mapping[str, float] = {},

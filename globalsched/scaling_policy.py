@@ -125,7 +125,9 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
         if need < registered:
             why = f"{why}; {registered - need} surplus, held for the {config.cooldown_s:g} s cool-down"
     elif last_down is not None and now_s - last_down < config.cooldown_s:
-        desired = history.desired if history.desired is not None and history.desired < registered else registered
+        # the removal in progress holds; a lower count left from when fewer were registered (backends
+        # that missed heartbeats and came back) is no licence to remove several at once
+        desired = registered - 1 if history.desired == registered - 1 else registered
         why = f"{why}; surplus, next removal {config.cooldown_s - (now_s - last_down):.0f} s after the last"
     else:
         desired = registered - 1

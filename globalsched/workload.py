@@ -11,17 +11,12 @@ from __future__ import annotations
 import collections
 
 from common.pb import control
+from common.surge import is_surge
 
 RATE_REPORT_TTL_S = 10.0        # a frontend's report counts this long
 RATE_SMOOTHING = 0.3            # weight of the newest report in the exponentially smoothed rate
 PLAN_RATE_WINDOW_S = 10.0       # plans use the mean rate of the reports of this window
 MIN_EDGE_SAMPLES = 20           # parent rows before a measured gamma is trusted
-# A frontend's latest report is a surge when its count is beyond Poisson noise around the window's
-# mean (this many standard deviations, plus a few requests) and this much above the mean: a plan made
-# for the window's mean would then miss for the window's length.
-SURGE_SIGMAS = 4.0
-SURGE_MIN_EXTRA = 3
-SURGE_RATIO = 1.5
 
 
 class Workload:
@@ -78,9 +73,10 @@ class Workload:
         return self._rates(now)[2]
 
     def surges(self, now: float) -> dict[str, float]:
-        """Sessions whose latest report, on some frontend, rose beyond Poisson noise and SURGE_RATIO
-        above that frontend's window mean: their rate summed over frontends, with the surging
-        frontends' latest rates."""
+        """Sessions whose latest report, on some frontend, is a surge (common/surge.py) against that
+        frontend's window mean (its first report in the window: against none): their rate summed
+        over frontends, with the surging frontends' latest rates. The planner keeps those that are
+        surges against the rate planned too (globalsched/planner.py, :func:`real_surges`)."""
         rates, surging, _ = self._rates(now)
         return {model: rates[model] for model in surging}
 
@@ -101,13 +97,14 @@ class Workload:
                          if now - at <= PLAN_RATE_WINDOW_S]
                 window_s = sum(w for _, w in fresh)
                 rate = sum(n for n, _ in fresh) / window_s if window_s > 0 else smoothed
-                if len(fresh) >= 2:
+                if fresh:               # a frontend's first report is judged against nothing: all news
                     latest_n, latest_w = fresh[-1]
                     before_s = window_s - latest_w
                     mean = sum(n for n, _ in fresh[:-1]) / before_s if before_s > 0 else 0.0
                     expected = mean * latest_w
-                    if latest_n > expected + SURGE_SIGMAS * expected ** 0.5 + SURGE_MIN_EXTRA and \
-                            latest_n > SURGE_RATIO * expected:
+                    # beyond noise around the window's mean: a plan made for the mean would miss
+                    # for the window's length
+                    if is_surge(latest_n, expected):
                         rate = max(rate, latest_n / latest_w)
                         surging[model] = min(surging.get(model, latest_w), latest_w)
                 totals[model] = totals.get(model, 0.0) + rate

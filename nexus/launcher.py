@@ -4,7 +4,8 @@ A component's command line is built from its config dataclass (``common/config.p
 :func:`~common.config.to_argv`, so a launcher can never pass a flag the component does not have,
 nor re-declare a default that drifts from the component's own. :class:`Child` runs one
 ``nexus <component> ...`` (or ``nexus serve ...``) process and reads the ``NEXUS-READY`` line it
-prints once it listens; :class:`Supervisor` restarts children that die, with exponential backoff.
+prints once it listens; :class:`Supervisor` restarts children that die, with exponential backoff,
+and stops for good those it is told to retire (``nexus serve --backends auto`` removing a backend).
 
 The components never import this module (nothing imports the ``nexus`` package but the command
 itself, the tests and the benchmarks).
@@ -183,6 +184,7 @@ class _Watch:
     restart_at: float | None = None
     started_at: float = 0.0
     announced: bool = False
+    kill_at: float | None = None      # retiring: SIGTERM sent, SIGKILL at this time; never restarted
 
 
 class Supervisor:
@@ -192,7 +194,8 @@ class Supervisor:
     doubling with every failure in a row up to ``max_s``; one that stayed up ``stable_s`` has its
     count reset. Once :attr:`stopping` is set (by :meth:`stop_all`, or by a signal handler the
     moment the cluster is told to stop) nothing is restarted any more: a child that exits then
-    exits because the cluster stops.
+    exits because the cluster stops. A child stopped on purpose (:meth:`retire`) is never restarted
+    either: it drains, exits and leaves the supervisor's list.
     """
 
     def __init__(self, log: Callable[[str], None], *, initial_s: float = 0.5, max_s: float = 30.0,
@@ -205,9 +208,26 @@ class Supervisor:
         self.watches: list[_Watch] = []
         self.stopping = False
 
-    def add(self, child: Child) -> Child:
-        self.watches.append(_Watch(child, started_at=self.clock(), announced=bool(child.ready_fields)))
+    def add(self, child: Child, *, stop_after: Child | None = None) -> Child:
+        """Watch ``child``. :meth:`stop_all` stops it first of those added so far, or, with ``stop_after``,
+        right after that one (a backend added while the cluster runs still stops after the frontend)."""
+        watch = _Watch(child, started_at=self.clock(), announced=bool(child.ready_fields))
+        at = next((i for i, w in enumerate(self.watches) if w.child is stop_after), len(self.watches))
+        self.watches.insert(at, watch)
         return child
+
+    def retire(self, child: Child, timeout_s: float) -> None:
+        """Stop ``child`` for good: SIGTERM now (it drains), SIGKILL if it still runs ``timeout_s`` later.
+        :meth:`check` logs its exit and forgets it; it is never restarted."""
+        for w in self.watches:
+            if w.child is child and w.kill_at is None:
+                w.kill_at = self.clock() + timeout_s
+                w.restart_at = None
+                child.signal(signal.SIGTERM)
+
+    @property
+    def retiring(self) -> list[Child]:
+        return [w.child for w in self.watches if w.kill_at is not None]
 
     @property
     def children(self) -> list[Child]:
@@ -220,8 +240,11 @@ class Supervisor:
         if self.stopping:
             return
         now = self.clock()
-        for w in self.watches:
+        for w in list(self.watches):
             c = w.child
+            if w.kill_at is not None:
+                self._check_retiring(w, now)
+                continue
             if c.running():
                 if not w.announced and c.poll_ready():
                     w.announced = True
@@ -242,6 +265,16 @@ class Supervisor:
                 w.announced = False
                 c.start()
                 self.log(f"{c.name} restarted (pid {c.proc.pid})")
+
+    def _check_retiring(self, w: _Watch, now: float) -> None:
+        c = w.child
+        if not c.running():
+            self.watches.remove(w)
+            self.log(f"{c.name} (pid {c.proc.pid}) stopped, exit status {c.proc.returncode}")
+        elif now >= w.kill_at:
+            self.log(f"{c.name} (pid {c.proc.pid}) did not exit within its time to drain after SIGTERM; killing it")
+            c.proc.kill()
+            w.kill_at = float("inf")
 
     def stop_all(self) -> dict[str, int]:
         """Stop every child, the last added first (each one's SIGTERM drain ends before the next

@@ -1,4 +1,5 @@
-"""``nexus models upload FILE --name NAME [--version N] [--profile P.json] [--slo-ms S]`` and ``nexus models list``.
+"""``nexus models upload FILE --name NAME [--version N] [--profile P.json] [--slo-ms S]
+[--expected-rate-rps R]`` and ``nexus models list``.
 
 An upload without ``--version`` adds the next version after the newest (1 for a new model); with it,
 that version (a stored one is replaced). Which versions are served is the model's version policy
@@ -118,9 +119,9 @@ def register(sub) -> None:
     up.add_argument("--min-replicas", type=int, default=0,
                     help="backends its session keeps at least, so losing one needs no re-plan "
                          "(default 0: the scheduler's --min-replicas)")
-    up.add_argument("--expected-rate-rps", type=float, default=0.0,
-                    help="plan its session for this rate until the frontends measure one "
-                         "(default 0: the scheduler's --default-rate-rps)")
+    up.add_argument("--expected-rate-rps", type=float, default=0.0, metavar="R",
+                    help="plan for R requests/s from the start, until a rate is measured: a model that takes "
+                         "traffic at once gets its capacity at once (default 0: the scheduler's --default-rate-rps)")
     up.add_argument("--scheduler", default=DEFAULT_SCHEDULER)
     add_client_security(up)
     up.set_defaults(func=_run_upload)

@@ -44,16 +44,18 @@ def _sha256(path) -> str:
 
 def upload_repository(scheduler: str, models: list[RepositoryModel], *, load: bool = True,
                       creds: Credentials = grpc_util.NO_CREDENTIALS) -> list[str]:
-    """Upload every model version (skipping one the scheduler holds with the same bytes, warm-up and
-    version policy); return the version keys uploaded."""
+    """Upload every model version (skipping one the scheduler holds with the same bytes, warm-up,
+    version policy, expected rate and batch cap); return the version keys uploaded. ``max_batch_size``
+    is the model's batch cap."""
     stored = {version_key(m.name, m.version or 1):
               (m.sha256, warmup_from_pb(m.warmup),
-               policy_from_pb(m.version_policy) if m.HasField("version_policy") else DEFAULT_POLICY)
+               policy_from_pb(m.version_policy) if m.HasField("version_policy") else DEFAULT_POLICY,
+               m.expected_rate_rps, m.batch_cap)
               for m in list_models(scheduler, creds)}
     uploaded = []
     for m in models:
         key = version_key(m.name, m.version)
-        if stored.get(key) == (_sha256(m.path), m.warmup, m.version_policy):
+        if stored.get(key) == (_sha256(m.path), m.warmup, m.version_policy, m.expected_rate_rps, m.max_batch_size):
             continue
         with tempfile.NamedTemporaryFile("w", suffix=".json") as io_file:
             io_path = None
@@ -62,7 +64,8 @@ def upload_repository(scheduler: str, models: list[RepositoryModel], *, load: bo
                 io_file.flush()
                 io_path = io_file.name
             upload_model(scheduler, m.path, m.name, slo_ms=m.slo_ms, runtime=m.runtime, io_path=io_path, load=load,
-                         warmup=m.warmup, version=m.version, version_policy=m.version_policy, creds=creds)
+                         warmup=m.warmup, version=m.version, version_policy=m.version_policy,
+                         expected_rate_rps=m.expected_rate_rps, batch_cap=m.max_batch_size, creds=creds)
         uploaded.append(key)
     return uploaded
 

@@ -59,7 +59,7 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
                  slo_ms: float = 0.0, runtime: str = "", io_path: str | None = None, load: bool = True,
                  timeout_s: float = 300, min_replicas: int = 0, warmup: Sequence[WarmupSample] = (),
                  version: int = 0, version_policy: VersionPolicy | None = None,
-                 expected_rate_rps: float = 0.0, creds: Credentials = grpc_util.NO_CREDENTIALS,
+                 expected_rate_rps: float = 0.0, batch_cap: int = 0, creds: Credentials = grpc_util.NO_CREDENTIALS,
                  pin_profile: bool = False) -> control.ModelDesc:
     """Stream a model file to the scheduler; raise AdminCallError with the scheduler's reason if refused.
     ``warmup``: the version's warm-up samples (config.pbtxt's model_warmup; none: the backends' default).
@@ -67,7 +67,8 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
     ``version_policy``: the model's from now on (None: the one it has, else the latest version).
     ``pin_profile``: the profile always plans, whatever serving measures (``"meta": {"pinned": true}``).
     ``expected_rate_rps``: the rate its session is planned for until one is measured (0: the
-    scheduler's default), so that a model's first requests find the capacity they need."""
+    scheduler's default), so that a model's first requests find the capacity they need.
+    ``batch_cap``: its largest batch (config.pbtxt's max_batch_size; 0: none)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise AdminCallError(f"no such file: {path}")
@@ -78,7 +79,7 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
     if version < 0:
         raise AdminCallError(f"--version must be a positive integer, got {version}")
     header = control.UploadHeader(name=name, slo_ms=slo_ms, load=load, min_replicas=min_replicas, version=version,
-                                  expected_rate_rps=expected_rate_rps,
+                                  expected_rate_rps=expected_rate_rps, batch_cap=batch_cap,
                                   runtime=runtime or ("torch" if path.suffix in (".pt", ".pt2") else "onnxruntime"))
     header.warmup.extend(warmup_to_pb(warmup))
     if version_policy is not None:

@@ -1,5 +1,11 @@
 """``nexus serve``: a whole local cluster (scheduler, a frontend, N backends) as separate processes.
 
+``--backends N`` runs N backends; ``--backends auto`` starts ``--min-backends`` and then as many as
+the scheduler's scaling policy wants, within ``--max-backends`` (:mod:`nexus.local_scaler`): a
+backend it no longer wants is drained by SIGTERM, one at a time, and not restarted. On CPU, auto
+runs one backend per core, each with one intra-op thread unless ``--threads`` says otherwise
+(benchmarks/elastic.md, "The CPU device under auto", has the measurement behind it).
+
 The sample models are built in code into the data directory, uploaded on first start, profiled by
 a backend on demand, and served. The children are started by :mod:`nexus.launcher` from their
 config dataclasses: every component flag of ``nexus serve`` is derived from ``SchedulerConfig``,
@@ -17,6 +23,7 @@ says otherwise; this command prints what an operator needs.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import os
@@ -36,6 +43,7 @@ from common.security import TOKEN_ENV, Credentials, SecurityError, ensure_token_
 from common.pb import control, kserve, kserve_grpc
 from nexus.client_flags import SERVE_DATA_DIR
 from nexus.launcher import Child, Supervisor, launch, pin_listen
+from nexus.local_scaler import LocalScaler
 from nexus.process import READY_PREFIX
 
 __all__ = ["Child", "wait_models_ready", "register", "run"]
@@ -46,6 +54,7 @@ SCHEDULER_OWN = ("listen", "data_dir", "security")
 BACKEND_OWN = ("scheduler", "listen", "advertise", "metrics_port", "security")
 FRONTEND_OWN = ("scheduler", "listen", "advertise", "security", "metrics_listen", "http_listen")
 FRONTEND_PREFIX = "frontend"
+DRAIN_KILL_MARGIN_S = 10.0      # a backend removed by --backends auto is killed this long after its drain grace
 
 
 def wait_models_ready(frontend: str, names: list[str], timeout_s: float,
@@ -146,14 +155,71 @@ def configs(args, security: SecurityConfig = SecurityConfig()) -> tuple[Schedule
     return scheduler, backend, frontend
 
 
+AUTO = "auto"
+EMULATED_MAX_BACKENDS = 8       # --max-backends default on emulated GPUs (on CPU: one per core)
+
+
+def backends_arg(text: str) -> str | int:
+    """``--backends``: a count of at least 0, or ``auto``."""
+    if text == AUTO:
+        return AUTO
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of backends (0 or more) or 'auto', got {text!r}")
+    return n
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoBackends:
+    """``--backends auto``: how many backends of which device type, and how each runs."""
+
+    device_type: str
+    low: int
+    high: int
+
+
+def auto_backends(args, backend: BackendConfig) -> AutoBackends | None:
+    """The bounds of ``--backends auto`` (None with a fixed count); ConfigError for bad ones."""
+    if args.backends != AUTO:
+        for flag, value in (("--min-backends", args.min_backends), ("--max-backends", args.max_backends)):
+            if value is not None:
+                raise ConfigError(f"{flag} needs --backends auto (with --backends N the count is fixed)")
+        return None
+    if backend.device.startswith("cuda"):
+        raise ConfigError("--backends auto starts backends on cpu or emulated:<gpu>; on a machine's GPUs run one "
+                          "`nexus backend --device cuda:N` per GPU (or use the Kubernetes autoscaler)")
+    for name in ("min_devices", "max_devices"):
+        if getattr(args, name) != _scheduler_default(name):
+            raise ConfigError(f"--{name.replace('_', '-')} with --backends auto: use --min-backends/--max-backends "
+                              f"(they set the scheduler's bounds for the device type serve runs)")
+    low = 1 if args.min_backends is None else args.min_backends
+    default_high = len(os.sched_getaffinity(0)) if backend.device == "cpu" else EMULATED_MAX_BACKENDS
+    high = max(default_high, low) if args.max_backends is None else args.max_backends
+    if low < 1:
+        raise ConfigError(f"--min-backends: must be at least 1 (a device type without a backend is planned for "
+                          f"none), got {low}")
+    if high < low:
+        raise ConfigError(f"--max-backends {high} is below --min-backends {low}")
+    return AutoBackends(backend.resolved_device_type, low, high)
+
+
+def _scheduler_default(name: str):
+    return next(f.default for f in dataclasses.fields(SchedulerConfig) if f.name == name)
+
+
 def run(args) -> int:
     from common.sample_models import SAMPLE_MODELS, write_sample_models
     from common.sample_queries import SAMPLE_QUERIES, sample_query_json
-    from nexus.scheduler_client import AdminCallError, list_models, list_queries, register_query, upload_model
+    from nexus.scheduler_client import AdminCallError, fetch_status, list_models, list_queries, register_query, \
+        upload_model
     from common.emulated_gpus import UnknownGpuError, check_device
 
     try:
-        configs(args)                             # bad flags are refused before anything is created
+        _, backend_flags, _ = configs(args)       # bad flags are refused before anything is created
+        auto = auto_backends(args, backend_flags)
         check_device(args.device)
     except ConfigError as exc:
         print(f"nexus serve: error: {exc}", file=sys.stderr, flush=True)
@@ -173,6 +239,12 @@ def run(args) -> int:
     try:
         security, creds = cluster_security(args, data_dir)
         sched_cfg, backend_cfg, frontend_cfg = configs(args, security)
+        if auto is not None:
+            # the policy's bounds for the type are serve's; one CPU backend per core, one thread each
+            sched_cfg = dataclasses.replace(sched_cfg, min_devices=f"{auto.device_type}={auto.low}",
+                                            max_devices=f"{auto.device_type}={auto.high}")
+            if backend_cfg.device == "cpu" and backend_cfg.threads == 0:
+                backend_cfg = dataclasses.replace(backend_cfg, threads=1)
     except (ConfigError, SecurityError) as exc:
         print(f"nexus serve: error: {exc}", file=sys.stderr, flush=True)
         return 2
@@ -216,10 +288,17 @@ def run(args) -> int:
             names += [name for name in dict.fromkeys(m.name for m in repository) if name not in names]
         names += [m.name for m in list_models(sched_addr, creds) if m.loaded and m.name not in names]
         backend_cfg = dataclasses.replace(backend_cfg, scheduler=sched_addr)
-        for i in range(args.backends):
-            supervisor.add(start(backend_cfg, f"backend-{i}"))
+        first = [supervisor.add(start(backend_cfg, f"backend-{i}"))
+                 for i in range(auto.low if auto is not None else args.backends)]
         frontend_cfg = dataclasses.replace(frontend_cfg, scheduler=sched_addr)
         frontend = supervisor.add(start(frontend_cfg))
+        scaler = None
+        if auto is not None:
+            scaler = LocalScaler(supervisor, functools.partial(start, backend_cfg), auto.device_type,
+                                 (auto.low, auto.high), functools.partial(fetch_status, sched_addr, 5.0, creds), _log,
+                                 drain_timeout_s=backend_cfg.drain_grace_s + DRAIN_KILL_MARGIN_S, stop_after=frontend)
+            for child in first:
+                scaler.add(child)
         for c in supervisor.children[1:]:
             c.wait_ready(120)
         http_address = frontend.info.get("http", "")
@@ -251,8 +330,13 @@ def run(args) -> int:
               flush=True)
         print(f"{READY_PREFIX} serve {frontend.address} {sched_addr} http={http_address} metrics={metrics_url}",
               flush=True)
+        if scaler is not None:
+            _log(f"backends: auto, {auto.low} to {auto.high} on {args.device} (device type {auto.device_type}), as "
+                 f"the scheduler's scaling policy decides")
         while True:
             supervisor.check()
+            if scaler is not None:
+                scaler.step()
             time.sleep(0.2)
     except KeyboardInterrupt:
         status = 0
@@ -282,7 +366,16 @@ def register(sub) -> None:
     p = sub.add_parser("serve", help="run a local cluster (scheduler, frontend, backends) on loopback",
                        description="Run a whole local cluster on loopback with the built-in sample models. "
                                    "Components that die are restarted; Ctrl-C or SIGTERM stops them all.")
-    p.add_argument("--backends", type=int, default=1, help="number of backend processes (default 1)")
+    p.add_argument("--backends", type=backends_arg, default=1,
+                   help="number of backend processes (default 1), or 'auto': as many as the scheduler's scaling "
+                        "policy wants, between --min-backends and --max-backends (on CPU one per core, --threads 1 "
+                        "each unless given)")
+    p.add_argument("--min-backends", type=int, default=None,
+                   help="with --backends auto: backends kept at least (default 1)")
+    p.add_argument("--max-backends", type=int, default=None,
+                   help=f"with --backends auto: backends started at most (default: one per core on cpu, "
+                        f"{EMULATED_MAX_BACKENDS} on emulated GPUs); beyond it the plan folds sessions onto busy "
+                        f"backends and `nexus status` says so")
     p.add_argument("--host", default="127.0.0.1", help="frontend host (default 127.0.0.1)")
     p.add_argument("--frontend-port", type=int, default=8001, help="frontend port (0: any free port)")
     # dests apart from the components' fields (BackendConfig.metrics_port is another port)

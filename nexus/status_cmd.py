@@ -1,7 +1,9 @@
 """``nexus status [--json] [--plot FILE.png]``: what the scheduler is doing now.
 
-Every device with its duty cycle and occupancy (the share of the duty cycle its sessions' batches
-take), the sessions on it with batch, planned and measured rate and SLO, the queries with their
+The scaling policy's decision per device type (devices desired, registered and used by the plan,
+why, and which backend drains next), every device with its duty cycle and occupancy (the share of
+the duty cycle it executes, a prefix its sessions share counted once), the sessions on it with
+batch (and the model's batch cap), planned and measured rate and SLO, the queries with their
 latency split, the plan's device count against the lower bound, and per model and device type its
 profiles: the table, the measured profile and the prediction (l(b) at a few batches), which one the
 plan uses, the serving samples held and a prediction's error once a measurement replaced it. The data comes from the
@@ -30,7 +32,12 @@ def render_text(st: ClusterStatus) -> str:
              f"{st.frontends} frontend(s)",
              f"devices: {st.devices_in_use} in use of {len(st.devices)} registered · plan needs "
              f"{st.planned_devices} · lower bound {st.lower_bound} "
-             f"(throughput alone: {st.lower_bound_throughput_only})", ""]
+             f"(throughput alone: {st.lower_bound_throughput_only})"]
+    for sc in st.scaling:
+        drain = f" · drain {sc.drain_node_id}" if sc.drain_node_id else ""
+        lines.append(f"scaling {sc.device_type}: {sc.desired} desired · {sc.registered} registered · plan uses "
+                     f"{sc.plan_devices}{drain}: {sc.reason}")
+    lines.append("")
     for d in st.devices:
         memory = f"{d.memory_used_mb:,.0f} of {d.memory_mb:,.0f} MB" if d.memory_mb else f"{d.memory_used_mb:,.0f} MB"
         if not d.sessions:
@@ -39,10 +46,11 @@ def render_text(st: ClusterStatus) -> str:
             continue
         lines.append(f"{d.node_id}  {d.device}  duty cycle {d.duty_cycle_ms:.1f} ms  occupancy {d.occupancy:.0%}  "
                      f"memory {memory}")
-        rows = [["session", "batch", "l(b) ms", "share", "here rps", "planned rps", "measured rps", "SLO ms"]]
+        rows = [["session", "batch", "cap", "l(b) ms", "share", "here rps", "planned rps", "measured rps", "SLO ms"]]
         for s in d.sessions:
-            rows.append([s.session, str(s.batch), f"{s.latency_ms:.2f}", f"{s.share:.0%}", f"{s.device_rate_rps:.1f}",
-                         f"{s.planned_rate_rps:.1f}", f"{s.measured_rate_rps:.1f}", f"{s.slo_ms:.0f}"])
+            rows.append([s.session, str(s.batch), str(s.batch_cap or "-"), f"{s.latency_ms:.2f}", f"{s.share:.0%}",
+                         f"{s.device_rate_rps:.1f}", f"{s.planned_rate_rps:.1f}", f"{s.measured_rate_rps:.1f}",
+                         f"{s.slo_ms:.0f}"])
         lines += _table(rows, "  ")
         lines.append("")
     if st.queries:
@@ -119,9 +127,10 @@ def _run(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("status", help="show the scheduler's plan: devices, sessions, queries, lower bound",
-                       description="Show what the scheduler is doing now: every device with its duty cycle and "
-                                   "occupancy, the sessions on it, the queries' latency split and the lower bound.")
+    p = sub.add_parser("status", help="show the scheduler's plan: scaling, devices, sessions, queries, lower bound",
+                       description="Show what the scheduler is doing now: the devices each device type should have "
+                                   "and why, every device with its duty cycle and occupancy, the sessions on it, the "
+                                   "queries' latency split and the lower bound.")
     p.add_argument("--scheduler", default=DEFAULT_SCHEDULER, help=f"scheduler address (default {DEFAULT_SCHEDULER})")
     p.add_argument("--json", action="store_true", help="print the status as JSON")
     add_client_security(p)

@@ -1,6 +1,7 @@
 """What ``nexus status`` shows, as values: the plan's devices with their sessions, the queries with
-their latency split, the plan's device count against the lower bound, and per (model, device type)
-the profiles in service (table, measured, predicted) and which one the plan uses.
+their latency split, the plan's device count against the lower bound, the scaling policy's decision
+per device type (how many devices it wants, and why), and per (model, device type) the profiles in
+service (table, measured, predicted) and which one the plan uses.
 
 :func:`from_reply` builds it from the scheduler's ``GetStatus`` reply; ``nexus status`` prints it as
 text or JSON (:mod:`nexus.status_cmd`) and draws it (:mod:`nexus.status_plot`).
@@ -26,6 +27,7 @@ class SessionStatus:
     measured_rate_rps: float     # the session's measured rate (all frontends)
     slo_ms: float
     memory_mb: float
+    batch_cap: int = 0           # the model's largest batch (config.pbtxt max_batch_size; 0: none)
 
 
 @dataclass(frozen=True)
@@ -36,10 +38,14 @@ class DeviceStatus:
     memory_mb: float
     duty_cycle_ms: float
     sessions: tuple[SessionStatus, ...]
+    exec_ms: float = 0.0         # planned execution per duty cycle, a shared prefix counted once
+    address: str = ""            # where the backend serves (what `nexus serve` knows its children by)
 
     @property
     def occupancy(self) -> float:
-        return sum(s.share for s in self.sessions)
+        """The share of the duty cycle the device executes: a prefix its sessions share runs once per
+        cycle, so this is not the sum of their shares."""
+        return self.exec_ms / self.duty_cycle_ms if self.duty_cycle_ms > 0 else 0.0
 
     @property
     def memory_used_mb(self) -> float:
@@ -58,6 +64,19 @@ class QueryStatus:
     reason: str
     stage_models: dict[str, str] = field(default_factory=dict)       # stage -> model
     paths: tuple[tuple[str, ...], ...] = ()                          # root-to-leaf stage paths
+
+
+@dataclass(frozen=True)
+class ScalingStatus:
+    """The scaling policy's decision for one device type (globalsched/scaling_policy.py)."""
+
+    device_type: str
+    desired: int                 # devices to have (nexus_desired_devices)
+    registered: int              # backends registered now
+    needed: int                  # the raw need now: the plan's devices, demand and headroom, within the bounds
+    plan_devices: int            # devices the plan in force uses
+    reason: str
+    drain_node_id: str = ""      # the backend to drain first when desired < registered
 
 
 @dataclass(frozen=True)
@@ -93,8 +112,12 @@ class ClusterStatus:
     unplaced: dict[str, str] = field(default_factory=dict)      # session -> why
     best_effort: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    scaling: tuple[ScalingStatus, ...] = ()
     profiles: tuple[ProfileStatus, ...] = ()
     lower_bound_throughput_only: int = 0     # the bound of earlier releases, for comparison
+
+    def decision(self, device_type: str) -> ScalingStatus | None:
+        return next((d for d in self.scaling if d.device_type == device_type), None)
 
     @property
     def devices_in_use(self) -> int:
@@ -124,9 +147,9 @@ def from_reply(reply: control.StatusReply) -> ClusterStatus:
                 device_rate_rps=s.planned_rate_rps,
                 planned_rate_rps=route.planned_rate_rps if route else s.planned_rate_rps,
                 measured_rate_rps=route.measured_rate_rps if route else 0.0,
-                slo_ms=s.slo_ms, memory_mb=s.memory_mb))
+                slo_ms=s.slo_ms, memory_mb=s.memory_mb, batch_cap=route.model.batch_cap if route else 0))
         devices.append(DeviceStatus(d.node_id, d.device, d.device_type, d.memory_mb, d.duty_cycle_ms,
-                                    tuple(sorted(sessions, key=lambda x: -x.latency_ms))))
+                                    tuple(sorted(sessions, key=lambda x: -x.latency_ms)), d.exec_ms, d.address))
     devices.sort(key=lambda d: (-d.occupancy, d.node_id))
     queries = []
     for q in routing.queries:
@@ -140,9 +163,11 @@ def from_reply(reply: control.StatusReply) -> ClusterStatus:
                                    q.planned_rate_rps, q.devices, q.reason, stage_models,
                                    _paths(definition) if definition else ()))
     unplaced = {name: r.reason for name, r in routes.items() if not r.backends}
+    scaling = tuple(ScalingStatus(s.device_type, s.desired, s.registered, s.needed, s.plan_devices, s.reason,
+                                  s.drain_node_id) for s in reply.scaling)
     return ClusterStatus(routing.epoch, reply.solver, reply.plan_age_s, routing.planned_devices, routing.lower_bound,
                          reply.frontends, tuple(devices), tuple(queries), unplaced, dict(reply.best_effort),
-                         tuple(reply.notes), tuple(_profile(p) for p in reply.profiles),
+                         tuple(reply.notes), scaling, tuple(_profile(p) for p in reply.profiles),
                          routing.lower_bound_throughput_only)
 
 

@@ -61,3 +61,16 @@ def test_nothing_to_draw_and_bad_arguments():
         name = next(iter(bad))
         with pytest.raises(ValueError, match=f"{name} must be a finite number >= 0"):
             arrival_times(args["rate_rps"], args["duration_s"], 0, cv=args["cv"] if "cv" in args else 1.0)
+
+
+def test_a_stepped_rate_has_each_steps_rate_within_its_window():
+    from common.arrivals import step_arrival_times
+
+    t = step_arrival_times([(20.0, 50.0), (20.0, 250.0), (20.0, 50.0)], 7, cv=2.0)
+    assert np.all(np.diff(t) >= 0) and t[0] >= 0 and t[-1] < 60.0
+    counts = [np.count_nonzero((t >= a) & (t < a + 20.0)) for a in (0.0, 20.0, 40.0)]
+    assert counts[0] / 20 == pytest.approx(50, rel=0.35) and counts[2] / 20 == pytest.approx(50, rel=0.35)
+    assert counts[1] / 20 == pytest.approx(250, rel=0.2)
+    assert len(step_arrival_times([], 0)) == 0
+    with pytest.raises(ValueError):
+        step_arrival_times([(10.0, -1.0)], 0)

@@ -156,8 +156,10 @@ def test_nexus_status_shows_every_device_and_session(emulated_cluster, tmp_path)
     for d in st["devices"]:
         if d["sessions"]:
             assert d["duty_cycle_ms"] > 0
-            assert d["occupancy"] == pytest.approx(sum(s["share"] for s in d["sessions"]), abs=1e-3)
-            assert 0 < d["occupancy"] <= 1.0
+            # what the device executes per cycle: a prefix its sessions share runs once, so at most their sum
+            assert d["occupancy"] == pytest.approx(d["exec_ms"] / d["duty_cycle_ms"], abs=1e-3)
+            assert 0 < d["occupancy"] <= sum(s["share"] for s in d["sessions"]) + 1e-3
+            assert d["occupancy"] <= 1.0
         for s in d["sessions"]:
             assert s["batch"] >= 1 and s["latency_ms"] > 0 and s["slo_ms"] > 0
             assert s["planned_rate_rps"] >= 1.0 and s["measured_rate_rps"] >= 0.0
@@ -174,6 +176,9 @@ def test_nexus_status_shows_every_device_and_session(emulated_cluster, tmp_path)
     for session in _sessions():
         assert session in text.stdout
     assert f"lower bound {st['lower_bound']} (throughput alone: {st['lower_bound_throughput_only']})" in text.stdout
+    [scaling] = st["scaling"]
+    assert scaling["device_type"] == "gtx1080ti" and scaling["registered"] == 3 and scaling["reason"]
+    assert f"scaling gtx1080ti: {scaling['desired']} desired · 3 registered" in text.stdout
     data = plot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])

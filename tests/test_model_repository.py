@@ -37,6 +37,7 @@ output [
 instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0 ] } ]
 dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 100 }
 parameters { key: "slo_ms" value { string_value: "40" } }
+parameters { key: "expected_rate_rps" value { string_value: "20" } }
 """
 
 
@@ -58,6 +59,7 @@ def _error(model_dir: pathlib.Path) -> str:
 def test_full_config_is_used_and_unsupported_settings_are_named(tmp_path):
     m = read_model(_model(tmp_path, "mlp", mlp_small(), FULL_CONFIG))
     assert (m.name, m.version, m.runtime, m.slo_ms, m.max_batch_size) == ("mlp", 1, "onnxruntime", 40.0, 16)
+    assert m.expected_rate_rps == 20.0
     assert [(t.name, t.datatype, t.shape) for t in m.inputs] == [("input", "FP32", (64,))]
     assert [(t.name, t.datatype, t.shape) for t in m.outputs] == [("logits", "FP32", (10,))]
     text = "\n".join(m.warnings)
@@ -89,6 +91,9 @@ def test_full_shapes_with_max_batch_size_zero(tmp_path):
     (('name: "input"', 'name: "x"'), "input[0].name 'x': the model has no input of that name (its inputs: input)"),
     (('name: "mlp"', 'name: "other"'), "name 'other' contradicts the folder's name 'mlp'"),
     (('string_value: "40"', 'string_value: "fast"'), "parameters.slo_ms must be a positive number"),
+    (('string_value: "20"', 'string_value: "-5"'), "parameters.expected_rate_rps must be a number of requests per "
+                                                     "second, at least 0, got '-5'"),
+    (('string_value: "20"', 'string_value: "lots"'), "parameters.expected_rate_rps must be a number"),
     (('platform: "onnxruntime_onnx"', 'platform: "tensorrt_plan"'), "platform 'tensorrt_plan' is not supported"),
     (('platform: "onnxruntime_onnx"', 'platform: "ensemble"'), "ensembles are not supported"),
     (("dims: [ 64 ]", "dims: [ 64 ]\n    reshape: { shape: [ 8, 8 ] }"), "input[0].reshape ('input') is not supported"),
@@ -246,6 +251,15 @@ def test_repository_models_are_served_with_onnxruntime_outputs(repository_cluste
     listed = {m["name"]: m for m in json.loads(nexus_cli("models", "list", "--scheduler", repository_cluster.scheduler,
                                                          "--json").stdout)}
     assert listed["mlp"]["slo_ms"] == 40.0 and listed["mlp"]["loaded"] and listed["det"]["loaded"]
+    # config.pbtxt's expected rate and batch cap reach the model database (planned by them: test_elastic.py,
+    # test_scheduler_service.py); the cap shows beside the batch in `nexus status`
+    assert (listed["mlp"]["expected_rate_rps"], listed["mlp"]["batch_cap"]) == (20.0, 16)
+    assert (listed["det"]["expected_rate_rps"], listed["det"]["batch_cap"]) == (0.0, 0)
+    status = json.loads(nexus_cli("status", "--scheduler", repository_cluster.scheduler, "--json").stdout)
+    [mlp] = [s for d in status["devices"] for s in d["sessions"] if s["session"] == "mlp"]
+    assert mlp["batch_cap"] == 16 and 1 <= mlp["batch"] <= 16
+    text = nexus_cli("status", "--scheduler", repository_cluster.scheduler).stdout
+    assert any(line.split()[:3] == ["mlp", str(mlp["batch"]), "16"] for line in text.splitlines()), text
 
 
 @pytest.mark.slow

@@ -77,9 +77,9 @@ def test_scheduler_restarted_on_the_same_data_dir_knows_every_model(tmp_path):
     first = Scheduler(tmp_path / "db")
     model = tmp_path / "m.onnx"
     model.write_bytes(model_bytes(mlp_small()))
-    for name in ("alpha", "beta"):
+    for name, rate in (("alpha", "200"), ("beta", "0")):
         result = nexus_cli("models", "upload", str(model), "--name", name, "--slo-ms", "40",
-                           "--scheduler", first.address)
+                           "--expected-rate-rps", rate, "--scheduler", first.address)
         assert result.returncode == 0, result.stderr
     before = {m["name"]: m for m in _list(first.address)}
     first.stop()
@@ -93,6 +93,7 @@ def test_scheduler_restarted_on_the_same_data_dir_knows_every_model(tmp_path):
         assert after[name]["sha256"] == before[name]["sha256"]
         assert after[name]["slo_ms"] == 40
         assert after[name]["loaded"]
+    assert (after["alpha"]["expected_rate_rps"], after["beta"]["expected_rate_rps"]) == (200.0, 0.0)
 
 
 def test_unreachable_scheduler_is_a_clear_error(tmp_path):

@@ -119,3 +119,15 @@ def test_a_scheduler_that_just_started_waits_a_cool_down_before_removing_anythin
     assert policy.at(0.0, needed=0, registered=4).desired == 4
     assert policy.at(30.0, needed=1, registered=4).desired == 4
     assert policy.at(61.0, needed=1, registered=4).desired == 3
+
+
+def test_backends_that_come_back_are_removed_one_per_cool_down_not_all_at_once():
+    """Registered backends that missed heartbeats under load and re-registered: the count desired while
+    they were away must not let several go in one cool-down."""
+    policy = Policy(cooldown_s=60)
+    policy.at(0.0, needed=5, registered=5)
+    assert policy.at(70.0, needed=2, registered=5).desired == 4             # one removal
+    assert policy.at(71.0, needed=2, registered=1).desired == 2             # three lost their registration
+    back = policy.at(72.0, needed=2, registered=5)                          # ... and are back
+    assert back.desired == 5 and back.drain == ""
+    assert policy.at(131.0, needed=2, registered=5).desired == 4            # the next one, a cool-down later

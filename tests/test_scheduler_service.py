@@ -266,6 +266,12 @@ def test_a_surge_beyond_noise_is_planned_for_at_once_and_noise_is_not():
     assert demand_surge(surged.surges(4.0), plan, settings) == "demand surge: m at 300 rps, planned for 60"
     assert demand_surge({"m": 64.0}, plan, settings) == ""          # within the band of the plan
     assert demand_surge(surged.surges(4.0), None, settings) == ""
+    # A frontend's first report is judged against nothing (a frontend that just started, or one that
+    # reports early before its first period ended): its traffic is news.
+    first, quiet = Workload(), Workload()
+    report(first, 0.0, 60)
+    report(quiet, 0.0, 3)
+    assert first.surges(0.0) == {"m": 60.0} and quiet.surges(0.0) == {}
 
 
 def _plan_for(sessions):

@@ -301,17 +301,25 @@ class LoadClient:
         progress: bool = False,
         cv: float = 1.0,
         stop: threading.Event | None = None,
+        arrivals: np.ndarray | None = None,
     ) -> BenchReport:
         """One open-loop phase: arrivals at ``rate_rps`` for ``warmup_s + duration_s`` (Poisson, or Gamma
-        gaps with coefficient of variation ``cv``). Once ``stop`` is set (from any thread) no further
-        request is sent; the report then covers the requests sent, over the time they took to send."""
+        gaps with coefficient of variation ``cv``), or at the given ``arrivals`` (sorted offsets in
+        seconds within ``warmup_s + duration_s``: a trace whose rate changes; ``rate_rps`` is then its
+        mean, as reported). Once ``stop`` is set (from any thread) no further request is sent; the
+        report then covers the requests sent, over the time they took to send."""
         if not self._channels or self.request is None:
             raise BenchError("LoadClient.run() before open()")
         _check_run_args(rate_rps, duration_s, slo_ms, warmup_s, grace_ms, concurrency_limit, cv)
         grace_ms = default_grace_ms(slo_ms) if grace_ms is None else float(grace_ms)
         timeout_s = (slo_ms + grace_ms) / 1000.0
-        rng = np.random.default_rng(self.seed if seed is None else seed)
-        arrivals = arrival_times(rate_rps, warmup_s + duration_s, rng, cv=cv)
+        if arrivals is None:
+            rng = np.random.default_rng(self.seed if seed is None else seed)
+            arrivals = arrival_times(rate_rps, warmup_s + duration_s, rng, cv=cv)
+        else:
+            arrivals = np.asarray(arrivals, dtype=float)
+            if len(arrivals) and (arrivals[0] < 0 or np.any(np.diff(arrivals) < 0)):
+                raise BenchError("arrivals must be sorted offsets of at least 0 s")
         n = len(arrivals)
         st = _Run(n, slo_ms)
         st.sched_s = arrivals

@@ -284,3 +284,43 @@ def test_a_surge_within_noise_of_the_planned_rate_is_no_surge():
                        surges={"m": 60.0}, surge_window_s=2.0)
     assert loop.changed and surged.sessions["m"].rate_rps == 60.0 and surged.why[0].startswith("demand surge: m")
 
+
+
+def test_a_surge_is_held_until_the_windows_mean_catches_up_or_a_window_has_passed():
+    """A 5x step: the surge re-plans at once; when the surging report ages out the window's mean,
+    still holding counts from before the step, does not take the capacity back."""
+    loop = _loop(cooldown_s=1.0, epoch_s=300.0)
+    slots = _slots(*"abcdefgh")
+
+    def at(rate: float, now: float, surge: float | None = None):
+        return loop.plan([SessionInput("m", 100.0, rate, {"gpu": PROFILE})], slots, now, window_s=10.0,
+                         surges={"m": surge} if surge else None, surge_window_s=2.0)
+
+    before = at(60.0, 0.0)
+    stepped = at(300.0, 2.0, surge=300.0)
+    assert loop.changed and stepped.sessions["m"].rate_rps == 300.0
+    assert loop.state.surge_floors == {"m": (300.0, 2.0)}
+    # The surge aged out: the 10 s mean is 108 rps (two seconds of 300 among 60s), beyond noise below it.
+    assert at(108.0, 4.0) is stepped and at(204.0, 8.0) is stepped
+    assert loop.state.surge_floors == {"m": (300.0, 2.0)}
+    # The mean caught up within noise (2,900 counted where 3,000 were held): the floor goes, the plan stays.
+    assert at(290.0, 10.0) is stepped and loop.state.surge_floors == {}
+    # A surge that never fills the window (a burst) is held a whole window, then the mean is planned.
+    at(300.0, 20.0)
+    burst = at(900.0, 30.0, surge=900.0)
+    assert burst.sessions["m"].rate_rps == 900.0
+    assert at(400.0, 35.0) is burst and at(400.0, 39.9) is burst          # held: 10 s since the surge
+    after = at(400.0, 40.5)
+    assert loop.state.surge_floors == {} and after.sessions["m"].rate_rps == 400.0
+    assert before.sessions["m"].rate_rps == 60.0
+
+
+def test_a_lower_surge_leaves_the_held_one_and_a_higher_one_replaces_it():
+    from globalsched.planner import held_surges
+    floors = held_surges({}, {"m": 300.0}, {"m": 300.0}, {"m": 10.0}, 0.0)
+    assert floors == {"m": (300.0, 0.0)}
+    assert held_surges(floors, {"m": 200.0}, {"m": 200.0}, {"m": 10.0}, 3.0) == {"m": (300.0, 0.0)}
+    assert held_surges(floors, {"m": 500.0}, {"m": 500.0}, {"m": 10.0}, 3.0) == {"m": (500.0, 3.0)}
+    assert held_surges(floors, {}, {"m": 150.0}, {}, 9.0) == {"m": (300.0, 0.0)}    # no window: held by time
+    assert held_surges(floors, {}, {"m": 150.0}, {}, 10.0) == {}
+    assert held_surges(floors, {}, {}, {}, 1.0) == {}                                # no longer reported

@@ -99,7 +99,8 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
     first = state.first_requests_s
     planned_rps = planned_rates(state.plan, settings)
     surges = real_surges(view.surges_rps, view.surge_windows_s, planned_rps)
-    floors = held_surges(state.surge_floors, surges, view.rates_rps, view.rate_windows_s, view.now_s)
+    floors = held_surges(state.surge_floors, surges, view.rates_rps, view.rate_windows_s, view.now_s,
+                         view.latest_reports)
     if floors != state.surge_floors:
         state = replace(state, surge_floors=floors)
     surge = demand_surge(surges, state.plan, settings)
@@ -211,8 +212,8 @@ def real_surges(surges_rps: Mapping[str, float], windows_s: Mapping[str, float],
 
 
 def held_surges(floors: Mapping[str, tuple[float, float]], surges_rps: Mapping[str, float],
-                measured_rps: Mapping[str, float], windows_s: Mapping[str, float], now_s: float
-                ) -> dict[str, tuple[float, float]]:
+                measured_rps: Mapping[str, float], windows_s: Mapping[str, float], now_s: float,
+                latest: Mapping[str, tuple[float, float]] = {}) -> dict[str, tuple[float, float]]:
     """The surges held as planned floors: session -> (rate, when it surged). A surge (of
     :func:`real_surges`) is planned for at once, but it is the latest report only: a few seconds on,
     the workload's planning rate is the window's mean again, which after a step still holds the counts
@@ -220,14 +221,21 @@ def held_surges(floors: Mapping[str, tuple[float, float]], surges_rps: Mapping[s
     re-planned from 3 to 8 devices, then fell back to 5-6 until the window filled). So a surge's rate is
     held, as an expected rate is, until the window's mean catches up with it (within Poisson noise
     below it or above: :func:`settled_rates` then keeps the plan) or a whole rate window of counts has
-    been measured since it surged. A higher surge replaces a held one; a lower one leaves it."""
+    been measured since it surged, or the session's ``latest`` report (rate, seconds) is beyond
+    Poisson noise below it: a burst, not a step (with Gamma arrivals of CV 3-4 one model or another
+    bursts every few seconds, and holding each burst for a window planned 14 devices where 8-11 served
+    the step). A higher surge replaces a held one; a lower one leaves it."""
     out: dict[str, tuple[float, float]] = {}
     for name, (rate, since) in floors.items():
         mean, window = measured_rps.get(name), windows_s.get(name, 0.0)
         if now_s - since >= PLAN_RATE_WINDOW_S or mean is None:
             continue
-        if window > 0 and name not in surges_rps and (mean >= rate or within_noise(mean * window, rate * window)):
-            continue
+        if name not in surges_rps:
+            if window > 0 and (mean >= rate or within_noise(mean * window, rate * window)):
+                continue                    # the window caught up
+            latest_rps, latest_s = latest.get(name, (0.0, 0.0))
+            if latest_s > 0 and latest_rps < rate and not within_noise(latest_rps * latest_s, rate * latest_s):
+                continue                    # the surge's traffic is gone
         out[name] = (rate, since)
     for name, rate in surges_rps.items():
         if name not in out or rate >= out[name][0]:

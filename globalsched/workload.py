@@ -95,6 +95,20 @@ class Workload:
         several frontends' did): what the planner judges a surge's noise by."""
         return self._rates(now)[1]
 
+    def latest_reports(self, now: float) -> dict[str, tuple[float, float]]:
+        """Per session, its latest reports' rate summed over frontends, and the shortest of their
+        windows: whether a surge's traffic goes on (globalsched/planner.py, :func:`held_surges`)."""
+        out: dict[str, tuple[float, float]] = {}
+        for node, per_model in self.rates.items():
+            for model, (_, t) in per_model.items():
+                fresh = self._fresh(node, model, now)
+                if now - t > RATE_REPORT_TTL_S or not fresh or fresh[-1][1] <= 0:
+                    continue
+                n, w = fresh[-1]
+                rate, window = out.get(model, (0.0, w))
+                out[model] = (rate + n / w, min(window, w))
+        return out
+
     def window_rates(self, now: float) -> dict[str, WindowRate]:
         """Per session, its window's mean rate with the noise of its counts (common/surge.py,
         :func:`dispersion`): what the device scaling policy judges an outrun plan by. Sessions a

@@ -6,6 +6,9 @@ surge. The one rule of the scheduler and of the frontends:
 - the planner (globalsched/planner.py) keeps a measured rate within noise of the rate planned at the
   planned rate (:func:`within_noise`), and takes a surge only if it is a surge against the rate
   planned too (:func:`is_surge`);
+- the device scaling policy (globalsched/device_scaler.py) takes a session's measured rate as
+  outrunning its planned capacity only beyond the noise of its window's counts, bursts included
+  (:func:`dispersion`);
 - a frontend (frontend/early_report.py) reports at once when a session's count in the current window
   is a surge against what its planned rate would bring.
 
@@ -20,15 +23,32 @@ counting as a surge.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 NOISE_SIGMAS = 4.0
 NOISE_MIN_EXTRA = 3.0
 SURGE_RATIO = 1.5
 
 
-def noise_margin(expected: float, sigmas: float = NOISE_SIGMAS) -> float:
-    """How far a Poisson count of mean ``expected`` may stray and still be noise."""
-    return sigmas * math.sqrt(max(expected, 0.0)) + NOISE_MIN_EXTRA
+def noise_margin(expected: float, sigmas: float = NOISE_SIGMAS, dispersion: float = 1.0) -> float:
+    """How far a Poisson count of mean ``expected`` may stray and still be noise; a bursty count's
+    variance is ``dispersion`` times its mean (:func:`dispersion`), and so its margin wider."""
+    return sigmas * math.sqrt(max(expected, 0.0) * max(dispersion, 1.0)) + NOISE_MIN_EXTRA
+
+
+def dispersion(counts: Sequence[tuple[float, float]]) -> float | None:
+    """The index of dispersion of ``counts`` (requests, seconds) of one rate: the variance of the counts
+    about the rate over them, per request expected (Pearson's chi-square per degree of freedom), at
+    least 1 (Poisson). Gamma arrivals of coefficient of variation c give about c squared; a step or a
+    single burst among the counts gives much more. None with fewer than two counts: not known."""
+    seconds = sum(w for _, w in counts)
+    if len(counts) < 2 or seconds <= 0:
+        return None
+    rate = sum(n for n, _ in counts) / seconds
+    if rate <= 0:
+        return 1.0
+    chi2 = sum((n - rate * w) ** 2 / (rate * w) for n, w in counts if w > 0)
+    return max(chi2 / (len(counts) - 1), 1.0)
 
 
 def within_noise(count: float, expected: float, sigmas: float = NOISE_SIGMAS) -> bool:

@@ -76,6 +76,8 @@ class ClusterView:
     surges_rps: Mapping[str, float] = field(default_factory=dict)   # sessions whose demand just jumped
     rate_windows_s: Mapping[str, float] = field(default_factory=dict)
     surge_windows_s: Mapping[str, float] = field(default_factory=dict)   # seconds of each surging report
+    # the latest reports per session: (rate summed over frontends, the shortest window's seconds)
+    latest_reports: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     gammas: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
     force: ReplanReason | None = None
     why: tuple[str, ...] = ()

@@ -18,7 +18,9 @@ What it does, in order:
    type are left out (routed UNAVAILABLE with the reason by the distribution);
 2. a query's measured fan-out that left the band of the one planned for forces a re-plan (after the
    re-planner's cooldown): the latency split depends on it; a session whose demand surged beyond
-   the band of its planned rate forces one at once (cold start: capacity cannot wait for an epoch);
+   the band of its planned rate forces one at once (cold start: capacity cannot wait for an epoch),
+   and its surging rate stays the floor of its planned rate until the window's mean catches up
+   (:func:`held_surges`);
 3. each session goes to the device type of the most backends it has a profile for; one with no
    profile for any present type is listed in ``need_profile``; one whose SLO less the path allowance
    is below 2*l(1) on every type is served best effort at batch 1;
@@ -82,6 +84,8 @@ class PlannerState:
     backends: tuple[BackendSlot, ...] = ()      # those the plan was made for
     # when each model's first requests were measured (see session_inputs)
     first_requests_s: Mapping[str, float] = field(default_factory=dict)
+    # session -> (surging rate, when it surged): held as the planned floor (see held_surges)
+    surge_floors: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettings = PlannerSettings()
@@ -95,6 +99,10 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
     first = state.first_requests_s
     planned_rps = planned_rates(state.plan, settings)
     surges = real_surges(view.surges_rps, view.surge_windows_s, planned_rps)
+    floors = held_surges(state.surge_floors, surges, view.rates_rps, view.rate_windows_s, view.now_s,
+                         view.latest_reports)
+    if floors != state.surge_floors:
+        state = replace(state, surge_floors=floors)
     surge = demand_surge(surges, state.plan, settings)
     if surge and force is None:
         force, why = ReplanReason.SESSIONS_CHANGED, (*why, surge)     # no cooldown: capacity is needed now
@@ -105,7 +113,8 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
     if drift and force is None and state.plan is not None and \
             (state.last_plan_s is None or view.now_s - state.last_plan_s >= settings.replan.cooldown_s):
         force, why = ReplanReason.SESSIONS_CHANGED, (*why, drift)
-    sessions, planned, queries = session_inputs(view, settings, planned_rps, first, surges)
+    sessions, planned, queries = session_inputs(view, settings, planned_rps, first, surges,
+                                                {name: rate for name, (rate, _) in floors.items()})
     placed, types = place_sessions(sessions, view.backends, state, view.now_s, force, settings,
                                    {m.name: m.min_replicas for m in view.models})
     changed = any(r is not ReplanReason.NONE for r in placed.reasons.values())
@@ -116,8 +125,8 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
                    planned_gammas=gammas, why=why)
     if force is None and state.plan is not None and same_tables(plan, state.plan):
         # An epoch or a rate re-planned to what runs already: nothing to tell the nodes.
-        return state.plan, PlannerState(state.plan, types, view.now_s, view.backends, first)
-    return plan, PlannerState(plan, types, view.now_s, view.backends, first)
+        return state.plan, replace(state, types=types, last_plan_s=view.now_s, backends=view.backends)
+    return plan, replace(state, plan=plan, types=types, last_plan_s=view.now_s, backends=view.backends)
 
 
 def same_tables(new: ClusterPlan, old: ClusterPlan) -> bool:
@@ -202,14 +211,48 @@ def real_surges(surges_rps: Mapping[str, float], windows_s: Mapping[str, float],
     return out
 
 
+def held_surges(floors: Mapping[str, tuple[float, float]], surges_rps: Mapping[str, float],
+                measured_rps: Mapping[str, float], windows_s: Mapping[str, float], now_s: float,
+                latest: Mapping[str, tuple[float, float]] = {}) -> dict[str, tuple[float, float]]:
+    """The surges held as planned floors: session -> (rate, when it surged). A surge (of
+    :func:`real_surges`) is planned for at once, but it is the latest report only: a few seconds on,
+    the workload's planning rate is the window's mean again, which after a step still holds the counts
+    from before it, and a plan made for it gave back the capacity the surge had added (a 5x step
+    re-planned from 3 to 8 devices, then fell back to 5-6 until the window filled). So a surge's rate is
+    held, as an expected rate is, until the window's mean catches up with it (within Poisson noise
+    below it or above: :func:`settled_rates` then keeps the plan) or a whole rate window of counts has
+    been measured since it surged, or the session's ``latest`` report (rate, seconds) is beyond
+    Poisson noise below it: a burst, not a step (with Gamma arrivals of CV 3-4 one model or another
+    bursts every few seconds, and holding each burst for a window planned 14 devices where 8-11 served
+    the step). A higher surge replaces a held one; a lower one leaves it."""
+    out: dict[str, tuple[float, float]] = {}
+    for name, (rate, since) in floors.items():
+        mean, window = measured_rps.get(name), windows_s.get(name, 0.0)
+        if now_s - since >= PLAN_RATE_WINDOW_S or mean is None:
+            continue
+        if name not in surges_rps:
+            if window > 0 and (mean >= rate or within_noise(mean * window, rate * window)):
+                continue                    # the window caught up
+            latest_rps, latest_s = latest.get(name, (0.0, 0.0))
+            if latest_s > 0 and latest_rps < rate and not within_noise(latest_rps * latest_s, rate * latest_s):
+                continue                    # the surge's traffic is gone
+        out[name] = (rate, since)
+    for name, rate in surges_rps.items():
+        if name not in out or rate >= out[name][0]:
+            out[name] = (rate, now_s)
+    return out
+
+
 def session_inputs(view: ClusterView, settings: PlannerSettings, planned_rps: Mapping[str, float] = {},
-                   first_requests_s: Mapping[str, float] = {}, surges_rps: Mapping[str, float] | None = None
+                   first_requests_s: Mapping[str, float] = {}, surges_rps: Mapping[str, float] | None = None,
+                   floors_rps: Mapping[str, float] = {}
                    ) -> tuple[list[SessionInput], dict[str, PlannedSession], tuple[dict, dict, dict]]:
     """The sessions to place (model sessions and query stages, rates with headroom), every planned
     session by name, and the queries' (plans, planned rates, planned gammas). ``planned_rps``: the
     rates the plan in force was made for (:func:`planned_rates`), which measurements within noise
     of them keep (:func:`settled_rates`); ``surges_rps``: the surges beyond noise (:func:`real_surges`;
-    default: the view's).
+    default: the view's); ``floors_rps``: the surges held (:func:`held_surges`), below which no
+    session's measured rate is planned.
 
     A model uploaded with an expected rate is planned for it until its requests have been measured
     for a whole rate window (``first_requests_s``: when each model's first ones were), and for the
@@ -219,7 +262,7 @@ def session_inputs(view: ClusterView, settings: PlannerSettings, planned_rps: Ma
     headroom = 1.0 + settings.rate_headroom
     surging = frozenset(view.surges_rps if surges_rps is None else surges_rps)
     measured = settled_rates(view.rates_rps, view.rate_windows_s, planned_rps, surging)
-    rates = {k: v * headroom for k, v in measured.items()}
+    rates = {k: max(v, floors_rps.get(k, 0.0)) * headroom for k, v in measured.items()}
     default_rate = settings.default_rate_rps * headroom
     present = view.device_types()
     out: list[SessionInput] = []

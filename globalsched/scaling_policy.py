@@ -9,11 +9,13 @@ The rules (an operator's expectations: no flapping, nothing lost, no idle device
 
 * **Up at once.** The raw need is the plan's devices, times the ratio by which demand outruns what
   the plan's batches can serve when it does by more than ``outrun_ratio`` (the plan catches up after
-  it; the devices should already be starting). Demand counts each session at the larger of its
-  measured rate and its capacity (an idle session's room does not absorb another's excess), and the
-  capacity is the throughput of its planned batches, not the rate it was planned for: a plan for a
-  few requests per second on a device that serves hundreds needs no device more when they come. Then
-  times 1 + ``headroom``,
+  it; the devices should already be starting). Demand counts each session at its capacity, or at
+  its measured rate where that outruns the capacity beyond the noise of the rate window's counts,
+  bursts included (globalsched/device_scaler.py, :func:`outrunning_rps`: a burst, or a step the
+  planner already re-plans for, adds only the devices the plan uses); an idle session's room does
+  not absorb another's excess, and the capacity is the throughput of its planned batches, not the
+  rate it was planned for: a plan for a few requests per second on a device that serves hundreds
+  needs no device more when they come. Then times 1 + ``headroom``,
   rounded up, within the bounds. When it exceeds the registered count the desired count is that
   need, at once: this covers a plan that folds sessions onto busy devices.
 * **Down after a cool-down, one device at a time.** The desired count never drops below the largest
@@ -52,7 +54,7 @@ class TypeDemand:
     needed: int                      # devices the plan uses (before folding onto those registered)
     registered: int
     capacity_rps: float = 0.0        # what the plan's batches serve of the sessions placed on this type
-    demand_rps: float = 0.0          # each such session at the larger of its measured rate and its capacity
+    demand_rps: float = 0.0          # each such session at its capacity or, beyond noise above it, its measured rate
     folded: int = 0                  # plan devices folded onto busy backends
     move_cost: Mapping[str, float] = field(default_factory=dict)   # backend -> planned rps of its sessions
 

@@ -62,7 +62,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.distribution = Distribution(self.nodes, self.admin, self.workload)
         self.scaler = DeviceScaler(ScalingConfig(config.scale_down_cooldown_s, config.device_headroom,
                                                  bounds=config.device_bounds),
-                                   self.membership.backends, self.workload.current_rates)
+                                   self.membership.backends, self.workload.window_rates)
         self.control = ControlLoop(PlannerSettings.from_config(config), self.trigger, self.read_view,
                                    [self.admin, self.distribution, self.scaler])
         self._tasks: list[asyncio.Task] = []

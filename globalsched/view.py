@@ -45,6 +45,7 @@ def read_view(now_s: float, backends: Iterable[Node], admin: ModelAdmin, workloa
         models=tuple(models), queries=queries, stage_models=stage_models,
         rates_rps=rates, surges_rps=workload.surges(now_s),
         rate_windows_s=workload.rate_windows_s(now_s), surge_windows_s=workload.surge_windows_s(now_s),
+        latest_reports=workload.latest_reports(now_s),
         gammas=workload.current_gammas(now_s), force=force, why=why)
 
 

@@ -9,14 +9,24 @@ Pure bookkeeping: time is passed in.
 from __future__ import annotations
 
 import collections
+from dataclasses import dataclass
 
 from common.pb import control
-from common.surge import is_surge
+from common.surge import dispersion, is_surge
 
 RATE_REPORT_TTL_S = 10.0        # a frontend's report counts this long
 RATE_SMOOTHING = 0.3            # weight of the newest report in the exponentially smoothed rate
 PLAN_RATE_WINDOW_S = 10.0       # plans use the mean rate of the reports of this window
 MIN_EDGE_SAMPLES = 20           # parent rows before a measured gamma is trusted
+
+
+@dataclass(frozen=True)
+class WindowRate:
+    """A session's counted requests over the rate window, summed over frontends."""
+
+    rate_rps: float             # the window's mean (no surge substituted)
+    window_s: float             # the shortest window of any frontend reporting it
+    dispersion: float | None    # the largest index of dispersion of a frontend's counts; None: not known
 
 
 class Workload:
@@ -85,6 +95,45 @@ class Workload:
         several frontends' did): what the planner judges a surge's noise by."""
         return self._rates(now)[1]
 
+    def latest_reports(self, now: float) -> dict[str, tuple[float, float]]:
+        """Per session, its latest reports' rate summed over frontends, and the shortest of their
+        windows: whether a surge's traffic goes on (globalsched/planner.py, :func:`held_surges`)."""
+        out: dict[str, tuple[float, float]] = {}
+        for node, per_model in self.rates.items():
+            for model, (_, t) in per_model.items():
+                fresh = self._fresh(node, model, now)
+                if now - t > RATE_REPORT_TTL_S or not fresh or fresh[-1][1] <= 0:
+                    continue
+                n, w = fresh[-1]
+                rate, window = out.get(model, (0.0, w))
+                out[model] = (rate + n / w, min(window, w))
+        return out
+
+    def window_rates(self, now: float) -> dict[str, WindowRate]:
+        """Per session, its window's mean rate with the noise of its counts (common/surge.py,
+        :func:`dispersion`): what the device scaling policy judges an outrun plan by. Sessions a
+        frontend reported without counts are left out."""
+        out: dict[str, WindowRate] = {}
+        for node, per_model in self.rates.items():
+            for model, (_, t) in per_model.items():
+                fresh = self._fresh(node, model, now)
+                window_s = sum(w for _, w in fresh)
+                if now - t > RATE_REPORT_TTL_S or window_s <= 0:
+                    continue
+                rate = sum(n for n, _ in fresh) / window_s
+                d = dispersion(fresh)
+                old = out.get(model)
+                if old is not None:
+                    rate += old.rate_rps
+                    window_s = min(window_s, old.window_s)
+                    d = None if d is None or old.dispersion is None else max(d, old.dispersion)
+                out[model] = WindowRate(rate, window_s, d)
+        return out
+
+    def _fresh(self, node: str, model: str, now: float) -> list[tuple[float, float]]:
+        """(requests, seconds) of ``node``'s reports of ``model`` within the rate window, oldest first."""
+        return [(n, w) for at, n, w in self.rate_history.get(node, {}).get(model, ()) if now - at <= PLAN_RATE_WINDOW_S]
+
     def _rates(self, now: float) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
         totals: dict[str, float] = {}
         surging: dict[str, float] = {}
@@ -93,8 +142,7 @@ class Workload:
             for model, (smoothed, t) in per_model.items():
                 if now - t > RATE_REPORT_TTL_S:
                     continue
-                fresh = [(n, w) for at, n, w in self.rate_history.get(node, {}).get(model, ())
-                         if now - at <= PLAN_RATE_WINDOW_S]
+                fresh = self._fresh(node, model, now)
                 window_s = sum(w for _, w in fresh)
                 rate = sum(n for n, _ in fresh) / window_s if window_s > 0 else smoothed
                 if fresh:               # a frontend's first report is judged against nothing: all news

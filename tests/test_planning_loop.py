@@ -33,14 +33,15 @@ class Loop:
         self.changed = False
 
     def plan(self, sessions: list[SessionInput], slots, now: float, min_replicas=None, force=None, surges=None,
-             window_s: float = 0.0, expected=None, surge_window_s: float = 0.0):
+             window_s: float = 0.0, expected=None, surge_window_s: float = 0.0, latest=None):
         view = ClusterView(now, tuple(slots),
                            tuple(ModelView(s.model, s.slo_ms, s.profiles, min_replicas=(min_replicas or {}).get(s.model, 0),
                                            expected_rate_rps=(expected or {}).get(s.model, 0.0))
                                  for s in sessions),
                            rates_rps={s.model: s.rate_rps for s in sessions}, surges_rps=surges or {}, force=force,
                            rate_windows_s={s.model: window_s for s in sessions} if window_s else {},
-                           surge_windows_s={m: surge_window_s for m in surges or {}} if surge_window_s else {})
+                           surge_windows_s={m: surge_window_s for m in surges or {}} if surge_window_s else {},
+                           latest_reports=latest or {})
         before = self.state.plan
         plan, self.state = plan_cluster(view, self.state, self.settings)
         self.changed = plan is not before
@@ -284,3 +285,53 @@ def test_a_surge_within_noise_of_the_planned_rate_is_no_surge():
                        surges={"m": 60.0}, surge_window_s=2.0)
     assert loop.changed and surged.sessions["m"].rate_rps == 60.0 and surged.why[0].startswith("demand surge: m")
 
+
+
+def test_a_surge_is_held_until_the_windows_mean_catches_up_or_a_window_has_passed():
+    """A 5x step: the surge re-plans at once; when the surging report ages out the window's mean,
+    still holding counts from before the step, does not take the capacity back. A burst (the next
+    report back down) is not held."""
+    loop = _loop(cooldown_s=1.0, epoch_s=300.0)
+    slots = _slots(*"abcdefgh")
+
+    def at(rate: float, now: float, surge: float | None = None, latest: float | None = None):
+        return loop.plan([SessionInput("m", 100.0, rate, {"gpu": PROFILE})], slots, now, window_s=10.0,
+                         surges={"m": surge} if surge else None, surge_window_s=2.0,
+                         latest={"m": (latest, 2.0)} if latest else None)
+
+    before = at(60.0, 0.0)
+    stepped = at(300.0, 2.0, surge=300.0)
+    assert loop.changed and stepped.sessions["m"].rate_rps == 300.0
+    assert loop.state.surge_floors == {"m": (300.0, 2.0)}
+    # The surge aged out: the 10 s mean is 108 rps (two seconds of 300 among 60s), beyond noise below
+    # it, while the latest reports go on at the step's rate (within noise of it).
+    assert at(108.0, 4.0, latest=280.0) is stepped and at(204.0, 8.0, latest=310.0) is stepped
+    assert loop.state.surge_floors == {"m": (300.0, 2.0)}
+    # The mean caught up within noise (2,900 counted where 3,000 were held): the floor goes, the plan stays.
+    assert at(290.0, 10.0, latest=290.0) is stepped and loop.state.surge_floors == {}
+    # Without the latest reports known, a surge is held a whole window, then the mean is planned.
+    at(300.0, 20.0)
+    burst = at(900.0, 30.0, surge=900.0)
+    assert burst.sessions["m"].rate_rps == 900.0
+    assert at(400.0, 35.0) is burst and at(400.0, 39.9) is burst          # held: 10 s since the surge
+    after = at(400.0, 40.5)
+    assert loop.state.surge_floors == {} and after.sessions["m"].rate_rps == 400.0
+    # A burst: the next report is back at 300 rps (600 requests where 1,800 were held): not held.
+    assert at(1000.0, 45.0, surge=1000.0).sessions["m"].rate_rps == 1000.0
+    assert loop.state.surge_floors == {"m": (1000.0, 45.0)}
+    assert at(450.0, 47.0, latest=300.0).sessions["m"].rate_rps == 450.0 and loop.state.surge_floors == {}
+    assert before.sessions["m"].rate_rps == 60.0
+
+
+def test_a_lower_surge_leaves_the_held_one_and_a_higher_one_replaces_it():
+    from globalsched.planner import held_surges
+    floors = held_surges({}, {"m": 300.0}, {"m": 300.0}, {"m": 10.0}, 0.0)
+    assert floors == {"m": (300.0, 0.0)}
+    assert held_surges(floors, {"m": 200.0}, {"m": 200.0}, {"m": 10.0}, 3.0) == {"m": (300.0, 0.0)}
+    assert held_surges(floors, {"m": 500.0}, {"m": 500.0}, {"m": 10.0}, 3.0) == {"m": (500.0, 3.0)}
+    assert held_surges(floors, {}, {"m": 150.0}, {}, 9.0) == {"m": (300.0, 0.0)}    # no window: held by time
+    assert held_surges(floors, {}, {"m": 150.0}, {}, 10.0) == {}
+    assert held_surges(floors, {}, {}, {}, 1.0) == {}                                # no longer reported
+    # The latest report within noise of the held rate (540 where 600): held; far below it: a burst, gone.
+    assert held_surges(floors, {}, {"m": 150.0}, {"m": 10.0}, 4.0, {"m": (270.0, 2.0)}) == floors
+    assert held_surges(floors, {}, {"m": 150.0}, {"m": 10.0}, 4.0, {"m": (100.0, 2.0)}) == {}

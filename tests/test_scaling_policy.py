@@ -3,6 +3,7 @@ cool-down one device at a time, the cheapest device drained first, bounds, no fl
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from common.config import ConfigError, DeviceBounds, SchedulerConfig
@@ -33,11 +34,8 @@ def test_demand_that_outruns_the_plans_capacity_scales_up_before_the_plan_does()
     assert d.desired == 5 and "demand 250 rps outruns the 100 rps the plan's batches serve (x2.50)" in d.reason
 
 
-def test_demand_is_each_session_at_its_measured_rate_or_its_capacity():
-    """A device planned for 2 rps that serves 100 needs nothing more at 19 rps; one session beyond its
-    capacity is not absorbed by another's idle room."""
+def _one_backend_plan():
     from globalsched.cluster import ClusterPlan, PlannedSession
-    from globalsched.device_scaler import demands
     from globalsched.membership import Node
     from globalsched.placement import BackendAssignment, PlacedSession, Placement
 
@@ -45,12 +43,57 @@ def test_demand_is_each_session_at_its_measured_rate_or_its_capacity():
                                                                            PlacedSession("b", 2, 100.0, 2.0))),),
                                         0, 0)}, {}, {}, devices_needed={"t4": 1},
                        sessions={n: PlannedSession(n, n, 100.0, 2.0) for n in "ab"})
-    backends = [Node("be-1", 2, "127.0.0.1:1", "emulated:t4", "t4")]
-    quiet = demands(plan, backends, {"a": 19.0, "b": 0.0})["t4"]
+    return plan, [Node("be-1", 2, "127.0.0.1:1", "emulated:t4", "t4")]
+
+
+def _window(counts, now=10.0, window_ms=2000):
+    """A workload fed one frontend's 2 s counts of session "a", the last at ``now``."""
+    from common.pb import control
+    from globalsched.workload import Workload
+
+    workload = Workload()
+    for i, n in enumerate(counts):
+        at = now - 2.0 * (len(counts) - 1 - i)
+        workload.report(control.WorkloadReport(node_id="fe", rates=[control.SessionRate(
+            model="a", rate_rps=n / 2.0, requests=n, window_ms=window_ms)]), at)
+    return workload.window_rates(now)
+
+
+def test_demand_is_each_session_at_its_capacity_unless_its_window_outruns_it_beyond_noise():
+    """A device planned for 2 rps that serves 100 needs nothing more at 19 rps; a session whose window
+    outruns its capacity beyond noise is not absorbed by another's idle room."""
+    from globalsched.device_scaler import demands
+
+    plan, backends = _one_backend_plan()
+    quiet = demands(plan, backends, _window([38, 40, 36, 42, 38]))["t4"]
     assert (quiet.capacity_rps, quiet.demand_rps) == (200.0, 200.0)
-    hot = demands(plan, backends, {"a": 300.0, "b": 0.0})["t4"]
+    hot = demands(plan, backends, _window([600, 590, 610, 605, 595]))["t4"]     # 300 rps, steady
     assert hot.demand_rps == 400.0 and hot.move_cost == {"be-1": 4.0}
     assert Policy().at(0.0, needed=1, registered=1, capacity_rps=hot.capacity_rps, demand_rps=hot.demand_rps).desired == 2
+
+
+def test_a_single_burst_report_adds_no_device_the_plan_does_not_use():
+    """Gamma arrivals of CV 3-4: a 2 s report of several times the mean. The smoothed rate followed it
+    (demand 441 rps where 200 were offered, devices added for bursts); the window's counts show it as
+    noise of their own dispersion, and only a sustained excess counts."""
+    from common.surge import dispersion
+    from globalsched.device_scaler import demands, outrunning_rps
+
+    plan, backends = _one_backend_plan()
+    burst = _window([120, 110, 130, 115, 900])        # ~60 rps, then one 2 s report at 450 rps
+    assert burst["a"].rate_rps == pytest.approx(137.5) and burst["a"].dispersion > 100
+    assert demands(plan, backends, burst)["t4"].demand_rps == 200.0
+    assert Policy().at(0.0, needed=1, registered=1, capacity_rps=200.0, demand_rps=200.0).desired == 1
+    # Gamma arrivals of CV 3 disperse their counts beyond Poisson.
+    rng = np.random.default_rng(3)
+    counts = [float(rng.poisson(rng.gamma(1 / 9, 9 * 300.0))) for _ in range(5)]
+    assert dispersion([(n, 2.0) for n in counts]) > 1.0
+    assert dispersion([(10.0, 2.0)]) is None and dispersion([(0.0, 2.0), (0.0, 2.0)]) == 1.0
+    from globalsched.workload import WindowRate
+    assert outrunning_rps(WindowRate(150.0, 10.0, 1.0), 100.0) == 150.0        # Poisson: 1,500 vs 1,000 + 130
+    assert outrunning_rps(WindowRate(150.0, 10.0, 16.0), 100.0) is None        # CV 4: a margin 4x wider
+    assert outrunning_rps(WindowRate(150.0, 10.0, None), 100.0) is None        # one count: left to the plan
+    assert outrunning_rps(None, 100.0) is None
 
 
 def test_surplus_goes_one_device_at_a_time_after_the_cool_down():

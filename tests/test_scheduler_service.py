@@ -261,6 +261,8 @@ def test_a_surge_beyond_noise_is_planned_for_at_once_and_noise_is_not():
     assert noisy.surges(4.0) == {} and noisy.planning_rates(4.0)["m"] == sum([60, 55, 66, 58, 74]) / 5
     assert surged.surges(4.0) == {"m": 300.0} and surged.planning_rates(4.0)["m"] == 300.0
     assert surged.surge_windows_s(4.0) == {"m": 1.0} and noisy.surge_windows_s(4.0) == {}   # the surging report's
+    assert surged.latest_reports(4.0) == {"m": (300.0, 1.0)}      # whether a held surge goes on (the planner's)
+    assert surged.latest_reports(20.0) == {}                       # reports older than their TTL count no more
     plan = _plan_for({"m": PlannedSession("m", "m", 50.0, 60.0)})
     settings = PlannerSettings()
     assert demand_surge(surged.surges(4.0), plan, settings) == "demand surge: m at 300 rps, planned for 60"

@@ -19,6 +19,17 @@ The estimator.
   least its figure); the table is then made non-decreasing.
 * *Enough samples*: ``min_batch_sizes`` counted sizes (one when the table has only batch 1). Until
   then the uploaded or profiled table stays in use.
+* *Upper bounds from contended samples.* Contention only ever slows a batch down, so a contended
+  sample is an upper bound of what the batch takes uncontended. A batch size without enough clean
+  samples, but with ``min_samples`` clean and contended ones together, counts as a *bound*: its
+  figure is the samples' 84th percentile (the median + 1 std of normal samples) times the margin, a
+  statistic that can only grow when samples are slowed, so it is at least what the clean samples
+  would give. A bound counts only where it lies below the profile in use (it shows that profile
+  pessimistic; above it, it tells nothing), and while bounds count, every batch size not counted from
+  clean samples is kept at most at the profile in use: bounds lower latencies, never raise them. Without this a
+  pessimistic table kept itself: it planned too small a batch, every batch then left a queue behind
+  and was flagged contended, and the clean samples that would have corrected it never came
+  (benchmarks/profile_vs_serving.md, "Adoption under load").
 
 Drift and re-planning. The drift is the largest relative difference, over counted batch sizes,
 between the measured figure and the table in use. Once the measurement is trusted it replaces the
@@ -46,6 +57,7 @@ from typing import Iterable, Mapping
 from common.profile import LATENCY_MARGIN, BatchLatency, Profile
 
 MAD_TO_STD = 1.4826  # MAD * this estimates the standard deviation of normal samples
+P84 = 0.8413         # the quantile at the median + 1 std of normal samples
 
 
 class ProfileSource(str, enum.Enum):
@@ -101,6 +113,7 @@ class MeasuredProfile:
     device_type: str = ""
     windows: tuple[tuple[int, tuple[float, ...]], ...] = ()
     contended: tuple[tuple[int, int], ...] = ()
+    bound_windows: tuple[tuple[int, tuple[float, ...]], ...] = ()   # recent contended latencies per size
     applied: Profile | None = None         # the measured table in use; None: the uploaded table
     raise_streak: int = 0                  # consecutive updates asking for a raise beyond one step
     config: EstimatorConfig = field(default_factory=EstimatorConfig)
@@ -109,17 +122,22 @@ class MeasuredProfile:
         """A copy with ``samples`` folded in; ValueError on a sample that is no measurement."""
         windows = {b: list(v) for b, v in self.windows}
         contended = dict(self.contended)
+        bounds = {b: list(v) for b, v in self.bound_windows}
         for s in samples:
             if not (isinstance(s.batch, int) and s.batch >= 1 and math.isfinite(s.latency_ms) and s.latency_ms > 0):
                 raise ValueError(f"sample {s!r}: batch must be a positive integer and latency a positive number")
             if s.contended:
                 contended[s.batch] = contended.get(s.batch, 0) + 1
+                w = bounds.setdefault(s.batch, [])
+                w.append(s.latency_ms)
+                del w[:-self.config.window]
                 continue
             w = windows.setdefault(s.batch, [])
             w.append(s.latency_ms)
             del w[:-self.config.window]
         return replace(self, windows=tuple(sorted((b, tuple(v)) for b, v in windows.items())),
-                       contended=tuple(sorted(contended.items())))
+                       contended=tuple(sorted(contended.items())),
+                       bound_windows=tuple(sorted((b, tuple(v)) for b, v in bounds.items())))
 
     def figures(self) -> dict[int, BatchFigure]:
         """The counted batch sizes' figures (module docstring)."""
@@ -132,12 +150,35 @@ class MeasuredProfile:
             out[b] = BatchFigure(b, len(values), med, std, (med + std) * self.config.margin)
         return out
 
+    def bound_figures(self, ceiling: Profile) -> dict[int, BatchFigure]:
+        """Upper bounds (module docstring) at the batch sizes of ``ceiling`` (the profile in use) that
+        have no clean figure, where they lie below ``ceiling``; ``std_ms`` is the 84th percentile less
+        the median."""
+        clean = dict(self.windows)
+        out = {}
+        for b, contended in self.bound_windows:
+            mine = clean.get(b, ())
+            values = sorted(mine + contended)
+            if b > ceiling.max_batch or len(mine) >= self.config.min_samples or len(values) < self.config.min_samples:
+                continue
+            med = statistics.median(values)
+            p84 = values[min(len(values) - 1, math.ceil(P84 * len(values)) - 1)]
+            planning = p84 * self.config.margin
+            if planning < ceiling.latency_ms(b):
+                out[b] = BatchFigure(b, len(values), med, p84 - med, planning)
+        return out
+
+    def counted(self, ceiling: Profile | None = None) -> dict[int, BatchFigure]:
+        """The clean figures, and with ``ceiling`` the upper bounds below it where no clean one is."""
+        return {**(self.bound_figures(ceiling) if ceiling is not None else {}), **self.figures()}
+
     def contended_samples(self) -> int:
         return sum(n for _, n in self.contended)
 
-    def trusted(self, max_batch: int) -> bool:
-        """Enough samples to plan with, for a table of batches 1..``max_batch``."""
-        counted = [b for b in self.figures() if b <= max_batch]
+    def trusted(self, max_batch: int, ceiling: Profile | None = None) -> bool:
+        """Enough samples to plan with, for a table of batches 1..``max_batch`` (bounds below
+        ``ceiling`` count)."""
+        counted = [b for b in self.counted(ceiling) if b <= max_batch]
         return len(counted) >= min(self.config.min_batch_sizes, max_batch)
 
 
@@ -149,12 +190,15 @@ def theil_sen(points: Iterable[tuple[float, float]]) -> tuple[float, float]:
     return statistics.median(y - slope * x for x, y in pts), slope
 
 
-def measured_table(measured: MeasuredProfile, table: Profile) -> Profile | None:
+def measured_table(measured: MeasuredProfile, table: Profile, ceiling: Profile | None = None) -> Profile | None:
     """The measured profile over the table's batch sizes (memory from the table), None until
-    trusted; meta ``source: measured`` with the counted sizes and contended samples."""
-    if not measured.trusted(table.max_batch):
+    trusted; meta ``source: measured`` with the counted sizes, those of them that are bounds, and
+    the contended samples. With ``ceiling`` (the profile in use), upper bounds below it count, and
+    every size not counted from clean samples stays at most at it (module docstring)."""
+    if not measured.trusted(table.max_batch, ceiling):
         return None
-    figs = {b: f for b, f in measured.figures().items() if b <= table.max_batch}
+    clean = measured.figures()
+    figs = {b: f for b, f in measured.counted(ceiling).items() if b <= table.max_batch}
     counted = sorted(figs)
     intercept, slope = theil_sen((b, figs[b].median_ms) for b in counted)
     scale = statistics.median(figs[b].planning_ms / figs[b].median_ms for b in counted)
@@ -173,9 +217,13 @@ def measured_table(measured: MeasuredProfile, table: Profile) -> Profile | None:
         if not below:  # below every counted size: positive, at most the smallest counted figure
             guess = max(guess, figs[counted[0]].planning_ms * b / counted[0])
         values.append(guess)
+    bounds = [b for b in counted if b not in clean]
+    if bounds and ceiling is not None:  # bounds exist only below a ceiling
+        values = [v if b in clean else min(v, ceiling.latency_ms(b)) for b, v in zip(range(1, table.max_batch + 1), values)]
     rows = [BatchLatency(b, v, table.memory_mb(b), figs[b].median_ms if b in figs else None,
                          figs[b].std_ms if b in figs else None) for b, v in zip(range(1, table.max_batch + 1), values)]
     meta = {"source": ProfileSource.MEASURED.value, "counted_batches": counted,
+            "bound_batches": bounds,
             "contended_samples": measured.contended_samples()}
     return Profile.monotone_from_measurements(rows, table.device_type or measured.device_type, meta)
 
@@ -206,10 +254,10 @@ def update_profile(state: MeasuredProfile, samples: Iterable[LatencySample],
     cfg = state.config
     in_use = state.applied or table
     source = ProfileSource.MEASURED if state.applied is not None else ProfileSource.TABLE
-    candidate = measured_table(state, table)
+    candidate = measured_table(state, table, ceiling=in_use)
+    d = drift(state.counted(in_use), in_use)
     if candidate is None:
-        return state, ProfileUpdate(in_use, source, drift(state.figures(), in_use), False)
-    d = drift(state.figures(), in_use)
+        return state, ProfileUpdate(in_use, source, d, False)
     if state.applied is not None and d < cfg.drift_threshold:
         return replace(state, raise_streak=0), ProfileUpdate(in_use, source, d, False)
     step = 1 + cfg.max_raise_per_update

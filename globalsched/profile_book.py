@@ -19,9 +19,10 @@ shown but never plan.
 Updates. Samples wait per key; every ``update_interval_s`` (``--profile-update-s``) the key's
 waiting samples are folded in, against the table, or the prediction when there is none. An update
 whose drift reaches the threshold returns the reason to re-plan, for the log: "profile of m on t4
-drifted 23% from its table: re-plan". No ratchet under overload: contended samples never count, and
-a raise of latencies beyond 10% needs three agreeing updates (``update_profile``); so an overloaded
-minute moves a plan by at most 10% per update.
+drifted 23% from its table: re-plan". No ratchet under overload: contended samples only ever lower
+latencies (as upper bounds below the profile in use), and a raise of latencies beyond 10% needs
+three agreeing updates (``update_profile``); so an overloaded minute moves a plan by at most 10% per
+update.
 
 Emulated device types (a backend registered as ``emulated:<gpu>``) are measured without the 1.15
 planning margin: an emulated device waits exactly its table's latencies, which carry the margin

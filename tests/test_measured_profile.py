@@ -112,3 +112,46 @@ def test_bad_samples_and_configs_are_refused() -> None:
         EstimatorConfig(window=10, min_samples=20)
     with pytest.raises(ValueError, match="must be positive"):
         EstimatorConfig(drift_threshold=0.0)
+
+
+def test_contended_samples_bound_a_pessimistic_table_from_above_only() -> None:
+    """A table 2x pessimistic plans a small batch, so every batch it serves leaves a queue behind and is
+    flagged contended: those samples still show the table too slow (contention only slows a batch),
+    so they lower it; contended samples slower than the profile in use never raise it."""
+    slow = Profile.linear(4.0, 20.0, 16, 100.0, 5.0, "cpu")            # 2x the truth
+    flagged = samples([3, 4, 5], 30, seed=20, scale=1.2, contended=True)  # 20% slowed by the overload
+    state, upd = update_profile(MeasuredProfile("cpu"), flagged, slow)
+    assert upd.source is ProfileSource.MEASURED and upd.replan
+    assert upd.profile.meta["bound_batches"] == [3, 4, 5] and upd.profile.meta["counted_batches"] == [3, 4, 5]
+    for b in range(1, 17):  # lowered, never below the truth's conservative figure, never above the table
+        assert TRUTH.latency_ms(b) * 1.15 <= upd.profile.latency_ms(b) <= slow.latency_ms(b)
+    assert upd.profile.latency_ms(16) < 0.75 * slow.latency_ms(16)    # the plan can grow its batch
+    applied = upd.profile
+    # An overload three times slower, all flagged: above the profile in use, the bounds tell nothing.
+    state, upd = update_profile(state, samples([3, 4, 5, 8], 300, seed=21, scale=3.0, contended=True), slow)
+    assert upd.profile is applied and not upd.replan and not upd.held_back
+    # Clean samples take over from bounds at their sizes.
+    state, upd = update_profile(state, samples([4, 8], 30, seed=22), slow)
+    assert upd.profile.meta["counted_batches"] == [4, 8] and upd.profile.meta["bound_batches"] == []
+    assert upd.profile.latency_ms(8) == pytest.approx(TRUTH.latency_ms(8) * 1.03 * 1.15, rel=0.08)
+
+
+def test_bounds_below_the_profile_in_use_only() -> None:
+    m = MeasuredProfile("cpu").add(samples([4], 25, seed=23, contended=True))
+    assert m.figures() == {} and set(m.bound_figures(TRUTH)) == set()      # at the truth: no bound below it
+    assert set(m.bound_figures(Profile.linear(4.0, 20.0, 16))) == {4}
+    assert set(m.bound_figures(Profile.linear(4.0, 20.0, 2))) == set()     # beyond the table's sizes
+    # a size with enough clean samples has a figure, not a bound
+    m = m.add(samples([4], 20, seed=24))
+    assert set(m.figures()) == {4} and m.bound_figures(Profile.linear(4.0, 20.0, 16)) == {}
+
+
+def test_bounds_cap_nothing_without_contended_samples() -> None:
+    """Clean samples that show an optimistic table raise it at the sizes they extrapolate to as well
+    (the cap at the profile in use applies only while bounds count)."""
+    fast = Profile.linear(1.0, 5.0, 16, 100.0, 5.0, "cpu")   # half the truth
+    state = MeasuredProfile("cpu")
+    for seed in (30, 31, 32):
+        state, upd = update_profile(state, samples([2, 4], 30, seed=seed), fast)
+    assert not upd.held_back and upd.profile.meta["bound_batches"] == []
+    assert upd.profile.latency_ms(16) > 1.5 * fast.latency_ms(16)

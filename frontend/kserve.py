@@ -32,7 +32,7 @@ from frontend.dispatch import FrontendState
 from frontend.inference import infer
 from frontend.requests import RequestError
 from frontend.routing import ModelEntry, QueryEntry
-from frontend.statistics import StatsBook
+from frontend.statistics import StatsBook, reported_executions
 
 log = logging.getLogger("nexus.frontend")
 
@@ -176,7 +176,7 @@ class KServeService:
             inf.success.ns = c.get("success_ns", 0)
             inf.fail.count = c.get("fail", 0)
             totals = self.stats_book.totals(session)
-            stats.execution_count = totals.sums["execution_count"]
+            stats.execution_count = reported_executions(totals.sums["execution_count"], stats.inference_count)
             # Triton's per-request phases: one sample per successful request in each, so that queue
             # and compute counts always agree (perf_analyzer checks they do).
             for phase, key in ((inf.queue, "queue_ns"), (inf.compute_input, "request_compute_input_ns"),

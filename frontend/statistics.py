@@ -49,6 +49,15 @@ class ModelTotals:
         return out
 
 
+def reported_executions(executions: int, inferences: int) -> int:
+    """The execution count to report beside ``inferences`` rows. Backends count a batch when it runs,
+    the frontend its rows when the replies arrive, so a snapshot taken in between would show more
+    executions than inferences, which perf_analyzer refuses (it requires 0 < executions <=
+    inferences over a window). A batch is reported once its rows are: the minimum of two counts that
+    only grow also only grows."""
+    return min(executions, inferences)
+
+
 def _restarted(old, new) -> bool:
     return new.success_count < old.success_count or new.execution_count < old.execution_count
 

@@ -17,7 +17,7 @@ from common.runtimes import load_runtime
 from backend.server import backend_stats
 from common.onnx_prefix import find_shared_prefix
 from common.pb import control
-from frontend.statistics import StatsBook
+from frontend.statistics import StatsBook, reported_executions
 from common.sample_models import backbone_variant, mlp_small, model_bytes
 
 TIMEOUT_US = 20_000_000     # KServe 'timeout' parameter: no request of these tests is ever dropped
@@ -245,3 +245,14 @@ def test_model_statistics_stay_consistent_and_monotone_under_load(cluster):
     for phase in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
         assert delta[f"{phase}.ns"] > 0, phase
     assert start_ms - 1000 <= after["last_inference"] <= time.time() * 1000 + 1000
+
+
+def test_a_batch_is_reported_once_its_rows_are():
+    """A snapshot taken after a backend ran a batch but before its reply reached the frontend: the
+    backend counts 1,235 executions, the frontend 1,234 rows. perf_analyzer would refuse the window
+    (executions > inferences); the batch is reported once its row is, and the count never goes back."""
+    seen = [(1234, 1234), (1235, 1234), (1235, 1235), (1240, 1290)]
+    reported = [reported_executions(e, i) for e, i in seen]
+    assert reported == [1234, 1234, 1235, 1240]
+    assert all(0 < r <= i for r, (_, i) in zip(reported, seen))
+    assert reported == sorted(reported)

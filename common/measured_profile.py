@@ -128,11 +128,7 @@ class MeasuredProfile:
                 raise ValueError(f"sample {s!r}: batch must be a positive integer and latency a positive number")
             if s.contended:
                 contended[s.batch] = contended.get(s.batch, 0) + 1
-                w = bounds.setdefault(s.batch, [])
-                w.append(s.latency_ms)
-                del w[:-self.config.window]
-                continue
-            w = windows.setdefault(s.batch, [])
+            w = (bounds if s.contended else windows).setdefault(s.batch, [])
             w.append(s.latency_ms)
             del w[:-self.config.window]
         return replace(self, windows=tuple(sorted((b, tuple(v)) for b, v in windows.items())),

@@ -27,6 +27,7 @@ from common.config import WILDCARD_HOSTS, SchedulerConfig, join_host_port, split
 from common.health import LIVENESS
 from common.pb import control, control_grpc
 from common.security import Credentials
+from globalsched.failure_detector import DetectorConfig, DetectorState, detect
 from globalsched.refusal import Refused
 from globalsched.replan_trigger import ReplanTrigger
 from globalsched.workload import Workload
@@ -196,14 +197,21 @@ class Membership:
             await node.channel.close()
 
     async def reaper(self) -> None:
-        """The backstop: remove nodes whose heartbeats stopped (their stream's end is the fast path)."""
-        interval = self.config.heartbeat_interval_ms / 1000
+        """The backstop: remove nodes whose heartbeats stopped (their stream's end is the fast path), as
+        the failure detector judges them (globalsched/failure_detector.py)."""
+        config = DetectorConfig(timeout_s=self.config.node_timeout_s,
+                                interval_s=self.config.heartbeat_interval_ms / 1000)
+        state = DetectorState()
+        note = ""
         while True:
-            await asyncio.sleep(interval)
-            now = time.monotonic()
-            for node in list(self.nodes.values()):
-                if now - node.last_seen > self.config.node_timeout_s:
-                    await self.remove_node(node.node_id, f"missed heartbeats for {now - node.last_seen:.1f} s")
+            await asyncio.sleep(config.interval_s)
+            verdict, state = detect({n.node_id: n.last_seen for n in self.nodes.values()}, state, time.monotonic(),
+                                    config)
+            if verdict.note and not note:
+                log.warning("%s", verdict.note)
+            note = verdict.note
+            for node_id, why in verdict.removed:
+                await self.remove_node(node_id, why)
 
     async def close(self) -> None:
         self.stopping = True

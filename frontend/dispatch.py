@@ -38,7 +38,7 @@ from common.security import Credentials
 from frontend.backend_pool import BackendGone, BackendPool, Reply, ReplyStatus
 from frontend.metrics import FrontendMetrics
 from frontend.requests import RequestError
-from frontend.routing import ModelEntry, RoutingTable
+from frontend.routing import ModelEntry, RoutingTable, choose_route
 from frontend.shared_memory import SharedMemoryRegistry
 from frontend.trace import Marks, Tracer
 
@@ -214,16 +214,19 @@ class RequestRecord:
 
 
 def _pick(state: FrontendState, model: ModelEntry, exclude: set[str]):
-    """Least outstanding work per unit of planned share, ties broken at random."""
-    backends = model.backends
-    if len(backends) == 1 and not exclude:       # the common case: nothing to choose
-        only = backends[0]
-        return None if state.pool.is_down(only.address) else only
-    choices = [r for r in model.backends if r.address not in exclude and not state.pool.is_down(r.address)]
-    if not choices:
-        return None
-    return min(choices, key=lambda r: ((state.pool.get(r.address).outstanding + 1) / max(r.weight, 1e-6),
-                                       random.random()))
+    pool = state.pool
+    return choose_route(model.backends, lambda address: pool.get(address).outstanding, pool.is_down, exclude,
+                        random.random)
+
+
+def backend_budget_s(left_s: float, return_allowance_s: float) -> float:
+    """How long a backend may take for a request with ``left_s`` of its budget left: the backend must
+    finish early enough for the answer to travel back to the client, so the measured overhead of the
+    path to the backend (``return_allowance_s``) and at least a share of the budget for the way in and
+    out of the frontend are kept off it (that share grows when the machine is loaded, as under
+    overload, where a batch that only just meets its oldest request's deadline would answer it late);
+    never less than half of what is left."""
+    return max(left_s - max(return_allowance_s, CLIENT_PATH_SHARE * left_s), left_s / 2)
 
 
 async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes], rows: int,
@@ -256,11 +259,7 @@ async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes],
             model = state.table.models.get(model.session) or model
             tried = set()
             continue
-        # The backend must finish early enough for the answer to travel back to the client: the
-        # measured overhead of the path to the backend, and at least a share of the budget for the
-        # way in and out of this frontend (it grows when the machine is loaded, as under overload,
-        # where a batch that only just meets its oldest request's deadline would answer it late).
-        budget_s = max(left - max(state.return_allowance_s(), CLIENT_PATH_SHARE * left), left / 2)
+        budget_s = backend_budget_s(left, state.return_allowance_s())
         item = control.ExecItem(request_id=state.pool.next_id(), model=model.session, budget_us=int(budget_s * 1e6),
                                 inputs=inputs, rows=rows)
         conn = state.pool.get(route.address)

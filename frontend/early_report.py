@@ -25,7 +25,7 @@ Pure bookkeeping: time is passed in.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from common.surge import is_surge
 
@@ -86,6 +86,18 @@ class ReportClock:
         if not is_surge(count - before, planned_rps * (now - best_at)):
             return whole
         return [(before, best_at - self.window_start), (count - before, now - best_at)]
+
+    def report_counts(self, window: Mapping[str, int], served: Sequence[str], planned_rps: Mapping[str, float],
+                      surging: Sequence[str], now: float) -> list[tuple[str, int, float]]:
+        """The report's ``(session, requests, seconds)`` counts for every ``served`` session (0 where
+        ``window`` counted none), a surging one's in its two parts (:meth:`parts`), oldest first."""
+        elapsed = max(now - self.window_start, 1e-6)
+        out = []
+        for name in served:
+            count = window.get(name, 0)
+            parts = self.parts(name, count, planned_rps[name], now) if name in surging else [(count, elapsed)]
+            out.extend((name, requests, window_s) for requests, window_s in parts)
+        return out
 
     def reported(self, now: float, surging: list[str]) -> None:
         """A report covering the window up to ``now`` went out, early for ``surging``."""

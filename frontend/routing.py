@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import AbstractSet, Callable, Sequence
 
 from common.pb import control
 from common.query_def import QueryDef, QueryError, even_budgets_ms, parse_query
@@ -210,3 +211,18 @@ class RoutingTable:
     def served_versions(self, name: str) -> list[ModelEntry]:
         """The versions of ``name`` being served (loaded), oldest first."""
         return [e for e in self.versions.get(name, {}).values() if e.served]
+
+
+def choose_route(routes: Sequence[Route], outstanding: Callable[[str], int], down: Callable[[str], bool],
+                 exclude: AbstractSet[str], tiebreak: Callable[[], float]) -> Route | None:
+    """The frontend's choice of backend for one request: the least outstanding work per unit of planned
+    share (``outstanding(address)``: requests sent there and not yet answered), among the routes not
+    ``down`` (a broken connection) nor in ``exclude`` (tried already for this request); ties go to the
+    smaller ``tiebreak()``. None when no route is left. Pure: the frontend and ``nexus simulate`` call it."""
+    if len(routes) == 1 and not exclude:       # the common case: nothing to choose
+        only = routes[0]
+        return None if down(only.address) else only
+    choices = [r for r in routes if r.address not in exclude and not down(r.address)]
+    if not choices:
+        return None
+    return min(choices, key=lambda r: ((outstanding(r.address) + 1) / max(r.weight, 1e-6), tiebreak()))

@@ -63,19 +63,15 @@ async def _report_loop(state: FrontendState, scheduler, node, interval_s: float)
         if state.tracer is not None:
             state.tracer.flush()
         window, state.requests_window = state.requests_window, {}
-        elapsed = max(now - clock.window_start, 1e-6)
         if not node.node_id:
             clock.reported(now, surging)
             continue
         edges, state.edge_window = state.edge_window, {}
         report = control.WorkloadReport(node_id=node.node_id)
         served = [session for session, m in state.table.models.items() if m.served] + list(state.table.queries)
-        for name in served:
-            count = window.get(name, 0)
-            parts = clock.parts(name, count, planned[name], now) if name in surging else [(count, elapsed)]
-            for requests, window_s in parts:        # a surging session: before and since its surge
-                report.rates.add(model=name, rate_rps=requests / max(window_s, 1e-6), requests=requests,
-                                 window_ms=int(window_s * 1000))
+        for name, requests, window_s in clock.report_counts(window, served, planned, surging, now):
+            report.rates.add(model=name, rate_rps=requests / max(window_s, 1e-6), requests=requests,
+                             window_ms=int(window_s * 1000))
         clock.reported(now, surging)
         for (query, parent, child), (parent_rows, child_rows) in edges.items():
             report.edges.add(query=query, parent=parent, child=child, parent_requests=parent_rows,

@@ -147,6 +147,19 @@ class ClusterPlan:
                         out.append((b.node_id, s.throughput_rps))
         return out
 
+    def routes(self) -> dict[str, list[tuple[str, float, int, float]]]:
+        """Per session, where frontends send it: (node id, share of its arrivals in requests/s, planned
+        batch, the backend's duty cycle). A share is the load the plan puts there (the throughput
+        where it gave none): frontends route by it, so a replica planned for the whole rate but
+        carrying part of it is not sent more than its part."""
+        out: dict[str, list[tuple[str, float, int, float]]] = {}
+        for placement in self.placements.values():
+            for b in placement.backends:
+                for s in b.sessions:
+                    out.setdefault(s.model, []).append((b.node_id, s.load_rps or s.throughput_rps, s.batch,
+                                                        b.duty_cycle_ms))
+        return out
+
     def sessions_on(self, node_id: str) -> int:
         """Sessions the plan runs on a backend."""
         return sum(len(b.sessions) for p in self.placements.values() for b in p.backends if b.node_id == node_id)

@@ -124,12 +124,7 @@ class Distribution:
         served = set()
         profiling = self.admin.profiling_models()
         measured = self.workload.current_rates(time.monotonic())
-        placed: dict[str, list[tuple[str, float, int, float]]] = {}   # session -> (node, share, batch, duty cycle)
-        for placement in plan.placements.values():
-            for b in placement.backends:
-                for s in b.sessions:
-                    share = s.load_rps or s.throughput_rps     # routed by the arrivals planned there
-                    placed.setdefault(s.model, []).append((b.node_id, share, s.batch, b.duty_cycle_ms))
+        placed = plan.routes()
         for session, planned in plan.sessions.items():
             model = planned.model
             served.add(model)

@@ -42,11 +42,16 @@ def read_view(now_s: float, backends: Iterable[Node], admin: ModelAdmin, workloa
     return ClusterView(
         now_s=now_s,
         backends=tuple(BackendSlot(n.node_id, n.device_type, n.memory_mb) for n in backends),
-        models=tuple(models), queries=queries, stage_models=stage_models,
-        rates_rps=rates, surges_rps=workload.surges(now_s),
-        rate_windows_s=workload.rate_windows_s(now_s), surge_windows_s=workload.surge_windows_s(now_s),
-        latest_reports=workload.latest_reports(now_s),
-        gammas=workload.current_gammas(now_s), force=force, why=why)
+        models=tuple(models), queries=queries, stage_models=stage_models, force=force, why=why,
+        **{**measured(workload, now_s), "rates_rps": rates})
+
+
+def measured(workload: Workload, now_s: float) -> dict:
+    """The view's measured fields (rates, surges, their windows, the latest reports, fan-outs) from the
+    workload reports at ``now_s``: what ``nexus simulate`` passes the planner as the scheduler does."""
+    return dict(rates_rps=workload.planning_rates(now_s), surges_rps=workload.surges(now_s),
+                rate_windows_s=workload.rate_windows_s(now_s), surge_windows_s=workload.surge_windows_s(now_s),
+                latest_reports=workload.latest_reports(now_s), gammas=workload.current_gammas(now_s))
 
 
 def _model_view(admin: ModelAdmin, key: str, slo_ms: float) -> ModelView:

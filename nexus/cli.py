@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "nexus.bench_cmd",
     "nexus.queries_cmd",
     "nexus.status_cmd",
+    "nexus.simulate_cmd",
 )
 
 

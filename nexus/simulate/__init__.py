@@ -1,0 +1,1 @@
+"""`nexus simulate`: a discrete-event simulation of a serving cluster on a virtual clock."""

@@ -1,0 +1,112 @@
+"""What a simulation models beside the scheduler's own configuration: the cluster's shape, the times
+the real processes take (hops, periods, start and load times, planning), the device's jitter, and
+the faults to inject. One frozen, validated value; ``nexus simulate``'s flags derive from it.
+
+Defaults and their basis (measured on ``nexus serve --device emulated:t4`` on this project's 2-core
+machines, rounded; each is a flag, and benchmarks/simulator.md keeps the measurement):
+
+* ``path_ms``: a request's time outside the device, frontend to backend and back (gRPC, the
+  frontend's parsing and the reply): 1 ms.
+* ``control_hop_ms``: one control RPC between the scheduler and a node (a table push, a report): 2 ms.
+* ``backend_start_s``: from the actuator starting a backend process to its registration: 3 s.
+* ``model_load_s``: one model loaded by a table push, warm-up included, on an emulated device: 0.05 s.
+* ``planning_ms``: the scheduler's time for one plan (plan_cluster and the tables): 20 ms.
+* ``jitter_cv``: the spread of a batch's time about l(b) on an emulated device (coefficient of
+  variation, lognormal): 0.03.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+from common.config import ConfigError, SchedulerConfig
+
+
+class FaultKind(str, enum.Enum):
+    KILL_BACKENDS = "kill"            # SIGKILL the backends carrying the most planned load
+    STALL_SCHEDULER = "stall"         # the scheduler's loop answers nothing for a while
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    at_s: float
+    count: int = 0                    # backends killed
+    duration_s: float = 0.0           # how long the scheduler stalls
+
+    @staticmethod
+    def parse(text: str) -> "Fault":
+        """``kill:T:K`` (kill K backends at T seconds) or ``stall:T:S`` (stall the scheduler for S
+        seconds from T); ConfigError naming what is wrong."""
+        parts = text.split(":")
+        kinds = ", ".join(k.value for k in FaultKind)
+        if len(parts) != 3:
+            raise ConfigError(f"--fault {text!r}: expected KIND:SECONDS:AMOUNT (kinds: {kinds}), e.g. kill:60:2")
+        try:
+            kind = FaultKind(parts[0])
+        except ValueError:
+            raise ConfigError(f"--fault {text!r}: unknown kind {parts[0]!r} (kinds: {kinds})") from None
+        try:
+            at_s, amount = float(parts[1]), float(parts[2])
+        except ValueError:
+            raise ConfigError(f"--fault {text!r}: time and amount must be numbers") from None
+        if not (math.isfinite(at_s) and at_s >= 0 and math.isfinite(amount) and amount > 0):
+            raise ConfigError(f"--fault {text!r}: the time must be >= 0 and the amount > 0")
+        if kind is FaultKind.KILL_BACKENDS:
+            if amount != int(amount):
+                raise ConfigError(f"--fault {text!r}: the number of backends must be a whole number")
+            return Fault(kind, at_s, count=int(amount))
+        return Fault(kind, at_s, duration_s=amount)
+
+    def describe(self) -> str:
+        if self.kind is FaultKind.KILL_BACKENDS:
+            return f"kill {self.count} backend(s) at {self.at_s:g} s"
+        return f"stall the scheduler for {self.duration_s:g} s at {self.at_s:g} s"
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    device_type: str = "t4"
+    memory_mb: float = 16000.0          # of each device (0: unbounded)
+    backends: int | None = None         # a fixed count; None: auto, by the scaling policy
+    min_backends: int = 1
+    max_backends: int = 8
+    frontends: int = 1
+    path_ms: float = 1.0
+    control_hop_ms: float = 2.0
+    backend_start_s: float = 3.0
+    model_load_s: float = 0.05
+    planning_ms: float = 20.0
+    jitter_cv: float = 0.03
+    report_interval_s: float = 2.0      # the frontends' workload reports (FrontendConfig's default)
+    batch_policy: str = "early_drop"
+    max_queue: int = 4096               # per session, as the backend's --max-queue
+    seed: int = 0
+    faults: tuple[Fault, ...] = ()
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    @property
+    def auto(self) -> bool:
+        return self.backends is None
+
+    def validate(self) -> None:
+        if self.backends is not None and self.backends < 1:
+            raise ConfigError(f"--backends: expected at least 1 or 'auto', got {self.backends}")
+        if self.min_backends < 1:
+            raise ConfigError(f"--min-backends: must be at least 1, got {self.min_backends}")
+        if self.max_backends < self.min_backends:
+            raise ConfigError(f"--max-backends {self.max_backends} is below --min-backends {self.min_backends}")
+        if self.frontends < 1:
+            raise ConfigError(f"--frontends: must be at least 1, got {self.frontends}")
+        for name in ("path_ms", "control_hop_ms", "backend_start_s", "model_load_s", "planning_ms", "jitter_cv",
+                     "memory_mb"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"--{name.replace('_', '-')}: must be a number >= 0, got {value}")
+        if not self.report_interval_s > 0:
+            raise ConfigError(f"--report-interval-s: must be positive, got {self.report_interval_s}")
+        if self.max_queue < 1:
+            raise ConfigError(f"--max-queue: must be at least 1, got {self.max_queue}")
+        self.scheduler.validate()

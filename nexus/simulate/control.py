@@ -1,0 +1,324 @@
+"""The simulated scheduler and the local device actuator, as thin shells around the production
+decision code on the virtual clock. Nothing here decides what the real system decides elsewhere:
+
+* the workload reports: :class:`globalsched.workload.Workload`, the view's measured fields
+  (:func:`globalsched.view.measured`) and the trigger (:class:`globalsched.replan_trigger.ReplanTrigger`),
+  with the planning task's coalescing delays (globalsched/control_loop.py);
+* the plan: :func:`globalsched.planner.plan_cluster`, and the routes it gives
+  (:meth:`globalsched.cluster.ClusterPlan.routes`);
+* the devices wanted and the backend to drain: :class:`globalsched.device_scaler.DeviceScaler`
+  (the policy of globalsched/scaling_policy.py) on its tick;
+* what the local actuator does about them: :func:`nexus.local_scaler.next_step` on its poll;
+* failure detection: :func:`globalsched.failure_detector.detect` on the reaper's tick.
+
+What is modelled here is time: a plan is applied as the distribution applies it (model tables to
+the backends, each loading its new models, then routing tables to the frontends), hops of
+``control_hop_ms``, ``planning_ms`` per plan, heartbeats every ``heartbeat_interval_ms``, and a
+scheduler stalled by a fault answers nothing until the stall ends: its timers and the reports sent
+meanwhile run when it resumes, and the heartbeats sent meanwhile are lost (the nodes' RPCs time out).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Callable
+
+from common.pb import control as pb
+from frontend.routing import Route
+from globalsched.cluster import ClusterPlan, ClusterView, ModelView
+from globalsched.control_loop import COALESCE_S, REPAIR_COALESCE_S
+from globalsched.device_scaler import TICK_S, DeviceScaler
+from globalsched.failure_detector import DetectorConfig, DetectorState, detect
+from globalsched.membership import Node
+from globalsched.placement import BackendSlot
+from globalsched.planner import PlannerSettings, PlannerState, plan_cluster
+from globalsched.replan_trigger import ReplanTrigger
+from globalsched.scaling_policy import ScalingConfig
+from globalsched.view import measured
+from globalsched.workload import Workload
+from nexus.local_scaler import POLL_S, Drain, LocalBackend, Start, next_step
+from nexus.simulate.frontends import SimRoute
+from nexus.status_model import ScalingStatus
+
+
+class SimScheduler:
+    def __init__(self, sim) -> None:
+        self.sim = sim
+        config = sim.config.scheduler
+        self.settings = PlannerSettings.from_config(config)
+        self.workload = Workload()
+        self.trigger = ReplanTrigger()
+        self.state = PlannerState()
+        self.plan: ClusterPlan | None = None
+        self.epoch = 0
+        self.nodes: dict[str, Node] = {}
+        self.seen: dict[str, float] = {}            # node -> when it registered (its heartbeats follow)
+        self.planning = False                       # a plan is being made or applied
+        self.armed = False                          # a planning turn is scheduled
+        self.leaving: list[str] = []                # Leave calls waiting for the next plan
+        self.left_nodes: set[str] = set()
+        self.stalls: list[tuple[float, float]] = []
+        self.detector = DetectorState()
+        self.detector_config = DetectorConfig(timeout_s=config.node_timeout_s,
+                                              interval_s=config.heartbeat_interval_ms / 1000)
+        self.scaler = DeviceScaler(ScalingConfig(config.scale_down_cooldown_s, config.device_headroom,
+                                                 bounds=config.device_bounds),
+                                   self.backends, self.workload.window_rates, clock=lambda: sim.now)
+        self.models = tuple(ModelView(m.name, m.slo_ms, {sim.config.device_type: m.profile},
+                                      min_replicas=m.min_replicas) for m in sim.models)
+        self.profiles = {m.name: m.profile for m in sim.models}
+        self.slos = {m.name: m.slo_ms for m in sim.models}
+        self.hop_s = sim.config.control_hop_ms / 1000.0
+        self.decisions: dict[str, tuple[int, int, str]] = {}
+
+    def start(self, now: float) -> None:
+        replan = self.settings.replan
+        self.sim.at(now + min(replan.epoch_s, replan.cooldown_s), self._epoch_timer)
+        self.sim.at(now + TICK_S, self._scaler_tick)
+        self.sim.at(now + self.detector_config.interval_s, self._reaper)
+
+    def backends(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.kind == pb.NODE_KIND_BACKEND]
+
+    # ---- the stall fault ---------------------------------------------------------------------------
+
+    def stall(self, now: float, duration_s: float) -> None:
+        self.stalls.append((now, now + duration_s))
+
+    def _stalled(self, now: float, fn: Callable, *args) -> bool:
+        """Whether the scheduler is stalled at ``now``; if so ``fn(*args)`` runs when it resumes."""
+        for start, end in self.stalls:
+            if start <= now < end:
+                self.sim.at(end, fn, *args)
+                return True
+        return False
+
+    # ---- membership --------------------------------------------------------------------------------
+
+    def register(self, now: float, node_id: str, kind: int) -> None:
+        if self._stalled(now, self.register, node_id, kind):
+            return
+        config = self.sim.config
+        self.nodes[node_id] = Node(node_id, kind, node_id, f"emulated:{config.device_type}"
+                                   if kind == pb.NODE_KIND_BACKEND else "", config.device_type, config.memory_mb,
+                                   last_seen=now)
+        self.seen[node_id] = now
+        self.sim.log(now, "membership", f"{node_id} registered")
+        self.trigger.request(f"{node_id} registered at {node_id}")
+        self._arm(now)
+
+    def remove(self, now: float, node_id: str, why: str) -> None:
+        if self._stalled(now, self.remove, node_id, why):
+            return
+        if self.nodes.pop(node_id, None) is None:
+            return
+        self.sim.log(now, "membership", f"{node_id} removed: {why}")
+        self.workload.forget(node_id)
+        self.trigger.request(f"{node_id} left", membership=True)
+        self._arm(now)
+
+    def leave(self, node_id: str, now: float) -> None:
+        """A draining backend's Leave; it is answered once a plan without the node is applied."""
+        self.sim.at(now + self.hop_s, self._leave, node_id)
+
+    def _leave(self, now: float, node_id: str) -> None:
+        if self._stalled(now, self._leave, node_id):
+            return
+        if self.nodes.pop(node_id, None) is None:
+            self._answer_leave(now, node_id)
+            return
+        self.sim.log(now, "membership", f"{node_id} leaves; moving its sessions")
+        self.workload.forget(node_id)
+        self.leaving.append(node_id)
+        self.trigger.request(f"{node_id} leaves", membership=True)
+        self._arm(now)
+
+    def left(self, node_id: str) -> bool:
+        return node_id in self.left_nodes
+
+    def _answer_leave(self, now: float, node_id: str) -> None:
+        def answered(at: float) -> None:
+            self.left_nodes.add(node_id)
+            self.sim.backends[node_id].kick(at)
+        self.sim.at(now + self.hop_s, answered)
+
+    def last_seen(self, node_id: str, now: float) -> float:
+        """The node's latest heartbeat that reached the scheduler by ``now``: one every heartbeat
+        interval from its registration while it lives, less those sent while the scheduler stalled."""
+        start, interval = self.seen[node_id], self.detector_config.interval_s
+        end = now
+        died = self.sim.died_s(node_id)
+        if died is not None:
+            end = min(end, died)
+        t = start + math.floor(max(end - start, 0.0) / interval) * interval
+        for s0, s1 in sorted(self.stalls, reverse=True):
+            if s0 <= t < s1:
+                t = start + math.floor(max(s0 - start, 0.0) / interval - 1e-9) * interval
+        return max(t, start)
+
+    def _reaper(self, now: float) -> None:
+        if self._stalled(now, self._reaper):
+            return
+        self.sim.at(now + self.detector_config.interval_s, self._reaper)
+        seen = {n: self.last_seen(n, now) for n in self.nodes}
+        verdict, self.detector = detect(seen, self.detector, now, self.detector_config)
+        if verdict.note:
+            self.sim.log(now, "failure-detector", verdict.note)
+        for node_id, why in verdict.removed:
+            self.remove(now, node_id, why)
+
+    # ---- reports and timers --------------------------------------------------------------------------
+
+    def report(self, now: float, report: pb.WorkloadReport) -> None:
+        if self._stalled(now, self.report, report):
+            return
+        if report.node_id not in self.nodes:
+            return
+        self.workload.report(report, now)
+        self.trigger.evaluate()
+        self._arm(now)
+
+    def _epoch_timer(self, now: float) -> None:
+        if self._stalled(now, self._epoch_timer):
+            return
+        replan = self.settings.replan
+        self.sim.at(now + min(replan.epoch_s, replan.cooldown_s), self._epoch_timer)
+        self.trigger.evaluate()
+        self._arm(now)
+
+    def _scaler_tick(self, now: float) -> None:
+        if self._stalled(now, self._scaler_tick):
+            return
+        self.sim.at(now + TICK_S, self._scaler_tick)
+        self._scale(now)
+
+    def _scale(self, now: float) -> None:
+        for t, d in self.scaler.evaluate().items():
+            key = (d.desired, d.registered, d.drain)
+            if self.decisions.get(t) != key:
+                self.decisions[t] = key
+                self.sim.log(now, "scaling", f"{t}: {d.desired} desired, {d.registered} registered: {d.reason}",
+                             desired=d.desired, registered=d.registered)
+
+    # ---- planning and distribution ---------------------------------------------------------------
+
+    def _arm(self, now: float) -> None:
+        if self.planning or self.armed or not self.trigger._event.is_set():
+            return
+        self.armed = True
+        self.sim.at(now + (REPAIR_COALESCE_S if self.trigger.urgent else COALESCE_S), self._plan)
+
+    def _plan(self, now: float) -> None:
+        if self._stalled(now, self._plan):
+            return
+        self.armed = False
+        requests = self.trigger.take()
+        leaving, self.leaving = self.leaving, []
+        view = ClusterView(now_s=now, backends=tuple(BackendSlot(n.node_id, n.device_type, n.memory_mb)
+                                                     for n in self.backends()),
+                           models=self.models, force=requests.force, why=requests.why,
+                           **measured(self.workload, now))
+        plan, self.state = plan_cluster(view, self.state, self.settings)
+        self.planning = True
+        if plan is self.plan:
+            self._applied(now, plan, leaving)
+            return
+        self.epoch += 1
+        reasons = ", ".join(f"{t} {r.value}" for t, r in sorted(plan.reasons.items()) if r.value != "none")
+        self.sim.log(now, "plan", f"epoch {self.epoch}: {reasons or 'no device type changed'}"
+                     + (f" ({'; '.join(plan.why)})" if plan.why else ""),
+                     devices=plan.num_devices_planned, lower_bound=plan.lower_bound)
+        self.sim.at(now + self.sim.config.planning_ms / 1000.0, self._push_model_tables, plan, self.epoch, leaving)
+
+    def _push_model_tables(self, now: float, plan: ClusterPlan, epoch: int, leaving: list[str]) -> None:
+        """Model tables to every backend of the plan; routing tables once every backend answered."""
+        pending = [0]
+
+        def answered(at: float) -> None:
+            pending[0] -= 1
+            if pending[0] == 0:
+                self._push_routing_tables(at, plan, epoch, leaving)
+
+        for placement in plan.placements.values():
+            for b in placement.backends:
+                backend = self.sim.backends.get(b.node_id)
+                if b.node_id not in self.nodes or backend is None:
+                    continue
+                entries = {s.model: (s.batch, plan.sessions[s.model].slo_ms if s.model in plan.sessions
+                                     else self.slos[s.model], self.profiles[plan.model_of(s.model)])
+                           for s in b.sessions}
+                pending[0] += 1
+                self.sim.at(now + self.hop_s, self._load, backend, entries, answered)
+        if pending[0] == 0:
+            self._push_routing_tables(now, plan, epoch, leaving)
+
+    def _load(self, now: float, backend, entries: dict, answered: Callable[[float], None]) -> None:
+        if not backend.alive:
+            self.sim.at(now + self.hop_s, answered)        # the call fails at once: the node's channel closed
+            return
+        start = max(now, backend.loaded_until)
+        done = start + backend.load_time_s(entries)
+        backend.loaded_until = done
+        self.sim.at(done, lambda at: (backend.apply_table(at, entries), self.sim.at(at + self.hop_s, answered)))
+
+    def _push_routing_tables(self, now: float, plan: ClusterPlan, epoch: int, leaving: list[str]) -> None:
+        table = {}
+        for session, routes in plan.routes().items():
+            planned = plan.sessions.get(session)
+            table[session] = SimRoute(tuple(Route(node, node, share, batch, duty) for node, share, batch, duty
+                                            in routes if node in self.nodes),
+                                      planned.rate_rps if planned is not None else 0.0)
+        for session in plan.sessions:
+            table.setdefault(session, SimRoute((), plan.sessions[session].rate_rps))
+        for f in self.sim.frontends:
+            self.sim.at(now + self.hop_s, f.set_table, epoch, table)
+        self.sim.at(now + 2 * self.hop_s, self._applied, plan, leaving)
+
+    def _applied(self, now: float, plan: ClusterPlan, leaving: list[str]) -> None:
+        if plan is not self.plan:
+            self.plan = plan
+            self.scaler.plan = plan
+            self._scale(now)
+        for node_id in leaving:
+            self._answer_leave(now, node_id)
+        self.planning = False
+        self._arm(now)
+
+
+class SimActuator:
+    """``nexus serve --backends auto``'s local scaler (nexus/local_scaler.py) on the virtual clock: it
+    polls the scaler's decision every POLL_S and starts or drains backends by :func:`next_step`."""
+
+    def __init__(self, sim, bounds: tuple[int, int]) -> None:
+        self.sim = sim
+        self.bounds = bounds
+        self.last_desired: int | None = None
+
+    def start(self, now: float) -> None:
+        self.sim.at(now + POLL_S, self.poll)
+
+    def poll(self, now: float) -> None:
+        sim = self.sim
+        sim.at(now + POLL_S, self.poll)
+        scheduler = sim.scheduler
+        if any(start <= now < end for start, end in scheduler.stalls):
+            return                     # GetStatus times out
+        device_type = sim.config.device_type
+        d = scheduler.scaler.decisions.get(device_type)
+        if d is None:
+            return
+        plan = scheduler.plan
+        decision = ScalingStatus(device_type, d.desired, d.registered, d.needed,
+                                 plan.devices_needed.get(device_type, 0) if plan else 0, d.reason, d.drain)
+        registered = {n.node_id: n.node_id for n in scheduler.backends()}
+        local = [LocalBackend(b.node_id, b.node_id if b.node_id in registered else "", b.life.value == "draining")
+                 for b in sim.backends.values() if b.alive]
+        action = next_step(decision, local, registered, self.bounds)
+        if isinstance(action, Start):
+            for _ in range(action.count):
+                backend = sim.start_backend(now)
+                sim.log(now, "actuator", f"adding {backend.node_id}: {action.reason}")
+        elif isinstance(action, Drain):
+            sim.log(now, "actuator", f"removing {action.node_id}: {action.reason}; draining it")
+            sim.backends[action.node_id].drain(now)

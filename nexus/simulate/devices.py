@@ -1,0 +1,196 @@
+"""A simulated backend and its device: sessions' queues in deadline order, the production batching
+decision (:func:`common.batching.schedule` with the backend's policy, and the session's largest batch
+by :func:`backend.engine.session_max_batch`), and batches that take l(b) times a lognormal jitter.
+
+Its life: STARTING (the process starts; it registers ``backend_start_s`` later), UP, DRAINING (told
+to stop: it leaves the plan, answers what it holds, then exits) and GONE (exited, or killed). A
+model table is applied after its new models load, one table at a time, as the backend's
+``UpdateModelTable`` does; a session the table drops answers its queue NOT_FOUND, which the
+frontend retries elsewhere.
+
+``sim`` is the simulation (nexus/simulate/run.py): its clock (``now``, ``at``), random numbers, the
+requests' deadlines, and where answers go.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Mapping
+
+from backend.engine import session_max_batch
+from common.batching import Pending, Queue, make_policy, remove_taken, schedule
+from common.profile import Profile
+from nexus.simulate.outcomes import Loss
+
+
+class Life(enum.Enum):
+    STARTING = "starting"
+    UP = "up"
+    DRAINING = "draining"
+    GONE = "gone"
+
+
+class SimSession:
+    __slots__ = ("name", "slo_ms", "profile", "planned_batch", "max_batch", "queue", "latency_ms")
+
+    def __init__(self, name: str, slo_ms: float, profile: Profile, planned_batch: int) -> None:
+        self.name = name
+        self.slo_ms = slo_ms
+        self.profile = profile
+        self.latency_ms = profile.latency_ms
+        self.queue: list[Pending] = []
+        self.plan(planned_batch)
+
+    def plan(self, planned_batch: int) -> None:
+        self.planned_batch = max(1, planned_batch)
+        self.max_batch = min(max(self.planned_batch, session_max_batch(self.profile, self.slo_ms)),
+                             self.profile.max_batch)
+
+
+class SimBackend:
+    def __init__(self, sim, node_id: str, started_s: float) -> None:
+        self.sim = sim
+        self.node_id = node_id
+        self.started_s = started_s
+        self.ended_s: float | None = None
+        self.life = Life.STARTING
+        self.sessions: dict[str, SimSession] = {}
+        self.policy = make_policy(sim.config.batch_policy)
+        self.running: tuple[int, tuple[Pending, ...]] | None = None    # (token, batch) on the device
+        self.token = 0
+        self.loaded_until = started_s          # table loads run one at a time
+        self.busy_s = 0.0                      # device time spent on batches
+        self.why_gone = Loss.NONE
+
+    # ---- requests --------------------------------------------------------------------------------
+
+    def enqueue(self, request: int, model: str, deadline_s: float, now: float) -> str:
+        """Take a request: "" when queued, else why not ("not-found": not loaded here, or gone;
+        "overloaded": its queue is full)."""
+        session = self.sessions.get(model) if self.life is not Life.GONE else None
+        if session is None:
+            return "not-found"
+        q = session.queue
+        if len(q) >= self.sim.config.max_queue:
+            return "overloaded"
+        item = Pending(request, deadline_s, now)
+        if not q or q[-1].deadline_s <= deadline_s:
+            q.append(item)
+        else:
+            lo, hi = 0, len(q)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if q[mid].deadline_s <= deadline_s:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            q.insert(lo, item)
+        if self.running is None:
+            self.kick(now)
+        return ""
+
+    def kick(self, now: float) -> None:
+        """The executor's turn: the production batching decision, at ``now``, until a batch runs or
+        nothing is ready."""
+        sim = self.sim
+        while self.running is None and self.life is not Life.GONE:
+            queues = [Queue(s.name, tuple(s.queue), s.max_batch, s.latency_ms, s.planned_batch)
+                      for s in self.sessions.values() if s.queue]
+            if not queues:
+                break
+            decision = schedule(queues, now, policy=self.policy)
+            if decision.queue is None:
+                if decision.wake_s is not None:
+                    sim.at(decision.wake_s, self.kick)
+                break
+            session = self.sessions[decision.queue]
+            remove_taken(session.queue, decision)
+            for p in decision.dropped:
+                sim.dropped(p.request_id, self, now)
+            if decision.batch:
+                duration_s = session.latency_ms(decision.rows) / 1000.0 * sim.jitter()
+                self.token += 1
+                self.running = (self.token, decision.batch)
+                self.busy_s += duration_s
+                sim.at(now + duration_s, self._done, self.token)
+        if self.life is Life.DRAINING and self.running is None and self.sim.scheduler.left(self.node_id) \
+                and not any(s.queue for s in self.sessions.values()):
+            self.exit(now)
+
+    def _done(self, now: float, token: int) -> None:
+        if self.running is None or self.running[0] != token or self.life is Life.GONE:
+            return
+        batch = self.running[1]
+        self.running = None
+        for p in batch:
+            self.sim.answered(p.request_id, self, now)
+        self.kick(now)
+
+    # ---- tables and life -------------------------------------------------------------------------
+
+    def apply_table(self, now: float, entries: Mapping[str, tuple[int, float, Profile]]) -> None:
+        """The model table ``entries`` (session -> planned batch, SLO, profile) takes effect now."""
+        if self.life is Life.GONE:
+            return
+        for name in [n for n in self.sessions if n not in entries]:
+            session = self.sessions.pop(name)
+            for p in session.queue:
+                self.sim.let_go(p.request_id, self, now, Loss.SCALE_DOWN)
+        for name, (batch, slo_ms, profile) in entries.items():
+            session = self.sessions.get(name)
+            if session is None or session.profile is not profile or session.slo_ms != slo_ms:
+                old = session
+                session = SimSession(name, slo_ms, profile, batch)
+                if old is not None:
+                    session.queue = old.queue
+                self.sessions[name] = session
+            else:
+                session.plan(batch)
+        if self.life is Life.STARTING:
+            self.life = Life.UP
+        self.kick(now)
+
+    def load_time_s(self, entries: Mapping[str, object]) -> float:
+        """How long applying ``entries`` takes: each model not loaded here yet loads."""
+        return sum(1 for name in entries if name not in self.sessions) * self.sim.config.model_load_s
+
+    def drain(self, now: float) -> None:
+        """SIGTERM: leave the plan; once left, answer what is held and exit (:meth:`kick`)."""
+        if self.life in (Life.GONE, Life.DRAINING):
+            return
+        self.life = Life.DRAINING
+        self.sim.scheduler.leave(self.node_id, now)
+
+    def exit(self, now: float) -> None:
+        self.life = Life.GONE
+        self.ended_s = now
+        self.sim.backend_exited(self, now)
+
+    def kill(self, now: float) -> None:
+        """SIGKILL: what it held is let go (the frontends retry it elsewhere while time allows)."""
+        if self.life is Life.GONE:
+            return
+        self.life = Life.GONE
+        self.ended_s = now
+        self.why_gone = Loss.FAULT
+        held = [p for s in self.sessions.values() for p in s.queue]
+        if self.running is not None:
+            held.extend(self.running[1])
+            self.running = None
+        self.sessions = {}
+        for p in sorted(held, key=lambda p: p.request_id):
+            self.sim.let_go(p.request_id, self, now, Loss.FAULT)
+        self.sim.backend_exited(self, now)
+
+    @property
+    def alive(self) -> bool:
+        return self.life is not Life.GONE
+
+    def device_seconds(self, end_s: float) -> float:
+        return max(0.0, (self.ended_s if self.ended_s is not None else end_s) - self.started_s)
+
+
+def lognormal_sigma(cv: float) -> float:
+    """The sigma of a lognormal of mean 1 with coefficient of variation ``cv``."""
+    return math.sqrt(math.log1p(cv * cv))

@@ -1,0 +1,144 @@
+"""A simulated frontend: its routing table, the production choice of backend
+(:func:`frontend.routing.choose_route`) and time budget (:func:`frontend.dispatch.backend_budget_s`),
+retries, and its workload reports with the production report clock
+(:class:`frontend.early_report.ReportClock`: every period, and at once on a surge).
+
+As the frontend's dispatch does: a request whose backend goes away (killed: a broken stream; or it
+no longer has the model) is retried on another backend of the model while its deadline allows;
+when every backend of a served model is gone it waits for the next routing table, until its
+deadline; a model with no backend is answered UNAVAILABLE at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.pb import control
+from frontend.dispatch import RETURN_ALLOWANCE_MAX_S, backend_budget_s
+from frontend.early_report import CHECK_S, ReportClock
+from frontend.routing import Route, choose_route
+from nexus.simulate.outcomes import Status
+
+NO_TRIES: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class SimRoute:
+    """One model in a simulated routing table."""
+
+    routes: tuple[Route, ...]
+    planned_rate_rps: float
+
+
+class SimFrontend:
+    def __init__(self, sim, node_id: str) -> None:
+        self.sim = sim
+        self.node_id = node_id
+        self.epoch = 0
+        self.table: dict[str, SimRoute] = {}
+        self.outstanding: dict[str, int] = {}
+        self.down: set[str] = set()
+        self.window: dict[str, int] = {}
+        self.tried: dict[int, set[str]] = {}
+        self.waiting: list[int] = []          # requests waiting for a routing table with a backend
+        self.clock = ReportClock(sim.config.report_interval_s, 0.0)
+        self.return_allowance_s = min(sim.config.path_ms / 2000.0, RETURN_ALLOWANCE_MAX_S)
+
+    # ---- requests --------------------------------------------------------------------------------
+
+    def accept(self, request: int, model: str, now: float) -> None:
+        """A client's request reaches this frontend: counted as demand, then dispatched."""
+        self.window[model] = self.window.get(model, 0) + 1
+        self.dispatch(now, request)
+
+    def dispatch(self, now: float, request: int) -> None:
+        sim = self.sim
+        model = sim.model_of(request)
+        left_s = sim.deadline_s(request) - now
+        if left_s <= 0:
+            self._finish(request, Status.EXPIRED, now)
+            return
+        if self.epoch == 0:           # held until the first routing table (FrontendState.admit)
+            self._wait(request)
+            return
+        entry = self.table.get(model)
+        if entry is None or not entry.routes:
+            self._finish(request, Status.UNAVAILABLE, now)
+            return
+        outstanding = self.outstanding
+        while True:
+            route = choose_route(entry.routes, lambda a: outstanding.get(a, 0), self.down.__contains__,
+                                 self.tried.get(request, NO_TRIES), sim.rng.random)
+            if route is None:         # every backend of a served model is gone: wait for the next table
+                self._wait(request)
+                return
+            backend = sim.backends[route.node_id]
+            outstanding[route.address] = outstanding.get(route.address, 0) + 1    # the backend may answer at once
+            why = backend.enqueue(request, model, now + backend_budget_s(left_s, self.return_allowance_s), now)
+            if not why:
+                return
+            outstanding[route.address] -= 1
+            if why == "overloaded":
+                self._finish(request, Status.OVERLOADED, now)
+                return
+            self.tried.setdefault(request, set()).add(route.address)    # not loaded there: try another
+
+    def returned(self, request: int, backend_id: str) -> None:
+        """``backend_id`` answered (or dropped) the request: it no longer counts as outstanding there."""
+        self.outstanding[backend_id] -= 1
+        self.tried.pop(request, None)
+
+    def let_go(self, request: int, backend_id: str, broken: bool, now: float) -> None:
+        """The backend let the request go (``broken``: its connection broke, and so it is down):
+        retried on another backend one hop later."""
+        self.outstanding[backend_id] -= 1
+        if broken:
+            self.down.add(backend_id)
+        self.tried.setdefault(request, set()).add(backend_id)
+        self.sim.at(now + self.sim.config.path_ms / 1000.0, self.dispatch, request)
+
+    def _wait(self, request: int) -> None:
+        self.waiting.append(request)
+        self.sim.at(self.sim.deadline_s(request), self._give_up, request)
+
+    def _give_up(self, now: float, request: int) -> None:
+        if request in self.waiting:
+            self.waiting.remove(request)
+            self._finish(request, Status.UNAVAILABLE if not self.table.get(self.sim.model_of(request))
+                         else Status.EXPIRED, now)
+
+    def _finish(self, request: int, status: Status, now: float) -> None:
+        self.tried.pop(request, None)
+        self.sim.ended(request, status, now)
+
+    # ---- tables and reports ----------------------------------------------------------------------
+
+    def set_table(self, now: float, epoch: int, table: dict[str, SimRoute]) -> None:
+        if epoch < self.epoch:
+            return
+        self.epoch = epoch
+        self.table = table
+        live = {r.address for e in table.values() for r in e.routes}
+        self.down &= live
+        waiting, self.waiting = self.waiting, []
+        for request in waiting:
+            self.tried.pop(request, None)
+            self.dispatch(now, request)
+
+    def check_report(self, now: float) -> None:
+        """The report loop's turn (every CHECK_S): a report when the period is over or a session surged."""
+        sim = self.sim
+        sim.at(now + min(CHECK_S, sim.config.report_interval_s), self.check_report)
+        planned = {name: e.planned_rate_rps for name in self.window if (e := self.table.get(name)) is not None}
+        surging = self.clock.due(self.window, planned, now)
+        if surging is None:
+            return
+        window, self.window = self.window, {}
+        report = control.WorkloadReport(node_id=self.node_id)
+        for name, requests, window_s in self.clock.report_counts(window, list(self.table), planned, surging, now):
+            report.rates.add(model=name, rate_rps=requests / max(window_s, 1e-6), requests=requests,
+                             window_ms=int(window_s * 1000))
+        self.clock.reported(now, surging)
+        if surging:
+            sim.log(now, "report", f"{self.node_id}: early workload report, {', '.join(surging)} surged")
+        sim.at(now + sim.config.control_hop_ms / 1000.0, sim.scheduler.report, report)

@@ -1,0 +1,106 @@
+"""The models a simulation serves: a JSON file of profiles, SLOs and shares, or generated ones.
+
+MODELS.json (the ``nexus simulate`` contract)::
+
+    {"name": {"slo_ms": 200, "share": 0.1,
+              "profile": [{"batch": 1, "latency_ms": 9.0, "memory_mb": 300}, ...]}}
+
+``profile`` is a profile as ``nexus models upload --profile`` takes it (common/profile.py: the
+latency already conservative, as the planner plans with it); ``share`` is the model's part of the
+scheduled total rate (normalised over the file; a trace file gives arrivals per model instead and
+shares are then unused, so they may be left out). Unknown keys, missing fields and bad values are
+:class:`ModelsError` naming the model and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from common.profile import Profile, ProfileError
+
+KEYS = {"slo_ms", "share", "profile", "min_replicas"}
+
+
+class ModelsError(ValueError):
+    """A models file that cannot be simulated; the message names the file, the model and the field."""
+
+
+@dataclass(frozen=True)
+class SimModel:
+    name: str
+    slo_ms: float
+    share: float                 # of the scheduled total rate (0 when arrivals come from a trace)
+    profile: Profile             # on the simulated device type
+    min_replicas: int = 0        # 0: the scheduler's default
+
+
+def parse_models(obj: object, where: str = "models") -> tuple[SimModel, ...]:
+    """Models from the decoded JSON object (see the module docstring), in the file's order."""
+    if not isinstance(obj, dict) or not obj:
+        raise ModelsError(f"{where}: expected an object of models by name, got {type(obj).__name__}"
+                          + (" (empty)" if isinstance(obj, dict) else ""))
+    out = []
+    for name, spec in obj.items():
+        at = f"{where}: model {name!r}"
+        if not isinstance(spec, dict):
+            raise ModelsError(f"{at}: expected an object with slo_ms, share and profile")
+        unknown = set(spec) - KEYS
+        if unknown:
+            raise ModelsError(f"{at}: unknown key(s) {sorted(unknown)} (known: {sorted(KEYS)})")
+        for key in ("slo_ms", "profile"):
+            if key not in spec:
+                raise ModelsError(f"{at}: missing field {key!r}")
+        slo_ms, share = spec["slo_ms"], spec.get("share", 0.0)
+        for key, value in (("slo_ms", slo_ms), ("share", share)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ModelsError(f"{at}: {key} must be a number, got {value!r}")
+        if slo_ms <= 0:
+            raise ModelsError(f"{at}: slo_ms must be positive, got {slo_ms}")
+        if share < 0:
+            raise ModelsError(f"{at}: share must not be negative, got {share}")
+        replicas = spec.get("min_replicas", 0)
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise ModelsError(f"{at}: min_replicas must be an integer >= 0, got {replicas!r}")
+        try:
+            profile = Profile.from_json_obj(spec["profile"], where=f"{at}.profile")
+            profile.validate(where=f"{at}.profile")
+        except ProfileError as exc:
+            raise ModelsError(str(exc)) from None
+        out.append(SimModel(str(name), float(slo_ms), float(share), profile, replicas))
+    return tuple(out)
+
+
+def load_models(path: str | Path) -> tuple[SimModel, ...]:
+    """Models from a MODELS.json file (module docstring)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ModelsError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelsError(f"{path}: not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    return parse_models(obj, str(path))
+
+
+def shares(models: tuple[SimModel, ...]) -> dict[str, float]:
+    """Each model's share of the total rate, normalised; ModelsError when they add up to nothing."""
+    total = sum(m.share for m in models)
+    if total <= 0:
+        raise ModelsError("the models' shares add up to 0: give each model a share of the scheduled rate "
+                          "(or arrivals from a trace file)")
+    return {m.name: m.share / total for m in models}
+
+
+def linear_models(count: int, slo_ms: float, alpha_ms: float, beta_ms: float, max_batch: int,
+                  memory_mb: float = 0.0, name: str = "m{:04d}", shares_by_index: Mapping[int, float] | None = None
+                  ) -> tuple[SimModel, ...]:
+    """``count`` models of the same linear profile l(b) = alpha * b + beta (scale studies and tests);
+    equal shares unless ``shares_by_index`` gives them."""
+    profile = Profile.linear(alpha_ms, beta_ms, max_batch, memory_base_mb=memory_mb)
+    return tuple(SimModel(name.format(i), slo_ms, (shares_by_index or {}).get(i, 1.0), profile)
+                 for i in range(count))

@@ -1,0 +1,50 @@
+"""How each simulated request ended: one status per request, the client's latency, and why a failed
+request's backend went away. Every request ends exactly once (:meth:`Outcomes.end` refuses a second
+ending), which the conservation test checks."""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+
+class Status(enum.IntEnum):
+    PENDING = 0             # not ended yet (none is left when a simulation ends)
+    ON_TIME = 1             # answered within its SLO
+    LATE = 2                # answered after its SLO
+    DROPPED = 3             # DEADLINE_EXCEEDED: dropped by the backend (early drop, or expired)
+    UNAVAILABLE = 4         # UNAVAILABLE: no backend serves its model
+    OVERLOADED = 5          # UNAVAILABLE: its backend's queue was full
+    EXPIRED = 6             # DEADLINE_EXCEEDED: its time ran out before a backend took it
+
+
+class Loss(enum.IntEnum):
+    """Why a failed request's backend let it go: what the requests lost to change are counted by."""
+
+    NONE = 0
+    FAULT = 1               # its backend was killed
+    SCALE_DOWN = 2          # its backend drained, or unloaded its model in a re-plan
+
+
+FAILED = (Status.DROPPED, Status.UNAVAILABLE, Status.OVERLOADED, Status.EXPIRED)
+
+
+class Outcomes:
+    def __init__(self, count: int) -> None:
+        self.status = np.zeros(count, dtype=np.int8)
+        self.latency_ms = np.full(count, np.nan, dtype=np.float64)
+        self.loss = np.zeros(count, dtype=np.int8)      # set when a backend let the request go
+        self.ended = 0
+
+    def end(self, request: int, status: Status, latency_ms: float = float("nan")) -> None:
+        if self.status[request] != Status.PENDING:
+            raise RuntimeError(f"request {request} ended twice ({Status(self.status[request]).name}, "
+                               f"then {status.name})")
+        self.status[request] = status
+        self.latency_ms[request] = latency_ms
+        self.ended += 1
+
+    def let_go(self, request: int, why: Loss) -> None:
+        """The request's backend let it go (it is retried elsewhere while its deadline allows)."""
+        self.loss[request] = why

@@ -1,0 +1,208 @@
+"""``nexus simulate``: determinism, conservation, queueing arithmetic, faults, and that the simulator
+runs the production decision code (changing a production rule changes the simulated result)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from common.config import SchedulerConfig
+from nexus.cli import main
+from nexus.simulate.config import Fault, FaultKind, SimConfig
+from nexus.simulate.models import linear_models, shares
+from nexus.simulate.outcomes import Status
+from nexus.simulate.report import dumps, summarize
+from nexus.simulate.run import Simulation
+from nexus.simulate.workload import Arrivals, parse_schedule, scheduled_arrivals
+
+MODELS = linear_models(4, 200.0, 8.0, 20.0, 32, memory_mb=500)
+STEP = "0:60,20:300,40:60"
+
+
+def run(models=MODELS, schedule=STEP, duration_s=60.0, seed=1, cv=1.0, arrivals=None, **config) -> tuple[Simulation, dict]:
+    arrivals = arrivals or scheduled_arrivals(parse_schedule(schedule), shares(models), duration_s, cv=cv, seed=seed)
+    sim = Simulation(models, arrivals, SimConfig(seed=seed, **config))
+    sim.run()
+    return sim, summarize(sim)
+
+
+def evenly(model: str, rate_rps: float, duration_s: float) -> Arrivals:
+    times = np.arange(0.0, duration_s, 1.0 / rate_rps)
+    return Arrivals(times, np.zeros(times.size, dtype=np.int32), (model,), duration_s)
+
+
+# ---- determinism and conservation ----------------------------------------------------------------
+
+
+def test_the_same_seed_gives_the_same_bytes_and_another_seed_other_bytes():
+    first = dumps(run(seed=7)[1])
+    assert dumps(run(seed=7)[1]) == first
+    assert dumps(run(seed=8)[1]) != first
+
+
+def test_every_request_ends_exactly_once_through_steps_scale_down_kills_and_a_stall():
+    faults = (Fault(FaultKind.KILL_BACKENDS, 25.0, count=2), Fault(FaultKind.STALL_SCHEDULER, 30.0, duration_s=8.0))
+    scheduler = SchedulerConfig(scale_down_cooldown_s=5.0, min_devices="t4=1", max_devices="t4=8")
+    sim, result = run(max_backends=8, faults=faults, scheduler=scheduler)
+    status = sim.outcomes.status
+    assert not np.any(status == Status.PENDING)
+    assert sim.outcomes.ended == status.size == result["requests"]
+    assert sum(result["outcomes"].values()) == result["requests"]
+    assert result["failed"] == sum(result["outcomes"][k] for k in ("dropped", "unavailable", "overloaded", "expired"))
+    kinds = [e["text"] for e in sim.events if e["kind"] == "fault"]
+    assert any("killed" in k for k in kinds) and any("stall" in k for k in kinds)
+    assert any("drained and exited" in e["text"] for e in sim.events)       # it scaled down after the step
+
+
+# ---- queueing arithmetic -------------------------------------------------------------------------
+
+
+def test_an_underloaded_device_answers_everything_in_its_batch_time_plus_the_path():
+    # l(1) = 8 + 20 = 28 ms; one request every 100 ms never waits: every latency is l(1) + the path.
+    models = linear_models(1, 200.0, 8.0, 20.0, 32)
+    sim, result = run(models, arrivals=evenly("m0000", 10.0, 30.0), backends=1, jitter_cv=0.0, path_ms=1.0)
+    assert result["within_slo"] == 1.0
+    answered = sim.outcomes.latency_ms[sim.outcomes.status == Status.ON_TIME]
+    # the first requests wait for the first plan (50 ms of coalescing, then the table's pushes)
+    assert np.allclose(answered[10:], 28.0 + 1.0)
+
+
+def test_an_overloaded_device_serves_its_capacity_and_drops_the_rest():
+    # Batches are capped at the saturated batch (2*l(b) <= 200 ms with l(b) = 8b + 20: b = 10, l(10) =
+    # 100 ms), so one device serves at most 10/0.1 = 100 requests/s; at 200 offered, at most half.
+    models = linear_models(1, 200.0, 8.0, 20.0, 32)
+    _, result = run(models, arrivals=evenly("m0000", 200.0, 30.0), backends=1, jitter_cv=0.0)
+    capacity = 10 / 0.100 / 200.0
+    assert 0.9 * capacity <= result["within_slo"] <= capacity + 0.01
+    assert result["outcomes"]["late"] == 0          # early drop: nothing runs that would be late
+
+
+def test_killed_backends_lose_only_what_no_other_backend_could_take_and_the_plan_repairs():
+    sim, result = run(schedule="0:120", duration_s=40.0, backends=4,
+                      faults=(Fault(FaultKind.KILL_BACKENDS, 15.0, count=1),))
+    removed = [e for e in sim.events if e["kind"] == "membership" and "Attach stream ended" in e["text"]]
+    assert len(removed) == 1
+    assert result["lost_to_faults"] <= 40            # at most the killed backend's queue and in-flight batch
+    after = sim.arrivals.times_s > 16.0             # once the repaired plan is in force
+    assert np.mean(sim.outcomes.status[after] == Status.ON_TIME) > 0.98
+
+
+def test_a_stalled_scheduler_evicts_nobody():
+    sim, result = run(schedule="0:100", duration_s=40.0, backends=3,
+                      faults=(Fault(FaultKind.STALL_SCHEDULER, 10.0, duration_s=8.0),))
+    assert not [e for e in sim.events if "missed heartbeats" in e["text"]]
+    assert result["within_slo"] > 0.99
+
+
+# ---- the production code decides -----------------------------------------------------------------
+
+
+def test_changing_the_production_scaling_policy_changes_the_simulated_devices(monkeypatch):
+    import globalsched.scaling_policy as policy
+
+    _, before = run(max_backends=8)
+    decide = policy._decide
+
+    def never_more_than_one(d, history, config, now_s):
+        decision, history = decide(d, history, config, now_s)
+        return dataclasses.replace(decision, desired=1), history
+    monkeypatch.setattr(policy, "_decide", never_more_than_one)
+    _, after = run(max_backends=8)
+    assert max(before["per_second"]["backends"]) > 1 and max(after["per_second"]["backends"]) == 1
+
+
+def test_changing_the_production_batching_policy_changes_the_simulated_outcomes(monkeypatch):
+    from common.batching import Selection, SlidingWindowEarlyDrop
+
+    _, before = run()
+    monkeypatch.setattr(SlidingWindowEarlyDrop, "_select", lambda self, queue, now, b, l: Selection(dropped=tuple(queue)))
+    _, after = run()
+    assert before["within_slo"] > 0.9 and after["within_slo"] == 0.0
+
+
+def test_changing_the_production_planner_changes_the_simulated_plans(monkeypatch):
+    import globalsched.planner as planner
+
+    _, before = run(backends=4)
+    plan_type = planner.plan_type
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs["now_s"])
+        return plan_type(*args, **kwargs)
+    monkeypatch.setattr(planner, "plan_type", counting)
+    _, after = run(backends=4)
+    assert calls and dumps(after) == dumps(before)     # the very function the scheduler plans with
+
+
+# ---- the command ---------------------------------------------------------------------------------
+
+
+def write_models(tmp_path, models=None) -> str:
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps(models or {
+        "a": {"slo_ms": 200, "share": 0.5, "profile": [{"batch": b, "latency_ms": 20 + 8 * b, "memory_mb": 500}
+                                                        for b in range(1, 17)]},
+        "b": {"slo_ms": 100, "share": 0.5, "profile": [{"batch": b, "latency_ms": 5 + 2 * b, "memory_mb": 300}
+                                                        for b in range(1, 17)]}}))
+    return str(path)
+
+
+def test_the_command_writes_the_contracted_json_and_a_plot(tmp_path, capsys):
+    models = write_models(tmp_path)
+    out, png = tmp_path / "out.json", tmp_path / "out.png"
+    argv = ["simulate", "--models", models, "--device-type", "t4", "--backends", "auto", "--max-backends", "6",
+            "--arrivals", "gamma", "--cv", "2", "--schedule", "0:50,20:250,40:50", "--duration-s", "60",
+            "--seed", "3", "--scale-down-cooldown-s", "10", "--json", str(out), "--plot", str(png)]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    for key in ("requests", "within_slo", "failed", "device_seconds", "lower_bound_device_seconds"):
+        assert key in result
+    assert 0 <= result["within_slo"] <= 1 and result["lower_bound_device_seconds"] > 0
+    assert [r["at_s"] for r in result["recovery"]] == [20.0, 40.0]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    first = out.read_bytes()
+    assert main(argv) == 0 and out.read_bytes() == first
+    assert "within SLO" in capsys.readouterr().out
+
+
+def test_the_command_answers_how_many_devices_a_workload_needs(tmp_path, capsys):
+    models = write_models(tmp_path)
+    out = tmp_path / "size.json"
+    assert main(["simulate", "--models", models, "--schedule", "0:300", "--duration-s", "20", "--size-for", "0.99",
+                 "--max-backends", "3", "--json", str(out)]) == 0
+    answer = json.loads(out.read_text())
+    trials = {t["devices"]: t["within_slo"] for t in answer["trials"]}
+    n = answer["devices"]
+    assert trials[n] >= 0.99 and (n - 1 not in trials or trials[n - 1] < 0.99)
+    assert f"{n} devices keep" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--schedule", "0:10", "--trace", "x.csv"], "--trace gives the arrivals"),
+    ([], "give the arrivals"),
+    (["--schedule", "5:10"], "schedule"),
+    (["--schedule", "0:10", "--fault", "kill:5"], "expected KIND:SECONDS:AMOUNT"),
+    (["--schedule", "0:10", "--fault", "melt:5:1"], "unknown kind 'melt'"),
+    (["--schedule", "0:10", "--cv", "3"], "--cv applies to --arrivals gamma"),
+    (["--schedule", "0:10", "--max-backends", "0"], "--max-backends 0 is below --min-backends 1"),
+    (["--schedule", "0:10", "--size-for", "1.5"], "--size-for must be a fraction"),
+])
+def test_bad_input_is_refused_with_a_precise_error(tmp_path, capsys, argv, message):
+    models = write_models(tmp_path)
+    assert main(["simulate", "--models", models, "--duration-s", "5", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_bad_models_file_and_a_trace_of_unknown_models_are_refused(tmp_path, capsys):
+    bad = write_models(tmp_path, {"a": {"slo_ms": 100, "share": 1, "profile": [{"batch": 1, "latency_ms": 5}],
+                                        "colour": "red"}})
+    assert main(["simulate", "--models", bad, "--schedule", "0:10"]) == 2
+    assert "model 'a': unknown key(s) ['colour']" in capsys.readouterr().err
+    trace = tmp_path / "t.csv"
+    trace.write_text("time_s,model\n0.5,a\n1.0,zebra\n")
+    assert main(["simulate", "--models", write_models(tmp_path), "--trace", str(trace)]) == 2
+    assert "zebra" in capsys.readouterr().err

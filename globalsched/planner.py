@@ -16,11 +16,9 @@ What it does, in order:
    force was made for is that planned rate (:func:`settled_rates`): noise neither re-plans nor
    resizes batches. Models whose load attempts are spent on every present device
    type are left out (routed UNAVAILABLE with the reason by the distribution);
-2. a query's measured fan-out that left the band of the one planned for forces a re-plan (after the
-   re-planner's cooldown): the latency split depends on it; a session whose demand surged beyond
-   the band of its planned rate forces one at once (cold start: capacity cannot wait for an epoch),
-   and its surging rate stays the floor of its planned rate until the window's mean catches up
-   (:func:`held_surges`);
+2. whether to re-plan at all is :func:`globalsched.replan_policy.should_replan`'s (a change forced, a
+   demand surge at once, the cooldown, a query's fan-out drift); a surging session's rate stays the
+   floor of its planned rate until the window's mean catches up (:func:`held_surges`);
 3. each session goes to the device type of the most backends it has a profile for; one with no
    profile for any present type is listed in ``need_profile``; one whose SLO less the path allowance
    is below 2*l(1) on every type is served best effort at batch 1;
@@ -48,6 +46,7 @@ from globalsched.cluster import (MIN_PLANNED_RATE_RPS, UNBOUNDED_MEMORY_MB, Clus
 from globalsched.placement import BackendAssignment, BackendSlot, PlacedSession, Placement
 from globalsched.planning_loop import TypeState, plan_type
 from globalsched.query_sessions import plan_query_sessions
+from globalsched.replan_policy import should_replan
 from globalsched.workload import PLAN_RATE_WINDOW_S
 
 
@@ -91,7 +90,6 @@ class PlannerState:
 def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettings = PlannerSettings()
                  ) -> tuple[ClusterPlan, PlannerState]:
     """The plan for ``view`` and the next state (see the module docstring)."""
-    force, why = view.force, view.why
     started = {name: view.now_s for name, rate in view.rates_rps.items() if rate > 0
                and name not in state.first_requests_s}
     if started:
@@ -103,16 +101,11 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
                          view.latest_reports)
     if floors != state.surge_floors:
         state = replace(state, surge_floors=floors)
-    surge = demand_surge(surges, state.plan, settings)
-    if surge and force is None:
-        force, why = ReplanReason.SESSIONS_CHANGED, (*why, surge)     # no cooldown: capacity is needed now
-    if force is None and state.plan is not None and state.last_plan_s is not None and view.backends == state.backends \
-            and view.now_s - state.last_plan_s < settings.replan.cooldown_s:
+    call = should_replan(view, state.plan, state.last_plan_s, state.backends, surges, settings.replan,
+                         settings.rate_headroom)
+    if call.hold:
         return state.plan, state            # the re-planner's cooldown: nothing unforced changes yet
-    drift = gamma_drift(view.gammas, state.plan.planned_gammas if state.plan else {})
-    if drift and force is None and state.plan is not None and \
-            (state.last_plan_s is None or view.now_s - state.last_plan_s >= settings.replan.cooldown_s):
-        force, why = ReplanReason.SESSIONS_CHANGED, (*why, drift)
+    force, why = call.force, call.why
     sessions, planned, queries = session_inputs(view, settings, planned_rps, first, surges,
                                                 {name: rate for name, (rate, _) in floors.items()})
     placed, types = place_sessions(sessions, view.backends, state, view.now_s, force, settings,
@@ -138,31 +131,6 @@ def same_tables(new: ClusterPlan, old: ClusterPlan) -> bool:
             and new.sessions == old.sessions and new.query_plans == old.query_plans
             and new.planned_query_rates == old.planned_query_rates and new.unplaced == old.unplaced
             and new.need_profile == old.need_profile and new.best_effort == old.best_effort)
-
-
-def demand_surge(surges_rps: Mapping[str, float], plan: ClusterPlan | None, settings: PlannerSettings) -> str:
-    """Why demand outran the plan at once ("" when it did not): a session whose surging rate, with
-    headroom, is beyond the re-planner's band of the rate it is planned for."""
-    if plan is None:
-        return ""
-    headroom = 1.0 + settings.rate_headroom
-    for session, rate in sorted(surges_rps.items()):
-        planned = plan.sessions[session].rate_rps if session in plan.sessions else \
-            plan.planned_query_rates.get(session)
-        if planned is not None and rate * headroom > settings.replan.band_high * planned:
-            return f"demand surge: {session} at {rate:.0f} rps, planned for {planned:.0f}"
-    return ""
-
-
-def gamma_drift(measured: Mapping[tuple[str, str, str], float], planned: Mapping[tuple[str, str, str], float],
-                band: tuple[float, float] = (ReplanConfig.band_low, ReplanConfig.band_high)) -> str:
-    """Why the latency split no longer fits ("" when it does): a measured fan-out outside ``band``
-    of the one planned for, or an edge planned for none."""
-    for key, gamma in measured.items():
-        was = planned.get(key)
-        if was is None or not (band[0] * was <= gamma <= band[1] * was):
-            return f"gamma of {key[0]}: {key[1]}->{key[2]} is {gamma:.2f}, planned {was}"
-    return ""
 
 
 def planned_rates(plan: ClusterPlan | None, settings: PlannerSettings) -> dict[str, float]:

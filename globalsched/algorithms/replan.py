@@ -87,8 +87,10 @@ class ReplanState:
     replans: int = 0
 
 
-def _trigger(current: Plan | None, sessions: Sequence[SessionSpec], now_s: float, state: ReplanState,
-             config: ReplanConfig) -> ReplanReason:
+def replan_reason(current: Plan | None, sessions: Sequence[SessionSpec], now_s: float, state: ReplanState,
+                  config: ReplanConfig) -> ReplanReason:
+    """Why one device type's plan changes now (NONE: it stands), by the rules of the module docstring;
+    the cluster-wide rules come first (globalsched/replan_policy.py, :func:`should_replan`)."""
     if current is None:
         return ReplanReason.INITIAL
     if state.last_replan_s is None:
@@ -121,7 +123,7 @@ def replan(current: Plan | None, sessions: Sequence[SessionSpec], gpu: GpuSpec, 
     placed like any other, moving nothing else. Without a current plan the reason is INITIAL.
     """
     groups = tuple(prefix_groups)
-    reason = _trigger(current, sessions, now_s, state, config)
+    reason = replan_reason(current, sessions, now_s, state, config)
     if force is not None and reason is ReplanReason.NONE:
         reason = force
     if reason is ReplanReason.NONE:

@@ -35,9 +35,11 @@ class Workload:
         # frontend -> model -> (time, requests, window seconds) of its reports over PLAN_RATE_WINDOW_S
         self.rate_history: dict[str, dict[str, collections.deque]] = {}
         self.edges: dict[str, dict[tuple[str, str, str], tuple[int, int, float]]] = {}  # frontend -> edge -> counts
+        self._memo: tuple[float, tuple] | None = None     # (now, _rates(now)) until the next report or forget
 
     def report(self, request: control.WorkloadReport, now: float) -> None:
         """Take one frontend's report (its node is known: the caller checked)."""
+        self._memo = None
         table = self.rates.setdefault(request.node_id, {})
         for r in request.rates:
             rate = max(r.rate_rps, 0.0)
@@ -61,6 +63,7 @@ class Workload:
 
     def forget(self, node_id: str) -> None:
         """A node left: its reports no longer count."""
+        self._memo = None
         self.rates.pop(node_id, None)
         self.rate_history.pop(node_id, None)
         self.edges.pop(node_id, None)
@@ -74,13 +77,13 @@ class Workload:
         low) excursion; planning on that value would keep the excursion. The window's mean is steadier,
         but lags a step up by the window's length: a surge beyond noise is planned for at once.
         """
-        return self._rates(now)[0]
+        return dict(self._rates(now)[0])
 
     def rate_windows_s(self, now: float) -> dict[str, float]:
         """Per session, the seconds of counted requests behind its planning rate: the shortest window of
         any frontend reporting it (0 where a frontend sent no counts: no noise estimate). The planner
         tells noise from change with it (globalsched/planner.py, :func:`settled_rates`)."""
-        return self._rates(now)[2]
+        return dict(self._rates(now)[2])
 
     def surges(self, now: float) -> dict[str, float]:
         """Sessions whose latest report, on some frontend, is a surge (common/surge.py) against that
@@ -93,7 +96,7 @@ class Workload:
     def surge_windows_s(self, now: float) -> dict[str, float]:
         """Per surging session, the seconds of the latest report that surged (the shortest, when
         several frontends' did): what the planner judges a surge's noise by."""
-        return self._rates(now)[1]
+        return dict(self._rates(now)[1])
 
     def latest_reports(self, now: float) -> dict[str, tuple[float, float]]:
         """Per session, its latest reports' rate summed over frontends, and the shortest of their
@@ -135,6 +138,15 @@ class Workload:
         return [(n, w) for at, n, w in self.rate_history.get(node, {}).get(model, ()) if now - at <= PLAN_RATE_WINDOW_S]
 
     def _rates(self, now: float) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        """(rates, surge windows, rate windows) at ``now``; one view reads all three, and the planner
+        reads a view every evaluation: computed once per instant and set of reports."""
+        if self._memo is not None and self._memo[0] == now:
+            return self._memo[1]
+        result = self._compute_rates(now)
+        self._memo = (now, result)
+        return result
+
+    def _compute_rates(self, now: float) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
         totals: dict[str, float] = {}
         surging: dict[str, float] = {}
         windows: dict[str, float] = {}

@@ -10,6 +10,7 @@ device keeps room for the pooled burst of its sessions; the packers check it per
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -19,6 +20,8 @@ from common.headroom import BurstSums, BurstTerm, lone_session_load_items, margi
 from common.plan import EPS_MS, GpuSpec, PlanningError, SessionSpec
 
 from .config import PlannerConfig
+
+MEMO_SIZE = 1 << 14     # memoised per-session results (a few thousand sessions, a few rates each)
 
 
 @dataclass(frozen=True)
@@ -81,10 +84,18 @@ def prepare(spec: SessionSpec, gpu: GpuSpec | None, config: PlannerConfig, *, ch
     z = config.burst_sigma if with_headroom else 0.0
     marginal: tuple[float, ...] = ()
     if z > 0:
-        largest = saturated_batch(p.latency_ms, budget, p.max_batch, EPS_MS)
-        marginal = tuple(marginal_ms_per_item(p.latency_ms, b, largest) for b in range(1, p.max_batch + 1))
+        marginal = _marginals(lats, budget)
     return SessionModel(spec.name, spec.rate_rps, budget, lats, tuple(r.memory_mb for r in p.rows),
                         max_batch, spec.prefix_group if prefix_aware else None, marginal, z)
+
+
+@functools.lru_cache(maxsize=MEMO_SIZE)
+def _marginals(latency_ms: tuple[float, ...], budget_ms: float) -> tuple[float, ...]:
+    """c(b) of every batch of a profile (index b-1) within ``budget_ms``; memoised by value: every plan
+    prepares every session again, and the same profiles come back."""
+    lat = latency_ms.__getitem__
+    largest = saturated_batch(lambda b: lat(b - 1), budget_ms, len(latency_ms), EPS_MS)
+    return tuple(marginal_ms_per_item(lambda b: lat(b - 1), b, largest) for b in range(1, len(latency_ms) + 1))
 
 
 class Saturated(NamedTuple):
@@ -136,6 +147,7 @@ def batch_for(sm: SessionModel, rate_rps: float, duty_ms: float) -> int | None:
     return b if b <= sm.max_batch else None
 
 
+@functools.lru_cache(maxsize=MEMO_SIZE)
 def residual_config(sm: SessionModel, rate_rps: float) -> tuple[int, float]:
     """(batch, duty_ms) serving ``rate_rps`` alone on a shared GPU at the lowest occupancy
     (l(b) + H)/d, H the burst headroom of that lone load (0 without headroom).
@@ -145,7 +157,9 @@ def residual_config(sm: SessionModel, rate_rps: float) -> tuple[int, float]:
     the duty cycle capped by the SLO instead of becoming infeasible. With headroom H is the
     several-session figure (:meth:`SessionModel.lone_excess_ms`), or, when no batch fits by it, the
     exact lone one (the residual then keeps a GPU of its own). Raises PlanningError when no batch
-    fits either way (a budget too tight for even one item's burst).
+    fits either way (a budget too tight for even one item's burst). Memoised by value: a re-plan asks
+    again for the sessions and rates the previous plans asked for (a rate within noise of the planned
+    one is the planned one), and the search with headroom bisects the duty cycle of every batch.
     """
     best = _residual_config(sm, rate_rps, exact=False)
     if best is None and sm.burst_sigma > 0:

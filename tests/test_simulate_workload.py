@@ -341,3 +341,17 @@ def test_arrivals_checks_its_contract():
         Arrivals(np.array([0.2]), np.array([1]), ("a",), 1.0)
     assert Arrivals(np.array([0.1, 0.2]), np.array([1, 1]), ("a", "b"), 1.0).per_model_counts() == {
         "a": 0, "b": 2}
+
+
+def test_a_cv_per_model_gives_each_model_its_own_burstiness_and_names_a_missing_one():
+    from nexus.simulate.workload import WorkloadError, parse_schedule, scheduled_arrivals
+
+    shares = {"smooth": 0.5, "bursty": 0.5}
+    arrivals = scheduled_arrivals(parse_schedule("0:400"), shares, 200.0, cv={"smooth": 1.0, "bursty": 4.0}, seed=3)
+    dispersion = {}
+    for j, name in enumerate(arrivals.names):
+        counts = np.bincount(arrivals.times_s[arrivals.models == j].astype(int), minlength=200)
+        dispersion[name] = counts.var() / counts.mean()
+    assert dispersion["smooth"] < 2 < 5 < dispersion["bursty"]
+    with pytest.raises(WorkloadError, match="no coefficient of variation for 'bursty'"):
+        scheduled_arrivals(parse_schedule("0:400"), shares, 10.0, cv={"smooth": 1.0})

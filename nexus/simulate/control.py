@@ -21,7 +21,6 @@ meanwhile run when it resumes, and the heartbeats sent meanwhile are lost (the n
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Callable
 
 from common.pb import control as pb
@@ -66,7 +65,8 @@ class SimScheduler:
                                                  bounds=config.device_bounds),
                                    self.backends, self.workload.window_rates, clock=lambda: sim.now)
         self.models = tuple(ModelView(m.name, m.slo_ms, {sim.config.device_type: m.profile},
-                                      min_replicas=m.min_replicas) for m in sim.models)
+                                      min_replicas=m.min_replicas, expected_rate_rps=m.expected_rate_rps)
+                            for m in sim.models)
         self.profiles = {m.name: m.profile for m in sim.models}
         self.slos = {m.name: m.slo_ms for m in sim.models}
         self.hop_s = sim.config.control_hop_ms / 1000.0

@@ -8,7 +8,8 @@ MODELS.json (the ``nexus simulate`` contract)::
 ``profile`` is a profile as ``nexus models upload --profile`` takes it (common/profile.py: the
 latency already conservative, as the planner plans with it); ``share`` is the model's part of the
 scheduled total rate (normalised over the file; a trace file gives arrivals per model instead and
-shares are then unused, so they may be left out). Unknown keys, missing fields and bad values are
+shares are then unused, so they may be left out). Optional: ``min_replicas`` and ``expected_rate_rps``,
+as ``nexus models upload`` takes them. Unknown keys, missing fields and bad values are
 :class:`ModelsError` naming the model and the field.
 """
 
@@ -22,7 +23,7 @@ from typing import Mapping
 
 from common.profile import Profile, ProfileError
 
-KEYS = {"slo_ms", "share", "profile", "min_replicas"}
+KEYS = {"slo_ms", "share", "profile", "min_replicas", "expected_rate_rps"}
 
 
 class ModelsError(ValueError):
@@ -36,6 +37,7 @@ class SimModel:
     share: float                 # of the scheduled total rate (0 when arrivals come from a trace)
     profile: Profile             # on the simulated device type
     min_replicas: int = 0        # 0: the scheduler's default
+    expected_rate_rps: float = 0.0   # planned for before its traffic is measured, as `nexus models upload --expected-rate-rps`
 
 
 def parse_models(obj: object, where: str = "models") -> tuple[SimModel, ...]:
@@ -65,12 +67,16 @@ def parse_models(obj: object, where: str = "models") -> tuple[SimModel, ...]:
         replicas = spec.get("min_replicas", 0)
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
             raise ModelsError(f"{at}: min_replicas must be an integer >= 0, got {replicas!r}")
+        expected = spec.get("expected_rate_rps", 0.0)
+        if isinstance(expected, bool) or not isinstance(expected, (int, float)) or not (math.isfinite(expected)
+                                                                                         and expected >= 0):
+            raise ModelsError(f"{at}: expected_rate_rps must be a number >= 0, got {expected!r}")
         try:
             profile = Profile.from_json_obj(spec["profile"], where=f"{at}.profile")
             profile.validate(where=f"{at}.profile")
         except ProfileError as exc:
             raise ModelsError(str(exc)) from None
-        out.append(SimModel(str(name), float(slo_ms), float(share), profile, replicas))
+        out.append(SimModel(str(name), float(slo_ms), float(share), profile, replicas, float(expected)))
     return tuple(out)
 
 

@@ -296,7 +296,7 @@ def _merge(times: list[np.ndarray], duration_s: float, names: tuple[str, ...]) -
 
 
 def scheduled_arrivals(schedule: RateSchedule, shares: Mapping[str, float], duration_s: float, *,
-                       cv: float = 1.0, seed: int = 0) -> Arrivals:
+                       cv: float | Mapping[str, float] = 1.0, seed: int = 0) -> Arrivals:
     """Arrivals in ``[0, duration_s)``: each model of ``shares`` its own renewal process with gaps of
     coefficient of variation ``cv`` (1: Poisson; see common.arrivals) at rate
     ``share * schedule.rate_at(t)``, shares normalised to sum to 1 (each finite and >= 0, the sum > 0).
@@ -308,11 +308,18 @@ def scheduled_arrivals(schedule: RateSchedule, shares: Mapping[str, float], dura
     across rate changes. ``names`` is the order of ``shares``; model i's generator is child i of
     ``np.random.SeedSequence(seed)``, so a model's arrivals depend only on its position, its
     normalised share, the schedule, ``cv`` and ``seed``: appending a model (and scaling the schedule
-    to keep the others' rates) leaves the others' arrivals unchanged up to float rounding.
+    to keep the others' rates) leaves the others' arrivals unchanged up to float rounding. ``cv`` may
+    be given per model (a mapping by name, every model of ``shares`` in it).
     """
     names = _check_names(list(shares))
     duration = _check_finite_nonneg("duration_s", duration_s)
-    cv = _check_finite_nonneg("cv", cv)
+    if isinstance(cv, Mapping):
+        missing = [name for name in names if name not in cv]
+        if missing:
+            raise WorkloadError(f"cv: no coefficient of variation for {', '.join(map(repr, missing[:5]))}")
+        cvs = [_check_finite_nonneg(f"cv of {name!r}", cv[name]) for name in names]
+    else:
+        cvs = [_check_finite_nonneg("cv", cv)] * len(names)
     weights = np.array([_check_finite_nonneg(f"share of {name!r}", shares[name]) for name in names])
     if not weights.sum() > 0:
         raise WorkloadError("shares must sum to more than 0")
@@ -320,8 +327,8 @@ def scheduled_arrivals(schedule: RateSchedule, shares: Mapping[str, float], dura
     total = schedule.integral(0.0, duration)
     latest = _below(duration)
     times: list[np.ndarray] = []
-    for share, child in zip(weights.tolist(), np.random.SeedSequence(seed).spawn(len(names))):
-        u = arrival_times(1.0, share * total, np.random.default_rng(child), cv=cv)
+    for share, model_cv, child in zip(weights.tolist(), cvs, np.random.SeedSequence(seed).spawn(len(names))):
+        u = arrival_times(1.0, share * total, np.random.default_rng(child), cv=model_cv)
         # u / share < total up to rounding; a time rounded onto duration_s is kept just below it.
         times.append(np.minimum(schedule._inverse_cumulative(u / share), latest) if len(u) else u)
     return _merge(times, duration, names)

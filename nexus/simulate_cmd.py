@@ -44,9 +44,12 @@ def register(sub) -> None:
     p = sub.add_parser("simulate", help="simulate a cluster on a virtual clock with the scheduler's own code",
                        description=__doc__.split("\n\n")[0])
     src = p.add_argument_group("models and arrivals")
-    src.add_argument("--models", required=True, metavar="MODELS.json",
+    src.add_argument("--models", default="", metavar="MODELS.json",
                      help='{"name": {"slo_ms": 200, "share": 0.1, "profile": [{"batch": 1, "latency_ms": 9.0, '
                           '"memory_mb": 300}, ...]}}')
+    src.add_argument("--model-repository", default="", metavar="DIR",
+                     help="the models of a Triton model repository instead (SLO and expected rate from config.pbtxt, "
+                          "profiles from the emulated --device-type's datasheet)")
     src.add_argument("--trace", default="", metavar="TRACE.csv",
                      help="arrivals from a file: CSV with a time_s,model header, or JSON lines")
     src.add_argument("--arrivals", choices=("poisson", "gamma", "azure"), default="poisson",
@@ -164,13 +167,16 @@ def simulate(models, arrivals, config, steps=(), inputs=None) -> dict:
 
 
 def run(args) -> int:
-    from nexus.simulate.models import ModelsError, load_models
+    from nexus.simulate.models import ModelsError, load_models, repository_models
     from nexus.simulate.report import dumps, text
     from nexus.simulate.workload import WorkloadError
 
     try:
-        models = load_models(args.models)
+        if bool(args.models) == bool(args.model_repository):
+            raise ConfigError("give the models: --models MODELS.json or --model-repository DIR")
         config = configs(args)
+        models = load_models(args.models) if args.models else \
+            repository_models(args.model_repository, args.device_type, config.scheduler.default_slo_ms)
         arrivals, steps = _arrivals(args, models)
     except (ModelsError, WorkloadError, ConfigError, ValueError) as exc:
         print(f"nexus simulate: error: {exc}", file=sys.stderr)

@@ -206,3 +206,30 @@ def test_a_bad_models_file_and_a_trace_of_unknown_models_are_refused(tmp_path, c
     trace.write_text("time_s,model\n0.5,a\n1.0,zebra\n")
     assert main(["simulate", "--models", write_models(tmp_path), "--trace", str(trace)]) == 2
     assert "zebra" in capsys.readouterr().err
+
+
+def test_a_model_repository_is_simulated_with_its_slos_rates_and_datasheet_profiles(tmp_path, capsys):
+    from common.sample_models import mlp_small, model_bytes
+
+    def model(name: str, params: str) -> None:
+        d = tmp_path / "repo" / name / "1"
+        d.mkdir(parents=True)
+        (d / "model.onnx").write_bytes(model_bytes(mlp_small()))
+        (d.parent / "config.pbtxt").write_text(f'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n{params}')
+
+    model("fast", 'parameters { key: "slo_ms" value { string_value: "40" } }\n'
+                  'parameters { key: "expected_rate_rps" value { string_value: "300" } }')
+    model("slow", 'parameters { key: "expected_rate_rps" value { string_value: "100" } }')
+    out = tmp_path / "out.json"
+    assert main(["simulate", "--model-repository", str(tmp_path / "repo"), "--device-type", "t4",
+                 "--schedule", "0:400", "--duration-s", "20", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    counts = {name: m["requests"] for name, m in result["per_model"].items()}
+    assert 2.5 < counts["fast"] / counts["slow"] < 3.5          # shares from the expected rates
+    assert result["within_slo"] > 0.95
+    (tmp_path / "repo" / "other" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "other" / "1" / "model.onnx").write_bytes(b"not onnx")
+    assert main(["simulate", "--model-repository", str(tmp_path / "repo"), "--schedule", "0:10"]) == 2
+    assert "other" in capsys.readouterr().err
+    assert main(["simulate", "--schedule", "0:10"]) == 2
+    assert "give the models: --models MODELS.json or --model-repository DIR" in capsys.readouterr().err

@@ -93,6 +93,34 @@ def load_models(path: str | Path) -> tuple[SimModel, ...]:
     return parse_models(obj, str(path))
 
 
+def repository_models(root: str | Path, device_type: str, default_slo_ms: float) -> tuple[SimModel, ...]:
+    """The models of a Triton model repository (common/model_repository.py), newest version of each:
+    its SLO (``slo_ms`` parameter, else ``default_slo_ms``), its expected rate (``expected_rate_rps``,
+    also its share; 1 where none is given), its batch cap, and the profile an emulated ``device_type``
+    gives it (common/emulated_gpus.py: the sample models' classes; another model needs a models file
+    with its profile, as ``nexus serve`` needs ``--profile`` for it)."""
+    from common.emulated_gpus import NoDatasheet, UnknownGpuError, datasheet_profile
+    from common.model_repository import RepositoryError, read_repository
+
+    try:
+        found = read_repository(root)
+    except RepositoryError as exc:
+        raise ModelsError(str(exc)) from None
+    newest = {}
+    for m in found:
+        if m.name not in newest or m.version > newest[m.name].version:
+            newest[m.name] = m
+    out = []
+    for name, m in sorted(newest.items()):
+        try:
+            profile = datasheet_profile(m.path.read_bytes(), device_type).capped(m.max_batch_size)
+        except (NoDatasheet, UnknownGpuError) as exc:
+            raise ModelsError(f"{root}: model {name!r}: no profile on {device_type!r}: {exc}") from None
+        rate = m.expected_rate_rps
+        out.append(SimModel(name, m.slo_ms or default_slo_ms, rate or 1.0, profile, expected_rate_rps=rate))
+    return tuple(out)
+
+
 def shares(models: tuple[SimModel, ...]) -> dict[str, float]:
     """Each model's share of the total rate, normalised; ModelsError when they add up to nothing."""
     total = sum(m.share for m in models)

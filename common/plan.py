@@ -230,7 +230,12 @@ class GpuPlan:
     shared_prefixes: tuple[str, ...] = ()
 
     def session_names(self) -> frozenset[str]:
-        return frozenset(a.session for a in self.sessions)
+        """The sessions it runs (kept once computed: the re-planner asks every GPU for every session)."""
+        names = self.__dict__.get("_session_names")
+        if names is None:
+            names = frozenset(a.session for a in self.sessions)
+            object.__setattr__(self, "_session_names", names)
+        return names
 
 
 @dataclass(frozen=True)

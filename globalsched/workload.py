@@ -9,6 +9,7 @@ Pure bookkeeping: time is passed in.
 from __future__ import annotations
 
 import collections
+import math
 from dataclasses import dataclass
 
 from common.pb import control
@@ -36,10 +37,11 @@ class Workload:
         self.rate_history: dict[str, dict[str, collections.deque]] = {}
         self.edges: dict[str, dict[tuple[str, str, str], tuple[int, int, float]]] = {}  # frontend -> edge -> counts
         self._memo: tuple[float, tuple] | None = None     # (now, _rates(now)) until the next report or forget
+        self._window_memo: tuple[float, float, dict] | None = None  # (from, until, window_rates) likewise
 
     def report(self, request: control.WorkloadReport, now: float) -> None:
         """Take one frontend's report (its node is known: the caller checked)."""
-        self._memo = None
+        self._memo = self._window_memo = None
         table = self.rates.setdefault(request.node_id, {})
         for r in request.rates:
             rate = max(r.rate_rps, 0.0)
@@ -63,7 +65,7 @@ class Workload:
 
     def forget(self, node_id: str) -> None:
         """A node left: its reports no longer count."""
-        self._memo = None
+        self._memo = self._window_memo = None
         self.rates.pop(node_id, None)
         self.rate_history.pop(node_id, None)
         self.edges.pop(node_id, None)
@@ -115,14 +117,24 @@ class Workload:
     def window_rates(self, now: float) -> dict[str, WindowRate]:
         """Per session, its window's mean rate with the noise of its counts (common/surge.py,
         :func:`dispersion`): what the device scaling policy judges an outrun plan by. Sessions a
-        frontend reported without counts are left out."""
+        frontend reported without counts are left out. The device scaler asks every tick; the answer
+        changes only with a report or when one ages out of the window, so it is kept until then."""
+        memo = self._window_memo
+        if memo is not None and memo[0] <= now <= memo[1]:
+            return dict(memo[2])
         out: dict[str, WindowRate] = {}
+        until = math.inf            # the answer holds until a report counted now ages out
         for node, per_model in self.rates.items():
             for model, (_, t) in per_model.items():
-                fresh = self._fresh(node, model, now)
-                window_s = sum(w for _, w in fresh)
-                if now - t > RATE_REPORT_TTL_S or window_s <= 0:
+                if now - t > RATE_REPORT_TTL_S:
                     continue
+                history = self.rate_history.get(node, {}).get(model, ())
+                fresh = [(n, w) for at, n, w in history if now - at <= PLAN_RATE_WINDOW_S]
+                window_s = sum(w for _, w in fresh)
+                if window_s <= 0:
+                    continue
+                until = min(until, t + RATE_REPORT_TTL_S,
+                            min(at for at, _, _ in history if now - at <= PLAN_RATE_WINDOW_S) + PLAN_RATE_WINDOW_S)
                 rate = sum(n for n, _ in fresh) / window_s
                 d = dispersion(fresh)
                 old = out.get(model)
@@ -131,7 +143,8 @@ class Workload:
                     window_s = min(window_s, old.window_s)
                     d = None if d is None or old.dispersion is None else max(d, old.dispersion)
                 out[model] = WindowRate(rate, window_s, d)
-        return out
+        self._window_memo = (now, until, out)
+        return dict(out)
 
     def _fresh(self, node: str, model: str, now: float) -> list[tuple[float, float]]:
         """(requests, seconds) of ``node``'s reports of ``model`` within the rate window, oldest first."""

@@ -13,7 +13,7 @@ by ``--scale`` (default 10):
   (nexus.bench.workloads.long_tail), 150 requests/s in all (times the scale), Poisson, each model
   uploaded with its expected rate, 20 emulated T4s (times the scale), 10 minutes;
 * ``failover``: 100 devices (times the scale) serving 100 models (times the scale) at a steady
-  rate; the 10% of backends carrying the most load are killed at 30 s, once with one replica per
+  rate; the 1% of backends carrying the most load are killed at 30 s, once with one replica per
   model and once with two (``--min-replicas 2``).
 
     python -m benchmarks.sim_twins elastic [--scale 10] [--out benchmarks/out/sim_twins]
@@ -70,7 +70,7 @@ def failover(scale: int, seed: int, replicas: int) -> tuple:
     arrivals = scheduled_arrivals(parse_schedule(f"0:{total}"), {s.name: s.rate_rps for s in sessions}, 90.0,
                                   seed=seed)
     devices = 100 * scale
-    config = SimConfig(backends=devices, seed=seed, faults=(Fault(FaultKind.KILL_BACKENDS, 30.0, count=devices // 10),),
+    config = SimConfig(backends=devices, seed=seed, faults=(Fault(FaultKind.KILL_BACKENDS, 30.0, count=max(1, devices // 100)),),
                        scheduler=SchedulerConfig(min_replicas=replicas))
     return models, arrivals, config, []
 

@@ -38,7 +38,7 @@ def _backends(text: str) -> int | None:
 
 
 def register(sub) -> None:
-    from nexus.simulate.config import SimConfig
+    from nexus.simulate.config import DeviceTime, SimConfig
 
     defaults = SimConfig()
     p = sub.add_parser("simulate", help="simulate a cluster on a virtual clock with the scheduler's own code",
@@ -84,6 +84,9 @@ def register(sub) -> None:
         t.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name),
                        help=f"(default {getattr(defaults, name):g})")
     t.add_argument("--batch-policy", default=defaults.batch_policy, choices=("early_drop", "earliest_first"))
+    t.add_argument("--device-time", default=defaults.device_time.value, choices=[d.value for d in DeviceTime],
+                   help="a batch takes the profile's l(b) with --jitter-cv (profile, as an emulated GPU), or the "
+                        "profile rows' measured mean and spread (measured: mean_ms, std_ms)")
     o = p.add_argument_group("output")
     o.add_argument("--json", default="", metavar="OUT.json", help="the results (same inputs, same bytes)")
     o.add_argument("--plot", default="", metavar="OUT.png", help="devices, demand and the bound; attainment per second")
@@ -131,7 +134,7 @@ def _arrivals(args, models):
 
 def configs(args):
     from common.emulated_gpus import GPU_TYPES
-    from nexus.simulate.config import Fault, SimConfig
+    from nexus.simulate.config import DeviceTime, Fault, SimConfig
 
     memory = args.memory_mb
     if memory is None:
@@ -146,6 +149,7 @@ def configs(args):
                        path_ms=args.path_ms, control_hop_ms=args.control_hop_ms, backend_start_s=args.backend_start_s,
                        model_load_s=args.model_load_s, planning_ms=args.planning_ms, jitter_cv=args.jitter_cv,
                        report_interval_s=args.report_interval_s, batch_policy=args.batch_policy, seed=args.seed,
+                       device_time=DeviceTime(args.device_time),
                        faults=tuple(Fault.parse(f) for f in args.fault), scheduler=scheduler)
     config.validate()
     return config

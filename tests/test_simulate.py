@@ -233,3 +233,18 @@ def test_a_model_repository_is_simulated_with_its_slos_rates_and_datasheet_profi
     assert "other" in capsys.readouterr().err
     assert main(["simulate", "--schedule", "0:10"]) == 2
     assert "give the models: --models MODELS.json or --model-repository DIR" in capsys.readouterr().err
+
+
+def test_measured_device_time_runs_a_batch_for_the_rows_measured_mean_not_the_conservative_figure():
+    from common.profile import BatchLatency, Profile
+    from nexus.simulate.config import DeviceTime
+    from nexus.simulate.models import SimModel
+
+    profile = Profile(tuple(BatchLatency(b, 30.0 + 10 * b, 100.0, mean_ms=15.0 + 5 * b, std_ms=0.0) for b in range(1, 9)))
+    models = (SimModel("m", 300.0, 1.0, profile),)
+    latencies = {}
+    for mode in DeviceTime:
+        sim, _ = run(models, arrivals=evenly("m", 5.0, 20.0), backends=1, path_ms=1.0, device_time=mode)
+        latencies[mode] = sim.outcomes.latency_ms[sim.outcomes.status == Status.ON_TIME][10:]
+    assert np.allclose(latencies[DeviceTime.MEASURED], 20.0 + 1.0)       # mean_ms at batch 1, no spread
+    assert np.all(latencies[DeviceTime.PROFILE] > 30.0)                   # l(1) = 40 ms, jittered

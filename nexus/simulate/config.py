@@ -12,7 +12,9 @@ machines, rounded; each is a flag, and benchmarks/simulator.md keeps the measure
 * ``model_load_s``: one model loaded by a table push, warm-up included, on an emulated device: 0.05 s.
 * ``planning_ms``: the scheduler's time for one plan (plan_cluster and the tables): 20 ms.
 * ``jitter_cv``: the spread of a batch's time about l(b) on an emulated device (coefficient of
-  variation, lognormal): 0.03.
+  variation, lognormal): 0.03. With ``device_time`` MEASURED, a profile row's own measured mean and
+  standard deviation (``mean_ms``, ``std_ms``: what the profiler and the backends' per-batch samples
+  give) set the batch's time and spread instead, where the row has them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ import math
 from dataclasses import dataclass, field
 
 from common.config import ConfigError, SchedulerConfig
+
+
+class DeviceTime(str, enum.Enum):
+    """What a simulated batch of b rows takes on its device."""
+
+    PROFILE = "profile"      # l(b), the profile's conservative figure, as an emulated device waits it
+    MEASURED = "measured"    # the profile's measured mean at b with its measured spread (rows with mean_ms
+                             # and std_ms, as the profiler and the backends' samples give them); l(b) elsewhere
 
 
 class FaultKind(str, enum.Enum):
@@ -80,6 +90,7 @@ class SimConfig:
     model_load_s: float = 0.05
     planning_ms: float = 20.0
     jitter_cv: float = 0.03
+    device_time: DeviceTime = DeviceTime.PROFILE
     report_interval_s: float = 2.0      # the frontends' workload reports (FrontendConfig's default)
     batch_policy: str = "early_drop"
     max_queue: int = 4096               # per session, as the backend's --max-queue

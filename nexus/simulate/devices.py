@@ -1,6 +1,7 @@
 """A simulated backend and its device: sessions' queues in deadline order, the production batching
 decision (:func:`common.batching.schedule` with the backend's policy, and the session's largest batch
-by :func:`backend.engine.session_max_batch`), and batches that take l(b) times a lognormal jitter.
+by :func:`backend.engine.session_max_batch`), and batches that take l(b) (or the measured mean)
+times a lognormal jitter of mean 1.
 
 Its life: STARTING (the process starts; it registers ``backend_start_s`` later), UP, DRAINING (told
 to stop: it leaves the plan, answers what it holds, then exits) and GONE (exited, or killed). A
@@ -31,14 +32,29 @@ class Life(enum.Enum):
     GONE = "gone"
 
 
-class SimSession:
-    __slots__ = ("name", "slo_ms", "profile", "planned_batch", "max_batch", "queue", "latency_ms")
+def device_times(profile: Profile, measured: bool, cv: float) -> tuple[tuple[float, float], ...]:
+    """Per batch size (index b-1), the (mean ms, lognormal sigma) of a batch's time on the device: the
+    profile's l(b) with spread ``cv``, or with ``measured`` a row's measured mean and spread where
+    it has them."""
+    out = []
+    for row in profile.rows:
+        if measured and row.mean_ms and row.std_ms is not None:
+            out.append((row.mean_ms, lognormal_sigma(row.std_ms / row.mean_ms)))
+        else:
+            out.append((row.latency_ms, lognormal_sigma(cv)))
+    return tuple(out)
 
-    def __init__(self, name: str, slo_ms: float, profile: Profile, planned_batch: int) -> None:
+
+class SimSession:
+    __slots__ = ("name", "slo_ms", "profile", "planned_batch", "max_batch", "queue", "latency_ms", "device_ms")
+
+    def __init__(self, name: str, slo_ms: float, profile: Profile, planned_batch: int,
+                 device_ms: tuple[tuple[float, float], ...]) -> None:
         self.name = name
         self.slo_ms = slo_ms
         self.profile = profile
         self.latency_ms = profile.latency_ms
+        self.device_ms = device_ms
         self.queue: list[Pending] = []
         self.plan(planned_batch)
 
@@ -109,7 +125,8 @@ class SimBackend:
             for p in decision.dropped:
                 sim.dropped(p.request_id, self, now)
             if decision.batch:
-                duration_s = session.latency_ms(decision.rows) / 1000.0 * sim.jitter()
+                mean_ms, sigma = session.device_ms[decision.rows - 1]
+                duration_s = mean_ms / 1000.0 * sim.jitter(sigma)
                 self.token += 1
                 self.running = (self.token, decision.batch)
                 self.busy_s += duration_s
@@ -141,7 +158,7 @@ class SimBackend:
             session = self.sessions.get(name)
             if session is None or session.profile is not profile or session.slo_ms != slo_ms:
                 old = session
-                session = SimSession(name, slo_ms, profile, batch)
+                session = SimSession(name, slo_ms, profile, batch, self.sim.device_times(profile))
                 if old is not None:
                     session.queue = old.queue
                 self.sessions[name] = session

@@ -5,6 +5,7 @@ ending), which the conservation test checks."""
 from __future__ import annotations
 
 import enum
+from array import array
 
 import numpy as np
 
@@ -31,20 +32,35 @@ FAILED = (Status.DROPPED, Status.UNAVAILABLE, Status.OVERLOADED, Status.EXPIRED)
 
 
 class Outcomes:
+    """Kept in plain Python buffers while the simulation runs (a numpy scalar per request cost more
+    than the rest of its handling) and read as numpy arrays afterwards."""
+
     def __init__(self, count: int) -> None:
-        self.status = np.zeros(count, dtype=np.int8)
-        self.latency_ms = np.full(count, np.nan, dtype=np.float64)
-        self.loss = np.zeros(count, dtype=np.int8)      # set when a backend let the request go
+        self._status = bytearray(count)
+        self._latency_ms = array("d", bytes(8 * count))
+        self._loss = bytearray(count)             # set when a backend let the request go
         self.ended = 0
 
     def end(self, request: int, status: Status, latency_ms: float = float("nan")) -> None:
-        if self.status[request] != Status.PENDING:
-            raise RuntimeError(f"request {request} ended twice ({Status(self.status[request]).name}, "
+        if self._status[request]:
+            raise RuntimeError(f"request {request} ended twice ({Status(self._status[request]).name}, "
                                f"then {status.name})")
-        self.status[request] = status
-        self.latency_ms[request] = latency_ms
+        self._status[request] = status
+        self._latency_ms[request] = latency_ms
         self.ended += 1
 
     def let_go(self, request: int, why: Loss) -> None:
         """The request's backend let it go (it is retried elsewhere while its deadline allows)."""
-        self.loss[request] = why
+        self._loss[request] = why
+
+    @property
+    def status(self) -> np.ndarray:
+        return np.frombuffer(bytes(self._status), dtype=np.int8)
+
+    @property
+    def latency_ms(self) -> np.ndarray:
+        return np.frombuffer(self._latency_ms.tobytes(), dtype=np.float64)
+
+    @property
+    def loss(self) -> np.ndarray:
+        return np.frombuffer(bytes(self._loss), dtype=np.int8)

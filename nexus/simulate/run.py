@@ -23,9 +23,10 @@ from typing import Callable
 import numpy as np
 
 from common.pb import control as pb
-from nexus.simulate.config import FaultKind, SimConfig
+from common.profile import Profile
+from nexus.simulate.config import DeviceTime, FaultKind, SimConfig
 from nexus.simulate.control import SimActuator, SimScheduler
-from nexus.simulate.devices import Life, SimBackend, lognormal_sigma
+from nexus.simulate.devices import Life, SimBackend, device_times
 from nexus.simulate.frontends import SimFrontend
 from nexus.simulate.models import SimModel
 from nexus.simulate.outcomes import Loss, Outcomes, Status
@@ -66,11 +67,12 @@ class Simulation:
         self._heap: list = []
         self._seq = 0
         self.rng = random.Random(config.seed)
-        self._sigma = lognormal_sigma(config.jitter_cv)
-        self._mu = -self._sigma * self._sigma / 2
+        self._device_times: dict[int, tuple] = {}
         slo_by_name = {m.name: m.slo_ms for m in models}
         self._names = arrivals.names
-        self._slo_s = np.array([slo_by_name[n] / 1000.0 for n in arrivals.names] or [0.0])
+        self._slo_s = [slo_by_name[n] / 1000.0 for n in arrivals.names]
+        self._times = arrivals.times_s.tolist()       # read per request: Python floats cost least
+        self._models = arrivals.models.tolist()
         self.outcomes = Outcomes(arrivals.count())
         self.backends: dict[str, SimBackend] = {}
         self.frontends = [SimFrontend(self, f"fe-{i}") for i in range(config.frontends)]
@@ -86,8 +88,17 @@ class Simulation:
         heapq.heappush(self._heap, (max(t, self.now), self._seq, fn, args))
         self._seq += 1
 
-    def jitter(self) -> float:
-        return self.rng.lognormvariate(self._mu, self._sigma) if self._sigma > 0 else 1.0
+    def jitter(self, sigma: float) -> float:
+        """A lognormal factor of mean 1 and log-spread ``sigma`` (1 when 0)."""
+        return self.rng.lognormvariate(-sigma * sigma / 2, sigma) if sigma > 0 else 1.0
+
+    def device_times(self, profile: Profile) -> tuple[tuple[float, float], ...]:
+        """(mean ms, sigma) per batch of ``profile`` on the simulated device (devices.py), once per profile."""
+        key = id(profile)
+        if key not in self._device_times:
+            self._device_times[key] = (profile, device_times(profile, self.config.device_time is DeviceTime.MEASURED,
+                                                              self.config.jitter_cv))
+        return self._device_times[key][1]
 
     def log(self, now: float, kind: str, text: str, **fields) -> None:
         self.events.append({"time_s": round(now, 6), "kind": kind, "text": text, **fields})
@@ -95,18 +106,18 @@ class Simulation:
     # ---- requests --------------------------------------------------------------------------------
 
     def model_of(self, request: int) -> str:
-        return self._names[self.arrivals.models[request]]
+        return self._names[self._models[request]]
 
     def deadline_s(self, request: int) -> float:
-        return float(self.arrivals.times_s[request] + self._slo_s[self.arrivals.models[request]])
+        return self._times[request] + self._slo_s[self._models[request]]
 
     def _frontend(self, request: int) -> SimFrontend:
         return self.frontends[request % len(self.frontends)]
 
     def answered(self, request: int, backend: SimBackend, now: float) -> None:
         self._frontend(request).returned(request, backend.node_id)
-        latency_s = now + self.config.path_ms / 2000.0 - float(self.arrivals.times_s[request])
-        on_time = latency_s <= self._slo_s[self.arrivals.models[request]] + 1e-9
+        latency_s = now + self.config.path_ms / 2000.0 - self._times[request]
+        on_time = latency_s <= self._slo_s[self._models[request]] + 1e-9
         self.outcomes.end(request, Status.ON_TIME if on_time else Status.LATE, latency_s * 1000.0)
 
     def dropped(self, request: int, backend: SimBackend, now: float) -> None:
@@ -118,7 +129,7 @@ class Simulation:
         self._frontend(request).let_go(request, backend.node_id, why is Loss.FAULT, now)
 
     def ended(self, request: int, status: Status, now: float) -> None:
-        latency_s = now + self.config.path_ms / 2000.0 - float(self.arrivals.times_s[request])
+        latency_s = now + self.config.path_ms / 2000.0 - self._times[request]
         self.outcomes.end(request, status, latency_s * 1000.0)
 
     # ---- backends --------------------------------------------------------------------------------

@@ -5,8 +5,8 @@ scheduler's, the scaling policy's, the actuator's, the frontends' and the engine
 code on a virtual clock), with every count of models, devices and requests per second multiplied
 by ``--scale`` (default 10):
 
-* ``elastic`` (benchmarks/elastic.py, "devices started on demand"): Zipf models of GPU-like
-  profiles (nexus.bench.elastic.zipf_models), Gamma arrivals of CV 1-4 by model, ``--base-rps`` for
+* ``elastic`` (benchmarks/elastic.py, "devices started on demand"): Zipf models of its GPU-like
+  profiles and SLOs (nexus.bench.elastic.zipf_models, as it calls it), Gamma arrivals of CV 1-4 by model, ``--base-rps`` for
   40 s, 5x for 40 s, back for 60 s, ``--backends auto`` from 1 to 12 (times the scale), a 10 s
   scale-down cool-down;
 * ``long_tail`` (benchmarks/long_tail.py): 100 models (times the scale) of the issue-18 long tail
@@ -30,6 +30,7 @@ import os
 import pathlib
 import time
 
+from benchmarks.elastic import FIXED_MS, PER_ITEM_MS, SLOS_MS
 from common.config import SchedulerConfig
 from nexus.bench.elastic import zipf_models
 from nexus.bench.workloads import long_tail
@@ -42,7 +43,7 @@ from nexus.simulate.workload import parse_schedule, scheduled_arrivals
 
 
 def elastic(scale: int, seed: int, base_rps: float = 40.0) -> tuple:
-    trace = zipf_models(24 * scale, seed=seed)
+    trace = zipf_models(24 * scale, seed=seed, per_item_ms=PER_ITEM_MS, fixed_ms=FIXED_MS, slo_ms=SLOS_MS)
     models = tuple(SimModel(m.name, m.slo_ms, m.share, m.profile) for m in trace)
     rps = base_rps * scale
     schedule = parse_schedule(f"0:{rps},40:{5 * rps},80:{rps}")

@@ -1,0 +1,35 @@
+"""The idle scheduler's work follows events, not time (issue 29), in process: the latency split is
+computed once per distinct input, an Attach stream sends an event only for a new epoch or its end,
+and a frontend's quiet reports are news only while its windows still change.
+tests/test_scheduler_idle_cpu.py measures a real scheduler's idle CPU."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+from common.profile import Profile
+from common.query_def import parse_query
+from common.sample_queries import SAMPLE_QUERIES
+from globalsched.algorithms.config import PlannerConfig
+from globalsched.query_sessions import plan_query_sessions, query_split
+
+
+def _traffic_inputs():
+    q = parse_query(json.dumps(copy.deepcopy(SAMPLE_QUERIES["traffic"])))
+    profiles = {m: {"gpu": Profile.linear(a, b, 64)} for m, a, b in
+                (("detector", 2.0, 10.0), ("vehicle_cls", 1.0, 5.0), ("face_cls", 1.0, 5.0))}
+    return {"traffic": q}, profiles
+
+
+def test_the_latency_split_is_computed_once_per_distinct_input():
+    queries, profiles = _traffic_inputs()
+    config = PlannerConfig(burst_sigma=1.5, network_ms=5.0)
+    query_split.cache_clear()
+    first = plan_query_sessions(queries, {"traffic": 20.0}, {}, profiles, ["gpu"], "dp", config=config)
+    again = plan_query_sessions(queries, {"traffic": 20.0}, {}, profiles, ["gpu"], "dp", config=config)
+    assert first == again
+    assert query_split.cache_info().hits == 1 and query_split.cache_info().misses == 1
+    # Another rate (or gamma, profile, config) is another split.
+    other = plan_query_sessions(queries, {"traffic": 200.0}, {}, profiles, ["gpu"], "dp", config=config)
+    assert query_split.cache_info().misses == 2 and other[0] != first[0]

@@ -5,14 +5,21 @@ tests/test_scheduler_idle_cpu.py measures a real scheduler's idle CPU."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 
+from common.pb import control
 from common.profile import Profile
 from common.query_def import parse_query
 from common.sample_queries import SAMPLE_QUERIES
+from common.config import SchedulerConfig
+from common import grpc_util
 from globalsched.algorithms.config import PlannerConfig
+from globalsched.membership import Membership, Node
 from globalsched.query_sessions import plan_query_sessions, query_split
+from globalsched.replan_trigger import ReplanTrigger
+from globalsched.workload import Workload
 
 
 def _traffic_inputs():
@@ -33,3 +40,27 @@ def test_the_latency_split_is_computed_once_per_distinct_input():
     # Another rate (or gamma, profile, config) is another split.
     other = plan_query_sessions(queries, {"traffic": 200.0}, {}, profiles, ["gpu"], "dp", config=config)
     assert query_split.cache_info().misses == 2 and other[0] != first[0]
+
+
+def test_an_attach_stream_sends_the_epoch_when_it_changes_and_ends_when_the_node_goes():
+    async def main():
+        trigger = ReplanTrigger(epoch=7)
+        membership = Membership(SchedulerConfig(), grpc_util.NO_CREDENTIALS, Workload(), trigger)
+        membership.nodes["be-1"] = Node("be-1", control.NODE_KIND_BACKEND, "127.0.0.1:1")
+        events = membership.attach("be-1")
+        assert (await events.__anext__()).epoch == 7
+        following = asyncio.ensure_future(events.__anext__())
+        await asyncio.sleep(0.05)
+        assert not following.done()                 # no keep-alive while nothing changes
+        trigger.epoch = 8
+        assert (await asyncio.wait_for(following, 1)).epoch == 8
+        following = asyncio.ensure_future(events.__anext__())
+        await asyncio.sleep(0.05)
+        await membership.remove_node("be-1", "test")
+        try:
+            await asyncio.wait_for(following, 1)
+            raise AssertionError("the stream goes on after its node was removed")
+        except StopAsyncIteration:
+            pass
+
+    asyncio.run(main())

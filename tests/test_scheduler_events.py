@@ -64,3 +64,25 @@ def test_an_attach_stream_sends_the_epoch_when_it_changes_and_ends_when_the_node
             pass
 
     asyncio.run(main())
+
+
+def _report(workload: Workload, now: float, requests: int = 0, node: str = "fe") -> bool:
+    return workload.report(control.WorkloadReport(node_id=node, rates=[control.SessionRate(
+        model="m", rate_rps=requests / 2.0, requests=requests, window_ms=2000)]), now)
+
+
+def test_quiet_reports_are_news_only_while_the_planners_inputs_still_change():
+    w = Workload()
+    news = [_report(w, t) for t in (0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0)]
+    # the first report, then quiet ones while the window fills (its length is the noise judged by)
+    assert news == [True, True, True, True, False, False, False]   # full at 8 s: reports since -2 s
+    assert _report(w, 14.0, requests=30)            # traffic
+    # quiet again: news until the traffic's counts have left the window
+    news = [_report(w, t) for t in (16.0, 18.0, 20.0, 22.0, 24.0, 26.0)]
+    assert news[0] and news[-1] is False
+    # a new model reported is news; another frontend is judged on its own
+    assert w.report(control.WorkloadReport(node_id="fe", rates=[control.SessionRate(model="m", window_ms=2000),
+                                                                control.SessionRate(model="n", window_ms=2000)]), 28.0)
+    assert _report(w, 28.0, node="fe-2")
+    w.forget("fe")
+    assert _report(w, 30.0)

@@ -3,6 +3,7 @@ traffic, the scheduler process's CPU seconds from /proc over a window.
 
     python -m benchmarks.idle_scheduler [--backends 1] [--device cpu] [--window-s 30] [--settle-s 20]
     python -m benchmarks.idle_scheduler --backends 10 --device emulated:t4
+    python -m benchmarks.idle_scheduler --backends 10 --device emulated:t4 -- --heartbeat-interval-ms 5000
 
 It starts ``nexus serve`` in a temporary data directory (the sample models are built, profiled and
 served as for a new user), waits ``--settle-s`` after its ready line for the first plans and
@@ -41,9 +42,10 @@ def backend_count(serve_pid: int) -> int:
     return sum(" backend " in f" {cmdline(p)} " for p in descendants(serve_pid))
 
 
-def measure(backends: int, device: str, window_s: float, settle_s: float, py_spy: str | None) -> dict:
+def measure(backends: int, device: str, window_s: float, settle_s: float, py_spy: str | None,
+            serve_args: tuple[str, ...] = ()) -> dict:
     with tempfile.TemporaryDirectory(prefix="nexus-idle-") as tmp:
-        serve = ServeCluster(tmp, "--backends", str(backends), "--device", device,
+        serve = ServeCluster(tmp, "--backends", str(backends), "--device", device, *serve_args,
                              log_path=pathlib.Path(tmp) / "serve.log")
         try:
             time.sleep(settle_s)
@@ -73,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle-s", type=float, default=20.0)
     ap.add_argument("--py-spy", default=None, help="py-spy binary: also sample the scheduler over the window")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("serve_args", nargs="*", help="after --: more nexus serve flags")
     args = ap.parse_args(argv)
-    r = measure(args.backends, args.device, args.window_s, args.settle_s, args.py_spy)
+    r = measure(args.backends, args.device, args.window_s, args.settle_s, args.py_spy, tuple(args.serve_args))
     if args.json:
         print(json.dumps(r, indent=1))
     busy = " (load > 1.5)" if max(r["loadavg_start"], r["loadavg_end"]) > BUSY_LOAD else ""

@@ -4,6 +4,7 @@ traffic, the scheduler process's CPU seconds from /proc over a window.
     python -m benchmarks.idle_scheduler [--backends 1] [--device cpu] [--window-s 30] [--settle-s 20]
     python -m benchmarks.idle_scheduler --backends 10 --device emulated:t4
     python -m benchmarks.idle_scheduler --backends 10 --device emulated:t4 -- --heartbeat-interval-ms 5000
+    python -m benchmarks.idle_scheduler --load traffic 20 30      # the idle after 30 s of query traffic
 
 It starts ``nexus serve`` in a temporary data directory (the sample models are built, profiled and
 served as for a new user), waits ``--settle-s`` after its ready line for the first plans and
@@ -26,9 +27,11 @@ import time
 
 from nexus.bench import pyspy
 from nexus.bench.cluster import ServeCluster, descendants, cmdline
+from nexus.bench.loadgen import BackgroundLoad
 from nexus.bench.meters import CpuMeter, loadavg
 
 BUSY_LOAD = 1.5      # a figure taken at a higher 1-minute load average is marked
+LOAD_SLO_MS = 500.0  # of the optional traffic before the idle window
 
 
 def cpu_model() -> str:
@@ -43,11 +46,16 @@ def backend_count(serve_pid: int) -> int:
 
 
 def measure(backends: int, device: str, window_s: float, settle_s: float, py_spy: str | None,
-            serve_args: tuple[str, ...] = ()) -> dict:
+            serve_args: tuple[str, ...] = (), load: tuple[str, float, float] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="nexus-idle-") as tmp:
         serve = ServeCluster(tmp, "--backends", str(backends), "--device", device, *serve_args,
                              log_path=pathlib.Path(tmp) / "serve.log")
         try:
+            if load is not None:            # traffic first: the idle that follows it is measured
+                model, rate_rps, seconds = load
+                traffic = BackgroundLoad(serve.frontend, model, rate_rps, slo_ms=LOAD_SLO_MS).start()
+                time.sleep(seconds)
+                traffic.stop()
             time.sleep(settle_s)
             pids = serve.components()
             load0 = loadavg()
@@ -74,10 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window-s", type=float, default=30.0)
     ap.add_argument("--settle-s", type=float, default=20.0)
     ap.add_argument("--py-spy", default=None, help="py-spy binary: also sample the scheduler over the window")
+    ap.add_argument("--load", nargs=3, metavar=("MODEL", "RPS", "SECONDS"), default=None,
+                    help="send MODEL traffic at RPS for SECONDS first; the idle after it is measured")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("serve_args", nargs="*", help="after --: more nexus serve flags")
     args = ap.parse_args(argv)
-    r = measure(args.backends, args.device, args.window_s, args.settle_s, args.py_spy, tuple(args.serve_args))
+    load = (args.load[0], float(args.load[1]), float(args.load[2])) if args.load else None
+    r = measure(args.backends, args.device, args.window_s, args.settle_s, args.py_spy, tuple(args.serve_args), load)
     if args.json:
         print(json.dumps(r, indent=1))
     busy = " (load > 1.5)" if max(r["loadavg_start"], r["loadavg_end"]) > BUSY_LOAD else ""

@@ -81,7 +81,7 @@ class Workload:
 
     def _settled(self, node: str, now: float) -> bool:
         """Whether ``node``'s reports hold no count within the windows the planner reads (rates:
-        PLAN_RATE_WINDOW_S; fan-outs: :meth:`current_gammas`'), and every rate window is full."""
+        PLAN_RATE_WINDOW_S; fan-outs: :meth:`current_gammas`'s), and every rate window is full."""
         for model in self.rates.get(node, {}):
             fresh = self._fresh(node, model, now)
             if any(n for n, _ in fresh) or sum(w for _, w in fresh) < PLAN_RATE_WINDOW_S - FULL_WINDOW_SLACK_S:

@@ -3,7 +3,8 @@
 A node registers with the address its peers dial; a wildcard host is replaced by the host the
 registration came from, and the scheduler dials the node back (a health check) before admitting it,
 so a node nobody can reach never joins the plan. Each registered node holds an Attach stream open:
-its end removes the node at once, and missed heartbeats (the reaper) are the backstop. A stopping
+its end removes the node at once, and missed heartbeats (the reaper) are the backstop. The stream
+carries the plan's epoch when it changes, nothing in between. A stopping
 node calls Leave, and its sessions are re-planned before the reply. Every way a node goes ends in
 :meth:`Membership.remove_node` or :meth:`Membership.leave`: its reports are forgotten, its channel
 closed and the plan repaired.
@@ -76,6 +77,9 @@ class Node:
     last_seen: float = field(default_factory=time.monotonic)
     stub: object = None
     channel: object = None
+    # set once the node is no longer registered (removed, left, or replaced by a re-registration):
+    # it ends the node's Attach stream
+    gone: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)
 
 
 class Membership:
@@ -113,7 +117,7 @@ class Membership:
                                   f"the scheduler cannot reach this {kind} at {address} ({problem}); start it with "
                                   f"--advertise HOST:PORT, an address the scheduler and the frontends can dial")
         node_id = request.node_id or f"{'fe' if request.kind == control.NODE_KIND_FRONTEND else 'be'}-{uuid.uuid4().hex[:8]}"
-        old = self.nodes.pop(node_id, None)
+        old = self._forget(node_id)
         if old is not None and old.channel is not None:
             await old.channel.close()
         node = Node(node_id, request.kind, address, request.device, request.device_type or request.device,
@@ -155,7 +159,7 @@ class Membership:
         """A stopping node leaves the plan: its sessions are planned elsewhere and every table pushed
         before this returns, so once it has the reply no frontend routes to it any more. Refused when
         the re-plan failed."""
-        node = self.nodes.pop(node_id, None)
+        node = self._forget(node_id)
         if node is None:
             return
         self.workload.forget(node.node_id)
@@ -177,17 +181,40 @@ class Membership:
         node = self.nodes.get(node_id)
         if node is None:
             raise Refused(grpc.StatusCode.NOT_FOUND, f"unknown node {node_id!r}; register first")
+        epoch = self.trigger.epoch
         try:
             while self.nodes.get(node_id) is node:
-                yield control.AttachEvent(epoch=self.trigger.epoch)
-                await asyncio.sleep(self.config.heartbeat_interval_ms / 1000)
+                yield control.AttachEvent(epoch=epoch)
+                epoch = await self._next_epoch(node, epoch)
         finally:
             if not self.stopping and self.nodes.get(node_id) is node:
                 await self.remove_node(node.node_id, "its Attach stream ended")
 
+    async def _next_epoch(self, node: Node, seen: int) -> int:
+        """The next plan epoch published while ``node`` is registered, or ``seen`` once it is gone.
+
+        The stream carries an event only when there is news: a new epoch, or its end. It used to
+        send one every heartbeat interval as a keep-alive, a wake-up per node per second at idle;
+        the channels' HTTP/2 keepalive pings (common/grpc_util.py) tell a dead or hung peer."""
+        gone = asyncio.ensure_future(node.gone.wait())
+        published = asyncio.ensure_future(self.trigger.next_epoch(seen))
+        try:
+            await asyncio.wait({gone, published}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            published.cancel()
+        return seen if node.gone.is_set() else self.trigger.epoch
+
+    def _forget(self, node_id: str) -> Node | None:
+        """Take ``node_id`` out of the registered nodes (which ends its Attach stream); the node, if it was."""
+        node = self.nodes.pop(node_id, None)
+        if node is not None:
+            node.gone.set()
+        return node
+
     async def remove_node(self, node_id: str, why: str) -> None:
         """Forget a node now (its stream ended, or it missed heartbeats) and repair the plan."""
-        node = self.nodes.pop(node_id, None)
+        node = self._forget(node_id)
         if node is None:
             return
         log.warning("%s removed: %s", node_id, why)

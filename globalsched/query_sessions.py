@@ -15,6 +15,7 @@ ties: the scheduler's split is never worse than the even split it is compared ag
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Mapping
 
 from common.plan import PlanningError, QueryEdge, QuerySpec, QueryStage
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
 SPLIT_METHODS = ("dp", "even", "proportional")
 DEFAULT_GAMMA = 1.0
+SPLIT_CACHE_SIZE = 256      # splits remembered (query x rate x gammas x profiles x device type)
 
 
 def plan_query_sessions(queries: Mapping[str, QueryDef], rates_rps: Mapping[str, float],
@@ -41,7 +43,7 @@ def plan_query_sessions(queries: Mapping[str, QueryDef], rates_rps: Mapping[str,
     ``config.margins_ms`` (the path allowance) is spent outside the device by every stage: each
     stage's budget covers it, and the packing keeps duty cycle + batch latency within budget less it.
     """
-    from globalsched.algorithms import PlannerConfig as _Config, even_split, proportional_split, split_latency
+    from globalsched.algorithms import PlannerConfig as _Config
 
     config = config or _Config()
 
@@ -64,16 +66,8 @@ def plan_query_sessions(queries: Mapping[str, QueryDef], rates_rps: Mapping[str,
         spec = QuerySpec(name, q.slo_ms, rate,
                          tuple(QueryStage(s.name, s.model, profiles[s.model][device_type]) for s in q.stages),
                          tuple(QueryEdge(p, c, max(used[f"{p}->{c}"], 1e-3)) for p, c in edges))
-        reason = ""
-        try:
-            split = {"dp": split_latency, "even": even_split, "proportional": proportional_split}[method](spec, config)
-            if method == "dp":
-                split = min([split, even_split(spec, config), proportional_split(spec, config)],
-                            key=lambda s: _packed_gpus(spec, s, device_type, config))
-            budgets = dict(split.budgets_ms)
-            chosen = split.method.value
-        except PlanningError as exc:
-            budgets, chosen, reason = even_budgets_ms(q), "even", f"{exc}; served best effort"
+        split_ms, chosen, reason = query_split(spec, method, device_type, config)
+        budgets = dict(split_ms) if split_ms is not None else even_budgets_ms(q)
         stage_rates = spec.stage_rates_rps()
         for s in q.stages:
             sessions.append(SessionInput(q.graph.session_name(s.name), budgets[s.name],
@@ -81,6 +75,28 @@ def plan_query_sessions(queries: Mapping[str, QueryDef], rates_rps: Mapping[str,
         minimal = {s.name: 2 * profiles[s.model][device_type].latency_ms(1) + config.margins_ms for s in q.stages}
         plans[name] = QueryPlan(name, budgets, used, chosen, reason, stage_rates, latest_finish_ms(q, minimal))
     return sessions, plans
+
+
+@functools.lru_cache(maxsize=SPLIT_CACHE_SIZE)
+def query_split(spec: QuerySpec, method: str, device_type: str, config: PlannerConfig
+                ) -> tuple[tuple[tuple[str, float], ...] | None, str, str]:
+    """The latency split of ``spec`` on ``device_type`` by ``method``: (budgets as (stage, ms) pairs,
+    the method chosen, ""), or (None, "even", why) when no split serves the query within its SLO.
+
+    Pure in its (hashable, frozen) arguments, so it is memoised: the split (a DP and, for "dp", the
+    packing of three splits) costs hundreds of milliseconds, and the planner asks for it at every
+    evaluation (each workload report, the epoch timer) with the same rates, gammas and profiles
+    unless something changed; an idle scheduler spent most of a core here."""
+    from globalsched.algorithms import even_split, proportional_split, split_latency
+
+    try:
+        split = {"dp": split_latency, "even": even_split, "proportional": proportional_split}[method](spec, config)
+        if method == "dp":
+            split = min([split, even_split(spec, config), proportional_split(spec, config)],
+                        key=lambda s: _packed_gpus(spec, s, device_type, config))
+    except PlanningError as exc:
+        return None, "even", f"{exc}; served best effort"
+    return split.budgets_ms, split.method.value, ""
 
 
 def _packed_gpus(spec, split, device_type: str, config: PlannerConfig) -> int:

@@ -123,8 +123,8 @@ class SchedulerService(control_grpc.SchedulerServicer):
     async def ReportWorkload(self, request, context):
         if request.node_id not in self.nodes:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"unknown node {request.node_id!r}; register first")
-        self.workload.report(request, time.monotonic())
-        self.trigger.evaluate()
+        if self.workload.report(request, time.monotonic()):
+            self.trigger.evaluate()
         return control.WorkloadReply()
 
     # ---- model administration ----------------------------------------------------------------------

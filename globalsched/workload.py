@@ -19,6 +19,7 @@ RATE_REPORT_TTL_S = 10.0        # a frontend's report counts this long
 RATE_SMOOTHING = 0.3            # weight of the newest report in the exponentially smoothed rate
 PLAN_RATE_WINDOW_S = 10.0       # plans use the mean rate of the reports of this window
 MIN_EDGE_SAMPLES = 20           # parent rows before a measured gamma is trusted
+FULL_WINDOW_SLACK_S = 0.5       # a rate window this close to PLAN_RATE_WINDOW_S is full (report timing jitter)
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,28 @@ class Workload:
         self.edges: dict[str, dict[tuple[str, str, str], tuple[int, int, float]]] = {}  # frontend -> edge -> counts
         self._memo: tuple[float, tuple] | None = None     # (now, _rates(now)) until the next report or forget
         self._window_memo: tuple[float, float, dict] | None = None  # (from, until, window_rates) likewise
+        # frontend -> the models of its latest report, when that report counted nothing
+        self.quiet: dict[str, frozenset[str]] = {}
 
-    def report(self, request: control.WorkloadReport, now: float) -> None:
-        """Take one frontend's report (its node is known: the caller checked)."""
+    def report(self, request: control.WorkloadReport, now: float) -> bool:
+        """Take one frontend's report (its node is known: the caller checked). Whether it is news for
+        the planner: False only for a report that counts nothing (no request, no fan-out), of the
+        same models as the frontend's previous report, which counted nothing either, while the
+        frontend's windows hold no count and are full (:meth:`_settled`): its share of the planner's
+        inputs is then the same zeros as at its previous report.
+
+        An idle frontend sends such a report every few seconds; judging the plan on each cost the
+        scheduler CPU in proportion to time, not to events. What time alone changes is judged by
+        the epoch timer (globalsched/control_loop.py)."""
         self._memo = self._window_memo = None
+        quiet = not any(r.requests or r.rate_rps > 0 for r in request.rates) and \
+            not any(e.parent_requests or e.child_requests for e in request.edges)
+        models = frozenset(r.model for r in request.rates)
+        was_quiet = self.quiet.get(request.node_id) == models
+        if quiet:
+            self.quiet[request.node_id] = models
+        else:
+            self.quiet.pop(request.node_id, None)
         table = self.rates.setdefault(request.node_id, {})
         for r in request.rates:
             rate = max(r.rate_rps, 0.0)
@@ -62,6 +81,17 @@ class Workload:
                 edges[key] = (old[0] + e.parent_requests, old[1] + e.child_requests, old[2])
             else:
                 edges[key] = (e.parent_requests, e.child_requests, now)
+        return not (quiet and was_quiet and self._settled(request.node_id, now))
+
+    def _settled(self, node: str, now: float) -> bool:
+        """Whether ``node``'s reports hold no count within the windows the planner reads (rates:
+        PLAN_RATE_WINDOW_S; fan-outs: :meth:`current_gammas`'s), and every rate window is full."""
+        for model in self.rates.get(node, {}):
+            fresh = self._fresh(node, model, now)
+            if any(n for n, _ in fresh) or sum(w for _, w in fresh) < PLAN_RATE_WINDOW_S - FULL_WINDOW_SLACK_S:
+                return False
+        return not any((parent or child) and now - t <= 2 * RATE_REPORT_TTL_S
+                       for parent, child, t in self.edges.get(node, {}).values())
 
     def forget(self, node_id: str) -> None:
         """A node left: its reports no longer count."""
@@ -69,6 +99,7 @@ class Workload:
         self.rates.pop(node_id, None)
         self.rate_history.pop(node_id, None)
         self.edges.pop(node_id, None)
+        self.quiet.pop(node_id, None)
 
     def planning_rates(self, now: float) -> dict[str, float]:
         """The rates a plan is made for: requests over time across the reports of the last

@@ -56,6 +56,12 @@ def test_bad_scheduler_flags_are_refused(tmp_path):
         assert done.returncode == 2 and message in done.stderr, (flags, done.stderr)
 
 
+def _report(service, now, **rates_rps):
+    """Frontend "fe" reports these rates, as its first report (no smoothing)."""
+    service.workload.report(control.WorkloadReport(node_id="fe", rates=[
+        control.SessionRate(model=m, rate_rps=r) for m, r in rates_rps.items()]), now)
+
+
 def test_reported_rates_are_smoothed(tmp_path):
     service = _service(tmp_path)
     service.workload.rates["fe"] = {}
@@ -78,17 +84,17 @@ def test_sessions_are_planned_with_the_rate_headroom(tmp_path):
     service = _service(tmp_path, rate_headroom=0.5)
     service.db.set_session("m", 50)
     now = time.monotonic()
-    service.workload.rates["fe"] = {"m": (10.0, now)}
+    _report(service, now, m=10.0)
     [session], planned, _ = session_inputs(service.read_view(now), service.control.settings)
     assert abs(session.rate_rps - 15.0) < 1e-9 and planned["m"].rate_rps == session.rate_rps
-    service.workload.rates["fe"] = {}
+    service.workload.forget("fe")
     [idle], _, _ = session_inputs(service.read_view(now), service.control.settings)   # no report yet: the default rate
     assert abs(idle.rate_rps - 1.5 * service.config.default_rate_rps) < 1e-9
 
 
 def test_the_latency_split_is_outdated_only_when_a_gamma_leaves_its_band():
     """Rates are the re-planner's to judge (tests/test_planning_loop.py); a query's fan-out forces a re-plan."""
-    from globalsched.planner import gamma_drift
+    from globalsched.replan_policy import gamma_drift
 
     planned = {("q", "a", "b"): 3.0}
     assert gamma_drift({("q", "a", "b"): 3.0}, planned) == ""
@@ -119,6 +125,8 @@ def test_plans_use_the_windowed_mean_rate_not_the_smoothed_one(tmp_path):
     import asyncio
     import time
 
+    from globalsched.workload import Workload
+
     service = _service(tmp_path)
     service.nodes["fe"] = object()
 
@@ -133,9 +141,11 @@ def test_plans_use_the_windowed_mean_rate_not_the_smoothed_one(tmp_path):
     assert smoothed > 24                                              # the excursion of the last report
     assert abs(service.workload.planning_rates(now)["m"] - 114 / 5) < 1e-9     # what the plan is made for
     assert service.workload.rate_windows_s(now) == {"m": 5.0}                   # over 5 s of counts
-    service.workload.rate_history["fe"]["m"].clear()                           # no counts: the smoothed rate
-    assert service.workload.planning_rates(now)["m"] == smoothed
-    assert service.workload.rate_windows_s(now) == {"m": 0.0}                   # and no noise estimate
+    uncounted = Workload()                                           # a frontend that sends no counts:
+    for rate in (20.0, 20.0, 20.0, 20.0, 34.0):
+        uncounted.report(control.WorkloadReport(node_id="fe", rates=[control.SessionRate(model="m", rate_rps=rate)]), now)
+    assert uncounted.planning_rates(now)["m"] == uncounted.current_rates(now)["m"] > 24     # the smoothed rate
+    assert uncounted.rate_windows_s(now) == {"m": 0.0}                          # and no noise estimate
 
 
 def test_routing_table_carries_the_planned_figures(tmp_path):
@@ -148,7 +158,7 @@ def test_routing_table_carries_the_planned_figures(tmp_path):
     service = _service(tmp_path)
     service.db.set_session("m", 50)
     now = time.monotonic()
-    service.workload.rates["fe"] = {"m": (12.0, now)}
+    _report(service, now, m=12.0)
     service.nodes["be-1"] = Node("be-1", control.NODE_KIND_BACKEND, "127.0.0.1:1", "cpu", "cpu", 1000.0)
     plan, _ = plan_cluster(service.read_view(now), PlannerState())
     table = service.distribution.routing_table(plan, 7)
@@ -215,10 +225,11 @@ def test_a_model_uploaded_with_an_expected_rate_and_a_batch_cap_is_planned_by_th
     assert batches and max(batches) <= 4
     desc = service.admin.desc("hot")
     assert desc.expected_rate_rps == 400.0 and desc.batch_cap == 4 and desc.max_batch == 4
-    service.workload.rates["fe"] = {"hot": (0.0, now)}             # routed, but no client yet: still expected
+    _report(service, now, hot=0.0)                                 # routed, but no client yet: still expected
     sessions, _, _ = session_inputs(service.read_view(now), service.control.settings)
     assert {s.model: s.rate_rps for s in sessions}["hot"] == 400.0
-    service.workload.rates["fe"] = {"hot": (50.0, now)}            # requests measured: that rate from now on
+    service.workload.forget("fe")
+    _report(service, now, hot=50.0)                                # requests measured: that rate from now on
     _, state = plan_cluster(service.read_view(now), PlannerState())
     assert state.first_requests_s == {"hot": now}
     sessions, _, _ = session_inputs(service.read_view(now), service.control.settings, first_requests_s={"hot": now})
@@ -246,7 +257,7 @@ def test_a_surge_beyond_noise_is_planned_for_at_once_and_noise_is_not():
     """Cold start (issue 17): a report far above the window's mean is planned for at once, with no
     cooldown; an ordinary Poisson excursion is not."""
     from globalsched.cluster import PlannedSession
-    from globalsched.planner import PlannerSettings, demand_surge
+    from globalsched.replan_policy import demand_surge
     from globalsched.workload import Workload
 
     def report(workload, now, requests):
@@ -264,10 +275,9 @@ def test_a_surge_beyond_noise_is_planned_for_at_once_and_noise_is_not():
     assert surged.latest_reports(4.0) == {"m": (300.0, 1.0)}      # whether a held surge goes on (the planner's)
     assert surged.latest_reports(20.0) == {}                       # reports older than their TTL count no more
     plan = _plan_for({"m": PlannedSession("m", "m", 50.0, 60.0)})
-    settings = PlannerSettings()
-    assert demand_surge(surged.surges(4.0), plan, settings) == "demand surge: m at 300 rps, planned for 60"
-    assert demand_surge({"m": 64.0}, plan, settings) == ""          # within the band of the plan
-    assert demand_surge(surged.surges(4.0), None, settings) == ""
+    assert demand_surge(surged.surges(4.0), plan) == "demand surge: m at 300 rps, planned for 60"
+    assert demand_surge({"m": 64.0}, plan) == ""          # within the band of the plan
+    assert demand_surge(surged.surges(4.0), None) == ""
     # A frontend's first report is judged against nothing (a frontend that just started, or one that
     # reports early before its first period ended): its traffic is news.
     first, quiet = Workload(), Workload()

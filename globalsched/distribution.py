@@ -1,9 +1,10 @@
 """Table distribution, the actuator that pushes a plan: model tables to backends, then routing tables
 to frontends.
 
-Backends get their tables first, and a frontend's routing table leaves out every model that a
-backend reported it could not load, so a frontend never routes to a backend that has not loaded the
-model. A failed push is logged and the next plan pushes again; a model that failed to load is
+Backends get their tables first, keeping the sessions the plan moves away from them until the
+frontends hold the new routing table (make before break: globalsched/handover.py), and a frontend's
+routing table leaves out every model that a backend reported it could not load, so a frontend never
+routes to a backend that has not loaded the model, nor to one that dropped it. A failed push is logged and the next plan pushes again; a model that failed to load is
 reported to model administration (bounded retries, then UNAVAILABLE with the reason). Which version
 keys a pushed routing table routes goes to the version rollout (globalsched/versions.py), which
 retires the versions that routed successors replace.
@@ -22,8 +23,10 @@ from common.pb import control
 from common.versions import version_key
 from globalsched import convert
 from globalsched.cluster import ClusterPlan
+from globalsched.handover import backend_tables, handover
 from globalsched.membership import Node
 from globalsched.model_admin import ModelAdmin
+from globalsched.placement import PlacedSession
 from globalsched.workload import Workload
 
 log = logging.getLogger("nexus.scheduler")
@@ -68,31 +71,41 @@ class Distribution:
         self.nodes = nodes
         self.admin = admin
         self.workload = workload
+        self.in_force: ClusterPlan | None = None    # the plan last pushed: what the nodes hold
 
     async def apply(self, plan: ClusterPlan, epoch: int) -> None:
-        """Backends first: a frontend is never routed to a backend before it loaded the model."""
-        failed = await self.push_model_tables(plan, epoch)
+        """Make before break (globalsched/handover.py): model tables that load the plan's sessions and
+        keep the ones it moves away, then the routing tables, then the tables that drop those. A
+        frontend is never routed to a backend before it loaded the model, nor left with routes to a
+        backend that dropped it."""
+        steps = handover(self.in_force, plan)
+        failed = await self.push_model_tables(plan, epoch, steps.make)
         await self.push_routing_tables(plan, epoch, failed)
+        if steps.release:
+            await self.push_model_tables(plan, epoch, steps.release)
+        self.in_force = plan
 
-    async def push_model_tables(self, plan: ClusterPlan, epoch: int) -> dict[str, str]:
-        """Send each backend its table; return models that failed to load, with reasons."""
+    async def push_model_tables(self, plan: ClusterPlan, epoch: int,
+                                tables: Mapping[str, tuple[PlacedSession, ...]] | None = None) -> dict[str, str]:
+        """Send each backend its table (``tables`` by node; default: the plan's own); return models
+        that failed to load, with reasons."""
         failed: dict[str, str] = {}
         calls = []
-        for placement in plan.placements.values():
-            for b in placement.backends:
-                node = self.nodes.get(b.node_id)
-                if node is None:
-                    continue
-                entries = []
-                for s in b.sessions:
-                    model = plan.model_of(s.model)
-                    planned = plan.sessions.get(s.model)
-                    emulated = self.admin.emulated_profile(model, node.device_type) \
-                        if node.device.startswith("emulated:") else None
-                    entries.append(convert.session_entry(self.admin.desc(model), s, planned.slo_ms if planned else 0.0,
-                                                         self.admin.profiles(model).get(node.device_type), emulated))
-                table = convert.model_table(epoch, b, entries)
-                calls.append((node, node.stub.UpdateModelTable(table, timeout=MODEL_TABLE_TIMEOUT_S)))
+        duty_cycles = {b.node_id: b for placement in plan.placements.values() for b in placement.backends}
+        for node_id, sessions in (backend_tables(plan) if tables is None else tables).items():
+            node = self.nodes.get(node_id)
+            if node is None or node_id not in duty_cycles:
+                continue
+            entries = []
+            for s in sessions:
+                model = plan.model_of(s.model)
+                planned = plan.sessions.get(s.model)
+                emulated = self.admin.emulated_profile(model, node.device_type) \
+                    if node.device.startswith("emulated:") else None
+                entries.append(convert.session_entry(self.admin.desc(model), s, planned.slo_ms if planned else 0.0,
+                                                     self.admin.profiles(model).get(node.device_type), emulated))
+            table = convert.model_table(epoch, duty_cycles[node_id], entries)
+            calls.append((node, node.stub.UpdateModelTable(table, timeout=MODEL_TABLE_TIMEOUT_S)))
         for node, reply, error in await _answers(calls):
             if error:
                 log.warning("model table push to %s failed: %s", node.node_id, error)

@@ -1,0 +1,61 @@
+"""globalsched/handover.py: make before break, as a pure function of the plan in force and the next."""
+
+from __future__ import annotations
+
+from globalsched.cluster import ClusterPlan, PlannedSession
+from globalsched.handover import handover
+from globalsched.placement import BackendAssignment, PlacedSession, Placement
+
+
+def plan(tables: dict[str, tuple[tuple[str, int], ...]], served: tuple[str, ...] | None = None) -> ClusterPlan:
+    """A plan with ``tables`` (backend -> (session, batch)...); every session named is served unless
+    ``served`` says which are."""
+    backends = tuple(BackendAssignment(node, 50.0, tuple(PlacedSession(s, b, 20.0 * b) for s, b in sessions))
+                     for node, sessions in tables.items())
+    names = served if served is not None else {s for sessions in tables.values() for s, _ in sessions}
+    return ClusterPlan({"t4": Placement(backends, 0, 0)}, {}, {},
+                       sessions={s: PlannedSession(s, s, 100.0, 10.0) for s in names})
+
+
+def names(sessions) -> list[tuple[str, int]]:
+    return sorted((s.model, s.batch) for s in sessions)
+
+
+def test_the_first_plan_is_pushed_as_it_is():
+    new = plan({"be-1": (("a", 2),), "be-2": (("b", 4),)})
+    steps = handover(None, new)
+    assert {n: names(t) for n, t in steps.make.items()} == {"be-1": [("a", 2)], "be-2": [("b", 4)]}
+    assert steps.release == {} and steps.kept == {}
+
+
+def test_a_moved_session_stays_where_it_was_until_the_routing_tables_moved():
+    old = plan({"be-1": (("a", 2), ("b", 4)), "be-2": ()})
+    new = plan({"be-1": (("b", 8),), "be-2": (("a", 3),)})
+    steps = handover(old, new)
+    # be-1 loads nothing new, keeps a at its old batch, and takes b's new batch
+    assert names(steps.make["be-1"]) == [("a", 2), ("b", 8)]
+    assert names(steps.make["be-2"]) == [("a", 3)]
+    assert steps.kept == {"be-1": ("a",)}
+    assert {n: names(t) for n, t in steps.release.items()} == {"be-1": [("b", 8)]}
+
+
+def test_a_backend_the_plan_leaves_idle_keeps_its_sessions_until_release():
+    old = plan({"be-1": (("a", 2),), "be-2": (("a", 2),)})
+    new = plan({"be-1": (("a", 4),), "be-2": ()})
+    steps = handover(old, new)
+    assert names(steps.make["be-2"]) == [("a", 2)] and steps.release == {"be-2": ()}
+
+
+def test_a_session_no_longer_served_is_dropped_at_once_and_a_backend_not_in_the_plan_is_not_pushed():
+    old = plan({"be-1": (("a", 2), ("gone", 2)), "be-9": (("a", 1),)})
+    new = plan({"be-1": (("a", 2),)}, served=("a",))
+    steps = handover(old, new)
+    assert names(steps.make["be-1"]) == [("a", 2)] and steps.release == {}
+    assert "be-9" not in steps.make         # it left the plan: it keeps what it holds until it exits
+
+
+def test_an_unchanged_plan_keeps_nothing():
+    tables = {"be-1": (("a", 2),), "be-2": (("b", 4),)}
+    steps = handover(plan(tables), plan(tables))
+    assert steps.release == {} and {n: names(t) for n, t in steps.make.items()} == {"be-1": [("a", 2)],
+                                                                                     "be-2": [("b", 4)]}

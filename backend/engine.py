@@ -376,6 +376,18 @@ class SharedPrefix:
         return self.runtime.memory_mb()
 
 
+
+def warmup_turn(served: bool, now: float, turn_s: float) -> bool:
+    """Whether a waiting warm-up batch runs in this executor turn: when the turn's serving step ran
+    nothing (``served`` False), or once ``turn_s`` (:func:`next_warmup_turn_s`) has come."""
+    return not served or now >= turn_s
+
+
+def next_warmup_turn_s(start_s: float, end_s: float) -> float:
+    """After a warm-up batch ran from ``start_s`` to ``end_s``: when the next one may take the device
+    from serving. As long again of serving first, so warm-up takes at most half a busy device."""
+    return end_s + (end_s - start_s)
+
 class Engine:
     """Sessions of one device and the thread that executes their batches (module docstring)."""
 
@@ -657,7 +669,7 @@ class Engine:
         ran nothing or warm-up's turn has come (module docstring). Returns the step's decision and
         whether a warm-up batch ran."""
         decision = self.step()
-        if not self._warmups or (decision.queue is not None and self.clock() < self._warmup_turn_s):
+        if not self._warmups or not warmup_turn(decision.queue is not None, self.clock(), self._warmup_turn_s):
             return decision, False
         self._warm_one()
         return decision, True
@@ -676,7 +688,7 @@ class Engine:
         except Exception as exc:    # a failing warm-up fails its session's load, not the backend
             error = f"{batch.label}: {exc.__class__.__name__}: {exc}"
         end = self.clock()
-        self._warmup_turn_s = end + (end - start)
+        self._warmup_turn_s = next_warmup_turn_s(start, end)
         job.ns += max(int((end - start) * 1e9), 0)
         job.done += 1
         if error or job.done == len(job.batches):

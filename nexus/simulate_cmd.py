@@ -38,7 +38,7 @@ def _backends(text: str) -> int | None:
 
 
 def register(sub) -> None:
-    from nexus.simulate.config import DeviceTime, SimConfig
+    from nexus.simulate.config import TIME_PARAMETERS, DeviceTime, SimConfig
 
     defaults = SimConfig()
     p = sub.add_parser("simulate", help="simulate a cluster on a virtual clock with the scheduler's own code",
@@ -79,8 +79,7 @@ def register(sub) -> None:
                         "scheduler for S s at T s (repeatable)")
     t = p.add_argument_group("times of the real processes (defaults measured on nexus serve; see "
                              "nexus/simulate/config.py)")
-    for name in ("path_ms", "control_hop_ms", "backend_start_s", "model_load_s", "planning_ms", "jitter_cv",
-                 "report_interval_s"):
+    for name in (*TIME_PARAMETERS, "report_interval_s"):
         t.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name),
                        help=f"(default {getattr(defaults, name):g})")
     t.add_argument("--batch-policy", default=defaults.batch_policy, choices=("early_drop", "earliest_first"))
@@ -134,7 +133,7 @@ def _arrivals(args, models):
 
 def configs(args):
     from common.emulated_gpus import GPU_TYPES
-    from nexus.simulate.config import DeviceTime, Fault, SimConfig
+    from nexus.simulate.config import TIME_PARAMETERS, DeviceTime, Fault, SimConfig
 
     memory = args.memory_mb
     if memory is None:
@@ -146,8 +145,7 @@ def configs(args):
                                         max_devices=f"{args.device_type}={args.max_backends}")
     config = SimConfig(device_type=args.device_type, memory_mb=memory, backends=args.backends,
                        min_backends=args.min_backends, max_backends=args.max_backends, frontends=args.frontends,
-                       path_ms=args.path_ms, control_hop_ms=args.control_hop_ms, backend_start_s=args.backend_start_s,
-                       model_load_s=args.model_load_s, planning_ms=args.planning_ms, jitter_cv=args.jitter_cv,
+                       **{name: getattr(args, name) for name in TIME_PARAMETERS},
                        report_interval_s=args.report_interval_s, batch_policy=args.batch_policy, seed=args.seed,
                        device_time=DeviceTime(args.device_time),
                        faults=tuple(Fault.parse(f) for f in args.fault), scheduler=scheduler)

@@ -2,15 +2,25 @@
 the real processes take (hops, periods, start and load times, planning), the device's jitter, and
 the faults to inject. One frozen, validated value; ``nexus simulate``'s flags derive from it.
 
-Defaults and their basis (measured on ``nexus serve --device emulated:t4`` on this project's 2-core
-machines, rounded; each is a flag, and benchmarks/simulator.md keeps the measurement):
+Defaults and their basis (measured on ``nexus serve --device emulated:t4 --backends auto`` on this
+project's 2-core machines by benchmarks/sim_fidelity.py, rounded; each is a flag, and
+benchmarks/simulator.md keeps the measurement):
 
 * ``path_ms``: a request's time outside the device, frontend to backend and back (gRPC, the
-  frontend's parsing and the reply): 1 ms.
+  frontend's parsing and the reply): 3 ms (measured 2.7-3.1: the 1st percentile of a model's
+  latency less l(1)).
 * ``control_hop_ms``: one control RPC between the scheduler and a node (a table push, a report): 2 ms.
-* ``backend_start_s``: from the actuator starting a backend process to its registration: 3 s.
-* ``model_load_s``: one model loaded by a table push, warm-up included, on an emulated device: 0.05 s.
-* ``planning_ms``: the scheduler's time for one plan (plan_cluster and the tables): 20 ms.
+* ``backend_start_s``: from the actuator starting a backend process to its registration: 1.2 s
+  (measured 1.09-1.24, median of 10 starts each).
+* ``model_load_s``: one model's runtime created by a table push, before its warm-up batches (which
+  the simulated device runs, as the engine does): 0.03 s (a plan's way grew 0.145-0.159 s per
+  model new to a backend, of which the warm-up batches took 0.108-0.115 s).
+* ``planning_ms``: the scheduler's time for one plan (plan_cluster): 50 ms (measured median
+  47-49 ms for this benchmark's 24 models; the simulator's own runs of plan_cluster show how it grows).
+* ``table_update_ms``: a backend's fixed time to take a model table and answer it, models aside
+  (its parsing, the warm-up bookkeeping, the answer, on a shared CPU): 200 ms (a plan that moved
+  nothing still took 0.15-0.28 s to reach the frontends; the fitted intercept was 0.26-0.33 s,
+  less planning and three hops).
 * ``jitter_cv``: the spread of a batch's time about l(b) on an emulated device (coefficient of
   variation, lognormal): 0.03. With ``device_time`` MEASURED, a profile row's own measured mean and
   standard deviation (``mean_ms``, ``std_ms``: what the profiler and the backends' per-batch samples
@@ -76,6 +86,10 @@ class Fault:
         return f"stall the scheduler for {self.duration_s:g} s at {self.at_s:g} s"
 
 
+TIME_PARAMETERS = ("path_ms", "control_hop_ms", "backend_start_s", "model_load_s", "planning_ms", "table_update_ms",
+                   "jitter_cv")      # what the real processes take: measured, and flags of nexus simulate
+
+
 @dataclass(frozen=True)
 class SimConfig:
     device_type: str = "t4"
@@ -84,11 +98,12 @@ class SimConfig:
     min_backends: int = 1
     max_backends: int = 8
     frontends: int = 1
-    path_ms: float = 1.0
+    path_ms: float = 3.0
     control_hop_ms: float = 2.0
-    backend_start_s: float = 3.0
-    model_load_s: float = 0.05
-    planning_ms: float = 20.0
+    backend_start_s: float = 1.2
+    model_load_s: float = 0.03
+    planning_ms: float = 50.0
+    table_update_ms: float = 200.0
     jitter_cv: float = 0.03
     device_time: DeviceTime = DeviceTime.PROFILE
     report_interval_s: float = 2.0      # the frontends' workload reports (FrontendConfig's default)
@@ -111,8 +126,7 @@ class SimConfig:
             raise ConfigError(f"--max-backends {self.max_backends} is below --min-backends {self.min_backends}")
         if self.frontends < 1:
             raise ConfigError(f"--frontends: must be at least 1, got {self.frontends}")
-        for name in ("path_ms", "control_hop_ms", "backend_start_s", "model_load_s", "planning_ms", "jitter_cv",
-                     "memory_mb"):
+        for name in (*TIME_PARAMETERS, "memory_mb"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"--{name.replace('_', '-')}: must be a number >= 0, got {value}")

@@ -11,8 +11,9 @@ decision code on the virtual clock. Nothing here decides what the real system de
 * what the local actuator does about them: :func:`nexus.local_scaler.next_step` on its poll;
 * failure detection: :func:`globalsched.failure_detector.detect` on the reaper's tick.
 
-What is modelled here is time: a plan is applied as the distribution applies it (model tables to
-the backends, each loading its new models, then routing tables to the frontends), hops of
+What is modelled here is time: a plan is applied as the distribution applies it (the handover of
+globalsched/handover.py: model tables to the backends, each loading and warming its new models, then
+routing tables to the frontends, then the tables that release what the plan moved away), hops of
 ``control_hop_ms``, ``planning_ms`` per plan, heartbeats every ``heartbeat_interval_ms``, and a
 scheduler stalled by a fault answers nothing until the stall ends: its timers and the reports sent
 meanwhile run when it resumes, and the heartbeats sent meanwhile are lost (the nodes' RPCs time out).
@@ -29,6 +30,7 @@ from globalsched.cluster import ClusterPlan, ClusterView, ModelView
 from globalsched.control_loop import COALESCE_S, REPAIR_COALESCE_S
 from globalsched.device_scaler import TICK_S, DeviceScaler
 from globalsched.failure_detector import DetectorConfig, DetectorState, detect
+from globalsched.handover import handover
 from globalsched.membership import Node
 from globalsched.placement import BackendSlot
 from globalsched.planner import PlannerSettings, PlannerState, plan_cluster
@@ -73,10 +75,13 @@ class SimScheduler:
         self.decisions: dict[str, tuple[int, int, str]] = {}
 
     def start(self, now: float) -> None:
+        """The scheduler's timers, each on its own phase (real processes start them at unrelated times;
+        on one grid, a decision on one timer would always meet the next on another at the same lag)."""
         replan = self.settings.replan
-        self.sim.at(now + min(replan.epoch_s, replan.cooldown_s), self._epoch_timer)
-        self.sim.at(now + TICK_S, self._scaler_tick)
-        self.sim.at(now + self.detector_config.interval_s, self._reaper)
+        phase = self.sim.rng.random
+        self.sim.at(now + min(replan.epoch_s, replan.cooldown_s) * (1 + phase()), self._epoch_timer)
+        self.sim.at(now + TICK_S * (1 + phase()), self._scaler_tick)
+        self.sim.at(now + self.detector_config.interval_s * (1 + phase()), self._reaper)
 
     def backends(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.kind == pb.NODE_KIND_BACKEND]
@@ -232,37 +237,38 @@ class SimScheduler:
         self.sim.at(now + self.sim.config.planning_ms / 1000.0, self._push_model_tables, plan, self.epoch, leaving)
 
     def _push_model_tables(self, now: float, plan: ClusterPlan, epoch: int, leaving: list[str]) -> None:
-        """Model tables to every backend of the plan; routing tables once every backend answered."""
+        """As globalsched/distribution.py applies a plan: the handover's make tables to the backends,
+        the routing tables once every backend answered, then the release tables."""
+        steps = handover(self.plan, plan)
+        self._push_tables(now, plan, steps.make,
+                          lambda at: self._push_routing_tables(at, plan, epoch, leaving, steps.release))
+
+    def _push_tables(self, now: float, plan: ClusterPlan, tables: dict, then: Callable[[float], None]) -> None:
+        """Model tables to the backends named; ``then(at)`` once every one answered."""
         pending = [0]
 
         def answered(at: float) -> None:
             pending[0] -= 1
             if pending[0] == 0:
-                self._push_routing_tables(at, plan, epoch, leaving)
+                then(at)
 
-        for placement in plan.placements.values():
-            for b in placement.backends:
-                backend = self.sim.backends.get(b.node_id)
-                if b.node_id not in self.nodes or backend is None:
-                    continue
-                entries = {s.model: (s.batch, plan.sessions[s.model].slo_ms if s.model in plan.sessions
-                                     else self.slos[s.model], self.profiles[plan.model_of(s.model)])
-                           for s in b.sessions}
-                pending[0] += 1
-                self.sim.at(now + self.hop_s, self._load, backend, entries, answered)
+        for node_id, sessions in tables.items():
+            backend = self.sim.backends.get(node_id)
+            if node_id not in self.nodes or backend is None:
+                continue
+            entries = {s.model: (s.batch, plan.sessions[s.model].slo_ms if s.model in plan.sessions
+                                 else self.slos[s.model], self.profiles[plan.model_of(s.model)])
+                       for s in sessions}
+            pending[0] += 1
+            self.sim.at(now + self.hop_s, self._load, backend, entries, answered)
         if pending[0] == 0:
-            self._push_routing_tables(now, plan, epoch, leaving)
+            then(now)
 
     def _load(self, now: float, backend, entries: dict, answered: Callable[[float], None]) -> None:
-        if not backend.alive:
-            self.sim.at(now + self.hop_s, answered)        # the call fails at once: the node's channel closed
-            return
-        start = max(now, backend.loaded_until)
-        done = start + backend.load_time_s(entries)
-        backend.loaded_until = done
-        self.sim.at(done, lambda at: (backend.apply_table(at, entries), self.sim.at(at + self.hop_s, answered)))
+        backend.update_table(now, entries, lambda at: self.sim.at(at + self.hop_s, answered))
 
-    def _push_routing_tables(self, now: float, plan: ClusterPlan, epoch: int, leaving: list[str]) -> None:
+    def _push_routing_tables(self, now: float, plan: ClusterPlan, epoch: int, leaving: list[str],
+                             release: dict) -> None:
         table = {}
         for session, routes in plan.routes().items():
             planned = plan.sessions.get(session)
@@ -273,7 +279,8 @@ class SimScheduler:
             table.setdefault(session, SimRoute((), plan.sessions[session].rate_rps))
         for f in self.sim.frontends:
             self.sim.at(now + self.hop_s, f.set_table, epoch, table)
-        self.sim.at(now + 2 * self.hop_s, self._applied, plan, leaving)
+        self.sim.at(now + 2 * self.hop_s, self._push_tables, plan, release,
+                    lambda at: self._applied(at, plan, leaving))
 
     def _applied(self, now: float, plan: ClusterPlan, leaving: list[str]) -> None:
         if plan is not self.plan:
@@ -296,7 +303,7 @@ class SimActuator:
         self.last_desired: int | None = None
 
     def start(self, now: float) -> None:
-        self.sim.at(now + POLL_S, self.poll)
+        self.sim.at(now + POLL_S * (1 + self.sim.rng.random()), self.poll)    # its own phase (SimScheduler.start)
 
     def poll(self, now: float) -> None:
         sim = self.sim

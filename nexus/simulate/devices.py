@@ -5,9 +5,12 @@ times a lognormal jitter of mean 1.
 
 Its life: STARTING (the process starts; it registers ``backend_start_s`` later), UP, DRAINING (told
 to stop: it leaves the plan, answers what it holds, then exits) and GONE (exited, or killed). A
-model table is applied after its new models load, one table at a time, as the backend's
-``UpdateModelTable`` does; a session the table drops answers its queue NOT_FOUND, which the
-frontend retries elsewhere.
+model table is applied as the backend's ``UpdateModelTable`` applies it: one table at a time, each
+taking ``table_update_ms``; its new models load (``model_load_s`` each, off the device), then their warm-up batches
+(:func:`common.warmup.default_batch_sizes`, each run twice) take the device between serving
+batches by the engine's rule (:func:`backend.engine.warmup_turn`), and only then does the table
+take effect and the push get its answer. A session the table drops answers its queue NOT_FOUND,
+which the frontend retries elsewhere.
 
 ``sim`` is the simulation (nexus/simulate/run.py): its clock (``now``, ``at``), random numbers, the
 requests' deadlines, and where answers go.
@@ -15,13 +18,15 @@ requests' deadlines, and where answers go.
 
 from __future__ import annotations
 
+import collections
 import enum
 import math
-from typing import Mapping
+from typing import Callable, Mapping
 
-from backend.engine import session_max_batch
+from backend.engine import next_warmup_turn_s, session_max_batch, warmup_turn
 from common.batching import Pending, Queue, make_policy, remove_taken, schedule
 from common.profile import Profile
+from common.warmup import DEFAULT_RUNS, default_batch_sizes
 from nexus.simulate.outcomes import Loss
 
 
@@ -75,7 +80,11 @@ class SimBackend:
         self.policy = make_policy(sim.config.batch_policy)
         self.running: tuple[int, tuple[Pending, ...]] | None = None    # (token, batch) on the device
         self.token = 0
-        self.loaded_until = started_s          # table loads run one at a time
+        # model-table pushes not answered yet, oldest first (one applies at a time): (entries, answered)
+        self.table_updates: collections.deque[tuple[Mapping, Callable[[float], None]]] = collections.deque()
+        self.warmups: collections.deque[float] = collections.deque()   # seconds of each warm-up batch to run
+        self.warmup_turn_s = 0.0
+        self.warming = False                   # the head update's models loaded; its warm-ups run
         self.busy_s = 0.0                      # device time spent on batches
         self.why_gone = Loss.NONE
 
@@ -113,11 +122,13 @@ class SimBackend:
         while self.running is None and self.life is not Life.GONE:
             queues = [Queue(s.name, tuple(s.queue), s.max_batch, s.latency_ms, s.planned_batch)
                       for s in self.sessions.values() if s.queue]
-            if not queues:
+            if not queues and not self.warmups:
                 break
-            decision = schedule(queues, now, policy=self.policy)
-            if decision.queue is None:
-                if decision.wake_s is not None:
+            decision = schedule(queues, now, policy=self.policy) if queues else None
+            if decision is None or decision.queue is None:
+                if self.warmups:
+                    self._warm_one(now)
+                elif decision is not None and decision.wake_s is not None:
                     sim.at(decision.wake_s, self.kick)
                 break
             session = self.sessions[decision.queue]
@@ -142,6 +153,25 @@ class SimBackend:
         self.running = None
         for p in batch:
             self.sim.answered(p.request_id, self, now)
+        if batch and self.warmups and warmup_turn(True, now, self.warmup_turn_s):
+            self._warm_one(now)          # the engine's turn: a serving batch, then a warm-up batch
+            return
+        self.kick(now)
+
+    def _warm_one(self, now: float) -> None:
+        duration_s = self.warmups.popleft()
+        self.token += 1
+        self.running = (self.token, ())
+        self.busy_s += duration_s
+        self.warmup_turn_s = next_warmup_turn_s(now, now + duration_s)
+        self.sim.at(now + duration_s, self._warmed, self.token)
+
+    def _warmed(self, now: float, token: int) -> None:
+        if self.running is None or self.running[0] != token or self.life is Life.GONE:
+            return
+        self.running = None
+        if not self.warmups and self.warming:
+            self._update_done(now)
         self.kick(now)
 
     # ---- tables and life -------------------------------------------------------------------------
@@ -168,9 +198,48 @@ class SimBackend:
             self.life = Life.UP
         self.kick(now)
 
-    def load_time_s(self, entries: Mapping[str, object]) -> float:
-        """How long applying ``entries`` takes: each model not loaded here yet loads."""
-        return sum(1 for name in entries if name not in self.sessions) * self.sim.config.model_load_s
+    def update_table(self, now: float, entries: Mapping[str, tuple[int, float, Profile]],
+                     answered: Callable[[float], None]) -> None:
+        """A model-table push: ``entries`` take effect once the updates before it are done and its new
+        models loaded and warmed up; then ``answered(at)``. A backend that is gone answers at once
+        (the call fails)."""
+        if self.life is Life.GONE:
+            answered(now)
+            return
+        self.table_updates.append((entries, answered))
+        if len(self.table_updates) == 1:
+            self._next_update(now)
+
+    def _next_update(self, now: float) -> None:
+        entries, _ = self.table_updates[0]
+        new = sum(1 for name in entries if name not in self.sessions)
+        config = self.sim.config
+        self.sim.at(now + config.table_update_ms / 1000.0 + new * config.model_load_s, self._loaded)
+
+    def _loaded(self, now: float) -> None:
+        if self.life is Life.GONE or not self.table_updates:
+            return
+        entries, _ = self.table_updates[0]
+        for name, (batch, _, profile) in entries.items():
+            if name in self.sessions:
+                continue
+            times = self.sim.device_times(profile)
+            for b in default_batch_sizes(batch):
+                mean_ms, sigma = times[min(b, len(times)) - 1]
+                self.warmups.extend(mean_ms / 1000.0 * self.sim.jitter(sigma) for _ in range(DEFAULT_RUNS))
+        self.warming = True
+        if not self.warmups:
+            self._update_done(now)
+        elif self.running is None:
+            self.kick(now)
+
+    def _update_done(self, now: float) -> None:
+        self.warming = False
+        entries, answered = self.table_updates.popleft()
+        self.apply_table(now, entries)
+        answered(now)
+        if self.table_updates and self.life is not Life.GONE:
+            self._next_update(now)
 
     def drain(self, now: float) -> None:
         """SIGTERM: leave the plan; once left, answer what is held and exit (:meth:`kick`)."""
@@ -182,6 +251,7 @@ class SimBackend:
     def exit(self, now: float) -> None:
         self.life = Life.GONE
         self.ended_s = now
+        self._fail_updates(now)
         self.sim.backend_exited(self, now)
 
     def kill(self, now: float) -> None:
@@ -198,7 +268,16 @@ class SimBackend:
         self.sessions = {}
         for p in sorted(held, key=lambda p: p.request_id):
             self.sim.let_go(p.request_id, self, now, Loss.FAULT)
+        self._fail_updates(now)
         self.sim.backend_exited(self, now)
+
+    def _fail_updates(self, now: float) -> None:
+        """The process is gone: the table pushes it had not answered fail (the channel closed)."""
+        updates, self.table_updates = self.table_updates, collections.deque()
+        self.warmups.clear()
+        self.warming = False
+        for _, answered in updates:
+            answered(now)
 
     @property
     def alive(self) -> bool:

@@ -40,7 +40,10 @@ class SimFrontend:
         self.down: set[str] = set()
         self.window: dict[str, int] = {}
         self.tried: dict[int, set[str]] = {}
-        self.waiting: list[int] = []          # requests waiting for a routing table with a backend
+        # requests waiting for a routing table (with a backend), and their status should none come in time:
+        # the first table's hold ends in DEADLINE_EXCEEDED, a lost route's wait in UNAVAILABLE
+        # (frontend/dispatch.py, FrontendState.admit and call_backend)
+        self.waiting: dict[int, Status] = {}
         self.clock = ReportClock(sim.config.report_interval_s, 0.0)
         self.return_allowance_s = min(sim.config.path_ms / 2000.0, RETURN_ALLOWANCE_MAX_S)
 
@@ -98,14 +101,13 @@ class SimFrontend:
         self.sim.at(now + self.sim.config.path_ms / 1000.0, self.dispatch, request)
 
     def _wait(self, request: int) -> None:
-        self.waiting.append(request)
+        self.waiting[request] = Status.EXPIRED if self.epoch == 0 else Status.UNAVAILABLE
         self.sim.at(self.sim.deadline_s(request), self._give_up, request)
 
     def _give_up(self, now: float, request: int) -> None:
-        if request in self.waiting:
-            self.waiting.remove(request)
-            self._finish(request, Status.UNAVAILABLE if not self.table.get(self.sim.model_of(request))
-                         else Status.EXPIRED, now)
+        status = self.waiting.pop(request, None)
+        if status is not None:
+            self._finish(request, status, now)
 
     def _finish(self, request: int, status: Status, now: float) -> None:
         self.tried.pop(request, None)
@@ -120,7 +122,7 @@ class SimFrontend:
         self.table = table
         live = {r.address for e in table.values() for r in e.routes}
         self.down &= live
-        waiting, self.waiting = self.waiting, []
+        waiting, self.waiting = self.waiting, {}
         for request in waiting:
             self.tried.pop(request, None)
             self.dispatch(now, request)

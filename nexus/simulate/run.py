@@ -24,6 +24,7 @@ import numpy as np
 
 from common.pb import control as pb
 from common.profile import Profile
+from frontend.early_report import CHECK_S
 from nexus.simulate.config import DeviceTime, FaultKind, SimConfig
 from nexus.simulate.control import SimActuator, SimScheduler
 from nexus.simulate.devices import Life, SimBackend, device_times
@@ -188,7 +189,7 @@ class Simulation:
         hop_s = config.control_hop_ms / 1000.0
         for f in self.frontends:
             self.at(hop_s, self.scheduler.register, f.node_id, pb.NODE_KIND_FRONTEND)
-            self.at(0.0, f.check_report)
+            self.at(self.rng.random() * CHECK_S, f.check_report)      # each frontend's report loop on its own phase
         for _ in range(config.backends if config.backends is not None else config.min_backends):
             backend = SimBackend(self, f"be-{len(self.backends)}", 0.0)
             self.backends[backend.node_id] = backend

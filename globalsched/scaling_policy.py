@@ -18,11 +18,16 @@ The rules (an operator's expectations: no flapping, nothing lost, no idle device
   needs no device more when they come. Then times 1 + ``headroom``,
   rounded up, within the bounds. When it exceeds the registered count the desired count is that
   need, at once: this covers a plan that folds sessions onto busy devices.
-* **Down after a cool-down, one device at a time.** The desired count never drops below the largest
-  raw need seen over the last ``cooldown_s`` (the stabilization window of Kubernetes' HPA), and
-  drops by one device at most every ``cooldown_s``. The device drained is the one whose sessions
-  move most cheaply (an idle one first; then the fewest planned requests per second), and scaling
-  down goes through the backend's drain (SIGTERM, then ``Leave``), so no request is lost.
+* **Down after a cool-down, to what the window needed.** The desired count never drops below the
+  largest raw need seen over the last ``cooldown_s`` (the stabilization window of Kubernetes' HPA):
+  that need is the plan's devices with demand and headroom counted, so the survivors absorb the
+  load (the N/(N-1) check, for any number removed). Once surplus has lasted a whole cool-down, the
+  desired count drops to that need at once, however many devices that removes, and holds there
+  for the next cool-down (one step per cool-down: no flapping). Removing one device per cool-down
+  took 120 devices 110 cool-downs to shrink (benchmarks/simulator.md). The device drained is the
+  one whose sessions move most cheaply (an idle one first; then the fewest planned requests per
+  second), and scaling down goes through the backend's drain (SIGTERM, then ``Leave``), so no
+  request is lost.
 * **Bounds.** ``min``/``max`` per device type (``--min-devices``/``--max-devices``); when the
   maximum binds and the plan folds sessions, the decision says so.
 
@@ -74,6 +79,7 @@ class TypeHistory:
     needs: tuple[tuple[float, int], ...] = ()     # (time, raw need) within the last cooldown
     last_down_s: float | None = None              # when the desired count last dropped
     desired: int | None = None
+    down_to: int | None = None                    # the count the last drop aimed at
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,7 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
     # A type seen for the first time (a scheduler that just started, whose backends re-register
     # before its first plan) waits a whole cool-down before anything goes, as after a removal.
     last_down = now_s if not history.needs else history.last_down_s
+    down_to: int | None = None
     if need > registered:
         desired = need
         if d.folded and raw <= high:
@@ -127,14 +134,20 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
         if need < registered:
             why = f"{why}; {registered - need} surplus, held for the {config.cooldown_s:g} s cool-down"
     elif last_down is not None and now_s - last_down < config.cooldown_s:
-        # the removal in progress holds; a lower count left from when fewer were registered (backends
-        # that missed heartbeats and came back) is no licence to remove several at once
-        desired = registered - 1 if history.desired == registered - 1 else registered
+        # the removal in progress goes on to its aim; a lower count left from when fewer were
+        # registered (backends that missed heartbeats and came back) is no licence to remove any
+        aim = history.down_to if history.down_to is not None and history.desired is not None \
+            and history.desired < registered else registered
+        desired = max(aim, window_max)
         why = f"{why}; surplus, next removal {config.cooldown_s - (now_s - last_down):.0f} s after the last"
+        if desired < registered:
+            why = f"{why}; removing {registered - desired} more to {desired}"
     else:
-        desired = registered - 1
+        desired = window_max
+        down_to = desired
         last_down = now_s
-        why = f"{why}; surplus for {config.cooldown_s:g} s: remove one"
+        why = (f"{why}; surplus for {config.cooldown_s:g} s: remove {registered - desired} "
+               f"(the most needed within it: {window_max})")
     desired = max(min(desired, max(high, low)), low)
     drain = ""
     if desired < registered and d.move_cost:
@@ -144,4 +157,5 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
     if desired == registered and need == registered:
         why = f"{why}: steady"
     decision = ScalingDecision(d.device_type, desired, registered, need, why, drain)
-    return decision, replace(history, needs=needs, last_down_s=last_down, desired=desired)
+    return decision, replace(history, needs=needs, last_down_s=last_down, desired=desired,
+                             down_to=down_to if down_to is not None else history.down_to)

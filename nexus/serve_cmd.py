@@ -2,7 +2,7 @@
 
 ``--backends N`` runs N backends; ``--backends auto`` starts ``--min-backends`` and then as many as
 the scheduler's scaling policy wants, within ``--max-backends`` (:mod:`nexus.local_scaler`): a
-backend it no longer wants is drained by SIGTERM, one at a time, and not restarted. On CPU, auto
+backend it no longer wants is drained by SIGTERM, one after another, and not restarted. On CPU, auto
 runs one backend per core, each with one intra-op thread unless ``--threads`` says otherwise
 (benchmarks/elastic.md, "The CPU device under auto", has the measurement behind it).
 

@@ -297,7 +297,7 @@ def _follows(scaler: dict) -> tuple[dict[str, str], int, int, dict]:
 def _check_backends_follow_the_scheduler(objects: list[dict]) -> int:
     """Each backend Deployment has one autoscaler, on nexus_desired_devices of the device type its
     pods register, within the scheduler's --min/--max-devices for that type, and with a behaviour
-    that repeats the scheduler's cool-down and one-at-a-time rule and never delays a scale-up."""
+    that repeats the scheduler's cool-down and one step per cool-down, and never delays a scale-up."""
     _, _, scheduler = _scheduler(objects)
     cooldown_s = scheduler.scale_down_cooldown_s
     backends = [w for w in workloads(objects) if w["metadata"]["labels"]["app.kubernetes.io/component"] == "backend"]
@@ -314,8 +314,8 @@ def _check_backends_follow_the_scheduler(objects: list[dict]) -> int:
             f"{name}: replicas {low}..{high}, --min/--max-devices {scheduler.device_bounds.of(device_type)}"
         down, up = behavior["scaleDown"], behavior["scaleUp"]
         assert down["stabilizationWindowSeconds"] == cooldown_s, f"{name}: scale-down window != --scale-down-cooldown-s"
-        assert down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": cooldown_s}], \
-            f"{name}: scale down one pod per --scale-down-cooldown-s"
+        assert down["policies"] == [{"type": "Percent", "value": 100, "periodSeconds": cooldown_s}], \
+            f"{name}: scale down by the scheduler's step, however many pods, once per --scale-down-cooldown-s"
         assert up["stabilizationWindowSeconds"] == 0, f"{name}: scale up at once"
         assert up.get("selectPolicy", "Max") == "Max"
         assert max(p["value"] for p in up["policies"] if p["type"] == "Pods") >= high - low, \

@@ -96,7 +96,7 @@ def test_a_single_burst_report_adds_no_device_the_plan_does_not_use():
     assert outrunning_rps(None, 100.0) is None
 
 
-def test_surplus_goes_one_device_at_a_time_after_the_cool_down():
+def test_surplus_goes_at_once_to_the_windows_largest_need_after_the_cool_down():
     policy = Policy(cooldown_s=60)
     cost = {"be-a": 30.0, "be-b": 0.0, "be-c": 12.0, "be-d": 0.0, "be-e": 5.0}
     assert policy.at(0.0, needed=5, registered=5, move_cost=cost).desired == 5
@@ -104,18 +104,28 @@ def test_surplus_goes_one_device_at_a_time_after_the_cool_down():
     assert held.desired == 5 and "held for the 60 s cool-down" in held.reason and held.drain == ""
     assert policy.at(59.0, needed=2, registered=5, move_cost=cost).desired == 5     # 5 still in the window
     first = policy.at(70.5, needed=2, registered=5, move_cost=cost)
-    assert first.desired == 4 and first.drain == "be-b" and "(be-b: idle)" in first.reason    # idle, first by name
-    # Until the drained backend is gone, and for a cool-down after, nothing more goes.
-    assert policy.at(71.0, needed=2, registered=5, move_cost=cost).desired == 4
+    assert first.desired == 2 and "remove 3 (the most needed within it: 2)" in first.reason
+    assert first.drain == "be-b" and "(be-b: idle)" in first.reason                # idle, first by name
+    # The drains go on, one backend after another, the cheapest to move first, down to the aim.
     cost.pop("be-b")
-    assert policy.at(75.0, needed=2, registered=4, move_cost=cost).desired == 4
-    assert policy.at(130.0, needed=2, registered=4, move_cost=cost).desired == 4
-    second = policy.at(131.0, needed=2, registered=4, move_cost=cost)
-    assert second.desired == 3 and second.drain == "be-d"
+    second = policy.at(75.0, needed=2, registered=4, move_cost=cost)
+    assert second.desired == 2 and second.drain == "be-d" and "removing 2 more to 2" in second.reason
     cost.pop("be-d")
-    third = policy.at(200.0, needed=2, registered=3, move_cost=cost)
+    third = policy.at(80.0, needed=2, registered=3, move_cost=cost)
     assert third.desired == 2 and third.drain == "be-e" and "its sessions carry 5 rps" in third.reason
-    assert policy.at(300.0, needed=2, registered=2, move_cost={"be-a": 30.0, "be-c": 12.0}).desired == 2
+    cost.pop("be-e")
+    assert policy.at(85.0, needed=2, registered=2, move_cost=cost).desired == 2
+    assert policy.at(300.0, needed=2, registered=2, move_cost=cost).desired == 2
+    assert policy.at(301.0, needed=3, registered=2, move_cost=cost).desired == 3     # up again at once
+
+
+def test_the_survivors_absorb_the_largest_need_of_the_window():
+    """The N/(N-1) check for any number removed: never below what the window needed, headroom included."""
+    policy = Policy(cooldown_s=60, headroom=0.5)
+    policy.at(0.0, needed=6, registered=9)
+    policy.at(30.0, needed=2, registered=9)               # 2 with 50% headroom: 3
+    down = policy.at(61.0, needed=1, registered=9)         # 1 with headroom: 2; the window held 3
+    assert down.desired == 3 and down.needed == 2
 
 
 def test_a_need_that_comes_back_within_the_window_cancels_the_scale_down():
@@ -124,7 +134,7 @@ def test_a_need_that_comes_back_within_the_window_cancels_the_scale_down():
     policy.at(20.0, needed=1, registered=3)
     policy.at(40.0, needed=3, registered=3)           # a burst within the window
     assert policy.at(70.0, needed=1, registered=3).desired == 3
-    assert policy.at(101.0, needed=1, registered=3).desired == 2
+    assert policy.at(101.0, needed=1, registered=3).desired == 1
 
 
 def test_bounds_cap_and_floor_the_desired_count_and_say_so():
@@ -161,16 +171,16 @@ def test_a_scheduler_that_just_started_waits_a_cool_down_before_removing_anythin
     policy = Policy(cooldown_s=60)
     assert policy.at(0.0, needed=0, registered=4).desired == 4
     assert policy.at(30.0, needed=1, registered=4).desired == 4
-    assert policy.at(61.0, needed=1, registered=4).desired == 3
+    assert policy.at(61.0, needed=1, registered=4).desired == 1
 
 
-def test_backends_that_come_back_are_removed_one_per_cool_down_not_all_at_once():
+def test_backends_that_come_back_are_not_removed_beyond_the_removal_decided():
     """Registered backends that missed heartbeats under load and re-registered: the count desired while
-    they were away must not let several go in one cool-down."""
+    they were away is no licence to remove more than the removal in progress aimed at."""
     policy = Policy(cooldown_s=60)
     policy.at(0.0, needed=5, registered=5)
-    assert policy.at(70.0, needed=2, registered=5).desired == 4             # one removal
-    assert policy.at(71.0, needed=2, registered=1).desired == 2             # three lost their registration
+    assert policy.at(70.0, needed=4, registered=5).desired == 4             # one removal
+    assert policy.at(71.0, needed=2, registered=1).desired == 2             # four lost their registration
     back = policy.at(72.0, needed=2, registered=5)                          # ... and are back
-    assert back.desired == 5 and back.drain == ""
-    assert policy.at(131.0, needed=2, registered=5).desired == 4            # the next one, a cool-down later
+    assert back.desired == 4                                                # the removal decided: one
+    assert policy.at(131.0, needed=2, registered=4).desired == 2            # the next, a cool-down later

@@ -289,6 +289,10 @@ class SchedulerConfig:
     min_replicas: int = field(default=1, metadata={
         "help": "backends every session keeps at least when enough exist (a model's own --min-replicas "
                 "overrides it); 2 or more: losing a backend needs no re-plan"})
+    spare_replicas: bool = field(default=True, metadata={
+        "help": "fill the backends a plan leaves idle with extra replicas of the busiest sessions: they absorb "
+                "bursts and steps at once and a lost backend without an outage, and go first when devices are "
+                "removed"})
     metrics_listen: str = field(default=DEFAULT_SCHEDULER_METRICS_LISTEN, metadata={
         "help": "HOST:PORT of the Prometheus endpoint /metrics: nexus_desired_devices{device_type} and the plan "
                 "(port 0: any free port; empty: off; left at its default while --listen has port 0, it takes "

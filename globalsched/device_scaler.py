@@ -52,7 +52,7 @@ def demands(plan: ClusterPlan | None, backends: Iterable[Node], measured: Mappin
             for b in placement.backends:
                 for s in b.sessions:
                     capacity[s.model] = capacity.get(s.model, 0.0) + s.throughput_rps
-                    if b.node_id in cost:
+                    if b.node_id in cost and not b.spare:     # a spare's session runs elsewhere too
                         cost[b.node_id] += s.load_rps or s.throughput_rps
         demand = sum(outrunning_rps(measured.get(s), c) or c for s, c in capacity.items())
         out[t] = TypeDemand(t, plan.devices_needed.get(t, 0) if plan is not None else 0, len(registered.get(t, [])),

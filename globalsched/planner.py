@@ -60,13 +60,14 @@ class PlannerSettings:
     default_rate_rps: float = 1.0       # a session nobody reported a rate for yet
     rate_headroom: float = 0.0          # plan for measured rates times 1 + this
     default_min_replicas: int = 1
+    spare_replicas: bool = True         # idle backends hold replicas of the busiest sessions (planning_loop.py)
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> PlannerSettings:
         # The path allowance is the planner's network margin: spent outside the device on every hop.
         planner = PlannerConfig(network_ms=config.path_allowance_ms, burst_sigma=config.burst_sigma)
         return cls(ReplanConfig(epoch_s=config.epoch_s, planner=planner), config.solver, config.latency_split,
-                   config.default_rate_rps, config.rate_headroom, max(1, config.min_replicas))
+                   config.default_rate_rps, config.rate_headroom, max(1, config.min_replicas), config.spare_replicas)
 
     @property
     def planner(self) -> PlannerConfig:
@@ -319,7 +320,8 @@ def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendS
                  for s in group]
         result = plan_type(specs, gpu, slots, {s.model: s.prefix_share for s in group},
                            state.types.get(device_type, TypeState()), now_s=now_s, min_replicas=replicas,
-                           force=force, previous=previous, config=settings.replan, solver=settings.solver)
+                           force=force, previous=previous, config=settings.replan, solver=settings.solver,
+                           spares=settings.spare_replicas)
         types[device_type] = result.state
         needed[device_type], bounds[device_type] = result.devices, result.lower_bound
         throughput_bound += result.lower_bound_throughput_only

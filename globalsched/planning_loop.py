@@ -17,7 +17,10 @@ backend runs each planned GPU), and returns the next placement with the next sta
    else moves;
 3. adds replicas so that every session runs on at least its ``min_replicas`` GPUs when the backends
    allow (:func:`add_replicas`); a replica serves the same batch as the session's largest allocation,
-   so each of them can carry the whole rate alone and losing one needs no re-plan;
+   so each of them can carry the whole rate alone and losing one needs no re-plan; then fills the
+   backends the plan leaves idle with spare replicas of the busiest sessions (:func:`add_spares`),
+   which absorb bursts and steps at once and a lost backend without an outage, and which the device
+   scaling policy neither counts as needed nor hesitates to drain;
 4. keeps every GPU on the backend that ran it, gives new GPUs the free backends, and folds what
    does not fit onto the least-loaded backends (overcommitted, reported).
 
@@ -57,6 +60,7 @@ class TypeState:
     slots: frozenset[str] = frozenset()
     placement: Placement | None = None
     profiles: Mapping[str, Profile] = field(default_factory=dict)  # session -> the profile it was planned with
+    spares: frozenset[int] = frozenset()                           # GPU ids holding only spare replicas
 
 
 @dataclass(frozen=True)
@@ -74,13 +78,13 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
               shares: Mapping[str, float | None], st: TypeState, *, now_s: float,
               min_replicas: Mapping[str, int], force: ReplanReason | None = None,
               previous: Mapping[str, frozenset[str]] = {}, config: ReplanConfig = ReplanConfig(),
-              solver: str = "squishy") -> TypeResult:
+              solver: str = "squishy", spares: bool = False) -> TypeResult:
     """The next placement of one device type's sessions (see the module docstring), and its state.
 
     ``min_replicas`` gives every session's replica count (at least 1); ``previous`` maps a backend to
     the sessions it ran (new GPUs go to the free backend that ran most of theirs); ``solver`` makes
     the first plan of the type, with prefix groups or without, whichever needs fewer devices
-    (repairs are the re-planner's).
+    (repairs are the re-planner's); ``spares``: fill idle backends with spare replicas.
     """
     from globalsched.prefix_groups import planning_groups
 
@@ -124,11 +128,13 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
             plan, state = replan(current, plain, gpu, now_s, st.replan, config, force=force)
         reason = state.reason
     if reason is ReplanReason.NONE and st.placement is not None:
-        return TypeResult(st.placement, _devices_needed(st.plan, specs, min_replicas) if st.plan else 0,
+        return TypeResult(st.placement, _devices_needed(st.plan, specs, min_replicas, st.spares) if st.plan else 0,
                           st.plan.lower_bound if st.plan else 0,
                           (st.plan.lower_bound_throughput_only or 0) if st.plan else 0, reason, st)
     wanted = {s.name: min_replicas.get(s.name, 1) for s in specs}
     plan, replicas = _with_replicas(plan, current, st, grouped, groups, gpu, wanted, len(slots), config.planner)
+    free = len(slots) if spares else 0
+    plan, replicas, spare_ids = _with_spares(plan, replicas, st, grouped, groups, gpu, free, config.planner)
     notes: tuple[str, ...] = ()
     broken = validate_plan(plan, grouped, gpu, config.planner.margins_ms, groups, config.planner.burst_sigma)
     if broken:
@@ -140,6 +146,7 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
         fresh = replace(fresh, gpus=tuple(match_ids(fresh.gpus, current)) if current is not None else fresh.gpus)
         fresh, replicas = _with_replicas(fresh, current, st, grouped, groups, gpu, wanted, len(slots),
                                           config.planner)
+        fresh, replicas, spare_ids = _with_spares(fresh, replicas, st, grouped, groups, gpu, free, config.planner)
         still = validate_plan(fresh, grouped, gpu, config.planner.margins_ms, groups, config.planner.burst_sigma)
         if still:
             raise PlanningError(f"{gpu.name}: every plan made breaks the validity rules, none is distributed: "
@@ -149,10 +156,10 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
         plan = fresh
     by_name, by_group = {s.name: s for s in grouped}, {g.name: g for g in groups}
     placement, nodes = _assign(plan.gpus, slots, st.nodes, previous,
-                               lambda g: gpu_exec_breakdown(g, by_name, by_group)[0])
+                               lambda g: gpu_exec_breakdown(g, by_name, by_group)[0], spare_ids)
     new = TypeState(plan, state, nodes, frozenset(replicas), signature, alive, placement,
-                    {s.name: s.profile for s in specs})
-    return TypeResult(placement, _devices_needed(plan, specs, min_replicas), plan.lower_bound,
+                    {s.name: s.profile for s in specs}, spare_ids)
+    return TypeResult(placement, _devices_needed(plan, specs, min_replicas, spare_ids), plan.lower_bound,
                       plan.lower_bound_throughput_only or 0, reason, new, notes)
 
 
@@ -190,10 +197,86 @@ def _with_replicas(plan: Plan, current: Plan | None, st: TypeState, specs: Seque
     return replace(plan, gpus=tuple(gpus)), replicas
 
 
-def _devices_needed(plan: Plan, specs: Sequence[SessionSpec], min_replicas: Mapping[str, int]) -> int:
-    """The plan's GPUs, and at least the most replicas a session asks for (replicas are only added on
-    backends that exist, so more backends are what lets them be placed)."""
-    return max(len(plan.gpus), max((min_replicas.get(s.name, 1) for s in specs), default=0))
+def _devices_needed(plan: Plan, specs: Sequence[SessionSpec], min_replicas: Mapping[str, int],
+                    spares: AbstractSet[int] = frozenset()) -> int:
+    """The plan's GPUs but its spares (they only fill backends that are there), and at least the most
+    replicas a session asks for (replicas are only added on backends that exist, so more backends
+    are what lets them be placed)."""
+    return max(len(plan.gpus) - len(spares), max((min_replicas.get(s.name, 1) for s in specs), default=0))
+
+
+def _with_spares(plan: Plan, replicas: set[tuple[int, str]], st: TypeState, specs: Sequence[SessionSpec],
+                 groups: Sequence[PrefixGroup], gpu: GpuSpec, slots: int, planner: PlannerConfig
+                 ) -> tuple[Plan, set[tuple[int, str]], frozenset[int]]:
+    """``plan`` with spare replicas on the ``slots`` backends it leaves idle (0: none)."""
+    gpus, added, spares = add_spares(plan.gpus, specs, gpu, slots - len(plan.gpus), planner, st.plan, st.replicas,
+                                     st.spares, groups)
+    return replace(plan, gpus=tuple(gpus)), replicas | added, spares
+
+
+def add_spares(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: GpuSpec, free: int, planner: PlannerConfig,
+               before: Plan | None = None, replicas_before: AbstractSet[tuple[int, str]] = frozenset(),
+               spares_before: AbstractSet[int] = frozenset(), groups: Sequence[PrefixGroup] = ()
+               ) -> tuple[list[GpuPlan], set[tuple[int, str]], frozenset[int]]:
+    """``gpus`` and up to ``free`` spare GPUs (the backends the plan leaves idle) holding one extra
+    replica each of the sessions that carry the most load and run on one GPU only, busiest first; the
+    (GPU id, session) replicas added and the spare GPUs' ids.
+
+    A spare replica is a replica like :func:`add_replicas`'s (the session's largest allocation, the
+    validity rules kept): the frontends split the session's arrivals with it, so a burst or a step
+    up to twice the planned rate is served at once, and a lost backend costs the session no outage.
+    It takes only a backend the plan would leave idle, never room on a busy one; the device scaling
+    policy counts spare GPUs neither as needed nor as a cost to drain (they go first). A session
+    keeps its spare on the GPU id it had (the same backend: no load, no move); several spares share
+    a GPU where they fit."""
+    out = list(gpus)
+    if free <= 0:
+        return out, set(), frozenset()
+    by_name = {s.name: s for s in specs}
+    load: dict[str, float] = {}
+    holders: dict[str, int] = {}
+    primary: dict[str, tuple[GpuPlan, SessionAlloc]] = {}
+    for g in gpus:
+        for a in g.sessions:
+            load[a.session] = load.get(a.session, 0.0) + a.planned_load_rps
+            holders[a.session] = holders.get(a.session, 0) + 1
+            if a.session not in primary or a.throughput > primary[a.session][1].throughput:
+                primary[a.session] = (g, a)
+    had: dict[str, int] = {}
+    if before is not None:
+        for g in before.gpus:
+            if g.id in spares_before:
+                for a in g.sessions:
+                    if (g.id, a.session) in replicas_before:
+                        had[a.session] = g.id
+    taken = {g.id for g in gpus}
+    next_id = max([*taken, *((g.id for g in before.gpus) if before else ()), -1]) + 1
+    spare: dict[int, GpuPlan] = {}
+    added: set[tuple[int, str]] = set()
+    for name in sorted((n for n in holders if holders[n] == 1 and n in by_name and load[n] > 0),
+                       key=lambda n: (-load[n], n)):
+        spec, (primary_gpu, alloc) = by_name[name], primary[name]
+        placed = None
+        gid = had.get(name)
+        if gid is not None and gid not in taken:
+            if gid in spare:
+                placed = _with(spare[gid], spec, alloc.planned_load_rps, gpu, planner, by_name, groups)
+            elif len(spare) < free:
+                placed = _alone(gid, spec, primary_gpu.duty_cycle_ms, alloc, gpu, planner, groups)
+        if placed is None:
+            for g in spare.values():
+                placed = _with(g, spec, alloc.planned_load_rps, gpu, planner, by_name, groups)
+                if placed is not None:
+                    break
+        if placed is None and len(spare) < free:
+            while next_id in taken or next_id in spare:
+                next_id += 1
+            placed = _alone(next_id, spec, primary_gpu.duty_cycle_ms, alloc, gpu, planner, groups)
+        if placed is None:
+            continue
+        spare[placed.id] = placed
+        added.add((placed.id, name))
+    return sorted([*out, *spare.values()], key=lambda g: g.id), added, frozenset(spare)
 
 
 def _fresh_ids(gpus: Sequence[GpuPlan], current: Plan | None, before: Plan | None) -> tuple[GpuPlan, ...]:
@@ -340,11 +423,12 @@ def _alone(gid: int, spec: SessionSpec, duty_ms: float, primary: SessionAlloc, g
 
 
 def _assign(gpus: Sequence[GpuPlan], slots: Sequence[BackendSlot], nodes_before: Mapping[int, str],
-            previous: Mapping[str, frozenset[str]], exec_ms: Callable[[GpuPlan], float]
-            ) -> tuple[Placement, dict[int, str]]:
+            previous: Mapping[str, frozenset[str]], exec_ms: Callable[[GpuPlan], float],
+            spares: AbstractSet[int] = frozenset()) -> tuple[Placement, dict[int, str]]:
     """GPUs onto backends: each GPU stays on the backend that ran it; new GPUs take the free backend
     that ran most of their sessions before (``previous``), else the first free one; the rest fold
-    onto the least-loaded backends. ``exec_ms`` gives a GPU's execution per duty cycle."""
+    onto the least-loaded backends. ``exec_ms`` gives a GPU's execution per duty cycle; a backend
+    that runs only ``spares`` is marked spare."""
     alive = [b.node_id for b in slots]
     nodes: dict[int, str] = {}
     used: set[str] = set()
@@ -382,5 +466,5 @@ def _assign(gpus: Sequence[GpuPlan], slots: Sequence[BackendSlot], nodes_before:
                 sessions[a.session] = s
         duty = max((g.duty_cycle_ms for g in mine), default=0.0)
         result.append(BackendAssignment(n, duty, tuple(sorted(sessions.values(), key=lambda s: s.model)),
-                                        sum(exec_ms(g) for g in mine)))
+                                        sum(exec_ms(g) for g in mine), bool(mine) and all(g.id in spares for g in mine)))
     return Placement(tuple(result), overcommitted, 0), nodes

@@ -1,6 +1,8 @@
 """The scheduler's pure planner (globalsched/planner.py over globalsched/planning_loop.py) on a fake
 clock: a lost backend is repaired moving nothing else, minimum replicas are placed and survive a loss
-without a re-plan, and rates are judged by the re-planner's band and cooldown."""
+without a re-plan, and rates are judged by the re-planner's band and cooldown. Spare replicas (which
+fill idle backends) are off here but where a test is about them: the other tests place sessions on
+backends and expect the rest idle."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def _slots(*names: str) -> list[BackendSlot]:
 class Loop:
     """Threads the planner's state from call to call, as the planning task does."""
 
-    def __init__(self, settings: PlannerSettings = PlannerSettings()) -> None:
+    def __init__(self, settings: PlannerSettings = PlannerSettings(spare_replicas=False)) -> None:
         self.settings = settings
         self.state = PlannerState()
         self.changed = False
@@ -49,7 +51,7 @@ class Loop:
 
 
 def _loop(**replan) -> Loop:
-    return Loop(PlannerSettings(ReplanConfig(**replan)))
+    return Loop(PlannerSettings(ReplanConfig(**replan), spare_replicas=False))
 
 
 def _where(plan) -> dict[str, set[str]]:
@@ -95,7 +97,7 @@ def test_min_replicas_are_placed_and_a_replica_loss_needs_no_move():
 
 
 def test_the_cluster_default_applies_and_replicas_stop_at_the_backends_there_are():
-    loop = Loop(PlannerSettings(default_min_replicas=3))
+    loop = Loop(PlannerSettings(default_min_replicas=3, spare_replicas=False))
     sessions = [SessionInput("m", 100.0, 50.0, {"gpu": PROFILE})]
     where = _where(loop.plan(sessions, _slots("a", "b"), 0.0))
     assert where["m"] == {"a", "b"}
@@ -120,7 +122,7 @@ def test_rates_are_judged_by_the_band_after_the_cooldown():
 
 
 def test_the_first_plan_uses_the_configured_solver_and_repairs_use_the_re_planner():
-    loop = Loop(PlannerSettings(solver="cpsat"))
+    loop = Loop(PlannerSettings(solver="cpsat", spare_replicas=False))
     sessions = [SessionInput(f"m{i}", 100.0, 300.0, {"gpu": PROFILE}) for i in range(2)]
     slots = _slots("a", "b", "c")
     first = loop.plan(sessions, slots, 0.0)
@@ -335,3 +337,69 @@ def test_a_lower_surge_leaves_the_held_one_and_a_higher_one_replaces_it():
     # The latest report within noise of the held rate (540 where 600): held; far below it: a burst, gone.
     assert held_surges(floors, {}, {"m": 150.0}, {"m": 10.0}, 4.0, {"m": (270.0, 2.0)}) == floors
     assert held_surges(floors, {}, {"m": 150.0}, {"m": 10.0}, 4.0, {"m": (100.0, 2.0)}) == {}
+
+
+# ---- spare replicas on idle backends --------------------------------------------------------------
+
+
+def _spare_loop(**replan) -> Loop:
+    return Loop(PlannerSettings(ReplanConfig(**replan), spare_replicas=True))
+
+
+def _spare_backends(plan) -> set[str]:
+    return {b.node_id for p in plan.placements.values() for b in p.backends if b.spare}
+
+
+def test_idle_backends_hold_spares_of_the_busiest_sessions_and_count_as_neither_needed_nor_costly():
+    from globalsched.device_scaler import demands
+
+    loop = _spare_loop()
+    # Each of m0-m2 nearly fills a GPU; "light" shares one. Five backends: one or two idle.
+    sessions = [SessionInput(f"m{i}", 100.0, 300.0 - 50.0 * i, {"gpu": PROFILE}) for i in range(3)]
+    plain = Loop().plan(sessions, _slots("a", "b", "c", "d", "e"), 0.0)
+    used = {b.node_id for p in plain.placements.values() for b in p.backends if b.sessions}
+    plan = loop.plan(sessions, _slots("a", "b", "c", "d", "e"), 0.0)
+    spares = _spare_backends(plan)
+    assert spares and len(spares) == 5 - len(used)
+    assert plan.devices_needed["gpu"] == plain.devices_needed["gpu"] == len(used)     # spares are not needed
+    where = _where(plan)
+    with_spare = sorted(m for m, nodes in where.items() if nodes & spares)
+    assert with_spare and with_spare[0] == "m0"          # the busiest first
+    for m in with_spare:
+        shares = [share for _, share in plan.backends_of(m)]
+        assert len(shares) == 2 and shares[0] == shares[1]     # the frontends split its arrivals
+    [t4] = demands(plan, [_node(n) for n in "abcde"], {}).values()
+    assert all(t4.move_cost[n] == 0.0 for n in spares)   # drained first, as an idle one
+    assert all(t4.move_cost[n] > 0.0 for n in used)
+
+
+def test_a_lost_primary_leaves_its_spare_serving_and_a_spare_stays_put_across_re_plans():
+    loop = _spare_loop(cooldown_s=5.0, epoch_s=30.0)
+    sessions = [SessionInput(f"m{i}", 100.0, 300.0, {"gpu": PROFILE}) for i in range(2)]
+    slots = _slots("a", "b", "c", "d")
+    first = _where(loop.plan(sessions, slots, 0.0))
+    assert all(len(nodes) == 2 for nodes in first.values())          # two busy, two spare
+    again = _where(loop.plan(sessions, slots, 40.0, force=ReplanReason.EPOCH))
+    assert again == first                                             # nothing moves, spares included
+    primary = sorted(first["m0"])[0]
+    spare = (first["m0"] - {primary}).pop()
+    plan = loop.plan(sessions, [s for s in slots if s.node_id != primary], 41.0, force=ReplanReason.MEMBERSHIP)
+    assert spare in _where(plan)["m0"]                                # the spare carries it on
+
+
+def test_a_plan_that_needs_the_idle_backends_takes_them_from_the_spares():
+    loop = _spare_loop(cooldown_s=0.0)
+    sessions = [SessionInput(f"m{i}", 100.0, 300.0, {"gpu": PROFILE}) for i in range(2)]
+    slots = _slots("a", "b", "c", "d")
+    assert len(_spare_backends(loop.plan(sessions, slots, 0.0))) == 2
+    more = sessions + [SessionInput(f"n{i}", 100.0, 300.0, {"gpu": PROFILE}) for i in range(2)]
+    plan = loop.plan(more, slots, 1.0)
+    assert plan.devices_needed["gpu"] == 4 and plan.placements["gpu"].overcommitted == 0
+    assert not _spare_backends(plan) and all(len(nodes) == 1 for nodes in _where(plan).values())
+
+
+def _node(name: str):
+    from common.pb import control
+    from globalsched.membership import Node
+
+    return Node(name, control.NODE_KIND_BACKEND, f"{name}:1", "gpu", "gpu", 16000.0)

@@ -41,7 +41,9 @@ def steady_load(cluster: Cluster, model: str, rate_rps: float) -> BackgroundLoad
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = start_cluster(tmp_path_factory.mktemp("failover"), 3, DEVICE, scheduler={"node_timeout_s": 3600})
+    # No spare replicas: these tests kill or hang the only backend of a session, and see it repaired.
+    c = start_cluster(tmp_path_factory.mktemp("failover"), 3, DEVICE,
+                      scheduler={"node_timeout_s": 3600, "spare_replicas": False})
     yield c
     c.stop()
 

@@ -35,8 +35,10 @@ TABLE = Profile.linear(8.0, 20.0, 16, memory_base_mb=100, memory_per_item_mb=1, 
 
 def cluster(tmp_path, device: str, backends: int, factor: float) -> Cluster:
     """A scheduler (logging at INFO, folding samples every second), a frontend and ``backends`` emulated
-    backends whose batches take ``factor`` times their table's latency."""
-    return Cluster(tmp_path, backends=backends, device=device, scheduler={"profile_update_s": 1.0},
+    backends whose batches take ``factor`` times their table's latency; no spare replicas (the tests count
+    the devices a plan gives a model)."""
+    return Cluster(tmp_path, backends=backends, device=device,
+                   scheduler={"profile_update_s": 1.0, "spare_replicas": False},
                    backend={"emulated_latency_factor": factor}, frontend={"report_interval_s": 0.5},
                    env=lambda kind: {"NEXUS_LOG": "INFO"} if kind == "scheduler" else {}).start()
 

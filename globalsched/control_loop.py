@@ -3,7 +3,8 @@
 One task plans. It waits on the :class:`globalsched.replan_trigger.ReplanTrigger` (a forced change:
 a node joined or left, a model was uploaded, loaded or unloaded, a profile arrived; or an
 evaluation: a workload report, the epoch timer), lets a burst of triggers coalesce, reads the view
-(``read_view``), calls the pure planner (globalsched/planner.py) and, when the planner returns a new
+(``read_view``), calls the pure planner (globalsched/planner.py) in a worker thread, so that the
+event loop goes on answering heartbeats and reports while it plans, and, when the planner returns a new
 plan, numbers it with the next epoch and hands it to each actuator in turn: whatever profiles the
 models it needs profiled, then the table distribution (model tables to backends, then routing
 tables to frontends). A lost node is planned for without delay, and a Leave waits until the plan
@@ -75,7 +76,9 @@ class ControlLoop:
     async def plan_once(self, force: ReplanReason | None = None, why: tuple[str, ...] = ()) -> ClusterPlan:
         now = self.clock()
         view = self.read_view(now, force, why)
-        plan, self.state = plan_cluster(view, self.state, self.settings)
+        # Off the event loop: a plan of a thousand devices takes a second or more of CPU, and the loop
+        # answers heartbeats and reports meanwhile (a stalled loop looked like a dead cluster).
+        plan, self.state = await asyncio.to_thread(plan_cluster, view, self.state, self.settings)
         if plan is self.plan:
             return plan
         self.epoch += 1

@@ -29,6 +29,7 @@ import grpc
 from common import grpc_util
 from common.config import SchedulerConfig
 from common.health import Health
+from common.loop_lag import LoopLagMonitor
 from common.pb import control, control_grpc
 from common.security import Credentials
 from globalsched.control_loop import ControlLoop
@@ -65,6 +66,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
                                    self.membership.backends, self.workload.window_rates)
         self.control = ControlLoop(PlannerSettings.from_config(config), self.trigger, self.read_view,
                                    [self.admin, self.distribution, self.scaler])
+        self.loop_lag = LoopLagMonitor("nexus_scheduler_loop_lag_seconds")
         self._tasks: list[asyncio.Task] = []
 
     def read_view(self, now: float, force=None, why: tuple[str, ...] = ()):
@@ -74,7 +76,8 @@ class SchedulerService(control_grpc.SchedulerServicer):
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self.control.run()), asyncio.create_task(self.membership.reaper()),
-                       asyncio.create_task(self.control.epoch_timer()), asyncio.create_task(self.scaler.run())]
+                       asyncio.create_task(self.control.epoch_timer()), asyncio.create_task(self.scaler.run()),
+                       asyncio.create_task(self.loop_lag.run())]
 
     async def stop(self) -> None:
         self.membership.stopping = True     # streams that end from now on are the shutdown's
@@ -225,6 +228,7 @@ async def _start_metrics(config: SchedulerConfig, service: SchedulerService, ser
     registry = CollectorRegistry()
     registry.register(ScalerCollector(service.scaler))
     registry.register(ProfileCollector(service.admin))
+    registry.register(service.loop_lag.histogram)
     try:
         metrics = await serve_metrics("scheduler", config.metrics_listen, config.resolved_metrics_listen, registry)
     except SystemExit:

@@ -120,3 +120,55 @@ def test_a_warning_that_still_holds_is_not_repeated_with_every_plan(caplog):
     assert "tight" in plan.best_effort
     warned = [r for r in caplog.records if r.getMessage().startswith("tight: SLO 3 ms")]
     assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_the_event_loop_runs_on_while_a_plan_is_made(monkeypatch):
+    """Planning runs in a worker thread: a slow plan leaves the loop answering (heartbeats, reports)."""
+    import time
+
+    import globalsched.control_loop as control_loop
+
+    real = control_loop.plan_cluster
+
+    def slow(*args, **kwargs):
+        time.sleep(1.0)             # a plan of a thousand devices, without holding the GIL
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(control_loop, "plan_cluster", slow)
+
+    async def main():
+        world = World()
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        beat = asyncio.create_task(ticker())
+        trigger, loop, task = await _started(world)      # the first plan took a second
+        assert ticks >= 20, ticks                         # in line, the loop would have ticked once
+        beat.cancel()
+        task.cancel()
+
+    asyncio.run(main())
+
+
+def test_the_loop_lag_monitor_sees_a_blocked_loop():
+    from common.loop_lag import LoopLagMonitor
+
+    async def main():
+        monitor = LoopLagMonitor("lag_test_seconds", interval_s=0.05)
+        task = asyncio.create_task(monitor.run())
+        await asyncio.sleep(0.2)
+        import time
+        time.sleep(1.0)                                   # the loop is blocked for a second
+        await asyncio.sleep(0.2)
+        task.cancel()
+        return monitor
+
+    monitor = asyncio.run(main())
+    assert monitor.worst_s >= 0.9                        # the timer due within it ran that late
+    buckets = {s.labels["le"]: s.value for s in monitor.histogram.collect()[0].samples if s.name.endswith("_bucket")}
+    assert buckets["0.5"] < buckets["+Inf"]              # one observation beyond half a second

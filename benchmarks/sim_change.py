@@ -1,0 +1,193 @@
+"""Issue 24's targets, measured in ``nexus simulate``: the SLO while the cluster changes.
+
+    python -m benchmarks.sim_change [--devices 100] [--cases step_auto,step_idle,steady,kill,stall]
+
+``--devices`` sets the cluster's size (100 or 1,000: the models, the rates and the bounds scale with
+it). Every trace starts after ``LEAD_S`` of silence while the cluster registers and plans. The cases:
+
+* ``step_auto``: the elastic trace (benchmarks/elastic.py's models: Zipf shares, Gamma arrivals of
+  CV 1-4, GPU-like profiles, SLOs of 300-500 ms; 2.4 models per device) with a 5x step up at 40 s
+  and back at 80 s, ``--backends auto`` from a tenth of the devices to all of them. Targets:
+  99.9% within SLO over the trace; every 1 s window at 99% or more from ``backend_start_s`` + 2 s
+  after the step; device-seconds at most 1.3x the tight bound's integral; back to the bound's
+  device count within a cool-down + 30 s after the step down, losing nothing to scale-down.
+* ``step_idle``: the same trace with every device registered from the start: no 1 s window below 99%.
+* ``steady``: constant Poisson load (half the peak) for ``--steady-s`` (30 minutes), auto: at most
+  one scale reversal (the desired count turning from rising to falling or back) per 10 minutes.
+* ``kill``: every device registered, the step's peak load, the 10% of devices carrying the most
+  load killed at once: at most 0.1% of requests failed, and every 1 s window back at 99% within 5 s.
+* ``stall``: the peak load on every device, the scheduler stalled for 10 s: no node evicted, and the
+  stall's seconds as good as the ten before it.
+
+Prints one line per target with the number measured and met / missed, and writes
+``<out>/<case>.json`` (the simulator's result) and ``targets.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import time
+
+from benchmarks.elastic import FIXED_MS, PER_ITEM_MS, SLOS_MS
+from common.config import SchedulerConfig
+from nexus.bench.elastic import zipf_models
+from nexus.simulate.config import Fault, FaultKind, SimConfig
+from nexus.simulate.models import SimModel
+from nexus.simulate.report import dumps, summarize
+from nexus.simulate.run import Simulation
+from nexus.simulate.workload import Arrivals, parse_schedule, scheduled_arrivals
+
+LEAD_S = 10.0
+STEP_UP_S, STEP_DOWN_S, END_S = 40.0, 80.0, 140.0
+COOLDOWN_S = 10.0
+MODELS_PER_DEVICE = 2.4
+RPS_PER_DEVICE = 4.0            # the base rate per device: the step's peak (5x) needs about half the devices
+
+
+def workload(devices: int, seed: int):
+    trace = zipf_models(max(100, int(MODELS_PER_DEVICE * devices)), seed=seed, per_item_ms=PER_ITEM_MS,
+                        fixed_ms=FIXED_MS, slo_ms=SLOS_MS)
+    models = tuple(SimModel(m.name, m.slo_ms, m.share, m.profile) for m in trace)
+    return trace, models
+
+
+def arrivals(trace, schedule: str, duration_s: float, seed: int, cv: bool = True) -> Arrivals:
+    a = scheduled_arrivals(parse_schedule(schedule), {m.name: m.share for m in trace}, duration_s,
+                           cv={m.name: m.cv for m in trace} if cv else 1.0, seed=seed)
+    return Arrivals(a.times_s + LEAD_S, a.models, a.names, a.duration_s + LEAD_S)
+
+
+def config(devices: int, seed: int, fixed: bool, faults=()) -> SimConfig:
+    low = max(1, devices // 10)
+    scheduler = SchedulerConfig(scale_down_cooldown_s=COOLDOWN_S, min_devices=f"t4={devices if fixed else low}",
+                                max_devices=f"t4={devices}")
+    return SimConfig(backends=devices if fixed else None, min_backends=low, max_backends=devices, seed=seed,
+                     faults=tuple(faults), scheduler=scheduler)
+
+
+def run(name: str, models, arr: Arrivals, cfg: SimConfig, steps, out: pathlib.Path) -> tuple:
+    started = time.process_time()
+    sim = Simulation(models, arr, cfg)
+    sim.run()
+    result = summarize(sim, steps, {"case": name})
+    (out / f"{name}.json").write_text(dumps(result))
+    print(f"== {name}: {arr.count():,} requests, {len(models)} models, {time.process_time() - started:.0f} CPU-s, "
+          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    return sim, result
+
+
+def windows(result: dict, start_s: float, end_s: float) -> list[float]:
+    ps = result["per_second"]
+    return [a for t, a in zip(ps["time_s"], ps["within_slo"]) if start_s <= t < end_s and a is not None]
+
+
+def reversals(sim) -> list[float]:
+    """Times at which the desired device count turned (rising to falling, or back)."""
+    out, last, direction = [], None, 0
+    for e in sim.events:
+        if e["kind"] != "scaling" or "desired" not in e:
+            continue
+        d = e["desired"]
+        if last is not None and d != last:
+            now = 1 if d > last else -1
+            if direction and now != direction:
+                out.append(e["time_s"])
+            direction = now
+        last = d
+    return out
+
+
+def target(rows: list, case: str, what: str, measured, goal: str, met: bool) -> None:
+    rows.append({"case": case, "target": what, "measured": measured, "goal": goal, "met": met})
+    print(f"  {what}: {measured} (target {goal}): {'met' if met else 'MISSED'}", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--devices", type=int, default=100)
+    p.add_argument("--cases", default="step_auto,step_idle,steady,kill,stall")
+    p.add_argument("--steady-s", type=float, default=1800.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", default="benchmarks/out/sim_change")
+    args = p.parse_args()
+    out = pathlib.Path(args.out) / f"d{args.devices}"
+    out.mkdir(parents=True, exist_ok=True)
+    n = args.devices
+    trace, models = workload(n, args.seed)
+    base = RPS_PER_DEVICE * n
+    step = f"0:{base},{STEP_UP_S}:{5 * base},{STEP_DOWN_S}:{base}"
+    steps = [(LEAD_S + STEP_UP_S, base, 5 * base), (LEAD_S + STEP_DOWN_S, 5 * base, base)]
+    cases = args.cases.split(",")
+    rows: list[dict] = []
+    start_s = SimConfig().backend_start_s
+    print(f"{n} devices, {len(models)} models, {base:g} -> {5 * base:g} -> {base:g} rps; "
+          f"CPU {_cpu()}, load average {os.getloadavg()[0]:.2f}", flush=True)
+    if "step_auto" in cases:
+        sim, r = run("step_auto", models, arrivals(trace, step, END_S, args.seed), config(n, args.seed, False),
+                     steps, out)
+        target(rows, "step_auto", "within SLO over the trace", r["within_slo"], ">= 0.999", r["within_slo"] >= 0.999)
+        after = windows(r, LEAD_S + STEP_UP_S + start_s + 2, LEAD_S + STEP_DOWN_S)
+        target(rows, "step_auto", f"worst 1 s window from S + 2 s after the step (S = {start_s:g} s)",
+               min(after), ">= 0.99", min(after) >= 0.99)
+        ratio = r["device_seconds_over_bound"]
+        target(rows, "step_auto", "device-seconds over the bound's integral", ratio, "<= 1.3", ratio <= 1.3)
+        ps = r["per_second"]
+        bound_after = max(ps["lower_bound"][int(LEAD_S + STEP_DOWN_S):] or [0])
+        back = next((t for t, b in zip(ps["time_s"], ps["backends"])
+                     if t >= LEAD_S + STEP_DOWN_S and b <= max(bound_after, n // 10)), None)
+        took = None if back is None else back - (LEAD_S + STEP_DOWN_S)
+        target(rows, "step_auto", f"seconds after the step down to the bound's {max(bound_after, n // 10)} devices",
+               took, f"<= {COOLDOWN_S + 30:g}", took is not None and took <= COOLDOWN_S + 30)
+        target(rows, "step_auto", "requests lost to scale-down", r["lost_to_scale_down"], "0", r["lost_to_scale_down"] == 0)
+    if "step_idle" in cases:
+        sim, r = run("step_idle", models, arrivals(trace, step, END_S, args.seed), config(n, args.seed, True), steps, out)
+        w = windows(r, LEAD_S, LEAD_S + END_S)
+        target(rows, "step_idle", "worst 1 s window, every device registered", min(w), ">= 0.99", min(w) >= 0.99)
+        target(rows, "step_idle", "within SLO over the trace", r["within_slo"], ">= 0.999", r["within_slo"] >= 0.999)
+    if "steady" in cases:
+        sim, r = run("steady", models, arrivals(trace, f"0:{2.5 * base}", args.steady_s, args.seed, cv=False),
+                     config(n, args.seed, False), [], out)
+        turns = reversals(sim)
+        per10 = max([sum(1 for t in turns if w <= t < w + 600) for w in range(0, int(args.steady_s), 60)] or [0])
+        target(rows, "steady", "scale reversals in any 10 minutes (Poisson, constant)", per10, "<= 1", per10 <= 1)
+    if "kill" in cases:
+        at = LEAD_S + 30.0
+        fault = Fault(FaultKind.KILL_BACKENDS, at, count=max(1, n // 10))
+        sim, r = run("kill", models, arrivals(trace, f"0:{5 * base}", 60.0, args.seed), config(n, args.seed, True, [fault]),
+                     [], out)
+        failed = r["failed"] / r["requests"]
+        target(rows, "kill", "requests failed (10% of devices killed at peak)", round(failed, 5), "<= 0.001",
+               failed <= 0.001)
+        ps = r["per_second"]
+        back = next((t for t in range(int(at), len(ps["time_s"]))
+                     if all((a is None or a >= 0.99) for a in ps["within_slo"][t:t + 5])), None)
+        took = None if back is None else back - int(at)
+        target(rows, "kill", "seconds until every window is at 99% again", took, "<= 5", took is not None and took <= 5)
+    if "stall" in cases:
+        at = LEAD_S + 30.0
+        fault = Fault(FaultKind.STALL_SCHEDULER, at, duration_s=10.0)
+        sim, r = run("stall", models, arrivals(trace, f"0:{5 * base}", 60.0, args.seed),
+                     config(n, args.seed, True, [fault]), [], out)
+        evicted = [e for e in sim.events if "missed heartbeats" in e["text"]]
+        target(rows, "stall", "nodes evicted by a 10 s scheduler stall", len(evicted), "0", not evicted)
+        before, during = windows(r, at - 10, at), windows(r, at, at + 10)
+        target(rows, "stall", "worst second of the stall against the worst of the ten before",
+               f"{min(during)} vs {min(before)}", ">= the ten before", min(during) >= min(before))
+    (out / "targets.json").write_text(json.dumps(rows, indent=1))
+
+
+def _cpu() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+if __name__ == "__main__":
+    main()

@@ -64,15 +64,19 @@ def next_step(decision: ScalingStatus | None, backends: Sequence[LocalBackend], 
         return None
     low, high = bounds
     live = [b for b in backends if not b.retiring]
-    ours = {b.address for b in live if b.address}
+    ours = {b.address for b in backends if b.address}       # draining ones too: they are not others'
     others = sum(1 for address in registered.values() if address not in ours)
     want = max(low, min(decision.desired, high))
     if want > len(live) + others:
         return Start(min(want - len(live) - others, high - len(live)), decision.reason)
     if decision.desired >= decision.registered or not decision.drain_node_id or len(live) <= low:
         return None
-    if len(live) < len(backends) or any(b.address not in registered.values() for b in live):
-        return None          # one drains already, or one is still starting: one change at a time
+    if any(b.address not in registered.values() for b in live):
+        return None          # one is still starting: counts are settled once it registered
+    if len(live) + others <= want:
+        return None          # the drains under way reach the desired count
+    # Several drains may run at once (the policy removes a whole surplus in one step; each drain takes
+    # a re-plan and the backend's exit, a second or more): the backend named next is drained now.
     address = registered.get(decision.drain_node_id, "")
     target = next((b for b in live if address and b.address == address), None)
     if target is None:

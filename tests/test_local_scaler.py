@@ -47,12 +47,17 @@ def test_the_minimum_is_kept_even_before_the_policy_says_so():
     assert next_step(_decision(0, 0), [], {}, (2, 8)) == Start(2, "the plan uses 2")
 
 
-def test_fewer_desired_drains_the_backend_the_policy_names_one_at_a_time():
+def test_fewer_desired_drains_the_backends_the_policy_names_while_others_drain():
     ours = _ours("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
     assert next_step(_decision(2, 3, drain="be-b", reason="surplus"), ours, REG, (1, 8)) == \
         Drain("backend-1", "be-b", "127.0.0.1:2", "surplus")
     draining = [ours[0], LocalBackend("backend-1", "127.0.0.1:2", retiring=True), ours[2]]
-    assert next_step(_decision(1, 3, drain="be-a"), draining, REG, (1, 8)) is None
+    # the next one goes while the first drains, down to the desired count and no further
+    assert next_step(_decision(1, 3, drain="be-a"), draining, REG, (1, 8)) == \
+        Drain("backend-0", "be-a", "127.0.0.1:1", "the plan uses 2")
+    assert next_step(_decision(2, 3, drain="be-a"), draining, REG, (1, 8)) is None
+    # a draining backend named again is not drained twice
+    assert next_step(_decision(1, 3, drain="be-b"), draining, REG, (1, 8)) is None
     # none while a backend is still starting, none below the minimum, none without a name
     assert next_step(_decision(2, 3, drain="be-b"), [*ours, LocalBackend("backend-3")], REG, (1, 8)) is None
     assert next_step(_decision(2, 3, drain="be-b"), ours, REG, (3, 8)) is None

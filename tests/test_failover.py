@@ -248,7 +248,7 @@ def test_kill_9_of_the_only_backend_of_a_session_is_repaired_without_heartbeat_t
 @pytest.fixture
 def pair(tmp_path_factory):
     """Two backends of its own: the module's cluster may have lost backends to the kill tests."""
-    c = start_cluster(tmp_path_factory.mktemp("hang"), 2, DEVICE, scheduler={"node_timeout_s": 3600})
+    c = start_cluster(tmp_path_factory.mktemp("hang"), 2, DEVICE, scheduler={"node_timeout_s": 3600, "spare_replicas": False})
     yield c
     c.stop()
 

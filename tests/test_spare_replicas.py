@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_an_idle_backend_holds_a_spare_that_takes_over_a_killed_backends_load(tmp_path):
-    cluster = start_cluster(tmp_path / "cluster", 2, DEVICE, scheduler={"node_timeout_s": 3600})
+    cluster = start_cluster(tmp_path / "cluster", 2, DEVICE, scheduler={"node_timeout_s": 3600, "spare_replicas": True})
     try:
         _upload(cluster, tmp_path, "spared", FAST, FAST_SLO_MS)        # one replica asked for
         deadline = time.monotonic() + 30

@@ -182,20 +182,35 @@ class ModelDatabase:
     methods about what is served (sessions, replicas, serving settings, the version policy) take the
     model's name."""
 
-    def __init__(self, data_dir: pathlib.Path, max_upload_bytes: int = 512 * 1024 * 1024) -> None:
+    def __init__(self, data_dir: pathlib.Path, max_upload_bytes: int = 512 * 1024 * 1024,
+                 read_only: bool = False) -> None:
+        """``read_only``: read a database another process (a running scheduler) owns: nothing is
+        created, migrated or collected, and a directory without a database is an error
+        (FileNotFoundError; RuntimeError for another schema version)."""
         self.data_dir = pathlib.Path(data_dir)
         self.blob_dir = self.data_dir / "blobs"
         self.tmp_dir = self.data_dir / "tmp"
         self.max_upload_bytes = max_upload_bytes
-        for d in (self.data_dir, self.blob_dir, self.tmp_dir):
-            d.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._upload_lock = threading.Lock()
+        self.profiles_version = 0       # bumps whenever a model or a table is stored (readers cache by it)
+        if read_only:
+            path = self.data_dir / "nexus.db"
+            if not path.is_file():
+                raise FileNotFoundError(f"{self.data_dir}: no model database here (no nexus.db)")
+            self._db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False,
+                                       isolation_level=None)
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version != SCHEMA_VERSION:
+                self._db.close()
+                raise RuntimeError(f"{path} has schema {version}; this release reads {SCHEMA_VERSION}")
+            return
+        for d in (self.data_dir, self.blob_dir, self.tmp_dir):
+            d.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.data_dir / "nexus.db", check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode = WAL")
         self._open_schema()
         self._db.execute("PRAGMA foreign_keys = ON")
-        self.profiles_version = 0       # bumps whenever a model or a table is stored (readers cache by it)
         self._collect_garbage()
 
     def close(self) -> None:

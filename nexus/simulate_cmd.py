@@ -50,6 +50,9 @@ def register(sub) -> None:
     src.add_argument("--model-repository", default="", metavar="DIR",
                      help="the models of a Triton model repository instead (SLO and expected rate from config.pbtxt, "
                           "profiles from the emulated --device-type's datasheet)")
+    src.add_argument("--model-database", default="", metavar="DATA_DIR",
+                     help="the models a scheduler serves, from its --data-dir (read-only: a running scheduler's "
+                          "may be read): SLOs, replicas, expected rates and the profiles it plans with")
     src.add_argument("--trace", default="", metavar="TRACE.csv",
                      help="arrivals from a file: CSV with a time_s,model header, or JSON lines")
     src.add_argument("--arrivals", choices=("poisson", "gamma", "azure"), default="poisson",
@@ -169,16 +172,21 @@ def simulate(models, arrivals, config, steps=(), inputs=None) -> dict:
 
 
 def run(args) -> int:
-    from nexus.simulate.models import ModelsError, load_models, repository_models
+    from nexus.simulate.models import ModelsError, database_models, load_models, repository_models
     from nexus.simulate.report import dumps, text
     from nexus.simulate.workload import WorkloadError
 
     try:
-        if bool(args.models) == bool(args.model_repository):
-            raise ConfigError("give the models: --models MODELS.json or --model-repository DIR")
+        if sum(map(bool, (args.models, args.model_repository, args.model_database))) != 1:
+            raise ConfigError("give the models one way: --models MODELS.json, --model-repository DIR or "
+                              "--model-database DATA_DIR")
         config = configs(args)
-        models = load_models(args.models) if args.models else \
-            repository_models(args.model_repository, args.device_type, config.scheduler.default_slo_ms)
+        if args.models:
+            models = load_models(args.models)
+        elif args.model_repository:
+            models = repository_models(args.model_repository, args.device_type, config.scheduler.default_slo_ms)
+        else:
+            models = database_models(args.model_database, args.device_type)
         arrivals, steps = _arrivals(args, models)
     except (ModelsError, WorkloadError, ConfigError, ValueError) as exc:
         print(f"nexus simulate: error: {exc}", file=sys.stderr)

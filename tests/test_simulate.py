@@ -267,7 +267,48 @@ def test_a_model_repository_is_simulated_with_its_slos_rates_and_datasheet_profi
     assert main(["simulate", "--model-repository", str(tmp_path / "repo"), "--schedule", "0:10"]) == 2
     assert "other" in capsys.readouterr().err
     assert main(["simulate", "--schedule", "0:10"]) == 2
-    assert "give the models: --models MODELS.json or --model-repository DIR" in capsys.readouterr().err
+    assert "give the models one way: --models MODELS.json, --model-repository DIR or --model-database" \
+        in capsys.readouterr().err
+
+
+def test_a_schedulers_model_database_is_simulated_with_what_it_serves(tmp_path, capsys):
+    """--model-database reads a scheduler's --data-dir read-only: loaded models only, with their SLOs,
+    replicas, expected rates, batch caps and profiles (table, else the emulated datasheet)."""
+    from common.profile import Profile
+    from common.sample_models import mlp_small, model_bytes
+    from globalsched.modeldb import ModelDatabase, ServingSettings
+
+    db = ModelDatabase(tmp_path / "data")
+    table = Profile.linear(2.0, 5.0, 16, device_type="t4")
+    db.add_model("tabled", [model_bytes(mlp_small())], profile_json=table.to_json(), slo_ms=80, min_replicas=2,
+                 serving=ServingSettings(expected_rate_rps=300.0, batch_cap=4))
+    db.add_model("sheet", [model_bytes(mlp_small())], slo_ms=120, serving=ServingSettings(expected_rate_rps=100.0))
+    db.add_model("stored", [model_bytes(mlp_small())], create_session=False)      # uploaded, not loaded
+    db.close()
+    before = (tmp_path / "data" / "nexus.db").read_bytes()
+    from nexus.simulate.models import database_models
+
+    models = {m.name: m for m in database_models(tmp_path / "data", "t4")}
+    assert sorted(models) == ["sheet", "tabled"]
+    tabled = models["tabled"]
+    assert (tabled.slo_ms, tabled.min_replicas, tabled.expected_rate_rps, tabled.share) == (80.0, 2, 300.0, 300.0)
+    assert tabled.profile.max_batch == 4 and tabled.profile.latency_ms(2) == table.latency_ms(2)
+    assert models["sheet"].profile.max_batch > 0 and models["sheet"].slo_ms == 120.0
+    out = tmp_path / "out.json"
+    assert main(["simulate", "--model-database", str(tmp_path / "data"), "--device-type", "t4",
+                 "--schedule", "0:200", "--duration-s", "10", "--json", str(out)]) == 0
+    counts = {name: m["requests"] for name, m in json.loads(out.read_text())["per_model"].items()}
+    assert 2.5 < counts["tabled"] / counts["sheet"] < 3.5
+    assert (tmp_path / "data" / "nexus.db").read_bytes() == before         # nothing written there
+    assert main(["simulate", "--model-database", str(tmp_path / "none"), "--schedule", "0:10"]) == 2
+    assert "no model database here" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "data" / "nexus.db") as newer:       # a later release's database
+        newer.execute("PRAGMA user_version = 999")
+    assert main(["simulate", "--model-database", str(tmp_path / "data"), "--schedule", "0:10"]) == 2
+    assert "has schema 999; this release reads" in capsys.readouterr().err
 
 
 def test_measured_device_time_runs_a_batch_for_the_rows_measured_mean_not_the_conservative_figure():

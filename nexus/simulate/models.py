@@ -121,6 +121,46 @@ def repository_models(root: str | Path, device_type: str, default_slo_ms: float)
     return tuple(out)
 
 
+def database_models(data_dir: str | Path, device_type: str) -> tuple[SimModel, ...]:
+    """The models a scheduler serves, from its model database (``--data-dir``; read-only, so a running
+    scheduler's may be read): every loaded model's newest version, its SLO, minimum replicas, expected
+    rate (also its share; 1 where none is set) and batch cap, and its profile on ``device_type``: the
+    uploaded table, else the one measured while serving, else the emulated device's datasheet for a
+    sample model."""
+    from common.emulated_gpus import NoDatasheet, UnknownGpuError, datasheet_profile
+    from globalsched.modeldb import ModelDatabase
+
+    try:
+        db = ModelDatabase(Path(data_dir), read_only=True)
+    except (FileNotFoundError, RuntimeError) as exc:
+        raise ModelsError(str(exc)) from None
+    try:
+        measured = {(key, t): p for key, t, _, p, _, _ in db.measured_profiles()}
+        out = []
+        for session in sorted(db.sessions(), key=lambda s: s.model):
+            record = db.newest(session.model)
+            if record is None:
+                continue
+            profile = db.profiles(record.key).get(device_type) or measured.get((record.key, device_type))
+            if profile is None:
+                try:
+                    profile = datasheet_profile(db.read_blob(record.sha256), device_type)
+                except (NoDatasheet, UnknownGpuError, OSError) as exc:
+                    raise ModelsError(f"{data_dir}: model {session.model!r} has no profile on {device_type!r} "
+                                      f"(no table, no measurement, no datasheet: {exc})") from None
+            serving = db.serving(session.model)
+            if serving.batch_cap:
+                profile = profile.capped(serving.batch_cap)
+            rate = serving.expected_rate_rps
+            out.append(SimModel(session.model, session.slo_ms, rate or 1.0, profile,
+                                min_replicas=db.min_replicas(session.model), expected_rate_rps=rate))
+    finally:
+        db.close()
+    if not out:
+        raise ModelsError(f"{data_dir}: the model database serves no model")
+    return tuple(out)
+
+
 def shares(models: tuple[SimModel, ...]) -> dict[str, float]:
     """Each model's share of the total rate, normalised; ModelsError when they add up to nothing."""
     total = sum(m.share for m in models)

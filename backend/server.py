@@ -732,7 +732,7 @@ async def serve(config: BackendConfig, ready=None) -> None:
             raise SystemExit(f"nexus backend: error: cannot serve --metrics-port {config.metrics_port} on "
                              f"{host}: {exc.strerror or exc}") from None
         log.info("Prometheus metrics on http://%s:%d/metrics", host, config.metrics_port)
-    channel = grpc_util.aio_channel(config.scheduler, creds)
+    channel = grpc_util.aio_channel(config.scheduler, creds, to_scheduler=True)
     scheduler = control_grpc.SchedulerStub(channel)
     service.attach_scheduler(scheduler)
     memory = config.memory_mb or detect_memory_mb(config.device)

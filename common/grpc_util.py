@@ -42,6 +42,17 @@ CHANNEL_OPTIONS = [
     ("grpc.enable_retries", 0),
     *KEEPALIVE_OPTIONS,
 ]
+# A node's channel to the scheduler pings more patiently: a scheduler that stalls (a long plan, a GC
+# pause, a SIGSTOP) must find its nodes' Attach streams still open when it resumes, or it removes
+# every node for a stream that ended by its own pause (issue 24). Its failure detector waits up to
+# 30 s before it blames others (globalsched/failure_detector.py); the nodes wait as long before they
+# give up on it (a scheduler that died closes its sockets, which they see at once). The scheduler
+# still pings its nodes every 2 s on its side of the stream: a hung node is found as quickly.
+SCHEDULER_KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10000),
+    ("grpc.keepalive_timeout_ms", 20000),
+    ("grpc.http2.ping_timeout_ms", 20000),
+]
 SERVER_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -79,15 +90,21 @@ def bind(srv: grpc.aio.Server, address: str, creds: Credentials = NO_CREDENTIALS
     return f"{host}:{port}"
 
 
-def aio_channel(address: str, creds: Credentials = NO_CREDENTIALS, *, token_interceptor: bool = True) -> grpc.aio.Channel:
+def aio_channel(address: str, creds: Credentials = NO_CREDENTIALS, *, token_interceptor: bool = True,
+                to_scheduler: bool = False) -> grpc.aio.Channel:
     """An asyncio channel; with ``token_interceptor=False`` the caller sends the token itself on each call
     (``metadata=common.security.token_metadata(token)``): an intercepted stream passes every message
-    through one more layer of asyncio tasks, which a per-request stream pays on its hot path."""
+    through one more layer of asyncio tasks, which a per-request stream pays on its hot path.
+    ``to_scheduler``: a node's channel to the scheduler (:data:`SCHEDULER_KEEPALIVE_OPTIONS`)."""
     interceptors = (token_interceptors(creds.token) or None) if token_interceptor else None
+    options = CHANNEL_OPTIONS
+    if to_scheduler:
+        patient = dict(SCHEDULER_KEEPALIVE_OPTIONS)
+        options = [(k, patient.get(k, v)) for k, v in CHANNEL_OPTIONS]
     if creds.dials_tls:
-        return grpc.aio.secure_channel(address, channel_credentials(creds), options=CHANNEL_OPTIONS,
+        return grpc.aio.secure_channel(address, channel_credentials(creds), options=options,
                                        interceptors=interceptors)
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
 
 
 def channel(address: str, creds: Credentials = NO_CREDENTIALS) -> grpc.Channel:

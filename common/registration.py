@@ -82,7 +82,18 @@ async def keep_registered(scheduler, register: control.RegisterRequest, node) ->
                 fill = getattr(node, "fill_heartbeat", None)
                 if fill is not None:
                     fill(request)
-                beat = await scheduler.Heartbeat(request, timeout=5)
+                try:
+                    beat = await scheduler.Heartbeat(request, timeout=5)
+                except grpc.aio.AioRpcError as exc:
+                    # A scheduler that stalls (a long plan, a pause) answers nothing for a while, but
+                    # its Attach stream stays open: dropping the stream now would have it remove this
+                    # node for its own pause when it resumes (issue 24). Only a broken stream, or a
+                    # scheduler that forgot this node, makes the node register again.
+                    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and attach is not None and not attach.done():
+                        log.warning("heartbeat timed out (%s); the Attach stream is open: keeping it",
+                                    exc.details() or exc.code().name)
+                        continue
+                    raise
                 if not beat.known:
                     if not getattr(node, "leaving", False):
                         log.warning("scheduler forgot %s; registering again", node.node_id)

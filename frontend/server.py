@@ -98,7 +98,7 @@ async def serve(config: FrontendConfig, ready=None) -> None:
             raise SystemExit(f"nexus frontend: error: cannot write --trace {config.trace}: "
                              f"{exc.strerror or exc}") from None
     state = FrontendState(use_stream=config.exec_path == "stream", creds=creds, tracer=tracer)
-    channel = grpc_util.aio_channel(config.scheduler, creds)
+    channel = grpc_util.aio_channel(config.scheduler, creds, to_scheduler=True)
     scheduler = control_grpc.SchedulerStub(channel)
     # Repository load/unload are admin calls: the restricted header when configured (as Triton's
     # restricted protocol), else the cluster token like the rest of the control plane. The KServe

@@ -1,0 +1,88 @@
+"""The node's registration loop (common/registration.py) against a scripted scheduler: a heartbeat
+that times out while the Attach stream is open keeps the stream (a stalled scheduler must not find
+its nodes gone for its own pause), and a broken stream makes the node register again."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from common.pb import control
+from common.registration import keep_registered
+
+
+def _error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=code.name)
+
+
+class Scheduler:
+    """Register and Heartbeat as scripted; Attach streams stay open until ``break_stream``."""
+
+    def __init__(self, heartbeats: list) -> None:
+        self.heartbeats = list(heartbeats)      # each: an exception to raise, or True/False for known
+        self.registered = 0
+        self.attached = 0
+        self.streams_ended = 0
+        self.broken = asyncio.Event()
+
+    async def Register(self, request, timeout=None):
+        self.registered += 1
+        return control.RegisterReply(node_id="be-1", heartbeat_interval_ms=10)
+
+    async def Attach(self, request):
+        self.attached += 1
+        try:
+            await self.broken.wait()
+            raise _error(grpc.StatusCode.UNAVAILABLE)
+            yield                                # an async generator
+        finally:
+            self.streams_ended += 1
+
+    async def Heartbeat(self, request, timeout=None):
+        if self.heartbeats:
+            step = self.heartbeats.pop(0)
+            if isinstance(step, Exception):
+                raise step
+            return control.HeartbeatReply(known=step)
+        return control.HeartbeatReply(known=True)
+
+
+class Node:
+    node_id = ""
+
+
+async def _run(scheduler: Scheduler, seconds: float, then=None) -> int:
+    """Run the loop for ``seconds`` (and ``then()``, and as long again); the streams ended meanwhile."""
+    task = asyncio.create_task(keep_registered(scheduler, control.RegisterRequest(), Node()))
+    await asyncio.sleep(seconds)
+    if then is not None:
+        then()
+        await asyncio.sleep(seconds)
+    ended = scheduler.streams_ended
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return ended
+
+
+def test_heartbeats_that_time_out_keep_the_open_attach_stream():
+    timeouts = [_error(grpc.StatusCode.DEADLINE_EXCEEDED) for _ in range(5)]
+    scheduler = Scheduler(timeouts)
+    ended = asyncio.run(_run(scheduler, 0.3))
+    assert not scheduler.heartbeats                      # every timeout was tried through
+    assert scheduler.registered == 1 and scheduler.attached == 1 and ended == 0
+
+
+def test_a_broken_stream_or_a_forgetful_scheduler_makes_the_node_register_again():
+    scheduler = Scheduler([])
+    ended = asyncio.run(_run(scheduler, 0.2, then=scheduler.broken.set))
+    assert scheduler.registered >= 2 and ended >= 1
+    forgetful = Scheduler([False])
+    asyncio.run(_run(forgetful, 0.3))
+    assert forgetful.registered >= 2
+
+
+def test_a_heartbeat_refused_otherwise_still_registers_again():
+    scheduler = Scheduler([_error(grpc.StatusCode.UNAVAILABLE)])
+    asyncio.run(_run(scheduler, 0.3))
+    assert scheduler.registered >= 2

@@ -72,18 +72,31 @@ class Distribution:
         self.admin = admin
         self.workload = workload
         self.in_force: ClusterPlan | None = None    # the plan last pushed: what the nodes hold
+        self.releases: set[asyncio.Task] = set()    # release steps waiting out their delay
 
     async def apply(self, plan: ClusterPlan, epoch: int) -> None:
         """Make before break (globalsched/handover.py): model tables that load the plan's sessions and
-        keep the ones it moves away, then the routing tables, then the tables that drop those. A
-        frontend is never routed to a backend before it loaded the model, nor left with routes to a
-        backend that dropped it."""
+        keep the ones it moves away, then the routing tables, then, once what was routed to the kept
+        sessions has met its deadline, the tables that drop them (in the background: the next plan
+        need not wait; a backend ignores a release older than a table it has). A frontend is never
+        routed to a backend before it loaded the model, nor left with routes to one that dropped it."""
         steps = handover(self.in_force, plan)
         failed = await self.push_model_tables(plan, epoch, steps.make)
         await self.push_routing_tables(plan, epoch, failed)
-        if steps.release:
-            await self.push_model_tables(plan, epoch, steps.release)
         self.in_force = plan
+        if steps.release:
+            task = asyncio.create_task(self._release(plan, epoch, steps.release, steps.release_after_s))
+            self.releases.add(task)
+            task.add_done_callback(self.releases.discard)
+
+    async def _release(self, plan: ClusterPlan, epoch: int, tables, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        await self.push_model_tables(plan, epoch, tables)
+
+    def close(self) -> None:
+        """Cancel the releases still waiting (the scheduler stops)."""
+        for task in list(self.releases):
+            task.cancel()
 
     async def push_model_tables(self, plan: ClusterPlan, epoch: int,
                                 tables: Mapping[str, tuple[PlacedSession, ...]] | None = None) -> dict[str, str]:

@@ -11,9 +11,11 @@ of a 5x step in those windows). So a plan is pushed in two steps:
 1. **make**: every backend of the plan gets the plan's sessions *and keeps* those the plan moves
    away from it, at the batch they had, while a session it keeps is still in the plan;
 2. the routing tables go to the frontends;
-3. **release**: the backends that kept sessions get the plan's own table, and drop them. What they
-   still hold of a dropped session is answered NOT_FOUND, which the frontend retries on the routes
-   it now has.
+3. **release**, :attr:`Handover.release_after_s` after the routing tables went out: the backends that
+   kept sessions get the plan's own table, and drop them. No request is routed to a kept session
+   once the frontends hold the new routing table, and every one routed there before has met its
+   deadline by then (the longest SLO of the kept sessions), so the release fails nothing; what a
+   backend might still hold is answered NOT_FOUND, which the frontend retries on its new routes.
 
 A session the plan no longer serves at all is dropped at once (it has nowhere to go). A backend the
 plan does not name (it left) is not pushed: it keeps serving what it holds until it exits.
@@ -41,6 +43,7 @@ class Handover:
     make: Mapping[str, tuple[PlacedSession, ...]]
     release: Mapping[str, tuple[PlacedSession, ...]]
     kept: Mapping[str, tuple[str, ...]]
+    release_after_s: float = 0.0      # after the routing tables: the longest SLO of a kept session
 
 
 def backend_tables(plan: ClusterPlan | None) -> dict[str, tuple[PlacedSession, ...]]:
@@ -64,4 +67,5 @@ def handover(in_force: ClusterPlan | None, plan: ClusterPlan) -> Handover:
         if keep:
             release[node_id] = sessions
             kept[node_id] = tuple(s.model for s in keep)
-    return Handover(make, release, kept)
+    slos = [plan.sessions[name].slo_ms for names in kept.values() for name in names]
+    return Handover(make, release, kept, max(slos, default=0.0) / 1000.0)

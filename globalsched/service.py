@@ -83,6 +83,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.membership.stopping = True     # streams that end from now on are the shutdown's
         for t in self._tasks:
             t.cancel()
+        self.distribution.close()
         await self.membership.close()
 
     def close(self) -> None:

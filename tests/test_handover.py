@@ -25,7 +25,7 @@ def test_the_first_plan_is_pushed_as_it_is():
     new = plan({"be-1": (("a", 2),), "be-2": (("b", 4),)})
     steps = handover(None, new)
     assert {n: names(t) for n, t in steps.make.items()} == {"be-1": [("a", 2)], "be-2": [("b", 4)]}
-    assert steps.release == {} and steps.kept == {}
+    assert steps.release == {} and steps.kept == {} and steps.release_after_s == 0.0
 
 
 def test_a_moved_session_stays_where_it_was_until_the_routing_tables_moved():
@@ -37,6 +37,7 @@ def test_a_moved_session_stays_where_it_was_until_the_routing_tables_moved():
     assert names(steps.make["be-2"]) == [("a", 3)]
     assert steps.kept == {"be-1": ("a",)}
     assert {n: names(t) for n, t in steps.release.items()} == {"be-1": [("b", 8)]}
+    assert steps.release_after_s == 0.1          # a's SLO: what was routed to it has met its deadline by then
 
 
 def test_a_backend_the_plan_leaves_idle_keeps_its_sessions_until_release():

@@ -324,3 +324,24 @@ def test_measured_device_time_runs_a_batch_for_the_rows_measured_mean_not_the_co
         latencies[mode] = sim.outcomes.latency_ms[sim.outcomes.status == Status.ON_TIME][10:]
     assert np.allclose(latencies[DeviceTime.MEASURED], 20.0 + 1.0)       # mean_ms at batch 1, no spread
     assert np.all(latencies[DeviceTime.PROFILE] > 30.0)                   # l(1) = 40 ms, jittered
+
+
+def test_a_release_older_than_the_table_in_place_is_ignored_as_the_backend_ignores_it():
+    """The release step of a plan comes after its routing tables and a delay; by then a newer plan's
+    table may be in place, and the backend must not apply the older one over it."""
+    import heapq
+
+    from nexus.simulate.devices import SimBackend
+
+    models = linear_models(2, 200.0, 8.0, 20.0, 32)
+    sim = Simulation(models, evenly("m0000", 1.0, 2.0), SimConfig(backends=1, seed=1))
+    backend = SimBackend(sim, "be-x", 0.0)
+    profile = models[0].profile
+    answers: list[float] = []
+    backend.update_table(0.0, {"m0000": (1, 200.0, profile)}, answers.append, epoch=5)
+    backend.update_table(0.0, {"m0001": (1, 200.0, profile)}, answers.append, epoch=4)      # stale
+    while sim._heap:                                 # only the backend's events are queued
+        t, _, fn, args = heapq.heappop(sim._heap)
+        sim.now = t
+        fn(t, *args)
+    assert len(answers) == 2 and set(backend.sessions) == {"m0000"}

@@ -240,10 +240,11 @@ class SimScheduler:
         """As globalsched/distribution.py applies a plan: the handover's make tables to the backends,
         the routing tables once every backend answered, then the release tables."""
         steps = handover(self.plan, plan)
-        self._push_tables(now, plan, steps.make,
-                          lambda at: self._push_routing_tables(at, plan, epoch, leaving, steps.release))
+        self._push_tables(now, plan, epoch, steps.make,
+                          lambda at: self._push_routing_tables(at, plan, epoch, leaving, steps))
 
-    def _push_tables(self, now: float, plan: ClusterPlan, tables: dict, then: Callable[[float], None]) -> None:
+    def _push_tables(self, now: float, plan: ClusterPlan, epoch: int, tables: dict,
+                     then: Callable[[float], None]) -> None:
         """Model tables to the backends named; ``then(at)`` once every one answered."""
         pending = [0]
 
@@ -260,15 +261,15 @@ class SimScheduler:
                                  else self.slos[s.model], self.profiles[plan.model_of(s.model)])
                        for s in sessions}
             pending[0] += 1
-            self.sim.at(now + self.hop_s, self._load, backend, entries, answered)
+            self.sim.at(now + self.hop_s, self._load, backend, entries, answered, epoch)
         if pending[0] == 0:
             then(now)
 
-    def _load(self, now: float, backend, entries: dict, answered: Callable[[float], None]) -> None:
-        backend.update_table(now, entries, lambda at: self.sim.at(at + self.hop_s, answered))
+    def _load(self, now: float, backend, entries: dict, answered: Callable[[float], None], epoch: int) -> None:
+        backend.update_table(now, entries, lambda at: self.sim.at(at + self.hop_s, answered), epoch)
 
     def _push_routing_tables(self, now: float, plan: ClusterPlan, epoch: int, leaving: list[str],
-                             release: dict) -> None:
+                             steps) -> None:
         table = {}
         for session, routes in plan.routes().items():
             planned = plan.sessions.get(session)
@@ -279,8 +280,10 @@ class SimScheduler:
             table.setdefault(session, SimRoute((), plan.sessions[session].rate_rps))
         for f in self.sim.frontends:
             self.sim.at(now + self.hop_s, f.set_table, epoch, table)
-        self.sim.at(now + 2 * self.hop_s, self._push_tables, plan, release,
-                    lambda at: self._applied(at, plan, leaving))
+        self.sim.at(now + 2 * self.hop_s, self._applied, plan, leaving)
+        if steps.release:             # in the background, as the distribution releases
+            self.sim.at(now + self.hop_s + steps.release_after_s, self._push_tables, plan, epoch, steps.release,
+                        lambda at: None)
 
     def _applied(self, now: float, plan: ClusterPlan, leaving: list[str]) -> None:
         if plan is not self.plan:

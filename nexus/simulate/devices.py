@@ -85,6 +85,7 @@ class SimBackend:
         self.warmups: collections.deque[float] = collections.deque()   # seconds of each warm-up batch to run
         self.warmup_turn_s = 0.0
         self.warming = False                   # the head update's models loaded; its warm-ups run
+        self.epoch = 0                         # of the table applied (or being applied)
         self.busy_s = 0.0                      # device time spent on batches
         self.why_gone = Loss.NONE
 
@@ -199,19 +200,25 @@ class SimBackend:
         self.kick(now)
 
     def update_table(self, now: float, entries: Mapping[str, tuple[int, float, Profile]],
-                     answered: Callable[[float], None]) -> None:
-        """A model-table push: ``entries`` take effect once the updates before it are done and its new
-        models loaded and warmed up; then ``answered(at)``. A backend that is gone answers at once
-        (the call fails)."""
+                     answered: Callable[[float], None], epoch: int = 0) -> None:
+        """A model-table push of plan ``epoch``: ``entries`` take effect once the updates before it are
+        done and its new models loaded and warmed up; then ``answered(at)``. A push older than the
+        table applied is answered without effect, as the backend's UpdateModelTable does. A backend
+        that is gone answers at once (the call fails)."""
         if self.life is Life.GONE:
             answered(now)
             return
-        self.table_updates.append((entries, answered))
+        self.table_updates.append((entries, answered, epoch))
         if len(self.table_updates) == 1:
             self._next_update(now)
 
     def _next_update(self, now: float) -> None:
-        entries, _ = self.table_updates[0]
+        while self.table_updates and self.table_updates[0][2] < self.epoch:
+            _, answered, _ = self.table_updates.popleft()       # stale: a newer table is in place
+            answered(now)
+        if not self.table_updates:
+            return
+        entries, _, self.epoch = self.table_updates[0]
         new = sum(1 for name in entries if name not in self.sessions)
         config = self.sim.config
         self.sim.at(now + config.table_update_ms / 1000.0 + new * config.model_load_s, self._loaded)
@@ -219,7 +226,7 @@ class SimBackend:
     def _loaded(self, now: float) -> None:
         if self.life is Life.GONE or not self.table_updates:
             return
-        entries, _ = self.table_updates[0]
+        entries, _, _ = self.table_updates[0]
         for name, (batch, _, profile) in entries.items():
             if name in self.sessions:
                 continue
@@ -235,7 +242,7 @@ class SimBackend:
 
     def _update_done(self, now: float) -> None:
         self.warming = False
-        entries, answered = self.table_updates.popleft()
+        entries, answered, _ = self.table_updates.popleft()
         self.apply_table(now, entries)
         answered(now)
         if self.table_updates and self.life is not Life.GONE:
@@ -276,7 +283,7 @@ class SimBackend:
         updates, self.table_updates = self.table_updates, collections.deque()
         self.warmups.clear()
         self.warming = False
-        for _, answered in updates:
+        for _, answered, _ in updates:
             answered(now)
 
     @property

@@ -228,7 +228,8 @@ def add_spares(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: GpuSp
     It takes only a backend the plan would leave idle, never room on a busy one; the device scaling
     policy counts spare GPUs neither as needed nor as a cost to drain (they go first). A session
     keeps its spare on the GPU id it had (the same backend: no load, no move); several spares share
-    a GPU where they fit."""
+    a GPU where they fit (next fit: the spare GPU filled last, then a new one; checking a GPU's rules
+    is the planner's costliest step, so each session tries at most two)."""
     out = list(gpus)
     if free <= 0:
         return out, set(), frozenset()
@@ -252,6 +253,7 @@ def add_spares(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: GpuSp
     taken = {g.id for g in gpus}
     next_id = max([*taken, *((g.id for g in before.gpus) if before else ()), -1]) + 1
     spare: dict[int, GpuPlan] = {}
+    latest: int | None = None
     added: set[tuple[int, str]] = set()
     for name in sorted((n for n in holders if holders[n] == 1 and n in by_name and load[n] > 0),
                        key=lambda n: (-load[n], n)):
@@ -263,11 +265,9 @@ def add_spares(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: GpuSp
                 placed = _with(spare[gid], spec, alloc.planned_load_rps, gpu, planner, by_name, groups)
             elif len(spare) < free:
                 placed = _alone(gid, spec, primary_gpu.duty_cycle_ms, alloc, gpu, planner, groups)
-        if placed is None:
-            for g in spare.values():
-                placed = _with(g, spec, alloc.planned_load_rps, gpu, planner, by_name, groups)
-                if placed is not None:
-                    break
+        # Next fit: the spare GPU filled last, then a new one (each try checks a GPU's rules).
+        if placed is None and latest is not None:
+            placed = _with(spare[latest], spec, alloc.planned_load_rps, gpu, planner, by_name, groups)
         if placed is None and len(spare) < free:
             while next_id in taken or next_id in spare:
                 next_id += 1
@@ -275,6 +275,7 @@ def add_spares(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: GpuSp
         if placed is None:
             continue
         spare[placed.id] = placed
+        latest = placed.id
         added.add((placed.id, name))
     return sorted([*out, *spare.values()], key=lambda g: g.id), added, frozenset(spare)
 

@@ -17,6 +17,8 @@ import types
 import typing
 from dataclasses import dataclass, field
 
+from common.database_url import DatabaseUrlError, check_postgres_url
+
 
 class ConfigError(ValueError):
     """An invalid configuration value; the message names the flag."""
@@ -264,7 +266,12 @@ def companion_listen(listen: str, value: str, default: str) -> str:
 class SchedulerConfig:
     listen: str = field(default="127.0.0.1:8100", metadata={"help": "address the scheduler serves on"})
     data_dir: pathlib.Path = field(default=pathlib.Path(".nexus-data"),
-                                   metadata={"help": "model database directory (SQLite + model files)"})
+                                   metadata={"help": "model database directory (SQLite + model files); with "
+                                                     "--database, a local cache of model files"})
+    database: str = field(default="", metadata={
+        "help": "postgresql://USER@HOST:PORT/DATABASE: keep the model database in PostgreSQL, shared by every "
+                "scheduler of the cluster (empty: SQLite under --data-dir). The password comes from PGPASSWORD "
+                "or a PGPASSFILE, never the URL; TLS from sslmode=... in the URL or PGSSLMODE"})
     epoch_s: float = field(default=30.0, metadata={"help": "re-planning period in seconds"})
     heartbeat_interval_ms: int = field(default=1000, metadata={"help": "heartbeat period asked of nodes"})
     node_timeout_s: float = field(default=5.0, metadata={"help": "a node missing heartbeats this long is removed"})
@@ -317,6 +324,11 @@ class SchedulerConfig:
 
     def validate(self) -> None:
         _check_address("listen", self.listen)
+        if self.database:
+            try:
+                check_postgres_url(self.database)
+            except DatabaseUrlError as exc:
+                raise ConfigError(str(exc)) from None
         if self.metrics_listen:
             _check_address("metrics_listen", self.metrics_listen)
         self.device_bounds

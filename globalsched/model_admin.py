@@ -70,7 +70,7 @@ class ModelAdmin:
         self.db = db
         self.nodes = nodes
         self.prefix_fn = prefix_fn
-        self.query_store = QueryStore(config.data_dir)
+        self.query_store = QueryStore.beside(db.sql, config.data_dir)
         self.slowdowns = load_slowdowns(config.colocation_report)
         self.load_failures = LoadFailures()     # models a backend could not load: bounded retries
         self.profiling: set[tuple[str, str]] = set()

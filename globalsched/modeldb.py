@@ -1,11 +1,16 @@
-"""The durable model database: SQLite metadata plus content-addressed model files.
+"""The durable model database: metadata plus content-addressed model files, on SQLite or PostgreSQL.
 
-Layout under the data directory::
+Layout under the data directory, with SQLite (the embedded default)::
 
     nexus.db                 SQLite: model versions, profiles (per version and device type), sessions,
                              the measured profiles in use (per version, globalsched/profile_book.py)
     blobs/ab/abcdef...       model files, named by their SHA-256
     tmp/                     uploads in progress (removed on failure)
+
+With ``database_url`` (``postgresql://...``, the production option) the same tables live in that
+PostgreSQL database, the model files too (globalsched/database/blobs.py says why), and the data
+directory holds only ``tmp/`` and ``blob-cache/``, a local copy of the files this scheduler has read.
+Every scheduler of a cluster opens the same URL; one of them writes (the leader).
 
 Versions (common/versions.py): a model is a name with versions 1, 2, ...; each version has its own
 file, input/output description, prefix group, warm-up samples and profiles, and is addressed by its
@@ -15,16 +20,18 @@ policy; :meth:`ModelDatabase.served_versions` applies the policy to the stored v
 without a version adds the next one after the newest (1 for a new model); an upload of a stored
 version replaces that version.
 
-Schema versions (``PRAGMA user_version``): 2 has versions. A database of schema 1 (one file per
-name) is migrated when opened, in one transaction: every model becomes version 1 of itself.
+Schema versions (SQLite's ``PRAGMA user_version``, PostgreSQL's ``nexus_schema`` table): 2 has
+versions. A SQLite database of schema 1 (one file per name) is migrated when opened, in one
+transaction: every model becomes version 1 of itself. A PostgreSQL database starts at schema 2; a
+newer schema than this release's is refused on both.
 
 Contract: an upload is validated completely before anything is registered, and registration is one
-SQLite transaction, so a failed upload leaves no model behind. Blobs are immutable; a blob that no
+transaction, so a failed upload leaves no model behind. Blobs are immutable; a blob that no
 model row references is garbage and is removed at start-up.
 
 Threads and the event loop: uploads run in a thread (``asyncio.to_thread``); the long parts of an
 upload (streaming to disk, hashing, validating, choosing the prefix group) hold only
-``_upload_lock``, which nothing on the scheduler's event loop takes. ``_lock`` guards the SQLite
+``_upload_lock``, which nothing on the scheduler's event loop takes. ``_lock`` guards the metadata
 connection and is held for one statement, or for the registration transaction (a few statements),
 so a metadata read on the loop waits at most that long. Model files are never read on the loop:
 :meth:`open_blob` and the reads go through a thread.
@@ -37,7 +44,6 @@ import json
 import logging
 import os
 import pathlib
-import sqlite3
 import tempfile
 import threading
 import time
@@ -50,6 +56,8 @@ from common.tensors import TensorSpec
 from common.warmup import WarmupError, WarmupSample, check_samples
 from common.warmup import from_json as warmup_from_json, to_json as warmup_to_json
 from common.versions import DEFAULT_POLICY, VersionPolicy, split_key, version_key
+from globalsched.database.blobs import FileBlobStore, PostgresBlobStore
+from globalsched.database.connection import Dialect, PostgresConnection, SqliteConnection, upsert
 
 log = logging.getLogger("nexus.scheduler")
 
@@ -57,25 +65,26 @@ RUNTIMES = ("onnxruntime", "torch", "emulated")
 MAX_MIN_REPLICAS = 64
 
 SCHEMA_VERSION = 2
+SCHEMA_LOCK_KEY = 0x6E65787573        # the advisory lock schedulers take while creating the PostgreSQL schema
 MAX_VERSION = 2**63 - 1        # Triton's versions are int64
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS models (
     name TEXT NOT NULL,
-    version INTEGER NOT NULL CHECK (version >= 1),
+    version BIGINT NOT NULL CHECK (version >= 1),
     sha256 TEXT NOT NULL,
     runtime TEXT NOT NULL,
-    size_bytes INTEGER NOT NULL,
+    size_bytes BIGINT NOT NULL,
     io_json TEXT NOT NULL,
-    default_slo_ms REAL NOT NULL,
+    default_slo_ms DOUBLE PRECISION NOT NULL,
     prefix_group TEXT NOT NULL DEFAULT '',
     prefix_signature TEXT NOT NULL DEFAULT '',
-    created_ms INTEGER NOT NULL,
+    created_ms BIGINT NOT NULL,
     PRIMARY KEY (name, version)
 );
 CREATE TABLE IF NOT EXISTS profiles (
     model TEXT NOT NULL,
-    version INTEGER NOT NULL,
+    version BIGINT NOT NULL,
     device_type TEXT NOT NULL,
     profile_json TEXT NOT NULL,
     PRIMARY KEY (model, version, device_type),
@@ -83,14 +92,14 @@ CREATE TABLE IF NOT EXISTS profiles (
 );
 CREATE TABLE IF NOT EXISTS model_warmup (
     model TEXT NOT NULL,
-    version INTEGER NOT NULL,
+    version BIGINT NOT NULL,
     samples_json TEXT NOT NULL,
     PRIMARY KEY (model, version),
     FOREIGN KEY (model, version) REFERENCES models(name, version) ON DELETE CASCADE
 );
 CREATE TABLE IF NOT EXISTS sessions (
     model TEXT PRIMARY KEY,
-    slo_ms REAL NOT NULL
+    slo_ms DOUBLE PRECISION NOT NULL
 );
 CREATE TABLE IF NOT EXISTS model_replicas (
     model TEXT PRIMARY KEY,
@@ -98,7 +107,7 @@ CREATE TABLE IF NOT EXISTS model_replicas (
 );
 CREATE TABLE IF NOT EXISTS model_serving (
     model TEXT PRIMARY KEY,
-    expected_rate_rps REAL NOT NULL,
+    expected_rate_rps DOUBLE PRECISION NOT NULL,
     batch_cap INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS version_policies (
@@ -107,12 +116,12 @@ CREATE TABLE IF NOT EXISTS version_policies (
 );
 CREATE TABLE IF NOT EXISTS measured_profiles (
     model TEXT NOT NULL,
-    version INTEGER NOT NULL,
+    version BIGINT NOT NULL,
     device_type TEXT NOT NULL,
     basis TEXT NOT NULL,
     profile_json TEXT NOT NULL,
     raise_streak INTEGER NOT NULL,
-    margin REAL NOT NULL,
+    margin DOUBLE PRECISION NOT NULL,
     PRIMARY KEY (model, version, device_type),
     FOREIGN KEY (model, version) REFERENCES models(name, version) ON DELETE CASCADE
 )
@@ -183,57 +192,107 @@ class ModelDatabase:
     model's name."""
 
     def __init__(self, data_dir: pathlib.Path, max_upload_bytes: int = 512 * 1024 * 1024,
-                 read_only: bool = False) -> None:
+                 read_only: bool = False, database_url: str = "") -> None:
         """``read_only``: read a database another process (a running scheduler) owns: nothing is
         created, migrated or collected, and a directory without a database is an error
-        (FileNotFoundError; RuntimeError for another schema version)."""
+        (FileNotFoundError; RuntimeError for another schema version). ``database_url``: the metadata
+        and the model files are in this PostgreSQL database (ConnectionError when it cannot be
+        reached, :class:`~globalsched.database.connection.DatabaseUrlError` for a malformed URL)."""
         self.data_dir = pathlib.Path(data_dir)
-        self.blob_dir = self.data_dir / "blobs"
         self.tmp_dir = self.data_dir / "tmp"
         self.max_upload_bytes = max_upload_bytes
-        self._lock = threading.RLock()
         self._upload_lock = threading.Lock()
         self.profiles_version = 0       # bumps whenever a model or a table is stored (readers cache by it)
-        if read_only:
-            path = self.data_dir / "nexus.db"
-            if not path.is_file():
-                raise FileNotFoundError(f"{self.data_dir}: no model database here (no nexus.db)")
-            self._db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False,
-                                       isolation_level=None)
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version != SCHEMA_VERSION:
+        self._db: SqliteConnection | PostgresConnection
+        if database_url:
+            self._db = PostgresConnection(database_url)
+            self.describe = self._db.describe
+            try:
+                self.blobs = PostgresBlobStore(database_url, self.data_dir / "blob-cache", read_only)
+            except BaseException:
                 self._db.close()
-                raise RuntimeError(f"{path} has schema {version}; this release reads {SCHEMA_VERSION}")
+                raise
+        else:
+            path = self.data_dir / "nexus.db"
+            self.describe = str(path)
+            if read_only and not path.is_file():
+                raise FileNotFoundError(f"{self.data_dir}: no model database here (no nexus.db)")
+            if not read_only:
+                self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._db = SqliteConnection(path, read_only)
+            self.blobs = FileBlobStore(self.data_dir / "blobs")
+        self._lock = self._db.lock
+        if read_only:
+            version = self._schema_version()
+            if version != SCHEMA_VERSION:
+                self.close()
+                raise RuntimeError(f"{self.describe} has schema {version}; this release reads {SCHEMA_VERSION}")
             return
-        for d in (self.data_dir, self.blob_dir, self.tmp_dir):
-            d.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.data_dir / "nexus.db", check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode = WAL")
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
         self._open_schema()
-        self._db.execute("PRAGMA foreign_keys = ON")
+        if self._db.dialect is Dialect.SQLITE:
+            self._db.execute("PRAGMA foreign_keys = ON")
         self._collect_garbage()
+
+    @property
+    def dialect(self) -> Dialect:
+        return self._db.dialect
+
+    @property
+    def sql(self) -> SqliteConnection | PostgresConnection:
+        """The metadata connection, for the stores that keep their tables beside the models' (queries)."""
+        return self._db
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        if isinstance(self.blobs, PostgresBlobStore):
+            self.blobs.close()
 
     # ---- schema ------------------------------------------------------------------------------------
 
+    def _schema_version(self) -> int:
+        if self._db.dialect is Dialect.SQLITE:
+            return self._db.execute("PRAGMA user_version").fetchone()[0]
+        row = self._db.execute("SELECT to_regclass('nexus_schema') IS NOT NULL").fetchone()
+        if not row[0]:
+            return 0
+        row = self._db.execute("SELECT version FROM nexus_schema").fetchone()
+        return row[0] if row else 0
+
     def _open_schema(self) -> None:
+        version = self._schema_version()
+        if version > SCHEMA_VERSION:
+            raise RuntimeError(f"{self.describe} has schema {version}, newer than this release's "
+                               f"{SCHEMA_VERSION}: use the release that wrote it")
+        if self._db.dialect is Dialect.POSTGRESQL:
+            self._open_postgres_schema(version)
+        else:
+            self._open_sqlite_schema(version)
+
+    def _open_postgres_schema(self, version: int) -> None:
+        """Create the schema in one transaction, under an advisory lock so that schedulers started
+        together do not race to create it."""
+        with self._db.transaction():
+            self._db.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK_KEY,))
+            for statement in _SCHEMA.split(";"):
+                self._db.execute(statement)
+            self._db.execute("CREATE TABLE IF NOT EXISTS nexus_schema (version INTEGER NOT NULL)")
+            if not self._db.execute("SELECT 1 FROM nexus_schema").fetchone():
+                self._db.execute("INSERT INTO nexus_schema VALUES (?)", (SCHEMA_VERSION,))
+        if version == 0:
+            log.info("model database created in %s (schema %d)", self.describe, SCHEMA_VERSION)
+
+    def _open_sqlite_schema(self, version: int) -> None:
         """Create the schema, or migrate an older one to it (one transaction: all or nothing).
         Foreign keys are off meanwhile (SQLite applies that pragma only outside a transaction)."""
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version == SCHEMA_VERSION:
             self._db.executescript(_SCHEMA)       # tables added since, within the schema version
             return
-        if version > SCHEMA_VERSION:
-            raise RuntimeError(f"{self.data_dir / 'nexus.db'} has schema {version}, newer than this release's "
-                               f"{SCHEMA_VERSION}: use the release that wrote it")
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(models)")}
         old = bool(columns) and "version" not in columns         # schema 1: one file per name
         self._db.execute("PRAGMA foreign_keys = OFF")
-        self._db.execute("BEGIN")
-        try:
+        with self._db.transaction():
             present = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             moved = []
             if old:
@@ -250,42 +309,30 @@ class ModelDatabase:
                 self._db.execute(f"DROP TABLE {table}_v1")
             broken = self._db.execute("PRAGMA foreign_key_check").fetchall()
             if broken:
-                raise RuntimeError(f"migrating {self.data_dir / 'nexus.db'}: rows without their model: {broken[:3]}")
+                raise RuntimeError(f"migrating {self.describe}: rows without their model: {broken[:3]}")
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         if old:
             count = self._db.execute("SELECT COUNT(*) FROM models").fetchone()[0]
             log.info("model database migrated to schema %d: %d models are their version 1", SCHEMA_VERSION, count)
 
     # ---- blobs -----------------------------------------------------------------------------------
 
-    def blob_path(self, sha256: str) -> pathlib.Path:
-        return self.blob_dir / sha256[:2] / sha256
-
     def open_blob(self, sha256: str) -> BinaryIO:
         """The model file with this SHA-256, open for reading (blocking: call it from a thread);
         KeyError when there is none. The open file stays readable if the model is replaced meanwhile."""
-        if len(sha256) != 64 or not all(c in "0123456789abcdef" for c in sha256):
-            raise KeyError(f"no model file with sha256 {sha256!r}")
-        try:
-            return self.blob_path(sha256).open("rb")
-        except FileNotFoundError:
-            raise KeyError(f"no model file with sha256 {sha256!r}") from None
+        return self.blobs.open(sha256)
 
     def read_blob(self, sha256: str) -> bytes:
         with self.open_blob(sha256) as f:
             return f.read()
 
+    def _referenced(self) -> set[str]:
+        return {row[0] for row in self._db.execute("SELECT sha256 FROM models")}
+
     def _collect_garbage(self) -> None:
         for leftover in self.tmp_dir.iterdir():
             leftover.unlink(missing_ok=True)
-        referenced = {row[0] for row in self._db.execute("SELECT sha256 FROM models")}
-        for path in self.blob_dir.glob("*/*"):
-            if path.name not in referenced:
-                path.unlink(missing_ok=True)
+        self.blobs.collect(self._referenced())
 
     # ---- upload ------------------------------------------------------------------------------------
 
@@ -379,9 +426,7 @@ class ModelDatabase:
             existing = self._signatures(exclude=key)
             prefix_group, signature = prefix_fn(data, existing)
             joining = _joining(prefix_group, existing)
-        final = self.blob_path(u.sha256)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, final)
+        self.blobs.put(u.sha256, tmp)
         with self._lock:
             newest = self._db.execute("SELECT default_slo_ms FROM models WHERE name=? ORDER BY version DESC LIMIT 1",
                                       (u.name,)).fetchone()
@@ -389,42 +434,40 @@ class ModelDatabase:
             record = ModelRecord(u.name, u.sha256, u.runtime, u.size, u.inputs, u.outputs, slo_ms,
                                  prefix_group, int(time.time() * 1000), u.warmup, version)
             try:
-                self._db.execute("BEGIN")
-                old = self._db.execute("SELECT sha256 FROM models WHERE name=? AND version=?",
-                                       (u.name, version)).fetchone()
-                # The same file again keeps its profiles (they measure the file); another file drops them.
-                kept = self._db.execute("SELECT device_type, profile_json FROM profiles WHERE model=? AND version=?",
-                                        (u.name, version)).fetchall() if old and old[0] == u.sha256 else []
-                self._db.execute("DELETE FROM models WHERE name=? AND version=?", (u.name, version))
-                self._db.execute(
-                    "INSERT INTO models VALUES (?,?,?,?,?,?,?,?,?,?)",
-                    (u.name, version, u.sha256, u.runtime, u.size, io_to_json(u.inputs, u.outputs), slo_ms,
-                     prefix_group, signature, record.created_ms))
-                for device_type, profile_json in kept:
-                    self._db.execute("INSERT INTO profiles VALUES (?,?,?,?)", (u.name, version, device_type, profile_json))
-                if joining:
-                    self.set_prefix_group(joining, prefix_group)
-                if u.profile is not None:
-                    self._db.execute("INSERT OR REPLACE INTO profiles VALUES (?,?,?,?)",
-                                     (u.name, version, u.profile.device_type, u.profile.to_json()))
-                if u.create_session:
-                    self._db.execute("INSERT INTO sessions VALUES (?,?) ON CONFLICT (model) DO "
-                                     + ("UPDATE SET slo_ms=excluded.slo_ms" if u.slo_ms else "NOTHING"),
-                                     (u.name, slo_ms))
-                if u.min_replicas:
-                    self._db.execute("INSERT OR REPLACE INTO model_replicas VALUES (?,?)", (u.name, u.min_replicas))
-                if u.serving != ServingSettings():
-                    self._db.execute("INSERT OR REPLACE INTO model_serving VALUES (?,?,?)",
-                                     (u.name, u.serving.expected_rate_rps, u.serving.batch_cap))
-                if u.warmup:
-                    self._db.execute("INSERT INTO model_warmup VALUES (?,?,?)",
-                                     (u.name, version, warmup_to_json(u.warmup)))
-                if u.version_policy is not None:
-                    self._db.execute("INSERT OR REPLACE INTO version_policies VALUES (?,?)",
-                                     (u.name, u.version_policy.to_json()))
-                self._db.execute("COMMIT")
+                with self._db.transaction():
+                    old = self._db.execute("SELECT sha256 FROM models WHERE name=? AND version=?",
+                                           (u.name, version)).fetchone()
+                    # The same file again keeps its profiles (they measure the file); another file drops them.
+                    kept = self._db.execute("SELECT device_type, profile_json FROM profiles WHERE model=? AND version=?",
+                                            (u.name, version)).fetchall() if old and old[0] == u.sha256 else []
+                    self._db.execute("DELETE FROM models WHERE name=? AND version=?", (u.name, version))
+                    self._db.execute(
+                        "INSERT INTO models VALUES (?,?,?,?,?,?,?,?,?,?)",
+                        (u.name, version, u.sha256, u.runtime, u.size, io_to_json(u.inputs, u.outputs), slo_ms,
+                         prefix_group, signature, record.created_ms))
+                    for device_type, profile_json in kept:
+                        self._db.execute("INSERT INTO profiles VALUES (?,?,?,?)", (u.name, version, device_type, profile_json))
+                    if joining:
+                        self.set_prefix_group(joining, prefix_group)
+                    if u.profile is not None:
+                        self._db.execute(_UPSERT_PROFILE,
+                                         (u.name, version, u.profile.device_type, u.profile.to_json()))
+                    if u.create_session:
+                        self._db.execute("INSERT INTO sessions VALUES (?,?) ON CONFLICT (model) DO "
+                                         + ("UPDATE SET slo_ms=excluded.slo_ms" if u.slo_ms else "NOTHING"),
+                                         (u.name, slo_ms))
+                    if u.min_replicas:
+                        self._db.execute(_UPSERT_REPLICAS, (u.name, u.min_replicas))
+                    if u.serving != ServingSettings():
+                        self._db.execute(_UPSERT_SERVING,
+                                         (u.name, u.serving.expected_rate_rps, u.serving.batch_cap))
+                    if u.warmup:
+                        self._db.execute("INSERT INTO model_warmup VALUES (?,?,?)",
+                                         (u.name, version, warmup_to_json(u.warmup)))
+                    if u.version_policy is not None:
+                        self._db.execute(_UPSERT_POLICY,
+                                         (u.name, u.version_policy.to_json()))
             except BaseException:
-                self._db.execute("ROLLBACK")
                 self._collect_unreferenced(u.sha256)
                 raise
             self.profiles_version += 1
@@ -441,7 +484,7 @@ class ModelDatabase:
 
     def _collect_unreferenced(self, sha: str) -> None:
         if not self._db.execute("SELECT 1 FROM models WHERE sha256=?", (sha,)).fetchone():
-            self.blob_path(sha).unlink(missing_ok=True)
+            self.blobs.delete(sha)
 
     def _signatures(self, exclude: str) -> dict[str, tuple[str, str, str]]:
         """Every stored version but ``exclude`` by version key: (sha256, prefix group, signature)."""
@@ -515,7 +558,7 @@ class ModelDatabase:
         with self._lock:
             if not self._db.execute("SELECT 1 FROM models WHERE name=? AND version=?", (name, version)).fetchone():
                 raise KeyError(_unknown(name, version, self._db))
-            self._db.execute("INSERT OR REPLACE INTO profiles VALUES (?,?,?,?)",
+            self._db.execute(_UPSERT_PROFILE,
                              (name, version, profile.device_type, profile.to_json()))
             self.profiles_version += 1
 
@@ -532,7 +575,7 @@ class ModelDatabase:
         name, version = split_key(key)
         with self._lock:
             if self._db.execute("SELECT 1 FROM models WHERE name=? AND version=?", (name, version)).fetchone():
-                self._db.execute("INSERT OR REPLACE INTO measured_profiles VALUES (?,?,?,?,?,?,?)",
+                self._db.execute(_UPSERT_MEASURED,
                                  (name, version, device_type, basis, profile.to_json(), raise_streak, margin))
 
     def delete_measured(self, key: str, device_type: str) -> None:
@@ -557,7 +600,7 @@ class ModelDatabase:
     def set_session(self, model: str, slo_ms: float) -> None:
         with self._lock:
             self._known(model)
-            self._db.execute("INSERT OR REPLACE INTO sessions VALUES (?,?)", (model, slo_ms))
+            self._db.execute(_UPSERT_SESSION, (model, slo_ms))
 
     def min_replicas(self, model: str) -> int:
         """Backends each of the model's sessions keeps at least; 0: the scheduler's default."""
@@ -570,7 +613,7 @@ class ModelDatabase:
             raise ValueError(f"min_replicas must be between 0 and {MAX_MIN_REPLICAS}, got {min_replicas}")
         with self._lock:
             self._known(model)
-            self._db.execute("INSERT OR REPLACE INTO model_replicas VALUES (?,?)", (model, min_replicas))
+            self._db.execute(_UPSERT_REPLICAS, (model, min_replicas))
 
     def serving(self, model: str) -> ServingSettings:
         with self._lock:
@@ -629,6 +672,15 @@ def _check_name(name: str) -> None:
     if not name or len(name) > 128 or not all(c.isalnum() or c in "-_." for c in name) or name[0] == ".":
         raise UploadError(f"invalid model name {name!r}: use 1-128 letters, digits, '-', '_' or '.'")
 
+
+_UPSERT_PROFILE = upsert("profiles", ("model", "version", "device_type", "profile_json"),
+                         ("model", "version", "device_type"))
+_UPSERT_REPLICAS = upsert("model_replicas", ("model", "min_replicas"), ("model",))
+_UPSERT_SERVING = upsert("model_serving", ("model", "expected_rate_rps", "batch_cap"), ("model",))
+_UPSERT_POLICY = upsert("version_policies", ("model", "policy_json"), ("model",))
+_UPSERT_MEASURED = upsert("measured_profiles", ("model", "version", "device_type", "basis", "profile_json",
+                                                "raise_streak", "margin"), ("model", "version", "device_type"))
+_UPSERT_SESSION = upsert("sessions", ("model", "slo_ms"), ("model",))
 
 _SELECT_MODELS = ("SELECT m.name, m.sha256, m.runtime, m.size_bytes, m.io_json, m.default_slo_ms, m.prefix_group, "
                   "m.created_ms, w.samples_json, m.version FROM models m LEFT JOIN model_warmup w "

@@ -188,7 +188,10 @@ class SchedulerService(control_grpc.SchedulerServicer):
 
 async def serve(config: SchedulerConfig, ready=None) -> None:
     """Run the scheduler until cancelled; ``ready(address, metrics=URL)`` is called once it listens."""
-    db = ModelDatabase(config.data_dir, int(config.max_upload_mb * 1024 * 1024))
+    try:
+        db = ModelDatabase(config.data_dir, int(config.max_upload_mb * 1024 * 1024), database_url=config.database)
+    except (ConnectionError, RuntimeError) as exc:     # unreachable, or a schema this release cannot use
+        raise SystemExit(f"nexus scheduler: error: {exc}") from None
     prefix_fn = None
     try:
         from globalsched.prefix_groups import assign_prefix_group as prefix_fn  # noqa: F811
@@ -204,7 +207,7 @@ async def serve(config: SchedulerConfig, ready=None) -> None:
     metrics = await _start_metrics(config, service, server)
     await health.set_ready(True)
     service.start()
-    log.info("scheduler listening on %s (data in %s)", address, config.data_dir)
+    log.info("scheduler listening on %s (model database %s)", address, db.describe)
     if ready:
         ready(address, **({"metrics": metrics.url} if metrics is not None else {}))
     try:

@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "nexus.queries_cmd",
     "nexus.status_cmd",
     "nexus.simulate_cmd",
+    "nexus.db_cmd",
 )
 
 

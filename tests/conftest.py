@@ -76,3 +76,29 @@ def nexus_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess
         env = dict(os.environ, NEXUS_TOKEN=token) if token else None
     return subprocess.run([*nexus_command(), *args], capture_output=True, text=True, timeout=timeout_s, env=env,
                           cwd=_empty_dir())
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server for this worker (tests/postgres.py); skipped, with the reason, where none
+    can start. Its passfile is in this process's environment, as an operator's would be."""
+    from tests.postgres import PostgresServer
+
+    try:
+        server = PostgresServer()
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"no PostgreSQL server: {exc}")
+    old = os.environ.get("PGPASSFILE")
+    os.environ["PGPASSFILE"] = str(server.passfile)
+    yield server
+    if old is None:
+        os.environ.pop("PGPASSFILE", None)
+    else:
+        os.environ["PGPASSFILE"] = old
+    server.stop()
+
+
+@pytest.fixture
+def pg_url(postgres):
+    """The URL of a new, empty PostgreSQL database."""
+    return postgres.database()

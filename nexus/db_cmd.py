@@ -1,0 +1,75 @@
+"""``nexus db migrate --from sqlite:DIR --to postgresql://...``: move an installation's model database.
+
+Stop the scheduler that owns the source first. The source is only read; the destination must hold no
+model. Afterwards start every scheduler with ``--database`` and the same URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import tempfile
+
+from common.database_url import DatabaseUrlError, check_postgres_url, redact
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    prog = "nexus db migrate"
+    if not args.source.startswith("sqlite:"):
+        print(f"{prog}: error: --from {args.source!r}: expected sqlite:DIR (a scheduler's --data-dir)",
+              file=sys.stderr)
+        return 2
+    source_dir = pathlib.Path(args.source.removeprefix("sqlite:"))
+    try:
+        check_postgres_url(args.dest)
+    except DatabaseUrlError as exc:
+        print(f"{prog}: error: {str(exc).replace('--database', '--to')}", file=sys.stderr)
+        return 2
+    from globalsched.database.migrate import MigrationError, copy_database
+    from globalsched.modeldb import ModelDatabase
+    from globalsched.querydb import QueryStore
+
+    try:
+        source = ModelDatabase(source_dir, read_only=True)
+    except (FileNotFoundError, RuntimeError) as exc:
+        print(f"{prog}: error: --from: {exc}", file=sys.stderr)
+        return 1
+    try:
+        with tempfile.TemporaryDirectory(prefix="nexus-migrate-") as work:
+            try:
+                dest = ModelDatabase(pathlib.Path(work), database_url=args.dest)
+            except (ConnectionError, RuntimeError) as exc:
+                print(f"{prog}: error: --to: {exc}", file=sys.stderr)
+                return 1
+            source_queries = QueryStore.beside(source.sql, source_dir)
+            dest_queries = QueryStore.beside(dest.sql, pathlib.Path(work))
+            try:
+                report = copy_database(source, source_queries, dest, dest_queries)
+            except MigrationError as exc:
+                print(f"{prog}: error: {exc}", file=sys.stderr)
+                return 1
+            finally:
+                source_queries.close()
+                dest_queries.close()
+                dest.close()
+    finally:
+        source.close()
+    tables = ", ".join(f"{n} {t}" for t, n in report.rows.items() if n)
+    print(f"migrated {source_dir} to {redact(args.dest)}: {report.files} model files ({report.bytes} bytes), "
+          f"{tables or 'no rows'}, {report.queries} queries")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("db", help="manage the model database", description="manage the model database")
+    dbsub = p.add_subparsers(dest="db_command", metavar="COMMAND", required=True)
+    m = dbsub.add_parser("migrate", help="copy a SQLite model database into PostgreSQL",
+                         description="Copy a scheduler's SQLite model database (models, versions, profiles, "
+                                     "queries and model files) into an empty PostgreSQL database. Stop that "
+                                     "scheduler first; the source is only read. Then start every scheduler with "
+                                     "--database and the same URL.")
+    m.add_argument("--from", dest="source", required=True, help="sqlite:DIR, the old scheduler's --data-dir")
+    m.add_argument("--to", dest="dest", required=True,
+                   help="postgresql://USER@HOST:PORT/DATABASE (password from PGPASSWORD or a PGPASSFILE)")
+    m.set_defaults(func=_migrate)

@@ -272,6 +272,12 @@ class SchedulerConfig:
         "help": "postgresql://USER@HOST:PORT/DATABASE: keep the model database in PostgreSQL, shared by every "
                 "scheduler of the cluster (empty: SQLite under --data-dir). The password comes from PGPASSWORD "
                 "or a PGPASSFILE, never the URL; TLS from sslmode=... in the URL or PGSSLMODE"})
+    advertise: str = field(default="", metadata={
+        "help": "HOST:PORT the other schedulers send nodes and admin commands to while this one leads "
+                "(with --database; default: the address it listens on)"})
+    leader_lease_s: float = field(default=1.5, metadata={
+        "help": "with --database: the leader's lease; a standby takes over this long after the leader stops "
+                "renewing it (at once when the leader's process is gone or it stopped cleanly)"})
     epoch_s: float = field(default=30.0, metadata={"help": "re-planning period in seconds"})
     heartbeat_interval_ms: int = field(default=1000, metadata={"help": "heartbeat period asked of nodes"})
     node_timeout_s: float = field(default=5.0, metadata={"help": "a node missing heartbeats this long is removed"})
@@ -331,6 +337,12 @@ class SchedulerConfig:
                 raise ConfigError(str(exc)) from None
         if self.metrics_listen:
             _check_address("metrics_listen", self.metrics_listen)
+        if self.advertise:
+            _check_advertise(self.advertise)
+        elif self.database and split_host_port(self.listen)[0] in WILDCARD_HOSTS:
+            raise ConfigError(f"--advertise: with --database, the other schedulers send nodes to the leader's "
+                              f"address, and {self.listen!r} is not one they can dial: give --advertise HOST:PORT")
+        _check_positive("leader_lease_s", self.leader_lease_s)
         self.device_bounds
         _check_positive("scale_down_cooldown_s", self.scale_down_cooldown_s)
         if self.device_headroom < 0:

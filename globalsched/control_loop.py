@@ -49,10 +49,15 @@ class ControlLoop:
         self.actuators = list(actuators)
         self.clock = clock
         self.state = PlannerState()
-        self.epoch = int(time.time() * 1000)
-        self.trigger.epoch = self.epoch
+        self.begin_epochs(0)
         self.last_plan_time = 0.0
         self.plan: ClusterPlan | None = None      # the plan in force: the last one applied
+
+    def begin_epochs(self, base: int) -> None:
+        """Number the next plans from ``base`` plus the wall clock in ms: above every earlier life's
+        (a restart) and, with a leader's lease epoch in ``base``, above every earlier leader's."""
+        self.epoch = base + int(time.time() * 1000)
+        self.trigger.epoch = self.epoch
 
     async def run(self) -> None:
         """The planning task: one plan per burst of triggers."""

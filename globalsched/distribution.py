@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 import grpc
 
@@ -67,7 +67,11 @@ async def _answers(calls: list[tuple[Node, object]]) -> list[tuple[Node, object,
 
 
 class Distribution:
-    def __init__(self, nodes: Mapping[str, Node], admin: ModelAdmin, workload: Workload) -> None:
+    def __init__(self, nodes: Mapping[str, Node], admin: ModelAdmin, workload: Workload,
+                 may_act: Callable[[], bool] = lambda: True) -> None:
+        """``may_act()``: False when this scheduler no longer leads (globalsched/leadership.py): nothing
+        is pushed then, not even a release that was waiting."""
+        self.may_act = may_act
         self.nodes = nodes
         self.admin = admin
         self.workload = workload
@@ -103,6 +107,9 @@ class Distribution:
         """Send each backend its table (``tables`` by node; default: the plan's own); return models
         that failed to load, with reasons."""
         failed: dict[str, str] = {}
+        if not self.may_act():
+            log.warning("epoch %d: model tables not pushed: this scheduler no longer leads", epoch)
+            return failed
         calls = []
         duty_cycles = {b.node_id: b for placement in plan.placements.values() for b in placement.backends}
         for node_id, sessions in (backend_tables(plan) if tables is None else tables).items():
@@ -130,6 +137,9 @@ class Distribution:
         return failed
 
     async def push_routing_tables(self, plan: ClusterPlan, epoch: int, failed: dict[str, str]) -> None:
+        if not self.may_act():
+            log.warning("epoch %d: routing tables not pushed: this scheduler no longer leads", epoch)
+            return
         table = self.routing_table(plan, epoch, failed)
         calls = [(n, n.stub.UpdateRoutingTable(table, timeout=ROUTING_TABLE_TIMEOUT_S)) for n in self.nodes.values()
                  if n.kind == control.NODE_KIND_FRONTEND]

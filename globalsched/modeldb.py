@@ -326,6 +326,20 @@ class ModelDatabase:
         with self.open_blob(sha256) as f:
             return f.read()
 
+    def warm_blob_cache(self) -> int:
+        """Copy every model file into this scheduler's local cache (a standby, so that a takeover serves
+        backends' downloads from disk); the number copied. Blocking."""
+        copied = 0
+        if isinstance(self.blobs, PostgresBlobStore):
+            cached = self.blobs.cache.names()
+            for sha in sorted(self._referenced() - cached):
+                try:
+                    self.blobs.open(sha).close()
+                    copied += 1
+                except KeyError:        # removed meanwhile
+                    pass
+        return copied
+
     def _referenced(self) -> set[str]:
         return {row[0] for row in self._db.execute("SELECT sha256 FROM models")}
 

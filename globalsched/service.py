@@ -34,7 +34,9 @@ from common.pb import control, control_grpc
 from common.security import Credentials
 from globalsched.control_loop import ControlLoop
 from globalsched.device_scaler import DeviceScaler, ScalerCollector
+from globalsched.database.lease import LeaderLease, plan_epoch_base
 from globalsched.distribution import Distribution
+from globalsched.leadership import Leadership, LostLeadership, Role, StandbyGate
 from globalsched.membership import Membership
 from globalsched.model_admin import ModelAdmin
 from globalsched.modeldb import ModelDatabase
@@ -52,15 +54,16 @@ log = logging.getLogger("nexus.scheduler")
 
 class SchedulerService(control_grpc.SchedulerServicer):
     def __init__(self, config: SchedulerConfig, db: ModelDatabase, prefix_fn=None,
-                 creds: Credentials = grpc_util.NO_CREDENTIALS) -> None:
+                 creds: Credentials = grpc_util.NO_CREDENTIALS, leadership: Leadership | None = None) -> None:
         self.config = config
+        self.leadership = leadership or Leadership.single()
         self.db = db
         self.workload = Workload()
         self.trigger = ReplanTrigger()
         self.membership = Membership(config, creds, self.workload, self.trigger)
         self.nodes = self.membership.nodes
         self.admin = ModelAdmin(config, db, self.nodes, self.trigger, prefix_fn)
-        self.distribution = Distribution(self.nodes, self.admin, self.workload)
+        self.distribution = Distribution(self.nodes, self.admin, self.workload, self.leadership.may_act)
         self.scaler = DeviceScaler(ScalingConfig(config.scale_down_cooldown_s, config.device_headroom,
                                                  bounds=config.device_bounds),
                                    self.membership.backends, self.workload.window_rates)
@@ -74,7 +77,14 @@ class SchedulerService(control_grpc.SchedulerServicer):
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, lease_epoch: int = 0) -> None:
+        """Start planning, reaping and scaling: at once with one scheduler, once elected with several
+        (``lease_epoch``: the leader's, so its plan epochs are above every earlier leader's). What the
+        database holds is read again first: a standby's view may be older than the last leader's writes."""
+        if lease_epoch:
+            self.admin.book.restore(self.db.measured_profiles())
+            self.db.profiles_version += 1
+        self.control.begin_epochs(plan_epoch_base(lease_epoch))
         self._tasks = [asyncio.create_task(self.control.run()), asyncio.create_task(self.membership.reaper()),
                        asyncio.create_task(self.control.epoch_timer()), asyncio.create_task(self.scaler.run()),
                        asyncio.create_task(self.loop_lag.run())]
@@ -187,7 +197,9 @@ class SchedulerService(control_grpc.SchedulerServicer):
 
 
 async def serve(config: SchedulerConfig, ready=None) -> None:
-    """Run the scheduler until cancelled; ``ready(address, metrics=URL)`` is called once it listens."""
+    """Run the scheduler until cancelled; ``ready(address, metrics=URL, role=ROLE)`` is called once it
+    listens. With ``--database`` it may start as a standby (globalsched/leadership.py) and leads once
+    elected; it exits with status 3 when it loses the leadership."""
     try:
         db = ModelDatabase(config.data_dir, int(config.max_upload_mb * 1024 * 1024), database_url=config.database)
     except (ConnectionError, RuntimeError) as exc:     # unreachable, or a schema this release cannot use
@@ -198,27 +210,59 @@ async def serve(config: SchedulerConfig, ready=None) -> None:
     except ImportError:
         pass
     creds = Credentials.load(config.security)
-    service = SchedulerService(config, db, prefix_fn, creds)
-    server = grpc_util.server(creds)
+    shared = bool(config.database)
+    leadership = Leadership(None, shared=shared, warm=db.warm_blob_cache if shared else None)
+    service = SchedulerService(config, db, prefix_fn, creds, leadership)
+    server = grpc_util.server(creds, interceptors=[StandbyGate(leadership)] if shared else None)
     control_grpc.add_SchedulerServicer_to_server(service, server)
     health = await Health.attach(server)
     address = grpc_util.bind(server, config.listen, creds)
+    if shared:
+        try:
+            leadership.lease = await asyncio.to_thread(
+                LeaderLease, config.database, Leadership.identity(), config.advertise or address, config.leader_lease_s)
+        except ConnectionError as exc:
+            db.close()
+            raise SystemExit(f"nexus scheduler: error: {exc}") from None
     await server.start()
     metrics = await _start_metrics(config, service, server)
-    await health.set_ready(True)
-    service.start()
-    log.info("scheduler listening on %s (model database %s)", address, db.describe)
+
+    async def elected(lease_epoch: int) -> None:
+        service.start(lease_epoch)
+        await health.set_ready(True)      # readiness: the leader only (a Service sends nodes to it)
+
+    keeper = asyncio.create_task(leadership.run(elected))
+    await asyncio.wait({keeper, asyncio.create_task(leadership.decided.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    log.info("scheduler listening on %s (model database %s)%s", address, db.describe,
+             "" if not shared else f", {leadership.role.value}")
     if ready:
-        ready(address, **({"metrics": metrics.url} if metrics is not None else {}))
+        ready(address, **({"metrics": metrics.url} if metrics is not None else {}),
+              **({"role": leadership.role.value} if shared else {}))
+    lost: LostLeadership | None = None
+    waiter = asyncio.create_task(server.wait_for_termination())
     try:
-        await server.wait_for_termination()
+        done, _ = await asyncio.wait({keeper, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if keeper in done and isinstance(keeper.exception(), LostLeadership):
+            lost = keeper.exception()
+        elif keeper in done and keeper.exception() is not None:
+            raise keeper.exception()
+        elif keeper in done:
+            await waiter                  # one scheduler: it leads for as long as it runs
     finally:
+        keeper.cancel()
         await service.stop()
+        if lost is None and leadership.role is Role.LEADER:
+            await asyncio.to_thread(leadership.release)
         if metrics is not None:
             await metrics.close()
-        await server.stop(grace=1)
+        await server.stop(grace=1)       # before the waiter goes: cancelling it first cancels the shutdown
+        waiter.cancel()
         service.close()
+        if leadership.lease is not None:
+            leadership.lease.close()
         db.close()
+    if lost is not None:
+        raise SystemExit(lost.code)
 
 
 async def _start_metrics(config: SchedulerConfig, service: SchedulerService, server):

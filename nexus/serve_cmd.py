@@ -50,7 +50,7 @@ __all__ = ["Child", "wait_models_ready", "register", "run"]
 
 # Component fields that `nexus serve` sets itself (addresses, the data directory) or that make no
 # sense for several processes at once (one metrics port); every other field is a flag of `nexus serve`.
-SCHEDULER_OWN = ("listen", "data_dir", "security")
+SCHEDULER_OWN = ("listen", "advertise", "data_dir", "security")
 BACKEND_OWN = ("scheduler", "listen", "advertise", "metrics_port", "security")
 FRONTEND_OWN = ("scheduler", "listen", "advertise", "security", "metrics_listen", "http_listen")
 FRONTEND_PREFIX = "frontend"

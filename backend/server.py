@@ -53,12 +53,13 @@ from backend.engine import Engine, ExecError, Outcome, Session, SharedPrefix, Wa
 from backend.latency_samples import SampleRecorder
 from backend.warmup import Warmer
 from common import grpc_util
-from common.config import BackendConfig, BatchStart
+from common.config import BackendConfig, BatchStart, scheduler_addresses
 from common.health import Health
 from common.host_load import ContentionMonitor
 from common.pb import control, control_grpc
 from common.profile import Profile
 from common.registration import keep_registered
+from common.scheduler_connection import SchedulerConnection
 from common.security import Credentials
 from common.tensors import TensorSpec
 from common.versions import version_key
@@ -732,8 +733,7 @@ async def serve(config: BackendConfig, ready=None) -> None:
             raise SystemExit(f"nexus backend: error: cannot serve --metrics-port {config.metrics_port} on "
                              f"{host}: {exc.strerror or exc}") from None
         log.info("Prometheus metrics on http://%s:%d/metrics", host, config.metrics_port)
-    channel = grpc_util.aio_channel(config.scheduler, creds, to_scheduler=True)
-    scheduler = control_grpc.SchedulerStub(channel)
+    scheduler = SchedulerConnection(scheduler_addresses(config.scheduler), creds)
     service.attach_scheduler(scheduler)
     memory = config.memory_mb or detect_memory_mb(config.device)
     register = control.RegisterRequest(kind=control.NODE_KIND_BACKEND, address=config.advertise or address,
@@ -757,4 +757,4 @@ async def serve(config: BackendConfig, ready=None) -> None:
         if metrics_server is not None:
             await metrics_server.close()
         await server.stop(grace=1)
-        await channel.close()
+        await scheduler.close()

@@ -31,7 +31,7 @@ import grpc
 from common.pb import control, control_grpc
 from nexus.bench.meters import loadavg
 from nexus.launcher import nexus_command
-from tests.postgres import PostgresServer
+from nexus.bench.postgres import PostgresServer
 
 
 def _answers(address: str) -> bool:

@@ -164,6 +164,20 @@ def _check_address(name: str, value: str) -> None:
         raise ConfigError(f"{_flag(name)}: {exc}") from None
 
 
+def scheduler_addresses(value: str) -> tuple[str, ...]:
+    """``--scheduler HOST:PORT[,HOST:PORT...]``: every scheduler of the cluster (the leader and its
+    standbys), in the order to try them."""
+    return tuple(a.strip() for a in value.split(",") if a.strip())
+
+
+def _check_schedulers(value: str) -> None:
+    addresses = scheduler_addresses(value)
+    if not addresses:
+        raise ConfigError("--scheduler: give HOST:PORT, or several separated by commas")
+    for address in addresses:
+        _check_address("scheduler", address)
+
+
 def _check_advertise(value: str) -> None:
     if not value:
         return
@@ -378,7 +392,9 @@ class BatchStart(str, enum.Enum):
 
 @dataclass(frozen=True)
 class BackendConfig:
-    scheduler: str = field(default="127.0.0.1:8100", metadata={"help": "scheduler address"})
+    scheduler: str = field(default="127.0.0.1:8100", metadata={
+        "help": "scheduler address; with standby schedulers, every one's, separated by commas (the leader is "
+                "followed)"})
     listen: str = field(default="127.0.0.1:0", metadata={"help": "address to serve on (port 0: any free port)"})
     device: str = field(default="cpu", metadata={"help": "cpu | cuda[:N] | emulated:<gpu-name>"})
     device_type: str = field(default="", metadata={"help": "profile key of the device (default: derived from --device)"})
@@ -406,7 +422,7 @@ class BackendConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> None:
-        _check_address("scheduler", self.scheduler)
+        _check_schedulers(self.scheduler)
         _check_positive("emulated_latency_factor", self.emulated_latency_factor)
         _check_address("listen", self.listen)
         _check_advertise(self.advertise)
@@ -441,7 +457,9 @@ DEFAULT_METRICS_LISTEN = "127.0.0.1:8002"
 
 @dataclass(frozen=True)
 class FrontendConfig:
-    scheduler: str = field(default="127.0.0.1:8100", metadata={"help": "scheduler address"})
+    scheduler: str = field(default="127.0.0.1:8100", metadata={
+        "help": "scheduler address; with standby schedulers, every one's, separated by commas (the leader is "
+                "followed)"})
     listen: str = field(default="127.0.0.1:8001", metadata={"help": "KServe v2 gRPC address"})
     report_interval_s: float = field(default=2.0, metadata={"help": "period of workload reports"})
     default_slo_ms: float = field(default=0.0, metadata={"help": "deadline of requests without one (0: the model's SLO)"})
@@ -474,7 +492,7 @@ class FrontendConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> None:
-        _check_address("scheduler", self.scheduler)
+        _check_schedulers(self.scheduler)
         _check_address("listen", self.listen)
         _check_positive("trace_every", self.trace_every)
         if self.http_listen:

@@ -15,10 +15,11 @@ import time
 import grpc
 
 from common import grpc_util
-from common.config import FrontendConfig
+from common.config import FrontendConfig, scheduler_addresses
 from common.health import Health
 from common.pb import control, control_grpc, kserve_grpc
 from common.registration import keep_registered
+from common.scheduler_connection import SchedulerConnection
 from common.security import Credentials, ProtocolAccess, parse_restricted_header
 from frontend import readiness, rest
 from frontend.dispatch import FrontendState
@@ -98,8 +99,7 @@ async def serve(config: FrontendConfig, ready=None) -> None:
             raise SystemExit(f"nexus frontend: error: cannot write --trace {config.trace}: "
                              f"{exc.strerror or exc}") from None
     state = FrontendState(use_stream=config.exec_path == "stream", creds=creds, tracer=tracer)
-    channel = grpc_util.aio_channel(config.scheduler, creds, to_scheduler=True)
-    scheduler = control_grpc.SchedulerStub(channel)
+    scheduler = SchedulerConnection(scheduler_addresses(config.scheduler), creds)
     # Repository load/unload are admin calls: the restricted header when configured (as Triton's
     # restricted protocol), else the cluster token like the rest of the control plane. The KServe
     # handlers check it, for gRPC and HTTP alike.
@@ -125,7 +125,7 @@ async def serve(config: FrontendConfig, ready=None) -> None:
                                                          config.drain_grace_s)
         except OSError:
             await server.stop(None)
-            await channel.close()
+            await scheduler.close()
             raise
     metrics = await _start_metrics(config, state, server)
     node = _Node()
@@ -150,7 +150,7 @@ async def serve(config: FrontendConfig, ready=None) -> None:
             await metrics.close()
         await state.pool.close()
         state.shared_memory.close()
-        await channel.close()
+        await scheduler.close()
 
 
 async def drain(state: FrontendState, server, scheduler, node, grace_s: float, stop_http=None) -> None:

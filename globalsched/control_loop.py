@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Protocol, Sequence
+from typing import Awaitable, Callable, Protocol, Sequence
 
 from globalsched.algorithms.replan import ReplanReason
 from globalsched.cluster import ClusterPlan, ClusterView
@@ -42,8 +42,12 @@ ReadView = Callable[[float, "ReplanReason | None", "tuple[str, ...]"], ClusterVi
 
 class ControlLoop:
     def __init__(self, settings: PlannerSettings, trigger: ReplanTrigger, read_view: ReadView,
-                 actuators: Sequence[Actuator], clock: Callable[[], float] = time.monotonic) -> None:
+                 actuators: Sequence[Actuator], clock: Callable[[], float] = time.monotonic,
+                 persist: Callable[[PlannerState], Awaitable[None]] | None = None) -> None:
+        """``persist(state)``: keep each new plan's state before it is applied (a shared database, for
+        the standby that may take over: globalsched/database/plan_store.py)."""
         self.settings = settings
+        self.persist = persist
         self.trigger = trigger
         self.read_view = read_view
         self.actuators = list(actuators)
@@ -52,6 +56,13 @@ class ControlLoop:
         self.begin_epochs(0)
         self.last_plan_time = 0.0
         self.plan: ClusterPlan | None = None      # the plan in force: the last one applied
+
+    def adopt(self, state: PlannerState) -> None:
+        """Continue from a plan in force another process made (a standby that took over): the planner
+        repairs it as its own, so that nothing placed moves."""
+        self.state = state
+        self.plan = state.plan
+        self.last_plan_time = self.clock()
 
     def begin_epochs(self, base: int) -> None:
         """Number the next plans from ``base`` plus the wall clock in ms: above every earlier life's
@@ -90,6 +101,8 @@ class ControlLoop:
         self.trigger.epoch = self.epoch
         self.last_plan_time = now
         self._log(plan)
+        if self.persist is not None:          # write-ahead: stored before any node holds it
+            await self.persist(self.state)
         for actuator in self.actuators:
             await actuator.apply(plan, self.epoch)
         self.plan = plan

@@ -30,11 +30,11 @@ from typing import Awaitable, Callable
 
 import grpc
 
+from common.scheduler_connection import LEADER_METADATA
 from globalsched.database.lease import LeaderLease
 
 log = logging.getLogger("nexus.scheduler")
 
-LEADER_METADATA = "nexus-leader"
 EXIT_LOST_LEADERSHIP = 3
 
 

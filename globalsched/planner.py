@@ -123,6 +123,21 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
     return plan, replace(state, plan=plan, types=types, last_plan_s=view.now_s, backends=view.backends)
 
 
+def adopted_state(state: PlannerState, now_s: float) -> PlannerState:
+    """The state of a plan in force taken over by another process (a standby that now leads): its
+    times, read on the old leader's monotonic clock, become ``now_s``. Cool-downs start again, so
+    nothing moves at once; a surge floor is held for a whole hold again; a model's first requests are
+    measured anew, as they are, by the new leader."""
+    types = {}
+    for device_type, ts in state.types.items():
+        replan = replace(ts.replan, last_replan_s=None if ts.replan.last_replan_s is None else now_s,
+                         moved_at_s=tuple((s, now_s) for s, _ in ts.replan.moved_at_s))
+        types[device_type] = replace(ts, replan=replan)
+    return replace(state, types=types, last_plan_s=None if state.last_plan_s is None else now_s,
+                   first_requests_s={m: now_s for m in state.first_requests_s},
+                   surge_floors={s: (rate, now_s) for s, (rate, _) in state.surge_floors.items()})
+
+
 def same_tables(new: ClusterPlan, old: ClusterPlan) -> bool:
     """Whether ``new`` gives every node the tables ``old`` gave (the same backends running the same
     sessions at the same batches, throughputs and duty cycles; the same sessions, query splits and

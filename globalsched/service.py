@@ -35,12 +35,13 @@ from common.security import Credentials
 from globalsched.control_loop import ControlLoop
 from globalsched.device_scaler import DeviceScaler, ScalerCollector
 from globalsched.database.lease import LeaderLease, plan_epoch_base
+from globalsched.database.plan_store import PlanStore
 from globalsched.distribution import Distribution
 from globalsched.leadership import Leadership, LostLeadership, Role, StandbyGate
 from globalsched.membership import Membership
 from globalsched.model_admin import ModelAdmin
 from globalsched.modeldb import ModelDatabase
-from globalsched.planner import PlannerSettings
+from globalsched.planner import PlannerSettings, adopted_state
 from globalsched.profile_metrics import ProfileCollector
 from globalsched.refusal import Refused
 from globalsched.replan_trigger import ReplanTrigger
@@ -50,6 +51,8 @@ from globalsched.view import read_view
 from globalsched.workload import Workload
 
 log = logging.getLogger("nexus.scheduler")
+
+ADOPTION_GRACE_S = 5.0      # how long a new leader waits for the adopted plan's backends before planning
 
 
 class SchedulerService(control_grpc.SchedulerServicer):
@@ -67,8 +70,9 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.scaler = DeviceScaler(ScalingConfig(config.scale_down_cooldown_s, config.device_headroom,
                                                  bounds=config.device_bounds),
                                    self.membership.backends, self.workload.window_rates)
+        self.plan_store: PlanStore | None = None      # a shared database: the plan in force, for a standby
         self.control = ControlLoop(PlannerSettings.from_config(config), self.trigger, self.read_view,
-                                   [self.admin, self.distribution, self.scaler])
+                                   [self.admin, self.distribution, self.scaler], persist=self._persist)
         self.loop_lag = LoopLagMonitor("nexus_scheduler_loop_lag_seconds")
         self._tasks: list[asyncio.Task] = []
 
@@ -77,15 +81,56 @@ class SchedulerService(control_grpc.SchedulerServicer):
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
-    def start(self, lease_epoch: int = 0) -> None:
-        """Start planning, reaping and scaling: at once with one scheduler, once elected with several
-        (``lease_epoch``: the leader's, so its plan epochs are above every earlier leader's). What the
-        database holds is read again first: a standby's view may be older than the last leader's writes."""
-        if lease_epoch:
-            self.admin.book.restore(self.db.measured_profiles())
-            self.db.profiles_version += 1
+    async def start_leading(self, lease_epoch: int) -> None:
+        """Start as the leader elected with ``lease_epoch`` (a shared database): read again what the
+        database holds (a standby's view may be older than the last leader's writes), adopt the plan in
+        force, and start (:meth:`start`) with plan epochs above every earlier leader's."""
+        self.admin.book.restore(await asyncio.to_thread(self.db.measured_profiles))
+        self.db.profiles_version += 1
+        adopted = None
+        if self.plan_store is not None:
+            try:
+                adopted = await asyncio.to_thread(self.plan_store.load)
+            except Exception as exc:
+                log.warning("cannot read the plan in force (planning afresh): %s", exc)
+        hold: set[str] = set()
+        if adopted is not None and adopted.plan is not None:
+            self.control.adopt(adopted_state(adopted, self.control.clock()))
+            self.distribution.in_force = adopted.plan
+            hold = {b.node_id for p in adopted.plan.placements.values() for b in p.backends}
+            log.info("adopted the plan in force: %d backends, %d sessions; waiting up to %.0f s for its backends "
+                     "to register before planning", len(hold), len(adopted.plan.sessions), ADOPTION_GRACE_S)
+        self.start(lease_epoch, hold)
+
+    async def _persist(self, state) -> None:
+        if self.plan_store is None:
+            return
+        try:
+            landed = await asyncio.to_thread(self.plan_store.save, state, self.leadership.lease_epoch)
+        except Exception as exc:
+            log.warning("could not store the plan in force (a standby taking over would plan afresh): %s", exc)
+            return
+        if not landed:
+            self.leadership.lost = True       # fenced: nothing is pushed from now on; the lease task exits
+            log.error("the plan in force was not stored: another scheduler holds the lease")
+
+    async def _plan_when_registered(self, backends: set[str]) -> None:
+        """Plan once every backend of an adopted plan registered again (or after the grace): planning
+        without them would move their sessions."""
+        deadline = time.monotonic() + ADOPTION_GRACE_S
+        while backends - set(self.nodes) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        missing = backends - set(self.nodes)
+        if backends:
+            log.info("planning from the adopted plan%s", f"; not registered: {', '.join(sorted(missing))}"
+                     if missing else ": every backend registered again")
+        await self.control.run()
+
+    def start(self, lease_epoch: int = 0, hold: set[str] = frozenset()) -> None:
+        """Start planning, reaping and scaling (with several schedulers, once elected: ``lease_epoch`` is
+        the leader's, and ``hold`` the backends of an adopted plan the first plan waits for)."""
         self.control.begin_epochs(plan_epoch_base(lease_epoch))
-        self._tasks = [asyncio.create_task(self.control.run()), asyncio.create_task(self.membership.reaper()),
+        self._tasks = [asyncio.create_task(self._plan_when_registered(set(hold))), asyncio.create_task(self.membership.reaper()),
                        asyncio.create_task(self.control.epoch_timer()), asyncio.create_task(self.scaler.run()),
                        asyncio.create_task(self.loop_lag.run())]
 
@@ -191,9 +236,11 @@ class SchedulerService(control_grpc.SchedulerServicer):
     async def GetStatus(self, request, context):
         plan, epoch = self.control.plan, self.control.epoch
         routing = control.RoutingTable(epoch=epoch) if plan is None else self.distribution.routing_table(plan, epoch)
-        return status_reply(plan, routing, self.membership.backends(), len(self.membership.frontends()), self.admin,
-                            max(time.monotonic() - self.control.last_plan_time, 0.0),
-                            self.scaler.decisions.values())
+        reply = status_reply(plan, routing, self.membership.backends(), len(self.membership.frontends()), self.admin,
+                             max(time.monotonic() - self.control.last_plan_time, 0.0),
+                             self.scaler.decisions.values())
+        reply.leader = self.leadership.leader_address
+        return reply
 
 
 async def serve(config: SchedulerConfig, ready=None) -> None:
@@ -217,10 +264,13 @@ async def serve(config: SchedulerConfig, ready=None) -> None:
     control_grpc.add_SchedulerServicer_to_server(service, server)
     health = await Health.attach(server)
     address = grpc_util.bind(server, config.listen, creds)
+    if not shared:
+        leadership.leader_address = config.advertise or address
     if shared:
         try:
             leadership.lease = await asyncio.to_thread(
                 LeaderLease, config.database, Leadership.identity(), config.advertise or address, config.leader_lease_s)
+            service.plan_store = await asyncio.to_thread(PlanStore, db.sql)
         except ConnectionError as exc:
             db.close()
             raise SystemExit(f"nexus scheduler: error: {exc}") from None
@@ -228,7 +278,7 @@ async def serve(config: SchedulerConfig, ready=None) -> None:
     metrics = await _start_metrics(config, service, server)
 
     async def elected(lease_epoch: int) -> None:
-        service.start(lease_epoch)
+        await service.start_leading(lease_epoch)
         await health.set_ready(True)      # readiness: the leader only (a Service sends nodes to it)
 
     keeper = asyncio.create_task(leadership.run(elected))

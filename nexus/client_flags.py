@@ -20,7 +20,7 @@ import ipaddress
 import os
 import pathlib
 
-from common.config import ConfigError, SecurityConfig, split_host_port
+from common.config import ConfigError, SecurityConfig, scheduler_addresses, split_host_port
 from common.security import TOKEN_ENV, Credentials, SecurityError, read_token
 
 SERVE_DATA_DIR = ".nexus-data"      # `nexus serve --data-dir`'s default, where it writes the token
@@ -59,7 +59,7 @@ def is_loopback(address: str) -> bool:
 def local_token_file(scheduler: str, data_dir: str | os.PathLike) -> str:
     """``<data_dir>/token`` when ``scheduler`` is on loopback and the file holds a token; else ""."""
     path = pathlib.Path(data_dir) / "token"
-    if not is_loopback(scheduler):
+    if not all(is_loopback(a) for a in scheduler_addresses(scheduler)):
         return ""
     try:
         read_token(path)

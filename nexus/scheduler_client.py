@@ -16,7 +16,9 @@ from typing import Iterator, Sequence
 import grpc
 
 from common import grpc_util
+from common.config import scheduler_addresses
 from common.pb import control, control_grpc
+from common.scheduler_connection import leader_hint, next_scheduler
 from common.security import Credentials
 from common.versions import VersionPolicy, to_pb as policy_to_pb
 from common.warmup import WarmupSample, to_pb as warmup_to_pb
@@ -37,12 +39,24 @@ def rpc_error_message(exc: grpc.RpcError, scheduler: str) -> str:
 
 
 def _call(scheduler: str, creds: Credentials, method: str, request, timeout_s: float = 30.0):
-    """One call of the scheduler's ``method``; AdminCallError with the operator's message when it fails."""
-    with grpc_util.channel(scheduler, creds) as channel:
-        try:
-            return getattr(control_grpc.SchedulerStub(channel), method)(request, timeout=timeout_s)
-        except grpc.RpcError as exc:
-            raise AdminCallError(rpc_error_message(exc, scheduler)) from None
+    """One call of the scheduler's ``method``; AdminCallError with the operator's message when it fails.
+
+    ``scheduler`` may list several schedulers (``a,b,c``): the call goes to the first, and where one is
+    unavailable, to the leader a standby names (within the list), else to the next; each is tried at
+    most once. ``request`` may be a function making the request (a stream, made again for each try)."""
+    addresses = scheduler_addresses(scheduler) or (scheduler,)
+    address, tried = addresses[0], []
+    while True:
+        tried.append(address)
+        with grpc_util.channel(address, creds) as channel:
+            try:
+                return getattr(control_grpc.SchedulerStub(channel), method)(
+                    request() if callable(request) else request, timeout=timeout_s)
+            except grpc.RpcError as exc:
+                following = next_scheduler(addresses, address, leader_hint(exc))
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or following in tried:
+                    raise AdminCallError(rpc_error_message(exc, address)) from None
+                address = following
 
 
 def _chunks(header: control.UploadHeader, path: pathlib.Path) -> Iterator[control.UploadChunk]:
@@ -92,7 +106,7 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
                 raise AdminCallError(f"cannot read {file}: {exc.strerror}") from None
     if pin_profile:
         header.profile_json = pinned(header.profile_json, profile_path)
-    return _call(scheduler, creds, "UploadModel", _chunks(header, path), timeout_s).model
+    return _call(scheduler, creds, "UploadModel", lambda: _chunks(header, path), timeout_s).model
 
 
 def pinned(profile_json: str, where: str) -> str:

@@ -29,7 +29,7 @@ def _table(rows: list[list[str]], indent: str = "") -> list[str]:
 
 def render_text(st: ClusterStatus) -> str:
     lines = [f"epoch {st.epoch} · solver {st.solver or '-'} · plan {st.plan_age_s:.1f} s old · "
-             f"{st.frontends} frontend(s)",
+             f"{st.frontends} frontend(s)" + (f" · leader {st.leader}" if st.leader else ""),
              f"devices: {st.devices_in_use} in use of {len(st.devices)} registered · plan needs "
              f"{st.planned_devices} · lower bound {st.lower_bound} "
              f"(throughput alone: {st.lower_bound_throughput_only})"]

@@ -115,6 +115,7 @@ class ClusterStatus:
     scaling: tuple[ScalingStatus, ...] = ()
     profiles: tuple[ProfileStatus, ...] = ()
     lower_bound_throughput_only: int = 0     # the bound of earlier releases, for comparison
+    leader: str = ""                         # the leading scheduler's address (it answered)
 
     def decision(self, device_type: str) -> ScalingStatus | None:
         return next((d for d in self.scaling if d.device_type == device_type), None)
@@ -168,7 +169,7 @@ def from_reply(reply: control.StatusReply) -> ClusterStatus:
     return ClusterStatus(routing.epoch, reply.solver, reply.plan_age_s, routing.planned_devices, routing.lower_bound,
                          reply.frontends, tuple(devices), tuple(queries), unplaced, dict(reply.best_effort),
                          tuple(reply.notes), scaling, tuple(_profile(p) for p in reply.profiles),
-                         routing.lower_bound_throughput_only)
+                         routing.lower_bound_throughput_only, reply.leader)
 
 
 def _curve(message: control.ModelProfileStatus, name: str) -> tuple[tuple[int, float], ...]:

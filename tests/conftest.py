@@ -80,9 +80,9 @@ def nexus_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess
 
 @pytest.fixture(scope="session")
 def postgres():
-    """A real PostgreSQL server for this worker (tests/postgres.py); skipped, with the reason, where none
+    """A real PostgreSQL server for this worker (nexus/bench/postgres.py); skipped, with the reason, where none
     can start. Its passfile is in this process's environment, as an operator's would be."""
-    from tests.postgres import PostgresServer
+    from nexus.bench.postgres import PostgresServer
 
     try:
         server = PostgresServer()

@@ -1,4 +1,4 @@
-"""The model database on a real PostgreSQL server (tests/postgres.py): the same contract as SQLite's,
+"""The model database on a real PostgreSQL server (nexus/bench/postgres.py): the same contract as SQLite's,
 shared by every scheduler that opens the URL, the migration from SQLite, and the errors an operator
 meets (a password in the URL, an unreachable server, a newer schema, a damaged file)."""
 

@@ -9,7 +9,12 @@ import time
 import grpc
 import pytest
 
+from common.config import BackendConfig, ConfigError, FrontendConfig, scheduler_addresses
 from common.pb import control, control_grpc
+from common.scheduler_connection import next_scheduler
+from globalsched.database.connection import PostgresConnection
+from globalsched.database.plan_store import PlanStore
+from globalsched.planner import PlannerState, adopted_state
 from globalsched.database.lease import PLAN_EPOCHS_PER_LEASE, LeaderLease, plan_epoch_base
 from tests.conftest import NexusProcess, nexus_cli
 
@@ -60,6 +65,49 @@ def test_lease_epochs_fence_plan_epochs(pg_url):
     finally:
         a.close()
         b.close()
+
+
+def test_nodes_follow_the_named_leader_within_their_list_else_the_next_address():
+    addresses = ("a:1", "b:1", "c:1")
+    assert next_scheduler(addresses, "a:1", "c:1") == "c:1"           # the standby named the leader
+    assert next_scheduler(addresses, "a:1", "") == "b:1"              # unreachable: the next one
+    assert next_scheduler(addresses, "c:1", "") == "a:1"
+    assert next_scheduler(addresses, "a:1", "evil:1") == "b:1"        # never an address not given
+    assert next_scheduler(addresses, "a:1", "a:1") == "b:1"
+    assert next_scheduler(("a:1",), "a:1", "b:1") == "a:1"
+    assert scheduler_addresses(" a:1, b:1 ,") == ("a:1", "b:1")
+    assert BackendConfig(scheduler="a:1,b:2").validate() is None
+    with pytest.raises(ConfigError, match="--scheduler"):
+        BackendConfig(scheduler="a:1,nonsense").validate()
+    with pytest.raises(ConfigError, match="--scheduler: give HOST:PORT"):
+        FrontendConfig(scheduler=" , ").validate()
+
+
+def test_an_adopted_plan_starts_its_cooldowns_again(pg_url):
+    from globalsched.algorithms.replan import ReplanState
+    from globalsched.planning_loop import TypeState
+
+    old = PlannerState(last_plan_s=5.0, first_requests_s={"m": 1.0}, surge_floors={"m": (40.0, 4.0)},
+                       types={"t4": TypeState(replan=ReplanState(last_replan_s=5.0, moved_at_s=(("m", 3.0),)))})
+    new = adopted_state(old, 1000.0)
+    assert new.last_plan_s == 1000.0 and new.first_requests_s == {"m": 1000.0}
+    assert new.surge_floors == {"m": (40.0, 1000.0)}
+    assert new.types["t4"].replan.last_replan_s == 1000.0 and new.types["t4"].replan.moved_at_s == (("m", 1000.0),)
+    assert adopted_state(PlannerState(), 7.0) == PlannerState()
+    # the store: fenced by the lease epoch
+    lease = LeaderLease(pg_url, "a", "a:1", ttl_s=30)
+    store = PlanStore(PostgresConnection(pg_url))
+    try:
+        assert store.load() is None
+        assert not store.save(old, 1)                   # nobody holds epoch 1 yet
+        assert lease.try_acquire() == 1
+        assert store.save(old, 1) and store.load() == old
+        assert not store.save(PlannerState(), 2) and store.load() == old      # not the lease's epoch
+        store.db.execute("UPDATE plan_in_force SET release = 'another'")
+        assert store.load() is None                     # another release's: planned afresh
+    finally:
+        lease.close()
+        store.db.close()
 
 
 @pytest.mark.slow
@@ -118,3 +166,56 @@ def test_a_cleanly_stopped_leader_hands_over_at_once(pg_url, tmp_path):
     finally:
         first.stop()
         second.stop()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_leader_under_load_fails_nothing_moves_nothing_and_the_next_upload_succeeds(pg_url, tmp_path):
+    """Backends and the frontend are given both schedulers, the standby first: they follow the leader.
+    The standby adopts the plan in force: no session moves, no request fails."""
+    from nexus.bench.cluster import Cluster
+    from tests.components import wait_for
+    from tests.test_failover import DEVICE, FAST, FAST_SLO_MS, _ok_in_a_row_since, _upload, steady_load
+
+    a, b = f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"
+    both = f"{b},{a}"
+    cluster = Cluster(tmp_path / "cluster", backends=2, device=DEVICE,
+                      scheduler={"listen": a, "database": pg_url, "spare_replicas": False, "metrics_listen": ""},
+                      backend={"scheduler": both}, frontend={"scheduler": both, "report_interval_s": 0.5}).start()
+    standby = None
+    try:
+        standby = NexusProcess(tmp_path / "standby.log", "scheduler", "--listen", b, "--database", pg_url,
+                               "--data-dir", str(tmp_path / "standby"), "--metrics-listen", "",
+                               "--no-spare-replicas")
+        assert _role(standby) == "standby"
+        cluster.scheduler.address = both                      # admin calls follow the leader too
+        _upload(cluster, tmp_path, "steady", FAST, FAST_SLO_MS, "--min-replicas", "2")
+        serving = {n.name for n in cluster.serving("steady")}
+        assert len(serving) == 2
+        load = steady_load(cluster, "steady", 50)
+        wait_for(lambda: _ok_in_a_row_since(load, 0.0), what="the load answered")
+        cluster.scheduler.kill()
+        took_s = _wait_leads(b)
+        print(f"takeover under load: {took_s:.2f} s")
+        _upload(cluster, tmp_path, "after", FAST, FAST_SLO_MS)          # through "b,a": the new leader
+        time.sleep(8.0)                  # the new leader plans with its own rate reports meanwhile
+        since = time.monotonic()
+        wait_for(lambda: _ok_in_a_row_since(load, since), what="25 requests after the takeover answered OK")
+        codes = load.stop().samples.status_counts()
+        print("takeover:", codes)
+        print(standby.logs()[-2500:])
+        assert set(codes) == {"OK"}, codes
+        log = standby.logs()
+        assert "adopted the plan in force: 2 backends" in log and "every backend registered again" in log, log[-3000:]
+        assert {n.name for n in cluster.serving("steady")} == serving        # nothing moved
+    finally:
+        if standby is not None:
+            standby.stop()
+        cluster.stop()

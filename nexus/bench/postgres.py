@@ -1,4 +1,4 @@
-"""A real PostgreSQL server for tests: ``initdb`` and ``pg_ctl`` in a temporary directory, as an
+"""A real PostgreSQL server for tests and benchmarks: ``initdb`` and ``pg_ctl`` in a temporary directory, as an
 unprivileged user (PostgreSQL refuses to run as root), on a free loopback port.
 
 The superuser ``nexus`` has a password, and TCP connections must give it (scram-sha-256): clients

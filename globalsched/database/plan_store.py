@@ -1,0 +1,83 @@
+"""The plan in force, kept in the shared PostgreSQL database so that a standby that takes over adopts
+it instead of planning afresh (a fresh plan would move sessions that were placed).
+
+Contract:
+- :meth:`PlanStore.save` writes the planner's state (globalsched/planner.py, :class:`PlannerState`,
+  which holds the plan) before the plan is pushed to any node (write-ahead), so the stored plan is
+  the one the nodes hold or the one they are about to hold. The write is fenced: it lands only while
+  the lease row names this leader's lease epoch, so an old leader that lost the lease cannot
+  overwrite its successor's plan. It returns whether it landed.
+- :meth:`PlanStore.load` returns the stored state, or None when there is none, it was written by
+  another release (the ``release`` column), or it cannot be read: the new leader then plans afresh,
+  as a lone scheduler's restart does.
+- The state is a pickle. The database is trusted as the model files are (a writer of either can
+  change what the cluster runs); the value is only read by schedulers of the same release.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+
+from globalsched.database.connection import PostgresConnection
+from globalsched.planner import PlannerState
+
+log = logging.getLogger("nexus.scheduler")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS plan_in_force (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    lease_epoch BIGINT NOT NULL,
+    release TEXT NOT NULL,
+    saved_ms BIGINT NOT NULL,
+    state BYTEA NOT NULL
+)
+"""
+
+_SAVE = """
+INSERT INTO plan_in_force AS p (id, lease_epoch, release, saved_ms, state)
+SELECT 1, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM scheduler_lease WHERE id = 1 AND epoch = ?)
+ON CONFLICT (id) DO UPDATE SET lease_epoch = excluded.lease_epoch, release = excluded.release,
+    saved_ms = excluded.saved_ms, state = excluded.state
+RETURNING 1
+"""
+
+
+def release_tag() -> str:
+    """What must match for a stored state to be read: the package version and the state's fields."""
+    try:
+        from importlib.metadata import version
+
+        package = version("nexus-serving")
+    except Exception:
+        package = "dev"
+    return f"{package}:{','.join(PlannerState.__dataclass_fields__)}"
+
+
+class PlanStore:
+    def __init__(self, db: PostgresConnection) -> None:
+        self.db = db
+        self.db.execute(_SCHEMA)
+        self.release = release_tag()
+
+    def save(self, state: PlannerState, lease_epoch: int) -> bool:
+        blob = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        row = self.db.execute(_SAVE, (lease_epoch, self.release, int(time.time() * 1000), blob, lease_epoch)).fetchone()
+        return row is not None
+
+    def load(self) -> PlannerState | None:
+        row = self.db.execute("SELECT lease_epoch, release, state FROM plan_in_force WHERE id = 1").fetchone()
+        if row is None:
+            return None
+        lease_epoch, release, blob = row
+        if release != self.release:
+            log.warning("the stored plan (lease epoch %d) was written by another release (%s); planning afresh",
+                        lease_epoch, release)
+            return None
+        try:
+            state = pickle.loads(bytes(blob))
+        except Exception as exc:
+            log.warning("the stored plan (lease epoch %d) cannot be read (%s); planning afresh", lease_epoch, exc)
+            return None
+        return state if isinstance(state, PlannerState) else None

@@ -90,6 +90,10 @@ async def keep_registered(scheduler, register: control.RegisterRequest, node) ->
                     # node for its own pause when it resumes (issue 24). Only a broken stream, or a
                     # scheduler that forgot this node, makes the node register again.
                     if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and attach is not None and not attach.done():
+                        # With standby schedulers, one of them may lead now: follow it then.
+                        probe = getattr(scheduler, "probe_leader", None)
+                        if probe is not None and await probe():
+                            break
                         log.warning("heartbeat timed out (%s); the Attach stream is open: keeping it",
                                     exc.details() or exc.code().name)
                         continue

@@ -22,7 +22,7 @@ from typing import Sequence
 import grpc
 
 from common import grpc_util
-from common.pb import control_grpc
+from common.pb import control, control_grpc
 from common.security import Credentials
 
 log = logging.getLogger("nexus.registration")
@@ -93,6 +93,30 @@ class SchedulerConnection:
         self.address = next_scheduler(self.addresses, failed, hint)
         log.info("scheduler %s unavailable%s; trying %s", failed, f" (it names {hint} the leader)" if hint else "",
                  self.address)
+
+    async def probe_leader(self, timeout_s: float = 2.0) -> str:
+        """Ask the other schedulers who leads, when the current one stopped answering (a hung process
+        keeps its connections open, so nothing breaks by itself): an address of the list that now leads
+        (its Heartbeat answers) or that a standby names, other than the current one; "" when none does,
+        and the current one is waited for. Moves there when found."""
+        current = self.address
+        for address in self.addresses:
+            if address == current:
+                continue
+            self.address = address
+            try:
+                await self._stub().Heartbeat(control.HeartbeatRequest(), timeout=timeout_s)
+                found = address
+            except grpc.aio.AioRpcError as exc:
+                hint = leader_hint(exc) if exc.code() == grpc.StatusCode.UNAVAILABLE else ""
+                found = hint if hint in self.addresses and hint != current else ""
+            finally:
+                self.address = current
+            if found:
+                self.address = found
+                log.warning("scheduler %s does not answer and %s leads now; following it", current, found)
+                return found
+        return ""
 
     async def close(self) -> None:
         for channel in self._channels:

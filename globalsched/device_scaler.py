@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Iterable, Mapping
+from typing import Awaitable, Callable, Iterable, Mapping
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -27,6 +27,7 @@ from globalsched.workload import WindowRate
 log = logging.getLogger("nexus.scheduler")
 
 TICK_S = 0.5        # between plans, the cool-down and the measured rates are looked at this often
+PERSIST_EVERY_S = 2.0   # a shared database keeps the policy's state at most this often
 
 
 def demands(plan: ClusterPlan | None, backends: Iterable[Node], measured: Mapping[str, WindowRate],
@@ -77,7 +78,11 @@ def outrunning_rps(measured: WindowRate | None, capacity_rps: float) -> float | 
 
 class DeviceScaler:
     def __init__(self, config: ScalingConfig, backends: Callable[[], list[Node]],
-                 measured: Callable[[float], Mapping[str, WindowRate]], clock: Callable[[], float] = time.monotonic):
+                 measured: Callable[[float], Mapping[str, WindowRate]], clock: Callable[[], float] = time.monotonic,
+                 persist: Callable[[ScalingState, float], Awaitable[None]] | None = None):
+        """``persist(state, now)``: keep the policy's state now and then (a shared database, for the
+        standby that may take over: globalsched/database/plan_store.py)."""
+        self.persist = persist
         self.config = config
         self.backends = backends
         self.measured = measured
@@ -103,12 +108,18 @@ class DeviceScaler:
         return decisions
 
     async def run(self) -> None:
+        saved: ScalingState | None = None
+        saved_at = float("-inf")
         while True:
             await asyncio.sleep(TICK_S)
             try:
                 self.evaluate()
             except Exception:  # keep scaling alive; the next tick tries again
                 log.exception("device scaling failed")
+            now = self.clock()
+            if self.persist is not None and self.state != saved and now - saved_at >= PERSIST_EVERY_S:
+                saved, saved_at = self.state, now
+                await self.persist(self.state, now)
 
 
 class ScalerCollector(Collector):

@@ -87,6 +87,15 @@ class ScalingState:
     types: Mapping[str, TypeHistory] = field(default_factory=dict)
 
 
+def shifted(state: ScalingState, offset_s: float) -> ScalingState:
+    """``state`` with every time moved by ``offset_s``: the history another process kept (a leader that
+    a standby replaced) on the clock of this one, so that its cool-downs run on where they were."""
+    types = {t: replace(h, needs=tuple((when + offset_s, need) for when, need in h.needs),
+                        last_down_s=None if h.last_down_s is None else h.last_down_s + offset_s)
+             for t, h in state.types.items()}
+    return ScalingState(types)
+
+
 def desired_devices(demands: Mapping[str, TypeDemand], state: ScalingState, config: ScalingConfig, now_s: float
                     ) -> tuple[dict[str, ScalingDecision], ScalingState]:
     decisions: dict[str, ScalingDecision] = {}

@@ -69,7 +69,8 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.distribution = Distribution(self.nodes, self.admin, self.workload, self.leadership.may_act)
         self.scaler = DeviceScaler(ScalingConfig(config.scale_down_cooldown_s, config.device_headroom,
                                                  bounds=config.device_bounds),
-                                   self.membership.backends, self.workload.window_rates)
+                                   self.membership.backends, self.workload.window_rates,
+                                   persist=self._persist_scaling)
         self.plan_store: PlanStore | None = None      # a shared database: the plan in force, for a standby
         self.control = ControlLoop(PlannerSettings.from_config(config), self.trigger, self.read_view,
                                    [self.admin, self.distribution, self.scaler], persist=self._persist)
@@ -98,8 +99,19 @@ class SchedulerService(control_grpc.SchedulerServicer):
             self.control.adopt(adopted_state(adopted, self.control.clock()))
             self.distribution.in_force = adopted.plan
             hold = {b.node_id for p in adopted.plan.placements.values() for b in p.backends}
+            self.scaler.plan = adopted.plan
             log.info("adopted the plan in force: %d backends, %d sessions; waiting up to %.0f s for its backends "
                      "to register before planning", len(hold), len(adopted.plan.sessions), ADOPTION_GRACE_S)
+        if self.plan_store is not None:
+            try:
+                history = await asyncio.to_thread(self.plan_store.load_scaling, self.scaler.clock())
+            except Exception as exc:
+                log.warning("cannot read the scaling history (its cool-downs start again): %s", exc)
+                history = None
+            if history is not None:
+                self.scaler.state = history
+                log.info("adopted the scaling history: %s", ", ".join(
+                    f"{t} desired {h.desired}" for t, h in sorted(history.types.items())) or "no device type yet")
         self.start(lease_epoch, hold)
 
     async def _persist(self, state) -> None:
@@ -113,6 +125,14 @@ class SchedulerService(control_grpc.SchedulerServicer):
         if not landed:
             self.leadership.lost = True       # fenced: nothing is pushed from now on; the lease task exits
             log.error("the plan in force was not stored: another scheduler holds the lease")
+
+    async def _persist_scaling(self, state, now: float) -> None:
+        if self.plan_store is None:
+            return
+        try:
+            await asyncio.to_thread(self.plan_store.save_scaling, state, self.leadership.lease_epoch, now)
+        except Exception as exc:
+            log.warning("could not store the scaling history: %s", exc)
 
     async def _plan_when_registered(self, backends: set[str]) -> None:
         """Plan once every backend of an adopted plan registered again (or after the grace): planning

@@ -15,6 +15,7 @@ from common.scheduler_connection import next_scheduler
 from globalsched.database.connection import PostgresConnection
 from globalsched.database.plan_store import PlanStore
 from globalsched.planner import PlannerState, adopted_state
+from globalsched.scaling_policy import ScalingState, TypeHistory
 from globalsched.database.lease import PLAN_EPOCHS_PER_LEASE, LeaderLease, plan_epoch_base
 from tests.conftest import NexusProcess, nexus_cli
 
@@ -105,6 +106,14 @@ def test_an_adopted_plan_starts_its_cooldowns_again(pg_url):
         assert not store.save(PlannerState(), 2) and store.load() == old      # not the lease's epoch
         store.db.execute("UPDATE plan_in_force SET release = 'another'")
         assert store.load() is None                     # another release's: planned afresh
+        # the scaling history: on the reader's clock, as much time ago as it was on the writer's
+        history = ScalingState({"t4": TypeHistory(needs=((95.0, 3), (99.0, 2)), last_down_s=90.0, desired=3)})
+        assert store.save_scaling(history, 1, 100.0) and not store.save_scaling(history, 2, 100.0)
+        moved = store.load_scaling(5000.0)
+        assert moved.types["t4"].desired == 3
+        assert [n for _, n in moved.types["t4"].needs] == [3, 2]
+        assert moved.types["t4"].needs[0][0] == pytest.approx(4995.0, abs=1.0)
+        assert moved.types["t4"].last_down_s == pytest.approx(4990.0, abs=1.0)
     finally:
         lease.close()
         store.db.close()
@@ -177,9 +186,12 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_kill_9_of_the_leader_under_load_fails_nothing_moves_nothing_and_the_next_upload_succeeds(pg_url, tmp_path):
+@pytest.mark.parametrize("fault", ["kill", "pause"])
+def test_losing_the_leader_under_load_fails_nothing_moves_nothing_and_the_next_upload_succeeds(pg_url, tmp_path,
+                                                                                             fault):
     """Backends and the frontend are given both schedulers, the standby first: they follow the leader.
-    The standby adopts the plan in force: no session moves, no request fails."""
+    The leader is killed (kill -9), or paused for 10 s and then resumed: the standby adopts the plan in
+    force (no session moves, no request fails), and a resumed old leader exits without pushing."""
     from nexus.bench.cluster import Cluster
     from tests.components import wait_for
     from tests.test_failover import DEVICE, FAST, FAST_SLO_MS, _ok_in_a_row_since, _upload, steady_load
@@ -201,19 +213,27 @@ def test_kill_9_of_the_leader_under_load_fails_nothing_moves_nothing_and_the_nex
         assert len(serving) == 2
         load = steady_load(cluster, "steady", 50)
         wait_for(lambda: _ok_in_a_row_since(load, 0.0), what="the load answered")
-        cluster.scheduler.kill()
+        old = cluster.scheduler
+        old.kill() if fault == "kill" else old.pause()
+        paused_at = time.monotonic()
         took_s = _wait_leads(b)
-        print(f"takeover under load: {took_s:.2f} s")
+        print(f"takeover under load after {fault}: {took_s:.2f} s")
         _upload(cluster, tmp_path, "after", FAST, FAST_SLO_MS)          # through "b,a": the new leader
         time.sleep(8.0)                  # the new leader plans with its own rate reports meanwhile
+        if fault == "pause":
+            time.sleep(max(10.0 - (time.monotonic() - paused_at), 0.0))
+            old.resume()
+            assert old.proc.wait(timeout=30) == 3
+            woke = old.logs().split("lost the leadership")[-1]
+            assert "re-planned" not in woke and "push" not in woke, woke
         since = time.monotonic()
         wait_for(lambda: _ok_in_a_row_since(load, since), what="25 requests after the takeover answered OK")
         codes = load.stop().samples.status_counts()
         print("takeover:", codes)
-        print(standby.logs()[-2500:])
         assert set(codes) == {"OK"}, codes
         log = standby.logs()
         assert "adopted the plan in force: 2 backends" in log and "every backend registered again" in log, log[-3000:]
+        assert "adopted the scaling history: gtx1080ti desired 2" in log, log[-3000:]
         assert {n.name for n in cluster.serving("steady")} == serving        # nothing moved
     finally:
         if standby is not None:

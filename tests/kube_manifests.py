@@ -119,9 +119,11 @@ def config_maps(objects: list[dict]) -> dict[str, dict[str, str]]:
     return {o["metadata"]["name"]: o.get("data", {}) for o in objects if o["kind"] == "ConfigMap"}
 
 
-def container_env(container: dict, objects: list[dict], fields: dict[str, str]) -> dict[str, str]:
+def container_env(container: dict, objects: list[dict], fields: dict[str, str],
+                  operator_secrets: dict[str, dict[str, str]] | None = None) -> dict[str, str]:
     """The environment the kubelet gives ``container``: ``fields`` holds downward-API values
-    (``status.podIP``...). An optional Secret that does not exist leaves its variable unset, as
+    (``status.podIP``...), ``operator_secrets`` the Secrets the operator creates beside the manifests
+    (by name, then key). An optional Secret that does not exist leaves its variable unset, as
     Kubernetes does; a missing required one is an error."""
     maps = config_maps(objects)
     secrets = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Secret"}
@@ -140,7 +142,10 @@ def container_env(container: dict, objects: list[dict], fields: dict[str, str]) 
             ref = source["secretKeyRef"]
             if ref["name"] in secrets:
                 raise RenderError(f"{var['name']}: Secrets in the manifests are not expected")
-            if not ref.get("optional", False):
+            given = (operator_secrets or {}).get(ref["name"], {})
+            if ref["key"] in given:
+                env[var["name"]] = given[ref["key"]]
+            elif not ref.get("optional", False):
                 raise RenderError(f"{var['name']}: Secret {ref['name']!r} is required but not in the manifests")
         else:
             raise RenderError(f"{var['name']}: unsupported valueFrom {sorted(source)}")

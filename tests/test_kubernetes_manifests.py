@@ -33,11 +33,14 @@ KEDA = KUBE_DIR / "keda" / "emulated"    # the default with a KEDA ScaledObject 
 KEDA_GPU = KUBE_DIR / "keda" / "gpu"
 ADAPTER = KUBE_DIR / "prometheus-adapter"
 SERVICE_MONITOR = KUBE_DIR / "servicemonitor"
-ELASTIC = [pytest.param(d, id=str(d.relative_to(KUBE_DIR))) for d in (DEFAULT, GPU, KEDA, KEDA_GPU)]
+ELASTIC = [pytest.param(d, id=str(d.relative_to(KUBE_DIR))) for d in (DEFAULT, GPU, KEDA, KEDA_GPU, KUBE_DIR / "ha")]
 DESIRED_DEVICES = "nexus_desired_devices"
 COMPONENT_CONFIGS = {"scheduler": SchedulerConfig, "frontend": FrontendConfig, "backend": BackendConfig}
 SAMPLE_FIELDS = {"status.podIP": "10.244.1.7", "metadata.name": "pod-0", "metadata.namespace": "nexus"}
 PRESTOP_S = 5
+# What the operator creates beside the manifests (deploy/kubernetes/scheduler/postgresql/scheduler.yaml)
+OPERATOR_SECRETS = {"nexus-database": {"url": "postgresql://nexus@db.example:5432/nexus", "password": "pw"}}
+HA = KUBE_DIR / "ha"                     # kubectl apply -k deploy/kubernetes/ha: two schedulers on PostgreSQL
 
 
 def _documents():
@@ -97,7 +100,7 @@ def test_the_renderer_refuses_what_it_does_not_implement(tmp_path):
         render(tmp_path)
 
 
-@pytest.mark.parametrize("directory", [DEFAULT, GPU], ids=["default", "gpu"])
+@pytest.mark.parametrize("directory", [DEFAULT, GPU, HA], ids=["default", "gpu", "ha"])
 def test_every_container_has_grpc_probes_resources_and_a_non_root_context(directory):
     objects = render(directory)
     assert len(containers(objects)) >= 3
@@ -161,6 +164,11 @@ def test_gpu_backends_take_one_gpu_each_and_the_default_needs_none():
     assert expand(device, container_env(c, render(DEFAULT), SAMPLE_FIELDS)).startswith("emulated:")
 
 
+def pod_spec_labels(workload: dict) -> dict:
+    return {k: v for k, v in workload["spec"]["template"]["metadata"]["labels"].items()
+            if k in workload["spec"]["selector"]["matchLabels"]}
+
+
 def test_the_scheduler_is_one_statefulset_replica_with_its_database_on_a_claim():
     objects = render(DEFAULT)
     (scheduler,) = [w for w in workloads(objects) if "scheduler" in w["metadata"]["name"]]
@@ -177,7 +185,31 @@ def test_the_scheduler_is_one_statefulset_replica_with_its_database_on_a_claim()
     assert address == f"nexus-scheduler:{service['spec']['ports'][0]['port']}"
 
 
-@pytest.mark.parametrize("directory", [DEFAULT, GPU], ids=["default", "gpu"])
+def test_the_ha_scheduler_is_a_leader_and_a_standby_on_postgresql():
+    objects = render(HA)
+    (scheduler,) = [w for w in workloads(objects) if "scheduler" in w["metadata"]["name"]]
+    assert scheduler["kind"] == "Deployment" and scheduler["spec"]["replicas"] == 2
+    # only the leader is ready: a rollout keeps it and replaces one pod at a time
+    assert scheduler["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 1}
+    (c,) = pod_spec(scheduler)["containers"]
+    assert c["readinessProbe"]["grpc"] == {"port": 8100, "service": ""}
+    config = _config(c, objects)
+    assert config.database == OPERATOR_SECRETS["nexus-database"]["url"]
+    assert config.advertise == f"{SAMPLE_FIELDS['status.podIP']}:8100"
+    env = container_env(c, objects, SAMPLE_FIELDS, OPERATOR_SECRETS)
+    assert env["PGPASSWORD"] == "pw" and "pw" not in " ".join(c["args"])      # never on the command line
+    assert "volumeClaimTemplates" not in scheduler["spec"]                     # the database holds the state
+    anti = pod_spec(scheduler)["affinity"]["podAntiAffinity"]
+    assert anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]["topologyKey"] == \
+        "kubernetes.io/hostname"
+    # nodes dial the Service, which sends them to the ready pod: the leader
+    service = find(objects, "Service", "nexus-scheduler")
+    assert service["spec"]["selector"] == pod_spec_labels(scheduler) and "publishNotReadyAddresses" not in service["spec"]
+    with pytest.raises(RenderError, match="Secret 'nexus-database' is required"):
+        container_env(c, objects, SAMPLE_FIELDS)                                # without the operator's Secret
+
+
+@pytest.mark.parametrize("directory", [DEFAULT, GPU, HA], ids=["default", "gpu", "ha"])
 def test_services_select_pods_and_name_their_ports(directory):
     objects = render(directory)
     services = [o for o in objects if o["kind"] == "Service"]
@@ -196,14 +228,14 @@ def test_services_select_pods_and_name_their_ports(directory):
 def _config(container: dict, objects: list[dict]):
     """The component's configuration from the container's args, expanded as the kubelet would and
     parsed and validated as `nexus scheduler|frontend|backend` does."""
-    env = container_env(container, objects, SAMPLE_FIELDS)
+    env = container_env(container, objects, SAMPLE_FIELDS, OPERATOR_SECRETS)
     component, *flags = [expand(a, env) for a in container["args"]]
     parser = argparse.ArgumentParser(exit_on_error=False)
     add_arguments(parser, COMPONENT_CONFIGS[component])
     return from_args(COMPONENT_CONFIGS[component], parser.parse_args(flags))
 
 
-@pytest.mark.parametrize("directory", [DEFAULT, GPU], ids=["default", "gpu"])
+@pytest.mark.parametrize("directory", [DEFAULT, GPU, HA], ids=["default", "gpu", "ha"])
 def test_container_args_are_valid_component_flags(directory):
     """Every $(VAR) comes from the container's env, and the expanded args parse and validate as the
     component's config (the same parser as `nexus scheduler|frontend|backend`)."""
@@ -211,7 +243,7 @@ def test_container_args_are_valid_component_flags(directory):
     for workload, c in containers(objects):
         where = f"{workload['metadata']['name']}/{c['name']}"
         assert c["command"] == ["nexus"], where
-        env = container_env(c, objects, SAMPLE_FIELDS)
+        env = container_env(c, objects, SAMPLE_FIELDS, OPERATOR_SECRETS)
         for arg in c["args"]:
             assert references(arg) <= set(env), (where, arg)
         component = c["args"][0]

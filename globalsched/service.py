@@ -34,6 +34,7 @@ from common.pb import control, control_grpc
 from common.security import Credentials
 from globalsched.control_loop import ControlLoop
 from globalsched.device_scaler import DeviceScaler, ScalerCollector
+from globalsched.database.cluster_token import TokenMismatch, check_token
 from globalsched.database.lease import LeaderLease, plan_epoch_base
 from globalsched.database.plan_store import PlanStore
 from globalsched.distribution import Distribution
@@ -287,6 +288,11 @@ async def serve(config: SchedulerConfig, ready=None) -> None:
     if not shared:
         leadership.leader_address = config.advertise or address
     if shared:
+        try:
+            await asyncio.to_thread(check_token, db.sql, creds.token)
+        except TokenMismatch as exc:
+            db.close()
+            raise SystemExit(f"nexus scheduler: error: {exc}") from None
         try:
             leadership.lease = await asyncio.to_thread(
                 LeaderLease, config.database, Leadership.identity(), config.advertise or address, config.leader_lease_s)

@@ -61,6 +61,29 @@ def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _forget_token(args: argparse.Namespace) -> int:
+    try:
+        check_postgres_url(args.database)
+    except DatabaseUrlError as exc:
+        print(f"nexus db forget-token: error: {exc}", file=sys.stderr)
+        return 2
+    from globalsched.database.cluster_token import forget_token
+    from globalsched.database.connection import PostgresConnection
+
+    try:
+        db = PostgresConnection(args.database, application_name="nexus-db")
+    except ConnectionError as exc:
+        print(f"nexus db forget-token: error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        forgot = forget_token(db)
+    finally:
+        db.close()
+    print("forgot the cluster token's fingerprint: the next scheduler to start records its own" if forgot
+          else "no cluster token was recorded")
+    return 0
+
+
 def register(sub) -> None:
     p = sub.add_parser("db", help="manage the model database", description="manage the model database")
     dbsub = p.add_subparsers(dest="db_command", metavar="COMMAND", required=True)
@@ -73,3 +96,10 @@ def register(sub) -> None:
     m.add_argument("--to", dest="dest", required=True,
                    help="postgresql://USER@HOST:PORT/DATABASE (password from PGPASSWORD or a PGPASSFILE)")
     m.set_defaults(func=_migrate)
+    f = dbsub.add_parser("forget-token", help="forget the cluster token's fingerprint (to rotate the token)",
+                         description="Forget the fingerprint of the cluster token that the schedulers sharing this "
+                                     "database recorded, so that schedulers with a new token may start. Stop every "
+                                     "scheduler first.")
+    f.add_argument("--database", required=True,
+                   help="postgresql://USER@HOST:PORT/DATABASE (password from PGPASSWORD or a PGPASSFILE)")
+    f.set_defaults(func=_forget_token)

@@ -121,8 +121,10 @@ def test_an_adopted_plan_starts_its_cooldowns_again(pg_url):
 
 @pytest.mark.slow
 def test_one_leads_the_standby_names_it_and_takes_over_when_it_is_killed(pg_url, tmp_path):
-    first = _scheduler(tmp_path, "one", pg_url)
-    second = _scheduler(tmp_path, "two", pg_url)
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:          # started at once
+        first, second = pool.map(lambda name: _scheduler(tmp_path, name, pg_url), ("one", "two"))
     try:
         assert {_role(first), _role(second)} == {"leader", "standby"}
         leader, standby = (first, second) if _role(first) == "leader" else (second, first)
@@ -239,3 +241,27 @@ def test_losing_the_leader_under_load_fails_nothing_moves_nothing_and_the_next_u
         if standby is not None:
             standby.stop()
         cluster.stop()
+
+
+def test_every_scheduler_of_a_cluster_must_hold_its_token_and_a_rotation_forgets_it(pg_url, tmp_path):
+    a, b = tmp_path / "a.token", tmp_path / "b.token"
+    a.write_text("a" * 64 + "\n")
+    b.write_text("b" * 64 + "\n")
+    first = NexusProcess(tmp_path / "first.log", "scheduler", "--listen", "127.0.0.1:0", "--database", pg_url,
+                         "--data-dir", str(tmp_path / "first"), "--metrics-listen", "", "--token-file", str(a))
+    try:
+        for extra, has in ((["--token-file", str(b)], "a token with fingerprint"), ([], "has no token")):
+            proc = nexus_cli("scheduler", "--listen", "127.0.0.1:0", "--database", pg_url, "--metrics-listen", "",
+                             "--data-dir", str(tmp_path / "other"), *extra, timeout_s=60)
+            assert proc.returncode != 0 and "NEXUS-READY" not in proc.stdout
+            assert has in proc.stderr and "give every scheduler the same --token-file" in proc.stderr, proc.stderr
+            assert "a" * 64 not in proc.stderr and "b" * 64 not in proc.stderr
+    finally:
+        first.stop()
+    forgot = nexus_cli("db", "forget-token", "--database", pg_url)
+    assert forgot.returncode == 0 and "forgot the cluster token's fingerprint" in forgot.stdout
+    rotated = NexusProcess(tmp_path / "rotated.log", "scheduler", "--listen", "127.0.0.1:0", "--database", pg_url,
+                           "--data-dir", str(tmp_path / "rotated"), "--metrics-listen", "", "--token-file", str(b))
+    rotated.stop()
+    bad = nexus_cli("db", "forget-token", "--database", "postgresql://u:pw@h/d")
+    assert bad.returncode == 2 and "carries a password" in bad.stderr

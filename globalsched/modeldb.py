@@ -57,7 +57,7 @@ from common.warmup import WarmupError, WarmupSample, check_samples
 from common.warmup import from_json as warmup_from_json, to_json as warmup_to_json
 from common.versions import DEFAULT_POLICY, VersionPolicy, split_key, version_key
 from globalsched.database.blobs import FileBlobStore, PostgresBlobStore
-from globalsched.database.connection import Dialect, PostgresConnection, SqliteConnection, upsert
+from globalsched.database.connection import SCHEMA_LOCK_KEY, Dialect, PostgresConnection, SqliteConnection, upsert
 
 log = logging.getLogger("nexus.scheduler")
 
@@ -65,7 +65,6 @@ RUNTIMES = ("onnxruntime", "torch", "emulated")
 MAX_MIN_REPLICAS = 64
 
 SCHEMA_VERSION = 2
-SCHEMA_LOCK_KEY = 0x6E65787573        # the advisory lock schedulers take while creating the PostgreSQL schema
 MAX_VERSION = 2**63 - 1        # Triton's versions are int64
 
 _SCHEMA = """

@@ -16,7 +16,7 @@ class QueryStore:
     def __init__(self, db: SqliteConnection | PostgresConnection, owned: bool) -> None:
         self._db = db
         self._owned = owned
-        self._db.execute("CREATE TABLE IF NOT EXISTS queries (name TEXT PRIMARY KEY, json TEXT NOT NULL)")
+        self._db.create_tables("CREATE TABLE IF NOT EXISTS queries (name TEXT PRIMARY KEY, json TEXT NOT NULL)")
 
     @classmethod
     def beside(cls, models: SqliteConnection | PostgresConnection, data_dir: pathlib.Path) -> "QueryStore":

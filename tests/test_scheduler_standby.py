@@ -20,9 +20,13 @@ from globalsched.database.lease import PLAN_EPOCHS_PER_LEASE, LeaderLease, plan_
 from tests.conftest import NexusProcess, nexus_cli
 
 
+def _argv(tmp_path, name: str, url: str, lease_s: float = 1.5) -> list[str]:
+    return ["scheduler", "--listen", "127.0.0.1:0", "--database", url, "--data-dir", str(tmp_path / name),
+            "--metrics-listen", "", "--leader-lease-s", str(lease_s)]
+
+
 def _scheduler(tmp_path, name: str, url: str, lease_s: float = 1.5) -> NexusProcess:
-    return NexusProcess(tmp_path / f"{name}.log", "scheduler", "--listen", "127.0.0.1:0", "--database", url,
-                        "--data-dir", str(tmp_path / name), "--metrics-listen", "", "--leader-lease-s", str(lease_s))
+    return NexusProcess(tmp_path / f"{name}.log", *_argv(tmp_path, name, url, lease_s))
 
 
 def _role(p: NexusProcess) -> str:
@@ -121,11 +125,13 @@ def test_an_adopted_plan_starts_its_cooldowns_again(pg_url):
 
 @pytest.mark.slow
 def test_one_leads_the_standby_names_it_and_takes_over_when_it_is_killed(pg_url, tmp_path):
-    import concurrent.futures
+    from nexus.bench.cluster import Node
 
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:          # started at once
-        first, second = pool.map(lambda name: _scheduler(tmp_path, name, pg_url), ("one", "two"))
+    first, second = [Node(name, _argv(tmp_path, name, pg_url), env={"NEXUS_LOG": "INFO"},     # started at once
+                          log_path=tmp_path / f"{name}.log") for name in ("one", "two")]
     try:
+        first.wait_ready(60)
+        second.wait_ready(60)
         assert {_role(first), _role(second)} == {"leader", "standby"}
         leader, standby = (first, second) if _role(first) == "leader" else (second, first)
         _wait_leads(leader.address)

@@ -97,7 +97,7 @@ class PostgresBlobStore:
     def __init__(self, url: str, cache_dir: pathlib.Path, read_only: bool = False) -> None:
         self.db = PostgresConnection(url, application_name="nexus-scheduler-blobs")
         if not read_only:
-            self.db.executescript(BLOB_SCHEMA)
+            self.db.create_tables(BLOB_SCHEMA)
         self.cache = FileBlobStore(cache_dir)
         self.tmp_dir = pathlib.Path(cache_dir) / "tmp"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import time
 
-from globalsched.database.connection import PostgresConnection
+from globalsched.database.connection import SCHEMA_LOCK_KEY, PostgresConnection
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS cluster_token (
@@ -36,8 +36,9 @@ def fingerprint(token: str | None) -> str:
 def check_token(db: PostgresConnection, token: str | None) -> str:
     """Record or compare this scheduler's token; its fingerprint, or :class:`TokenMismatch`."""
     mine = fingerprint(token)
+    db.create_tables(_SCHEMA)
     with db.transaction():
-        db.execute(_SCHEMA)
+        db.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK_KEY,))
         row = db.execute("SELECT sha256 FROM cluster_token WHERE id = 1").fetchone()
         if row is None:
             db.execute("INSERT INTO cluster_token VALUES (1, ?, ?)", (mine, int(time.time() * 1000)))
@@ -53,5 +54,5 @@ def check_token(db: PostgresConnection, token: str | None) -> str:
 
 
 def forget_token(db: PostgresConnection) -> bool:
-    db.execute(_SCHEMA)
+    db.create_tables(_SCHEMA)
     return db.execute("DELETE FROM cluster_token WHERE id = 1 RETURNING 1").fetchone() is not None

@@ -32,6 +32,9 @@ from common.database_url import check_postgres_url, redact
 log = logging.getLogger("nexus.scheduler")
 
 
+SCHEMA_LOCK_KEY = 0x6E65787573        # the advisory lock schedulers take while creating PostgreSQL tables
+
+
 class Dialect(enum.Enum):
     SQLITE = "sqlite"
     POSTGRESQL = "postgresql"
@@ -59,6 +62,10 @@ class SqliteConnection:
     def executescript(self, script: str) -> None:
         with self.lock:
             self._db.executescript(script)
+
+    def create_tables(self, script: str) -> None:
+        """Run ``CREATE TABLE IF NOT EXISTS`` statements (``;``-separated)."""
+        self.executescript(script)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
@@ -123,6 +130,14 @@ class PostgresConnection:
         for statement in script.split(";"):
             if statement.strip():
                 self.execute(statement)
+
+    def create_tables(self, script: str) -> None:
+        """Run ``CREATE TABLE IF NOT EXISTS`` statements (``;``-separated) in one transaction under
+        :data:`SCHEMA_LOCK_KEY`: PostgreSQL's IF NOT EXISTS is not safe against another session
+        creating the same table at once (schedulers started together)."""
+        with self.transaction():
+            self.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK_KEY,))
+            self.executescript(script)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:

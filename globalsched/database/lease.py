@@ -73,7 +73,7 @@ class LeaderLease:
     def __init__(self, url: str, identity: str, address: str, ttl_s: float,
                  clock=time.monotonic) -> None:
         self.db = PostgresConnection(url, application_name=f"nexus-scheduler-lease {address}", connect_timeout_s=5)
-        self.db.execute(_SCHEMA)
+        self.db.create_tables(_SCHEMA)
         self.identity = identity
         self.address = address
         self.ttl_s = ttl_s

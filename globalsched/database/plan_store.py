@@ -84,8 +84,7 @@ def release_tag() -> str:
 class PlanStore:
     def __init__(self, db: PostgresConnection) -> None:
         self.db = db
-        self.db.execute(_SCHEMA)
-        self.db.execute(_SCALING_SCHEMA)
+        self.db.create_tables(_SCHEMA + ";" + _SCALING_SCHEMA)
         self.release = release_tag()
 
     def save(self, state: PlannerState, lease_epoch: int) -> bool:

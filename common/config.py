@@ -276,6 +276,13 @@ def companion_listen(listen: str, value: str, default: str) -> str:
     return value
 
 
+class LeaderElection(str, enum.Enum):
+    """How the schedulers sharing one database choose their leader."""
+
+    DATABASE = "database"        # a lease row in the database (globalsched/database/lease.py)
+    KUBERNETES = "kubernetes"    # a Kubernetes Lease (globalsched/kube_lease.py)
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     listen: str = field(default="127.0.0.1:8100", metadata={"help": "address the scheduler serves on"})
@@ -289,6 +296,9 @@ class SchedulerConfig:
     advertise: str = field(default="", metadata={
         "help": "HOST:PORT the other schedulers send nodes and admin commands to while this one leads "
                 "(with --database; default: the address it listens on)"})
+    leader_election: LeaderElection = field(default=LeaderElection.DATABASE, metadata={
+        "help": "with --database, who leads: database (a lease row in it; anywhere) or kubernetes (a "
+                "coordination.k8s.io Lease in the pod's namespace, the database still fencing each term)"})
     leader_lease_s: float = field(default=1.5, metadata={
         "help": "with --database: the leader's lease; a standby takes over this long after the leader stops "
                 "renewing it (at once when the leader's process is gone or it stopped cleanly)"})
@@ -357,6 +367,9 @@ class SchedulerConfig:
             raise ConfigError(f"--advertise: with --database, the other schedulers send nodes to the leader's "
                               f"address, and {self.listen!r} is not one they can dial: give --advertise HOST:PORT")
         _check_positive("leader_lease_s", self.leader_lease_s)
+        if self.leader_election == LeaderElection.KUBERNETES and not self.database:
+            raise ConfigError("--leader-election kubernetes: needs --database (the schedulers share it, and it fences "
+                              "each leader's term)")
         self.device_bounds
         _check_positive("scale_down_cooldown_s", self.scale_down_cooldown_s)
         if self.device_headroom < 0:

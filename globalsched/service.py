@@ -27,7 +27,7 @@ import time
 import grpc
 
 from common import grpc_util
-from common.config import SchedulerConfig
+from common.config import LeaderElection, SchedulerConfig
 from common.health import Health
 from common.loop_lag import LoopLagMonitor
 from common.pb import control, control_grpc
@@ -38,6 +38,7 @@ from globalsched.database.cluster_token import TokenMismatch, check_token
 from globalsched.database.lease import LeaderLease, plan_epoch_base
 from globalsched.database.plan_store import PlanStore
 from globalsched.distribution import Distribution
+from globalsched.kube_lease import KubeApi, KubeApiError, KubernetesLease
 from globalsched.leadership import Leadership, LostLeadership, Role, StandbyGate
 from globalsched.membership import Membership
 from globalsched.model_admin import ModelAdmin
@@ -294,10 +295,11 @@ async def serve(config: SchedulerConfig, ready=None) -> None:
             db.close()
             raise SystemExit(f"nexus scheduler: error: {exc}") from None
         try:
-            leadership.lease = await asyncio.to_thread(
-                LeaderLease, config.database, Leadership.identity(), config.advertise or address, config.leader_lease_s)
+            leadership.lease = await asyncio.to_thread(_lease, config, config.advertise or address)
+            if config.leader_election == LeaderElection.KUBERNETES:
+                leadership.poll_s = max(0.5, config.leader_lease_s / 4)     # the API server is not a database
             service.plan_store = await asyncio.to_thread(PlanStore, db.sql)
-        except ConnectionError as exc:
+        except (ConnectionError, KubeApiError) as exc:
             db.close()
             raise SystemExit(f"nexus scheduler: error: {exc}") from None
     await server.start()
@@ -339,6 +341,14 @@ async def serve(config: SchedulerConfig, ready=None) -> None:
         db.close()
     if lost is not None:
         raise SystemExit(lost.code)
+
+
+def _lease(config: SchedulerConfig, address: str) -> LeaderLease | KubernetesLease:
+    """The lease this scheduler competes for (blocking): a row in the database, or a Kubernetes Lease."""
+    if config.leader_election == LeaderElection.KUBERNETES:
+        return KubernetesLease(config.database, Leadership.identity(), address, config.leader_lease_s,
+                               KubeApi.in_cluster())
+    return LeaderLease(config.database, Leadership.identity(), address, config.leader_lease_s)
 
 
 async def _start_metrics(config: SchedulerConfig, service: SchedulerService, server):

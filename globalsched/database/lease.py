@@ -27,7 +27,7 @@ from globalsched.database.connection import PostgresConnection
 
 PLAN_EPOCHS_PER_LEASE = 10**13      # plan epochs are wall-clock ms (~1.8e12 in 2026) above this base
 
-_SCHEMA = """
+LEASE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS scheduler_lease (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     holder TEXT NOT NULL,
@@ -73,7 +73,7 @@ class LeaderLease:
     def __init__(self, url: str, identity: str, address: str, ttl_s: float,
                  clock=time.monotonic) -> None:
         self.db = PostgresConnection(url, application_name=f"nexus-scheduler-lease {address}", connect_timeout_s=5)
-        self.db.create_tables(_SCHEMA)
+        self.db.create_tables(LEASE_SCHEMA)
         self.identity = identity
         self.address = address
         self.ttl_s = ttl_s

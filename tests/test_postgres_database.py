@@ -213,3 +213,27 @@ def test_a_cluster_serves_from_postgresql_and_a_new_scheduler_finds_its_models(p
         np.testing.assert_allclose(_infer(second.frontend), expected, rtol=1e-5)
     finally:
         second.stop()
+
+
+def test_tls_to_the_database_verifies_the_server_and_a_wrong_ca_is_refused(tmp_path, monkeypatch):
+    from nexus.bench.postgres import PostgresServer
+    from tests.certs import make_pki
+
+    pki, other = make_pki(tmp_path / "pki"), make_pki(tmp_path / "other", "someone-else")
+    try:
+        server = PostgresServer(str(pki.cert), str(pki.key))
+    except (RuntimeError, OSError) as exc:
+        pytest.skip(f"no PostgreSQL server: {exc}")
+    try:
+        monkeypatch.setenv("PGPASSFILE", str(server.passfile))
+        url = server.database()
+        db = ModelDatabase(tmp_path / "a", database_url=f"{url}?sslmode=verify-full&sslrootcert={pki.ca}")
+        try:
+            db.add_model("mlp", [V1])
+            assert db.sql.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone() == (True,)
+        finally:
+            db.close()
+        with pytest.raises(ConnectionError, match="cannot reach the database .*certificate verify failed"):
+            ModelDatabase(tmp_path / "b", database_url=f"{url}?sslmode=verify-full&sslrootcert={other.ca}")
+    finally:
+        server.stop()

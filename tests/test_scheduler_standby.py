@@ -4,6 +4,7 @@ paused leader that wakes up exits without pushing a table (the fence)."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import grpc
@@ -140,6 +141,8 @@ def test_one_leads_the_standby_names_it_and_takes_over_when_it_is_killed(pg_url,
         assert metadata.get("nexus-leader") == leader.address
         refused = nexus_cli("models", "list", "--scheduler", standby.address)
         assert refused.returncode != 0 and "standby; the leader is" in refused.stderr
+        status = nexus_cli("status", "--json", "--scheduler", f"{standby.address},{leader.address}")
+        assert status.returncode == 0 and json.loads(status.stdout)["leader"] == leader.address, status.stderr
         leader.kill()
         took_s = _wait_leads(standby.address)
         assert "leads, lease epoch 2" in standby.logs()

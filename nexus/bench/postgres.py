@@ -38,7 +38,8 @@ def _free_port() -> int:
 
 
 class PostgresServer:
-    def __init__(self) -> None:
+    def __init__(self, tls_cert: str | None = None, tls_key: str | None = None) -> None:
+        """``tls_cert``/``tls_key``: serve TLS (``ssl = on``) with this certificate as well."""
         bindir = postgres_bin()
         if bindir is None:
             raise RuntimeError("PostgreSQL is not installed (no initdb on PATH or under /usr/lib/postgresql)")
@@ -62,12 +63,20 @@ class PostgresServer:
                   "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8", "--no-sync")
         pwfile.unlink()
         self.data = data
+        options = f"-p {self.port} -k {data} -c listen_addresses=127.0.0.1 -c fsync=off"
+        if tls_cert and tls_key:
+            for src, name in ((tls_cert, "server.crt"), (tls_key, "server.key")):
+                shutil.copyfile(src, data / name)
+                os.chmod(data / name, 0o600)
+                if os.geteuid() == 0:
+                    os.chown(data / name, nobody.pw_uid, nobody.pw_gid)
+            options += " -c ssl=on"
         self.log = self.root / "log"
         if os.geteuid() == 0:
             self.log.touch()
             os.chown(self.log, nobody.pw_uid, nobody.pw_gid)
-        self._run(str(bindir / "pg_ctl"), "-D", str(data), "-l", str(self.log), "-w", "-t", "60", "-o",
-                  f"-p {self.port} -k {data} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+        self._run(str(bindir / "pg_ctl"), "-D", str(data), "-l", str(self.log), "-w", "-t", "60", "-o", options,
+                  "start")
         self.passfile = self.root / "pgpass"
         self.passfile.write_text(f"127.0.0.1:{self.port}:*:{USER}:{self.password}\n")
         self.passfile.chmod(0o600)

@@ -113,7 +113,7 @@ def replan_table(n: int, seeds: int) -> list[str]:
         "one session x3": lambda rng, i: 3.0 if i == 0 else 1.0,
         "every session x0.5": lambda rng, i: 0.5,
     }
-    from globalsched.algorithms.replan import _match_ids, _placements
+    from globalsched.algorithms.replan import _placements, match_ids
 
     lines = [f"| change ({n} sessions, {seeds} workloads) | moved sessions (mean / max) | moved by a fresh squishy "
              "plan (ids matched) | GPUs re-plan / fresh squishy | re-plan wall ms (mean) |", "|---|---|---|---|---|"]
@@ -130,7 +130,7 @@ def replan_table(n: int, seeds: int) -> list[str]:
             ours += new.num_gpus
             fresh_gpus = solve(changed, V100).gpus
             fresh += len(fresh_gpus)
-            before, after = _placements(plan.gpus), _placements(_match_ids(fresh_gpus, plan))
+            before, after = _placements(plan.gpus), _placements(match_ids(fresh_gpus, plan))
             fresh_moved.append(sum(1 for k in before if after.get(k, set()) - before[k]))
             times.append(new.solve_ms)
         lines.append(f"| {label} | {statistics.mean(moved):.1f} / {max(moved)} | {statistics.mean(fresh_moved):.1f} | "

@@ -55,9 +55,9 @@ _margin_ms = float(os.environ.get("NEXUS_BENCH_BUDGET_MARGIN_MS") or 0)
 if _margin_ms:
     import frontend.backend_pool as _bp
     _execute = _bp.BackendConnection.execute
-    async def _execute_with_margin(self, item):
+    async def _execute_with_margin(self, item, *args, **kwargs):
         item.budget_us = max(1, item.budget_us - int(_margin_ms * 1000))
-        return await _execute(self, item)
+        return await _execute(self, item, *args, **kwargs)
     _bp.BackendConnection.execute = _execute_with_margin
 from nexus.cli import main
 out = os.environ.get("NEXUS_BENCH_CPROFILE_OUT")

@@ -34,6 +34,11 @@ This system's own:
 - ``nexus_request_latency_seconds{model,version}`` histogram of end-to-end latency of successful
   requests, buckets around typical SLOs; ``nexus_request_latency_slo_ratio`` histogram of latency / SLO
   (the bucket ``le="1.0"`` counts requests within their SLO, whatever the model's SLO).
+- ``nexus_request_queue_seconds{model,version}`` and ``nexus_request_compute_seconds{model,version}``:
+  histograms, with the latency's buckets (1 ms to 10 s), of the time each successful request waited in
+  a backend's queue and of its batch's run. Histograms, unlike Triton's summaries, add up across
+  frontends: ``histogram_quantile(0.99, sum by (le, model) (rate(nexus_request_latency_seconds_bucket[1m])))``
+  is the p99 over every frontend.
 - ``nexus_requests_late_total{model,version}``: successful requests answered after their SLO (their own
   ``timeout`` parameter, or the model's SLO, capped by the gRPC deadline).
 - ``nexus_requests_in_flight``: requests this frontend is serving now, over every transport (those
@@ -115,6 +120,8 @@ class _ModelCounts:
     latency_sum_s: float = 0.0
     slo_ratio_buckets: list[int] = field(default_factory=lambda: [0] * (len(SLO_RATIO_BUCKETS) + 1))
     slo_ratio_sum: float = 0.0
+    queue_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+    compute_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
     late: int = 0
     dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys((c.name for c in DROP_STATUSES), 0))
 
@@ -153,6 +160,11 @@ class _RequestCollector(Collector):
         models = sorted(self.counts.items())
         yield _histogram("nexus_request_latency_seconds", "End-to-end latency of successful requests",
                          LATENCY_BUCKETS_S, ((m, c.latency_buckets, c.latency_sum_s) for m, c in models))
+        yield _histogram("nexus_request_queue_seconds",
+                         "Time successful requests waited in a backend's queue before their batch ran",
+                         LATENCY_BUCKETS_S, ((m, c.queue_buckets, c.queue_ns / 1e9) for m, c in models))
+        yield _histogram("nexus_request_compute_seconds", "Time the batch of each successful request took to run",
+                         LATENCY_BUCKETS_S, ((m, c.compute_buckets, c.compute_ns / 1e9) for m, c in models))
         yield _histogram("nexus_request_latency_slo_ratio",
                          "Latency of successful requests divided by their SLO (le=1.0: within SLO)",
                          SLO_RATIO_BUCKETS, ((m, c.slo_ratio_buckets, c.slo_ratio_sum) for m, c in models))
@@ -290,6 +302,8 @@ class FrontendMetrics:
             c.executions += bool(result.first_in_batch)
             c.queue_ns += result.queue_ns
             c.compute_ns += result.compute_ns
+            c.queue_buckets[bisect.bisect_left(LATENCY_BUCKETS_S, result.queue_ns / 1e9)] += 1
+            c.compute_buckets[bisect.bisect_left(LATENCY_BUCKETS_S, result.compute_ns / 1e9)] += 1
         c.latency_buckets[bisect.bisect_left(LATENCY_BUCKETS_S, latency_s)] += 1
         c.latency_sum_s += latency_s
         if slo_s > 0:

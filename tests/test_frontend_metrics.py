@@ -277,3 +277,61 @@ def test_metrics_can_be_turned_off():
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
+
+
+def _quantile(q: float, bounds: list[float], cumulative: list[float]) -> float:
+    """Prometheus's histogram_quantile: linear within the bucket that holds rank q * total."""
+    total = cumulative[-1]
+    rank = q * total
+    for i, count in enumerate(cumulative):
+        if count >= rank:
+            lower = bounds[i - 1] if i else 0.0
+            below = cumulative[i - 1] if i else 0.0
+            if bounds[i] == float("inf"):
+                return lower
+            return lower + (bounds[i] - lower) * (rank - below) / max(count - below, 1e-12)
+    return bounds[-2]
+
+
+@pytest.mark.slow
+def test_two_frontends_histograms_add_up_to_the_clients_own_p99_within_a_bucket(tmp_path):
+    """Histograms, unlike summaries, aggregate: the buckets of two frontends summed count every
+    successful request once, and their p99 falls within one bucket of the p99 the client measured."""
+    from frontend.metrics import LATENCY_BUCKETS_S
+    from nexus.bench.cluster import Cluster, Upload
+    from nexus.bench.loadgen import BackgroundLoad
+
+    model, profile = tmp_path / "mlp.onnx", tmp_path / "profile.json"
+    model.write_bytes(model_bytes(mlp_small()))
+    profile.write_text(Profile.linear(2.0, 20.0, 16, device_type="gtx1080ti").to_json())    # 22-52 ms
+    cluster = Cluster(tmp_path / "cluster", backends=1, frontends=2, device="emulated:gtx1080ti",
+                      scheduler={"spare_replicas": False})
+    cluster.start([Upload(model, MODEL, str(profile), slo_ms=SLO_MS)])
+    try:
+        frontends = [f.address for f in cluster.frontends]
+        load = BackgroundLoad(frontends, MODEL, 40.0, slo_ms=SLO_MS, cv=1.0).start()
+        time.sleep(8.0)
+        samples = load.stop().samples
+        ok = np.asarray(samples.statuses()) == "OK"
+        client_s = samples.latency_ms[ok] / 1000
+        per_frontend = [scrape(f.info["metrics"])[0] for f in cluster.frontends]
+    finally:
+        cluster.stop()
+    edges = [*LATENCY_BUCKETS_S, float("inf")]
+    labels_ = frozenset({("model", MODEL), ("version", "1")})
+
+    def bucket(samples_: dict, le: float) -> float:
+        key = ("nexus_request_latency_seconds_bucket", labels_ | {("le", "+Inf" if le == float("inf") else str(le))})
+        return samples_.get(key, 0.0)
+
+    assert all(bucket(s, float("inf")) > 0 for s in per_frontend)          # both frontends served
+    summed = [sum(bucket(s, le) for s in per_frontend) for le in edges]
+    assert summed[-1] == ok.sum() > 200                                     # each success counted once
+    server_p99 = _quantile(0.99, edges, summed)
+    client_p99 = float(np.quantile(client_s, 0.99))
+    i, j = (int(np.searchsorted(LATENCY_BUCKETS_S, x)) for x in (server_p99, client_p99))
+    print(f"p99: summed histograms {server_p99 * 1000:.1f} ms, client {client_p99 * 1000:.1f} ms")
+    assert abs(i - j) <= 1, (server_p99, client_p99)
+    # queue and compute time histograms are there too, per model and version
+    for name in ("nexus_request_queue_seconds_count", "nexus_request_compute_seconds_count"):
+        assert sum(s.get((name, labels_), 0.0) for s in per_frontend) == ok.sum()

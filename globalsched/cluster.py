@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from common.profile import Profile
 from globalsched.algorithms.replan import ReplanReason
+from globalsched.catalog import Catalog
 from globalsched.placement import BackendSlot, Placement
 
 if TYPE_CHECKING:
@@ -136,6 +137,9 @@ class ClusterPlan:
     lower_bounds: Mapping[str, int] = field(default_factory=dict)     # device type -> its lower bound
     reasons: Mapping[str, ReplanReason] = field(default_factory=dict)  # device type -> why it was re-planned
     why: tuple[str, ...] = ()                                          # what forced this plan, if anything
+    # The models' descriptions and profiles the tables carry, read when the plan was made (the control
+    # loop attaches it: the planner never reads it); None on the planner's own value.
+    catalog: Catalog | None = field(default=None, compare=False)
 
     def backends_of(self, session: str) -> list[tuple[str, float]]:
         """(node id, throughput share) of every backend serving ``session``."""

@@ -19,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Awaitable, Callable, Protocol, Sequence
 
 from globalsched.algorithms.replan import ReplanReason
 from globalsched.cluster import ClusterPlan, ClusterView
+from globalsched.catalog import Catalog
 from globalsched.planner import PlannerSettings, PlannerState, plan_cluster
 from globalsched.replan_trigger import ReplanTrigger
 
@@ -43,11 +45,16 @@ ReadView = Callable[[float, "ReplanReason | None", "tuple[str, ...]"], ClusterVi
 class ControlLoop:
     def __init__(self, settings: PlannerSettings, trigger: ReplanTrigger, read_view: ReadView,
                  actuators: Sequence[Actuator], clock: Callable[[], float] = time.monotonic,
-                 persist: Callable[[PlannerState], Awaitable[None]] | None = None) -> None:
+                 persist: Callable[[PlannerState], Awaitable[None]] | None = None,
+                 catalog: Callable[[ClusterPlan], Catalog] | None = None) -> None:
         """``persist(state)``: keep each new plan's state before it is applied (a shared database, for
-        the standby that may take over: globalsched/database/plan_store.py)."""
+        the standby that may take over: globalsched/database/plan_store.py). ``catalog(plan)``: what the
+        plan's tables say about its models, read when the plan is made and attached to it, so that the
+        actuators act on a complete value (globalsched/catalog.py)."""
         self.settings = settings
         self.persist = persist
+        self.catalog = catalog
+        self.planned: ClusterPlan | None = None   # the planner's own value of the plan in force
         self.trigger = trigger
         self.read_view = read_view
         self.actuators = list(actuators)
@@ -61,7 +68,7 @@ class ControlLoop:
         """Continue from a plan in force another process made (a standby that took over): the planner
         repairs it as its own, so that nothing placed moves."""
         self.state = state
-        self.plan = state.plan
+        self.plan = self.planned = state.plan
         self.last_plan_time = self.clock()
 
     def begin_epochs(self, base: int) -> None:
@@ -95,8 +102,11 @@ class ControlLoop:
         # Off the event loop: a plan of a thousand devices takes a second or more of CPU, and the loop
         # answers heartbeats and reports meanwhile (a stalled loop looked like a dead cluster).
         plan, self.state = await asyncio.to_thread(plan_cluster, view, self.state, self.settings)
-        if plan is self.plan:
-            return plan
+        if plan is self.planned:
+            return self.plan
+        planned = plan
+        if self.catalog is not None:
+            plan = replace(plan, catalog=self.catalog(plan))
         self.epoch += 1
         self.trigger.epoch = self.epoch
         self.last_plan_time = now
@@ -105,7 +115,7 @@ class ControlLoop:
             await self.persist(self.state)
         for actuator in self.actuators:
             await actuator.apply(plan, self.epoch)
-        self.plan = plan
+        self.plan, self.planned = plan, planned
         return plan
 
     def _log(self, plan: ClusterPlan) -> None:

@@ -4,10 +4,16 @@ to frontends.
 Backends get their tables first, keeping the sessions the plan moves away from them until the
 frontends hold the new routing table (make before break: globalsched/handover.py), and a frontend's
 routing table leaves out every model that a backend reported it could not load, so a frontend never
-routes to a backend that has not loaded the model, nor to one that dropped it. A failed push is logged and the next plan pushes again; a model that failed to load is
-reported to model administration (bounded retries, then UNAVAILABLE with the reason). Which version
-keys a pushed routing table routes goes to the version rollout (globalsched/versions.py), which
-retires the versions that routed successors replace.
+routes to a backend that has not loaded the model, nor to one that dropped it. A failed push is
+logged and the next plan pushes again.
+
+It only sends: everything a table says comes from the plan, whose catalog (globalsched/catalog.py)
+holds the models' descriptions and profiles as they were when the plan was made, and from the
+membership (addresses) and the measured rates. What it learns goes back as events
+(:class:`~globalsched.catalog.DistributionEvents`): a model that failed to load (model administration
+retries it a bounded number of times, then routes it UNAVAILABLE with the reason), and which version
+keys a routing table routed (the version rollout, globalsched/versions.py, retires the versions that
+routed successors replace).
 """
 
 from __future__ import annotations
@@ -22,10 +28,10 @@ import grpc
 from common.pb import control
 from common.versions import version_key
 from globalsched import convert
+from globalsched.catalog import Catalog, DistributionEvents
 from globalsched.cluster import ClusterPlan
 from globalsched.handover import backend_tables, handover
 from globalsched.membership import Node
-from globalsched.model_admin import ModelAdmin
 from globalsched.placement import PlacedSession
 from globalsched.workload import Workload
 
@@ -67,13 +73,13 @@ async def _answers(calls: list[tuple[Node, object]]) -> list[tuple[Node, object,
 
 
 class Distribution:
-    def __init__(self, nodes: Mapping[str, Node], admin: ModelAdmin, workload: Workload,
+    def __init__(self, nodes: Mapping[str, Node], events: DistributionEvents, workload: Workload,
                  may_act: Callable[[], bool] = lambda: True) -> None:
         """``may_act()``: False when this scheduler no longer leads (globalsched/leadership.py): nothing
         is pushed then, not even a release that was waiting."""
         self.may_act = may_act
         self.nodes = nodes
-        self.admin = admin
+        self.events = events
         self.workload = workload
         self.in_force: ClusterPlan | None = None    # the plan last pushed: what the nodes hold
         self.releases: set[asyncio.Task] = set()    # release steps waiting out their delay
@@ -111,6 +117,7 @@ class Distribution:
             log.warning("epoch %d: model tables not pushed: this scheduler no longer leads", epoch)
             return failed
         calls = []
+        catalog = plan.catalog or Catalog()
         duty_cycles = {b.node_id: b for placement in plan.placements.values() for b in placement.backends}
         for node_id, sessions in (backend_tables(plan) if tables is None else tables).items():
             node = self.nodes.get(node_id)
@@ -119,11 +126,14 @@ class Distribution:
             entries = []
             for s in sessions:
                 model = plan.model_of(s.model)
+                desc = catalog.descs.get(model)
+                if desc is None:            # removed from the database since the plan was made
+                    continue
                 planned = plan.sessions.get(s.model)
-                emulated = self.admin.emulated_profile(model, node.device_type) \
-                    if node.device.startswith("emulated:") else None
-                entries.append(convert.session_entry(self.admin.desc(model), s, planned.slo_ms if planned else 0.0,
-                                                     self.admin.profiles(model).get(node.device_type), emulated))
+                key = (model, node.device_type)
+                emulated = catalog.emulated.get(key) if node.device.startswith("emulated:") else None
+                entries.append(convert.session_entry(desc, s, planned.slo_ms if planned else 0.0,
+                                                     catalog.profiles.get(key), emulated))
             table = convert.model_table(epoch, duty_cycles[node_id], entries)
             calls.append((node, node.stub.UpdateModelTable(table, timeout=MODEL_TABLE_TIMEOUT_S)))
         for node, reply, error in await _answers(calls):
@@ -133,7 +143,7 @@ class Distribution:
             for f in reply.failed:
                 name, _, reason = f.partition(": ")
                 failed[name] = f"failed to load on {node.node_id}: {reason}"
-                self.admin.failed_to_load(plan.model_of(name), name, node, reason)
+                self.events.load_failed(plan.model_of(name), name, node.node_id, node.device_type, reason)
         return failed
 
     async def push_routing_tables(self, plan: ClusterPlan, epoch: int, failed: dict[str, str]) -> None:
@@ -150,52 +160,47 @@ class Distribution:
                 log.warning("routing table push to %s failed: %s", node.node_id, error)
         routed = [key for r in table.routes      # versions' own routes, not query stages'
                   if r.backends and (key := version_key(r.model.name, r.model.version)) == (r.session or r.model.name)]
-        self.admin.rollout.routed(routed, self.admin.selected_versions, time.monotonic())
+        self.events.routed(routed)
 
     def routing_table(self, plan: ClusterPlan, epoch: int, failed: dict[str, str] | None = None
                       ) -> control.RoutingTable:
+        """What frontends hold for ``plan`` (its catalog says what the models are): routes to backends,
+        or why a model has none; ``failed``: models that failed to load in this push."""
         failed = failed or {}
-        db = self.admin.db
+        catalog = plan.catalog or Catalog()
         routes = []
         served = set()
-        profiling = self.admin.profiling_models()
         measured = self.workload.current_rates(time.monotonic())
         placed = plan.routes()
         for session, planned in plan.sessions.items():
             model = planned.model
+            desc = catalog.descs.get(model)
+            if desc is None:
+                continue
             served.add(model)
             backends = []
             for node_id, share, batch, duty_cycle_ms in placed.get(session, ()):
                 node = self.nodes.get(node_id)
                 if node is not None and model not in failed:
                     backends.append(convert.backend_route(node_id, node.address, share, batch, duty_cycle_ms))
-            reason = (failed.get(model) or self.admin.load_failure_reason(model) or plan.unplaced.get(session, ""))
-            if model in profiling:
+            reason = failed.get(model) or catalog.unavailable.get(model) or plan.unplaced.get(session, "")
+            if model in catalog.profiling:
                 reason = reason or "being profiled"
-            routes.append(convert.model_route(self.admin.desc(model), planned.slo_ms, session,
-                                              backends, "" if backends else (reason or "not placed"),
+            routes.append(convert.model_route(desc, planned.slo_ms, session, backends,
+                                              "" if backends else (reason or "not placed"),
                                               planned.rate_rps, measured.get(session, 0.0)))
-        for s in db.sessions():        # versions no backend could load: UNAVAILABLE with the reason
-            selected = self.admin.selected_versions(s.model)
-            for key in [version_key(s.model, v) for v in selected]:
-                why = self.admin.load_failure_reason(key)
-                if key not in plan.sessions and why:
-                    served.add(key)
-                    routes.append(convert.model_route(self.admin.desc(key), s.slo_ms, key, reason=why))
-            newest = db.newest(s.model)
-            if not selected and newest is not None and newest.key not in plan.sessions:
-                served.add(newest.key)
-                policy = db.version_policy(s.model)
-                routes.append(convert.model_route(
-                    self.admin.desc(newest.key), s.slo_ms, newest.key,
-                    reason=f"its version_policy ({policy.describe()}) selects none of the stored versions "
-                           f"({', '.join(str(r.version) for r in db.versions(s.model))})"))
-        stored = [self.admin.desc(m.key) for m in db.models() if m.key not in served]
-        return convert.routing_table(epoch, plan, routes, stored, self.query_infos(plan))
+        for route in catalog.unplanned:          # served versions the plan could not place, and why
+            if route.key in catalog.descs:
+                served.add(route.key)
+                routes.append(convert.model_route(catalog.descs[route.key], route.slo_ms, route.key,
+                                                  reason=route.reason))
+        stored = [desc for key, desc in catalog.descs.items() if key not in served]
+        return convert.routing_table(epoch, plan, routes, stored, self.query_infos(plan, catalog.queries))
 
-    def query_infos(self, plan: ClusterPlan | None) -> list[control.QueryInfo]:
+    def query_infos(self, plan: ClusterPlan | None, queries: Mapping[str, str]) -> list[control.QueryInfo]:
+        """The registered queries (``queries``: definitions by name) with what ``plan`` gives them."""
         infos = []
-        for name, text in self.admin.query_store.all().items():
+        for name, text in queries.items():
             query_plan = plan.query_plans.get(name) if plan is not None else None
             devices = 0
             if query_plan is not None:

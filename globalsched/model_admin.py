@@ -43,6 +43,7 @@ from common.profile_prediction import predict_profile
 from common.query_def import ModelIO, QueryError, parse_query, validate_query
 from common.versions import VersionError, from_pb as policy_from_pb, split_key, to_pb as policy_to_pb, version_key
 from common.warmup import WarmupError, from_pb as warmup_from_pb
+from globalsched.catalog import Catalog, UnplannedRoute
 from globalsched.cluster import ClusterPlan
 from globalsched.convert import model_desc
 from globalsched.load_failures import LoadFailures
@@ -470,12 +471,53 @@ class ModelAdmin:
         return self.load_failures.reason(model) or next(
             (why for (m, _), why in sorted(self.unmeasurable.items()) if m == model), "")
 
-    def failed_to_load(self, model: str, session: str, node: Node, reason: str) -> None:
+    # ---- what a plan carries, and what its distribution reports back --------------------------------
+
+    def catalog(self, plan: ClusterPlan) -> Catalog:
+        """The descriptions and profiles ``plan``'s tables carry, read now (globalsched/catalog.py)."""
+        descs = {m.key: self.desc(m.key) for m in self.db.models()}
+        profiles, emulated = {}, {}
+        for device_type, placement in plan.placements.items():
+            for b in placement.backends:
+                for s in b.sessions:
+                    model = plan.model_of(s.model)
+                    if (model, device_type) in profiles or model not in descs:
+                        continue
+                    profile = self.profiles(model).get(device_type)
+                    if profile is not None:
+                        profiles[(model, device_type)] = profile
+                    table = self.emulated_profile(model, device_type)
+                    if table is not None:
+                        emulated[(model, device_type)] = table
+        unplanned = []
+        for s in self.db.sessions():        # versions no backend could load: UNAVAILABLE with the reason
+            selected = self.selected_versions(s.model)
+            for key in [version_key(s.model, v) for v in selected]:
+                why = self.load_failure_reason(key)
+                if key not in plan.sessions and why:
+                    unplanned.append(UnplannedRoute(key, s.slo_ms, why))
+            newest = self.db.newest(s.model)
+            if not selected and newest is not None and newest.key not in plan.sessions:
+                policy = self.db.version_policy(s.model)
+                unplanned.append(UnplannedRoute(
+                    newest.key, s.slo_ms, f"its version_policy ({policy.describe()}) selects none of the stored "
+                                          f"versions ({', '.join(str(r.version) for r in self.db.versions(s.model))})"))
+        models = {planned.model for planned in plan.sessions.values()}
+        unavailable = {m: why for m in sorted(models) if (why := self.load_failure_reason(m))}
+        return Catalog(descs, profiles, emulated, unavailable, frozenset(self.profiling_models()), tuple(unplanned),
+                       self.query_store.all())
+
+    def load_failed(self, model: str, session: str, node_id: str, device_type: str, reason: str) -> None:
         """A backend's model table reply says it could not load ``model`` (for ``session``): the next
         plan tries again, or routes it UNAVAILABLE once the attempts are spent."""
-        if self.db.model(model) is not None and not self.load_failures.exhausted(model, node.device_type):
-            self.load_failures.record(model, node.device_type, node.node_id, reason)
-            self.trigger.request(f"{session} failed to load on {node.node_id}")
+        if self.db.model(model) is not None and not self.load_failures.exhausted(model, device_type):
+            self.load_failures.record(model, device_type, node_id, reason)
+            self.trigger.request(f"{session} failed to load on {node_id}")
+
+    def routed(self, keys: list[str]) -> None:
+        """A routing table routing these version keys reached the frontends: the version rollout retires
+        the versions that routed successors replace."""
+        self.rollout.routed(keys, self.selected_versions, time.monotonic())
 
 
 def load_slowdowns(path: str) -> dict[str, float]:

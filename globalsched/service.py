@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 
 import grpc
 
@@ -68,14 +69,16 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.membership = Membership(config, creds, self.workload, self.trigger)
         self.nodes = self.membership.nodes
         self.admin = ModelAdmin(config, db, self.nodes, self.trigger, prefix_fn)
-        self.distribution = Distribution(self.nodes, self.admin, self.workload, self.leadership.may_act)
+        self.distribution = Distribution(self.nodes, events=self.admin, workload=self.workload,
+                                         may_act=self.leadership.may_act)
         self.scaler = DeviceScaler(ScalingConfig(config.scale_down_cooldown_s, config.device_headroom,
                                                  bounds=config.device_bounds),
                                    self.membership.backends, self.workload.window_rates,
                                    persist=self._persist_scaling)
         self.plan_store: PlanStore | None = None      # a shared database: the plan in force, for a standby
         self.control = ControlLoop(PlannerSettings.from_config(config), self.trigger, self.read_view,
-                                   [self.admin, self.distribution, self.scaler], persist=self._persist)
+                                   [self.admin, self.distribution, self.scaler], persist=self._persist,
+                                   catalog=self.admin.catalog)
         self.loop_lag = LoopLagMonitor("nexus_scheduler_loop_lag_seconds")
         self._tasks: list[asyncio.Task] = []
 
@@ -251,13 +254,15 @@ class SchedulerService(control_grpc.SchedulerServicer):
             await context.abort(r.code, r.message)
 
     async def ListQueries(self, request, context):
-        return control.ListQueriesReply(queries=self.distribution.query_infos(self.control.plan))
+        return control.ListQueriesReply(queries=self.distribution.query_infos(self.control.plan,
+                                                                              self.admin.query_store.all()))
 
     # ---- status ------------------------------------------------------------------------------------
 
     async def GetStatus(self, request, context):
         plan, epoch = self.control.plan, self.control.epoch
-        routing = control.RoutingTable(epoch=epoch) if plan is None else self.distribution.routing_table(plan, epoch)
+        routing = control.RoutingTable(epoch=epoch) if plan is None else \
+            self.distribution.routing_table(replace(plan, catalog=self.admin.catalog(plan)), epoch)     # as of now
         reply = status_reply(plan, routing, self.membership.backends(), len(self.membership.frontends()), self.admin,
                              max(time.monotonic() - self.control.last_plan_time, 0.0),
                              self.scaler.decisions.values())

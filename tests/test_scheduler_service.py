@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -161,6 +162,7 @@ def test_routing_table_carries_the_planned_figures(tmp_path):
     _report(service, now, m=12.0)
     service.nodes["be-1"] = Node("be-1", control.NODE_KIND_BACKEND, "127.0.0.1:1", "cpu", "cpu", 1000.0)
     plan, _ = plan_cluster(service.read_view(now), PlannerState())
+    plan = dataclasses.replace(plan, catalog=service.admin.catalog(plan))      # as the control loop attaches it
     table = service.distribution.routing_table(plan, 7)
     assert table.epoch == 7
     assert table.planned_devices == plan.num_devices_planned == 1

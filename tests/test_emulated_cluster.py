@@ -53,16 +53,21 @@ def test_emulated_backend_serves_and_batches_an_uploaded_model(emulated, tmp_pat
         while not client.is_model_ready("emu_mlp") and time.monotonic() < deadline:
             time.sleep(0.2)
         assert client.is_model_ready("emu_mlp")
-        sent = 0
+        sent = failed = 0
         for rate in (20, 240):      # the batch that runs grows with the load
             report = run_bench(emulated.frontend, "emu_mlp", rate, 2.0, SLO_MS, warmup_s=0.3, seed=rate)
             assert report.ok > 0.9 * report.sent, report
             sent += report.ok
+            failed += sum(status != "OK" for status in report.samples.statuses())     # warm-up included
         stats = client.get_inference_statistics("emu_mlp").model_stats[0]
     finally:
         client.close()
     sizes = {b.batch_size: b for b in stats.batch_stats}
     assert max(sizes) > 1, sorted(sizes)                       # requests were batched together
     assert sum(b.compute_infer.count for b in sizes.values()) == stats.execution_count
-    assert sum(size * b.compute_infer.count for size, b in sizes.items()) == stats.inference_count >= sent
+    # Batches count every row they ran; the frontend counts the rows it answered OK. A one-row request
+    # that failed after its batch ran (its reply came after its deadline, as on a loaded machine) is in
+    # the first count only.
+    rows = sum(size * b.compute_infer.count for size, b in sizes.items())
+    assert stats.inference_count >= sent and 0 <= rows - stats.inference_count <= failed, (rows, stats, failed)
     assert all(b.compute_infer.ns > 0 for b in sizes.values())

@@ -131,13 +131,17 @@ class KServeService:
                     infer_response=kserve.ModelInferResponse(model_name=request.model_name, id=request.id)))
 
         async def reader() -> None:
-            async for request in request_iterator:
-                task = asyncio.create_task(one(request))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            while tasks:
-                await asyncio.gather(*list(tasks), return_exceptions=True)
-            out.put_nowait(None)
+            # The end is always marked, also when reading fails: an undecodable message aborts the call
+            # inside this task (common/wire_guard.py), and the responses below must not wait for more.
+            try:
+                async for request in request_iterator:
+                    task = asyncio.create_task(one(request))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                while tasks:
+                    await asyncio.gather(*list(tasks), return_exceptions=True)
+            finally:
+                out.put_nowait(None)
 
         read = asyncio.create_task(reader())
         try:
@@ -146,6 +150,8 @@ class KServeService:
                 if item is None:
                     break
                 yield item
+            if read.done() and not read.cancelled() and read.exception() is not None:
+                raise read.exception()        # the abort (or failure) that ended the reading
         finally:
             read.cancel()
             for t in list(tasks):

@@ -33,6 +33,8 @@ class AdminCallError(Exception):
 
 def rpc_error_message(exc: grpc.RpcError, scheduler: str) -> str:
     """What an operator reads for a failed call: the scheduler's reason, or that it cannot be reached."""
+    if exc.code() == grpc.StatusCode.UNAVAILABLE and leader_hint(exc):       # a standby: it names the leader
+        return f"{scheduler}: {exc.details()} (give it in --scheduler too: a,b)"
     if exc.code() == grpc.StatusCode.UNAVAILABLE:
         return f"cannot reach the scheduler at {scheduler} ({exc.details()})"
     return exc.details()

@@ -62,19 +62,19 @@ class SchedulerConnection:
         self._stubs: dict[str, control_grpc.SchedulerStub] = {}
         self._channels: list = []
 
-    def _stub(self) -> control_grpc.SchedulerStub:
-        stub = self._stubs.get(self.address)
+    def _stub(self, address: str) -> control_grpc.SchedulerStub:
+        stub = self._stubs.get(address)
         if stub is None:
-            channel = grpc_util.aio_channel(self.address, self._creds, to_scheduler=True)
+            channel = grpc_util.aio_channel(address, self._creds, to_scheduler=True)
             self._channels.append(channel)
-            stub = self._stubs[self.address] = control_grpc.SchedulerStub(channel)
+            stub = self._stubs[address] = control_grpc.SchedulerStub(channel)
         return stub
 
     def __getattr__(self, name: str):
         if not name[:1].isupper():
             raise AttributeError(name)
         address = self.address
-        method = getattr(self._stub(), name)
+        method = getattr(self._stub(address), name)
         if name in _STREAMING:
             return method
 
@@ -99,19 +99,16 @@ class SchedulerConnection:
         keeps its connections open, so nothing breaks by itself): an address of the list that now leads
         (its Heartbeat answers) or that a standby names, other than the current one; "" when none does,
         and the current one is waited for. Moves there when found."""
-        current = self.address
+        current = self.address            # other calls meanwhile keep going there until a leader is found
         for address in self.addresses:
             if address == current:
                 continue
-            self.address = address
             try:
-                await self._stub().Heartbeat(control.HeartbeatRequest(), timeout=timeout_s)
+                await self._stub(address).Heartbeat(control.HeartbeatRequest(), timeout=timeout_s)
                 found = address
             except grpc.aio.AioRpcError as exc:
                 hint = leader_hint(exc) if exc.code() == grpc.StatusCode.UNAVAILABLE else ""
                 found = hint if hint in self.addresses and hint != current else ""
-            finally:
-                self.address = current
             if found:
                 self.address = found
                 log.warning("scheduler %s does not answer and %s leads now; following it", current, found)

@@ -46,11 +46,14 @@ class ControlLoop:
     def __init__(self, settings: PlannerSettings, trigger: ReplanTrigger, read_view: ReadView,
                  actuators: Sequence[Actuator], clock: Callable[[], float] = time.monotonic,
                  persist: Callable[[PlannerState], Awaitable[None]] | None = None,
-                 catalog: Callable[[ClusterPlan], Catalog] | None = None) -> None:
+                 catalog: Callable[[ClusterPlan], Catalog] | None = None,
+                 may_act: Callable[[], bool] = lambda: True) -> None:
         """``persist(state)``: keep each new plan's state before it is applied (a shared database, for
         the standby that may take over: globalsched/database/plan_store.py). ``catalog(plan)``: what the
         plan's tables say about its models, read when the plan is made and attached to it, so that the
-        actuators act on a complete value (globalsched/catalog.py)."""
+        actuators act on a complete value (globalsched/catalog.py). ``may_act()``: False once this
+        scheduler no longer leads (globalsched/leadership.py): it plans nothing from then on."""
+        self.may_act = may_act
         self.settings = settings
         self.persist = persist
         self.catalog = catalog
@@ -96,7 +99,9 @@ class ControlLoop:
                 if not waiter.done():
                     waiter.set_result(None)
 
-    async def plan_once(self, force: ReplanReason | None = None, why: tuple[str, ...] = ()) -> ClusterPlan:
+    async def plan_once(self, force: ReplanReason | None = None, why: tuple[str, ...] = ()) -> ClusterPlan | None:
+        if not self.may_act():
+            return self.plan
         now = self.clock()
         view = self.read_view(now, force, why)
         # Off the event loop: a plan of a thousand devices takes a second or more of CPU, and the loop

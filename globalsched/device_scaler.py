@@ -91,6 +91,14 @@ class DeviceScaler:
         self.state = ScalingState()
         self.decisions: dict[str, ScalingDecision] = {}
 
+    def adopt(self, plan: ClusterPlan | None, state: ScalingState | None) -> None:
+        """Continue from another scheduler's plan in force and policy history (a standby that took
+        over; either may be unknown: None)."""
+        if plan is not None:
+            self.plan = plan
+        if state is not None:
+            self.state = state
+
     async def apply(self, plan: ClusterPlan, epoch: int) -> None:
         self.plan = plan
         self.evaluate()

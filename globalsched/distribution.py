@@ -99,6 +99,10 @@ class Distribution:
             self.releases.add(task)
             task.add_done_callback(self.releases.discard)
 
+    def adopt(self, plan: ClusterPlan) -> None:
+        """``plan`` is what the nodes hold (another scheduler pushed it): the next push hands over from it."""
+        self.in_force = plan
+
     async def _release(self, plan: ClusterPlan, epoch: int, tables, after_s: float) -> None:
         await asyncio.sleep(after_s)
         await self.push_model_tables(plan, epoch, tables)

@@ -471,6 +471,12 @@ class ModelAdmin:
         return self.load_failures.reason(model) or next(
             (why for (m, _), why in sorted(self.unmeasurable.items()) if m == model), "")
 
+    def reread(self) -> None:
+        """Forget what was read of the database before (another scheduler led meanwhile and wrote to
+        it): the measured profiles in service are restored again and every cached table goes. Blocking."""
+        self.book.restore(self.db.measured_profiles())
+        self.db.profiles_version += 1       # what every cache of tables and choices is keyed by
+
     # ---- what a plan carries, and what its distribution reports back --------------------------------
 
     def catalog(self, plan: ClusterPlan) -> Catalog:

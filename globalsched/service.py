@@ -78,7 +78,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.plan_store: PlanStore | None = None      # a shared database: the plan in force, for a standby
         self.control = ControlLoop(PlannerSettings.from_config(config), self.trigger, self.read_view,
                                    [self.admin, self.distribution, self.scaler], persist=self._persist,
-                                   catalog=self.admin.catalog)
+                                   catalog=self.admin.catalog, may_act=self.leadership.may_act)
         self.loop_lag = LoopLagMonitor("nexus_scheduler_loop_lag_seconds")
         self._tasks: list[asyncio.Task] = []
 
@@ -90,33 +90,31 @@ class SchedulerService(control_grpc.SchedulerServicer):
     async def start_leading(self, lease_epoch: int) -> None:
         """Start as the leader elected with ``lease_epoch`` (a shared database): read again what the
         database holds (a standby's view may be older than the last leader's writes), adopt the plan in
-        force, and start (:meth:`start`) with plan epochs above every earlier leader's."""
-        self.admin.book.restore(await asyncio.to_thread(self.db.measured_profiles))
-        self.db.profiles_version += 1
-        adopted = None
+        force and the scaling history, and start (:meth:`start`) with plan epochs above every earlier
+        leader's."""
+        await asyncio.to_thread(self.admin.reread)
+        adopted = history = None
         if self.plan_store is not None:
             try:
                 adopted = await asyncio.to_thread(self.plan_store.load)
             except Exception as exc:
                 log.warning("cannot read the plan in force (planning afresh): %s", exc)
-        hold: set[str] = set()
-        if adopted is not None and adopted.plan is not None:
-            self.control.adopt(adopted_state(adopted, self.control.clock()))
-            self.distribution.in_force = adopted.plan
-            hold = {b.node_id for p in adopted.plan.placements.values() for b in p.backends}
-            self.scaler.plan = adopted.plan
-            log.info("adopted the plan in force: %d backends, %d sessions; waiting up to %.0f s for its backends "
-                     "to register before planning", len(hold), len(adopted.plan.sessions), ADOPTION_GRACE_S)
-        if self.plan_store is not None:
             try:
                 history = await asyncio.to_thread(self.plan_store.load_scaling, self.scaler.clock())
             except Exception as exc:
                 log.warning("cannot read the scaling history (its cool-downs start again): %s", exc)
-                history = None
-            if history is not None:
-                self.scaler.state = history
-                log.info("adopted the scaling history: %s", ", ".join(
-                    f"{t} desired {h.desired}" for t, h in sorted(history.types.items())) or "no device type yet")
+        hold: set[str] = set()
+        plan = adopted.plan if adopted is not None else None
+        if plan is not None:
+            self.control.adopt(adopted_state(adopted, self.control.clock()))
+            self.distribution.adopt(plan)
+            hold = {b.node_id for p in plan.placements.values() for b in p.backends}
+            log.info("adopted the plan in force: %d backends, %d sessions; waiting up to %.0f s for its backends "
+                     "to register before planning", len(hold), len(plan.sessions), ADOPTION_GRACE_S)
+        self.scaler.adopt(plan, history)
+        if history is not None:
+            log.info("adopted the scaling history: %s", ", ".join(
+                f"{t} desired {h.desired}" for t, h in sorted(history.types.items())) or "no device type yet")
         self.start(lease_epoch, hold)
 
     async def _persist(self, state) -> None:

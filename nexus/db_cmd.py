@@ -14,18 +14,27 @@ import tempfile
 from common.database_url import DatabaseUrlError, check_postgres_url, redact
 
 
+def _error(prog: str, message: str, status: int) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return status
+
+
+def _url_error(url: str, flag: str) -> str:
+    """Why ``url`` (given as ``flag``) is no PostgreSQL URL this command takes; "" when it is one."""
+    try:
+        check_postgres_url(url)
+    except DatabaseUrlError as exc:
+        return str(exc).replace("--database", flag)
+    return ""
+
+
 def _migrate(args: argparse.Namespace) -> int:
     prog = "nexus db migrate"
     if not args.source.startswith("sqlite:"):
-        print(f"{prog}: error: --from {args.source!r}: expected sqlite:DIR (a scheduler's --data-dir)",
-              file=sys.stderr)
-        return 2
+        return _error(prog, f"--from {args.source!r}: expected sqlite:DIR (a scheduler's --data-dir)", 2)
     source_dir = pathlib.Path(args.source.removeprefix("sqlite:"))
-    try:
-        check_postgres_url(args.dest)
-    except DatabaseUrlError as exc:
-        print(f"{prog}: error: {str(exc).replace('--database', '--to')}", file=sys.stderr)
-        return 2
+    if why := _url_error(args.dest, "--to"):
+        return _error(prog, why, 2)
     from globalsched.database.migrate import MigrationError, copy_database
     from globalsched.modeldb import ModelDatabase
     from globalsched.querydb import QueryStore
@@ -33,22 +42,19 @@ def _migrate(args: argparse.Namespace) -> int:
     try:
         source = ModelDatabase(source_dir, read_only=True)
     except (FileNotFoundError, RuntimeError) as exc:
-        print(f"{prog}: error: --from: {exc}", file=sys.stderr)
-        return 1
+        return _error(prog, f"--from: {exc}", 1)
     try:
         with tempfile.TemporaryDirectory(prefix="nexus-migrate-") as work:
             try:
                 dest = ModelDatabase(pathlib.Path(work), database_url=args.dest)
             except (ConnectionError, RuntimeError) as exc:
-                print(f"{prog}: error: --to: {exc}", file=sys.stderr)
-                return 1
+                return _error(prog, f"--to: {exc}", 1)
             source_queries = QueryStore.beside(source.sql, source_dir)
             dest_queries = QueryStore.beside(dest.sql, pathlib.Path(work))
             try:
                 report = copy_database(source, source_queries, dest, dest_queries)
             except MigrationError as exc:
-                print(f"{prog}: error: {exc}", file=sys.stderr)
-                return 1
+                return _error(prog, str(exc), 1)
             finally:
                 source_queries.close()
                 dest_queries.close()
@@ -62,19 +68,16 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _forget_token(args: argparse.Namespace) -> int:
-    try:
-        check_postgres_url(args.database)
-    except DatabaseUrlError as exc:
-        print(f"nexus db forget-token: error: {exc}", file=sys.stderr)
-        return 2
+    prog = "nexus db forget-token"
+    if why := _url_error(args.database, "--database"):
+        return _error(prog, why, 2)
     from globalsched.database.cluster_token import forget_token
     from globalsched.database.connection import PostgresConnection
 
     try:
         db = PostgresConnection(args.database, application_name="nexus-db")
     except ConnectionError as exc:
-        print(f"nexus db forget-token: error: {exc}", file=sys.stderr)
-        return 1
+        return _error(prog, str(exc), 1)
     try:
         forgot = forget_token(db)
     finally:

@@ -174,6 +174,20 @@ def test_migrate_copies_a_sqlite_installation_and_refuses_a_second_time(pg_url, 
     assert again.returncode == 1 and "already holds models: migrate into an empty database" in again.stderr
 
 
+def test_migrate_refuses_a_source_whose_model_file_is_missing(pg_url, tmp_path):
+    source = ModelDatabase(tmp_path / "old")
+    record = source.add_model("mlp", [V1])
+    source.close()
+    (tmp_path / "old" / "blobs" / record.sha256[:2] / record.sha256).unlink()
+    proc = nexus_cli("db", "migrate", "--from", f"sqlite:{tmp_path / 'old'}", "--to", pg_url)
+    assert proc.returncode == 1 and f"model file {record.sha256} is missing from its store" in proc.stderr
+    dest = ModelDatabase(tmp_path / "new", database_url=pg_url)
+    try:
+        assert dest.models() == []                      # nothing registered
+    finally:
+        dest.close()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--from", "/some/dir", "--to", "postgresql://u@h/d"], "expected sqlite:DIR"),
     (["--from", "sqlite:/nonexistent-dir", "--to", "postgresql://u@h/d"], "no model database here"),

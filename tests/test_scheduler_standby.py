@@ -10,7 +10,7 @@ import time
 import grpc
 import pytest
 
-from common.config import BackendConfig, ConfigError, FrontendConfig, scheduler_addresses
+from common.config import BackendConfig, ConfigError, FrontendConfig, SchedulerConfig, scheduler_addresses
 from common.pb import control, control_grpc
 from common.scheduler_connection import next_scheduler
 from globalsched.database.connection import PostgresConnection
@@ -18,6 +18,7 @@ from globalsched.database.plan_store import PlanStore
 from globalsched.planner import PlannerState, adopted_state
 from globalsched.scaling_policy import ScalingState, TypeHistory
 from globalsched.database.lease import PLAN_EPOCHS_PER_LEASE, LeaderLease, plan_epoch_base
+from nexus.bench.ports import free_port
 from tests.conftest import NexusProcess, nexus_cli
 
 
@@ -89,6 +90,16 @@ def test_nodes_follow_the_named_leader_within_their_list_else_the_next_address()
         FrontendConfig(scheduler=" , ").validate()
 
 
+def test_a_shared_scheduler_needs_an_address_the_others_can_dial_and_a_positive_lease():
+    url = "postgresql://nexus@db:5432/nexus"
+    with pytest.raises(ConfigError, match="--advertise: with --database, .* give --advertise HOST:PORT"):
+        SchedulerConfig(listen="0.0.0.0:8100", database=url).validate()
+    SchedulerConfig(listen="0.0.0.0:8100", database=url, advertise="10.0.0.5:8100").validate()
+    SchedulerConfig(listen="0.0.0.0:8100").validate()                 # one scheduler: no one to send there
+    with pytest.raises(ConfigError, match="--leader-lease-s"):
+        SchedulerConfig(database=url, leader_lease_s=0).validate()
+
+
 def test_an_adopted_plan_starts_its_cooldowns_again(pg_url):
     from globalsched.algorithms.replan import ReplanState
     from globalsched.planning_loop import TypeState
@@ -111,6 +122,8 @@ def test_an_adopted_plan_starts_its_cooldowns_again(pg_url):
         assert not store.save(PlannerState(), 2) and store.load() == old      # not the lease's epoch
         store.db.execute("UPDATE plan_in_force SET release = 'another'")
         assert store.load() is None                     # another release's: planned afresh
+        store.db.execute("UPDATE plan_in_force SET release = ?, state = ?", (store.release, b"not a pickle"))
+        assert store.load() is None                     # unreadable: planned afresh
         # the scaling history: on the reader's clock, as much time ago as it was on the writer's
         history = ScalingState({"t4": TypeHistory(needs=((95.0, 3), (99.0, 2)), last_down_s=90.0, desired=3)})
         assert store.save_scaling(history, 1, 100.0) and not store.save_scaling(history, 2, 100.0)
@@ -189,14 +202,6 @@ def test_a_cleanly_stopped_leader_hands_over_at_once(pg_url, tmp_path):
         second.stop()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["kill", "pause"])
 def test_losing_the_leader_under_load_fails_nothing_moves_nothing_and_the_next_upload_succeeds(pg_url, tmp_path,
@@ -208,7 +213,7 @@ def test_losing_the_leader_under_load_fails_nothing_moves_nothing_and_the_next_u
     from tests.components import wait_for
     from tests.test_failover import DEVICE, FAST, FAST_SLO_MS, _ok_in_a_row_since, _upload, steady_load
 
-    a, b = f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"
+    a, b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     both = f"{b},{a}"
     cluster = Cluster(tmp_path / "cluster", backends=2, device=DEVICE,
                       scheduler={"listen": a, "database": pg_url, "spare_replicas": False, "metrics_listen": ""},
@@ -275,3 +280,5 @@ def test_every_scheduler_of_a_cluster_must_hold_its_token_and_a_rotation_forgets
     rotated.stop()
     bad = nexus_cli("db", "forget-token", "--database", "postgresql://u:pw@h/d")
     assert bad.returncode == 2 and "carries a password" in bad.stderr
+    gone = nexus_cli("db", "forget-token", "--database", "postgresql://nexus@127.0.0.1:1/nexus")
+    assert gone.returncode == 1 and "cannot reach the database postgresql://nexus@127.0.0.1:1/nexus" in gone.stderr

@@ -15,18 +15,9 @@ from dataclasses import dataclass
 from globalsched.modeldb import ModelDatabase
 from globalsched.querydb import QueryStore
 
-# Tables in an order that satisfies their foreign keys, with their columns.
-TABLES = (
-    ("models", ("name", "version", "sha256", "runtime", "size_bytes", "io_json", "default_slo_ms", "prefix_group",
-                "prefix_signature", "created_ms")),
-    ("profiles", ("model", "version", "device_type", "profile_json")),
-    ("model_warmup", ("model", "version", "samples_json")),
-    ("sessions", ("model", "slo_ms")),
-    ("model_replicas", ("model", "min_replicas")),
-    ("model_serving", ("model", "expected_rate_rps", "batch_cap")),
-    ("version_policies", ("model", "policy_json")),
-    ("measured_profiles", ("model", "version", "device_type", "basis", "profile_json", "raise_streak", "margin")),
-)
+# The model database's tables, in an order that satisfies their foreign keys (the columns are read).
+TABLES = ("models", "profiles", "model_warmup", "sessions", "model_replicas", "model_serving", "version_policies",
+          "measured_profiles")
 
 
 class MigrationError(RuntimeError):
@@ -62,10 +53,11 @@ def copy_database(source: ModelDatabase, source_queries: QueryStore, dest: Model
                 os.unlink(name)
     rows: dict[str, int] = {}
     with dest.sql.transaction():
-        for table, columns in TABLES:
-            select = f"SELECT {', '.join(columns)} FROM {table}"
+        for table in TABLES:
+            cursor = source.sql.execute(f"SELECT * FROM {table}")
+            columns = [c[0] for c in cursor.description]
             insert = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})"
-            data = source.sql.execute(select).fetchall()
+            data = cursor.fetchall()
             for row in data:
                 dest.sql.execute(insert, tuple(row))
             rows[table] = len(data)

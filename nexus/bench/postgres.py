@@ -14,10 +14,11 @@ import pathlib
 import pwd
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
+
+from nexus.bench.ports import free_port
 
 USER = "nexus"
 
@@ -31,12 +32,6 @@ def postgres_bin() -> pathlib.Path | None:
     return pathlib.Path(candidates[0]).parent if candidates else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PostgresServer:
     def __init__(self, tls_cert: str | None = None, tls_key: str | None = None) -> None:
         """``tls_cert``/``tls_key``: serve TLS (``ssl = on``) with this certificate as well."""
@@ -45,7 +40,7 @@ class PostgresServer:
             raise RuntimeError("PostgreSQL is not installed (no initdb on PATH or under /usr/lib/postgresql)")
         self.bindir = bindir
         self.root = pathlib.Path(tempfile.mkdtemp(prefix="nexus-pg-"))
-        self.port = _free_port()
+        self.port = free_port()
         self.password = secrets.token_hex(16)
         self._as: list[str] = []
         if os.geteuid() == 0:

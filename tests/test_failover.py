@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 
 import grpc
 import pytest
@@ -59,6 +60,15 @@ def single(tmp_path_factory):
 def _queued(cluster: Cluster, model: str) -> int:
     """Requests of ``model`` waiting in the live backends' queues (not those running)."""
     return sum(s.queue_length for _, stats in cluster.backend_stats() for s in stats.sessions if s.model == model)
+
+
+def _in_flight(metrics_url: str) -> int:
+    """The frontend's ``nexus_requests_in_flight``: calls its handlers hold now."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith("nexus_requests_in_flight "):
+                return int(float(line.split()[1]))
+    raise AssertionError("the frontend exports no nexus_requests_in_flight")
 
 
 def _ok_in_a_row_since(load: BackgroundLoad, since: float, n: int = 25) -> bool:
@@ -112,6 +122,11 @@ def test_queue_full_cancellation_and_deadline(single, tmp_path):
             first = [stub.ModelInfer.future(infer_request("slow"), timeout=60) for _ in range(4)]
             wait_for(lambda: _queued(cluster, "slow") >= 2, what="one request running, the others queued")
             cancelled = [stub.ModelInfer.future(infer_request("slow"), timeout=60) for _ in range(3)]
+            # A call cancelled before the frontend's handler took it is no request of the model (as in
+            # Triton): every one of the seven is seen taken, in flight or answered, before the cancel.
+            metrics = cluster.frontend.info["metrics"]
+            wait_for(lambda: _in_flight(metrics) + sum(f.done() for f in first) >= len(first) + len(cancelled),
+                     what="the requests to cancel taken by the frontend")
             wait_for(lambda: _queued(cluster, "slow") >= 4, what="the requests to cancel queued behind a first one")
             for f in cancelled:
                 f.cancel()

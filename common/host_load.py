@@ -13,6 +13,12 @@ None and nothing counts as contended):
   cores, over the CPUs this process may run on (its affinity set);
 * ``other_cores``: CPU time every other process used on those CPUs: their busy time less this
   process's own (``time.process_time``, all its threads), in cores;
+* ``cluster_cores``: CPU time the cluster's own other processes used, in cores: where this process
+  was started by ``nexus serve`` (``$NEXUS_CLUSTER_PID`` names it), that supervisor and its other
+  children (the scheduler, the frontend, other backends). It is taken out of ``other_cores`` and never
+  counts as contention: those processes run beside a model whenever it serves, so a profile measured
+  beside them is the profile of service, and a first start that profiles its models while the rest
+  of the cluster starts is not "other work" (issue 26);
 * ``load_avg``: the 1-minute load average of ``/proc/loadavg`` (the whole host; reported, not judged);
 * ``busiest``: with ``processes=True``, the other processes that used the most CPU meanwhile
   (``/proc/<pid>/stat``), by name, for a report.
@@ -20,7 +26,10 @@ None and nothing counts as contended):
 Contended (:meth:`HostLoad.contended`): other work took cores that ``threads`` threads of ours
 need: ``steal_cores >= 0.1``, or ``other_cores + steal_cores`` beyond the cores left over once our
 threads have theirs (``cores - threads``) by more than half a core. Half a core of slack keeps a
-frontend or a shell that wakes now and then from flagging every batch.
+frontend or a shell that wakes now and then from flagging every batch. Both figures must pass their
+limit by more than the readings' resolution (``resolution_cores``): ``/proc`` counts in clock ticks
+(10 ms), so over the 20 ms that a small model's batch size takes to measure, one tick of a shell
+reads as half a core; such a window is judged by what it can tell, and is not contended by rounding.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import os
 import pathlib
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 STEAL_CORES = 0.1          # steal at least this much (in cores) is contention whatever else runs
 SLACK_CORES = 0.5          # other work beyond the spare cores by more than this is contention
@@ -85,11 +94,15 @@ class HostLoad:
     other_cores: float
     load_avg: float | None
     busiest: tuple[tuple[str, float], ...] = ()     # (process name, cores), busiest first
+    cluster_cores: float = 0.0                      # the cluster's own other processes (module doc)
+    resolution_cores: float = 0.0                   # what the readings' clock ticks can be off by
 
     def contended(self, threads: int) -> bool:
         """Whether other work took cores that ``threads`` threads of this process need."""
         spare = max(self.cores - max(threads, 1), 0)
-        return self.steal_cores >= STEAL_CORES or self.other_cores + self.steal_cores > spare + SLACK_CORES
+        doubt = self.resolution_cores
+        return (self.steal_cores - doubt >= STEAL_CORES
+                or self.other_cores + self.steal_cores - doubt > spare + SLACK_CORES)
 
     def describe(self) -> str:
         parts = [f"other processes {self.other_cores:.2f} cores", f"steal {self.steal_cores:.2f} cores"]
@@ -97,36 +110,61 @@ class HostLoad:
             parts.append(f"load average {self.load_avg:.2f} on {self.cores} cores")
         if self.busiest:
             parts.append("busiest: " + ", ".join(f"{n} {c:.2f}" for n, c in self.busiest))
+        if self.cluster_cores:
+            parts.append(f"this cluster's other processes {self.cluster_cores:.2f} cores (not counted)")
         return ", ".join(parts)
 
     def to_json_obj(self, threads: int) -> dict:
         return {"interval_s": round(self.interval_s, 3), "cores": self.cores,
                 "other_cores": round(self.other_cores, 3), "steal_cores": round(self.steal_cores, 3),
                 "load_avg": self.load_avg, "busiest": [[n, round(c, 3)] for n, c in self.busiest],
-                "contended": self.contended(threads)}
+                "cluster_cores": round(self.cluster_cores, 3), "contended": self.contended(threads)}
 
 
 def _read(path: str) -> str:
     return pathlib.Path(path).read_text()
 
 
+CLUSTER_PID_ENV = "NEXUS_CLUSTER_PID"       # set by `nexus serve` for its children: its own pid
+
+
+def _stat_cpu(read: Callable[[str], str], pid: int, ticks_per_s: float) -> tuple[str, float] | None:
+    """(name, CPU seconds) of process ``pid`` from ``/proc/<pid>/stat``; None when it cannot be read."""
+    try:
+        text = read(f"/proc/{pid}/stat")
+    except OSError:
+        return None
+    name = text[text.find("(") + 1:text.rfind(")")]
+    fields = text[text.rfind(")") + 2:].split()
+    try:
+        return name, (int(fields[11]) + int(fields[12])) / ticks_per_s
+    except (IndexError, ValueError):
+        return None
+
+
 def _process_cpu(read: Callable[[str], str], ticks_per_s: float) -> dict[int, tuple[str, float]]:
     """pid -> (name, CPU seconds) of every process readable in /proc."""
     out = {}
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = read(f"/proc/{entry.name}/stat")
-        except OSError:
-            continue
-        name = text[text.find("(") + 1:text.rfind(")")]
-        fields = text[text.rfind(")") + 2:].split()
-        try:
-            out[int(entry.name)] = (name, (int(fields[11]) + int(fields[12])) / ticks_per_s)
-        except (IndexError, ValueError):
-            continue
+        if entry.name.isdigit() and (cpu := _stat_cpu(read, int(entry.name), ticks_per_s)) is not None:
+            out[int(entry.name)] = cpu
     return out
+
+
+def cluster_family(read: Callable[[str], str] = _read, environ: Mapping[str, str] = os.environ,
+                   me: int | None = None) -> frozenset[int]:
+    """The cluster's own other processes (module doc): the supervisor named by ``$NEXUS_CLUSTER_PID``
+    and its children, less this process; empty when not started by one, or when it is gone."""
+    text = environ.get(CLUSTER_PID_ENV, "")
+    if not text.isdigit():
+        return frozenset()
+    supervisor = int(text)
+    try:
+        children = read(f"/proc/{supervisor}/task/{supervisor}/children").split()
+    except OSError:
+        return frozenset()
+    me = os.getpid() if me is None else me
+    return frozenset({supervisor, *(int(c) for c in children if c.isdigit())} - {me})
 
 
 class HostLoadMeter:
@@ -138,8 +176,10 @@ class HostLoadMeter:
 
     def __init__(self, *, processes: bool = False, read: Callable[[str], str] = _read,
                  clock: Callable[[], float] = time.monotonic, own_cpu: Callable[[], float] = time.process_time,
-                 cpus: frozenset[int] | None = None) -> None:
+                 cpus: frozenset[int] | None = None,
+                 family: Callable[[], frozenset[int]] = cluster_family) -> None:
         self.read = read
+        self.family = family
         self.clock = clock
         self.own_cpu = own_cpu
         self.processes = processes
@@ -162,7 +202,12 @@ class HostLoadMeter:
         except (OSError, ValueError):
             return None
         procs = _process_cpu(self.read, self.ticks_per_s) if self.processes else {}
-        return self.clock(), times, self.own_cpu(), procs
+        family = {}
+        for pid in self.family():
+            cpu = procs.get(pid) or _stat_cpu(self.read, pid, self.ticks_per_s)
+            if cpu is not None:
+                family[pid] = cpu
+        return self.clock(), times, self.own_cpu(), procs, family
 
     def sample(self) -> HostLoad | None:
         """The load since the previous sample (or the meter's creation); None where /proc cannot tell."""
@@ -176,13 +221,16 @@ class HostLoadMeter:
         busy = now[1].busy_s - last[1].busy_s
         steal = now[1].steal_s - last[1].steal_s
         own = now[2] - last[2]
-        other = max(busy - own, 0.0) / elapsed
+        # a family member seen in both readings (one that started or ended between them is not)
+        cluster = sum(max(cpu - last[4][pid][1], 0.0) for pid, (name, cpu) in now[4].items()
+                      if pid in last[4] and last[4][pid][0] == name)
+        other = max(busy - own - cluster, 0.0) / elapsed
         busiest = []
         if self.processes:
             me = os.getpid()
             for pid, (name, cpu) in now[3].items():
                 before = last[3].get(pid)
-                if pid == me or before is None or before[0] != name:
+                if pid == me or pid in now[4] or before is None or before[0] != name:
                     continue
                 used = (cpu - before[1]) / elapsed
                 if used >= 0.05:
@@ -192,7 +240,10 @@ class HostLoadMeter:
             load_avg = float(self.read("/proc/loadavg").split()[0])
         except (OSError, ValueError, IndexError):
             load_avg = None
-        return HostLoad(elapsed, self.cores, max(steal, 0.0) / elapsed, other, load_avg, tuple(busiest[:BUSIEST]))
+        # every tick counter read twice (the CPUs' and each family member's) may be off by a tick
+        resolution = 2 * (len(self.cpus or ()) or self.cores) + 2 * len(now[4])
+        return HostLoad(elapsed, self.cores, max(steal, 0.0) / elapsed, other, load_avg, tuple(busiest[:BUSIEST]),
+                        cluster / elapsed, resolution / self.ticks_per_s / elapsed)
 
 
 class ContentionMonitor:

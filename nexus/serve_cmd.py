@@ -39,6 +39,7 @@ import grpc
 from common import grpc_util
 from common.config import BackendConfig, ConfigError, FrontendConfig, SchedulerConfig, SecurityConfig, add_arguments, \
     from_args, join_host_port
+from common.host_load import CLUSTER_PID_ENV
 from common.security import TOKEN_ENV, Credentials, SecurityError, ensure_token_file
 from common.pb import control, kserve, kserve_grpc
 from nexus.client_flags import SERVE_DATA_DIR
@@ -248,7 +249,8 @@ def run(args) -> int:
     except (ConfigError, SecurityError) as exc:
         print(f"nexus serve: error: {exc}", file=sys.stderr, flush=True)
         return 2
-    env = dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_LOG=children_log_level(args))
+    # the children count one another as the cluster's own work, not as other work (common/host_load.py)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_LOG=children_log_level(args), **{CLUSTER_PID_ENV: str(os.getpid())})
     supervisor = Supervisor(_log)
 
     def stop(signum, _frame):

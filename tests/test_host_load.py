@@ -3,13 +3,14 @@ and a real busy process seen by a real meter."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 
 import pytest
 
-from common.host_load import HostLoad, HostLoadMeter, parse_proc_stat
+from common.host_load import CLUSTER_PID_ENV, HostLoad, HostLoadMeter, cluster_family, parse_proc_stat
 
 STAT = """cpu  1000 0 500 8000 100 0 0 0 0 0
 cpu0 600 0 300 3900 50 0 0 0 0 0
@@ -40,10 +41,20 @@ class FakeProc:
         self.steal = [0, 0]
         self.t = 0.0
         self.own = 0.0
+        self.procs: dict[int, tuple[str, float]] = {}     # pid -> (name, CPU ticks)
+        self.children: list[int] = []
 
     def read(self, path: str) -> str:
         if path == "/proc/loadavg":
             return "1.50 1.00 0.50 2/300 1234\n"
+        if path.startswith("/proc/") and path.endswith("/stat") and path != "/proc/stat":
+            pid = int(path.split("/")[2])
+            if pid not in self.procs:
+                raise FileNotFoundError(path)
+            name, ticks = self.procs[pid]
+            return f"{pid} ({name}) S 1 " + " ".join(["0"] * 9) + f" {round(ticks)} 0 0 0\n"
+        if path.endswith("/children"):
+            return " ".join(map(str, self.children))
         lines = [f"cpu {round(sum(self.busy))} 0 0 0 0 0 0 {round(sum(self.steal))}"]
         lines += [f"cpu{i} {round(b)} 0 0 100 0 0 0 {round(s)}" for i, (b, s) in enumerate(zip(self.busy, self.steal))]
         return "\n".join(lines) + "\n"
@@ -56,8 +67,9 @@ class FakeProc:
         self.own += own_cores * seconds
 
 
-def meter(proc: FakeProc) -> HostLoadMeter:
-    m = HostLoadMeter(read=proc.read, clock=lambda: proc.t, own_cpu=lambda: proc.own, cpus=frozenset({0, 1}))
+def meter(proc: FakeProc, family=frozenset) -> HostLoadMeter:
+    m = HostLoadMeter(read=proc.read, clock=lambda: proc.t, own_cpu=lambda: proc.own, cpus=frozenset({0, 1}),
+                      family=family)
     m.ticks_per_s = 100.0
     m._last = m._reading()
     return m
@@ -122,3 +134,65 @@ def test_host_load_json_carries_the_verdict():
     load = HostLoad(1.0, 2, 0.0, 1.2, 2.5, (("stress", 1.0),))
     obj = load.to_json_obj(threads=2)
     assert obj["contended"] is True and obj["busiest"] == [["stress", 1.0]]
+
+
+def test_the_clusters_own_processes_are_not_other_work():
+    # nexus serve (pid 10) runs the scheduler (11) and this backend's siblings; 900 is a stranger
+    proc = FakeProc()
+    proc.procs = {10: ("nexus", 0), 11: ("nexus", 0)}
+    m = meter(proc, family=lambda: frozenset({10, 11}))
+    proc.advance(1.0, busy_cores=2.0, own_cores=1.0)
+    proc.procs[11] = ("nexus", 90)                    # the scheduler took 0.9 of a core meanwhile
+    load = m.sample()
+    assert load.cluster_cores == pytest.approx(0.9)
+    assert load.other_cores == pytest.approx(0.1)
+    assert not load.contended(threads=2)
+    assert "this cluster's other processes 0.90 cores (not counted)" in load.describe()
+    # a family member that is gone, or whose pid was reused by another program, counts for nothing
+    proc.procs = {10: ("nexus", 0), 11: ("other", 500)}
+    proc.advance(1.0, busy_cores=2.0, own_cores=1.0)
+    load = m.sample()
+    assert load.cluster_cores == 0 and load.other_cores == pytest.approx(1.0) and load.contended(threads=2)
+
+
+def test_the_cluster_family_is_the_supervisor_and_its_other_children():
+    proc = FakeProc()
+    proc.children = [11, 12, 13]
+    env = {CLUSTER_PID_ENV: "10"}
+    assert cluster_family(proc.read, env, me=12) == frozenset({10, 11, 13})
+    assert cluster_family(proc.read, {}, me=12) == frozenset()                     # not under nexus serve
+    assert cluster_family(proc.read, {CLUSTER_PID_ENV: "x"}, me=12) == frozenset()   # not a pid
+
+    def gone(path: str) -> str:
+        raise FileNotFoundError(path)
+    assert cluster_family(gone, env, me=12) == frozenset()                         # the supervisor exited
+
+
+def test_a_real_sibling_counts_as_the_clusters_own(monkeypatch):
+    # this test's process plays the supervisor: a busy child of it is a sibling of the meter's
+    monkeypatch.setenv(CLUSTER_PID_ENV, str(os.getpid()))
+    spin = ("import ctypes, time\nctypes.CDLL(None).prctl(15, b'nexus-sib', 0, 0, 0)\n"
+            "end = time.time() + 30\nwhile time.time() < end: pass")
+    sibling = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(1.0)
+        m = HostLoadMeter(processes=True)
+        time.sleep(2.0)
+        load = m.sample()
+    finally:
+        sibling.kill()
+        sibling.wait()
+    assert load is not None and load.cluster_cores >= 0.2, load
+    assert not any(name == "nexus-sib" for name, _ in load.busiest), load.busiest
+
+
+def test_a_window_too_short_for_the_clock_ticks_is_not_contended_by_rounding():
+    proc = FakeProc()
+    m = meter(proc)
+    proc.advance(0.02, busy_cores=1.8, own_cores=1.0)      # a small model's batch size: 20 ms
+    load = m.sample()
+    assert load.resolution_cores == pytest.approx(2.0)     # 4 tick counters read twice, over 20 ms
+    assert not load.contended(threads=2)
+    proc.advance(2.0, busy_cores=1.8, own_cores=1.0)       # the same load over 2 s is contention
+    load = m.sample()
+    assert load.resolution_cores == pytest.approx(0.02) and load.contended(threads=2)

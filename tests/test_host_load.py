@@ -112,11 +112,16 @@ def test_no_reading_and_no_time_give_none():
     assert broken.sample() is None
 
 
+def _spinner(name: str) -> subprocess.Popen:
+    """A child process named ``name`` (PR_SET_NAME) that spins on a core for 30 s."""
+    spin = (f"import ctypes, time\nctypes.CDLL(None).prctl(15, b'{name}', 0, 0, 0)\n"
+            "end = time.time() + 30\nwhile time.time() < end: pass")
+    return subprocess.Popen([sys.executable, "-c", spin])
+
+
 def test_a_real_busy_process_shows_up_by_name():
     m = HostLoadMeter(processes=True)
-    spin = ("import ctypes, time\nctypes.CDLL(None).prctl(15, b'nexus-hog', 0, 0, 0)\n"    # PR_SET_NAME
-            "end = time.time() + 30\nwhile time.time() < end: pass")
-    hog = subprocess.Popen([sys.executable, "-c", spin])
+    hog = _spinner("nexus-hog")
     try:
         time.sleep(1.0)
         m.sample()                                # start of the window: the hog is running
@@ -171,9 +176,7 @@ def test_the_cluster_family_is_the_supervisor_and_its_other_children():
 def test_a_real_sibling_counts_as_the_clusters_own(monkeypatch):
     # this test's process plays the supervisor: a busy child of it is a sibling of the meter's
     monkeypatch.setenv(CLUSTER_PID_ENV, str(os.getpid()))
-    spin = ("import ctypes, time\nctypes.CDLL(None).prctl(15, b'nexus-sib', 0, 0, 0)\n"
-            "end = time.time() + 30\nwhile time.time() < end: pass")
-    sibling = subprocess.Popen([sys.executable, "-c", spin])
+    sibling = _spinner("nexus-sib")
     try:
         time.sleep(1.0)
         m = HostLoadMeter(processes=True)

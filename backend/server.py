@@ -161,7 +161,8 @@ class BackendService(control_grpc.BackendServicer):
         self.in_flight = 0                   # requests accepted and not answered yet (drain waits for 0)
         self.leaving = False                 # draining: never register again (common/registration.py)
         self._table_lock = asyncio.Lock()
-        self._profile_lock = asyncio.Lock()   # one measurement at a time, or they disturb each other
+        # one measurement at a time, and no load or warm-up beside one, or they disturb each other
+        self._profile_lock = asyncio.Lock()
         self._row_nbytes: dict[str, tuple[Session, tuple[int | None, ...]]] = {}   # per session, see _work
         self.warmer = Warmer()
         self.warming: set[str] = set()        # sessions whose warm-up runs now (Stats)
@@ -204,9 +205,10 @@ class BackendService(control_grpc.BackendServicer):
         profile = Profile.from_json(profile_json) if profile_json else None
         if profile is not None and runtime_kind == "emulated" and self.config.emulated_latency_factor != 1.0:
             profile = profile.scaled(self.config.emulated_latency_factor)
-        runtime = await asyncio.to_thread(
-            load_runtime, runtime_kind, data, self.config.device, profile=profile,
-            intra_op_threads=self._threads(), io=_io_json(model))
+        async with self._profile_lock:      # loading is CPU-heavy: never while a profile is measured
+            runtime = await asyncio.to_thread(
+                load_runtime, runtime_kind, data, self.config.device, profile=profile,
+                intra_op_threads=self._threads(), io=_io_json(model))
         self._loaded[model_key(model)] = (key, runtime)
         return runtime
 
@@ -378,7 +380,7 @@ class BackendService(control_grpc.BackendServicer):
                 own[name] = warmup_from_pb(entry.model.warmup)
             except WarmupError as exc:
                 own[name] = exc
-        plans, waits = [], []
+        plans = []
         for name, session in sessions.items():
             samples = own.get(name, ())
             if isinstance(samples, WarmupError):
@@ -387,12 +389,14 @@ class BackendService(control_grpc.BackendServicer):
             plan = self.warmer.plan(session, samples)
             if plan is not None:
                 plans.append(plan)
-                waits.append(asyncio.wrap_future(self.engine.warm_up(list(plan.batches), WARMUP_BUDGET_S)))
         for entry in failed:
             sessions.pop(entry.partition(": ")[0], None)
         self.warming = {p.session for p in plans}
         try:
-            results = await asyncio.gather(*waits)
+            # warm-up batches and a profile's batches would time each other: one at a time
+            async with self._profile_lock:
+                results = await asyncio.gather(*[asyncio.wrap_future(
+                    self.engine.warm_up(list(plan.batches), WARMUP_BUDGET_S)) for plan in plans])
         finally:
             self.warming = set()
         out = {}

@@ -341,12 +341,16 @@ class SampleModel(NamedTuple):
     slo_ms: float
 
 
-# Ordered: the order in which `nexus serve` registers them.
+# Ordered: the order in which `nexus serve` registers them. Their SLOs let one device of a small
+# machine hold them all (the default `nexus serve` has one backend): every session's duty cycle must
+# hold one batch of each, so the sum of their batch-1 latencies (26 ms on a 2-core Xeon, resnet18_64
+# 11 of them), plus the path allowance, must stay within the tightest SLO. mlp_small's 20 ms did not
+# (issue 26: "the plan needs 2 devices" on the default configuration).
 SAMPLE_MODELS: dict[str, SampleModel] = {
     "resnet18_64": SampleModel(resnet18_64, 100.0),
     "vehicle_cls": SampleModel(vehicle_cls, 50.0),
     "face_cls": SampleModel(face_cls, 50.0),
-    "mlp_small": SampleModel(mlp_small, 20.0),
+    "mlp_small": SampleModel(mlp_small, 50.0),
     "detector": SampleModel(detector_64, 100.0),
 }
 

@@ -127,6 +127,8 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
             plain = [SessionSpec(s.name, s.model, s.slo_ms, s.rate_rps, s.profile) for s in specs]
             plan, state = replan(current, plain, gpu, now_s, st.replan, config, force=force)
         reason = state.reason
+        if reason is not ReplanReason.NONE and len(plan.gpus) > len(slots):
+            plan = _unfolded(plan, current, specs, gpu, solver, config.planner, shares)
     if reason is ReplanReason.NONE and st.placement is not None:
         return TypeResult(st.placement, _devices_needed(st.plan, specs, min_replicas, st.spares) if st.plan else 0,
                           st.plan.lower_bound if st.plan else 0,
@@ -195,6 +197,21 @@ def _with_replicas(plan: Plan, current: Plan | None, st: TypeState, specs: Seque
     plan = replace(plan, gpus=_fresh_ids(plan.gpus, current, st.plan))
     gpus, replicas = add_replicas(plan.gpus, specs, gpu, wanted, max_gpus, planner, st.plan, st.replicas, groups)
     return replace(plan, gpus=tuple(gpus)), replicas
+
+
+def _unfolded(plan: Plan, current: Plan, specs: Sequence[SessionSpec], gpu: GpuSpec, solver: str,
+              planner: PlannerConfig, shares: Mapping[str, float]) -> Plan:
+    """A re-plan that needs more devices than there are backends, so that some are folded onto busy
+    ones (outside the plan's own model), replaced by a fresh plan when that needs fewer: the
+    re-planner's tolerated waste (``waste_gpus``) is a device the cluster does not have. The first
+    start plans its models as their profiles arrive, the first ones alone, and kept the folded second
+    device that the default configuration then warned about (issue 26)."""
+    from globalsched.prefix_groups import solve_with_prefix_groups
+
+    fresh = solve_with_prefix_groups(specs, gpu, solver, planner, shares=shares)
+    if len(fresh.gpus) >= len(plan.gpus):
+        return plan
+    return replace(fresh, gpus=tuple(match_ids(fresh.gpus, current)))
 
 
 def _devices_needed(plan: Plan, specs: Sequence[SessionSpec], min_replicas: Mapping[str, int],

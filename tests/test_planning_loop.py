@@ -403,3 +403,24 @@ def _node(name: str):
     from globalsched.membership import Node
 
     return Node(name, control.NODE_KIND_BACKEND, f"{name}:1", "gpu", "gpu", 16000.0)
+
+
+def test_a_plan_folded_onto_fewer_backends_is_replaced_by_a_fresh_one_that_fits_them():
+    # The first start: mlp is planned with a slow first profile, so the two sessions cannot share a
+    # duty cycle and the plan needs two devices on the one backend there is. Its real profile then
+    # lets them share one: the re-plan must not keep the folded second device as tolerated waste.
+    loop = _loop(cooldown_s=5.0, epoch_s=30.0)
+    slow = Profile.linear(20.0, 1.0, 32, device_type="gpu")
+    fast = Profile.linear(2.0, 1.0, 32, device_type="gpu")
+    resnet = Profile.linear(15.0, 1.0, 32, device_type="gpu")
+    slots = _slots("a")
+    first = loop.plan([SessionInput("resnet", 100.0, 1.0, {"gpu": resnet}),
+                       SessionInput("mlp", 50.0, 1.0, {"gpu": slow})], slots, 0.0)
+    assert first.devices_needed["gpu"] == 2 and first.placements["gpu"].overcommitted == 1
+    again = loop.plan([SessionInput("resnet", 100.0, 1.0, {"gpu": resnet}),
+                       SessionInput("mlp", 50.0, 1.0, {"gpu": fast})], slots, 1.0,
+                      force=ReplanReason.SESSIONS_CHANGED)        # as the arrival of a profile asks
+    assert again.reasons["gpu"] is not ReplanReason.NONE, again.reasons
+    assert again.devices_needed["gpu"] == 1 and again.placements["gpu"].overcommitted == 0
+    assert _where(again) == {"resnet": {"a"}, "mlp": {"a"}}
+    assert not [n for n in again.notes if "folded" in n]

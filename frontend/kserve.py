@@ -37,6 +37,8 @@ from frontend.statistics import StatsBook, reported_executions
 log = logging.getLogger("nexus.frontend")
 
 SERVER_NAME = "nexus"
+LOAD_WAIT_S = 120.0     # a repository load answers once the model is ready, or after this
+TABLE_WAIT_S = 10.0     # and once this frontend's own routing table routes it (normally at once)
 SERVER_VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data", "model_repository", "model_repository(unload_dependents)", "statistics",
               "schedule_policy", "system_shared_memory"]
@@ -245,11 +247,22 @@ class KServeService:
             return await self._load(request, context)
 
     async def _load(self, request, context):
+        """Load, and answer once the model is ready (as Triton's load does), or with why it cannot be
+        (the scheduler's serving state, globalsched/readiness.py) as soon as that is known."""
+        name = request.model_name
         try:
-            await self.scheduler.LoadModel(control.LoadRequest(name=request.model_name), timeout=10)
+            await self.scheduler.LoadModel(control.LoadRequest(name=name), timeout=10)
+            desc = await self.scheduler.WaitModelReady(control.WaitReadyRequest(name=name, timeout_s=LOAD_WAIT_S),
+                                                       timeout=LOAD_WAIT_S + 10)
         except grpc.aio.AioRpcError as exc:
             await context.abort(exc.code(), exc.details())
-        deadline = time.monotonic() + 120
+        if desc.serving_state != control.READY:
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"model {name!r} cannot be served: {desc.state_reason}"
+                                if desc.serving_state == control.FAILED else
+                                f"model {name!r} is not ready: {desc.state_reason}")
+        # routed: the scheduler counts it so once every frontend took the table; this one has it
+        deadline = time.monotonic() + TABLE_WAIT_S
         while time.monotonic() < deadline:
             model = self.state.table.newest(request.model_name)
             if model is not None and model.ready:

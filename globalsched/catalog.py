@@ -14,7 +14,7 @@ administration decides what they change.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol
+from typing import Iterable, Mapping, Protocol
 
 from common.pb import control
 from common.profile import Profile
@@ -45,6 +45,9 @@ class Catalog:
 class DistributionEvents(Protocol):
     def load_failed(self, model: str, session: str, node_id: str, device_type: str, reason: str) -> None:
         """A backend's model table reply says it could not load ``model`` (for ``session``)."""
+
+    def loaded(self, models: Iterable[str]) -> None:
+        """Backends answered model tables that loaded these models (version keys)."""
 
     def routed(self, keys: list[str]) -> None:
         """A routing table that routes these version keys to backends reached the frontends."""

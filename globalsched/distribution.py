@@ -144,6 +144,7 @@ class Distribution:
             if error:
                 log.warning("model table push to %s failed: %s", node.node_id, error)
                 continue
+            self.events.loaded(plan.model_of(name) for name in reply.loaded)
             for f in reply.failed:
                 name, _, reason = f.partition(": ")
                 failed[name] = f"failed to load on {node.node_id}: {reason}"

@@ -16,6 +16,10 @@ that a backend cannot load (while profiling it or from a model table) is recorde
 :class:`globalsched.load_failures.LoadFailures`: retried on another backend a bounded number of
 times, then routed UNAVAILABLE with the reason. Every refusal raises :class:`Refused`.
 
+Serving states (globalsched/readiness.py): every description carries where its version is on the
+way to serving (stored, loading and what it waits for, ready and how long that took, or failed and
+why); :meth:`ModelAdmin.wait_ready` answers when it is ready or cannot be.
+
 Versions: what belongs to one version of a model (its file, profiles, load failures, description)
 is keyed by its version key (common/versions.py); loads, unloads and settings are by model name.
 :attr:`ModelAdmin.rollout` (globalsched/versions.py) keeps an old version served until its
@@ -51,6 +55,7 @@ from globalsched.membership import Node
 from globalsched.modeldb import ModelDatabase, ServingSettings, UploadError
 from globalsched.profile_book import MEASURED, PREDICTED, Choice, ProfileBook, ProfileReport, report
 from globalsched.querydb import QueryStore
+from globalsched.readiness import Readiness, serving_state
 from globalsched.refusal import Refused
 from globalsched.replan_trigger import ReplanTrigger
 from globalsched.versions import VersionRollout
@@ -59,6 +64,7 @@ log = logging.getLogger("nexus.scheduler")
 
 PROFILE_BUDGET_S = 20.0         # what a backend may spend measuring a model's profile
 PROFILE_TIMEOUT_S = 300         # how long the scheduler waits for that profile
+READY_RECHECK_S = 1.0           # a wait for readiness looks again at least this often
 
 
 class ModelAdmin:
@@ -79,6 +85,7 @@ class ModelAdmin:
         self.unmeasurable: dict[tuple[str, str], str] = {}
         self.trigger = trigger
         self.rollout = VersionRollout(trigger.request)
+        self.readiness = Readiness()
         self.book = ProfileBook(config.profile_update_s, enabled=config.measured_profiles, store=db)
         self.book.restore(db.measured_profiles())
         self.invalid_samples = 0            # latency samples backends sent that are no measurement
@@ -92,6 +99,7 @@ class ModelAdmin:
     # ---- the model database ------------------------------------------------------------------------
 
     async def upload(self, request_iterator) -> control.UploadReply:
+        began = time.monotonic()
         header = None
         parts: list[bytes] = []
         size = 0
@@ -128,6 +136,9 @@ class ModelAdmin:
         if header.profile_json:
             for t, table in self.db.profiles(record.key).items():
                 self.book.table_arrived((record.key, t), table, "an uploaded table")
+        if header.load:
+            self.readiness.started(record.key, at=began)
+            self.readiness.reached([record.key], "stored")
         self.trigger.request(f"model {record.name} version {record.version} uploaded")
         return control.UploadReply(model=self.desc(record.key))
 
@@ -151,6 +162,8 @@ class ModelAdmin:
         records = await asyncio.to_thread(self._load, request)
         for record in records:
             self._forget_failures(record.key)            # an explicit load tries afresh
+            if record.key not in self.readiness.routed:
+                self.readiness.started(record.key)
         self.trigger.request(f"model {request.name} loaded")
         return control.LoadReply()
 
@@ -176,9 +189,11 @@ class ModelAdmin:
         return control.UnloadReply()
 
     def _unload(self, name: str) -> None:
-        if not self.db.versions(name):
+        versions = self.db.versions(name)
+        if not versions:
             raise Refused(grpc.StatusCode.NOT_FOUND, f"unknown model {name!r}")
         self.db.remove_session(name)
+        self.readiness.forget(r.key for r in versions)
 
     async def add_profile(self, request: control.ProfileUpload) -> control.ProfileReply:
         key = version_key(request.model, request.version) if request.version > 0 else self.current_key(request.model)
@@ -223,7 +238,29 @@ class ModelAdmin:
         for t in sorted(set(present) | set(profiles)):
             state, reason = self.device_type_state(key, t, t in profiles, choices.get(t))
             desc.device_types.add(device_type=t, state=state, reason=reason, backends=present.get(t, 0))
+        desc.serving_state, desc.state_reason = serving_state(desc, key in self.readiness.routed)
+        desc.ready_after_s = self.readiness.ready_after_s.get(key, 0.0)
+        for stage, after_s in self.readiness.stages.get(key, {}).items():
+            desc.ready_stages.add(stage=stage, after_s=after_s)
         return desc
+
+    async def wait_ready(self, request: control.WaitReadyRequest) -> control.ModelDesc:
+        """The description of the version asked for once it is READY or FAILED (or STORED, or LOADING
+        with no backend registered: those wait for nothing this call could see), or when ``timeout_s``
+        passed; NOT_FOUND when there is no such version."""
+        if request.version < 0 or request.timeout_s < 0 or not math.isfinite(request.timeout_s):
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "version and timeout_s must not be negative")
+        key = version_key(request.name, request.version) if request.version else self.current_key(request.name)
+        if self.db.model(key) is None:
+            what = f"version {request.version} of model" if request.version else "model"
+            raise Refused(grpc.StatusCode.NOT_FOUND, f"no {what} {request.name!r}")
+        deadline = time.monotonic() + request.timeout_s
+        while True:
+            desc = self.desc(key)
+            left = deadline - time.monotonic()
+            if desc.serving_state != control.LOADING or left <= 0 or not any(d.backends for d in desc.device_types):
+                return desc         # decided, or out of time, or nothing to wait for until a backend registers
+            await self.readiness.changed(min(left, READY_RECHECK_S))
 
     def device_type_state(self, model: str, device_type: str, profiled: bool,
                           choice: Choice | None = None) -> tuple[int, str]:
@@ -401,6 +438,8 @@ class ModelAdmin:
         and, in the background, every served model that plans with a prediction on a present type."""
         for model, device_type in plan.need_profile.items():
             self.start_profiling(model, device_type)
+        self.readiness.reached((plan.model_of(s.model) for placement in plan.placements.values()
+                                for b in placement.backends for s in b.sessions), "planned")
         served = {plan.model_of(s) for s in plan.sessions}
         present = set(self.present_types())
         for model, device_type in sorted(self.book.predictions):
@@ -439,6 +478,7 @@ class ModelAdmin:
             profile = Profile.from_json(reply.profile_json)
             await asyncio.to_thread(self.db.add_profile, model, profile)
             self.book.table_arrived(key, profile, "a profiling run")
+            self.readiness.reached([model], "profiled")
             log.info("profiled %s on %s (max batch %d)", model, profile.device_type, profile.max_batch)
             from profiler.tables import load_warning
 
@@ -449,6 +489,7 @@ class ModelAdmin:
             self.load_failures.record(model, node.device_type, node.node_id, str(exc))
         finally:
             self.profiling.discard(key)
+            self.readiness.poke()
             self.trigger.request(f"profile of {model} done")
 
     # ---- load failures -----------------------------------------------------------------------------
@@ -518,12 +559,18 @@ class ModelAdmin:
         plan tries again, or routes it UNAVAILABLE once the attempts are spent."""
         if self.db.model(model) is not None and not self.load_failures.exhausted(model, device_type):
             self.load_failures.record(model, device_type, node_id, reason)
+            self.readiness.poke()
             self.trigger.request(f"{session} failed to load on {node_id}")
+
+    def loaded(self, models: Iterable[str]) -> None:
+        """Backends answered model tables that loaded (and warmed up) these version keys."""
+        self.readiness.reached(models, "loaded")
 
     def routed(self, keys: list[str]) -> None:
         """A routing table routing these version keys reached the frontends: the version rollout retires
         the versions that routed successors replace."""
         self.rollout.routed(keys, self.selected_versions, time.monotonic())
+        self.readiness.routed_now(keys)
 
 
 def load_slowdowns(path: str) -> dict[str, float]:

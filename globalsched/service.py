@@ -227,6 +227,12 @@ class SchedulerService(control_grpc.SchedulerServicer):
     async def ListModels(self, request, context):
         return self.admin.list_models()
 
+    async def WaitModelReady(self, request, context):
+        try:
+            return await self.admin.wait_ready(request)
+        except Refused as r:
+            await context.abort(r.code, r.message)
+
     async def LoadModel(self, request, context):
         try:
             return await self.admin.load(request)

@@ -6,6 +6,11 @@ that version (a stored one is replaced). Which versions are served is the model'
 (Triton's ``version_policy``; by default the latest one), so uploading a new version of a served
 model updates it: the new version is loaded and warmed up before traffic moves to it, then the old
 one is unloaded (globalsched/versions.py). ``nexus models list`` shows every stored version.
+
+An upload that loads the model waits until it is ready to serve (globalsched/readiness.py: routed to
+backends that hold it), and prints how long that took; it fails (exit 1) with the reason when no
+registered device type can serve it, or when ``--wait-timeout-s`` passes first. ``--no-wait``
+returns once the file is stored, as ``--no-load`` does.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from common.versions import DEFAULT_POLICY, VersionError, from_pb as policy_from
 from common.warmup import describe as describe_warmup, from_pb as warmup_from_pb
 from nexus.client_flags import ClientFlagError, add_client_security, client_credentials
 from nexus.repository_cmd import add_import_parser
-from nexus.scheduler_client import DEFAULT_SCHEDULER, AdminCallError, list_models, upload_model
+from nexus.scheduler_client import DEFAULT_SCHEDULER, AdminCallError, list_models, upload_model, wait_model_ready
 
 
 def _policy(m: control.ModelDesc) -> str:
@@ -45,9 +50,22 @@ def _servable_column(m: control.ModelDesc) -> str:
                      if d.backends) or "-"
 
 
+_SERVING_WORDS = {control.STORED: "stored", control.LOADING: "loading", control.READY: "ready",
+                  control.FAILED: "failed"}
+
+
+def _state_column(m: control.ModelDesc) -> str:
+    """Its serving state; a failed one with why (the reason of a loading one is in --json)."""
+    word = _SERVING_WORDS.get(m.serving_state, "unknown")
+    return f"failed: {m.state_reason}" if m.serving_state == control.FAILED else word
+
+
 def _describe(m: control.ModelDesc) -> dict:
     return {"name": m.name, "version": m.version or 1, "version_policy": _policy(m), "sha256": m.sha256,
             "runtime": m.runtime, "size_bytes": m.size_bytes,
+            "state": _SERVING_WORDS.get(m.serving_state, "unknown"), "state_reason": m.state_reason,
+            "ready_after_s": round(m.ready_after_s, 3) if m.serving_state == control.READY and m.ready_after_s else None,
+            "ready_stages": {st.stage: round(st.after_s, 3) for st in m.ready_stages},
             "slo_ms": m.default_slo_ms, "loaded": m.loaded, "profiles": list(m.profiled_device_types),
             "device_types": _device_types(m), "batch_cap": m.batch_cap, "expected_rate_rps": m.expected_rate_rps,
             "min_replicas": m.min_replicas,
@@ -68,8 +86,31 @@ def _run_upload(args) -> int:
         print(f"nexus models upload: error: {exc}", file=sys.stderr)
         return 2
     print(f"uploaded {model.name} version {model.version or 1} ({model.size_bytes} bytes, sha256 {model.sha256[:12]}, "
-          f"runtime {model.runtime})")
-    return 0
+          f"runtime {model.runtime})", flush=True)
+    if args.no_load or args.no_wait:
+        return 0
+    try:
+        model = wait_model_ready(args.scheduler, model.name, model.version, args.wait_timeout_s, client_credentials(args))
+    except (AdminCallError, ClientFlagError) as exc:
+        print(f"nexus models upload: error: while waiting for it to be ready: {exc}", file=sys.stderr)
+        return 2
+    if model.serving_state == control.READY:
+        stages = ", ".join(f"{st.stage} {st.after_s:.2f}" for st in model.ready_stages)
+        print(f"{model.name} version {model.version or 1} is ready: {model.ready_after_s:.2f} s after its upload"
+              + (f" (s after it, each stage first reached: {stages})" if stages else ""))
+        return 0
+    if model.serving_state == control.LOADING and not any(d.backends for d in model.device_types):
+        print(f"nexus models upload: warning: {model.name} version {model.version or 1} is not served yet: "
+              f"{model.state_reason}; it is placed when one registers", file=sys.stderr)
+        return 0
+    if model.serving_state == control.FAILED:
+        print(f"nexus models upload: error: {model.name} version {model.version or 1} cannot be served: "
+              f"{model.state_reason}", file=sys.stderr)
+    else:
+        print(f"nexus models upload: error: {model.name} version {model.version or 1} is not ready after "
+              f"{args.wait_timeout_s:g} s: {model.state_reason} (it stays loaded; see nexus models list)",
+              file=sys.stderr)
+    return 1
 
 
 def _run_list(args) -> int:
@@ -81,16 +122,26 @@ def _run_list(args) -> int:
     if args.json:
         print(json.dumps([_describe(m) for m in models], indent=2))
         return 0
-    rows = [("NAME", "VERSION", "RUNTIME", "SIZE", "SLO_MS", "LOADED", "PROFILES", "ON REGISTERED DEVICE TYPES",
+    rows = [("NAME", "VERSION", "RUNTIME", "SIZE", "SLO_MS", "STATE", "PROFILES", "ON REGISTERED DEVICE TYPES",
              "PREFIX")]
     for m in models:
         rows.append((m.name, str(m.version or 1), m.runtime, f"{m.size_bytes / 1e6:.1f}MB", f"{m.default_slo_ms:g}",
-                     "yes" if m.loaded else "no", ",".join(m.profiled_device_types) or "-", _servable_column(m),
+                     _state_column(m), ",".join(m.profiled_device_types) or "-", _servable_column(m),
                      m.prefix_group[:12] or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     return 0
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, 0 or more, got {text!r}")
+    return value
 
 
 def _positive_version(text: str) -> int:
@@ -116,6 +167,12 @@ def register(sub) -> None:
     up.add_argument("--runtime", default="", choices=["", "onnxruntime", "torch"], help="default: from the file suffix")
     up.add_argument("--io", help="JSON with inputs/outputs (required for torch models)")
     up.add_argument("--no-load", action="store_true", help="store only; do not start serving it")
+    up.add_argument("--no-wait", action="store_true",
+                    help="return once it is stored, without waiting until it is ready to serve (by default the "
+                         "command waits, prints how long that took, and fails with the reason when it cannot be "
+                         "served)")
+    up.add_argument("--wait-timeout-s", type=_non_negative, default=120.0, metavar="S",
+                    help="how long to wait for it to be ready (default 120)")
     up.add_argument("--min-replicas", type=int, default=0,
                     help="backends its session keeps at least, so losing one needs no re-plan "
                          "(default 0: the scheduler's --min-replicas)")

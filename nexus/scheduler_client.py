@@ -123,6 +123,14 @@ def pinned(profile_json: str, where: str) -> str:
     return Profile(profile.rows, profile.device_type, {**profile.meta, "pinned": True}).to_json()
 
 
+def wait_model_ready(scheduler: str, name: str, version: int = 0, timeout_s: float = 120.0,
+                     creds: Credentials = grpc_util.NO_CREDENTIALS) -> control.ModelDesc:
+    """The description of version ``version`` of ``name`` (0: the newest) once it is READY or FAILED
+    (its ``serving_state``), or as it is after ``timeout_s``."""
+    return _call(scheduler, creds, "WaitModelReady",
+                 control.WaitReadyRequest(name=name, version=version, timeout_s=timeout_s), timeout_s + 30.0)
+
+
 def list_models(scheduler: str, creds: Credentials = grpc_util.NO_CREDENTIALS) -> list[control.ModelDesc]:
     return list(_call(scheduler, creds, "ListModels", control.ListModelsRequest()).models)
 

@@ -90,14 +90,8 @@ def wait_models_ready(frontend: str, names: list[str], timeout_s: float,
 
 
 def unservable_models(models: Iterable[control.ModelDesc]) -> dict[str, str]:
-    """Models no registered device type can serve (each type with backends needs a profile it cannot
-    measure, or spent its load attempts), with the reason of the first such type."""
-    out = {}
-    for m in models:
-        present = [d for d in m.device_types if d.backends]
-        if present and all(d.state in (control.NEEDS_PROFILE, control.CANNOT_LOAD) for d in present):
-            out[m.name] = f"{present[0].device_type}: {present[0].reason}"
-    return out
+    """Models no registered device type can serve (their serving state is FAILED), with why."""
+    return {m.name: m.state_reason for m in models if m.serving_state == control.FAILED}
 
 
 def children_log_level(args) -> str:

@@ -69,7 +69,13 @@ def test_a_model_onnxruntime_cannot_load_is_unavailable_with_the_reason_and_othe
             extra = [] if name == "bad_profiled" else ["--profile", str(profile)]
             up = nexus_cli("models", "upload", str(path), "--name", name, "--slo-ms", "1000", *extra,
                            "--scheduler", cluster.scheduler)
-            assert up.returncode == 0, up.stderr        # the checker accepts all three
+            # The checker accepts all three; the upload waits until each can serve, or says why not.
+            if name == "mlp":
+                assert up.returncode == 0 and "mlp version 1 is ready" in up.stdout, up
+            else:
+                assert up.returncode == 1, up
+                assert f"{name} version 1 cannot be served: cpu:" in up.stderr and "axis" in up.stderr, up.stderr
+                assert f"({MAX_LOAD_ATTEMPTS} attempts on" in up.stderr, up.stderr
         # A query with a stage on the model that cannot load: it must not keep the scheduler retrying.
         query = tmp_path / "bad_query.json"
         query.write_text(json.dumps({
@@ -115,6 +121,15 @@ def test_a_model_onnxruntime_cannot_load_is_unavailable_with_the_reason_and_othe
         assert MAX_LOAD_ATTEMPTS <= logs.count("cannot load bad_loaded") + logs.count("cannot load bad_query/s") \
             <= 2 * MAX_LOAD_ATTEMPTS
         assert "Traceback" not in logs
+        # Triton's repository load answers once the model is ready, or with why it cannot be, which
+        # it knows once the fresh attempts an explicit load grants are spent (not at a timeout).
+        with grpc_util.channel(cluster.frontend, cluster.creds) as channel:
+            stub = kserve_grpc.GRPCInferenceServiceStub(channel)
+            stub.RepositoryModelLoad(kserve.RepositoryModelLoadRequest(model_name="mlp"), timeout=60)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.RepositoryModelLoad(kserve.RepositoryModelLoadRequest(model_name="bad_loaded"), timeout=60)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value
+            assert "'bad_loaded' cannot be served: cpu:" in err.value.details() and "axis" in err.value.details()
     finally:
         cluster.stop()
 
@@ -134,10 +149,14 @@ def test_a_model_no_device_type_can_profile_is_reported_and_one_with_the_same_by
         path.write_bytes(softmax_out_of_range(1))          # axis 1 is in range: a model, not a sample one
         profile = tmp_path / "t4.json"
         profile.write_text(Profile.linear(0.1, 1.0, 32, memory_base_mb=5, device_type="t4").to_json())
-        for name, extra in (("my_model", []), ("slow_model", ["--profile", str(profile)])):
-            up = nexus_cli("models", "upload", str(path), "--name", name, "--slo-ms", "200", *extra,
-                           "--scheduler", cluster.scheduler.address)
-            assert up.returncode == 0, up.stderr
+        # The upload says at once that the model cannot be served, and what to do; with a profile it serves.
+        up = nexus_cli("models", "upload", str(path), "--name", "my_model", "--slo-ms", "200",
+                       "--scheduler", cluster.scheduler.address)
+        assert up.returncode == 1 and "my_model version 1 cannot be served: t4:" in up.stderr, up
+        assert "--profile for device type 't4'" in up.stderr
+        up = nexus_cli("models", "upload", str(path), "--name", "slow_model", "--slo-ms", "200", "--profile",
+                       str(profile), "--scheduler", cluster.scheduler.address)
+        assert up.returncode == 0 and "slow_model version 1 is ready" in up.stdout, up
         wait_ready(cluster.frontend.address, "slow_model")
         with grpc.insecure_channel(cluster.scheduler.address) as channel:
             admin = control_grpc.SchedulerStub(channel)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import time
+import re
 
 import numpy as np
 import onnxruntime as ort
@@ -81,6 +81,8 @@ def test_scheduler_restarted_on_the_same_data_dir_knows_every_model(tmp_path):
         result = nexus_cli("models", "upload", str(model), "--name", name, "--slo-ms", "40",
                            "--expected-rate-rps", rate, "--scheduler", first.address)
         assert result.returncode == 0, result.stderr
+        # no backend to serve it: the upload does not wait for one, and says so
+        assert "is not served yet: no backend is registered" in result.stderr, result.stderr
     before = {m["name"]: m for m in _list(first.address)}
     first.stop()
     second = Scheduler(tmp_path / "db")
@@ -110,13 +112,18 @@ def test_uploaded_model_is_served(cluster, tmp_path):
     result = nexus_cli("models", "upload", str(path), "--name", "variant4", "--slo-ms", "200",
                        "--scheduler", cluster.scheduler)
     assert result.returncode == 0, result.stderr
-    assert "variant4" in {m["name"] for m in _list(cluster.scheduler)}
+    # The upload returned once the model was servable, with the time it took and the way there.
+    ready = re.search(r"variant4 version 1 is ready: ([0-9.]+) s after its upload \(.*: (.*)\)", result.stdout)
+    assert ready, result.stdout
+    stages = dict(part.split() for part in ready.group(2).split(", "))
+    assert list(stages) == ["stored", "profiled", "planned", "loaded", "routed"], stages
+    times = [float(t) for t in stages.values()]
+    assert times == sorted(times) and times[-1] == pytest.approx(float(ready.group(1)), abs=0.011)
+    [listed] = [m for m in _list(cluster.scheduler) if m["name"] == "variant4"]
+    assert listed["state"] == "ready" and listed["ready_after_s"] == pytest.approx(float(ready.group(1)), abs=0.011)
     client = grpcclient.InferenceServerClient(cluster.frontend)
     try:
-        deadline = time.monotonic() + 120
-        while not client.is_model_ready("variant4"):
-            assert time.monotonic() < deadline, "uploaded model never became ready"
-            time.sleep(0.5)
+        assert client.is_model_ready("variant4")        # at once: no polling after the upload
         data = np.random.default_rng(3).standard_normal((2, 3, 64, 64)).astype(np.float32)
         tensor = grpcclient.InferInput("input", list(data.shape), "FP32")
         tensor.set_data_from_numpy(data)
@@ -154,3 +161,35 @@ def test_a_pinned_profile_is_uploaded_pinned_and_errors_are_clear(small_limit_sc
     assert (p.device_type, p.in_use, p.pinned) == ("t4", "table", True)
     assert list(p.table.batch) == [1, 2, 4, 8] and p.table.latency_ms[-1] == pytest.approx(10.0)
     assert not p.HasField("measured") and p.samples == 0
+
+
+def test_no_wait_returns_at_once_and_wait_errors_are_precise(small_limit_scheduler, tmp_path):
+    import grpc
+
+    from common.pb import control, control_grpc
+
+    address = small_limit_scheduler.address
+    model = tmp_path / "m.onnx"
+    model.write_bytes(model_bytes(mlp_small()))
+    quick = nexus_cli("models", "upload", str(model), "--name", "m", "--no-wait", "--scheduler", address)
+    assert quick.returncode == 0 and "is ready" not in quick.stdout and not quick.stderr, quick
+    stored = nexus_cli("models", "upload", str(model), "--name", "s", "--no-load", "--scheduler", address)
+    assert stored.returncode == 0, stored.stderr
+    states = {m["name"]: (m["state"], m["state_reason"]) for m in _list(address)}
+    assert states == {"m": ("loading", "no backend is registered"), "s": ("stored", "stored, not loaded")}
+    bad_timeout = nexus_cli("models", "upload", str(model), "--name", "m", "--wait-timeout-s", "-1",
+                            "--scheduler", address)
+    assert bad_timeout.returncode == 2 and "0 or more" in bad_timeout.stderr
+    with grpc.insecure_channel(address) as channel:
+        stub = control_grpc.SchedulerStub(channel)
+        for request, code, words in (
+                (control.WaitReadyRequest(name="absent"), grpc.StatusCode.NOT_FOUND, "no model 'absent'"),
+                (control.WaitReadyRequest(name="m", version=7), grpc.StatusCode.NOT_FOUND,
+                 "no version 7 of model 'm'"),
+                (control.WaitReadyRequest(name="m", timeout_s=-1), grpc.StatusCode.INVALID_ARGUMENT, "negative")):
+            with pytest.raises(grpc.RpcError) as err:
+                stub.WaitModelReady(request, timeout=10)
+            assert err.value.code() == code and words in err.value.details(), err.value
+        # a stored model waits for nothing: it answers at once with its state
+        desc = stub.WaitModelReady(control.WaitReadyRequest(name="s", timeout_s=60), timeout=10)
+        assert desc.serving_state == control.STORED

@@ -74,6 +74,11 @@ class SchedulerStub:
                 request_serializer=nexus_dot_control__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=nexus_dot_control__pb2.ListModelsReply.FromString,
                 _registered_method=True)
+        self.WaitModelReady = channel.unary_unary(
+                '/nexus.control.Scheduler/WaitModelReady',
+                request_serializer=nexus_dot_control__pb2.WaitReadyRequest.SerializeToString,
+                response_deserializer=nexus_dot_control__pb2.ModelDesc.FromString,
+                _registered_method=True)
         self.LoadModel = channel.unary_unary(
                 '/nexus.control.Scheduler/LoadModel',
                 request_serializer=nexus_dot_control__pb2.LoadRequest.SerializeToString,
@@ -152,6 +157,12 @@ class SchedulerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListModels(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WaitModelReady(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -236,6 +247,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=nexus_dot_control__pb2.ListModelsRequest.FromString,
                     response_serializer=nexus_dot_control__pb2.ListModelsReply.SerializeToString,
+            ),
+            'WaitModelReady': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitModelReady,
+                    request_deserializer=nexus_dot_control__pb2.WaitReadyRequest.FromString,
+                    response_serializer=nexus_dot_control__pb2.ModelDesc.SerializeToString,
             ),
             'LoadModel': grpc.unary_unary_rpc_method_handler(
                     servicer.LoadModel,
@@ -484,6 +500,33 @@ class Scheduler:
             '/nexus.control.Scheduler/ListModels',
             nexus_dot_control__pb2.ListModelsRequest.SerializeToString,
             nexus_dot_control__pb2.ListModelsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WaitModelReady(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nexus.control.Scheduler/WaitModelReady',
+            nexus_dot_control__pb2.WaitReadyRequest.SerializeToString,
+            nexus_dot_control__pb2.ModelDesc.FromString,
             options,
             channel_credentials,
             insecure,

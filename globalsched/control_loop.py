@@ -66,6 +66,7 @@ class ControlLoop:
         self.begin_epochs(0)
         self.last_plan_time = 0.0
         self.plan: ClusterPlan | None = None      # the plan in force: the last one applied
+        self._warned: set[str] = set()            # the plan notes logged as warnings, while they hold
 
     def adopt(self, state: PlannerState) -> None:
         """Continue from a plan in force another process made (a standby that took over): the planner
@@ -131,11 +132,19 @@ class ControlLoop:
             for b in placement.backends:
                 log.info("epoch %d: %s duty cycle %.1f ms: %s", self.epoch, b.node_id, b.duty_cycle_ms,
                          ", ".join(f"{s.model} b={s.batch} {s.throughput_rps:.1f} rps" for s in b.sessions) or "idle")
-        # Warnings that still hold are not repeated with every plan.
+        # Warnings that still hold are not repeated with every plan. A plan made while models are
+        # being profiled is provisional (a first start plans each model as its profile arrives, some
+        # with a prediction): its notes are only information until a plan without profiling runs.
         before = self.plan
+        profiling = plan.catalog.profiling if plan.catalog is not None else frozenset()
         for note in plan.notes:
-            if before is None or note not in before.notes:
+            if note in self._warned:
+                continue
+            if profiling:
+                log.info("%s (provisional: %s still being profiled)", note, ", ".join(sorted(profiling)))
+            else:
                 log.warning(note)
+        self._warned = self._warned & set(plan.notes) if profiling else set(plan.notes)
         for model, why in plan.best_effort.items():
             if before is None or before.best_effort.get(model) != why:
                 log.warning("%s: %s", model, why)

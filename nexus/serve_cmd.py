@@ -89,6 +89,25 @@ def wait_models_ready(frontend: str, names: list[str], timeout_s: float,
     return pending
 
 
+class StartPhases:
+    """How long each phase of the start took, for the banner: a start that is not quick says where
+    its time went (issue 26: the first start profiles every sample model)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.began = self.last = clock()
+        self.phases: list[tuple[str, float]] = []
+
+    def done(self, phase: str) -> None:
+        now = self.clock()
+        self.phases.append((phase, now - self.last))
+        self.last = now
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in self.phases)
+        return f"{self.last - self.began:.1f} s" + (f" ({parts})" if parts else "")
+
+
 def unservable_models(models: Iterable[control.ModelDesc]) -> dict[str, str]:
     """Models no registered device type can serve (their serving state is FAILED), with why."""
     return {m.name: m.state_reason for m in models if m.serving_state == control.FAILED}
@@ -260,9 +279,11 @@ def run(args) -> int:
     # they leave the plan through).
     handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     start = functools.partial(launch, env=env, start_new_session=True)
+    phases = StartPhases()
     try:
         scheduler = supervisor.add(start(sched_cfg))
         sched_addr = scheduler.wait_ready(60)
+        phases.done("scheduler")
         # a restarted scheduler comes back where the nodes and scrapers look
         scheduler_metrics = scheduler.info.get("metrics", "")
         pin_listen(scheduler, sched_cfg, metrics_listen=urllib.parse.urlsplit(scheduler_metrics).netloc)
@@ -270,6 +291,7 @@ def run(args) -> int:
         if not args.no_samples:
             known = {m.name for m in list_models(sched_addr, creds)}
             paths = write_sample_models(data_dir / "samples")
+            phases.done("building the sample models")
             for name, path in paths.items():
                 names.append(name)
                 if name not in known:
@@ -279,6 +301,7 @@ def run(args) -> int:
                 if name not in known_queries:
                     register_query(sched_addr, sample_query_json(name), creds)
                 names.append(name)
+            phases.done("storing them")
         if repository:
             upload_repository(sched_addr, repository, creds=creds)
             names += [name for name in dict.fromkeys(m.name for m in repository) if name not in names]
@@ -297,6 +320,7 @@ def run(args) -> int:
                 scaler.add(child)
         for c in supervisor.children[1:]:
             c.wait_ready(120)
+        phases.done("backends and frontend")
         http_address = frontend.info.get("http", "")
         metrics_url = frontend.info.get("metrics", "")
         # clients keep the frontend's addresses across restarts, also those it was given port 0 for
@@ -310,6 +334,10 @@ def run(args) -> int:
         unserved: dict[str, str] = {}
         missing = wait_models_ready(frontend.address, names, args.ready_timeout_s, creds,
                                     lambda: unservable_models(list_models(sched_addr, creds)), unserved)
+        if names:
+            profiled = sum(any(st.stage == "profiled" for st in m.ready_stages) for m in list_models(sched_addr, creds))
+            phases.done(f"profiling {profiled} models on their first start (profiles are kept) and placing them"
+                        if profiled else "placing, loading and warming up the models")
         for name, why in unserved.items():
             _log(f"warning: {name} cannot be served: {why}")
         if missing:
@@ -318,6 +346,7 @@ def run(args) -> int:
         print(f"Nexus is serving on {frontend.address} (KServe v2 gRPC) and http://{http_address} (KServe v2 "
               f"HTTP/REST); scheduler at {sched_addr}", flush=True)
         print(f"  models: {', '.join(names) or '(none)'}", flush=True)
+        print(f"  started in {phases.describe()}", flush=True)
         print(f"  metrics: {metrics_url} (Prometheus; the scheduler's, with nexus_desired_devices: "
               f"{scheduler_metrics or 'off'})", flush=True)
         print(f"  admin:  nexus models list --scheduler {sched_addr} {' '.join(_client_flags(security))}".rstrip(),

@@ -172,3 +172,43 @@ def test_the_loop_lag_monitor_sees_a_blocked_loop():
     assert monitor.worst_s >= 0.9                        # the timer due within it ran that late
     buckets = {s.labels["le"]: s.value for s in monitor.histogram.collect()[0].samples if s.name.endswith("_bucket")}
     assert buckets["0.5"] < buckets["+Inf"]              # one observation beyond half a second
+
+
+def test_a_plan_made_while_models_are_profiled_warns_of_nothing_until_profiling_ends(caplog):
+    # A first start plans each model as its profile arrives: a plan that needs more devices than there
+    # are is then provisional (information), and a warning once no model is being profiled, once.
+    from globalsched.catalog import Catalog
+
+    caplog.set_level(logging.INFO, logger="nexus.scheduler")
+    profiling = {"m2"}
+
+    class Busy(World):
+        def read_view(self, now, force, why):
+            self.reads += 1
+            return ClusterView(now, tuple(self.backends), tuple(self.models), rates_rps={"m": 2000.0},
+                               force=force, why=why)
+
+    async def main():
+        world = Busy()
+        world.backends = world.backends[:1]
+        trigger = ReplanTrigger()
+        loop = ControlLoop(PlannerSettings(), trigger, world.read_view, [world],
+                           catalog=lambda plan: Catalog(profiling=frozenset(profiling)))
+        task = asyncio.create_task(loop.run())
+        while not world.applied:
+            await asyncio.sleep(0.01)
+        folded = [r for r in caplog.records if "folded onto busy backends" in r.getMessage()]
+        assert folded and all(r.levelno == logging.INFO and "provisional: m2 still being profiled" in r.getMessage()
+                              for r in folded), [r.getMessage() for r in folded]
+        profiling.clear()
+        for _ in range(2):                   # the note holds on: warned once
+            applied = len(world.applied)
+            trigger.request("profile of m2 done")
+            while len(world.applied) == applied:
+                await asyncio.sleep(0.01)
+        warned = [r for r in caplog.records if "folded onto busy backends" in r.getMessage()
+                  and r.levelno == logging.WARNING]
+        assert len(warned) == 1, [r.getMessage() for r in warned]
+        task.cancel()
+
+    asyncio.run(main())

@@ -29,7 +29,9 @@ import functools
 import os
 import pathlib
 import signal
+import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 from typing import Callable, Iterable, Mapping
@@ -87,6 +89,14 @@ def wait_models_ready(frontend: str, names: list[str], timeout_s: float,
             if pending:
                 time.sleep(0.3)
     return pending
+
+
+SIGNAL_RETRY_S = 0.05
+
+
+def interrupts_popen(frame) -> bool:
+    """Whether the frame a signal interrupted runs the standard library's subprocess code."""
+    return frame is not None and frame.f_code.co_filename == subprocess.__file__
 
 
 class StartPhases:
@@ -266,9 +276,14 @@ def run(args) -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1", NEXUS_LOG=children_log_level(args), **{CLUSTER_PID_ENV: str(os.getpid())})
     supervisor = Supervisor(_log)
 
-    def stop(signum, _frame):
+    def stop(signum, frame):
         if supervisor.stopping:           # a second signal: every child stops at once
             supervisor.signal_all(signal.SIGTERM)
+            return
+        if interrupts_popen(frame):
+            # Popen may hold its waitpid lock here, outside the try that releases it: an exception
+            # would leak the lock, and the stop would then wait for a child forever. Again in a moment.
+            threading.Timer(SIGNAL_RETRY_S, os.kill, (os.getpid(), signum)).start()
             return
         supervisor.stopping = True        # from now on a child that exits is not restarted
         raise KeyboardInterrupt
@@ -282,6 +297,9 @@ def run(args) -> int:
     phases = StartPhases()
     try:
         scheduler = supervisor.add(start(sched_cfg))
+        # built while the scheduler starts (each takes about a second on a small machine)
+        paths = write_sample_models(data_dir / "samples") if not args.no_samples else {}
+        phases.done("building the sample models")
         sched_addr = scheduler.wait_ready(60)
         phases.done("scheduler")
         # a restarted scheduler comes back where the nodes and scrapers look
@@ -290,8 +308,6 @@ def run(args) -> int:
         names = []
         if not args.no_samples:
             known = {m.name for m in list_models(sched_addr, creds)}
-            paths = write_sample_models(data_dir / "samples")
-            phases.done("building the sample models")
             for name, path in paths.items():
                 names.append(name)
                 if name not in known:

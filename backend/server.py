@@ -166,6 +166,10 @@ class BackendService(control_grpc.BackendServicer):
         self._row_nbytes: dict[str, tuple[Session, tuple[int | None, ...]]] = {}   # per session, see _work
         self.warmer = Warmer()
         self.warming: set[str] = set()        # sessions whose warm-up runs now (Stats)
+        # An emulated GPU holds what a real one would: a model table beyond its memory fails the
+        # loads that do not fit, as CUDA's out-of-memory does (a real GPU enforces it itself).
+        self.memory_limit_mb = ((config.memory_mb or detect_memory_mb(config.device))
+                                if config.device.startswith("emulated:") else 0.0)
 
     def _threads(self) -> int | None:
         """Intra-op threads per model: as configured, else the runtime's default (one per core), the
@@ -332,6 +336,15 @@ class BackendService(control_grpc.BackendServicer):
                     log.warning("cannot load %s: %s", name, exc)
                     failed.append(f"{name}: {exc.__class__.__name__}: {exc}")
                     continue
+                if self.memory_limit_mb:
+                    held = {id(s.runtime): s.runtime.memory_mb() for s in sessions.values()}
+                    need, used = runtime.memory_mb(), sum(held.values())
+                    if id(runtime) not in held and used + need > self.memory_limit_mb:
+                        log.warning("cannot load %s: out of memory (%.0f MB needed, %.0f of %.0f MB in use)",
+                                    name, need, used, self.memory_limit_mb)
+                        failed.append(f"{name}: OutOfMemory: CUDA out of memory: {need:,.0f} MB needed, {used:,.0f} "
+                                      f"of {self.memory_limit_mb:,.0f} MB in use by the table's other models")
+                        continue
                 profile = Profile.from_json(entry.profile_json) if entry.profile_json else None
                 sessions[name] = Session(name, runtime, entry.slo_ms, entry.batch, profile, entry.model.sha256,
                                          self.config.max_queue)

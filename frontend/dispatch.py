@@ -51,6 +51,10 @@ _EXEC_TO_GRPC = {
     ReplyStatus.CANCELLED: grpc.StatusCode.CANCELLED,
     ReplyStatus.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
 }
+# How long a request for a cold session may wait beyond its own budget for the session to be paged
+# in: the placement, the load and warm-up of its model, and the routing table (benchmarks/ready.md:
+# 0.1-0.4 s from plan to route for the sample models on a CPU).
+COLD_START_ALLOWANCE_S = 5.0
 # A request whose backend has not answered this long after its deadline is cancelled there and
 # answered DEADLINE_EXCEEDED (the backend drops expired requests itself; this covers a backend
 # busy with a long batch or hung).
@@ -81,6 +85,10 @@ class FrontendState:
         self.counters: dict[str, dict[str, int]] = {}   # per model: success/fail counts, ns, rows
         self.edge_window: dict[tuple[str, str, str], list[int]] = {}  # (query, parent, child) -> [parent, child] rows
         self.table_changed = asyncio.Event()
+        # cold sessions a request asked for since the last workload report: the report goes at once
+        # (frontend/server.py), and the scheduler pages them in (globalsched/residency.py)
+        self.page_in: set[str] = set()
+        self.page_in_asked = asyncio.Event()
         self.metrics = FrontendMetrics(lambda: self.table, lambda: self.in_flight)   # served by frontend/server.py
         self.path_overhead_s = 0.0                      # smoothed frontend-backend-frontend overhead
         self.path_deviation_s = 0.0                     # and its smoothed mean deviation
@@ -248,6 +256,10 @@ async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes],
         if left <= 0:
             raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED, f"model {model.name!r}: deadline passed")
         if route is None:
+            if model.cold:
+                model = await _paged_in(state, model, end_s)
+                tried = set()
+                continue
             if not model.backends:
                 raise RequestError(grpc.StatusCode.UNAVAILABLE, f"model {model.name!r} is not available: {last_reason}")
             changed = state.table_changed   # its backends are lost: the repaired table comes soon
@@ -288,6 +300,41 @@ async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes],
         if result.status is not ReplyStatus.OK:
             raise RequestError(_EXEC_TO_GRPC.get(result.status, grpc.StatusCode.INTERNAL), result.message)
         return result
+
+
+async def _paged_in(state: FrontendState, model: ModelEntry, end_s: float) -> ModelEntry:
+    """Ask for a cold session to be paged in, and wait (until ``end_s``) for the routing table that
+    routes it; its entry then, or RequestError UNAVAILABLE with the reason when none came in time."""
+    state.page_in.add(model.session)
+    state.page_in_asked.set()
+    state.metrics.cold_start(model.session)
+    began = time.monotonic()
+    while True:
+        left = end_s - time.monotonic()
+        if left <= 0:
+            raise RequestError(grpc.StatusCode.UNAVAILABLE, f"model {model.name!r} was not paged in within "
+                                                            f"{time.monotonic() - began:.1f} s: {model.reason}")
+        changed = state.table_changed
+        try:
+            await asyncio.wait_for(changed.wait(), timeout=left)
+        except asyncio.TimeoutError:
+            continue
+        now = state.table.models.get(model.session)
+        if now is None or not now.served:
+            raise RequestError(grpc.StatusCode.UNAVAILABLE, f"model {model.name!r} is no longer served")
+        if now.backends:
+            state.metrics.paged_in(model.session, time.monotonic() - began)
+            return now
+        if not now.cold:
+            raise RequestError(grpc.StatusCode.UNAVAILABLE, f"model {model.name!r} is not available: {now.reason}")
+        model = now
+
+
+def cold_budget_s(budget_s: float, deadline_s: float | None) -> float:
+    """The time budget of a request for a cold session: its own, plus the time the page-in may take
+    (COLD_START_ALLOWANCE_S), within the client's gRPC deadline when it has one."""
+    extended = budget_s + COLD_START_ALLOWANCE_S
+    return min(extended, deadline_s) if deadline_s is not None else extended
 
 
 def request_budget_s(slo_ms: float, timeout_us: int, deadline_s: float | None) -> float:

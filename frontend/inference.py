@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from common.pb import kserve
-from frontend.dispatch import FrontendState, RequestRecord, dispatch, request_budget_s
+from frontend.dispatch import FrontendState, RequestRecord, cold_budget_s, dispatch, request_budget_s
 from frontend.queries import run_query
 from frontend.requests import add_output, parse_infer_request
 from frontend.routing import ModelEntry
@@ -40,7 +40,10 @@ async def _run_model(state: FrontendState, model: ModelEntry, request, deadline_
                      record: RequestRecord, marks: Marks | None) -> kserve.ModelInferResponse:
     parsed = parse_infer_request(request, model, state.shared_memory)
     record.accepted(parsed.rows)
-    end = record.start_s + request_budget_s(model.slo_ms, parsed.timeout_us, deadline_s)
+    budget_s = request_budget_s(model.slo_ms, parsed.timeout_us, deadline_s)
+    if model.cold:      # within its SLO plus the time to page it in
+        budget_s = cold_budget_s(budget_s, deadline_s)
+    end = record.start_s + budget_s
     if marks is not None:
         marks.validated = time.monotonic_ns()
     result = await dispatch(state, model, parsed.inputs, parsed.rows, end, marks)

@@ -256,7 +256,7 @@ class KServeService:
                                                        timeout=LOAD_WAIT_S + 10)
         except grpc.aio.AioRpcError as exc:
             await context.abort(exc.code(), exc.details())
-        if desc.serving_state != control.READY:
+        if desc.serving_state not in (control.READY, control.COLD):     # a cold one is paged in by a request
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"model {name!r} cannot be served: {desc.state_reason}"
                                 if desc.serving_state == control.FAILED else
@@ -265,7 +265,7 @@ class KServeService:
         deadline = time.monotonic() + TABLE_WAIT_S
         while time.monotonic() < deadline:
             model = self.state.table.newest(request.model_name)
-            if model is not None and model.ready:
+            if model is not None and (model.ready or model.cold):
                 return kserve.RepositoryModelLoadResponse()
             try:
                 await asyncio.wait_for(self.state.table_changed.wait(), timeout=1.0)

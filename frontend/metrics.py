@@ -41,6 +41,9 @@ This system's own:
   is the p99 over every frontend.
 - ``nexus_requests_late_total{model,version}``: successful requests answered after their SLO (their own
   ``timeout`` parameter, or the model's SLO, capped by the gRPC deadline).
+- ``nexus_cold_starts_total{model,version}``: requests that found their model cold (resident on no
+  device, globalsched/residency.py) and asked for it to be paged in; ``nexus_cold_start_wait_seconds``
+  histogram of how long such a request waited for its model to be routed (the load included).
 - ``nexus_requests_in_flight``: requests this frontend is serving now, over every transport (those
   held for its first routing table included); a drain on SIGTERM waits for them.
 - ``nexus_requests_dropped_total{model,version,reason}``: requests dropped or shed, by gRPC status:
@@ -124,6 +127,9 @@ class _ModelCounts:
     compute_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
     late: int = 0
     dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys((c.name for c in DROP_STATUSES), 0))
+    cold_starts: int = 0
+    page_in_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+    page_in_sum_s: float = 0.0
 
     @property
     def request_us(self) -> int:
@@ -168,6 +174,14 @@ class _RequestCollector(Collector):
         yield _histogram("nexus_request_latency_slo_ratio",
                          "Latency of successful requests divided by their SLO (le=1.0: within SLO)",
                          SLO_RATIO_BUCKETS, ((m, c.slo_ratio_buckets, c.slo_ratio_sum) for m, c in models))
+        yield _histogram("nexus_cold_start_wait_seconds",
+                         "Time a request for a cold model waited for it to be paged in (its load included)",
+                         LATENCY_BUCKETS_S, ((m, c.page_in_buckets, c.page_in_sum_s) for m, c in models))
+        cold = CounterMetricFamily("nexus_cold_starts", "Requests that found their model cold and asked for it "
+                                                        "to be paged in", labels=["model", "version"])
+        for model, c in models:
+            cold.add_metric(_labels(model), c.cold_starts)
+        yield cold
         late = CounterMetricFamily("nexus_requests_late", "Successful requests answered after their SLO",
                                    labels=["model", "version"])
         dropped = CounterMetricFamily("nexus_requests_dropped", "Requests dropped or shed, by gRPC status",
@@ -319,6 +333,16 @@ class FrontendMetrics:
         c.failure[failure_reason(code)] += 1
         if code in DROP_STATUSES:
             c.dropped[code.name] += 1
+
+    def cold_start(self, model: str) -> None:
+        """A request found ``model`` cold and asked for it to be paged in."""
+        self._model(model).cold_starts += 1
+
+    def paged_in(self, model: str, waited_s: float) -> None:
+        """A request waited ``waited_s`` for cold ``model`` to be routed."""
+        c = self._model(model)
+        c.page_in_buckets[bisect.bisect_left(LATENCY_BUCKETS_S, waited_s)] += 1
+        c.page_in_sum_s += waited_s
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric (what ``/metrics`` serves)."""

@@ -52,6 +52,7 @@ class ModelEntry:
     version: int = 1
     session: str = ""                # what backends, statistics and demand reports call it ("": ``name``)
     version_policy: VersionPolicy = DEFAULT_POLICY    # the model's
+    cold: bool = False               # resident on no device: a request pages it in (frontend/dispatch.py)
 
     def __post_init__(self) -> None:
         if not self.session:
@@ -96,7 +97,8 @@ def _query_entry(info: control.QueryInfo, models: dict[str, ModelEntry]) -> Quer
 
 
 def _entry(desc: control.ModelDesc, slo_ms: float, served: bool, routes=(), reason: str = "",
-           planned_rate_rps: float = 0.0, measured_rate_rps: float = 0.0, session: str = "") -> ModelEntry:
+           planned_rate_rps: float = 0.0, measured_rate_rps: float = 0.0, session: str = "",
+           cold: bool = False) -> ModelEntry:
     """The entry of ``desc``'s version, or of the query stage ``session`` that runs it."""
     spec = lambda t: TensorSpec(t.name, t.datatype, tuple(t.shape))  # noqa: E731
     version = desc.version or 1
@@ -107,7 +109,7 @@ def _entry(desc: control.ModelDesc, slo_ms: float, served: bool, routes=(), reas
                       min((b for b in (desc.max_batch, desc.batch_cap) if b), default=DEFAULT_MAX_BATCH), served,
                       tuple(Route(r.node_id, r.address, r.weight, r.batch, r.duty_cycle_ms) for r in routes), reason,
                       planned_rate_rps, measured_rate_rps, 1 if stage else version, session or key,
-                      _policy(desc))
+                      _policy(desc), cold)
 
 
 def _policy(desc: control.ModelDesc) -> VersionPolicy:
@@ -177,7 +179,7 @@ class RoutingTable:
         versions: dict[str, dict[int, ModelEntry]] = {}
         for r in table.routes:
             entry = _entry(r.model, r.slo_ms, True, r.backends, r.reason, r.planned_rate_rps, r.measured_rate_rps,
-                           r.session)
+                           r.session, r.cold)
             models[entry.session] = entry
             if entry.name == r.model.name:          # a model's version, not a query's stage ("<query>/<stage>")
                 versions.setdefault(entry.name, {})[entry.version] = entry

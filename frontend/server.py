@@ -51,12 +51,20 @@ async def _report_loop(state: FrontendState, scheduler, node, interval_s: float)
     """Report the demand every ``interval_s``, and at once when a session surges (frontend/early_report.py)."""
     clock = ReportClock(interval_s, time.monotonic())
     while True:
-        await asyncio.sleep(min(CHECK_S, interval_s))
+        try:      # a request for a cold session is reported at once: the scheduler pages it in
+            await asyncio.wait_for(state.page_in_asked.wait(), min(CHECK_S, interval_s))
+        except asyncio.TimeoutError:
+            pass
         now = time.monotonic()
         models = state.table.models
         planned = {name: m.planned_rate_rps for name in state.requests_window
                    if (m := models.get(name)) is not None and m.served}
+        paging_in, state.page_in = sorted(state.page_in), set()
+        state.page_in_asked.clear()
         surging = clock.due(state.requests_window, planned, now)
+        if paging_in:
+            log.info("early workload report: %s requested while cold", ", ".join(paging_in))
+            surging = sorted({*(surging or ()), *(n for n in paging_in if n in state.requests_window)})
         if surging is None:
             continue
         if surging:

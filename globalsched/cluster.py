@@ -124,6 +124,7 @@ class ClusterPlan:
     unplaced: Mapping[str, str]                       # session -> reason
     need_profile: Mapping[str, str]                   # model -> device type to profile it on
     best_effort: Mapping[str, str] = field(default_factory=dict)  # session -> why it cannot meet its SLO
+    cold: frozenset[str] = frozenset()                # sessions not resident (in ``unplaced``): paged in on demand
     num_devices_planned: int = 0
     lower_bound: int = 0                              # the certified bound: throughput and fixed costs
     lower_bound_throughput_only: int = 0              # the bound of earlier releases, for comparison

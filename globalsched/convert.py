@@ -69,8 +69,8 @@ def backend_route(node_id: str, address: str, share_rps: float, batch: int, duty
 
 
 def model_route(desc: control.ModelDesc, slo_ms: float, session: str, backends: Iterable[control.BackendRoute] = (),
-                reason: str = "", planned_rate_rps: float = 0.0, measured_rate_rps: float = 0.0
-                ) -> control.ModelRoute:
+                reason: str = "", planned_rate_rps: float = 0.0, measured_rate_rps: float = 0.0,
+                cold: bool = False) -> control.ModelRoute:
     """A session's route: its backends, or why it has none (the reason frontends answer with). The
     model's warm-up samples stay out: only backends run them."""
     if desc.warmup:
@@ -80,7 +80,7 @@ def model_route(desc: control.ModelDesc, slo_ms: float, session: str, backends: 
         desc = bare
     return control.ModelRoute(model=desc, slo_ms=slo_ms, backends=list(backends), reason=reason,
                               session=session if session != desc.name else "",
-                              planned_rate_rps=planned_rate_rps, measured_rate_rps=measured_rate_rps)
+                              planned_rate_rps=planned_rate_rps, measured_rate_rps=measured_rate_rps, cold=cold)
 
 
 def query_info(name: str, text: str, plan: QueryPlan | None, planned_rate_rps: float, devices: int

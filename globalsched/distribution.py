@@ -193,7 +193,8 @@ class Distribution:
                 reason = reason or "being profiled"
             routes.append(convert.model_route(desc, planned.slo_ms, session, backends,
                                               "" if backends else (reason or "not placed"),
-                                              planned.rate_rps, measured.get(session, 0.0)))
+                                              planned.rate_rps, measured.get(session, 0.0),
+                                              cold=not backends and session in plan.cold and model not in failed))
         for route in catalog.unplanned:          # served versions the plan could not place, and why
             if route.key in catalog.descs:
                 served.add(route.key)

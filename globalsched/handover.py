@@ -17,8 +17,10 @@ of a 5x step in those windows). So a plan is pushed in two steps:
    deadline by then (the longest SLO of the kept sessions), so the release fails nothing; what a
    backend might still hold is answered NOT_FOUND, which the frontend retries on its new routes.
 
-A session the plan no longer serves at all is dropped at once (it has nowhere to go). A backend the
-plan does not name (it left) is not pushed: it keeps serving what it holds until it exits.
+A session the plan places on no backend is dropped at once: it has nowhere to go, and one that went
+cold (globalsched/residency.py) frees its memory for the session paged in in its place, which a
+device whose memory the plan fills could not load beside it. A backend the plan does not name (it
+left) is not pushed: it keeps serving what it holds until it exits.
 
 Pure: the distribution (globalsched/distribution.py) and the simulator (nexus/simulate/control.py)
 both execute what :func:`handover` returns. Keeping a session holds its memory for the move's
@@ -57,12 +59,13 @@ def handover(in_force: ClusterPlan | None, plan: ClusterPlan) -> Handover:
     """How to push ``plan`` over ``in_force`` (the plan the backends and frontends hold; None at the
     first plan, or after a restart: then nothing is kept, as nothing is known to be held)."""
     before = backend_tables(in_force)
+    placed = {s.model for sessions in backend_tables(plan).values() for s in sessions}
     make: dict[str, tuple[PlacedSession, ...]] = {}
     release: dict[str, tuple[PlacedSession, ...]] = {}
     kept: dict[str, tuple[str, ...]] = {}
     for node_id, sessions in backend_tables(plan).items():
         names = {s.model for s in sessions}
-        keep = tuple(s for s in before.get(node_id, ()) if s.model not in names and s.model in plan.sessions)
+        keep = tuple(s for s in before.get(node_id, ()) if s.model not in names and s.model in placed)
         make[node_id] = sessions + keep
         if keep:
             release[node_id] = sessions

@@ -238,7 +238,8 @@ class ModelAdmin:
         for t in sorted(set(present) | set(profiles)):
             state, reason = self.device_type_state(key, t, t in profiles, choices.get(t))
             desc.device_types.add(device_type=t, state=state, reason=reason, backends=present.get(t, 0))
-        desc.serving_state, desc.state_reason = serving_state(desc, key in self.readiness.routed)
+        desc.serving_state, desc.state_reason = serving_state(desc, key in self.readiness.routed,
+                                                              self.readiness.cold.get(key, ""))
         desc.ready_after_s = self.readiness.ready_after_s.get(key, 0.0)
         for stage, after_s in self.readiness.stages.get(key, {}).items():
             desc.ready_stages.add(stage=stage, after_s=after_s)
@@ -440,6 +441,7 @@ class ModelAdmin:
             self.start_profiling(model, device_type)
         self.readiness.reached((plan.model_of(s.model) for placement in plan.placements.values()
                                 for b in placement.backends for s in b.sessions), "planned")
+        self.readiness.cold = {plan.model_of(s): plan.unplaced.get(s, "") for s in plan.cold}
         served = {plan.model_of(s) for s in plan.sessions}
         present = set(self.present_types())
         for model, device_type in sorted(self.book.predictions):

@@ -47,6 +47,7 @@ from globalsched.placement import BackendAssignment, BackendSlot, PlacedSession,
 from globalsched.planning_loop import TypeState, plan_type
 from globalsched.query_sessions import plan_query_sessions
 from globalsched.replan_policy import should_replan
+from globalsched.residency import choose_resident
 from globalsched.workload import PLAN_RATE_WINDOW_S
 
 
@@ -110,7 +111,7 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
     sessions, planned, queries = session_inputs(view, settings, planned_rps, first, surges,
                                                 {name: rate for name, (rate, _) in floors.items()})
     placed, types = place_sessions(sessions, view.backends, state, view.now_s, force, settings,
-                                   {m.name: m.min_replicas for m in view.models})
+                                   {m.name: m.min_replicas for m in view.models}, view.rates_rps)
     changed = any(r is not ReplanReason.NONE for r in placed.reasons.values())
     if force is None and state.plan is not None and not changed:
         return state.plan, replace(state, types=types, backends=view.backends)
@@ -278,10 +279,13 @@ def session_inputs(view: ClusterView, settings: PlannerSettings, planned_rps: Ma
 
 def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendSlot], state: PlannerState,
                    now_s: float, force: ReplanReason | None = None, settings: PlannerSettings = PlannerSettings(),
-                   min_replicas: Mapping[str, int] = {}) -> tuple[ClusterPlan, dict[str, TypeState]]:
+                   min_replicas: Mapping[str, int] = {}, demand: Mapping[str, float] = {}
+                   ) -> tuple[ClusterPlan, dict[str, TypeState]]:
     """Place ``sessions`` on ``backends``, one device type at a time (steps 3 and 4 of the module
-    docstring). ``min_replicas`` per session, 0 or absent for the default. The plan carries the
-    placement only; :func:`plan_cluster` adds the sessions' and queries' views."""
+    docstring). ``min_replicas`` per session, 0 or absent for the default. Only the sessions the
+    type's memory holds are placed, the most requested (``demand``: measured rates) first; the rest
+    are cold (globalsched/residency.py). The plan carries the placement only; :func:`plan_cluster`
+    adds the sessions' and queries' views."""
     config = settings.planner
     margins_ms = config.margins_ms
     by_type: dict[str, list[BackendSlot]] = {}
@@ -317,6 +321,14 @@ def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendS
         for placement in state.plan.placements.values():
             for b in placement.backends:
                 previous[b.node_id] = frozenset(s.model for s in b.sessions)
+    cold: dict[str, str] = {}
+    for device_type in list(chosen):
+        before = {name for node_id in (b.node_id for b in by_type[device_type]) for name in previous.get(node_id, ())}
+        chosen[device_type], cold_here, too_large = choose_resident(chosen[device_type], by_type[device_type],
+                                                                    device_type, demand, before)
+        cold.update(cold_here)
+        unplaced.update(cold_here)
+        unplaced.update(too_large)
     replicas = {s.model: max(1, min_replicas.get(s.model, 0) or settings.default_min_replicas) for s in sessions}
     placements: dict[str, Placement] = {}
     types: dict[str, TypeState] = {}
@@ -348,7 +360,7 @@ def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendS
         placements[device_type] = result.placement
     for device_type, group in infeasible.items():
         placements[device_type] = _add_best_effort(placements[device_type], group, device_type)
-    plan = ClusterPlan(placements, unplaced, need_profile, best_effort=best_effort,
+    plan = ClusterPlan(placements, unplaced, need_profile, best_effort=best_effort, cold=frozenset(cold),
                        num_devices_planned=sum(needed.values()), lower_bound=sum(bounds.values()),
                        lower_bound_throughput_only=throughput_bound,
                        solver=settings.solver, notes=tuple(notes), devices_needed=needed, lower_bounds=bounds,

@@ -7,7 +7,9 @@ A version is
   ``state_reason`` says what it waits for;
 * ``READY``: the last routing table the frontends took routes it to backends that hold it;
 * ``FAILED``: loaded, but no registered device type can serve it: every one lacks a profile it cannot
-  measure, or spent its load attempts (``state_reason`` has the first one's reason).
+  measure, or spent its load attempts (``state_reason`` has the first one's reason);
+* ``COLD``: loaded, but resident on no device: their memory holds busier models
+  (globalsched/residency.py); a request pages it in.
 
 :func:`serving_state` decides from a version's description and whether it is routed; it is pure.
 :class:`Readiness` is the scheduler's record of when each version started loading and first became
@@ -34,13 +36,15 @@ _CANNOT = (control.NEEDS_PROFILE, control.CANNOT_LOAD)
 STAGES = ("stored", "profiled", "planned", "loaded", "routed")
 
 
-def serving_state(desc: control.ModelDesc, routed: bool) -> tuple[int, str]:
+def serving_state(desc: control.ModelDesc, routed: bool, cold: str = "") -> tuple[int, str]:
     """(control.ServingState, reason) of the version ``desc`` describes; ``routed``: the routing
-    table in force routes it to backends."""
+    table in force routes it to backends; ``cold``: why the plan in force left it cold ("" if not)."""
     if not desc.loaded:
         return control.STORED, "stored, not loaded"
     if routed:
         return control.READY, ""
+    if cold:
+        return control.COLD, cold
     present = [d for d in desc.device_types if d.backends]
     if not present:
         return control.LOADING, "no backend is registered"
@@ -64,6 +68,7 @@ class Readiness:
         self.ready_after_s: dict[str, float] = {}  # version key -> seconds from then to its first route
         self.routed: frozenset[str] = frozenset()  # the version keys the routing table in force routes
         self.stages: dict[str, dict[str, float]] = {}   # version key -> stage -> seconds after ``since``
+        self.cold: dict[str, str] = {}             # version key -> why the plan in force left it cold
         self._changed = asyncio.Event()
 
     def started(self, key: str, at: float | None = None) -> None:

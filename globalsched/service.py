@@ -205,7 +205,12 @@ class SchedulerService(control_grpc.SchedulerServicer):
     async def ReportWorkload(self, request, context):
         if request.node_id not in self.nodes:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"unknown node {request.node_id!r}; register first")
-        if self.workload.report(request, time.monotonic()):
+        plan = self.control.plan
+        cold = [r.model for r in request.rates if r.requests and plan is not None and r.model in plan.cold]
+        if cold:                # requested while cold: re-plan now, to page them in (globalsched/residency.py)
+            self.workload.report(request, time.monotonic())
+            self.trigger.request(f"{', '.join(cold)} requested while cold")
+        elif self.workload.report(request, time.monotonic()):
             self.trigger.evaluate()
         return control.WorkloadReply()
 

@@ -51,7 +51,7 @@ def _servable_column(m: control.ModelDesc) -> str:
 
 
 _SERVING_WORDS = {control.STORED: "stored", control.LOADING: "loading", control.READY: "ready",
-                  control.FAILED: "failed"}
+                  control.FAILED: "failed", control.COLD: "cold"}
 
 
 def _state_column(m: control.ModelDesc) -> str:
@@ -98,6 +98,9 @@ def _run_upload(args) -> int:
         stages = ", ".join(f"{st.stage} {st.after_s:.2f}" for st in model.ready_stages)
         print(f"{model.name} version {model.version or 1} is ready: {model.ready_after_s:.2f} s after its upload"
               + (f" (s after it, each stage first reached: {stages})" if stages else ""))
+        return 0
+    if model.serving_state == control.COLD:
+        print(f"{model.name} version {model.version or 1} is loaded and cold: {model.state_reason.removeprefix('cold: ')}")
         return 0
     if model.serving_state == control.LOADING and not any(d.backends for d in model.device_types):
         print(f"nexus models upload: warning: {model.name} version {model.version or 1} is not served yet: "

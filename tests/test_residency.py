@@ -1,0 +1,47 @@
+"""Which sessions the devices' memory holds (globalsched/residency.py): the most requested first, then
+the planned rate, then those resident before; a session larger than any device is not cold but
+cannot be served on the type."""
+
+from __future__ import annotations
+
+from common.profile import Profile
+from globalsched.cluster import SessionInput
+from globalsched.placement import BackendSlot
+from globalsched.residency import COLD_PREFIX, choose_resident
+
+
+def _session(name: str, memory_mb: float, rate_rps: float = 1.0) -> SessionInput:
+    return SessionInput(name, 100.0, rate_rps, {"t4": Profile.linear(1.0, 0.5, 8, memory_base_mb=memory_mb,
+                                                                     device_type="t4")})
+
+
+SLOTS = [BackendSlot("a", "t4", 1000.0), BackendSlot("b", "t4", 1000.0)]
+
+
+def test_the_most_requested_sessions_are_resident_and_the_rest_cold():
+    sessions = [_session(f"m{i}", 299.0, rate_rps=1.0) for i in range(8)]
+    resident, cold, too_large = choose_resident(sessions, SLOTS, "t4", demand={"m7": 2.0, "m6": 0.5},
+                                                resident_before={"m0", "m1", "m2", "m3"})
+    names = [s.model for s in resident]
+    assert len(names) == 6 and {"m7", "m6"} <= set(names)       # requested now: resident first
+    assert {"m0", "m1", "m2", "m3"} <= set(names)                 # then those resident before
+    assert sorted(cold) == ["m4", "m5"] and not too_large
+    assert cold["m4"].startswith(COLD_PREFIX) and "holds 6 of 8 sessions" in cold["m4"]
+    assert names == [s.model for s in sessions if s.model in names]      # in their given order
+
+
+def test_the_planned_rate_ranks_before_residence_and_unknown_memory_holds_everything():
+    sessions = [_session("busy", 600.0, rate_rps=50.0), _session("idle", 600.0, rate_rps=0.001),
+                _session("mid", 600.0, rate_rps=5.0)]
+    resident, cold, _ = choose_resident(sessions, SLOTS, "t4", demand={}, resident_before={"idle"})
+    assert [s.model for s in resident] == ["busy", "mid"] and list(cold) == ["idle"]
+    unknown = [BackendSlot("a", "t4", 0.0)]
+    resident, cold, _ = choose_resident(sessions, unknown, "t4", demand={})
+    assert len(resident) == 3 and not cold
+
+
+def test_a_session_larger_than_every_device_is_not_cold_but_says_it_cannot_fit():
+    resident, cold, too_large = choose_resident([_session("huge", 4000.0), _session("small", 10.0)], SLOTS, "t4",
+                                                demand={"huge": 9.0})
+    assert [s.model for s in resident] == ["small"] and not cold
+    assert too_large == {"huge": "needs 4,000 MB on t4, and its largest device holds 1,000 MB"}

@@ -54,6 +54,7 @@ from backend.latency_samples import SampleRecorder
 from backend.warmup import Warmer
 from common import grpc_util
 from common.config import BackendConfig, BatchStart, scheduler_addresses
+from common.emulated_gpus import OUT_OF_MEMORY
 from common.health import Health
 from common.host_load import ContentionMonitor
 from common.pb import control, control_grpc
@@ -342,7 +343,7 @@ class BackendService(control_grpc.BackendServicer):
                     if id(runtime) not in held and used + need > self.memory_limit_mb:
                         log.warning("cannot load %s: out of memory (%.0f MB needed, %.0f of %.0f MB in use)",
                                     name, need, used, self.memory_limit_mb)
-                        failed.append(f"{name}: OutOfMemory: CUDA out of memory: {need:,.0f} MB needed, {used:,.0f} "
+                        failed.append(f"{name}: {OUT_OF_MEMORY} CUDA out of memory: {need:,.0f} MB needed, {used:,.0f} "
                                       f"of {self.memory_limit_mb:,.0f} MB in use by the table's other models")
                         continue
                 profile = Profile.from_json(entry.profile_json) if entry.profile_json else None

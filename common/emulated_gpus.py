@@ -40,6 +40,10 @@ from common.profile import LATENCY_MARGIN, BatchLatency, Profile
 
 RESNET50_MACS = 4.1e9   # per 224x224 image
 
+# How a backend's model table reply names a load beyond its device's memory (an emulated GPU's, as
+# CUDA's out-of-memory): the scheduler treats it as capacity, not as a fault of the model.
+OUT_OF_MEMORY = "OutOfMemory:"
+
 
 class UnknownGpuError(ValueError):
     """An emulated GPU name that is not in the datasheet; the message lists the known ones."""

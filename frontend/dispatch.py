@@ -257,6 +257,8 @@ async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes],
             raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED, f"model {model.name!r}: deadline passed")
         if route is None:
             if model.cold:
+                # also a model evicted while this request was on its way: it gets the page-in's time too
+                end_s = max(end_s, time.monotonic() + COLD_START_ALLOWANCE_S)
                 model = await _paged_in(state, model, end_s)
                 tried = set()
                 continue
@@ -328,6 +330,8 @@ async def _paged_in(state: FrontendState, model: ModelEntry, end_s: float) -> Mo
         if not now.cold:
             raise RequestError(grpc.StatusCode.UNAVAILABLE, f"model {model.name!r} is not available: {now.reason}")
         model = now
+        state.page_in.add(model.session)     # a plan made meanwhile left it cold: ask again
+        state.page_in_asked.set()
 
 
 def cold_budget_s(budget_s: float, deadline_s: float | None) -> float:

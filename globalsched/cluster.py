@@ -80,6 +80,7 @@ class ClusterView:
     # the latest reports per session: (rate summed over frontends, the shortest window's seconds)
     latest_reports: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     gammas: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
+    last_requested_s: Mapping[str, float] = field(default_factory=dict)   # session -> its last reported request
     force: ReplanReason | None = None
     why: tuple[str, ...] = ()
 

@@ -67,6 +67,7 @@ class ControlLoop:
         self.last_plan_time = 0.0
         self.plan: ClusterPlan | None = None      # the plan in force: the last one applied
         self._warned: set[str] = set()            # the plan notes logged as warnings, while they hold
+        self.latest: ClusterPlan | None = None    # the last plan made, also while it is being applied
 
     def adopt(self, state: PlannerState) -> None:
         """Continue from a plan in force another process made (a standby that took over): the planner
@@ -113,6 +114,7 @@ class ControlLoop:
         planned = plan
         if self.catalog is not None:
             plan = replace(plan, catalog=self.catalog(plan))
+        self.latest = plan
         self.epoch += 1
         self.trigger.epoch = self.epoch
         self.last_plan_time = now

@@ -25,6 +25,7 @@ from typing import Callable, Mapping
 
 import grpc
 
+from common.emulated_gpus import OUT_OF_MEMORY
 from common.pb import control
 from common.versions import version_key
 from globalsched import convert
@@ -194,7 +195,8 @@ class Distribution:
             routes.append(convert.model_route(desc, planned.slo_ms, session, backends,
                                               "" if backends else (reason or "not placed"),
                                               planned.rate_rps, measured.get(session, 0.0),
-                                              cold=not backends and session in plan.cold and model not in failed))
+                                              cold=not backends and (session in plan.cold and model not in failed
+                                                                     or OUT_OF_MEMORY in failed.get(model, ""))))
         for route in catalog.unplanned:          # served versions the plan could not place, and why
             if route.key in catalog.descs:
                 served.add(route.key)

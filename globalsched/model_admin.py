@@ -42,6 +42,7 @@ from common import grpc_util
 from common.config import SchedulerConfig
 from common.measured_profile import LatencySample
 from common.pb import control
+from common.emulated_gpus import OUT_OF_MEMORY
 from common.profile import Profile, ProfileError
 from common.profile_prediction import predict_profile
 from common.query_def import ModelIO, QueryError, parse_query, validate_query
@@ -559,6 +560,12 @@ class ModelAdmin:
     def load_failed(self, model: str, session: str, node_id: str, device_type: str, reason: str) -> None:
         """A backend's model table reply says it could not load ``model`` (for ``session``): the next
         plan tries again, or routes it UNAVAILABLE once the attempts are spent."""
+        if reason.startswith(OUT_OF_MEMORY):
+            # the device was full (a move briefly holds a session on two backends, globalsched/handover.py):
+            # not the model's fault, and no load attempt of it is spent; the next plan tries again
+            log.warning("%s did not fit on %s: %s", session, node_id, reason)
+            self.trigger.request(f"{session} did not fit on {node_id}")
+            return
         if self.db.model(model) is not None and not self.load_failures.exhausted(model, device_type):
             self.load_failures.record(model, device_type, node_id, reason)
             self.readiness.poke()

@@ -111,7 +111,7 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
     sessions, planned, queries = session_inputs(view, settings, planned_rps, first, surges,
                                                 {name: rate for name, (rate, _) in floors.items()})
     placed, types = place_sessions(sessions, view.backends, state, view.now_s, force, settings,
-                                   {m.name: m.min_replicas for m in view.models}, view.rates_rps)
+                                   {m.name: m.min_replicas for m in view.models}, view.rates_rps, view.last_requested_s)
     changed = any(r is not ReplanReason.NONE for r in placed.reasons.values())
     if force is None and state.plan is not None and not changed:
         return state.plan, replace(state, types=types, backends=view.backends)
@@ -279,12 +279,12 @@ def session_inputs(view: ClusterView, settings: PlannerSettings, planned_rps: Ma
 
 def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendSlot], state: PlannerState,
                    now_s: float, force: ReplanReason | None = None, settings: PlannerSettings = PlannerSettings(),
-                   min_replicas: Mapping[str, int] = {}, demand: Mapping[str, float] = {}
-                   ) -> tuple[ClusterPlan, dict[str, TypeState]]:
+                   min_replicas: Mapping[str, int] = {}, demand: Mapping[str, float] = {},
+                   last_requested_s: Mapping[str, float] = {}) -> tuple[ClusterPlan, dict[str, TypeState]]:
     """Place ``sessions`` on ``backends``, one device type at a time (steps 3 and 4 of the module
     docstring). ``min_replicas`` per session, 0 or absent for the default. Only the sessions the
-    type's memory holds are placed, the most requested (``demand``: measured rates) first; the rest
-    are cold (globalsched/residency.py). The plan carries the placement only; :func:`plan_cluster`
+    type's memory holds are placed, the most recently requested first (``last_requested_s``; then
+    ``demand``, measured rates); the rest are cold (globalsched/residency.py). The plan carries the placement only; :func:`plan_cluster`
     adds the sessions' and queries' views."""
     config = settings.planner
     margins_ms = config.margins_ms
@@ -325,7 +325,7 @@ def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendS
     for device_type in list(chosen):
         before = {name for node_id in (b.node_id for b in by_type[device_type]) for name in previous.get(node_id, ())}
         chosen[device_type], cold_here, too_large = choose_resident(chosen[device_type], by_type[device_type],
-                                                                    device_type, demand, before)
+                                                                    device_type, demand, before, last_requested_s)
         cold.update(cold_here)
         unplaced.update(cold_here)
         unplaced.update(too_large)

@@ -6,9 +6,12 @@ sessions the plan gives traffic, and the rest are cold: loaded (stored, routed w
 on no device, paged in when a request for them arrives (frontend/dispatch.py holds it and reports
 the demand at once; the scheduler re-plans with it resident).
 
-:func:`choose_resident` is pure. It takes sessions in order of popularity: demand measured now
-first (a cold session that was just requested has some), then the planned rate, then those resident
-before (no churn between equals), then by name. Each goes on the backend with the most free memory,
+:func:`choose_resident` is pure. It takes sessions most recently used first: by the time of their
+last reported request (globalsched/workload.py; a frontend reports a request for a cold session at
+once), then by measured demand (the busiest of those reported together), then the planned rate,
+then those resident before (no churn between equals), then by name. A page-in thus evicts the least
+recently used session, as an LRU cache does: never a busy one, whose requests are reported with
+every report. Each goes on the backend with the most free memory,
 by its memory at batch 1, while it fits. A session that fits on no device even when that device is
 empty is not cold: it can never be served on the type, and says so.
 """
@@ -29,15 +32,23 @@ def session_memory_mb(session: SessionInput, device_type: str) -> float:
     return session.profiles[device_type].memory_mb(1)
 
 
+def requested_while_cold(cold: AbstractSet[str], report) -> list[str]:
+    """The sessions a workload report counts requests of that the plan in force left cold: the
+    scheduler re-plans at once to page them in (globalsched/service.py, nexus/simulate/control.py)."""
+    return [r.model for r in report.rates if r.requests and r.model in cold]
+
+
 def choose_resident(sessions: Sequence[SessionInput], slots: Sequence[BackendSlot], device_type: str,
-                    demand: Mapping[str, float], resident_before: AbstractSet[str] = frozenset()
+                    demand: Mapping[str, float], resident_before: AbstractSet[str] = frozenset(),
+                    last_requested_s: Mapping[str, float] = {}
                     ) -> tuple[list[SessionInput], dict[str, str], dict[str, str]]:
     """(resident sessions in their given order, cold sessions with why, sessions too large for any
-    device with why). ``demand``: measured rates by session; ``slots``: the type's backends, whose
+    device with why). ``demand``: measured rates by session; ``last_requested_s``: when each
+    session's requests were last reported (never: not there); ``slots``: the type's backends, whose
     ``memory_mb`` of 0 means unknown (unbounded)."""
     free = [s.memory_mb if s.memory_mb > 0 else math.inf for s in slots]
     largest = max(free, default=0.0)
-    order = sorted(sessions, key=lambda s: (-(demand.get(s.model, 0.0) > 0), -demand.get(s.model, 0.0),
+    order = sorted(sessions, key=lambda s: (-last_requested_s.get(s.model, -math.inf), -demand.get(s.model, 0.0),
                                             -s.rate_rps, s.model not in resident_before, s.model))
     resident: set[str] = set()
     cold: dict[str, str] = {}

@@ -48,6 +48,7 @@ from globalsched.planner import PlannerSettings, adopted_state
 from globalsched.profile_metrics import ProfileCollector
 from globalsched.refusal import Refused
 from globalsched.replan_trigger import ReplanTrigger
+from globalsched.residency import requested_while_cold
 from globalsched.scaling_policy import ScalingConfig
 from globalsched.status import status_reply
 from globalsched.view import read_view
@@ -205,10 +206,11 @@ class SchedulerService(control_grpc.SchedulerServicer):
     async def ReportWorkload(self, request, context):
         if request.node_id not in self.nodes:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"unknown node {request.node_id!r}; register first")
-        plan = self.control.plan
-        cold = [r.model for r in request.rates if r.requests and plan is not None and r.model in plan.cold]
-        if cold:                # requested while cold: re-plan now, to page them in (globalsched/residency.py)
-            self.workload.report(request, time.monotonic())
+        plan = self.control.latest      # cold there, even while it is being applied
+        cold = requested_while_cold(plan.cold, request) if plan is not None else []
+        if cold:                # re-plan now, to page them in (globalsched/residency.py)
+            now = time.monotonic()
+            self.workload.report(request, now)
             self.trigger.request(f"{', '.join(cold)} requested while cold")
         elif self.workload.report(request, time.monotonic()):
             self.trigger.evaluate()

@@ -51,7 +51,8 @@ def measured(workload: Workload, now_s: float) -> dict:
     workload reports at ``now_s``: what ``nexus simulate`` passes the planner as the scheduler does."""
     return dict(rates_rps=workload.planning_rates(now_s), surges_rps=workload.surges(now_s),
                 rate_windows_s=workload.rate_windows_s(now_s), surge_windows_s=workload.surge_windows_s(now_s),
-                latest_reports=workload.latest_reports(now_s), gammas=workload.current_gammas(now_s))
+                latest_reports=workload.latest_reports(now_s), gammas=workload.current_gammas(now_s),
+                last_requested_s=workload.last_requested_s())
 
 
 def _model_view(admin: ModelAdmin, key: str, slo_ms: float) -> ModelView:

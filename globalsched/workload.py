@@ -41,6 +41,12 @@ class Workload:
         self._window_memo: tuple[float, float, dict] | None = None  # (from, until, window_rates) likewise
         # frontend -> the models of its latest report, when that report counted nothing
         self.quiet: dict[str, frozenset[str]] = {}
+        self.last_requested: dict[str, float] = {}   # session -> when a report last counted a request of it
+
+    def last_requested_s(self) -> dict[str, float]:
+        """When each session's requests were last reported (monotonic): residency evicts the least
+        recently used (globalsched/residency.py)."""
+        return dict(self.last_requested)
 
     def report(self, request: control.WorkloadReport, now: float) -> bool:
         """Take one frontend's report (its node is known: the caller checked). Whether it is news for
@@ -53,6 +59,9 @@ class Workload:
         scheduler CPU in proportion to time, not to events. What time alone changes is judged by
         the epoch timer (globalsched/control_loop.py)."""
         self._memo = self._window_memo = None
+        for r in request.rates:
+            if r.requests:
+                self.last_requested[r.model] = now
         quiet = not any(r.requests or r.rate_rps > 0 for r in request.rates) and \
             not any(e.parent_requests or e.child_requests for e in request.edges)
         models = frozenset(r.model for r in request.rates)

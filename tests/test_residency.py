@@ -45,3 +45,29 @@ def test_a_session_larger_than_every_device_is_not_cold_but_says_it_cannot_fit()
                                                 demand={"huge": 9.0})
     assert [s.model for s in resident] == ["small"] and not cold
     assert too_large == {"huge": "needs 4,000 MB on t4, and its largest device holds 1,000 MB"}
+
+
+def test_the_least_recently_used_goes_cold_and_a_report_stamps_what_it_counted():
+    from common.pb import control
+    from globalsched.residency import requested_while_cold
+    from globalsched.workload import Workload
+
+    sessions = [_session(f"m{i}", 450.0, rate_rps=1.0) for i in range(5)]
+    # m4 was just requested (cold): it evicts m0, used longest ago, not the busier m1..m3
+    last = {"m0": 10.0, "m1": 50.0, "m2": 50.0, "m3": 50.0, "m4": 50.0}
+    demand = {"m1": 10.0, "m2": 10.0, "m3": 10.0, "m4": 2.0}
+    resident, cold, _ = choose_resident(sessions, SLOTS, "t4", demand, resident_before={"m0", "m1", "m2", "m3"},
+                                        last_requested_s=last)
+    assert [s.model for s in resident] == ["m1", "m2", "m3", "m4"] and list(cold) == ["m0"]
+    # requested in the same report as four busier ones, it is the one that waits
+    resident, cold, _ = choose_resident(sessions, SLOTS, "t4", {**demand, "m0": 10.0},
+                                        last_requested_s={**last, "m0": 50.0})
+    assert list(cold) == ["m4"]
+    report = control.WorkloadReport(node_id="fe")
+    report.rates.add(model="m4", requests=1, rate_rps=2.0)
+    report.rates.add(model="m3", requests=0, rate_rps=0.0)
+    report.rates.add(model="m0", requests=5, rate_rps=10.0)
+    assert requested_while_cold(frozenset({"m4", "m3"}), report) == ["m4"]
+    workload = Workload()
+    workload.report(report, now=100.0)
+    assert workload.last_requested_s() == {"m4": 100.0, "m0": 100.0}

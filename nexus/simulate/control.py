@@ -35,6 +35,7 @@ from globalsched.membership import Node
 from globalsched.placement import BackendSlot
 from globalsched.planner import PlannerSettings, PlannerState, plan_cluster
 from globalsched.replan_trigger import ReplanTrigger
+from globalsched.residency import requested_while_cold
 from globalsched.scaling_policy import ScalingConfig
 from globalsched.view import measured
 from globalsched.workload import Workload
@@ -181,7 +182,11 @@ class SimScheduler:
         if report.node_id not in self.nodes:
             return
         self.workload.report(report, now)
-        self.trigger.evaluate()
+        cold = requested_while_cold(self.plan.cold, report) if self.plan is not None else []
+        if cold:               # as the scheduler's ReportWorkload: re-plan now, to page them in
+            self.trigger.request(f"{', '.join(cold)} requested while cold")
+        else:
+            self.trigger.evaluate()
         self._arm(now)
 
     def _epoch_timer(self, now: float) -> None:

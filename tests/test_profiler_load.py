@@ -47,7 +47,9 @@ def test_a_size_between_a_clean_and_a_contended_one_has_no_p99_floor():
 
 
 def test_nexus_profile_on_a_busy_machine_reports_the_load_and_plans_robustly(tmp_path):
-    model = write_sample_models(tmp_path, ["mlp_small"])["mlp_small"]
+    # resnet18_64: its batch sizes take long enough to measure (0.3-0.5 s here) for /proc's 10 ms
+    # ticks to tell contention (a window of a few ms, as a tiny model's, is judged by what it can tell)
+    model = write_sample_models(tmp_path, ["resnet18_64"])["resnet18_64"]
     out = tmp_path / "busy.json"
     hogs = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(2)]
     try:

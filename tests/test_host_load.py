@@ -119,17 +119,21 @@ def _spinner(name: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", spin])
 
 
-def test_a_real_busy_process_shows_up_by_name():
-    m = HostLoadMeter(processes=True)
-    hog = _spinner("nexus-hog")
+def _load_beside(name: str):
+    """A real meter's reading over 2 s while a spinning child named ``name`` runs (started 1 s before)."""
+    child = _spinner(name)
     try:
         time.sleep(1.0)
-        m.sample()                                # start of the window: the hog is running
+        m = HostLoadMeter(processes=True)         # the window starts now: the child is running
         time.sleep(2.0)
-        load = m.sample()
+        return m.sample()
     finally:
-        hog.kill()
-        hog.wait()
+        child.kill()
+        child.wait()
+
+
+def test_a_real_busy_process_shows_up_by_name():
+    load = _load_beside("nexus-hog")
     # a busy loop gets a share of a core even on a busy machine (load averages of 20 were seen here)
     assert load is not None and load.other_cores >= 0.2, load
     assert any(name == "nexus-hog" and cores >= 0.05 for name, cores in load.busiest), load.busiest
@@ -176,15 +180,7 @@ def test_the_cluster_family_is_the_supervisor_and_its_other_children():
 def test_a_real_sibling_counts_as_the_clusters_own(monkeypatch):
     # this test's process plays the supervisor: a busy child of it is a sibling of the meter's
     monkeypatch.setenv(CLUSTER_PID_ENV, str(os.getpid()))
-    sibling = _spinner("nexus-sib")
-    try:
-        time.sleep(1.0)
-        m = HostLoadMeter(processes=True)
-        time.sleep(2.0)
-        load = m.sample()
-    finally:
-        sibling.kill()
-        sibling.wait()
+    load = _load_beside("nexus-sib")
     assert load is not None and load.cluster_cores >= 0.2, load
     assert not any(name == "nexus-sib" for name, _ in load.busiest), load.busiest
 

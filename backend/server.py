@@ -162,6 +162,7 @@ class BackendService(control_grpc.BackendServicer):
         self.in_flight = 0                   # requests accepted and not answered yet (drain waits for 0)
         self.leaving = False                 # draining: never register again (common/registration.py)
         self._table_lock = asyncio.Lock()
+        self._newest_epoch = 0        # of the tables received, applied or waiting for the lock
         # one measurement at a time, and no load or warm-up beside one, or they disturb each other
         self._profile_lock = asyncio.Lock()
         self._row_nbytes: dict[str, tuple[Session, tuple[int | None, ...]]] = {}   # per session, see _work
@@ -312,8 +313,11 @@ class BackendService(control_grpc.BackendServicer):
         return sessions, SharedPrefix(group, prefix_rt, cut, list(sessions.values()), prefix_id)
 
     async def UpdateModelTable(self, request, context):
+        self._newest_epoch = max(self._newest_epoch, request.epoch)
         async with self._table_lock:
-            if request.epoch and request.epoch < self.epoch:
+            # Older than the table applied, or than one waiting behind it (a plan's release step
+            # queued behind the next plan's tables, which drop what it would drop): no effect.
+            if request.epoch and request.epoch < max(self.epoch, self._newest_epoch):
                 return control.ModelTableReply(loaded=list(self.engine.sessions))
             self.epoch = request.epoch
             sessions: dict[str, Session] = {}

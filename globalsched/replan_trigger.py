@@ -38,6 +38,7 @@ class ReplanTrigger:
         self._force: ReplanReason | None = None
         self._why: list[str] = []
         self._waiters: list[asyncio.Future] = []
+        self._waiting_requests = False     # requests wait for this plan (a cold model's page-in)
 
     @property
     def epoch(self) -> int:
@@ -55,14 +56,18 @@ class ReplanTrigger:
             await self._published.wait()
         return self._epoch
 
-    def request(self, why: str, membership: bool = False) -> None:
-        """Re-plan now: ``membership`` when devices were lost or added (repair in place, at once)."""
+    def request(self, why: str, membership: bool = False, requests_wait: bool = False) -> None:
+        """Re-plan now: ``membership`` when devices were lost or added (repair in place, at once);
+        ``requests_wait`` when requests are held until the plan is in force (a cold model paged in):
+        planned without delay too."""
         log.info("re-plan requested: %s", why)
+        self._waiting_requests = self._waiting_requests or requests_wait
         if membership or self._force is ReplanReason.MEMBERSHIP:
             self._force = ReplanReason.MEMBERSHIP
         else:
             self._force = ReplanReason.SESSIONS_CHANGED
-        self._why.append(why)
+        if why not in self._why:           # a cold model requested by every report until paged in: once
+            self._why.append(why)
         self._event.set()
 
     def evaluate(self) -> None:
@@ -79,8 +84,8 @@ class ReplanTrigger:
 
     @property
     def urgent(self) -> bool:
-        """Whether the pending request is a membership repair (planned without delay)."""
-        return self._force is ReplanReason.MEMBERSHIP
+        """Whether the pending request is a membership repair or a page-in (planned without delay)."""
+        return self._force is ReplanReason.MEMBERSHIP or self._waiting_requests
 
     async def wait(self) -> None:
         await self._event.wait()
@@ -90,4 +95,5 @@ class ReplanTrigger:
         self._event.clear()
         taken = Requests(self._force, tuple(self._why), tuple(self._waiters))
         self._force, self._why, self._waiters = None, [], []
+        self._waiting_requests = False
         return taken

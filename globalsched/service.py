@@ -211,7 +211,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         if cold:                # re-plan now, to page them in (globalsched/residency.py)
             now = time.monotonic()
             self.workload.report(request, now)
-            self.trigger.request(f"{', '.join(cold)} requested while cold")
+            self.trigger.request(f"{', '.join(cold)} requested while cold", requests_wait=True)
         elif self.workload.report(request, time.monotonic()):
             self.trigger.evaluate()
         return control.WorkloadReply()

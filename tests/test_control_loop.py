@@ -212,3 +212,17 @@ def test_a_plan_made_while_models_are_profiled_warns_of_nothing_until_profiling_
         task.cancel()
 
     asyncio.run(main())
+
+
+def test_a_page_in_is_planned_without_delay_and_each_reason_is_given_once():
+    async def main():
+        trigger = ReplanTrigger()
+        trigger.request("demand changed")
+        assert not trigger.urgent                   # coalesced for COALESCE_S
+        trigger.request("m7 requested while cold", requests_wait=True)
+        trigger.request("m7 requested while cold", requests_wait=True)     # every report until paged in
+        assert trigger.urgent                       # requests are held for it: REPAIR_COALESCE_S
+        taken = trigger.take()
+        assert taken.why == ("demand changed", "m7 requested while cold") and not trigger.urgent
+
+    asyncio.run(main())

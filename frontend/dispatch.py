@@ -89,6 +89,9 @@ class FrontendState:
         # (frontend/server.py), and the scheduler pages them in (globalsched/residency.py)
         self.page_in: set[str] = set()
         self.page_in_asked = asyncio.Event()
+        # cold sessions asked for since the routing table changed: asked once per table, not per request
+        # (a table that leaves one cold clears it, and its next request asks again)
+        self.asked_cold: set[str] = set()
         self.metrics = FrontendMetrics(lambda: self.table, lambda: self.in_flight)   # served by frontend/server.py
         self.path_overhead_s = 0.0                      # smoothed frontend-backend-frontend overhead
         self.path_deviation_s = 0.0                     # and its smoothed mean deviation
@@ -96,8 +99,16 @@ class FrontendState:
     def set_table(self, table: RoutingTable) -> None:
         self.table = table
         self.pool.sync(table.addresses())     # readiness follows in frontend/readiness.py
+        self.asked_cold = set()
         self.table_changed.set()
         self.table_changed = asyncio.Event()
+
+    def ask_page_in(self, session: str) -> None:
+        """A request waits for cold ``session``: report it at once, unless asked since the last table."""
+        if session not in self.asked_cold:
+            self.asked_cold.add(session)
+            self.page_in.add(session)
+            self.page_in_asked.set()
 
     @contextlib.contextmanager
     def counted(self) -> Iterator[None]:
@@ -307,8 +318,7 @@ async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes],
 async def _paged_in(state: FrontendState, model: ModelEntry, end_s: float) -> ModelEntry:
     """Ask for a cold session to be paged in, and wait (until ``end_s``) for the routing table that
     routes it; its entry then, or RequestError UNAVAILABLE with the reason when none came in time."""
-    state.page_in.add(model.session)
-    state.page_in_asked.set()
+    state.ask_page_in(model.session)
     state.metrics.cold_start(model.session)
     began = time.monotonic()
     while True:
@@ -330,8 +340,7 @@ async def _paged_in(state: FrontendState, model: ModelEntry, end_s: float) -> Mo
         if not now.cold:
             raise RequestError(grpc.StatusCode.UNAVAILABLE, f"model {model.name!r} is not available: {now.reason}")
         model = now
-        state.page_in.add(model.session)     # a plan made meanwhile left it cold: ask again
-        state.page_in_asked.set()
+        state.ask_page_in(model.session)     # a plan made meanwhile left it cold: ask again
 
 
 def cold_budget_s(budget_s: float, deadline_s: float | None) -> float:

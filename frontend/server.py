@@ -62,13 +62,19 @@ async def _report_loop(state: FrontendState, scheduler, node, interval_s: float)
         paging_in, state.page_in = sorted(state.page_in), set()
         state.page_in_asked.clear()
         surging = clock.due(state.requests_window, planned, now)
-        if paging_in:
-            log.info("early workload report: %s requested while cold", ", ".join(paging_in))
-            surging = sorted({*(surging or ()), *(n for n in paging_in if n in state.requests_window)})
         if surging is None:
+            if paging_in and node.node_id:      # a report of their own: the scheduler pages them in
+                log.info("page-in report: %s requested while cold", ", ".join(paging_in))
+                report = control.WorkloadReport(node_id=node.node_id)
+                for name, requests, window_s in clock.page_in_counts(state.requests_window, paging_in, now):
+                    report.rates.add(model=name, rate_rps=requests / window_s, requests=requests,
+                                     window_ms=int(window_s * 1000))
+                await _send_report(scheduler, report)
             continue
         if surging:
             log.info("early workload report: demand of %s surged beyond its planned rate", ", ".join(surging))
+        if paging_in:
+            log.info("workload report: %s requested while cold", ", ".join(paging_in))
         if state.tracer is not None:
             state.tracer.flush()
         window, state.requests_window = state.requests_window, {}
@@ -85,10 +91,14 @@ async def _report_loop(state: FrontendState, scheduler, node, interval_s: float)
         for (query, parent, child), (parent_rows, child_rows) in edges.items():
             report.edges.add(query=query, parent=parent, child=child, parent_requests=parent_rows,
                              child_requests=child_rows)
-        try:
-            await scheduler.ReportWorkload(report, timeout=5)
-        except grpc.aio.AioRpcError as exc:
-            log.debug("workload report failed: %s", exc.code().name)
+        await _send_report(scheduler, report)
+
+
+async def _send_report(scheduler, report: control.WorkloadReport) -> None:
+    try:
+        await scheduler.ReportWorkload(report, timeout=5)
+    except grpc.aio.AioRpcError as exc:
+        log.debug("workload report failed: %s", exc.code().name)
 
 
 class _Node:

@@ -25,3 +25,19 @@ def test_a_driver_imports_and_prints_its_usage(driver):
                           timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "usage:" in proc.stdout
+
+
+SMOKE_DRIVERS = sorted(d for d in DRIVERS if "--smoke" in (ROOT / "benchmarks" / f"{d}.py").read_text())
+
+
+def test_the_fleet_simulation_has_a_smoke_mode():
+    assert "fleet_sim" in SMOKE_DRIVERS
+
+
+@pytest.mark.parametrize("driver", SMOKE_DRIVERS)
+def test_a_driver_with_a_smoke_mode_runs_it_to_the_end(driver, tmp_path):
+    out = tmp_path / "out.json"
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{driver}", "--smoke", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert out.stat().st_size > 0

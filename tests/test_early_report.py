@@ -65,3 +65,25 @@ def test_a_surging_sessions_window_is_split_where_the_surge_began():
     assert clock.parts("other", counts["other"], planned["other"], t) == [(counts["other"], t)]
     clock.reported(t, due)
     assert clock.marks == [(t, {})] and clock.window_start == t
+
+
+def test_a_page_in_report_carries_only_the_cold_sessions_and_each_starts_its_own_window():
+    clock = ReportClock(interval_s=2.0, now=0.0)
+    window = {"cold": 1, "busy": 30}
+    assert clock.page_in_counts(window, ["cold"], 1.5) == [("cold", 1, 1.5)]
+    assert window == {"busy": 30}                                       # the rest of the window goes on
+    # a request just after its own report does not read as a burst: the window is at least MIN_WINDOW_S
+    window["cold"] = 1
+    assert clock.page_in_counts(window, ["cold"], 1.51) == [("cold", 1, MIN_WINDOW_S)]
+    window["cold"] = 2
+    counts = dict((n, (r, round(w, 6))) for n, r, w in clock.report_counts(window, ["cold", "busy"],
+                                                                         {"cold": 0.0, "busy": 15.0}, [], 2.0))
+    assert counts == {"cold": (2, 0.49), "busy": (30, 2.0)}             # the full report: each over its own window
+    clock.reported(2.0, [])
+    assert clock.start("cold") == clock.start("busy") == 2.0
+    # a surge is judged over the session's own window: 15 requests in its 0.5 s where 2 rps is planned
+    # (over the whole 5.5 s window, 11 would be expected: no surge)
+    clock2 = ReportClock(interval_s=10.0, now=0.0)
+    clock2.page_in_counts({"m": 1}, ["m"], 5.0)
+    assert clock2.surging({"m": 2}, {"m": 2.0}, 5.5) == []
+    assert clock2.surging({"m": 15}, {"m": 2.0}, 5.5) == ["m"]

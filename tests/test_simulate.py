@@ -326,22 +326,38 @@ def test_measured_device_time_runs_a_batch_for_the_rows_measured_mean_not_the_co
     assert np.all(latencies[DeviceTime.PROFILE] > 30.0)                   # l(1) = 40 ms, jittered
 
 
-def test_a_release_older_than_the_table_in_place_is_ignored_as_the_backend_ignores_it():
-    """The release step of a plan comes after its routing tables and a delay; by then a newer plan's
-    table may be in place, and the backend must not apply the older one over it."""
+def _backend_alone(tables: list[tuple[str, int]]) -> tuple[list[float], list[list[str]], set[str]]:
+    """A backend outside any cluster, sent ``tables`` (one model each, with its epoch) at once; its
+    answers, the tables it applied, and the sessions it holds at the end."""
     import heapq
 
     from nexus.simulate.devices import SimBackend
 
-    models = linear_models(2, 200.0, 8.0, 20.0, 32)
+    models = linear_models(3, 200.0, 8.0, 20.0, 32)
     sim = Simulation(models, evenly("m0000", 1.0, 2.0), SimConfig(backends=1, seed=1))
     backend = SimBackend(sim, "be-x", 0.0)
-    profile = models[0].profile
     answers: list[float] = []
-    backend.update_table(0.0, {"m0000": (1, 200.0, profile)}, answers.append, epoch=5)
-    backend.update_table(0.0, {"m0001": (1, 200.0, profile)}, answers.append, epoch=4)      # stale
+    applied: list[list[str]] = []
+    apply_table = backend.apply_table
+    backend.apply_table = lambda now, entries, cold=frozenset(): (applied.append(sorted(entries)),
+                                                                  apply_table(now, entries, cold))
+    for model, epoch in tables:
+        backend.update_table(0.0, {model: (1, 200.0, models[0].profile)}, answers.append, epoch=epoch)
     while sim._heap:                                 # only the backend's events are queued
         t, _, fn, args = heapq.heappop(sim._heap)
         sim.now = t
         fn(t, *args)
-    assert len(answers) == 2 and set(backend.sessions) == {"m0000"}
+    return answers, applied, set(backend.sessions)
+
+
+def test_a_release_older_than_the_table_in_place_is_ignored_as_the_backend_ignores_it():
+    """The release step of a plan comes after its routing tables and a delay; by then a newer plan's
+    table may be in place, and the backend must not apply the older one over it."""
+    answers, applied, sessions = _backend_alone([("m0000", 5), ("m0001", 4)])       # the second is stale
+    assert len(answers) == 2 and applied == [["m0000"]] and sessions == {"m0000"}
+
+
+def test_a_table_queued_behind_a_newer_one_is_answered_without_effect_as_the_backend_answers_it():
+    # a release (11) still queued when the next plan's table (12) comes: superseded
+    answers, applied, sessions = _backend_alone([("m0000", 10), ("m0001", 11), ("m0002", 12)])
+    assert len(answers) == 3 and applied == [["m0000"], ["m0002"]] and sessions == {"m0002"}

@@ -184,7 +184,7 @@ class SimScheduler:
         self.workload.report(report, now)
         cold = requested_while_cold(self.plan.cold, report) if self.plan is not None else []
         if cold:               # as the scheduler's ReportWorkload: re-plan now, to page them in
-            self.trigger.request(f"{', '.join(cold)} requested while cold")
+            self.trigger.request(f"{', '.join(cold)} requested while cold", requests_wait=True)
         else:
             self.trigger.evaluate()
         self._arm(now)
@@ -266,12 +266,13 @@ class SimScheduler:
                                  else self.slos[s.model], self.profiles[plan.model_of(s.model)])
                        for s in sessions}
             pending[0] += 1
-            self.sim.at(now + self.hop_s, self._load, backend, entries, answered, epoch)
+            self.sim.at(now + self.hop_s, self._load, backend, entries, answered, epoch, plan.cold)
         if pending[0] == 0:
             then(now)
 
-    def _load(self, now: float, backend, entries: dict, answered: Callable[[float], None], epoch: int) -> None:
-        backend.update_table(now, entries, lambda at: self.sim.at(at + self.hop_s, answered), epoch)
+    def _load(self, now: float, backend, entries: dict, answered: Callable[[float], None], epoch: int,
+              cold: frozenset[str]) -> None:
+        backend.update_table(now, entries, lambda at: self.sim.at(at + self.hop_s, answered), epoch, cold)
 
     def _push_routing_tables(self, now: float, plan: ClusterPlan, epoch: int, leaving: list[str],
                              steps) -> None:
@@ -283,6 +284,8 @@ class SimScheduler:
                                       planned.rate_rps if planned is not None else 0.0)
         for session in plan.sessions:
             table.setdefault(session, SimRoute((), plan.sessions[session].rate_rps))
+        for session in plan.cold:
+            table[session] = SimRoute((), 0.0, cold=True)
         for f in self.sim.frontends:
             self.sim.at(now + self.hop_s, f.set_table, epoch, table)
         self.sim.at(now + 2 * self.hop_s, self._applied, plan, leaving)

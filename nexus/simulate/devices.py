@@ -21,7 +21,7 @@ from __future__ import annotations
 import collections
 import enum
 import math
-from typing import Callable, Mapping
+from typing import AbstractSet, Callable, Mapping
 
 from backend.engine import next_warmup_turn_s, session_max_batch, warmup_turn
 from common.batching import Pending, Queue, make_policy, remove_taken, schedule
@@ -80,8 +80,9 @@ class SimBackend:
         self.policy = make_policy(sim.config.batch_policy)
         self.running: tuple[int, tuple[Pending, ...]] | None = None    # (token, batch) on the device
         self.token = 0
-        # model-table pushes not answered yet, oldest first (one applies at a time): (entries, answered)
-        self.table_updates: collections.deque[tuple[Mapping, Callable[[float], None]]] = collections.deque()
+        # model-table pushes not answered yet, oldest first (one applies at a time):
+        # (entries, answered, epoch, cold sessions)
+        self.table_updates: collections.deque[tuple] = collections.deque()
         self.warmups: collections.deque[float] = collections.deque()   # seconds of each warm-up batch to run
         self.warmup_turn_s = 0.0
         self.warming = False                   # the head update's models loaded; its warm-ups run
@@ -177,14 +178,16 @@ class SimBackend:
 
     # ---- tables and life -------------------------------------------------------------------------
 
-    def apply_table(self, now: float, entries: Mapping[str, tuple[int, float, Profile]]) -> None:
-        """The model table ``entries`` (session -> planned batch, SLO, profile) takes effect now."""
+    def apply_table(self, now: float, entries: Mapping[str, tuple[int, float, Profile]],
+                    cold: AbstractSet[str] = frozenset()) -> None:
+        """The model table ``entries`` (session -> planned batch, SLO, profile) takes effect now;
+        ``cold``: the dropped sessions that the plan paged out rather than moved."""
         if self.life is Life.GONE:
             return
         for name in [n for n in self.sessions if n not in entries]:
             session = self.sessions.pop(name)
             for p in session.queue:
-                self.sim.let_go(p.request_id, self, now, Loss.SCALE_DOWN)
+                self.sim.let_go(p.request_id, self, now, Loss.EVICTED if name in cold else Loss.SCALE_DOWN)
         for name, (batch, slo_ms, profile) in entries.items():
             session = self.sessions.get(name)
             if session is None or session.profile is not profile or session.slo_ms != slo_ms:
@@ -200,25 +203,29 @@ class SimBackend:
         self.kick(now)
 
     def update_table(self, now: float, entries: Mapping[str, tuple[int, float, Profile]],
-                     answered: Callable[[float], None], epoch: int = 0) -> None:
+                     answered: Callable[[float], None], epoch: int = 0,
+                     cold: AbstractSet[str] = frozenset()) -> None:
         """A model-table push of plan ``epoch``: ``entries`` take effect once the updates before it are
         done and its new models loaded and warmed up; then ``answered(at)``. A push older than the
-        table applied is answered without effect, as the backend's UpdateModelTable does. A backend
-        that is gone answers at once (the call fails)."""
+        table applied, or than one queued behind it, is answered without effect, as the backend's
+        UpdateModelTable does. A backend
+        that is gone answers at once (the call fails). ``cold``: the sessions the plan left cold,
+        whose queued requests the unload lets go as evicted."""
         if self.life is Life.GONE:
             answered(now)
             return
-        self.table_updates.append((entries, answered, epoch))
+        self.table_updates.append((entries, answered, epoch, cold))
         if len(self.table_updates) == 1:
             self._next_update(now)
 
     def _next_update(self, now: float) -> None:
-        while self.table_updates and self.table_updates[0][2] < self.epoch:
-            _, answered, _ = self.table_updates.popleft()       # stale: a newer table is in place
+        newest = max((u[2] for u in self.table_updates), default=0)
+        while self.table_updates and self.table_updates[0][2] < max(self.epoch, newest):
+            _, answered, _, _ = self.table_updates.popleft()       # stale: a newer table is in place or waiting
             answered(now)
         if not self.table_updates:
             return
-        entries, _, self.epoch = self.table_updates[0]
+        entries, _, self.epoch, _ = self.table_updates[0]
         new = sum(1 for name in entries if name not in self.sessions)
         config = self.sim.config
         self.sim.at(now + config.table_update_ms / 1000.0 + new * config.model_load_s, self._loaded)
@@ -226,7 +233,7 @@ class SimBackend:
     def _loaded(self, now: float) -> None:
         if self.life is Life.GONE or not self.table_updates:
             return
-        entries, _, _ = self.table_updates[0]
+        entries, _, _, _ = self.table_updates[0]
         for name, (batch, _, profile) in entries.items():
             if name in self.sessions:
                 continue
@@ -242,8 +249,8 @@ class SimBackend:
 
     def _update_done(self, now: float) -> None:
         self.warming = False
-        entries, answered, _ = self.table_updates.popleft()
-        self.apply_table(now, entries)
+        entries, answered, _, cold = self.table_updates.popleft()
+        self.apply_table(now, entries, cold)
         answered(now)
         if self.table_updates and self.life is not Life.GONE:
             self._next_update(now)
@@ -283,7 +290,7 @@ class SimBackend:
         updates, self.table_updates = self.table_updates, collections.deque()
         self.warmups.clear()
         self.warming = False
-        for _, answered, _ in updates:
+        for _, answered, _, _ in updates:
             answered(now)
 
     @property

@@ -6,7 +6,11 @@ retries, and its workload reports with the production report clock
 As the frontend's dispatch does: a request whose backend goes away (killed: a broken stream; or it
 no longer has the model) is retried on another backend of the model while its deadline allows;
 when every backend of a served model is gone it waits for the next routing table, until its
-deadline; a model with no backend is answered UNAVAILABLE at once.
+deadline; a model with no backend is answered UNAVAILABLE at once. A request for a cold model (on
+no device, globalsched/residency.py) is held, its deadline extended by the page-in's allowance
+(``COLD_START_ALLOWANCE_S``), and reported at once, as the frontend's report loop reports a page-in:
+the scheduler re-plans with the model resident, and the routing table that routes it releases the
+request.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.pb import control
-from frontend.dispatch import RETURN_ALLOWANCE_MAX_S, backend_budget_s
+from frontend.dispatch import COLD_START_ALLOWANCE_S, RETURN_ALLOWANCE_MAX_S, backend_budget_s
 from frontend.early_report import CHECK_S, ReportClock
 from frontend.routing import Route, choose_route
 from nexus.simulate.outcomes import Status
@@ -28,6 +32,7 @@ class SimRoute:
 
     routes: tuple[Route, ...]
     planned_rate_rps: float
+    cold: bool = False           # resident on no device: a request pages it in
 
 
 class SimFrontend:
@@ -40,10 +45,13 @@ class SimFrontend:
         self.down: set[str] = set()
         self.window: dict[str, int] = {}
         self.tried: dict[int, set[str]] = {}
-        # requests waiting for a routing table (with a backend), and their status should none come in time:
+        # requests waiting for a routing table (with a backend), and their status should none come in time
+        # with the deadline the wait was armed for (a wait re-armed with a later one outlives the first):
         # the first table's hold ends in DEADLINE_EXCEEDED, a lost route's wait in UNAVAILABLE
         # (frontend/dispatch.py, FrontendState.admit and call_backend)
-        self.waiting: dict[int, Status] = {}
+        self.waiting: dict[int, tuple[Status, float]] = {}
+        self.page_in: set[str] = set()      # cold models requested since the last report
+        self.asked_cold: set[str] = set()   # cold models asked for since the last routing table (once each)
         self.clock = ReportClock(sim.config.report_interval_s, 0.0)
         self.return_allowance_s = min(sim.config.path_ms / 2000.0, RETURN_ALLOWANCE_MAX_S)
 
@@ -65,6 +73,9 @@ class SimFrontend:
             self._wait(request)
             return
         entry = self.table.get(model)
+        if entry is not None and entry.cold and not entry.routes:
+            self._page_in(now, request, model)
+            return
         if entry is None or not entry.routes:
             self._finish(request, Status.UNAVAILABLE, now)
             return
@@ -100,14 +111,29 @@ class SimFrontend:
         self.tried.setdefault(request, set()).add(backend_id)
         self.sim.at(now + self.sim.config.path_ms / 1000.0, self.dispatch, request)
 
-    def _wait(self, request: int) -> None:
-        self.waiting[request] = Status.EXPIRED if self.epoch == 0 else Status.UNAVAILABLE
-        self.sim.at(self.sim.deadline_s(request), self._give_up, request)
+    def _page_in(self, now: float, request: int, model: str) -> None:
+        """Hold a request for a cold model until a routing table routes it (frontend/dispatch.py's
+        ``_paged_in``), asking for the page-in with a report now."""
+        sim = self.sim
+        sim.outcomes.found_cold(request)
+        sim.extend_deadline(request, now + COLD_START_ALLOWANCE_S)
+        if model not in self.asked_cold:        # FrontendState.ask_page_in
+            self.asked_cold.add(model)
+            if not self.page_in:
+                sim.at(now, self._report)
+            self.page_in.add(model)
+        self._wait(request)
 
-    def _give_up(self, now: float, request: int) -> None:
-        status = self.waiting.pop(request, None)
-        if status is not None:
-            self._finish(request, status, now)
+    def _wait(self, request: int) -> None:
+        deadline_s = self.sim.deadline_s(request)
+        self.waiting[request] = (Status.EXPIRED if self.epoch == 0 else Status.UNAVAILABLE, deadline_s)
+        self.sim.at(deadline_s, self._give_up, request, deadline_s)
+
+    def _give_up(self, now: float, request: int, deadline_s: float) -> None:
+        waiting = self.waiting.get(request)
+        if waiting is not None and waiting[1] == deadline_s:
+            del self.waiting[request]
+            self._finish(request, waiting[0], now)
 
     def _finish(self, request: int, status: Status, now: float) -> None:
         self.tried.pop(request, None)
@@ -120,6 +146,7 @@ class SimFrontend:
             return
         self.epoch = epoch
         self.table = table
+        self.asked_cold = set()
         live = {r.address for e in table.values() for r in e.routes}
         self.down &= live
         waiting, self.waiting = self.waiting, {}
@@ -131,9 +158,22 @@ class SimFrontend:
         """The report loop's turn (every CHECK_S): a report when the period is over or a session surged."""
         sim = self.sim
         sim.at(now + min(CHECK_S, sim.config.report_interval_s), self.check_report)
+        self._report(now)
+
+    def _report(self, now: float) -> None:
+        """A workload report when one is due, a session surged or a cold model was requested."""
+        sim = self.sim
         planned = {name: e.planned_rate_rps for name in self.window if (e := self.table.get(name)) is not None}
         surging = self.clock.due(self.window, planned, now)
+        paging_in, self.page_in = sorted(self.page_in), set()
         if surging is None:
+            if paging_in:         # a report of their own, as the frontend's report loop sends
+                report = control.WorkloadReport(node_id=self.node_id)
+                for name, requests, window_s in self.clock.page_in_counts(self.window, paging_in, now):
+                    report.rates.add(model=name, rate_rps=requests / window_s, requests=requests,
+                                     window_ms=int(window_s * 1000))
+                sim.log(now, "page-in", f"{self.node_id}: {', '.join(paging_in)} requested while cold")
+                sim.at(now + sim.config.control_hop_ms / 1000.0, sim.scheduler.report, report)
             return
         window, self.window = self.window, {}
         report = control.WorkloadReport(node_id=self.node_id)
@@ -143,4 +183,6 @@ class SimFrontend:
         self.clock.reported(now, surging)
         if surging:
             sim.log(now, "report", f"{self.node_id}: early workload report, {', '.join(surging)} surged")
+        if paging_in:
+            sim.log(now, "page-in", f"{self.node_id}: {', '.join(paging_in)} requested while cold")
         sim.at(now + sim.config.control_hop_ms / 1000.0, sim.scheduler.report, report)

@@ -26,6 +26,7 @@ class Loss(enum.IntEnum):
     NONE = 0
     FAULT = 1               # its backend was killed
     SCALE_DOWN = 2          # its backend drained, or unloaded its model in a re-plan
+    EVICTED = 3             # its backend unloaded its model because the plan left it cold (paged out)
 
 
 FAILED = (Status.DROPPED, Status.UNAVAILABLE, Status.OVERLOADED, Status.EXPIRED)
@@ -39,6 +40,7 @@ class Outcomes:
         self._status = bytearray(count)
         self._latency_ms = array("d", bytes(8 * count))
         self._loss = bytearray(count)             # set when a backend let the request go
+        self._found_cold = bytearray(count)       # set when its model was cold (on no device) as it came
         self.ended = 0
 
     def end(self, request: int, status: Status, latency_ms: float = float("nan")) -> None:
@@ -53,6 +55,10 @@ class Outcomes:
         """The request's backend let it go (it is retried elsewhere while its deadline allows)."""
         self._loss[request] = why
 
+    def found_cold(self, request: int) -> None:
+        """The request found its model cold, and waited for it to be paged in."""
+        self._found_cold[request] = 1
+
     @property
     def status(self) -> np.ndarray:
         return np.frombuffer(bytes(self._status), dtype=np.int8)
@@ -64,3 +70,8 @@ class Outcomes:
     @property
     def loss(self) -> np.ndarray:
         return np.frombuffer(bytes(self._loss), dtype=np.int8)
+
+    @property
+    def cold(self) -> np.ndarray:
+        """True where the request found its model cold."""
+        return np.frombuffer(bytes(self._found_cold), dtype=np.int8).astype(bool)

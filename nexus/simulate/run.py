@@ -74,6 +74,7 @@ class Simulation:
         self._slo_s = [slo_by_name[n] / 1000.0 for n in arrivals.names]
         self._times = arrivals.times_s.tolist()       # read per request: Python floats cost least
         self._models = arrivals.models.tolist()
+        self._extended: dict[int, float] = {}          # deadlines of requests that found their model cold
         self.outcomes = Outcomes(arrivals.count())
         self.backends: dict[str, SimBackend] = {}
         self.frontends = [SimFrontend(self, f"fe-{i}") for i in range(config.frontends)]
@@ -110,7 +111,15 @@ class Simulation:
         return self._names[self._models[request]]
 
     def deadline_s(self, request: int) -> float:
-        return self._times[request] + self._slo_s[self._models[request]]
+        extended = self._extended.get(request)
+        return extended if extended is not None else self._times[request] + self._slo_s[self._models[request]]
+
+    def extend_deadline(self, request: int, deadline_s: float) -> None:
+        """The request found its model cold: it may wait until ``deadline_s`` for the page-in and its
+        answer (frontend/dispatch.py, ``cold_budget_s`` and ``COLD_START_ALLOWANCE_S``). Once: a
+        table that leaves the model cold again does not extend it further, as ``_paged_in`` does not."""
+        if request not in self._extended:
+            self._extended[request] = max(deadline_s, self.deadline_s(request))
 
     def _frontend(self, request: int) -> SimFrontend:
         return self.frontends[request % len(self.frontends)]

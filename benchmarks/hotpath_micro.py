@@ -35,7 +35,10 @@ from common.pb import control, kserve
 from common.tensors import TensorSpec
 from frontend.routing import ModelEntry
 from frontend.requests import parse_infer_request
-import backend.server as bs
+try:
+    import backend.wire as bs          # the wire codec, since it left backend/server.py
+except ImportError:
+    import backend.server as bs
 from backend.engine import Outcome
 try:
     from frontend.backend_pool import Reply

@@ -41,7 +41,7 @@ import time
 import numpy as np
 
 from backend.engine import Engine, Session, SharedPrefix, Work
-from backend.server import suffix_threads
+from backend.model_table import suffix_threads
 from common.arrivals import arrival_times
 from common.batching import SlidingWindowEarlyDrop
 from common.onnx_prefix import find_shared_prefix

@@ -1,7 +1,7 @@
 """Warm-up of a session before it takes traffic: Triton's ``model_warmup`` samples, or a default.
 
 A backend runs a session's warm-up batches after loading its runtime and before it answers the
-model-table push that placed the session there (backend/server.py); the scheduler routes frontends
+model-table push that placed the session there (backend/model_table.py); the scheduler routes frontends
 to a backend only after that answer (globalsched/distribution.py), so no request meets a cold
 session. This module holds the value types, their checks against a model's inputs, the default
 warm-up and the arrays a sample feeds; the backend decides when the batches run.

@@ -7,7 +7,7 @@ session and never needs to know they are versions. This module decides which ver
 An update (a new version uploaded, the policy serving only the latest) goes in three steps:
 
 1. the new version is planned *beside* the old one, which keeps serving: backends load the new one
-   and run its warm-up before they answer their model table (backend/server.py), and routing tables
+   and run its warm-up before they answer their model table (backend/model_table.py), and routing tables
    go out only after that answer (globalsched/distribution.py);
 2. the routing table that routes the new version reaches the frontends, where a request without a
    version goes to the newest version that has backends: traffic moves to the new version, warm;

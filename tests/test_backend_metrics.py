@@ -124,7 +124,7 @@ def test_metrics_endpoint_of_a_real_backend(tmp_path):
 
 
 def test_backend_on_a_missing_cuda_device_fails_with_a_clear_message():
-    from backend.server import device_problem
+    from backend.device_probe import device_problem
     if device_problem("cuda:0") is None:
         pytest.skip("this machine has a usable CUDA device (cuda:0)")
     result = nexus_cli("backend", "--device", "cuda:0", "--scheduler", "127.0.0.1:9", timeout_s=60)

@@ -16,7 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 from backend.engine import Engine, Session, SharedPrefix, Work
 from common.batching import EarliestFirst, SlidingWindowEarlyDrop
 from common.runtimes import load_runtime
-from backend.server import BackendService, backend_stats
+from backend.server import BackendService
+from backend.wire import backend_stats
 from common.config import BackendConfig, BatchStart
 from common.onnx_prefix import find_shared_prefix
 from common.pb import control
@@ -379,7 +380,7 @@ def test_backend_service_builds_groups_from_its_table_and_falls_back_to_whole_mo
         assert service.engine.groups[0].stats.inference_count == 6       # counters carry over
         # One member left: the group dissolves and v0 runs whole.
         asyncio.run(service.UpdateModelTable(_table(3, {"v0": (variants["v0"], g)}), None))
-        assert service.engine.groups == [] and service._prefixes == {}
+        assert service.engine.groups == [] and service.tables.prefixes == {}
         np.testing.assert_allclose(_out(_exec(service, "v0", x)), whole(variants["v0"], x), rtol=1e-5, atol=1e-6)
         # Models that share nothing but claim a group also run whole.
         reply = asyncio.run(service.UpdateModelTable(_table(4, {"v0": (variants["v0"], "x"), "mlp": (mlp, "x")}),

@@ -14,7 +14,7 @@ import tritonclient.grpc.aio as aioclient
 from backend.engine import Engine, Session, SharedPrefix, Work
 from common.batching import EarliestFirst
 from common.runtimes import load_runtime
-from backend.server import backend_stats
+from backend.wire import backend_stats
 from common.onnx_prefix import find_shared_prefix
 from common.pb import control
 from frontend.statistics import StatsBook, reported_executions

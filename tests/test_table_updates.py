@@ -27,7 +27,7 @@ def test_a_table_queued_behind_a_newer_one_is_answered_without_effect():
 
         engine.set_sessions = spy
         await service.UpdateModelTable(control.ModelTable(epoch=10), None)
-        async with service._table_lock:         # table 10 is still being applied...
+        async with service.tables.lock:         # table 10 is still being applied...
             older = asyncio.create_task(service.UpdateModelTable(control.ModelTable(epoch=11), None))
             newer = asyncio.create_task(service.UpdateModelTable(control.ModelTable(epoch=12), None))
             await asyncio.sleep(0.05)           # ...while 11, then 12, wait for the lock

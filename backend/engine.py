@@ -711,19 +711,11 @@ class Engine:
         start = gathered = ran = self.clock()
         parts: list[list[np.ndarray]] = []
         try:
-            if len(works) == 1:
-                feeds = {spec.name: works[0].arrays[i] for i, spec in enumerate(session.inputs)}
-            else:
-                feeds = {spec.name: np.concatenate([w.arrays[i] for w in works])
-                         for i, spec in enumerate(session.inputs)}
+            feeds = _gather(session.inputs, works)
             gathered = self.clock()
             result = session.runtime.run(feeds)
             ran = self.clock()
-            outputs = [result[spec.name] for spec in session.outputs]
-            offset = 0
-            for w in works:
-                parts.append([o[offset:offset + w.rows] for o in outputs])
-                offset += w.rows
+            parts = _split([result[spec.name] for spec in session.outputs], works)
             error = None
         except Exception as exc:  # a failing batch fails its requests, not the backend
             error = f"{exc.__class__.__name__}: {exc}"
@@ -733,30 +725,16 @@ class Engine:
         rows = sum(w.rows for w in works)
         if error is None and session.profile is not None:
             session.calibration.observe(session.latency_ms(rows), (end - start) * 1000)
-        stats = session.stats
         with self.stats_lock:       # a Stats snapshot sees the whole batch or none of it
-            stats.inference_count += rows
-            stats.add_batch(rows, phases)
-            stats.last_inference_ms = int(self.wall_clock() * 1000)
-            for w in works:
-                if error is None:
-                    stats.add_success(max(int((start - w.arrival_s) * 1e9), 0), int((end - w.arrival_s) * 1e9),
-                                      phases)
-                else:
-                    stats.fail_count += 1
+            _count(session.stats, works, rows, phases, error, int(self.wall_clock() * 1000))
         if error is None and self.samples is not None:
             self.samples.record(session.model, rows, phases.infer_ns / 1e6, contended or self.host_contended())
-        for i, w in enumerate(works):
-            if error is not None:
-                answers.append((w, Outcome("EXEC_INTERNAL", f"model {session.name!r} failed: {error}")))
-                continue
-            answers.append((w, Outcome("EXEC_OK", outputs=parts[i],
-                                            queue_ns=max(int((start - w.arrival_s) * 1e9), 0),
-                                            compute_ns=phases.total_ns, batch_size=rows,
-                                            input_ns=phases.input_ns, first_in_batch=i == 0)))
+        _outcomes(works, parts, None if error is None else f"model {session.name!r} failed: {error}", phases, rows,
+                  answers)
 
     def _run_group(self, group: SharedPrefix, batch: list[Pending], answers: list) -> None:
-        """The prefix once on every request's rows, then each member's suffix on its slice."""
+        """The prefix once on every request's rows, then each member's suffix on its slice: the same
+        gather, split, counting and outcomes as :meth:`_run`, per member."""
         by_session: dict[str, list[Work]] = {}
         for p in batch:
             by_session.setdefault(p.payload.model, []).append(p.payload)
@@ -765,41 +743,31 @@ class Engine:
         start = gathered = prefix_end = self.clock()
         error = None
         try:
-            specs = group.runtime.inputs    # positional: members' inputs match the prefix's (same hashes)
-            if len(works) == 1:
-                feeds = {spec.name: works[0].arrays[i] for i, spec in enumerate(specs)}
-            else:
-                feeds = {spec.name: np.concatenate([w.arrays[i] for w in works]) for i, spec in enumerate(specs)}
+            # positional: members' inputs match the prefix's (same hashes)
+            feeds = _gather(group.runtime.inputs, works)
             gathered = self.clock()
             features = group.runtime.run(feeds)[group.cut_tensor]
         except Exception as exc:  # a failing prefix fails the whole merged batch, not the backend
             features, error = None, f"shared prefix {group.name[:12]!r} failed: {exc.__class__.__name__}: {exc}"
         prefix_end = self.clock()
-        results: dict[str, tuple[list[np.ndarray] | None, str | None]] = {}
+        results: dict[str, tuple[list[np.ndarray], str | None]] = {}    # per member: outputs, error
         offset = 0
         for m, ws in order:
             rows = sum(w.rows for w in ws)
             if error is not None:
-                results[m.name] = (None, error)
+                results[m.name] = ([], error)
             else:
                 try:
                     out = m.runtime.run({m.runtime.inputs[0].name: features[offset:offset + rows]})
                     results[m.name] = ([out[spec.name] for spec in m.outputs], None)
                 except Exception as exc:
-                    results[m.name] = (None, f"model {m.name!r} failed: {exc.__class__.__name__}: {exc}")
+                    results[m.name] = ([], f"model {m.name!r} failed: {exc.__class__.__name__}: {exc}")
             offset += rows
         ran = self.clock()
-        parts: dict[int, list[np.ndarray]] = {}     # id(work) -> its outputs
-        for m, ws in order:
-            outputs, err = results[m.name]
-            row = 0
-            for w in ws:
-                if err is None:
-                    parts[id(w)] = [o[row:row + w.rows] for o in outputs]
-                row += w.rows
+        parts = {m.name: _split(results[m.name][0], ws) if results[m.name][1] is None else []
+                 for m, ws in order}
         end = self.clock()
         phases = _phases(start, gathered, ran, end, error)
-        compute_ns = phases.total_ns
         self._account_busy(end, end - start)
         total_rows = offset
         now_ms = int(self.wall_clock() * 1000)
@@ -807,31 +775,55 @@ class Engine:
             gs = group.stats
             gs.execution_count += 1
             gs.inference_count += total_rows
-            gs.compute_ns += compute_ns
+            gs.compute_ns += phases.total_ns
             gs.prefix_ns += int((prefix_end - start) * 1e9)
             gs.batch_histogram[total_rows] = gs.batch_histogram.get(total_rows, 0) + 1
             for m, ws in order:
-                err = results[m.name][1]
-                stats = m.stats
-                stats.inference_count += sum(w.rows for w in ws)
-                stats.add_batch(total_rows, phases)
-                stats.last_inference_ms = now_ms
-                for w in ws:
-                    if err is None:
-                        stats.add_success(max(int((start - w.arrival_s) * 1e9), 0),
-                                          int((end - w.arrival_s) * 1e9), phases)
-                    else:
-                        stats.fail_count += 1
+                _count(m.stats, ws, total_rows, phases, results[m.name][1], now_ms)
         for m, ws in order:
-            err = results[m.name][1]
-            for i, w in enumerate(ws):
-                if err is not None:
-                    answers.append((w, Outcome("EXEC_INTERNAL", err)))
-                    continue
-                answers.append((w, Outcome("EXEC_OK", outputs=parts[id(w)],
-                                                queue_ns=max(int((start - w.arrival_s) * 1e9), 0),
-                                                compute_ns=compute_ns, batch_size=total_rows,
-                                                input_ns=phases.input_ns, first_in_batch=i == 0)))
+            _outcomes(ws, parts[m.name], results[m.name][1], phases, total_rows, answers)
+
+
+def _gather(specs, works: list[Work]) -> dict[str, np.ndarray]:
+    """The batch's inputs by name: each request's rows, concatenated in order (one request's as they are)."""
+    if len(works) == 1:
+        return {spec.name: works[0].arrays[i] for i, spec in enumerate(specs)}
+    return {spec.name: np.concatenate([w.arrays[i] for w in works]) for i, spec in enumerate(specs)}
+
+
+def _split(outputs: list[np.ndarray], works: list[Work]) -> list[list[np.ndarray]]:
+    """Each request's rows of the batch's outputs (views, no copy), in order."""
+    parts, offset = [], 0
+    for w in works:
+        parts.append([o[offset:offset + w.rows] for o in outputs])
+        offset += w.rows
+    return parts
+
+
+def _count(stats: SessionStats, works: list[Work], batch_rows: int, phases: Phases, error: str | None,
+           now_ms: int) -> None:
+    """One batch of ``batch_rows`` in a session's counters, its ``works`` among them (under the stats lock)."""
+    stats.inference_count += sum(w.rows for w in works)
+    stats.add_batch(batch_rows, phases)
+    stats.last_inference_ms = now_ms
+    for w in works:
+        if error is None:
+            stats.add_success(max(int((phases.start - w.arrival_s) * 1e9), 0), int((phases.end - w.arrival_s) * 1e9),
+                              phases)
+        else:
+            stats.fail_count += 1
+
+
+def _outcomes(works: list[Work], parts: list[list[np.ndarray]], error: str | None, phases: Phases, batch_rows: int,
+              answers: list) -> None:
+    """Each request's outcome: its outputs, or ``error``."""
+    for i, w in enumerate(works):
+        if error is not None:
+            answers.append((w, Outcome("EXEC_INTERNAL", error)))
+            continue
+        answers.append((w, Outcome("EXEC_OK", outputs=parts[i], queue_ns=max(int((phases.start - w.arrival_s) * 1e9), 0),
+                                   compute_ns=phases.total_ns, batch_size=batch_rows, input_ns=phases.input_ns,
+                                   first_in_batch=i == 0)))
 
 
 def _phases(start: float, gathered: float, ran: float, end: float, error: str | None) -> Phases:

@@ -176,7 +176,7 @@ def make_policy(name: str) -> BatchPolicy:
 
 
 def saturated_batch(latency_ms: LatencyFn, slo_ms: float, max_batch: int, eps_ms: float = 0.0) -> int:
-    """Nexus's saturated batch (DESIGN.md): the largest b <= ``max_batch`` with 2*l(b) <= SLO + eps;
+    """Nexus's saturated batch (docs/planning.md): the largest b <= ``max_batch`` with 2*l(b) <= SLO + eps;
     0 when even b = 1 misses. Profiles never get faster with the batch, so the scan stops at the
     first miss. Every caller (engine, prefix groups, simulation, profiler harness, planner) uses this
     one rule and decides itself what no fitting batch means."""

@@ -236,7 +236,7 @@ def _parse_counts(name: str, text: str) -> tuple[tuple[str, int], ...]:
 
 @dataclass(frozen=True)
 class SecurityConfig:
-    """TLS and the cluster token, the same flags on every component (DESIGN.md, Security).
+    """TLS and the cluster token, the same flags on every component (docs/security.md).
 
     With ``tls_cert``/``tls_key`` every gRPC port of the component serves TLS. ``tls_ca`` verifies
     the servers this component dials and, on the control ports, the client certificates of peers

@@ -16,7 +16,7 @@ How the figures are derived (estimates for emulation and planning, not measureme
   inference-performance pages; MLPerf Inference offline results, which are INT8, scaled down to
   FP16), cross-checked against the ratios of the spec-sheet peak arithmetic rates; they are not
   quotes of one source. Memory is the spec-sheet capacity in decimal MB (11000 for the GTX 1080 Ti,
-  as in DESIGN.md's workload example); each model's m(b) carries the runtime's workspace.
+  as in the workload example of docs/planning.md); each model's m(b) carries the runtime's workspace.
   From the anchor: microseconds per MAC = 1e6 / (ips * 4.1e9).
 - Per architecture class, the multiply-accumulates per item (counted from the sample graphs' Conv
   and Gemm nodes; ``tests/test_emulated_gpus.py`` recounts them), an efficiency relative to
@@ -28,7 +28,7 @@ How the figures are derived (estimates for emulation and planning, not measureme
   the CUDA launch plus the runtime's per-node cost, a few microseconds less on newer platforms.
 - m(b) = weights (FP32) + the runtime's workspace + b * the largest live activations, rounded up.
 
-The resulting l(1) and l(32) are in the README's "Emulated GPUs" table (``python -m
+The resulting l(1) and l(32) are in docs/models.md's "Emulated GPUs" table (``python -m
 common.emulated_gpus`` prints it).
 """
 
@@ -174,7 +174,7 @@ def datasheet_profile(model_bytes: bytes, gpu: str) -> Profile:
 
 
 def table_markdown() -> str:
-    """The README table: per GPU type, l(1) / l(32) in ms of each class."""
+    """The docs/models.md table: per GPU type, l(1) / l(32) in ms of each class."""
     classes = list(MODEL_CLASSES.values())
     head = "| GPU | memory (MB) | ResNet-50 anchor (img/s) | " + " | ".join(
         f"{c.name} l(1) / l(32) ms" for c in classes) + " |"

@@ -1,6 +1,6 @@
 """The standard ``grpc.health.v1.Health`` service of every component (grpcio-health-checking).
 
-Service names a probe may ask for (DESIGN.md, Deployment; Kubernetes gRPC probes name them in
+Service names a probe may ask for (docs/deployment.md; Kubernetes gRPC probes name them in
 ``grpc.service``):
 - ``""`` (the server as a whole) and every name given in ``ready_services``: readiness. NOT_SERVING
   until the component says it is ready (a frontend: it holds a routing table and reaches the

@@ -8,7 +8,7 @@ The estimator.
 * Per batch size it keeps the most recent ``window`` samples. Samples flagged ``contended`` (taken
   while the device was overloaded: a queue beyond one planned batch, drops; or while its CPU was
   contended: steal, other busy processes) are counted, and reported, but never enter a figure.
-* A batch size *counts* once it holds ``min_samples`` samples. Its planning figure is DESIGN.md's
+* A batch size *counts* once it holds ``min_samples`` samples. Its planning figure is docs/planning.md's
   conservative figure with robust estimates: ``(median + 1.4826 * MAD) * 1.15`` (Nexus's mean + std
   times 1.15; the median and the scaled median absolute deviation estimate the mean and standard
   deviation of the bulk of the samples, so a few outliers - a GC pause, a page fault - move neither;

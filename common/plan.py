@@ -4,7 +4,7 @@ Everything here is a frozen dataclass (or an enum) so that the planning algorith
 functions ``plan = solve(sessions, gpu, ...)``. Units are in the names: ``*_ms`` milliseconds,
 ``*_rps`` requests per second, ``*_mb`` megabytes.
 
-The validity rules (DESIGN.md, "Plan output"): for every session the throughputs assigned to it add
+The validity rules (docs/planning.md, "The plan"): for every session the throughputs assigned to it add
 up to at least its rate; on every GPU the sessions' execution times add up to at most
 ``duty_cycle_ms``, ``duty_cycle_ms + exec <= slo_ms`` (less the configured margins) for each of them,
 ``throughput == batch * 1000 / duty_cycle_ms``, and their memory fits. :func:`validate_plan` checks
@@ -18,7 +18,7 @@ arrivals (:mod:`common.headroom`: a cycle overflows with probability at most 1 -
 executions plus ``H`` fit the duty cycle, and ``duty_cycle_ms + exec + H <= slo_ms`` (less the
 margins) for each session. ``H`` is computed from each allocation's batch, load and marginal cost
 per item c(batch) of its profile, c taken up to the session's saturated batch (2*l(b) within its
-budget). With ``z = 0`` (the default of ``nexus plan``) ``H = 0`` and the rules are DESIGN.md's.
+budget). With ``z = 0`` (the default of ``nexus plan``) ``H = 0`` and the rules are those of docs/planning.md.
 
 Prefix sharing (shared layers, issue 3): sessions may belong to a :class:`PrefixGroup` whose profile
 gives the latency and memory of the shared prefix alone. A session's own profile is always the
@@ -283,7 +283,7 @@ class Plan:
     def replace(self, **changes: Any) -> "Plan":
         return _replace(self, **changes)
 
-    # ---- JSON (DESIGN.md "Plan output of nexus plan --json") ----------------------------------------
+    # ---- JSON (docs/planning.md, "The plan") ----------------------------------------
 
     def to_json_obj(self) -> dict[str, Any]:
         """The contract's keys in order; ``lower_bound_throughput_only``, ``optimal``/``moved``/``notes``
@@ -425,7 +425,7 @@ def gpu_burst_excess_ms(gpu: GpuPlan, specs: Mapping[str, SessionSpec], margins_
 
 def validate_plan(plan: Plan, sessions: Sequence[SessionSpec], gpu: GpuSpec, margins_ms: float = 0.0,
                   prefix_groups: Iterable[PrefixGroup] = (), burst_sigma: float = 0.0) -> list[Violation]:
-    """Every way ``plan`` breaks DESIGN.md's validity rules for ``sessions`` on ``gpu``; [] if valid.
+    """Every way ``plan`` breaks the validity rules (docs/planning.md) for ``sessions`` on ``gpu``; [] if valid.
 
     ``margins_ms`` is the network + pre + post processing time taken from every SLO before checking;
     ``burst_sigma`` > 0 adds the burst headroom rule of the module docstring.

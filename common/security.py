@@ -1,6 +1,6 @@
 """TLS material and the cluster token of one process, and the gRPC interceptors that carry and check it.
 
-Contracts (DESIGN.md, Security):
+Contracts (docs/security.md):
 - :class:`Credentials` is loaded once per process from its :class:`~common.config.SecurityConfig`:
   PEM files read, the token taken from ``--token-file`` or ``$NEXUS_TOKEN``. A process without a
   certificate serves plaintext; one without a token neither sends nor checks one.

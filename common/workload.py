@@ -1,4 +1,4 @@
-"""Workload files for ``nexus plan`` (DESIGN.md, "Workload file"): parsing with field-naming errors.
+"""Workload files for ``nexus plan`` (docs/planning.md, "The workload file"): parsing with field-naming errors.
 
 The contract::
 

@@ -1,4 +1,4 @@
-"""Profiles in service (DESIGN.md): per (model, device type), the table, the measured profile and the
+"""Profiles in service (docs/models.md, "Profiles in service"): per (model, device type), the table, the measured profile and the
 prediction, and which one the plan uses.
 
 The sources of one (model, device type):

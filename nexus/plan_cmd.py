@@ -26,7 +26,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("workload", metavar="WORKLOAD.json")
     p.add_argument("--solver", default=Solver.SQUISHY.value, choices=[s.value for s in Solver],
                    help="planner to run (default: squishy)")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON (DESIGN.md contract)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (docs/planning.md)")
     p.add_argument("--time-limit-s", type=float, default=10.0, help="CP-SAT time limit (default: 10)")
     p.add_argument("--network-ms", type=float, default=0.0, help="network margin taken from every SLO")
     p.add_argument("--preprocess-ms", type=float, default=0.0, help="preprocessing margin")

@@ -1,4 +1,4 @@
-"""The lower bounds of DESIGN.md: hand-computed values, memory, margins, prefix groups; the tight
+"""The lower bounds of docs/planning.md: hand-computed values, memory, margins, prefix groups; the tight
 bound never above the CP-SAT optimum."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Squishy bin packing: the arithmetic of DESIGN.md, memory and prefix awareness, errors, speed."""
+"""Squishy bin packing: the arithmetic of docs/planning.md, memory and prefix awareness, errors, speed."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""grpc.health.v1 on every component, at the moments the README documents: not ready before a
+"""grpc.health.v1 on every component, at the moments docs/deployment.md documents: not ready before a
 table, ready after; a frontend that loses the scheduler stays ready and keeps serving its last
 table; on SIGTERM readiness turns NOT_SERVING first, requests in flight still finish, and the
 process exits cleanly. Liveness stays SERVING throughout."""

@@ -411,10 +411,10 @@ def test_the_adapter_rule_serves_the_gauge_the_hpas_name_per_namespace():
     assert rule["seriesQuery"].startswith(DESIRED_DEVICES + "{") and 'device_type!=""' in rule["seriesQuery"]
     assert rule["resources"] == {"overrides": {"namespace": {"resource": "namespace"}}}
     assert re.fullmatch(r"max by \(device_type\) \(<<\.Series>>\{<<\.LabelMatchers>>\}\)", rule["metricsQuery"])
-    # The README's install command mounts this ConfigMap, in the namespace it is rendered into.
-    readme = (ROOT / "README.md").read_text()
+    # docs/deployment.md's install command mounts this ConfigMap, in the namespace it is rendered into.
+    readme = (ROOT / "docs" / "deployment.md").read_text()
     install = re.search(r"helm install prometheus-adapter prometheus-community/prometheus-adapter[^`]*", readme)
-    assert install, "README: how to install prometheus-adapter"
+    assert install, "docs/deployment.md: how to install prometheus-adapter"
     assert f"-n {rules['metadata']['namespace']}" in install.group(0)
     assert f"rules.existing={rules['metadata']['name']}" in install.group(0)
 

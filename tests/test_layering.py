@@ -1,4 +1,4 @@
-"""The house's arrows run one way (DESIGN.md, Layout): the ground floor (``common``) imports no
+"""The house's arrows run one way (docs/architecture.md, "Layout"): the ground floor (``common``) imports no
 component, no two packages import each other, in particular ``backend`` and ``profiler`` (the
 runtimes that both use live in ``common.runtimes``), and no two files import each other, directly or
 around a circle (GUIDE: "No two files import each other"). Imports are read with ``ast``, lazy ones

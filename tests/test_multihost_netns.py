@@ -1,5 +1,5 @@
 """A cluster across "machines": scheduler, frontend, backends and a client, each in its own network
-namespace with its own address on a bridge, started with exactly the commands of the README's
+namespace with its own address on a bridge, started with exactly the commands of docs/deployment.md, the
 "Deploy across machines" section (addresses substituted). The client uploads a model and is served
 through the frontend's address; a backend is killed, a new one joins from another namespace and
 takes over. Skipped, with the reason, where network namespaces cannot be made (not root)."""
@@ -53,8 +53,8 @@ sys.exit(1)
 
 
 def readme_commands() -> dict[str, list[str]]:
-    """The README's deployment commands, by component: the first word after ``nexus``."""
-    text = (ROOT / "README.md").read_text()
+    """The deployment commands of docs/deployment.md, by component: the first word after ``nexus``."""
+    text = (ROOT / "docs" / "deployment.md").read_text()
     start = text.index(MARKER)
     block = re.search(r"```sh\n(.*?)```", text[start:], re.S).group(1)
     commands = {}
@@ -90,7 +90,7 @@ def hosts():
 
 
 class Cluster:
-    """Components started in their namespaces from the README's commands; all stopped at the end."""
+    """Components started in their namespaces from docs/deployment.md's commands; all stopped at the end."""
 
     def __init__(self, hosts: Hosts, tmp: pathlib.Path, family: str) -> None:
         self.hosts = hosts

@@ -1,4 +1,4 @@
-"""Plan value types: validation catches every rule of DESIGN.md, JSON follows the contract."""
+"""Plan value types: validation catches every rule of docs/planning.md, JSON follows the contract."""
 
 from __future__ import annotations
 

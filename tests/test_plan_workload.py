@@ -1,4 +1,4 @@
-"""Workload files: the DESIGN.md example parses; every malformation is named by its field."""
+"""Workload files: the example of docs/planning.md parses; every malformation is named by its field."""
 
 from __future__ import annotations
 

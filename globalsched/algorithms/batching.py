@@ -108,10 +108,10 @@ class Saturated(NamedTuple):
 
 
 def saturated(sm: SessionModel) -> Saturated:
-    """The saturated GPU of DESIGN.md: duty cycle l(b), 2*l(b) <= budget, b maximising the load.
+    """The saturated GPU of docs/planning.md: duty cycle l(b), 2*l(b) <= budget, b maximising the load.
 
     Without headroom the load is the throughput b*1000/l(b); for profiles whose throughput grows
-    with the batch (every GPU-like profile) that is DESIGN.md's "largest b with 2*l(b) <= SLO".
+    with the batch (every GPU-like profile) that is docs/planning.md's "largest b with 2*l(b) <= SLO".
     With headroom a lone session cannot pool its bursts: it carries the n arrivals per cycle that
     :func:`common.headroom.lone_session_load_items` allows (P(Poisson(n) > b) at most the target,
     exactly; the earlier per-session rule n + z*sqrt(n) <= b approximated it).

@@ -1,7 +1,7 @@
 """A GPU being packed: its duty cycle, members and running totals, with O(1) feasibility checks.
 
 Working state inside the packers (mutable, never returned): the packers turn loads into frozen
-:class:`~common.plan.GpuPlan` values at the end. Feasibility is DESIGN.md's shared-GPU rule with
+:class:`~common.plan.GpuPlan` values at the end. Feasibility is the shared-device rule of docs/planning.md with
 prefix sharing: executions fit the duty cycle, every member's duty cycle + the execution its
 requests see fits its SLO budget, memory fits; with burst headroom (members prepared with
 ``burst_sigma > 0``) the GPU's pooled burst excess H (common/headroom.py) is added to the

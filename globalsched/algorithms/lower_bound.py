@@ -1,4 +1,4 @@
-"""The certified lower bound on GPUs (DESIGN.md, "Lower bound"), reported with every plan.
+"""The certified lower bound on GPUs (docs/planning.md, "The lower bound"), reported with every plan.
 
 Two bounds, both valid for every plan that :func:`common.plan.validate_plan` accepts:
 

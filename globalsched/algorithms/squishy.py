@@ -13,7 +13,7 @@
    once a GPU's duty cycle is re-timed (every member's batch recomputed at another cycle length,
    :meth:`GpuLoad.refit`); the eight emptiest GPUs are tried that way.
 
-Loads are visited either by decreasing occupancy l(b)/d (Nexus, DESIGN.md) or by increasing duty
+Loads are visited either by decreasing occupancy l(b)/d (Nexus, docs/planning.md) or by increasing duty
 cycle (this project: a load then never shortens the duty cycle of the GPU it joins, so the GPUs that
 run long cycles keep them, which is where per-batch overheads are cheapest; about 3% fewer GPUs on
 the benchmark, and every merge check is O(1)). :func:`squishy` runs the published order with the published
@@ -54,7 +54,7 @@ class ResidualRule(str, enum.Enum):
 class Order(str, enum.Enum):
     """The order residual loads are placed in."""
 
-    OCCUPANCY = "occupancy"  # decreasing l(b)/d: Nexus and DESIGN.md
+    OCCUPANCY = "occupancy"  # decreasing l(b)/d: Nexus, docs/planning.md
     DUTY = "duty"            # increasing duty cycle: this project
 
 

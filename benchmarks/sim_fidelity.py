@@ -33,7 +33,7 @@ simulator, side by side.
     python -m benchmarks.sim_fidelity --reuse      # the simulation again, on the saved real run
 
 The pure parts (log parsing, decision matching, per-second series, integrals) are in
-nexus/simulate/fidelity.py, tested in tests/test_sim_fidelity.py.
+nexus/simulate/fidelity.py, tested in tests/unit/test_sim_fidelity.py.
 """
 
 from __future__ import annotations

@@ -5,22 +5,22 @@ on it, so they are measured here and reported with the bound each one is expecte
 
 1. ``emulated``: an emulated GPU served end to end (``nexus serve --device emulated:gtx1080ti``):
    per batch size, the backend's measured compute time over the profile's l(b), expected within
-   [0.98, 1.10] (from tests/test_emulated_cluster.py);
-2. ``bench``: ``nexus bench`` against its fake KServe server (from tests/test_bench.py): the longest
+   [0.98, 1.10] (from tests/e2e/test_emulated_cluster.py);
+2. ``bench``: ``nexus bench`` against its fake KServe server (from tests/e2e/test_bench.py): the longest
    latency of the scripted late answers (expected in [350, SLO + grace) ms), p50 of 300 ms answers
    (>= 300 ms), the client lag of an open-loop run (< 200 ms) and of a run whose loop is blocked for
    200 ms (>= 150 ms);
 3. ``planner``: CPU seconds squishy bin packing takes for 1000 sessions (``plan_quality.py``'s
-   workload), expected < 2 s (from tests/test_algorithms_squishy.py);
+   workload), expected < 2 s (from tests/unit/test_algorithms_squishy.py);
 4. ``multitenant``: the profiler's harness serving two emulated models at light load on the wall
    clock: p99 per model, expected <= 60 ms (the SLO) in at least one of three steps, bad rate <= 1%
-   (from tests/test_profiler_multitenant.py, which checks the same step on a virtual clock);
+   (from tests/e2e/test_profiler_multitenant.py, which checks the same step on a virtual clock);
 5. ``bench-search``: ``find_max_rate`` against the fake server's single-worker model (capacity
    100 rps) with 0.7 s steps: 20 rps passes, 400 rps fails, the rate found is in [20, 400)
-   (from tests/test_bench.py, which checks the search's wiring with no timing claim).
+   (from tests/e2e/test_bench.py, which checks the search's wiring with no timing claim).
 
 How long a killed or hung backend takes to be repaired is ``benchmarks/faults.py``'s figure (the
-time from the kill until goodput is back); tests/test_failover.py waits for the repair instead.
+time from the kill until goodput is back); tests/e2e/test_failover.py waits for the repair instead.
 
 Run: ``python -m benchmarks.timing_checks [--only emulated|bench|planner|multitenant|bench-search]
 [--rounds 5]``; prints a table and

@@ -19,7 +19,7 @@ How the figures are derived (estimates for emulation and planning, not measureme
   as in the workload example of docs/planning.md); each model's m(b) carries the runtime's workspace.
   From the anchor: microseconds per MAC = 1e6 / (ips * 4.1e9).
 - Per architecture class, the multiply-accumulates per item (counted from the sample graphs' Conv
-  and Gemm nodes; ``tests/test_emulated_gpus.py`` recounts them), an efficiency relative to
+  and Gemm nodes; ``tests/e2e/test_emulated_gpus.py`` recounts them), an efficiency relative to
   ResNet-50 at 224x224 (small 64x64 feature maps and narrow layers fill a GPU worse: fewer thread
   blocks per kernel), the number of kernels a batch launches, and the bytes per item copied over
   PCIe (input plus outputs; the detector's crops dominate).

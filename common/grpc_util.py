@@ -24,7 +24,7 @@ UPLOAD_CHUNK_BYTES = 1024 * 1024
 # stay open) is noticed within a few seconds on every long-lived stream, without waiting for the
 # OS's TCP timeouts. ``ping_timeout_ms`` bounds every ping, not only keepalive's: without it, a
 # flow-control (BDP) ping that a hung peer never acknowledges holds the keepalive timer back
-# forever, and the stream stays open (tests/test_failover.py, the hung backend). A connection with
+# forever, and the stream stays open (tests/e2e/test_failover.py, the hung backend). A connection with
 # no call in flight is not pinged (``permit_without_calls`` 0): there is no call to fail, the next
 # one finds a dead peer by its deadline, and pinging every idle connection (the scheduler's channels
 # to every node, used only to push tables) cost an idle scheduler about 0.5% of a core with 10

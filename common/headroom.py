@@ -39,7 +39,7 @@ arrival count weighs a ResNet item like an MLP item; the weighted sum does not. 
 quantile mu + z*sigma (the issue's first suggestion) under-provisions small devices: on random
 devices of 1-40 sessions it exceeded the target probability on 22 of 60, the skew term alone on 7,
 this statistic on none (worst 6.4% for a 6.7% target, mean 2.8%: conservative where the lattice
-forces it; lone sessions exact). ``tests/test_headroom.py`` simulates Poisson arrivals against
+forces it; lone sessions exact). ``tests/unit/test_headroom.py`` simulates Poisson arrivals against
 planned devices.
 
 The rule a plan keeps (common/plan.py): on every device, sum of executions + H <= duty cycle, and

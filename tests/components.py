@@ -27,7 +27,7 @@ def start_cluster(workdir, backends: int, device: str, *, scheduler: dict | None
     """A scheduler, a frontend (workload reports every 0.5 s) and ``backends`` backends on ``device``,
     each its own process; ``scheduler`` and ``backend`` override configuration fields. Spare replicas
     are off unless ``scheduler`` turns them on: these clusters' tests count where sessions run, and
-    spares keep every idle backend loading and warming (tests/test_spare_replicas.py tests them)."""
+    spares keep every idle backend loading and warming (tests/e2e/test_spare_replicas.py tests them)."""
     scheduler = {"spare_replicas": False, **(scheduler or {})}
     return Cluster(workdir, backends=backends, device=device, scheduler=scheduler, backend=backend,
                    frontend={"report_interval_s": 0.5}).start()

@@ -1,4 +1,4 @@
-"""Client side of tests/test_kubernetes_commands.py, run inside the client's network namespace.
+"""Client side of tests/e2e/test_kubernetes_commands.py, run inside the client's network namespace.
 
 ``python -m tests.kube_client ready ADDRESS SERVICE TIMEOUT_S``: poll ``grpc.health.v1`` as a
 Kubernetes gRPC probe does until ``SERVICE`` is SERVING (exit 0) or the time is up (exit 1).

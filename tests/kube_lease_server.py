@@ -1,4 +1,4 @@
-"""A stand-in for the Kubernetes API server's Lease endpoints, over HTTPS, for tests/test_kube_lease.py.
+"""A stand-in for the Kubernetes API server's Lease endpoints, over HTTPS, for tests/e2e/test_kube_lease.py.
 
 Kubernetes cannot run on these machines, so the scheduler's Lease client is tested against this: the
 ``coordination.k8s.io/v1`` Lease REST paths with the API server's rules that leader election relies

@@ -46,7 +46,7 @@ DEFAULT_CONFIG = {
 }
 
 
-# Scripted models with known answers, for the checks of the load generator itself (tests/test_bench.py,
+# Scripted models with known answers, for the checks of the load generator itself (tests/e2e/test_bench.py,
 # benchmarks/timing_checks.py), run at an SLO of SLO_MS with GRACE_MS of grace (a 500 ms client deadline).
 SLO_MS = 250.0
 GRACE_MS = 250.0

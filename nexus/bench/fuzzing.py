@@ -1,4 +1,4 @@
-"""Hostile input for tests/test_fuzz.py and benchmarks/fuzz.py: hypothesis strategies and raw senders
+"""Hostile input for tests/e2e/test_fuzz.py and benchmarks/fuzz.py: hypothesis strategies and raw senders
 (hypothesis is a test dependency: ``pip install -e ".[test]"``).
 
 - :func:`infer_requests`: KServe ``ModelInferRequest`` messages, from well formed to absurd (names,

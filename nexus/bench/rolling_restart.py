@@ -1,5 +1,5 @@
 """A rolling restart of every backend and every frontend under steady load (benchmarks/rolling_restart.py
-and tests/test_rolling_restart.py): requests sent, answered, failed by status, without a response.
+and tests/e2e/test_rolling_restart.py): requests sent, answered, failed by status, without a response.
 
 A scheduler, ``frontends`` frontends and ``backends`` emulated backends (:class:`~nexus.bench.cluster.Cluster`)
 serve one model, the 64-input MLP with l(b) = 0.5*b + 5 ms on an emulated T4 at a 200 ms SLO, while a

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 # benchmarks/triton_model.py runs under PyTriton's own interpreter, without this project: not a driver.
 NOT_DRIVERS = {"__init__", "triton_model"}
 DRIVERS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem not in NOT_DRIVERS)

@@ -1,6 +1,6 @@
 """Cold start (issue 17 item 5): a frontend reports a sharp rise of a session's demand at once, by the
 scheduler's own surge rule (common/surge.py), at most once per session per EARLY_REPORT_GAP_S; the
-pure rule here, the whole path on real processes in tests/test_elastic.py."""
+pure rule here, the whole path on real processes in tests/e2e/test_elastic.py."""
 
 from __future__ import annotations
 

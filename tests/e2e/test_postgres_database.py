@@ -219,7 +219,7 @@ def test_a_cluster_serves_from_postgresql_and_a_new_scheduler_finds_its_models(p
     finally:
         first.stop()
     assert not (tmp_path / "one" / "db" / "nexus.db").exists()          # nothing went to SQLite
-    # the same cluster token: the database holds its fingerprint (tests/test_scheduler_standby.py)
+    # the same cluster token: the database holds its fingerprint (tests/e2e/test_scheduler_standby.py)
     second = start_cluster(tmp_path / "two", "--database", pg_url, "--no-samples", "--backends", "1",
                            "--token-file", str(tmp_path / "one" / "token"))
     try:

@@ -18,7 +18,7 @@ import pytest
 from common.sample_models import model_bytes, resnet18_64
 from nexus.bench.pyspy import top_functions
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_top_functions_reduces_collapsed_stacks(tmp_path):

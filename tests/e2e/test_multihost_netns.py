@@ -23,7 +23,7 @@ from tests.netns import Hosts, netns_problem
 
 pytestmark = pytest.mark.slow
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 MARKER = "<!-- deploy-commands:"
 
 # Served through the frontend with the standard Triton client, from the client's namespace.

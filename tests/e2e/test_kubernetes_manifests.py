@@ -1,7 +1,7 @@
 """deploy/kubernetes/ and the Dockerfile: strict schema validation offline, and the rules every
 container follows (probes, non-root, resources, the image the Dockerfile builds).
 
-The slow test that runs the manifests' commands as processes is tests/test_kubernetes_commands.py.
+The slow test that runs the manifests' commands as processes is tests/e2e/test_kubernetes_commands.py.
 """
 
 from __future__ import annotations

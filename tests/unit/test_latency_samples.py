@@ -1,7 +1,7 @@
 """What a backend reports for the scheduler's measured profiles (backend/latency_samples.py): every
 serving batch's rows and time, contended when the device was behind or its host busy; never a
 warm-up batch nor a failed one; bounded between reports. The engine runs in virtual time (a fake
-clock that the runtime advances by l(b)), as in tests/test_engine_clock.py."""
+clock that the runtime advances by l(b)), as in tests/unit/test_engine_clock.py."""
 
 from __future__ import annotations
 

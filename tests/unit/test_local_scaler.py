@@ -1,6 +1,6 @@
 """`nexus serve --backends auto`'s actuator (nexus/local_scaler.py) without a cluster: what it does for
 each decision of the scheduler's scaling policy, and the supervisor's retirement of a backend it
-stopped on purpose (never restarted). The whole loop on real processes is tests/test_elastic.py."""
+stopped on purpose (never restarted). The whole loop on real processes is tests/e2e/test_elastic.py."""
 
 from __future__ import annotations
 

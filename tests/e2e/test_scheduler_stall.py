@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.components import start_cluster, wait_for
-from tests.test_failover import DEVICE, FAST, FAST_SLO_MS, _ok_in_a_row_since, _upload, steady_load
+from tests.e2e.test_failover import DEVICE, FAST, FAST_SLO_MS, _ok_in_a_row_since, _upload, steady_load
 
 pytestmark = pytest.mark.slow
 

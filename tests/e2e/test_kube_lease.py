@@ -12,7 +12,7 @@ from nexus.bench.cluster import Node
 from tests.certs import make_pki
 from tests.conftest import nexus_cli
 from tests.kube_lease_server import LeaseServer
-from tests.test_scheduler_standby import _wait_leads
+from tests.e2e.test_scheduler_standby import _wait_leads
 
 TOKEN = "service-account-token"
 

@@ -211,7 +211,7 @@ def test_losing_the_leader_under_load_fails_nothing_moves_nothing_and_the_next_u
     force (no session moves, no request fails), and a resumed old leader exits without pushing."""
     from nexus.bench.cluster import Cluster
     from tests.components import wait_for
-    from tests.test_failover import DEVICE, FAST, FAST_SLO_MS, _ok_in_a_row_since, _upload, steady_load
+    from tests.e2e.test_failover import DEVICE, FAST, FAST_SLO_MS, _ok_in_a_row_since, _upload, steady_load
 
     a, b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     both = f"{b},{a}"

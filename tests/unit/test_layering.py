@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = ("common", "backend", "frontend", "globalsched", "profiler", "nexus")
 
 

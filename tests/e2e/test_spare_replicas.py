@@ -1,6 +1,6 @@
 """Spare replicas on real processes: a backend the plan leaves idle holds a replica of the busiest
 session, so a kill -9 of the session's other backend under load costs only what was in flight there
-(globalsched/planning_loop.py, add_spares). The planner's side is tests/test_planning_loop.py's."""
+(globalsched/planning_loop.py, add_spares). The planner's side is tests/unit/test_planning_loop.py's."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.components import start_cluster, wait_for
-from tests.test_failover import DEVICE, FAST, FAST_SLO_MS, _ok_in_a_row_since, _upload, steady_load
+from tests.e2e.test_failover import DEVICE, FAST, FAST_SLO_MS, _ok_in_a_row_since, _upload, steady_load
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """The idle scheduler's work follows events, not time (issue 29), in process: the latency split is
 computed once per distinct input, an Attach stream sends an event only for a new epoch or its end,
 and a frontend's quiet reports are news only while its windows still change.
-tests/test_scheduler_idle_cpu.py measures a real scheduler's idle CPU."""
+tests/e2e/test_scheduler_idle_cpu.py measures a real scheduler's idle CPU."""
 
 from __future__ import annotations
 

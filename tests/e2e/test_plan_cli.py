@@ -149,6 +149,6 @@ def test_published_nexus_plan_that_overcommits_memory_exits_1(tmp_path: Path,
 
 def test_python_dash_m_entry_point(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "nexus", "plan", write(tmp_path, WORKLOAD), "--json"],
-                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[1])
+                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["solver"] == "squishy"

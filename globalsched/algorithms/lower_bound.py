@@ -33,6 +33,12 @@ sum_g lambda_g >= 1. Summing over sessions, #GPUs >= sum_g sum_i s_ig = sum_i S_
 the GPU count is an integer, so it is at least the ceiling. Replicas only add shares. (validate_plan
 allows EPS_MS of slack on times: the bound uses budget + EPS_MS, so it stays sound at that slack.)
 
+Memory. Every session outside prefix groups holds at least ``min over usable b of m_i(b)`` on some
+GPU, and a GPU holds at most its memory: #GPUs >= sum_i min_b m_i(b) / memory. The tight bound is
+the larger of that and the sum above (both hold for every valid plan). A fleet whose memory, not
+its time, sets the device count (issue 26: 200 models of 630 MB resident on 8 T4s) would otherwise
+get a bound the re-planner's waste check could never meet, and a fresh plan at every re-plan.
+
 Prefix groups (the group's members on a GPU that shares its prefix run l_p(B) + sum of suffixes,
 which every member's requests see; common/plan.py). Let S_G be the share of the group's executions
 on all GPUs. (a) Per request: every request costs at least the prefix's best per-item time plus its
@@ -63,6 +69,13 @@ def _usable(sm: SessionModel) -> range:
     return range(1, saturated_batch(sm.lat, sm.budget_ms, len(sm.latency_ms), EPS_MS) + 1)
 
 
+def session_memory_mb(sm: SessionModel, memory_mb: float | None) -> float:
+    """The least memory the session holds on a GPU of ``memory_mb`` (None: unbounded), over usable b
+    that fit it; 0 when none does (the session is then refused elsewhere)."""
+    fits = [sm.mem(b) for b in _usable(sm) if memory_mb is None or sm.mem(b) <= memory_mb + EPS_MS]
+    return min(fits, default=0.0)
+
+
 def session_bounds_gpus(sm: SessionModel, memory_mb: float | None) -> tuple[float, float]:
     """(f_i of the module docstring, rate * min l(b)/b) over usable b, memory checked when
     ``memory_mb`` is given: the session's tight and throughput-only bounds."""
@@ -81,12 +94,12 @@ def session_bounds_gpus(sm: SessionModel, memory_mb: float | None) -> tuple[floa
 
 def bounds_gpus(sessions: Sequence[SessionSpec], gpu: GpuSpec | None = None,
                 config: PlannerConfig = PlannerConfig(),
-                prefix_groups: Iterable[PrefixGroup] = ()) -> tuple[float, float]:
+                prefix_groups: Iterable[PrefixGroup] = (), memory_term: bool = True) -> tuple[float, float]:
     """(tight, throughput-only) fractional bounds in one pass; raises PlanningError naming a session
-    no plan can serve."""
+    no plan can serve. ``memory_term`` False: the tight bound of time shares alone."""
     prefixes = prefix_models(prefix_groups)
     memory = gpu.memory_mb if gpu is not None else None
-    tight = old = 0.0
+    tight = old = held_mb = 0.0
     grouped: dict[str, list[SessionModel]] = {}
     for spec in sessions:
         sm = prepare(spec, gpu, config, with_headroom=False)
@@ -95,20 +108,23 @@ def bounds_gpus(sessions: Sequence[SessionSpec], gpu: GpuSpec | None = None,
         else:
             floor, per_item = session_bounds_gpus(sm, memory)
             tight, old = tight + floor, old + per_item
+            held_mb += session_memory_mb(sm, memory)
     check_prefix_groups(grouped, prefixes)
     for gname, members in grouped.items():
         group = group_lower_bound_gpus(members, prefixes[gname], memory)
         old += group
         tight += max(group, max(session_bounds_gpus(m, None)[0] for m in members))
+    if memory and memory_term:      # the memory the sessions hold, on GPUs of ``memory`` MB (module docstring)
+        tight = max(tight, held_mb / memory)
     return tight, old
 
 
 def lower_bound_gpus(sessions: Sequence[SessionSpec], gpu: GpuSpec | None = None,
                      config: PlannerConfig = PlannerConfig(),
-                     prefix_groups: Iterable[PrefixGroup] = ()) -> float:
-    """The fractional tight bound (throughput and per-session fixed cost); raises PlanningError
-    naming a session no plan can serve."""
-    return bounds_gpus(sessions, gpu, config, prefix_groups)[0]
+                     prefix_groups: Iterable[PrefixGroup] = (), memory_term: bool = True) -> float:
+    """The fractional tight bound (throughput and per-session fixed cost, or the memory held, the
+    larger); raises PlanningError naming a session no plan can serve."""
+    return bounds_gpus(sessions, gpu, config, prefix_groups, memory_term)[0]
 
 
 def lower_bound_throughput_only_gpus(sessions: Sequence[SessionSpec], gpu: GpuSpec | None = None,

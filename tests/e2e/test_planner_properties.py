@@ -151,10 +151,13 @@ class Cluster:
         plan, self.state = plan_cluster(self.view(force), self.state, self.settings)
         return plan
 
-    def specs(self, rates: dict[str, float]) -> list[SessionSpec]:
-        """The sessions of the device type as the planner builds them (best-effort ones left out)."""
+    def specs(self, rates: dict[str, float], cold: frozenset[str] = frozenset()) -> list[SessionSpec]:
+        """The sessions of the device type as the planner builds them (best-effort ones left out, and
+        ``cold`` ones, which the devices' memory does not hold: globalsched/residency.py)."""
         out = []
         for n in sorted(self.active):
+            if n in cold:
+                continue
             m = self.models[n]
             if 2 * m.profile.latency_ms(1) > m.slo_ms - self.planner.margins_ms:
                 continue
@@ -171,12 +174,12 @@ def check(cluster: Cluster, plan, where: str) -> None:
         return
     gpu = GpuSpec(DEVICE, min(b.memory_mb for b in cluster.backends))
     planned = dict(ts.replan.planned_rates)
-    grouped, groups = planning_groups(cluster.specs(planned), {})
+    grouped, groups = planning_groups(cluster.specs(planned, plan.cold), {})
     broken = validate_plan(ts.plan, grouped, gpu, cluster.planner.margins_ms, groups, cluster.planner.burst_sigma)
     assert not broken, f"{where}: the plan breaks the rules for its planned rates: {[v.message for v in broken[:4]]}"
     assert ts.plan.num_gpus >= ts.plan.lower_bound
     kept = ts.replan.last_replan_s != cluster.now_s      # the re-planner kept its plan: band or cooldown
-    current, _ = planning_groups(cluster.specs(cluster.rates), {})
+    current, _ = planning_groups(cluster.specs(cluster.rates, plan.cold), {})
     under = [v for v in validate_plan(ts.plan, current, gpu, cluster.planner.margins_ms, groups)
              if v.kind is ViolationKind.UNDER_SERVED]
     assert kept or not under, f"{where}: a new plan under-serves the current rates: {[v.message for v in under]}"

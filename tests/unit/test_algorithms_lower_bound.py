@@ -127,3 +127,17 @@ def test_tight_bound_never_exceeds_the_cpsat_optimum(sessions: list[SessionSpec]
     specs = {s.name: s for s in sessions}
     used = sum(gpu_exec_breakdown(g, specs, {})[0] / g.duty_cycle_ms for g in plan.gpus)
     assert used >= lower_bound_gpus(sessions, gpu) - 1e-9
+
+
+def test_a_fleet_whose_memory_sets_the_device_count_is_bounded_by_its_memory() -> None:
+    # 30 idle sessions of 600 MB on 4,000 MB GPUs: time needs a fraction of one GPU, memory 4.5 of them
+    profile = Profile.linear(0.5, 1.5, 8, memory_base_mb=600.0)
+    sessions = [SessionSpec(f"s{i}", f"m{i}", 100.0, 0.1, profile) for i in range(30)]
+    gpu = GpuSpec("gpu", 4000.0)
+    assert lower_bound_gpus(sessions, gpu, memory_term=False) < 1.0
+    assert lower_bound_gpus(sessions, gpu) == pytest.approx(30 * profile.memory_mb(1) / 4000.0)
+    assert lower_bound(sessions, gpu) == math.ceil(30 * profile.memory_mb(1) / 4000.0) == 5
+    plan = solve(sessions, gpu, Solver.SQUISHY)
+    assert validate_plan(plan, sessions, gpu) == [] and plan.num_gpus >= plan.lower_bound == 5
+    # without a GPU to hold them (no memory given), time alone bounds it
+    assert lower_bound(sessions) == 1

@@ -53,9 +53,14 @@ def _assert_sound(plan: Plan, sessions: list[SessionSpec], gpu: GpuSpec, margins
     assert plan.num_gpus >= plan.lower_bound
     bound = lower_bound_gpus(sessions, gpu, PlannerConfig(network_ms=margins_ms), groups)
     assert plan.lower_bound >= bound - 1e-9
-    # The proof's inequality itself: the shares of their GPUs the sessions use add up to the bound.
+    # The proof's inequalities themselves: the shares of their GPUs the sessions use add up to the
+    # bound of time shares, and the memory they hold on them to the memory term.
     specs, group_map = {s.name: s for s in sessions}, {g.name: g for g in groups}
-    assert sum(gpu_exec_breakdown(g, specs, group_map)[0] / g.duty_cycle_ms for g in plan.gpus) >= bound - 1e-9
+    time_bound = lower_bound_gpus(sessions, gpu, PlannerConfig(network_ms=margins_ms), groups, memory_term=False)
+    assert sum(gpu_exec_breakdown(g, specs, group_map)[0] / g.duty_cycle_ms for g in plan.gpus) >= time_bound - 1e-9
+    if bound > time_bound:
+        held = sum(specs[a.session].profile.memory_mb(a.batch) for g in plan.gpus for a in g.sessions)
+        assert held / gpu.memory_mb >= bound - 1e-9
     assert plan.lower_bound_throughput_only is not None and plan.lower_bound_throughput_only <= plan.lower_bound
 
 

@@ -147,9 +147,10 @@ def lower_bounds(sessions: Sequence[SessionSpec], gpu: GpuSpec | None = None,
 
 
 def lower_bound(sessions: Sequence[SessionSpec], gpu: GpuSpec | None = None,
-                config: PlannerConfig = PlannerConfig(), prefix_groups: Iterable[PrefixGroup] = ()) -> int:
+                config: PlannerConfig = PlannerConfig(), prefix_groups: Iterable[PrefixGroup] = (),
+                memory_term: bool = True) -> int:
     """ceil of :func:`lower_bound_gpus`: no valid plan uses fewer GPUs."""
-    return _ceil(lower_bound_gpus(sessions, gpu, config, prefix_groups))
+    return _ceil(lower_bound_gpus(sessions, gpu, config, prefix_groups, memory_term))
 
 
 def lower_bound_throughput_only(sessions: Sequence[SessionSpec], gpu: GpuSpec | None = None,

@@ -57,7 +57,9 @@ def lower_bound_series(sim: Simulation) -> list[tuple[float, int]]:
         length = min(BOUND_WINDOW_S, sim.arrivals.duration_s - w * BOUND_WINDOW_S) or BOUND_WINDOW_S
         specs = [SessionSpec(name, name, by_name[name].slo_ms, counts[w, j] / length, by_name[name].profile)
                  for j, name in enumerate(sim.arrivals.names) if counts[w, j] > 0]
-        out.append((w * BOUND_WINDOW_S, lower_bound(specs, gpu, planner) if specs else 0))
+        # without the memory term: a fleet that pages models in need not hold every model requested
+        # in the window at once (globalsched/residency.py)
+        out.append((w * BOUND_WINDOW_S, lower_bound(specs, gpu, planner, memory_term=False) if specs else 0))
     return out
 
 

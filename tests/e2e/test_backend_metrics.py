@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +21,7 @@ from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from nexus.launcher import Child, launch
 from tests.conftest import nexus_cli
+from nexus.bench.ports import free_port
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*\})? (\S+)$')
 
@@ -62,12 +62,6 @@ def test_render_is_valid_prometheus_text_with_a_cumulative_histogram():
     assert types["nexus_backend_queue_length"] == "gauge"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(config) -> Child:
     child = launch(config, env=dict(os.environ, NEXUS_LOG="WARNING"))
     child.wait_ready(60)
@@ -77,7 +71,7 @@ def _launch(config) -> Child:
 @pytest.mark.slow
 def test_metrics_endpoint_of_a_real_backend(tmp_path):
     scheduler = _launch(SchedulerConfig(listen="127.0.0.1:0", data_dir=tmp_path / "db"))
-    port = _free_port()
+    port = free_port()
     backend = _launch(BackendConfig(scheduler=scheduler.address, listen="127.0.0.1:0", metrics_port=port, threads=1))
     try:
         model = tmp_path / "mlp.onnx"

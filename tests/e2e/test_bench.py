@@ -15,7 +15,6 @@ import asyncio
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from nexus.bench import (
 )
 from nexus.bench.report import lag_warning
 from nexus.bench.fake_kserve import GRACE_MS, MIXED_PATTERN, SCRIPTED_CONFIG, SLO_MS, spawn
+from nexus.bench.ports import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -47,12 +47,6 @@ def server() -> str:
     finally:
         proc.terminate()
         proc.wait(10)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_invariants(r: BenchReport) -> None:

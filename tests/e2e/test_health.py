@@ -6,7 +6,6 @@ process exits cleanly. Liveness stays SERVING throughout."""
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 
@@ -23,6 +22,7 @@ from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from nexus.launcher import launch
 from nexus.scheduler_client import upload_model
+from nexus.bench.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -30,12 +30,6 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 KSERVE = "inference.GRPCInferenceService"
 DEVICE = "t4"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check(address: str, service: str = "") -> int:
@@ -88,7 +82,7 @@ def _env() -> dict:
 
 
 def test_readiness_before_and_after_a_table_and_without_the_scheduler(tmp_path):
-    scheduler_address = f"127.0.0.1:{_free_port()}"
+    scheduler_address = f"127.0.0.1:{free_port()}"
     backend = launch(BackendConfig(scheduler=scheduler_address, listen="127.0.0.1:0", device=f"emulated:{DEVICE}"),
                      env=_env())
     frontend = launch(FrontendConfig(scheduler=scheduler_address, listen="127.0.0.1:0"), env=_env())

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import socket
 import time
 import urllib.request
 
@@ -34,6 +33,7 @@ from nexus.bench import BackgroundLoad
 from nexus.scheduler_client import AdminCallError, upload_model
 from tests.components import start, start_cluster, wait_ready
 from tests.conftest import nexus_cli
+from nexus.bench.ports import free_port
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
@@ -326,12 +326,6 @@ def test_the_warmer_warms_a_runtime_once_per_sample_set_and_each_new_planned_bat
 
 # ---- real processes ----------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _infer(frontend: str, model: str, features: int = 64) -> np.ndarray:
     x = grpcclient.InferInput("input", [1, features], "FP32")
     x.set_data_from_numpy(np.ones((1, features), np.float32))
@@ -377,7 +371,7 @@ def test_config_warm_up_runs_on_the_backend_before_the_model_is_routed(tmp_path)
     _mlp_repo(repo, MLP_CONFIG, {"ones.bin": ONES})                              # its own warm-up: 3 + 1 batches
     (repo / "plain" / "1").mkdir(parents=True)                                   # none: the default warm-up
     (repo / "plain" / "1" / "model.onnx").write_bytes(model_bytes(mlp_small(hidden=32)))
-    cluster = start_cluster(tmp_path / "data", 1, "cpu", backend={"metrics_port": _free_port()})
+    cluster = start_cluster(tmp_path / "data", 1, "cpu", backend={"metrics_port": free_port()})
     try:
         r = nexus_cli("models", "import", str(repo), "--scheduler", cluster.scheduler.address)
         assert r.returncode == 0, r.stderr

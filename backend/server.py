@@ -207,7 +207,7 @@ class BackendService(control_grpc.BackendServicer):
                 profile = await asyncio.to_thread(
                     measure_profile, data, runtime_kind, self.config.device, self.config.resolved_device_type,
                     io_specs(model), list(request.batch_sizes), request.budget_s or 20.0,
-                    self._threads())
+                    self._threads(), request.extend_to_batch)
         except NoDatasheet as exc:
             return control.MeasuredProfile(error=str(exc), unmeasurable=True)
         except Exception as exc:

@@ -80,6 +80,25 @@ class Profile:
             return self
         return Profile(self.rows[:max_batch], self.device_type, dict(self.meta, batch_cap=max_batch))
 
+    def extended(self, to_batch: int) -> "Profile":
+        """The profile with rows up to ``to_batch`` beyond its own (itself when it covers that): a quick
+        estimate from a few measured batch sizes. Beyond the largest measured n, a batch of b is taken
+        to cost what b/n batches of n do, l(b) = l(n) * b / n (no further gain from batching: an upper
+        bound wherever a larger batch amortises at least as well), and its memory grows by the last
+        measured step's per-item increase. The latencies the backends measure while serving then
+        correct it (common/measured_profile.py). ``meta["extrapolated_from_batch"]`` says where the
+        estimate starts."""
+        n = len(self.rows)
+        if to_batch <= n:
+            return self
+        last = self.rows[-1]
+        before = self.rows[-2] if n > 1 else BatchLatency(0, 0.0, 0.0)
+        per_item_mb = max(0.0, (last.memory_mb - before.memory_mb) / max(1, last.batch - before.batch))
+        rows = list(self.rows)
+        for b in range(n + 1, to_batch + 1):
+            rows.append(BatchLatency(b, last.latency_ms * b / n, last.memory_mb + (b - n) * per_item_mb))
+        return Profile(tuple(rows), self.device_type, dict(self.meta, extrapolated_from_batch=n))
+
     def scaled(self, factor: float) -> "Profile":
         """The profile with every latency figure (l(b), and the raw mean, std and p99) times ``factor``
         (> 0); memory and meta unchanged."""

@@ -64,6 +64,12 @@ from globalsched.versions import VersionRollout
 log = logging.getLogger("nexus.scheduler")
 
 PROFILE_BUDGET_S = 20.0         # what a backend may spend measuring a model's profile
+# A model is profiled at a few batch sizes, a quick estimate that its serving measurements refine
+# (common/measured_profile.py): the largest batches took most of a whole profile's time (ResNet-18
+# at 64x64 on 2 cores: 16 and 32 were over half of 3.7 s). The estimate is extended to the model's
+# batch cap, or to the largest batch a whole profile measures (backend/profiling.py).
+QUICK_BATCH_SIZES = (1, 2, 4, 8)
+QUICK_EXTEND_TO_BATCH = 32
 PROFILE_TIMEOUT_S = 300         # how long the scheduler waits for that profile
 READY_RECHECK_S = 1.0           # a wait for readiness looks again at least this often
 
@@ -467,8 +473,10 @@ class ModelAdmin:
 
     async def _profile(self, node: Node, model: str, key: tuple[str, str]) -> None:
         try:
-            reply = await node.stub.ProfileModel(control.ProfileRequest(model=self.desc(model), budget_s=PROFILE_BUDGET_S),
-                                                 timeout=PROFILE_TIMEOUT_S)
+            desc = self.desc(model)
+            request = control.ProfileRequest(model=desc, budget_s=PROFILE_BUDGET_S, batch_sizes=QUICK_BATCH_SIZES,
+                                             extend_to_batch=desc.batch_cap or QUICK_EXTEND_TO_BATCH)
+            reply = await node.stub.ProfileModel(request, timeout=PROFILE_TIMEOUT_S)
             if reply.unmeasurable:          # not the model's fault, and no other backend of the type can either
                 log.warning("%s has no profile for %s, which cannot measure one: %s", model, node.device_type,
                             reply.error)
@@ -482,7 +490,9 @@ class ModelAdmin:
             await asyncio.to_thread(self.db.add_profile, model, profile)
             self.book.table_arrived(key, profile, "a profiling run")
             self.readiness.reached([model], "profiled")
-            log.info("profiled %s on %s (max batch %d)", model, profile.device_type, profile.max_batch)
+            extended = profile.meta.get("extrapolated_from_batch")
+            log.info("profiled %s on %s (max batch %d%s)", model, profile.device_type, profile.max_batch,
+                     f"; measured to {extended}, beyond that an estimate that serving refines" if extended else "")
             from profiler.tables import load_warning
 
             if busy := load_warning(profile):

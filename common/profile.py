@@ -82,21 +82,23 @@ class Profile:
 
     def extended(self, to_batch: int) -> "Profile":
         """The profile with rows up to ``to_batch`` beyond its own (itself when it covers that): a quick
-        estimate from a few measured batch sizes. Beyond the largest measured n, a batch of b is taken
-        to cost what b/n batches of n do, l(b) = l(n) * b / n (no further gain from batching: an upper
-        bound wherever a larger batch amortises at least as well), and its memory grows by the last
-        measured step's per-item increase. The latencies the backends measure while serving then
-        correct it (common/measured_profile.py). ``meta["extrapolated_from_batch"]`` says where the
-        estimate starts."""
+        estimate from a few measured batch sizes. Beyond the largest measured n, latency and memory
+        grow by the last measured step's per-item increase, l(b) = l(n) + (b - n) * (l(n) - l(m)) / (n - m)
+        for the row m before n: exact where latency is linear in the batch, an upper bound where a larger
+        batch amortises better (a concave curve, the usual one). The latencies the backends measure while
+        serving then correct it (common/measured_profile.py). ``meta["extrapolated_from_batch"]`` says
+        where the estimate starts."""
         n = len(self.rows)
         if to_batch <= n:
             return self
         last = self.rows[-1]
         before = self.rows[-2] if n > 1 else BatchLatency(0, 0.0, 0.0)
-        per_item_mb = max(0.0, (last.memory_mb - before.memory_mb) / max(1, last.batch - before.batch))
+        step = max(1, last.batch - before.batch)
+        per_item_ms = max(0.0, (last.latency_ms - before.latency_ms) / step)
+        per_item_mb = max(0.0, (last.memory_mb - before.memory_mb) / step)
         rows = list(self.rows)
         for b in range(n + 1, to_batch + 1):
-            rows.append(BatchLatency(b, last.latency_ms * b / n, last.memory_mb + (b - n) * per_item_mb))
+            rows.append(BatchLatency(b, last.latency_ms + (b - n) * per_item_ms, last.memory_mb + (b - n) * per_item_mb))
         return Profile(tuple(rows), self.device_type, dict(self.meta, extrapolated_from_batch=n))
 
     def scaled(self, factor: float) -> "Profile":

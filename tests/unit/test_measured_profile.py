@@ -157,14 +157,14 @@ def test_bounds_cap_nothing_without_contended_samples() -> None:
     assert upd.profile.latency_ms(16) > 1.5 * fast.latency_ms(16)
 
 
-def test_a_quick_profile_is_extended_beyond_its_measured_sizes_at_no_further_batching_gain():
+def test_a_quick_profile_is_extended_beyond_its_measured_sizes_by_its_last_per_item_step():
     from common.profile import BatchLatency, Profile
 
     measured = Profile.from_rows([BatchLatency(1, 2.0, 100.0), BatchLatency(2, 3.0, 102.0),
                                   BatchLatency(3, 3.8, 104.0), BatchLatency(4, 4.4, 106.0)], "cpu")
     quick = measured.extended(8)
     assert quick.max_batch == 8 and quick.rows[:4] == measured.rows
-    assert [round(quick.latency_ms(b), 6) for b in range(5, 9)] == [5.5, 6.6, 7.7, 8.8]     # l(4) * b / 4
+    assert [round(quick.latency_ms(b), 6) for b in range(5, 9)] == [5.0, 5.6, 6.2, 6.8]     # l(4) + 0.6 ms per item
     assert [quick.memory_mb(b) for b in range(5, 9)] == [108.0, 110.0, 112.0, 114.0]    # the last step's 2 MB/item
     assert quick.meta["extrapolated_from_batch"] == 4
     quick.validate()

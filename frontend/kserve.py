@@ -70,7 +70,7 @@ class KServeService:
             model = self.state.entry(request.name, request.version)
         except RequestError:
             model = None
-        return kserve.ModelReadyResponse(ready=bool(model and model.ready))
+        return kserve.ModelReadyResponse(ready=bool(model and model.servable))
 
     async def ServerMetadata(self, request, context):
         return kserve.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=EXTENSIONS)
@@ -228,9 +228,9 @@ class KServeService:
         entries += [(name, "1", q) for name, q in table.queries.items()]
         reply = kserve.RepositoryIndexResponse()
         for name, version, model in sorted(entries, key=lambda e: (e[0], int(e[1]))):
-            if request.ready and not model.ready:
+            if request.ready and not model.servable:
                 continue
-            state = "READY" if model.ready else "UNAVAILABLE"
+            state = "READY" if model.servable else "UNAVAILABLE"
             reply.models.add(name=name, version=version, state=state, reason="" if model.ready else model.reason)
         return reply
 
@@ -265,7 +265,7 @@ class KServeService:
         deadline = time.monotonic() + TABLE_WAIT_S
         while time.monotonic() < deadline:
             model = self.state.table.newest(request.model_name)
-            if model is not None and (model.ready or model.cold):
+            if model is not None and model.servable:
                 return kserve.RepositoryModelLoadResponse()
             try:
                 await asyncio.wait_for(self.state.table_changed.wait(), timeout=1.0)

@@ -62,6 +62,14 @@ class ModelEntry:
     def ready(self) -> bool:
         return bool(self.backends)
 
+    @property
+    def servable(self) -> bool:
+        """A request is served: it has a backend, or it is cold and a request pages it in. Triton's
+        model readiness and repository index say READY for both (a cold one with its reason), so that
+        a client waiting for READY before its first request is not kept from the request that pages
+        the model in."""
+        return self.ready or self.cold
+
     @cached_property
     def input_item_counts(self) -> tuple[int | None, ...]:
         return item_counts(self.inputs)
@@ -157,6 +165,11 @@ class QueryEntry:
     @property
     def ready(self) -> bool:
         return not self.reason and all(m.ready for m in self.stage_models.values())
+
+    @property
+    def servable(self) -> bool:
+        """Every stage is served, or cold and paged in by a request (:attr:`ModelEntry.servable`)."""
+        return not self.reason and all(m.servable for m in self.stage_models.values())
 
 
 @dataclass(frozen=True)

@@ -64,3 +64,30 @@ def test_waiting_requests_ask_once_per_table_and_again_when_it_leaves_the_model_
     assert repeated == set()
     assert again == {"m"}
     assert codes == [grpc.StatusCode.UNAVAILABLE] * 4
+
+
+def test_a_cold_model_is_ready_to_tritons_clients_with_its_reason_in_the_repository_index():
+    """READY, as Triton says of a model that can serve: a client that waits for readiness before its
+    first request must not be kept from the request that pages the model in."""
+    from common.pb import kserve as pb
+    from frontend.kserve import KServeService
+
+    async def main():
+        state = FrontendState()
+        service = KServeService(state, None)
+        state.set_table(_table(1, cold=True))
+        cold_ready = (await service.ModelReady(pb.ModelReadyRequest(name="m"), None)).ready
+        cold_index = (await service.RepositoryIndex(pb.RepositoryIndexRequest(ready=True), None)).models
+        state.set_table(_table(2, cold=False))                  # no backend, and not cold: unavailable
+        gone_ready = (await service.ModelReady(pb.ModelReadyRequest(name="m"), None)).ready
+        gone_index = (await service.RepositoryIndex(pb.RepositoryIndexRequest(), None)).models
+        await state.pool.close()
+        return cold_ready, list(cold_index), gone_ready, list(gone_index)
+
+    cold_ready, cold_index, gone_ready, gone_index = asyncio.run(main())
+    assert cold_ready is True
+    [entry] = cold_index
+    assert (entry.name, entry.state) == ("m", "READY") and entry.reason.startswith("cold:")
+    assert gone_ready is False
+    [entry] = gone_index
+    assert (entry.state, entry.reason) == ("UNAVAILABLE", "not placed")

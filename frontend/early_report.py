@@ -32,8 +32,9 @@ Pure bookkeeping: time is passed in.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
+from common.pb import control
 from common.surge import is_surge
 
 EARLY_REPORT_GAP_S = 1.0      # a session triggers at most one early report this often
@@ -132,3 +133,13 @@ class ReportClock:
         self.marks = [(now, {})]
         for name in surging:
             self.last_early[name] = now
+
+
+def workload_report(node_id: str, counts: Iterable[tuple[str, int, float]]) -> control.WorkloadReport:
+    """The report of ``(session, requests, seconds)`` counts (:meth:`ReportClock.report_counts`,
+    :meth:`ReportClock.page_in_counts`), as the frontend and the simulated frontends send it."""
+    report = control.WorkloadReport(node_id=node_id)
+    for name, requests, window_s in counts:
+        report.rates.add(model=name, rate_rps=requests / max(window_s, 1e-6), requests=requests,
+                         window_ms=int(window_s * 1000))
+    return report

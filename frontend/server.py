@@ -23,7 +23,7 @@ from common.scheduler_connection import SchedulerConnection
 from common.security import Credentials, ProtocolAccess, parse_restricted_header
 from frontend import readiness, rest
 from frontend.dispatch import FrontendState
-from frontend.early_report import CHECK_S, ReportClock
+from frontend.early_report import CHECK_S, ReportClock, workload_report
 from frontend.kserve import KServeService
 from frontend.routing import RoutingTable
 
@@ -65,11 +65,8 @@ async def _report_loop(state: FrontendState, scheduler, node, interval_s: float)
         if surging is None:
             if paging_in and node.node_id:      # a report of their own: the scheduler pages them in
                 log.info("page-in report: %s requested while cold", ", ".join(paging_in))
-                report = control.WorkloadReport(node_id=node.node_id)
-                for name, requests, window_s in clock.page_in_counts(state.requests_window, paging_in, now):
-                    report.rates.add(model=name, rate_rps=requests / window_s, requests=requests,
-                                     window_ms=int(window_s * 1000))
-                await _send_report(scheduler, report)
+                await _send_report(scheduler, workload_report(
+                    node.node_id, clock.page_in_counts(state.requests_window, paging_in, now)))
             continue
         if surging:
             log.info("early workload report: demand of %s surged beyond its planned rate", ", ".join(surging))
@@ -82,11 +79,8 @@ async def _report_loop(state: FrontendState, scheduler, node, interval_s: float)
             clock.reported(now, surging)
             continue
         edges, state.edge_window = state.edge_window, {}
-        report = control.WorkloadReport(node_id=node.node_id)
         served = [session for session, m in state.table.models.items() if m.served] + list(state.table.queries)
-        for name, requests, window_s in clock.report_counts(window, served, planned, surging, now):
-            report.rates.add(model=name, rate_rps=requests / max(window_s, 1e-6), requests=requests,
-                             window_ms=int(window_s * 1000))
+        report = workload_report(node.node_id, clock.report_counts(window, served, planned, surging, now))
         clock.reported(now, surging)
         for (query, parent, child), (parent_rows, child_rows) in edges.items():
             report.edges.add(query=query, parent=parent, child=child, parent_requests=parent_rows,

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.pb import control
 from frontend.dispatch import COLD_START_ALLOWANCE_S, RETURN_ALLOWANCE_MAX_S, backend_budget_s
-from frontend.early_report import CHECK_S, ReportClock
+from frontend.early_report import CHECK_S, ReportClock, workload_report
 from frontend.routing import Route, choose_route
 from nexus.simulate.outcomes import Status
 
@@ -168,18 +167,12 @@ class SimFrontend:
         paging_in, self.page_in = sorted(self.page_in), set()
         if surging is None:
             if paging_in:         # a report of their own, as the frontend's report loop sends
-                report = control.WorkloadReport(node_id=self.node_id)
-                for name, requests, window_s in self.clock.page_in_counts(self.window, paging_in, now):
-                    report.rates.add(model=name, rate_rps=requests / window_s, requests=requests,
-                                     window_ms=int(window_s * 1000))
+                report = workload_report(self.node_id, self.clock.page_in_counts(self.window, paging_in, now))
                 sim.log(now, "page-in", f"{self.node_id}: {', '.join(paging_in)} requested while cold")
                 sim.at(now + sim.config.control_hop_ms / 1000.0, sim.scheduler.report, report)
             return
         window, self.window = self.window, {}
-        report = control.WorkloadReport(node_id=self.node_id)
-        for name, requests, window_s in self.clock.report_counts(window, list(self.table), planned, surging, now):
-            report.rates.add(model=name, rate_rps=requests / max(window_s, 1e-6), requests=requests,
-                             window_ms=int(window_s * 1000))
+        report = workload_report(self.node_id, self.clock.report_counts(window, list(self.table), planned, surging, now))
         self.clock.reported(now, surging)
         if surging:
             sim.log(now, "report", f"{self.node_id}: early workload report, {', '.join(surging)} surged")

@@ -7,7 +7,7 @@ Contracts:
   lock-free as well (a request is answered by whoever takes it out of the live set first: the
   executor, running or dropping it, or ``cancel``).
 - The executor thread is the only caller of ``Runtime.run``. Each turn (:meth:`Engine.step`) it moves
-  the inbox into the per-session queues and asks :func:`common.batching.schedule` (the one batching
+  the inbox into the per-session queues and asks :func:`common.batch_decision.schedule` (the one batching
   decision, shared with the simulation and the profiler's harness) what to run and what to drop
   *now*: EDF across sessions, the policy within one. It runs the batch and hands every outcome of
   the turn back in one ``deliver`` call (``loop.call_soon_threadsafe`` in the server: one per batch,
@@ -15,7 +15,7 @@ Contracts:
 - Time comes from outside: ``clock`` (monotonic seconds: deadlines, queue and compute times) and
   ``wall_clock`` (``last_inference``). With ``start=False`` no thread runs and a test drives
   :meth:`Engine.step` itself on a fake clock.
-- Batches are counted in rows (:mod:`common.batching`): max and planned batches, l(b), the policy's
+- Batches are counted in rows (:mod:`common.batch_decision`): max and planned batches, l(b), the policy's
   window and the statistics' batch sizes.
 - The batching decision (early drop, a duty-cycle batch's latest start, the session's max batch)
   estimates a batch of a session outside a prefix group as l(b) times the median ratio of its
@@ -34,7 +34,7 @@ Contracts:
   every request in it, and each member's suffix runs on its own slice of the prefix's output.
   Sessions outside any group take the plain path, which is unchanged.
 
-Warm-up (:meth:`Engine.warm_up`): batches of a session not yet in the table (common/warmup.py)
+Warm-up (:meth:`Engine.warm_up`): batches of a session not yet in the table (common/warmup_spec.py)
 run on the executor thread too, since it is the device's only user, but they never stall the
 sessions already serving: a warm-up batch runs when no serving batch is ready, or, while serving
 work keeps the device busy, after a serving batch once the executor has served at least as long as
@@ -83,7 +83,7 @@ import numpy as np
 
 from backend.calibration import Calibration
 from backend.latency_samples import SampleRecorder
-from common.batching import BatchPolicy, Decision, Pending, Queue, remove_taken, saturated_batch, schedule
+from common.batch_decision import BatchPolicy, Decision, Pending, Queue, remove_taken, saturated_batch, schedule
 from common.profile import Profile
 from common.tensors import TensorSpec
 
@@ -296,7 +296,7 @@ class Session:
 
 
 def session_max_batch(profile: Profile | None, slo_ms: float, factor: float = 1.0) -> int:
-    """The saturated batch of a session (:func:`common.batching.saturated_batch`) with its profile's
+    """The saturated batch of a session (:func:`common.batch_decision.saturated_batch`) with its profile's
     l(b) times ``factor``, at least 1; 32 unprofiled."""
     if profile is None:
         return 32

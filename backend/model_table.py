@@ -2,13 +2,13 @@
 
 A table (``UpdateModelTable``) is applied one at a time, under :attr:`ModelTables.lock`. A table older
 than the one applied, or than one already waiting behind it (a plan's release step queued behind the
-next plan's tables, which drop what it would drop: globalsched/handover.py), is answered without
+next plan's tables, which drop what it would drop: globalsched/actuators/handover.py), is answered without
 effect. The models it brings are fetched from the scheduler and loaded (a runtime per model version,
 kept while any session runs it); on an emulated device a load beyond the device's memory fails as
 CUDA's out-of-memory does.
 
 Prefix batching: sessions of the table whose models carry the same ``prefix_group`` (assigned by
-the scheduler at upload, globalsched/prefix_groups.py), at least two distinct ONNX models, on a CPU
+the scheduler at upload, globalsched/planning/prefix_groups.py), at least two distinct ONNX models, on a CPU
 or CUDA device, are split at the group's prefix (each model on its own with ``split_at``, cached
 per model; ``find_shared_prefix`` when the id is not a cut of them all). The prefix runtime is
 loaded once, a suffix runtime per model, and the engine batches them as one
@@ -17,7 +17,7 @@ falls back to running the models whole; ``--no-prefix-batching`` turns it off; e
 models whole (their profile is the whole model's). The split runs under the profiling lock so it
 never disturbs a measurement.
 
-Warm-up (backend/warmup.py, common/warmup.py): a model table is answered only once the sessions
+Warm-up (backend/warmup_runner.py, common/warmup_spec.py): a model table is answered only once the sessions
 it brings (or whose runtime it renews) are loaded and have run their warm-up batches, on the
 executor between the serving batches of the sessions already here, which keep serving from the old
 table meanwhile; only then does the new table replace the old one. The scheduler routes frontends
@@ -39,19 +39,19 @@ from typing import Awaitable, Callable
 
 from backend.device_probe import detect_memory_mb
 from backend.engine import Engine, Outcome, Session, SharedPrefix, WarmupResult
-from backend.warmup import Warmer
+from backend.warmup_runner import Warmer
 from backend.wire import io_specs, model_key
 from common.config import BackendConfig, BatchStart
 from common.emulated_gpus import OUT_OF_MEMORY
 from common.pb import control
 from common.profile import Profile
-from common.warmup import WarmupError, from_pb as warmup_from_pb
+from common.warmup_spec import WarmupError, from_pb as warmup_from_pb
 
 log = logging.getLogger("nexus.backend")
 
 MIN_SHARED_PREFIX_BYTES = 64 * 1024
 SMALL_HEAD_RATIO = 4
-WARMUP_BUDGET_S = 60.0   # per model table; the scheduler waits 120 s for the answer (globalsched/distribution.py)
+WARMUP_BUDGET_S = 60.0   # per model table; the scheduler waits 120 s for the answer (globalsched/actuators/distribution.py)
 
 
 class ModelTables:
@@ -119,7 +119,7 @@ class ModelTables:
     async def _split_parts(self, group: str, models: dict[str, control.ModelDesc]):
         """(prefix id, prefix runtime, its output, {model: suffix runtime}) for ``models``.
 
-        The group id is a prefix id that is a cut point of every member (globalsched/prefix_groups.py),
+        The group id is a prefix id that is a cut point of every member (globalsched/planning/prefix_groups.py),
         so each model is split on its own with ``split_at`` and its suffix runtime is kept: a member
         joining later costs one split, not the group's. When the id is not a cut of some model (a
         group formed elsewhere), ``find_shared_prefix`` finds the longest prefix the models share.

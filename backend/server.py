@@ -196,7 +196,7 @@ class BackendService(control_grpc.BackendServicer):
     # ---- profiling -----------------------------------------------------------------------------
 
     async def ProfileModel(self, request, context):
-        from backend.profiling import measure_profile
+        from backend.profile_requests import measure_profile
         from common.emulated_gpus import NoDatasheet
 
         model = request.model
@@ -239,7 +239,7 @@ async def drain(service: BackendService, scheduler, grace_s: float) -> None:
 
 async def serve(config: BackendConfig, ready=None) -> None:
     """Run a backend until cancelled: serve, register, heartbeat (re-registering if forgotten)."""
-    from common.batching import POLICIES
+    from common.batch_decision import POLICIES
 
     if config.policy not in POLICIES:
         raise SystemExit(f"nexus backend: error: unknown --policy {config.policy!r}; "

@@ -1,7 +1,7 @@
 """A discrete-event simulation of one device serving one session with a batch policy (pure, no clock).
 
 The device is work-conserving: whenever it is idle and requests are queued, it asks the one
-batching decision (:func:`common.batching.schedule`, as the engine does) what to do at the current
+batching decision (:func:`common.batch_decision.schedule`, as the engine does) what to do at the current
 simulated time, drops what it drops and runs the batch for ``latency_ms(rows)``. Requests arrive at
 the given times (for example :func:`common.arrivals.arrival_times`), each with deadline arrival +
 SLO, and queue in deadline order. A request is *on time* when its batch finishes by its deadline,
@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from common.batching import BatchPolicy, LatencyFn, Pending, Queue, remove_taken, schedule
-from common.batching import saturated_batch as _saturated_batch
+from common.batch_decision import BatchPolicy, LatencyFn, Pending, Queue, remove_taken, schedule
+from common.batch_decision import saturated_batch as _saturated_batch
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def capacity_rps(latency_ms: LatencyFn, batch: int) -> float:
 
 
 def saturated_batch(latency_ms: LatencyFn, slo_ms: float, max_batch: int) -> int:
-    """Nexus's saturated batch (:func:`common.batching.saturated_batch`); ValueError if none fits."""
+    """Nexus's saturated batch (:func:`common.batch_decision.saturated_batch`); ValueError if none fits."""
     best = _saturated_batch(latency_ms, slo_ms, max_batch)
     if best == 0:
         raise ValueError(f"SLO {slo_ms} ms is below 2*l(1) = {2.0 * latency_ms(1)} ms")

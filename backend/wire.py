@@ -14,7 +14,7 @@ import numpy as np
 from backend.engine import Engine, ExecError, Outcome, Session
 from common.pb import control
 from common.tensors import TensorSpec
-from common.versions import version_key
+from common.version_policy import version_key
 
 _STATUS = {name: control.ExecStatus.Value(name) for name in control.ExecStatus.keys()}
 _BYTES_PER_MB = 1024 * 1024
@@ -26,7 +26,7 @@ def tensor_spec(desc: control.TensorDesc) -> TensorSpec:
 
 
 def model_key(model: control.ModelDesc) -> str:
-    """What a backend loads a runtime for: one version of a model (its version key, common/versions.py),
+    """What a backend loads a runtime for: one version of a model (its version key, common/version_policy.py),
     shared by every session that runs it (the version's own and query stages')."""
     return version_key(model.name, model.version or 1)
 

@@ -33,8 +33,8 @@ import numpy as np
 from common.pb import kserve, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
-from nexus.bench.cluster import Cluster
-from nexus.bench.meters import loadavg
+from harness.cluster import Cluster
+from harness.meters import loadavg
 from nexus.scheduler_client import list_models, upload_model
 
 

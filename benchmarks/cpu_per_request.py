@@ -12,7 +12,7 @@ Set-up, all on this machine's loopback:
   (profiled by the backend) at its SLO. One ORT thread, so that the time of the batches that
   ModelStatistics reports (``compute_input + compute_infer + compute_output``, per batch) is the
   backend's compute CPU; the backend's non-compute CPU is its CPU less that.
-- ECHO: ``nexus.bench.fake_kserve`` with no delay (a bare grpc.aio server on the components' event
+- ECHO: ``harness.fake_kserve`` with no delay (a bare grpc.aio server on the components' event
   loop, uvloop): ModelInfer parses the request and answers a prepared response of the model's output
   shapes. It serves the model under the same name, inputs and outputs as the frontend describes.
 - CLIENT: the project's load generator (``nexus.bench.LoadClient``), Poisson arrivals at ``--rate``,
@@ -40,12 +40,13 @@ import sys
 import tempfile
 import time
 
-from nexus.bench import LoadClient, pyspy
-from nexus.bench.cluster import ServeCluster, Upload
-from nexus.bench.fake_kserve import spawn
-from nexus.bench.meters import CpuMeter, uptime
+from harness import pyspy
+from nexus.bench import LoadClient
+from harness.cluster import ServeCluster, Upload
+from harness.fake_kserve import spawn
+from harness.meters import CpuMeter, uptime
 from nexus.bench.report import step_summary, write_json
-from nexus.bench.stats import model_stats, stats_delta
+from harness.stats import model_stats, stats_delta
 
 OUT = pathlib.Path(__file__).resolve().parent / "out"
 

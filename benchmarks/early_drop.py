@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.batching import EarliestFirst, SlidingWindowEarlyDrop
+from common.batch_decision import EarliestFirst, SlidingWindowEarlyDrop
 from backend.simulate import capacity_rps, saturated_batch, simulate
 from common.arrivals import arrival_times
 

@@ -3,7 +3,7 @@ long-tailed trace (issue 17 item 6; the page is benchmarks/elastic.md).
 
 Two runs, each a fresh `nexus serve --no-samples --device emulated:t4 --backends auto` with
 ``--models`` models whose shares of the total rate follow Zipf (the library's
-:func:`nexus.bench.elastic.zipf_models`: l(b) = 2-6 ms + 10-20 ms per item, SLOs of 300-500 ms, Gamma
+:func:`harness.elastic.zipf_models`: l(b) = 2-6 ms + 10-20 ms per item, SLOs of 300-500 ms, Gamma
 arrivals with CV 1, 2, 3 and 4 in turn):
 
 * **devices started on demand** (``--min-backends 1``): ``--base-rps`` for ``--warm-s``, then 5x for
@@ -35,13 +35,13 @@ import zlib
 
 from common.sample_models import mlp_small, model_bytes
 from common.profile import Profile
-from nexus.bench.cluster import ServeCluster, Upload, cmdline, descendants, wait_model_served
-from nexus.bench.elastic import (DEVICE_TYPE, ClusterSampler, LogTail, Requests, TraceModel, drain_windows,
+from harness.cluster import ServeCluster, Upload, cmdline, descendants, wait_model_served
+from harness.elastic import (DEVICE_TYPE, ClusterSampler, LogTail, Requests, TraceModel, drain_windows,
                                  errors_within, failures_in, integral, recovery_s, run_trace, served_before,
                                  share_within, write_elastic_plot,
                                  zipf_models)
 from nexus.bench.loadgen import LoadClient
-from nexus.bench.meters import loadavg, machine_busy, wait_quiet
+from harness.meters import loadavg, machine_busy, wait_quiet
 from nexus.bench.report import OK, write_json
 from nexus.scheduler_client import fetch_status
 
@@ -189,7 +189,7 @@ def _cpu_device_model(out: pathlib.Path, args) -> dict:
     sample models (equal shares, their own SLOs), against one backend with the runtime's default
     threads, two 1-thread backends, and --backends auto. The largest rate of a ramp (x1.25 per step)
     keeping 99% of each model's requests within SLO."""
-    from nexus.bench.experiments import ramp_rate
+    from harness.experiments import ramp_rate
 
     results = {}
     for label, flags in CPU_CONFIGS:

@@ -1,7 +1,7 @@
 """Faults and overload on real processes with emulated GPUs (issue 11); figures in faults.md.
 
 Scenarios, each on a fresh cluster of separately started processes (scheduler, one frontend,
-emulated backends; ``nexus.bench.cluster.Cluster``), with a steady open-loop load
+emulated backends; ``harness.cluster.Cluster``), with a steady open-loop load
 (``nexus.bench.BackgroundLoad``, evenly spaced arrivals, a 10 s client deadline):
 
 * ``kill``: a model at a steady open-loop rate (default 300 rps), then ``kill -9`` of the backend
@@ -33,8 +33,8 @@ import time
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from nexus.bench import BackgroundLoad
-from nexus.bench.cluster import Cluster, Upload
-from nexus.bench.meters import RssSampler
+from harness.cluster import Cluster, Upload
+from harness.meters import RssSampler
 from nexus.bench.report import write_json
 
 DEVICE_TYPE = "gtx1080ti"

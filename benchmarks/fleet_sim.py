@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from nexus.bench.meters import loadavg
+from harness.meters import loadavg
 from nexus.simulate import report
 from nexus.simulate.config import SimConfig
 from nexus.simulate.models import linear_models

@@ -2,7 +2,7 @@
 
     python -m benchmarks.frontend_path [--repeats 3] [--step-s 5] [--model mlp_small]
 
-The same local cluster as benchmarks/serving.py (``nexus.bench.experiments.SampleCluster``:
+The same local cluster as benchmarks/serving.py (``harness.experiments.SampleCluster``:
 scheduler, one CPU backend, one frontend as separate processes; only ``--model`` uploaded), started
 once per path and repeat with the frontend flag ``--exec-path stream|unary``, in alternating order
 (stream, unary, unary, stream, ...) so that drift in the machine's background load hits both paths
@@ -30,8 +30,8 @@ import statistics
 import sys
 import time
 
-from nexus.bench.experiments import SampleCluster, add_path_arguments, exit_on_sigterm, low_and_cpu_runs, max_rate
-from nexus.bench.meters import CpuMeter, uptime, wait_quiet
+from harness.experiments import SampleCluster, add_path_arguments, exit_on_sigterm, low_and_cpu_runs, max_rate
+from harness.meters import CpuMeter, uptime, wait_quiet
 from nexus.bench.report import step_summary, write_json
 
 OUT = pathlib.Path(__file__).resolve().parent / "out"

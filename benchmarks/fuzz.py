@@ -1,6 +1,6 @@
 """Fuzzing at scale: requests tried and statuses seen, with the servers checked alive throughout.
 
-Runs the strategies of ``nexus/bench/fuzzing.py`` (property-based and byte-mutated ModelInfer requests
+Runs the strategies of ``harness/fuzzing.py`` (property-based and byte-mutated ModelInfer requests
 against a `nexus serve` cluster; mutated UploadModel streams and registrations against a standalone
 scheduler with a cluster token) for ``--examples`` requests each. Every ``--check-every`` requests
 it asks the frontend for ServerReady and ModelReady and runs one valid inference, and the scheduler
@@ -29,8 +29,8 @@ from common.pb import kserve, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from common.security import token_metadata
-from nexus.bench import fuzzing
-from nexus.bench.cluster import Node, ServeCluster, Upload
+from harness import fuzzing
+from harness.cluster import Node, ServeCluster, Upload
 from nexus.bench.report import write_json
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -5,7 +5,7 @@ per-request timeline from ``nexus frontend --trace``.
     python -m benchmarks.hotpath threads [--repeats 3] [--model resnet18_64]
     python -m benchmarks.hotpath trace [--model mlp_small] [--low-rate 50] [--high-rate 600]
 
-``ab``: the same local cluster as benchmarks/serving.py (``nexus.bench.experiments.SampleCluster``:
+``ab``: the same local cluster as benchmarks/serving.py (``harness.experiments.SampleCluster``:
 scheduler, one CPU backend, one frontend as separate processes) for each variant, variants in
 rotating order per repeat so that drift in the machine's background load hits them alike:
 
@@ -37,8 +37,8 @@ import statistics
 import sys
 import time
 
-from nexus.bench.experiments import SampleCluster, add_path_arguments, exit_on_sigterm, low_and_cpu_runs
-from nexus.bench.meters import uptime, wait_quiet
+from harness.experiments import SampleCluster, add_path_arguments, exit_on_sigterm, low_and_cpu_runs
+from harness.meters import uptime, wait_quiet
 from nexus.bench.report import step_summary
 
 OUT = pathlib.Path(__file__).resolve().parent / "out"

@@ -25,10 +25,10 @@ import sys
 import tempfile
 import time
 
-from nexus.bench import pyspy
-from nexus.bench.cluster import ServeCluster, descendants, cmdline
+from harness import pyspy
+from harness.cluster import ServeCluster, descendants, cmdline
 from nexus.bench.loadgen import BackgroundLoad
-from nexus.bench.meters import CpuMeter, loadavg
+from harness.meters import CpuMeter, loadavg
 
 BUSY_LOAD = 1.5      # a figure taken at a higher 1-minute load average is marked
 LOAD_SLO_MS = 500.0  # of the optional traffic before the idle window

@@ -19,9 +19,9 @@ import sys
 import time
 
 from benchmarks.plan_quality import CLASSES, MAX_BATCH, V100
-from common.plan import QueryEdge, QuerySpec, QueryStage, validate_plan
+from globalsched.planning.plan import QueryEdge, QuerySpec, QueryStage, validate_plan
 from common.profile import Profile
-from globalsched.algorithms import even_split, proportional_split, solve, split_latency
+from globalsched.planning.algorithms import even_split, proportional_split, solve, split_latency
 
 
 def random_query(rng: random.Random, name: str, dag: bool) -> QuerySpec:

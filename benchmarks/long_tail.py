@@ -1,7 +1,7 @@
 """Issue 18 item 6: a long tail of models on emulated GPUs, served by the real processes.
 
 ``--models`` models (default 100) with Zipf rates adding up to ``--rate`` requests/s, GPU-like
-profiles l(b) = 3-8 ms + 1-3 ms per item (``nexus/bench/workloads.py``, the workload that
+profiles l(b) = 3-8 ms + 1-3 ms per item (``harness/workloads.py``, the workload that
 ``benchmarks/plan_quality.py`` plans offline), SLOs uniform in ``--slo-ms`` (50-200 ms). The real
 scheduler, ``--frontends`` frontends and ``--backends`` emulated GPU backends (``nexus backend
 --device emulated:<gpu>``: a batch waits its profile's latency) run as separate processes. Every
@@ -39,15 +39,15 @@ import numpy as np
 
 from common.config import SchedulerConfig
 from common.emulated_gpus import GPU_TYPES
-from common.plan import GpuSpec, SessionSpec
+from globalsched.planning.plan import GpuSpec, SessionSpec
 from common.sample_models import mlp_small, model_bytes
-from globalsched.algorithms import PlannerConfig, solve
-from globalsched.algorithms.lower_bound import bounds_gpus
+from globalsched.planning.algorithms import PlannerConfig, solve
+from globalsched.planning.algorithms.lower_bound import bounds_gpus
 from nexus.bench import BenchReport, LoadClient
-from nexus.bench.cluster import Cluster, Upload
-from nexus.bench.meters import CpuMeter, CpuTimeline, LoadSampler, Periodic, favour, favour_tree, uptime
+from harness.cluster import Cluster, Upload
+from harness.meters import CpuMeter, CpuTimeline, LoadSampler, Periodic, favour, favour_tree, uptime
 from nexus.bench.report import OK, write_json
-from nexus.bench.workloads import long_tail
+from harness.workloads import long_tail
 from nexus.scheduler_client import AdminCallError, fetch_status
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from common.sample_models import model_bytes, resnet18_64
-from nexus.bench.ort_direct import ort_session, time_batch
+from harness.ort_direct import ort_session, time_batch
 
 # intra-op spinning: off (the Nexus backend), on (ORT's default), on within a run only
 MODES = {"off": (False, {}), "on": (True, {}), "within a run": (True, {"session.force_spinning_stop": "1"})}

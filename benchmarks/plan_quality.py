@@ -29,14 +29,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.headroom import overflow_probability_target, simulated_overflow_share
-from common.plan import GpuSpec, Plan, SessionSpec, validate_plan
+from globalsched.planning.headroom import overflow_probability_target, simulated_overflow_share
+from globalsched.planning.plan import GpuSpec, Plan, SessionSpec, validate_plan
 from common.profile import Profile
-from globalsched.algorithms import (PlannerConfig, ReplanState, Solver, lower_bound_gpus, replan,
+from globalsched.planning.algorithms import (PlannerConfig, ReplanState, Solver, lower_bound_gpus, replan,
                                    solve)
-from globalsched.algorithms.baselines import per_session_headroom
-from globalsched.algorithms.lower_bound import bounds_gpus
-from nexus.bench.workloads import long_tail
+from globalsched.planning.algorithms.baselines import per_session_headroom
+from globalsched.planning.algorithms.lower_bound import bounds_gpus
+from harness.workloads import long_tail
 
 # (alpha ms/image, beta ms, weights MB, activations MB/image): ranges per model class
 CLASSES = {
@@ -113,7 +113,7 @@ def replan_table(n: int, seeds: int) -> list[str]:
         "one session x3": lambda rng, i: 3.0 if i == 0 else 1.0,
         "every session x0.5": lambda rng, i: 0.5,
     }
-    from globalsched.algorithms.replan import _placements, match_ids
+    from globalsched.planning.algorithms.replan import _placements, match_ids
 
     lines = [f"| change ({n} sessions, {seeds} workloads) | moved sessions (mean / max) | moved by a fresh squishy "
              "plan (ids matched) | GPUs re-plan / fresh squishy | re-plan wall ms (mean) |", "|---|---|---|---|---|"]

@@ -43,12 +43,12 @@ import numpy as np
 from backend.engine import Engine, Session, SharedPrefix, Work
 from backend.model_table import suffix_threads
 from common.arrivals import arrival_times
-from common.batching import SlidingWindowEarlyDrop
+from common.batch_decision import SlidingWindowEarlyDrop
 from common.onnx_prefix import find_shared_prefix
 from common.profile import Profile
 from common.runtimes import load_runtime
 from common.sample_models import backbone_variant, model_bytes, variant_name
-from nexus.bench.meters import CpuMeter, wait_quiet
+from harness.meters import CpuMeter, wait_quiet
 from nexus.bench.report import write_json
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -29,9 +29,9 @@ import threading
 import time
 
 import nexus
-from nexus.bench.cluster import ServeCluster, Upload
+from harness.cluster import ServeCluster, Upload
 from nexus.bench.loadgen import LoadClient
-from nexus.bench.triton_compare import build_models
+from harness.triton_compare import build_models
 from nexus.scheduler_client import fetch_status
 
 BURNER = """

@@ -4,7 +4,7 @@
                                             [--threads 1] [--phase-s 4] [--repeats 2]
 
 One local cluster (scheduler, one CPU backend, one frontend as separate processes;
-``nexus.bench.experiments.SampleCluster``, as in benchmarks/serving.py) serves the sample models;
+``harness.experiments.SampleCluster``, as in benchmarks/serving.py) serves the sample models;
 the backend profiles each one when it registers, as in ``nexus serve``. Then, one model at a time,
 Poisson load at a mix of rates (fractions of the model's saturated throughput from its profile, low
 to slightly over, so that many batch sizes occur) goes through the frontend, and ModelStatistics
@@ -31,10 +31,10 @@ import pathlib
 import statistics
 import sys
 
-from nexus.bench.experiments import PIN_OTHER, SampleCluster, exit_on_sigterm, on_exec_cpus
-from nexus.bench.meters import CpuMeter, uptime, wait_quiet
+from harness.experiments import PIN_OTHER, SampleCluster, exit_on_sigterm, on_exec_cpus
+from harness.meters import CpuMeter, uptime, wait_quiet
 from nexus.bench.report import write_json
-from nexus.bench.stats import model_stats, stats_delta
+from harness.stats import model_stats, stats_delta
 
 OUT = pathlib.Path(__file__).resolve().parent / "out"
 

@@ -21,14 +21,14 @@ import threading
 import time
 
 from common.config import BatchStart, SchedulerConfig
-from common.plan import GpuSpec, SessionSpec
+from globalsched.planning.plan import GpuSpec, SessionSpec
 from common.profile import Profile
 from common.query_def import parse_query
 from common.sample_models import detector_64, face_cls, model_bytes, vehicle_cls
-from globalsched.algorithms import PlannerConfig, solve
-from globalsched.query_sessions import plan_query_sessions
+from globalsched.planning.algorithms import PlannerConfig, solve
+from globalsched.planning.query_sessions import plan_query_sessions
 from nexus.bench import run_bench
-from nexus.bench.cluster import ServeCluster, Upload
+from harness.cluster import ServeCluster, Upload
 from nexus.bench.report import write_json
 from nexus.queries_cmd import list_queries, register_query
 

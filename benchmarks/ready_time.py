@@ -28,8 +28,8 @@ import time
 from common import grpc_util
 from common.pb import kserve, kserve_grpc
 from common.sample_models import backbone_variant, mlp_small, model_bytes, resnet18_64
-from nexus.bench.cluster import ServeCluster
-from nexus.bench.meters import loadavg
+from harness.cluster import ServeCluster
+from harness.meters import loadavg
 from nexus.launcher import nexus_command
 from nexus.scheduler_client import upload_model, wait_model_ready
 

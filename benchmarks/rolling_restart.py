@@ -1,7 +1,7 @@
 """Rolling restart of every backend and every frontend under steady load: requests sent, answered,
 failed by status.
 
-The scenario is :func:`nexus.bench.rolling_restart.rolling_restart` (see its module): a scheduler,
+The scenario is :func:`harness.rolling_restart.rolling_restart` (see its module): a scheduler,
 ``--frontends`` frontends and ``--backends`` emulated backends serve one model while Poisson arrivals
 at ``--rate`` go through the frontends; every backend, then every frontend, is restarted in turn
 (SIGTERM, drain, start again, ready), ``--rounds`` times over. Every request's outcome is counted:
@@ -21,7 +21,7 @@ import shutil
 import sys
 import tempfile
 
-from nexus.bench.rolling_restart import rolling_restart
+from harness.rolling_restart import rolling_restart
 
 
 def main() -> int:

@@ -15,7 +15,7 @@ Per repeat, in one run and on one machine:
     the largest Poisson rate at which 99% of the requests finish within the SLO, by a ramp of
     ``nexus.bench.find_max_rate`` steps (5 s measured after a 4 s lead-in each) that only goes up,
     by 7%, from 0.3x the limit to the first failing rate (``--search bisect``: find_max_rate's own
-    doubling and bisection; see ``nexus.bench.experiments.ramp_rate`` for why it is not the default). The ratio
+    doubling and bisection; see ``harness.experiments.ramp_rate`` for why it is not the default). The ratio
     served / limit is the result. For reference it also reports the BATCHING BOUND: the same search on
     ``backend.simulate`` (an ideal work-conserving server executing exactly the ORT-direct l(b)
     with the backend's early-drop policy, no RPC, no CPU sharing), i.e. what Poisson arrivals and
@@ -25,15 +25,15 @@ Per repeat, in one run and on one machine:
     same background. Where the time goes: the frontend's own per-request time (ModelStatistics
     inference_stats.success), the backend's queue and compute times (queue, compute_input + _infer + _output), the
     CPU each process spent per request (/proc/PID/stat), and the p50 of one bare gRPC hop with the
-    same client (``nexus.bench.fake_kserve`` answering at once).
+    same client (``harness.fake_kserve`` answering at once).
 
 Client, frontend, backend and ORT share the machine's cores; other engineers' tests share it
 too: every step records the CPU used by processes outside this benchmark ("other load"), and each
 repeat first waits (up to ``--quiet-wait-s``) for a quiet moment. JSON goes to
-benchmarks/out/serving.json. The cluster is ``nexus.bench.experiments.SampleCluster``, as in
+benchmarks/out/serving.json. The cluster is ``harness.experiments.SampleCluster``, as in
 benchmarks/frontend_path.py, hotpath.py and profile_vs_serving.py.
 
-Harness-only experiment switches (``nexus.bench.experiments``: environment of the component
+Harness-only experiment switches (``harness.experiments``: environment of the component
 processes, set only by the benchmarks; the project never reads them): ``--cprofile frontend,backend`` runs those components under
 cProfile (main thread: the event loop) into benchmarks/out/<tag>.<name>.prof; ``--ort-no-spin``
 starts the backend with ORT's intra-op spin-waiting off (a proposed fix in
@@ -56,12 +56,12 @@ import sys
 
 import numpy as np
 
-from nexus.bench.experiments import PIN_OTHER, SampleCluster, exit_on_sigterm, max_rate, on_exec_cpus, ramp_rate
-from nexus.bench.meters import CpuMeter, uptime, wait_quiet
-from nexus.bench.ort_direct import ort_limit as direct_limit
-from nexus.bench.ort_direct import ort_session, paced_latencies, time_batch
+from harness.experiments import PIN_OTHER, SampleCluster, exit_on_sigterm, max_rate, on_exec_cpus, ramp_rate
+from harness.meters import CpuMeter, uptime, wait_quiet
+from harness.ort_direct import ort_limit as direct_limit
+from harness.ort_direct import ort_session, paced_latencies, time_batch
 from nexus.bench.report import write_json
-from nexus.bench.stats import model_stats, stats_delta
+from harness.stats import model_stats, stats_delta
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "out"
@@ -70,7 +70,7 @@ OUT = ROOT / "benchmarks" / "out"
 
 def ort_limit(model: str, threads: int, slo_ms: float, repeats: int = 15, no_spin: bool = True) -> dict:
     """ORT direct on the sample ``model``: median l(b) for b = 1, 2, ... until 2*l(b) exceeds the SLO
-    twice in a row; the saturated b (``nexus.bench.ort_direct.ort_limit``)."""
+    twice in a row; the saturated b (``harness.ort_direct.ort_limit``)."""
     from common.sample_models import build_sample_model, model_bytes, sample_input
 
     m = build_sample_model(model)
@@ -158,7 +158,7 @@ def batching_bound(latency_ms: dict[int, float], max_batch: int, slo_ms: float) 
     """The largest Poisson rate at which an ideal server (no RPC, no CPU contention: exactly the
     ORT-direct l(b), the backend's early-drop policy, work-conserving) keeps 99% within the SLO,
     from ``backend.simulate`` (bisection, 3 seeds x 40 s). What batching itself allows."""
-    from common.batching import SlidingWindowEarlyDrop
+    from common.batch_decision import SlidingWindowEarlyDrop
     from backend.simulate import simulate
     from common.arrivals import arrival_times
     from common.rate_search import max_passing_rate
@@ -189,10 +189,10 @@ def batching_bound(latency_ms: dict[int, float], max_batch: int, slo_ms: float) 
 
 
 def hop_floor(rate: float, duration_s: float, slo_ms: float) -> dict:
-    """p50 of one bare gRPC hop with the same client: ``nexus.bench.fake_kserve`` answering a
+    """p50 of one bare gRPC hop with the same client: ``harness.fake_kserve`` answering a
     resnet18_64-shaped ModelInfer at once (no frontend logic, no backend, no model)."""
     from nexus.bench import run_bench
-    from nexus.bench.fake_kserve import spawn
+    from harness.fake_kserve import spawn
 
     cfg = {"models": {"resnet18_64": {"inputs": [["input", "FP32", [-1, 3, 64, 64]]],
                                       "outputs": [["logits", "FP32", [-1, 1000]]], "latency_ms": 0}}}

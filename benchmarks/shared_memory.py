@@ -24,8 +24,8 @@ import uuid
 import numpy as np
 
 from common.sample_models import write_sample_models
-from nexus.bench.cluster import Cluster, Upload
-from nexus.bench.meters import cpu_seconds, uptime
+from harness.cluster import Cluster, Upload
+from harness.meters import cpu_seconds, uptime
 from nexus.bench.report import write_json
 
 MODEL = "resnet18_64"

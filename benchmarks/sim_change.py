@@ -35,7 +35,7 @@ import time
 
 from benchmarks.elastic import FIXED_MS, PER_ITEM_MS, SLOS_MS
 from common.config import SchedulerConfig
-from nexus.bench.elastic import zipf_models
+from harness.elastic import zipf_models
 from nexus.simulate.config import Fault, FaultKind, SimConfig
 from nexus.simulate.models import SimModel
 from nexus.simulate.report import dumps, summarize

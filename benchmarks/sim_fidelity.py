@@ -1,13 +1,13 @@
 """Fidelity of ``nexus simulate``, measured (issue 23 item 4): one trace on real processes and in the
 simulator, side by side.
 
-1. **The trace.** 24 models (``nexus.bench.elastic.zipf_models``: Zipf shares, Gamma arrivals of CV
+1. **The trace.** 24 models (``harness.elastic.zipf_models``: Zipf shares, Gamma arrivals of CV
    1-4, emulated-T4 profiles l(b) = 2-6 ms + 10-20 ms per item, SLOs of 300-500 ms), a total rate of
    ``--base-rps``, then 5x, then back down. The models file (``nexus simulate``'s MODELS.json) and
    the planned arrivals are written to ``--out``.
 2. **The real run.** ``nexus serve --no-samples --device emulated:t4 --backends auto`` on loopback,
    the models uploaded with their profiles, the trace sent by one open-loop client
-   (``nexus.bench.elastic.run_trace``). Recorded: every request's send time (the client's clock),
+   (``harness.elastic.run_trace``). Recorded: every request's send time (the client's clock),
    status and latency; the cluster every 0.5 s (``ClusterSampler``: backend processes, desired,
    registered); the scheduler's and ``nexus serve``'s log lines at ``--log-level info`` with their
    times (``LogTail``; the components' own ``asctime`` where a line has one).
@@ -52,7 +52,7 @@ from typing import Sequence
 
 import numpy as np
 
-from nexus.bench.elastic import integral
+from harness.elastic import integral
 from nexus.simulate.fidelity import (ADDING_LINE, EXIT, KINDS, REGISTERED_LINE, STARTED_LINE, WARMED_LINE,
                                      distribution_delays, fit_distribution, intervals_overlap_s, line_time,
                                      match_decisions, new_sessions_per_plan, per_second, real_decisions,
@@ -96,7 +96,7 @@ def top_processes(n: int = 6) -> list[str]:
 
 
 def trace_models(args):
-    from nexus.bench.elastic import zipf_models
+    from harness.elastic import zipf_models
 
     return zipf_models(args.models, zipf_s=args.zipf, seed=args.seed, per_item_ms=PER_ITEM_MS, fixed_ms=FIXED_MS,
                        slo_ms=SLOS_MS)
@@ -127,9 +127,9 @@ def run_real(args, models, steps, out: pathlib.Path) -> dict:
     import zlib
 
     from common.sample_models import mlp_small, model_bytes
-    from nexus.bench.cluster import ServeCluster, Upload
-    from nexus.bench.elastic import ClusterSampler, LogTail, run_trace
-    from nexus.bench.meters import loadavg, machine_busy, wait_quiet
+    from harness.cluster import ServeCluster, Upload
+    from harness.elastic import ClusterSampler, LogTail, run_trace
+    from harness.meters import loadavg, machine_busy, wait_quiet
     from nexus.bench.report import OK
     from nexus.scheduler_client import fetch_status
 

@@ -6,11 +6,11 @@ code on a virtual clock), with every count of models, devices and requests per s
 by ``--scale`` (default 10):
 
 * ``elastic`` (benchmarks/elastic.py, "devices started on demand"): Zipf models of its GPU-like
-  profiles and SLOs (nexus.bench.elastic.zipf_models, as it calls it), Gamma arrivals of CV 1-4 by model, ``--base-rps`` for
+  profiles and SLOs (harness.elastic.zipf_models, as it calls it), Gamma arrivals of CV 1-4 by model, ``--base-rps`` for
   40 s, 5x for 40 s, back for 60 s, ``--backends auto`` from 1 to 12 (times the scale), a 10 s
   scale-down cool-down;
 * ``long_tail`` (benchmarks/long_tail.py): 100 models (times the scale) of the issue-18 long tail
-  (nexus.bench.workloads.long_tail), 150 requests/s in all (times the scale), Poisson, each model
+  (harness.workloads.long_tail), 150 requests/s in all (times the scale), Poisson, each model
   uploaded with its expected rate, 20 emulated T4s (times the scale), 10 minutes;
 * ``failover``: 100 devices (times the scale) serving 100 models (times the scale) at a steady
   rate; the 1% of backends carrying the most load are killed at 30 s: with one replica per model
@@ -36,8 +36,8 @@ import time
 
 from benchmarks.elastic import FIXED_MS, PER_ITEM_MS, SLOS_MS
 from common.config import SchedulerConfig
-from nexus.bench.elastic import zipf_models
-from nexus.bench.workloads import long_tail
+from harness.elastic import zipf_models
+from harness.workloads import long_tail
 from nexus.simulate.config import Fault, FaultKind, SimConfig
 from nexus.simulate.models import SimModel
 from nexus.simulate.plot import plot

@@ -29,9 +29,9 @@ import time
 import grpc
 
 from common.pb import control, control_grpc
-from nexus.bench.meters import loadavg
+from harness.meters import loadavg
 from nexus.launcher import nexus_command
-from nexus.bench.postgres import PostgresServer
+from harness.postgres import PostgresServer
 
 
 def _answers(address: str) -> bool:

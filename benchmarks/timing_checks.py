@@ -39,7 +39,7 @@ import time
 
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
-from nexus.bench.cluster import ServeCluster, Upload
+from harness.cluster import ServeCluster, Upload
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -88,7 +88,7 @@ def emulated_ratios(rounds: int) -> list[dict[int, float]]:
 
 def bench_figures() -> dict[str, float]:
     from nexus.bench import run_bench, run_bench_async
-    from nexus.bench.fake_kserve import GRACE_MS, SCRIPTED_CONFIG, SLO_MS, spawn
+    from harness.fake_kserve import GRACE_MS, SCRIPTED_CONFIG, SLO_MS, spawn
 
     proc, server = spawn(SCRIPTED_CONFIG)
     try:
@@ -115,7 +115,7 @@ def bench_figures() -> dict[str, float]:
 def planner_cpu_s() -> float:
     """CPU seconds of one squishy plan of 1000 generated sessions on a V100."""
     from benchmarks.plan_quality import V100, generate
-    from globalsched.algorithms import solve
+    from globalsched.planning.algorithms import solve
 
     sessions = generate(1000, 1)
     start = time.process_time()
@@ -151,7 +151,7 @@ def multitenant_light_load(attempts: int = 3) -> list[dict[str, float]]:
 def bench_search() -> dict[str, float]:
     """find_max_rate against the fake server's single-worker model (100 rps), with 0.7 s steps."""
     from nexus.bench import find_max_rate
-    from nexus.bench.fake_kserve import spawn
+    from harness.fake_kserve import spawn
 
     proc, server = spawn({"models": {"single": {"inputs": [["input", "FP32", [-1, 8]]],
                                                 "outputs": [["output", "FP32", [-1, 4]]],

@@ -12,7 +12,7 @@ CONFIG_JSON (text)::
 
 Each model gets ``instances`` model instances (Triton's ``instance_group`` count; PyTriton runs one
 callable per instance), each with its own ONNX Runtime session of ``threads`` intra-op threads (0:
-ORT's default, one per core) from the direct-ORT baseline (``nexus/bench/ort_direct.py``, loaded by
+ORT's default, one per core) from the direct-ORT baseline (``harness/ort_direct.py``, loaded by
 its path), called in PyTriton's ``@batch`` model function; dynamic batching with ``max_batch_size``,
 ``max_queue_delay_microseconds`` and ``preferred_batch_size``. No endpoint is restricted (PyTriton 0.7
 guards statistics with a generated token by default; perf_analyzer reads them). Prints
@@ -32,7 +32,7 @@ import numpy as np
 
 
 def _ort_direct():
-    """``nexus/bench/ort_direct.py``, loaded by its path: this interpreter cannot import the project,
+    """``harness/ort_direct.py``, loaded by its path: this interpreter cannot import the project,
     and that module needs only numpy and onnxruntime."""
     path = pathlib.Path(__file__).resolve().parents[1] / "nexus" / "bench" / "ort_direct.py"
     spec = importlib.util.spec_from_file_location("ort_direct", path)

@@ -5,7 +5,7 @@
                                    [--start-rps R --factor 1.1] [--quick] [--nice -15]
 
 Each server on the same model files, measured by the same tool, on this machine. Per scenario, two
-paired ladders (nexus/bench/ladder.py): every server of a ladder is started once and left running,
+paired ladders (harness/ladder.py): every server of a ladder is started once and left running,
 and at each rate of the ladder every server still in the race is measured, one right after the
 other, before the ladder goes up to the next rate; a server leaves after two failed levels in a row,
 and its goodput is the highest rate it passed. On this shared machine, the other load drifts and
@@ -21,14 +21,14 @@ again. Ratios are taken within a ladder, against its best Triton candidate. Scen
   ``vehicle_cls``: a compact ResNet at 64x64) at 50 ms, a tiny CNN at 3x16x16 at 30 ms and the sample
   MLP at 20 ms.
 
-THE TOOL. perf_analyzer 2.50 (the tritonclient wheel's binary, :mod:`nexus.bench.perf_analyzer`) in
+THE TOOL. perf_analyzer 2.50 (the tritonclient wheel's binary, :mod:`harness.perf_analyzer`) in
 request-rate mode: Poisson arrivals, asynchronous requests, measurement windows of ``--window-ms``
 that must agree within ``--stability-pct`` (p99 and throughput) in ``--max-trials`` windows. A mix
 level runs one perf_analyzer per model at once, each at its share of the rate. A level passes when
 every perf_analyzer completed it (no failed request: perf_analyzer stops at the first one; stable
 windows), every model's p99 is within its SLO, and every model was served its offered rate: at least
 97% of it, or within the Poisson noise of the windows' count (three standard deviations; see
-``nexus.bench.perf_analyzer.Level.passes``). The ladder starts at ``--start-rps`` (total) and steps
+``harness.perf_analyzer.Level.passes``). The ladder starts at ``--start-rps`` (total) and steps
 by ``--factor``.
 
 CPU. Every level meters the CPU seconds of the server's processes (/proc; Triton: tritonserver, its
@@ -44,14 +44,14 @@ the direct-ORT baseline's session options, one ORT session per model instance, d
 threads (single: 8, 16 or 32, and 1 x 2 or 2 x 1, at a 5 ms queue delay; mix: the models side by side,
 one ORT thread each, at a 0.5 ms delay or a tenth of the SLO, or ORT's default threads); second stage
 (ladder 2): the best of them at its own, a quarter and four times its queue delay
-(nexus/bench/triton_compare.py).
+(harness/triton_compare.py).
 
 NEXUS: ``nexus serve --no-samples`` with the flags of each ``--nexus-config`` (default: ``default``,
 nothing added, what a user gets, and ``two-devices`` = ``--backends 2 --threads 1``, one device per
 core), free ports, the models uploaded with ``nexus models upload --slo-ms`` and profiled by a
 backend, as ``nexus serve`` does its samples.
 
-ORT called directly (``nexus.bench.ort_direct``: ORT's default threads, spinning off) gives each
+ORT called directly (``harness.ort_direct``: ORT's default threads, spinning off) gives each
 model's own limit b*/l(b*), before and after the servers' measurements (in the mix, b* within 8..64
 is Triton's max batch size). ``--nice N`` (as root) favours the whole benchmark (servers,
 perf_analyzer and ORT direct alike) over other load on a shared machine. Output: tables on stdout,
@@ -77,14 +77,14 @@ from typing import Callable
 
 import numpy as np
 
-from nexus.bench import perf_analyzer as pa
-from nexus.bench.cluster import ServeCluster, Upload, descendants, live_profiles
-from nexus.bench.ladder import paired_ladder
-from nexus.bench.meters import CpuMeter, LoadSampler, favour, favour_tree, loadavg
-from nexus.bench.ort_direct import ort_limit as direct_limit
-from nexus.bench.ort_direct import ort_session
+from harness import perf_analyzer as pa
+from harness.cluster import ServeCluster, Upload, descendants, live_profiles
+from harness.ladder import paired_ladder
+from harness.meters import CpuMeter, LoadSampler, favour, favour_tree, loadavg
+from harness.ort_direct import ort_limit as direct_limit
+from harness.ort_direct import ort_session
 from nexus.bench.report import write_json
-from nexus.bench.triton_compare import MAX_TRITON_BATCH, MODELS, NEXUS_CONFIGS, SCENARIOS, SERVED_FRACTION, START_RPS, \
+from harness.triton_compare import MAX_TRITON_BATCH, MODELS, NEXUS_CONFIGS, SCENARIOS, SERVED_FRACTION, START_RPS, \
     ModelSpec, build_models, delay_candidates, level_passes, parse_nexus_configs, shares, triton_candidates
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -92,7 +92,7 @@ OUT = ROOT / "benchmarks" / "out"
 PLOT = ROOT / "benchmarks" / "vs_triton.png"
 
 def ort_limit(path: pathlib.Path, spec: ModelSpec, repeats: int, threads: int = 0) -> dict:
-    """ORT called directly (``nexus.bench.ort_direct``): l(b) medians, the saturated batch b* and b*/l(b*).
+    """ORT called directly (``harness.ort_direct``): l(b) medians, the saturated batch b* and b*/l(b*).
     Past 16, b steps by a quarter: a tiny model's b* is in the hundreds."""
     session = ort_session(path, threads)
     rng = np.random.default_rng(0)
@@ -339,7 +339,7 @@ def plot(result: dict, path: pathlib.Path) -> None:
 
 
 def run_ladder(args, tool, scenario: str, running: list[Running], work: pathlib.Path, tag: str) -> dict:
-    """A paired ladder (nexus/bench/ladder.py) over the running servers: per server its goodput and levels."""
+    """A paired ladder (harness/ladder.py) over the running servers: per server its goodput and levels."""
     names = SCENARIOS[scenario]
     measurers = {r.label: Measurer(args, tool, r.address, r.pid, work, f"{tag} {r.label}", r.describe) for r in running}
 

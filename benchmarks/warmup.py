@@ -2,7 +2,7 @@
 
 One run, repeated ``--reps`` times, alternating the two modes (warm: backends as shipped; cold: the
 same backends with ``--no-warmup``) so that both see the same machine: a scheduler, a frontend and
-two CPU backends (ONNX Runtime, started by the library's harness, ``nexus.bench.cluster.Cluster``) serve
+two CPU backends (ONNX Runtime, started by the library's harness, ``harness.cluster.Cluster``) serve
 ``resnet18_64`` (a sample model), uploaded with a CPU profile measured once at the start so that no
 backend has run the model before it is placed there.
 
@@ -39,7 +39,7 @@ import numpy as np
 
 from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.sample_models import build_sample_model, model_bytes
-from nexus.bench.cluster import Cluster, Upload
+from harness.cluster import Cluster, Upload
 
 MODEL = "resnet18_64"
 SHAPE = (1, 3, 64, 64)

@@ -279,8 +279,8 @@ def companion_listen(listen: str, value: str, default: str) -> str:
 class LeaderElection(str, enum.Enum):
     """How the schedulers sharing one database choose their leader."""
 
-    DATABASE = "database"        # a lease row in the database (globalsched/database/lease.py)
-    KUBERNETES = "kubernetes"    # a Kubernetes Lease (globalsched/kube_lease.py)
+    DATABASE = "database"        # a lease row in the database (globalsched/state/database/lease.py)
+    KUBERNETES = "kubernetes"    # a Kubernetes Lease (globalsched/leadership/kube_lease.py)
 
 
 @dataclass(frozen=True)

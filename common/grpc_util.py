@@ -45,7 +45,7 @@ CHANNEL_OPTIONS = [
 # A node's channel to the scheduler pings more patiently: a scheduler that stalls (a long plan, a GC
 # pause, a SIGSTOP) must find its nodes' Attach streams still open when it resumes, or it removes
 # every node for a stream that ended by its own pause (issue 24). Its failure detector waits up to
-# 30 s before it blames others (globalsched/failure_detector.py); the nodes wait as long before they
+# 30 s before it blames others (globalsched/state/failure_detector.py); the nodes wait as long before they
 # give up on it (a scheduler that died closes its sockets, which they see at once). The scheduler
 # still pings its nodes every 2 s on its side of the stream: a hung node is found as quickly.
 SCHEDULER_KEEPALIVE_OPTIONS = [

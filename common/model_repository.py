@@ -17,14 +17,14 @@
   and a request's), as in Triton.
 - ``model_warmup`` samples are read as Triton reads them (an ``input_data_file`` from the model's
   ``warmup/`` folder, never from outside it) and checked against the model's inputs
-  (:func:`common.warmup.check_samples`); backends run them before the model takes traffic.
+  (:func:`common.warmup_spec.check_samples`); backends run them before the model takes traffic.
 - Settings that have no meaning here are named: ``instance_group`` and ``dynamic_batching``'s
   parameters are ignored with a warning (the scheduler places sessions and sets batch sizes
   itself); ensembles, other platforms, reshapes, shape tensors and ragged batches are errors.
 
 Versions: every version folder that the ``version_policy`` selects (default: ``latest { num_versions:
 1 }``, as Triton) is read and checked against the config, and uploaded as that version with the
-policy (common/versions.py); the scheduler serves what the policy selects of what it stores.
+policy (common/version_policy.py); the scheduler serves what the policy selects of what it stores.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from google.protobuf import text_format
 from common.model_io import ModelFileError, io_to_json, onnx_io, torch_archive_check
 from common.pb import model_config as mc
 from common.tensors import TensorSpec
-from common.versions import DEFAULT_POLICY, PolicyKind, VersionError, VersionPolicy, from_pb as policy_from_pb
-from common.warmup import WarmupData, WarmupError, WarmupInput, WarmupSample, check_samples, describe as describe_warmup
+from common.version_policy import DEFAULT_POLICY, PolicyKind, VersionError, VersionPolicy, from_pb as policy_from_pb
+from common.warmup_spec import WarmupData, WarmupError, WarmupInput, WarmupSample, check_samples, describe as describe_warmup
 
 CONFIG_FILE = "config.pbtxt"
 WARMUP_FOLDER = "warmup"       # Triton's: input_data_file names a file in <model>/warmup/

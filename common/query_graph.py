@@ -1,7 +1,7 @@
 """The shape of a multi-model query: its stages and the edges between them.
 
 A query has two faces. :class:`common.query_def.QueryDef` is what the frontend serves (tensors,
-wiring, fan-out rules); :class:`common.plan.QuerySpec` is what the scheduler plans (profiles, rate,
+wiring, fan-out rules); :class:`globalsched.planning.plan.QuerySpec` is what the scheduler plans (profiles, rate,
 fan-out gammas). Both hold one :class:`QueryGraph`, and every structural question (order, cycles,
 roots, root-to-leaf paths, the session name of a stage) is answered here, once, so that serving and
 planning can never disagree about which stages follow which.

@@ -1,12 +1,12 @@
 """Poisson noise of request counts: when a count differs from the one expected, and when it is a
 surge. The one rule of the scheduler and of the frontends:
 
-- the scheduler's workload (globalsched/workload.py) finds a frontend's latest report a surge against
+- the scheduler's workload (globalsched/state/rate_reports.py) finds a frontend's latest report a surge against
   the mean of its earlier ones;
-- the planner (globalsched/planner.py) keeps a measured rate within noise of the rate planned at the
+- the planner (globalsched/planning/planner.py) keeps a measured rate within noise of the rate planned at the
   planned rate (:func:`within_noise`), and takes a surge only if it is a surge against the rate
   planned too (:func:`is_surge`);
-- the device scaling policy (globalsched/device_scaler.py) takes a session's measured rate as
+- the device scaling policy (globalsched/actuators/device_scaler.py) takes a session's measured rate as
   outrunning its planned capacity only beyond the noise of its window's counts, bursts included
   (:func:`dispersion`);
 - a frontend (frontend/early_report.py) reports at once when a session's count in the current window

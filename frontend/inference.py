@@ -5,7 +5,7 @@ Contract: :func:`infer` serves one ``ModelInferRequest`` on the event loop and r
 KServe gRPC (unary and streaming) and HTTP/REST reach it through the KServe handlers
 (``frontend/kserve.py``); a request of a model is validated and dispatched here, one of a query
 runs in ``frontend/queries.py``; both record their outcome through the dispatch core's
-:class:`~frontend.dispatch.RequestRecord`.
+:class:`~frontend.frontend_state.RequestRecord`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from common.pb import kserve
-from frontend.dispatch import FrontendState, RequestRecord, cold_budget_s, dispatch, request_budget_s
+from frontend.frontend_state import FrontendState, RequestRecord, cold_budget_s, dispatch, request_budget_s
 from frontend.queries import run_query
 from frontend.requests import add_output, parse_infer_request
 from frontend.routing import ModelEntry

@@ -1,7 +1,7 @@
 """The KServe v2 ``inference.GRPCInferenceService`` served by the frontend.
 
 The handlers serve gRPC, and HTTP/REST through ``frontend/rest.py``. Inference goes to
-:func:`frontend.inference.infer`, which runs it through the dispatch core (``frontend/dispatch.py``);
+:func:`frontend.inference.infer`, which runs it through the dispatch core (``frontend/frontend_state.py``);
 the other calls answer from the routing table, the backends' statistics and the scheduler.
 Repository load and unload are served only to callers that ``repository_access`` admits (Triton's
 restricted-protocol header, else the cluster token): the one check, for gRPC and HTTP alike.
@@ -27,8 +27,8 @@ import grpc
 
 from common.pb import control, kserve, model_config
 from common.security import ProtocolAccess
-from common.versions import to_pb as policy_to_pb
-from frontend.dispatch import FrontendState
+from common.version_policy import to_pb as policy_to_pb
+from frontend.frontend_state import FrontendState
 from frontend.inference import infer
 from frontend.requests import RequestError
 from frontend.routing import ModelEntry, QueryEntry
@@ -248,7 +248,7 @@ class KServeService:
 
     async def _load(self, request, context):
         """Load, and answer once the model is ready (as Triton's load does), or with why it cannot be
-        (the scheduler's serving state, globalsched/readiness.py) as soon as that is known."""
+        (the scheduler's serving state, globalsched/state/readiness.py) as soon as that is known."""
         name = request.model_name
         try:
             await self.scheduler.LoadModel(control.LoadRequest(name=name), timeout=10)

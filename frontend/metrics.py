@@ -2,7 +2,7 @@
 
 :class:`FrontendMetrics` owns a per-process ``prometheus_client.CollectorRegistry``. The KServe
 service calls :meth:`FrontendMetrics.success` and :meth:`FrontendMetrics.failure` once per inference
-request of a model or query it knows, by session (a version key, common/versions.py, or a query's
+request of a model or query it knows, by session (a version key, common/version_policy.py, or a query's
 name); the plan's figures are read from the routing table at each scrape. Labels: ``model`` (a
 model, a query, or a query's stage session ``<query>/<stage>``) and ``version`` (the model's version
 that served the request; ``"1"`` for queries), as Triton labels its per-model metrics. The plan's
@@ -42,7 +42,7 @@ This system's own:
 - ``nexus_requests_late_total{model,version}``: successful requests answered after their SLO (their own
   ``timeout`` parameter, or the model's SLO, capped by the gRPC deadline).
 - ``nexus_cold_starts_total{model,version}``: requests that found their model cold (resident on no
-  device, globalsched/residency.py) and asked for it to be paged in; ``nexus_cold_start_wait_seconds``
+  device, globalsched/planning/residency.py) and asked for it to be paged in; ``nexus_cold_start_wait_seconds``
   histogram of how long such a request waited for its model to be routed (the load included).
 - ``nexus_requests_in_flight``: requests this frontend is serving now, over every transport (those
   held for its first routing table included); a drain on SIGTERM waits for them.
@@ -72,7 +72,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from common.versions import split_key
+from common.version_policy import split_key
 
 
 # ``*_created`` series (creation timestamps) only mean something to OpenMetrics scrapers and double

@@ -19,7 +19,7 @@ import numpy as np
 from common.pb import kserve
 from common.query_def import StageDef, stage_deadlines_ms
 from common.tensors import numpy_dtype
-from frontend.dispatch import FrontendState, RequestRecord, dispatch, request_budget_s
+from frontend.frontend_state import FrontendState, RequestRecord, dispatch, request_budget_s
 from frontend.requests import RequestError, add_output, parse_infer_request
 from frontend.routing import ModelEntry, QueryEntry
 

@@ -1,6 +1,6 @@
 """The frontend's routing table: internal types built from the scheduler's pushed RoutingTable.
 
-Versions (common/versions.py): every version of a model the scheduler knows is an entry of its own,
+Versions (common/version_policy.py): every version of a model the scheduler knows is an entry of its own,
 keyed like every entry by its session (the version key, ``name:version``; version 1's is the bare
 name), and indexed by model name and version in :attr:`RoutingTable.versions`.
 :meth:`RoutingTable.resolve` says which entry a request naming a model (and maybe a version) means.
@@ -16,7 +16,7 @@ from typing import AbstractSet, Callable, Sequence
 from common.pb import control
 from common.query_def import QueryDef, QueryError, even_budgets_ms, parse_query
 from common.tensors import TensorSpec
-from common.versions import DEFAULT_POLICY, VersionPolicy, VersionError, from_pb as policy_from_pb, version_key
+from common.version_policy import DEFAULT_POLICY, VersionPolicy, VersionError, from_pb as policy_from_pb, version_key
 
 
 def item_counts(inputs: tuple[TensorSpec, ...]) -> tuple[int | None, ...]:
@@ -52,7 +52,7 @@ class ModelEntry:
     version: int = 1
     session: str = ""                # what backends, statistics and demand reports call it ("": ``name``)
     version_policy: VersionPolicy = DEFAULT_POLICY    # the model's
-    cold: bool = False               # resident on no device: a request pages it in (frontend/dispatch.py)
+    cold: bool = False               # resident on no device: a request pages it in (frontend/frontend_state.py)
 
     def __post_init__(self) -> None:
         if not self.session:

@@ -22,7 +22,7 @@ from common.registration import keep_registered
 from common.scheduler_connection import SchedulerConnection
 from common.security import Credentials, ProtocolAccess, parse_restricted_header
 from frontend import readiness, rest
-from frontend.dispatch import FrontendState
+from frontend.frontend_state import FrontendState
 from frontend.early_report import CHECK_S, ReportClock, workload_report
 from frontend.kserve import KServeService
 from frontend.routing import RoutingTable

@@ -1,6 +1,6 @@
 """The one way the scheduler's parts refuse a request: :class:`Refused` carries the gRPC status.
 
-The parts (membership, model administration, ...) raise it; the servicer in globalsched/service.py
+The parts (membership, model administration, ...) raise it; the servicer in globalsched/rpc/service.py
 turns it into the RPC's status, so the parts need no gRPC context and are callable from tests.
 """
 

@@ -27,7 +27,7 @@ def _run(name: str, cls, serve_path: str):
 
 def register(sub) -> None:
     for name, cls, serve_path, help_text in (
-            ("scheduler", SchedulerConfig, "globalsched.service.serve", "run the global scheduler"),
+            ("scheduler", SchedulerConfig, "globalsched.rpc.service.serve", "run the global scheduler"),
             ("frontend", FrontendConfig, "frontend.server.serve", "run a KServe v2 frontend"),
             ("backend", BackendConfig, "backend.server.serve", "run a backend on one device")):
         p = sub.add_parser(name, help=help_text, description=help_text)

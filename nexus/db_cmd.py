@@ -35,9 +35,9 @@ def _migrate(args: argparse.Namespace) -> int:
     source_dir = pathlib.Path(args.source.removeprefix("sqlite:"))
     if why := _url_error(args.dest, "--to"):
         return _error(prog, why, 2)
-    from globalsched.database.migrate import MigrationError, copy_database
-    from globalsched.modeldb import ModelDatabase
-    from globalsched.querydb import QueryStore
+    from globalsched.state.database.migrate import MigrationError, copy_database
+    from globalsched.state.modeldb import ModelDatabase
+    from globalsched.state.querydb import QueryStore
 
     try:
         source = ModelDatabase(source_dir, read_only=True)
@@ -71,8 +71,8 @@ def _forget_token(args: argparse.Namespace) -> int:
     prog = "nexus db forget-token"
     if why := _url_error(args.database, "--database"):
         return _error(prog, why, 2)
-    from globalsched.database.cluster_token import forget_token
-    from globalsched.database.connection import PostgresConnection
+    from globalsched.state.database.cluster_token import forget_token
+    from globalsched.state.database.connection import PostgresConnection
 
     try:
         db = PostgresConnection(args.database, application_name="nexus-db")

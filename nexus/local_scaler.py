@@ -1,7 +1,7 @@
 """``nexus serve --backends auto``: the local actuator of the scheduler's scaling policy.
 
 The scheduler decides how many devices of each type it wants, why, and which backend should go
-first when it wants fewer (globalsched/scaling_policy.py; ``GetStatus``'s ``scaling``). This module
+first when it wants fewer (globalsched/planning/scaling_policy.py; ``GetStatus``'s ``scaling``). This module
 makes the backend processes of ``nexus serve`` follow that decision for the one device type they
 run:
 

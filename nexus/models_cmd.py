@@ -5,9 +5,9 @@ An upload without ``--version`` adds the next version after the newest (1 for a 
 that version (a stored one is replaced). Which versions are served is the model's version policy
 (Triton's ``version_policy``; by default the latest one), so uploading a new version of a served
 model updates it: the new version is loaded and warmed up before traffic moves to it, then the old
-one is unloaded (globalsched/versions.py). ``nexus models list`` shows every stored version.
+one is unloaded (globalsched/planning/version_rollout.py). ``nexus models list`` shows every stored version.
 
-An upload that loads the model waits until it is ready to serve (globalsched/readiness.py: routed to
+An upload that loads the model waits until it is ready to serve (globalsched/state/readiness.py: routed to
 backends that hold it), and prints how long that took; it fails (exit 1) with the reason when no
 registered device type can serve it, or when ``--wait-timeout-s`` passes first. ``--no-wait``
 returns once the file is stored, as ``--no-load`` does.
@@ -20,8 +20,8 @@ import json
 import sys
 
 from common.pb import control
-from common.versions import DEFAULT_POLICY, VersionError, from_pb as policy_from_pb
-from common.warmup import describe as describe_warmup, from_pb as warmup_from_pb
+from common.version_policy import DEFAULT_POLICY, VersionError, from_pb as policy_from_pb
+from common.warmup_spec import describe as describe_warmup, from_pb as warmup_from_pb
 from nexus.client_flags import ClientFlagError, add_client_security, client_credentials
 from nexus.repository_cmd import add_import_parser
 from nexus.scheduler_client import DEFAULT_SCHEDULER, AdminCallError, list_models, upload_model, wait_model_ready

@@ -13,12 +13,12 @@ import json
 import sys
 from typing import Any
 
-from common.plan import Plan, PlanningError, SessionSpec, gpu_exec_breakdown, validate_plan
-from common.workload import Workload, WorkloadError, load_workload
+from globalsched.planning.plan import Plan, PlanningError, SessionSpec, gpu_exec_breakdown, validate_plan
+from nexus.plan_files import Workload, WorkloadError, load_workload
 
 
 def register(subparsers: Any) -> None:
-    from globalsched.algorithms import Solver
+    from globalsched.planning.algorithms import Solver
 
     p = subparsers.add_parser("plan", help="plan a workload offline (squishy bin packing and friends)",
                               description="Plan the sessions (and queries) of WORKLOAD.json on as few GPUs "
@@ -44,7 +44,7 @@ def _error(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from globalsched.algorithms import PlannerConfig, solve, split_latency
+    from globalsched.planning.algorithms import PlannerConfig, solve, split_latency
 
     try:
         config = PlannerConfig(network_ms=args.network_ms, preprocess_ms=args.preprocess_ms,

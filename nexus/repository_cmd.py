@@ -15,8 +15,8 @@ import tempfile
 from common import grpc_util
 from common.model_repository import RepositoryError, RepositoryModel, describe, read_repository
 from common.security import Credentials
-from common.versions import DEFAULT_POLICY, from_pb as policy_from_pb, version_key
-from common.warmup import from_pb as warmup_from_pb
+from common.version_policy import DEFAULT_POLICY, from_pb as policy_from_pb, version_key
+from common.warmup_spec import from_pb as warmup_from_pb
 from nexus.client_flags import ClientFlagError, add_client_security, client_credentials
 from nexus.scheduler_client import DEFAULT_SCHEDULER, AdminCallError, list_models, upload_model
 

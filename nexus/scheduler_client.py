@@ -20,8 +20,8 @@ from common.config import scheduler_addresses
 from common.pb import control, control_grpc
 from common.scheduler_connection import leader_hint, next_scheduler
 from common.security import Credentials
-from common.versions import VersionPolicy, to_pb as policy_to_pb
-from common.warmup import WarmupSample, to_pb as warmup_to_pb
+from common.version_policy import VersionPolicy, to_pb as policy_to_pb
+from common.warmup_spec import WarmupSample, to_pb as warmup_to_pb
 from nexus.status_model import ClusterStatus, from_reply
 
 DEFAULT_SCHEDULER = "127.0.0.1:8100"
@@ -112,7 +112,7 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
 
 
 def pinned(profile_json: str, where: str) -> str:
-    """The profile file's JSON with ``meta.pinned`` set (globalsched/profile_book.py: a pinned table
+    """The profile file's JSON with ``meta.pinned`` set (globalsched/state/profile_book.py: a pinned table
     always plans; uploading it again without the pin unpins it)."""
     from common.profile import Profile, ProfileError
 

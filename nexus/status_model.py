@@ -68,7 +68,7 @@ class QueryStatus:
 
 @dataclass(frozen=True)
 class ScalingStatus:
-    """The scaling policy's decision for one device type (globalsched/scaling_policy.py)."""
+    """The scaling policy's decision for one device type (globalsched/planning/scaling_policy.py)."""
 
     device_type: str
     desired: int                 # devices to have (nexus_desired_devices)
@@ -81,7 +81,7 @@ class ScalingStatus:
 
 @dataclass(frozen=True)
 class ProfileStatus:
-    """One model's profiles on one device type (globalsched/profile_book.py): l(b) at a few batches
+    """One model's profiles on one device type (globalsched/state/profile_book.py): l(b) at a few batches
     each ((batch, ms) pairs; empty where there is none), which one plans, the serving samples held."""
 
     model: str

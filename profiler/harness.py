@@ -3,7 +3,7 @@
 One executor thread per device serves every model placed on it. Each model has a queue in deadline
 order (all of a model's requests carry the same SLO, so deadline order is arrival order). At each
 turn the executor admits every request whose arrival time has passed and asks
-:func:`common.batching.schedule`, the decision the backend's engine serves with, what to do: EDF
+:func:`common.batch_decision.schedule`, the decision the backend's engine serves with, what to do: EDF
 across the models, the backend's early-drop policy within one (eager batch start, at most the
 model's max batch: the largest b with 2*l(b) <= SLO, as the backend and the scheduler use, with l(b)
 the model's *dedicated* profile latency). So a co-location slowdown measured here is measured under
@@ -25,7 +25,7 @@ from typing import Any, Callable
 import numpy as np
 
 from common.arrivals import arrival_times
-from common.batching import BatchPolicy, Pending, Queue, SlidingWindowEarlyDrop, remove_taken, saturated_batch, schedule
+from common.batch_decision import BatchPolicy, Pending, Queue, SlidingWindowEarlyDrop, remove_taken, saturated_batch, schedule
 from common.profile import Profile
 from profiler.errors import ProfilerError
 from profiler.inputs import make_feeds

@@ -1,5 +1,5 @@
 """Helpers of the tests that start components one by one: the cluster is the benchmark library's
-(nexus/bench/cluster.py); what is here is only what tests assert with."""
+(harness/cluster.py); what is here is only what tests assert with."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from common.pb import kserve
-from nexus.bench.cluster import Cluster, Node, wait_model_served
+from harness.cluster import Cluster, Node, wait_model_served
 
 
 def start(kind: str, *args: str, timeout_s: float = 120) -> Node:

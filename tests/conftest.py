@@ -1,5 +1,5 @@
 """Shared fixtures: real local clusters (``nexus serve``, through the benchmark library's harness,
-nexus/bench/cluster.py) on free loopback ports."""
+harness/cluster.py) on free loopback ports."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import tempfile
 
 import pytest
 
-from nexus.bench.cluster import Node, ServeCluster
+from harness.cluster import Node, ServeCluster
 from nexus.launcher import nexus_command
 
 # scheduler address -> the cluster token `nexus serve` made: nexus_cli sends it, as an operator would
@@ -80,9 +80,9 @@ def nexus_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess
 
 @pytest.fixture(scope="session")
 def postgres():
-    """A real PostgreSQL server for this worker (nexus/bench/postgres.py); skipped, with the reason, where none
+    """A real PostgreSQL server for this worker (harness/postgres.py); skipped, with the reason, where none
     can start. Its passfile is in this process's environment, as an operator's would be."""
-    from nexus.bench.postgres import PostgresServer
+    from harness.postgres import PostgresServer
 
     try:
         server = PostgresServer()

@@ -1,18 +1,18 @@
 """The simulated scheduler and the local device actuator, as thin shells around the production
 decision code on the virtual clock. Nothing here decides what the real system decides elsewhere:
 
-* the workload reports: :class:`globalsched.workload.Workload`, the view's measured fields
-  (:func:`globalsched.view.measured`) and the trigger (:class:`globalsched.replan_trigger.ReplanTrigger`),
-  with the planning task's coalescing delays (globalsched/control_loop.py);
-* the plan: :func:`globalsched.planner.plan_cluster`, and the routes it gives
-  (:meth:`globalsched.cluster.ClusterPlan.routes`);
-* the devices wanted and the backend to drain: :class:`globalsched.device_scaler.DeviceScaler`
-  (the policy of globalsched/scaling_policy.py) on its tick;
+* the workload reports: :class:`globalsched.state.rate_reports.Workload`, the view's measured fields
+  (:func:`globalsched.state.read_view.measured`) and the trigger (:class:`globalsched.planning.replan_trigger.ReplanTrigger`),
+  with the planning task's coalescing delays (globalsched/planning/control_loop.py);
+* the plan: :func:`globalsched.planning.planner.plan_cluster`, and the routes it gives
+  (:meth:`globalsched.planning.cluster_values.ClusterPlan.routes`);
+* the devices wanted and the backend to drain: :class:`globalsched.actuators.device_scaler.DeviceScaler`
+  (the policy of globalsched/planning/scaling_policy.py) on its tick;
 * what the local actuator does about them: :func:`nexus.local_scaler.next_step` on its poll;
-* failure detection: :func:`globalsched.failure_detector.detect` on the reaper's tick.
+* failure detection: :func:`globalsched.state.failure_detector.detect` on the reaper's tick.
 
 What is modelled here is time: a plan is applied as the distribution applies it (the handover of
-globalsched/handover.py: model tables to the backends, each loading and warming its new models, then
+globalsched/actuators/handover.py: model tables to the backends, each loading and warming its new models, then
 routing tables to the frontends, then the tables that release what the plan moved away), hops of
 ``control_hop_ms``, ``planning_ms`` per plan, heartbeats every ``heartbeat_interval_ms``, and a
 scheduler stalled by a fault answers nothing until the stall ends: its timers and the reports sent
@@ -26,19 +26,19 @@ from typing import Callable
 
 from common.pb import control as pb
 from frontend.routing import Route
-from globalsched.cluster import ClusterPlan, ClusterView, ModelView
-from globalsched.control_loop import COALESCE_S, REPAIR_COALESCE_S
-from globalsched.device_scaler import TICK_S, DeviceScaler
-from globalsched.failure_detector import DetectorConfig, DetectorState, detect
-from globalsched.handover import handover
-from globalsched.membership import Node
-from globalsched.placement import BackendSlot
-from globalsched.planner import PlannerSettings, PlannerState, plan_cluster
-from globalsched.replan_trigger import ReplanTrigger
-from globalsched.residency import requested_while_cold
-from globalsched.scaling_policy import ScalingConfig
-from globalsched.view import measured
-from globalsched.workload import Workload
+from globalsched.planning.cluster_values import ClusterPlan, ClusterView, ModelView
+from globalsched.planning.control_loop import COALESCE_S, REPAIR_COALESCE_S
+from globalsched.actuators.device_scaler import TICK_S, DeviceScaler
+from globalsched.state.failure_detector import DetectorConfig, DetectorState, detect
+from globalsched.actuators.handover import handover
+from globalsched.state.membership import Node
+from globalsched.planning.placement import BackendSlot
+from globalsched.planning.planner import PlannerSettings, PlannerState, plan_cluster
+from globalsched.planning.replan_trigger import ReplanTrigger
+from globalsched.planning.residency import requested_while_cold
+from globalsched.planning.scaling_policy import ScalingConfig
+from globalsched.state.read_view import measured
+from globalsched.state.rate_reports import Workload
 from nexus.local_scaler import POLL_S, Drain, LocalBackend, Start, next_step
 from nexus.simulate.frontends import SimRoute
 from nexus.status_model import ScalingStatus
@@ -242,7 +242,7 @@ class SimScheduler:
         self.sim.at(now + self.sim.config.planning_ms / 1000.0, self._push_model_tables, plan, self.epoch, leaving)
 
     def _push_model_tables(self, now: float, plan: ClusterPlan, epoch: int, leaving: list[str]) -> None:
-        """As globalsched/distribution.py applies a plan: the handover's make tables to the backends,
+        """As globalsched/actuators/distribution.py applies a plan: the handover's make tables to the backends,
         the routing tables once every backend answered, then the release tables."""
         steps = handover(self.plan, plan)
         self._push_tables(now, plan, epoch, steps.make,

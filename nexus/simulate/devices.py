@@ -1,5 +1,5 @@
 """A simulated backend and its device: sessions' queues in deadline order, the production batching
-decision (:func:`common.batching.schedule` with the backend's policy, and the session's largest batch
+decision (:func:`common.batch_decision.schedule` with the backend's policy, and the session's largest batch
 by :func:`backend.engine.session_max_batch`), and batches that take l(b) (or the measured mean)
 times a lognormal jitter of mean 1.
 
@@ -7,7 +7,7 @@ Its life: STARTING (the process starts; it registers ``backend_start_s`` later),
 to stop: it leaves the plan, answers what it holds, then exits) and GONE (exited, or killed). A
 model table is applied as the backend's ``UpdateModelTable`` applies it: one table at a time, each
 taking ``table_update_ms``; its new models load (``model_load_s`` each, off the device), then their warm-up batches
-(:func:`common.warmup.default_batch_sizes`, each run twice) take the device between serving
+(:func:`common.warmup_spec.default_batch_sizes`, each run twice) take the device between serving
 batches by the engine's rule (:func:`backend.engine.warmup_turn`), and only then does the table
 take effect and the push get its answer. A session the table drops answers its queue NOT_FOUND,
 which the frontend retries elsewhere.
@@ -24,9 +24,9 @@ import math
 from typing import AbstractSet, Callable, Mapping
 
 from backend.engine import next_warmup_turn_s, session_max_batch, warmup_turn
-from common.batching import Pending, Queue, make_policy, remove_taken, schedule
+from common.batch_decision import Pending, Queue, make_policy, remove_taken, schedule
 from common.profile import Profile
-from common.warmup import DEFAULT_RUNS, default_batch_sizes
+from common.warmup_spec import DEFAULT_RUNS, default_batch_sizes
 from nexus.simulate.outcomes import Loss
 
 

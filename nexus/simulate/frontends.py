@@ -1,5 +1,5 @@
 """A simulated frontend: its routing table, the production choice of backend
-(:func:`frontend.routing.choose_route`) and time budget (:func:`frontend.dispatch.backend_budget_s`),
+(:func:`frontend.routing.choose_route`) and time budget (:func:`frontend.frontend_state.backend_budget_s`),
 retries, and its workload reports with the production report clock
 (:class:`frontend.early_report.ReportClock`: every period, and at once on a surge).
 
@@ -7,7 +7,7 @@ As the frontend's dispatch does: a request whose backend goes away (killed: a br
 no longer has the model) is retried on another backend of the model while its deadline allows;
 when every backend of a served model is gone it waits for the next routing table, until its
 deadline; a model with no backend is answered UNAVAILABLE at once. A request for a cold model (on
-no device, globalsched/residency.py) is held, its deadline extended by the page-in's allowance
+no device, globalsched/planning/residency.py) is held, its deadline extended by the page-in's allowance
 (``COLD_START_ALLOWANCE_S``), and reported at once, as the frontend's report loop reports a page-in:
 the scheduler re-plans with the model resident, and the routing table that routes it releases the
 request.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frontend.dispatch import COLD_START_ALLOWANCE_S, RETURN_ALLOWANCE_MAX_S, backend_budget_s
+from frontend.frontend_state import COLD_START_ALLOWANCE_S, RETURN_ALLOWANCE_MAX_S, backend_budget_s
 from frontend.early_report import CHECK_S, ReportClock, workload_report
 from frontend.routing import Route, choose_route
 from nexus.simulate.outcomes import Status
@@ -47,7 +47,7 @@ class SimFrontend:
         # requests waiting for a routing table (with a backend), and their status should none come in time
         # with the deadline the wait was armed for (a wait re-armed with a later one outlives the first):
         # the first table's hold ends in DEADLINE_EXCEEDED, a lost route's wait in UNAVAILABLE
-        # (frontend/dispatch.py, FrontendState.admit and call_backend)
+        # (frontend/frontend_state.py, FrontendState.admit and call_backend)
         self.waiting: dict[int, tuple[Status, float]] = {}
         self.page_in: set[str] = set()      # cold models requested since the last report
         self.asked_cold: set[str] = set()   # cold models asked for since the last routing table (once each)
@@ -111,7 +111,7 @@ class SimFrontend:
         self.sim.at(now + self.sim.config.path_ms / 1000.0, self.dispatch, request)
 
     def _page_in(self, now: float, request: int, model: str) -> None:
-        """Hold a request for a cold model until a routing table routes it (frontend/dispatch.py's
+        """Hold a request for a cold model until a routing table routes it (frontend/frontend_state.py's
         ``_paged_in``), asking for the page-in with a report now."""
         sim = self.sim
         sim.outcomes.found_cold(request)

@@ -128,7 +128,7 @@ def database_models(data_dir: str | Path, device_type: str) -> tuple[SimModel, .
     uploaded table, else the one measured while serving, else the emulated device's datasheet for a
     sample model."""
     from common.emulated_gpus import NoDatasheet, UnknownGpuError, datasheet_profile
-    from globalsched.modeldb import ModelDatabase
+    from globalsched.state.modeldb import ModelDatabase
 
     try:
         db = ModelDatabase(Path(data_dir), read_only=True)

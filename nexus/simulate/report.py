@@ -7,7 +7,7 @@ rate step, every plan, scaling decision, actuator action, membership change and 
 and reason, and the per-second series (arrivals, attainment, devices, the plan's, the bound's).
 Floats are rounded to 6 decimals and keys sorted, so the same run gives the same bytes.
 
-The lower bound is the planner's certified bound (globalsched/algorithms/lower_bound.py) on the
+The lower bound is the planner's certified bound (globalsched/planning/algorithms/lower_bound.py) on the
 demand each ``BOUND_WINDOW_S`` window of arrivals brings (its counts over the window's length),
 integrated over time: no plan of any scaling policy serves that demand with fewer device-seconds,
 whatever its reaction time.
@@ -21,10 +21,10 @@ from typing import Sequence
 
 import numpy as np
 
-from common.plan import GpuSpec, SessionSpec
-from globalsched.algorithms.lower_bound import lower_bound
-from globalsched.cluster import UNBOUNDED_MEMORY_MB
-from globalsched.planner import PlannerSettings
+from globalsched.planning.plan import GpuSpec, SessionSpec
+from globalsched.planning.algorithms.lower_bound import lower_bound
+from globalsched.planning.cluster_values import UNBOUNDED_MEMORY_MB
+from globalsched.planning.planner import PlannerSettings
 from nexus.simulate.outcomes import FAILED, Loss, Status
 from nexus.simulate.run import Simulation
 
@@ -58,7 +58,7 @@ def lower_bound_series(sim: Simulation) -> list[tuple[float, int]]:
         specs = [SessionSpec(name, name, by_name[name].slo_ms, counts[w, j] / length, by_name[name].profile)
                  for j, name in enumerate(sim.arrivals.names) if counts[w, j] > 0]
         # without the memory term: a fleet that pages models in need not hold every model requested
-        # in the window at once (globalsched/residency.py)
+        # in the window at once (globalsched/planning/residency.py)
         out.append((w * BOUND_WINDOW_S, lower_bound(specs, gpu, planner, memory_term=False) if specs else 0))
     return out
 

@@ -116,7 +116,7 @@ class Simulation:
 
     def extend_deadline(self, request: int, deadline_s: float) -> None:
         """The request found its model cold: it may wait until ``deadline_s`` for the page-in and its
-        answer (frontend/dispatch.py, ``cold_budget_s`` and ``COLD_START_ALLOWANCE_S``). Once: a
+        answer (frontend/frontend_state.py, ``cold_budget_s`` and ``COLD_START_ALLOWANCE_S``). Once: a
         table that leaves the model cold again does not extend it further, as ``_paged_in`` does not."""
         if request not in self._extended:
             self._extended[request] = max(deadline_s, self.deadline_s(request))

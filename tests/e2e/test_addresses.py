@@ -13,7 +13,7 @@ import pytest
 
 from common.config import BackendConfig, SchedulerConfig
 from common.pb import control, control_grpc
-from globalsched.membership import advertised_address, peer_host
+from globalsched.state.membership import advertised_address, peer_host
 from nexus.launcher import launch
 
 

@@ -21,7 +21,7 @@ from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from nexus.launcher import Child, launch
 from tests.conftest import nexus_cli
-from nexus.bench.ports import free_port
+from harness.ports import free_port
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*\})? (\S+)$')
 

@@ -20,7 +20,7 @@ from common import grpc_util
 from common.pb import kserve, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
-from globalsched.load_failures import MAX_LOAD_ATTEMPTS, LoadFailures
+from globalsched.state.load_failures import MAX_LOAD_ATTEMPTS, LoadFailures
 from tests.components import wait_for
 from tests.conftest import nexus_cli, start_cluster
 

@@ -3,7 +3,7 @@
 They assert outcomes (counts, classification, errors); the wall-clock figures (latencies, client
 lag) are reported by ``benchmarks/timing_checks.py``.
 
-The server side is :mod:`nexus.bench.fake_kserve`, a real KServe v2 gRPC server on loopback run as a
+The server side is :mod:`harness.fake_kserve`, a real KServe v2 gRPC server on loopback run as a
 subprocess, whose models answer after a sleep or follow a scripted pattern of late answers and
 error statuses, so that the classification can be checked exactly.
 """
@@ -34,8 +34,8 @@ from nexus.bench import (
     run_bench_async,
 )
 from nexus.bench.report import lag_warning
-from nexus.bench.fake_kserve import GRACE_MS, MIXED_PATTERN, SCRIPTED_CONFIG, SLO_MS, spawn
-from nexus.bench.ports import free_port
+from harness.fake_kserve import GRACE_MS, MIXED_PATTERN, SCRIPTED_CONFIG, SLO_MS, spawn
+from harness.ports import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -1,4 +1,4 @@
-"""The benchmark library's meters (nexus/bench/meters.py): CPU per process and of the machine, RSS."""
+"""The benchmark library's meters (harness/meters.py): CPU per process and of the machine, RSS."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from nexus.bench.meters import (CpuMeter, CpuTimeline, LoadSampler, RssSampler, cpu_seconds, loadavg, rss_mb,
+from harness.meters import (CpuMeter, CpuTimeline, LoadSampler, RssSampler, cpu_seconds, loadavg, rss_mb,
                                 wait_quiet)
 
 

@@ -19,7 +19,7 @@ from common.pb import control, control_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from nexus.bench import BackgroundLoad
-from nexus.bench.cluster import Cluster, Upload, cmdline, descendants
+from harness.cluster import Cluster, Upload, cmdline, descendants
 from nexus.scheduler_client import fetch_status, upload_model
 from tests.components import wait_for
 from tests.conftest import start_cluster

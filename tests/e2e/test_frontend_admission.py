@@ -1,4 +1,4 @@
-"""Every transport is taken in alike by the frontend's dispatch core (frontend/dispatch.py):
+"""Every transport is taken in alike by the frontend's dispatch core (frontend/frontend_state.py):
 - a request sent the moment a restarted frontend listens, over HTTP/REST, gRPC or ModelStreamInfer,
   waits for the frontend's first routing table and is answered (not 404 / NOT_FOUND);
 - a ModelStreamInfer request in flight when the frontend gets SIGTERM is answered before it exits.

@@ -298,7 +298,7 @@ def test_two_frontends_histograms_add_up_to_the_clients_own_p99_within_a_bucket(
     """Histograms, unlike summaries, aggregate: the buckets of two frontends summed count every
     successful request once, and their p99 falls within one bucket of the p99 the client measured."""
     from frontend.metrics import LATENCY_BUCKETS_S
-    from nexus.bench.cluster import Cluster, Upload
+    from harness.cluster import Cluster, Upload
     from nexus.bench.loadgen import BackgroundLoad
 
     model, profile = tmp_path / "mlp.onnx", tmp_path / "profile.json"

@@ -3,7 +3,7 @@
 A cluster (`nexus serve`, one CPU backend, a tiny MLP) takes the KServe fuzzing; a standalone
 scheduler with a cluster token takes the control protocol's (Register, UploadModel), so that
 fuzzed registrations that happen to decode cannot move the served model. Only the codes in
-``nexus.bench.fuzzing.EXPECTED`` may come back, never UNKNOWN or INTERNAL; afterwards every server is
+``harness.fuzzing.EXPECTED`` may come back, never UNKNOWN or INTERNAL; afterwards every server is
 ready, the model still answers, and no log holds a traceback. Examples are bounded and derandomised
 so the test takes well under a minute.
 """
@@ -26,7 +26,7 @@ from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from common.security import Credentials, token_metadata
-from nexus.bench import fuzzing
+from harness import fuzzing
 from tests.conftest import NexusProcess, nexus_cli, start_cluster
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,7 @@ from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from nexus.launcher import launch
 from nexus.scheduler_client import upload_model
-from nexus.bench.ports import free_port
+from harness.ports import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from common.config import ConfigError, SchedulerConfig
-from globalsched.kube_lease import LEASE_NAME, KubeApi, KubeApiError, KubeConflict, KubernetesLease
-from nexus.bench.cluster import Node
+from globalsched.leadership.kube_lease import LEASE_NAME, KubeApi, KubeApiError, KubeConflict, KubernetesLease
+from harness.cluster import Node
 from tests.certs import make_pki
 from tests.conftest import nexus_cli
 from tests.kube_lease_server import LeaseServer

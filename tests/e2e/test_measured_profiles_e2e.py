@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from common.pb import control, control_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
-from nexus.bench.cluster import Cluster
+from harness.cluster import Cluster
 from nexus.bench.loadgen import BackgroundLoad
 from nexus.launcher import nexus_command
 from tests.components import wait_for, wait_ready

@@ -1,7 +1,7 @@
 """Triton's perf_analyzer, unmodified, against ``nexus serve`` (issue 12): its server-side analysis
 reads ModelStatistics between measurement windows and needs Triton's figures, mutually consistent.
 
-The binary and its libraries are fetched once by the benchmark library (nexus/bench/perf_analyzer.py:
+The binary and its libraries are fetched once by the benchmark library (harness/perf_analyzer.py:
 the tritonclient 2.50 wheel, the nvidia-cuda-runtime-cu12 wheel and Debian's libb64-0d, into
 ``$NEXUS_TEST_TOOLS``, default ``~/.cache/nexus-test-tools``, outside the repository). When the binary
 cannot be had or cannot run, the tests are skipped with the reason.
@@ -21,7 +21,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from common.sample_models import mlp_small, model_bytes
-from nexus.bench.perf_analyzer import TRITONCLIENT_VERSION, CUDART_VERSION, ToolUnavailable, fetch_perf_analyzer, \
+from harness.perf_analyzer import TRITONCLIENT_VERSION, CUDART_VERSION, ToolUnavailable, fetch_perf_analyzer, \
     parse_level
 from tests.conftest import nexus_cli, start_cluster
 
@@ -133,7 +133,7 @@ def test_a_binary_that_cannot_start_is_a_reason_to_skip(tmp_path, monkeypatch):
 
 
 def test_a_level_is_read_from_its_csv_or_its_error(tmp_path):
-    """What the benchmarks read of a level (nexus/bench/perf_analyzer.py), from perf_analyzer 2.50's own
+    """What the benchmarks read of a level (harness/perf_analyzer.py), from perf_analyzer 2.50's own
     CSV columns and console lines."""
     csv_path = tmp_path / "level.csv"
     csv_path.write_text("Request Rate,Inferences/Second,Client Send,p50 latency,p90 latency,p95 latency,"

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from common.plan import Plan, validate_plan
-from common.workload import parse_workload
+from globalsched.planning.plan import Plan, validate_plan
+from nexus.plan_files import parse_workload
 from nexus.cli import main
 
 WORKLOAD: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""Property test of the scheduler's planner (globalsched/planner.py) over sequences of changes.
+"""Property test of the scheduler's planner (globalsched/planning/planner.py) over sequences of changes.
 
 Random workloads (1-15 sessions, linear and sub-linear profiles, SLOs from just above 2*l(1) to
 20 times it, rates over three orders of magnitude, prefix groups sometimes) go through steps that
@@ -28,14 +28,14 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.plan import EPS_MS, GpuSpec, SessionSpec, ViolationKind, validate_plan
+from globalsched.planning.plan import EPS_MS, GpuSpec, SessionSpec, ViolationKind, validate_plan
 from common.profile import BatchLatency, Profile
-from globalsched.algorithms.config import PlannerConfig
-from globalsched.algorithms.replan import ReplanConfig, ReplanReason
-from globalsched.cluster import MIN_PLANNED_RATE_RPS, ClusterView, ModelView
-from globalsched.placement import BackendSlot
-from globalsched.planner import PlannerSettings, PlannerState, plan_cluster
-from globalsched.prefix_groups import planning_groups
+from globalsched.planning.algorithms.config import PlannerConfig
+from globalsched.planning.algorithms.replan import ReplanConfig, ReplanReason
+from globalsched.planning.cluster_values import MIN_PLANNED_RATE_RPS, ClusterView, ModelView
+from globalsched.planning.placement import BackendSlot
+from globalsched.planning.planner import PlannerSettings, PlannerState, plan_cluster
+from globalsched.planning.prefix_groups import planning_groups
 
 DEVICE = "t4"
 _SEED = os.environ.get("PLANNER_PROPERTY_SEED")
@@ -153,7 +153,7 @@ class Cluster:
 
     def specs(self, rates: dict[str, float], cold: frozenset[str] = frozenset()) -> list[SessionSpec]:
         """The sessions of the device type as the planner builds them (best-effort ones left out, and
-        ``cold`` ones, which the devices' memory does not hold: globalsched/residency.py)."""
+        ``cold`` ones, which the devices' memory does not hold: globalsched/planning/residency.py)."""
         out = []
         for n in sorted(self.active):
             if n in cold:

@@ -1,4 +1,4 @@
-"""The model database on a real PostgreSQL server (nexus/bench/postgres.py): the same contract as SQLite's,
+"""The model database on a real PostgreSQL server (harness/postgres.py): the same contract as SQLite's,
 shared by every scheduler that opens the URL, the migration from SQLite, and the errors an operator
 meets (a password in the URL, an unreachable server, a newer schema, a damaged file)."""
 
@@ -13,10 +13,10 @@ from common.config import ConfigError, SchedulerConfig
 from common.database_url import DatabaseUrlError, check_postgres_url, redact
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
-from common.versions import PolicyKind, VersionPolicy
-from globalsched.database.connection import PostgresConnection
-from globalsched.modeldb import ModelDatabase, ServingSettings, UploadError
-from globalsched.querydb import QueryStore
+from common.version_policy import PolicyKind, VersionPolicy
+from globalsched.state.database.connection import PostgresConnection
+from globalsched.state.modeldb import ModelDatabase, ServingSettings, UploadError
+from globalsched.state.querydb import QueryStore
 from nexus.scheduler_client import upload_model
 from tests.conftest import nexus_cli, start_cluster
 
@@ -230,7 +230,7 @@ def test_a_cluster_serves_from_postgresql_and_a_new_scheduler_finds_its_models(p
 
 
 def test_tls_to_the_database_verifies_the_server_and_a_wrong_ca_is_refused(tmp_path, monkeypatch):
-    from nexus.bench.postgres import PostgresServer
+    from harness.postgres import PostgresServer
     from tests.certs import make_pki
 
     pki, other = make_pki(tmp_path / "pki"), make_pki(tmp_path / "other", "someone-else")

@@ -14,22 +14,22 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from backend.engine import Engine, Session, SharedPrefix, Work
-from common.batching import EarliestFirst, SlidingWindowEarlyDrop
+from common.batch_decision import EarliestFirst, SlidingWindowEarlyDrop
 from common.runtimes import load_runtime
 from backend.server import BackendService
 from backend.wire import backend_stats
 from common.config import BackendConfig, BatchStart
 from common.onnx_prefix import find_shared_prefix
 from common.pb import control
-from common.plan import SessionSpec
+from globalsched.planning.plan import SessionSpec
 from common.profile import Profile
 from common.sample_models import backbone_variant, mlp_small, model_bytes
-from globalsched import prefix_groups as pg
-from globalsched.algorithms.prefix import check_prefix_groups, prefix_models
-from globalsched.cluster import SessionInput
-from globalsched.modeldb import ModelDatabase
-from globalsched.placement import BackendSlot
-from globalsched.planner import PlannerSettings, PlannerState, place_sessions
+from globalsched.planning import prefix_groups as pg
+from globalsched.planning.algorithms.prefix import check_prefix_groups, prefix_models
+from globalsched.planning.cluster_values import SessionInput
+from globalsched.state.modeldb import ModelDatabase
+from globalsched.planning.placement import BackendSlot
+from globalsched.planning.planner import PlannerSettings, PlannerState, place_sessions
 
 MB = 1024 * 1024
 
@@ -146,8 +146,8 @@ def test_derived_prefix_profile_keeps_the_planner_contract():
         for b in range(1, p.max_batch + 1):
             assert prefix.latency_ms(b) <= p.latency_ms(b) and prefix.memory_mb(b) <= p.memory_mb(b)
     # The planner's own check accepts it.
-    from globalsched.algorithms.batching import prepare
-    from globalsched.algorithms.config import PlannerConfig
+    from globalsched.planning.algorithms.batch_sizing import prepare
+    from globalsched.planning.algorithms.config import PlannerConfig
     models = [prepare(s, None, PlannerConfig()) for s in out[:3]]
     check_prefix_groups({"g": models}, prefix_models(groups))
 

@@ -214,7 +214,7 @@ def test_memory_limit_below_batch_1_is_an_error():
 def test_profiles_are_accepted_by_the_model_database_and_the_planner(tmp_path):
     data = model_bytes(mlp_small())
     profile = profile_model(data, "cpu", "onnxruntime", [1, 2, 4, 8], **FAST)
-    from globalsched.modeldb import ModelDatabase
+    from globalsched.state.modeldb import ModelDatabase
 
     db = ModelDatabase(tmp_path / "db")
     try:
@@ -228,8 +228,8 @@ def test_profiles_are_accepted_by_the_model_database_and_the_planner(tmp_path):
     workload = {"gpu": {"name": "cpu", "memory_mb": 4096},
                 "sessions": [{"name": "mlp", "model": "mlp_small", "slo_ms": slo, "rate": 100.0,
                               "profile": profile.to_json_obj()["profile"]}]}
-    from common.workload import parse_workload
-    from globalsched.algorithms.solve import solve
+    from nexus.plan_files import parse_workload
+    from globalsched.planning.algorithms.solve import solve
 
     w = parse_workload(json.loads(json.dumps(workload)))
     plan = solve(w.sessions, w.gpu)

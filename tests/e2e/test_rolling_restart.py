@@ -13,7 +13,7 @@ import time
 import pytest
 
 from nexus.bench import BackgroundLoad
-from nexus.bench.rolling_restart import CLIENT_TIMEOUT_S, DEVICE_TYPE, MODEL, SLO_MS, model_upload, rolling_restart
+from harness.rolling_restart import CLIENT_TIMEOUT_S, DEVICE_TYPE, MODEL, SLO_MS, model_upload, rolling_restart
 from nexus.scheduler_client import upload_model
 from nexus.serve_cmd import wait_models_ready
 from tests.conftest import start_cluster

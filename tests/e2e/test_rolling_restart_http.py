@@ -19,9 +19,9 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from nexus.bench.cluster import Cluster
-from nexus.bench.rolling_restart import DEVICE_TYPE as DEVICE
-from nexus.bench.rolling_restart import MODEL, model_upload
+from harness.cluster import Cluster
+from harness.rolling_restart import DEVICE_TYPE as DEVICE
+from harness.rolling_restart import MODEL, model_upload
 from tests.components import wait_for, wait_ready
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from nexus.bench.meters import CpuMeter, loadavg
+from harness.meters import CpuMeter, loadavg
 from tests.conftest import start_cluster
 
 BACKENDS = 3

@@ -11,10 +11,10 @@ from common.config import SchedulerConfig
 from common.pb import control
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
-from globalsched.modeldb import ModelDatabase
-from globalsched.planner import PlannerState, plan_cluster, session_inputs
-from globalsched.service import SchedulerService
-from globalsched.workload import RATE_SMOOTHING
+from globalsched.state.modeldb import ModelDatabase
+from globalsched.planning.planner import PlannerState, plan_cluster, session_inputs
+from globalsched.rpc.service import SchedulerService
+from globalsched.state.rate_reports import RATE_SMOOTHING
 
 
 def _service(tmp_path, **config) -> SchedulerService:
@@ -27,8 +27,8 @@ def _service(tmp_path, **config) -> SchedulerService:
 def test_colocation_report_inflates_planning_latency(tmp_path):
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"models": [{"name": "m", "slowdown": 1.5}]}))
-    plain = _service(tmp_path / "a").admin.profiles("m")["cpu"]
-    inflated = _service(tmp_path / "b", colocation_report=str(report)).admin.profiles("m")["cpu"]
+    plain = _service(tmp_path / "a").admin.in_service.profiles("m")["cpu"]
+    inflated = _service(tmp_path / "b", colocation_report=str(report)).admin.in_service.profiles("m")["cpu"]
     for b in range(1, plain.max_batch + 1):
         assert abs(inflated.latency_ms(b) - 1.5 * plain.latency_ms(b)) < 1e-9
     assert inflated.meta["colocation_slowdown"] == 1.5
@@ -95,7 +95,7 @@ def test_sessions_are_planned_with_the_rate_headroom(tmp_path):
 
 def test_the_latency_split_is_outdated_only_when_a_gamma_leaves_its_band():
     """Rates are the re-planner's to judge (tests/unit/test_planning_loop.py); a query's fan-out forces a re-plan."""
-    from globalsched.replan_policy import gamma_drift
+    from globalsched.planning.replan_policy import gamma_drift
 
     planned = {("q", "a", "b"): 3.0}
     assert gamma_drift({("q", "a", "b"): 3.0}, planned) == ""
@@ -105,9 +105,9 @@ def test_the_latency_split_is_outdated_only_when_a_gamma_leaves_its_band():
 
 
 def test_path_allowance_and_burst_sigma_reach_the_planner(tmp_path):
-    from globalsched.cluster import SessionInput
-    from globalsched.placement import BackendSlot
-    from globalsched.planner import place_sessions
+    from globalsched.planning.cluster_values import SessionInput
+    from globalsched.planning.placement import BackendSlot
+    from globalsched.planning.planner import place_sessions
 
     service = _service(tmp_path, path_allowance_ms=12.0, burst_sigma=1.5)
     settings = service.control.settings
@@ -126,7 +126,7 @@ def test_plans_use_the_windowed_mean_rate_not_the_smoothed_one(tmp_path):
     import asyncio
     import time
 
-    from globalsched.workload import Workload
+    from globalsched.state.rate_reports import Workload
 
     service = _service(tmp_path)
     service.nodes["fe"] = object()
@@ -154,7 +154,7 @@ def test_routing_table_carries_the_planned_figures(tmp_path):
     session, planned devices and the lower bound."""
     import time
 
-    from globalsched.membership import Node
+    from globalsched.state.membership import Node
 
     service = _service(tmp_path)
     service.db.set_session("m", 50)
@@ -209,8 +209,8 @@ def test_a_model_uploaded_with_an_expected_rate_and_a_batch_cap_is_planned_by_th
     measured, never at a batch beyond the cap, and both are in the model's description."""
     import time
 
-    from globalsched.membership import Node
-    from globalsched.modeldb import ServingSettings
+    from globalsched.state.membership import Node
+    from globalsched.state.modeldb import ServingSettings
 
     service = _service(tmp_path)
     profile = Profile.linear(0.5, 2.0, 32, device_type="cpu")
@@ -244,7 +244,7 @@ def test_a_model_uploaded_with_an_expected_rate_and_a_batch_cap_is_planned_by_th
 def test_bad_serving_settings_are_refused_at_upload(tmp_path):
     import pytest
 
-    from globalsched.modeldb import ServingSettings, UploadError
+    from globalsched.state.modeldb import ServingSettings, UploadError
 
     db = ModelDatabase(tmp_path / "db")
     for settings, message in ((ServingSettings(expected_rate_rps=-1.0), "expected_rate_rps must be a rate of at least 0"),
@@ -258,9 +258,9 @@ def test_bad_serving_settings_are_refused_at_upload(tmp_path):
 def test_a_surge_beyond_noise_is_planned_for_at_once_and_noise_is_not():
     """Cold start (issue 17): a report far above the window's mean is planned for at once, with no
     cooldown; an ordinary Poisson excursion is not."""
-    from globalsched.cluster import PlannedSession
-    from globalsched.replan_policy import demand_surge
-    from globalsched.workload import Workload
+    from globalsched.planning.cluster_values import PlannedSession
+    from globalsched.planning.replan_policy import demand_surge
+    from globalsched.state.rate_reports import Workload
 
     def report(workload, now, requests):
         workload.report(control.WorkloadReport(node_id="fe", rates=[control.SessionRate(
@@ -289,6 +289,6 @@ def test_a_surge_beyond_noise_is_planned_for_at_once_and_noise_is_not():
 
 
 def _plan_for(sessions):
-    from globalsched.cluster import ClusterPlan
+    from globalsched.planning.cluster_values import ClusterPlan
 
     return ClusterPlan({}, {}, {}, sessions=sessions)

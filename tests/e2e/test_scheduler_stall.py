@@ -1,6 +1,6 @@
 """A stalled scheduler on real processes (issue 24): SIGSTOP it for 10 s under load, then SIGCONT.
 The data path serves on its last tables meanwhile; when the scheduler resumes, the heartbeats it
-missed were its own pause, not the nodes' silence (globalsched/failure_detector.py), so it evicts
+missed were its own pause, not the nodes' silence (globalsched/state/failure_detector.py), so it evicts
 nobody, and every request is answered OK. The node timeout is the default 5 s: the stall is twice it."""
 
 from __future__ import annotations

@@ -13,12 +13,12 @@ import pytest
 from common.config import BackendConfig, ConfigError, FrontendConfig, SchedulerConfig, scheduler_addresses
 from common.pb import control, control_grpc
 from common.scheduler_connection import next_scheduler
-from globalsched.database.connection import PostgresConnection
-from globalsched.database.plan_store import PlanStore
-from globalsched.planner import PlannerState, adopted_state
-from globalsched.scaling_policy import ScalingState, TypeHistory
-from globalsched.database.lease import PLAN_EPOCHS_PER_LEASE, LeaderLease, plan_epoch_base
-from nexus.bench.ports import free_port
+from globalsched.state.database.connection import PostgresConnection
+from globalsched.state.database.plan_store import PlanStore
+from globalsched.planning.planner import PlannerState, adopted_state
+from globalsched.planning.scaling_policy import ScalingState, TypeHistory
+from globalsched.state.database.lease import PLAN_EPOCHS_PER_LEASE, LeaderLease, plan_epoch_base
+from harness.ports import free_port
 from tests.conftest import NexusProcess, nexus_cli
 
 
@@ -101,8 +101,8 @@ def test_a_shared_scheduler_needs_an_address_the_others_can_dial_and_a_positive_
 
 
 def test_an_adopted_plan_starts_its_cooldowns_again(pg_url):
-    from globalsched.algorithms.replan import ReplanState
-    from globalsched.planning_loop import TypeState
+    from globalsched.planning.algorithms.replan import ReplanState
+    from globalsched.planning.plan_device_type import TypeState
 
     old = PlannerState(last_plan_s=5.0, first_requests_s={"m": 1.0}, surge_floors={"m": (40.0, 4.0)},
                        types={"t4": TypeState(replan=ReplanState(last_replan_s=5.0, moved_at_s=(("m", 3.0),)))})
@@ -139,7 +139,7 @@ def test_an_adopted_plan_starts_its_cooldowns_again(pg_url):
 
 @pytest.mark.slow
 def test_one_leads_the_standby_names_it_and_takes_over_when_it_is_killed(pg_url, tmp_path):
-    from nexus.bench.cluster import Node
+    from harness.cluster import Node
 
     first, second = [Node(name, _argv(tmp_path, name, pg_url), env={"NEXUS_LOG": "INFO"},     # started at once
                           log_path=tmp_path / f"{name}.log") for name in ("one", "two")]
@@ -209,7 +209,7 @@ def test_losing_the_leader_under_load_fails_nothing_moves_nothing_and_the_next_u
     """Backends and the frontend are given both schedulers, the standby first: they follow the leader.
     The leader is killed (kill -9), or paused for 10 s and then resumed: the standby adopts the plan in
     force (no session moves, no request fails), and a resumed old leader exits without pushing."""
-    from nexus.bench.cluster import Cluster
+    from harness.cluster import Cluster
     from tests.components import wait_for
     from tests.e2e.test_failover import DEVICE, FAST, FAST_SLO_MS, _ok_in_a_row_since, _upload, steady_load
 

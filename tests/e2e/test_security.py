@@ -24,7 +24,7 @@ from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from common.security import Credentials, ProtocolAccess, parse_restricted_header
-from frontend.dispatch import FrontendState
+from frontend.frontend_state import FrontendState
 from frontend.kserve import KServeService
 from tests.certs import make_pki
 from tests.components import wait_for

@@ -23,7 +23,7 @@ from common.pb import kserve
 from common.profile import Profile
 from common.sample_models import model_bytes
 from common.security import ProtocolAccess, parse_restricted_header
-from frontend.dispatch import FrontendState
+from frontend.frontend_state import FrontendState
 from frontend.kserve import KServeService
 from frontend.requests import RequestError
 from tests.conftest import nexus_cli

@@ -12,7 +12,7 @@ import pytest
 import tritonclient.grpc.aio as aioclient
 
 from backend.engine import Engine, Session, SharedPrefix, Work
-from common.batching import EarliestFirst
+from common.batch_decision import EarliestFirst
 from common.runtimes import load_runtime
 from backend.wire import backend_stats
 from common.onnx_prefix import find_shared_prefix

@@ -1,6 +1,6 @@
 """The parts of benchmarks/vs_triton.py that run without servers: the py-spy reduction
-(nexus/bench/pyspy.py), its models, Triton's tuning grid and when a level passes
-(nexus/bench/triton_compare.py), and the driver's argument refusals (run as a command, as a user
+(harness/pyspy.py), its models, Triton's tuning grid and when a level passes
+(harness/triton_compare.py), and the driver's argument refusals (run as a command, as a user
 would). The benchmark itself (servers under load) is
 run by hand; see benchmarks/vs_triton.md."""
 
@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 
 from common.sample_models import model_bytes, resnet18_64
-from nexus.bench.pyspy import top_functions
+from harness.pyspy import top_functions
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,7 @@ def test_top_functions_reduces_collapsed_stacks(tmp_path):
 
 
 def test_models_are_valid_and_the_resnet_is_another_file(tmp_path):
-    from nexus.bench.triton_compare import MODELS, build_models
+    from harness.triton_compare import MODELS, build_models
 
     paths = build_models(tmp_path, list(MODELS))
     assert paths["r18_64"].read_bytes() != model_bytes(resnet18_64())
@@ -50,7 +50,7 @@ def test_models_are_valid_and_the_resnet_is_another_file(tmp_path):
 
 
 def test_tritons_grid_is_what_its_users_would_tune():
-    from nexus.bench.triton_compare import delay_candidates, triton_candidates
+    from harness.triton_compare import delay_candidates, triton_candidates
 
     limits = {"r18_64": {"batch": 4}, "small_cnn": {"batch": 12}, "tiny16": {"batch": 300}, "mlp": {"batch": 90}}
     single = triton_candidates("single", limits)
@@ -71,8 +71,8 @@ def test_tritons_grid_is_what_its_users_would_tune():
 
 
 def test_a_mix_level_passes_only_when_every_model_does():
-    from nexus.bench.triton_compare import level_passes
-    from nexus.bench.perf_analyzer import Level
+    from harness.triton_compare import level_passes
+    from harness.perf_analyzer import Level
 
     good = [Level("a", 50, throughput_rps=50, p99_us=40_000), Level("b", 50, throughput_rps=49, p99_us=15_000)]
     assert level_passes(good, {"a": 50, "b": 20}, window_s=3)
@@ -82,7 +82,7 @@ def test_a_mix_level_passes_only_when_every_model_does():
 
 
 def test_nexus_configurations_by_name_or_flags():
-    from nexus.bench.triton_compare import parse_nexus_configs
+    from harness.triton_compare import parse_nexus_configs
 
     assert parse_nexus_configs(["default", "mine=--backends 3 --threads 1"]) == {
         "default": (), "mine": ("--backends", "3", "--threads", "1")}
@@ -105,7 +105,7 @@ def test_bad_arguments_are_refused(argv, message):
 
 
 def test_a_paired_ladder_measures_every_server_at_each_rate_until_it_fails_twice():
-    from nexus.bench.ladder import ladder_rates, paired_ladder
+    from harness.ladder import ladder_rates, paired_ladder
 
     capacity = {"a": 130, "b": 300}
     flaky = {("b", 160.0)}                        # one failed level (the machine's): b stays in the race

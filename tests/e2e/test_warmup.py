@@ -18,14 +18,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from backend.engine import Engine, Session, WarmupBatch, Work
-from backend.warmup import Warmer
-from common.batching import SlidingWindowEarlyDrop
+from backend.warmup_runner import Warmer
+from common.batch_decision import SlidingWindowEarlyDrop
 from common.model_repository import RepositoryError, read_model
 from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from common.tensors import TensorSpec
-from common.warmup import (
+from common.warmup_spec import (
     WarmupData, WarmupError, WarmupInput, WarmupSample, check_samples, default_samples, feeds, from_json, from_pb,
     to_json, to_pb,
 )
@@ -33,7 +33,7 @@ from nexus.bench import BackgroundLoad
 from nexus.scheduler_client import AdminCallError, upload_model
 from tests.components import start, start_cluster, wait_ready
 from tests.conftest import nexus_cli
-from nexus.bench.ports import free_port
+from harness.ports import free_port
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
@@ -164,8 +164,8 @@ def test_the_default_warm_up_runs_batch_1_and_the_planned_batch_twice_on_random_
 
 
 def test_the_model_database_keeps_warm_up_samples_and_refuses_bad_ones(tmp_path):
-    from globalsched.convert import model_desc, model_route
-    from globalsched.modeldb import ModelDatabase, ServingSettings, UploadError
+    from globalsched.rpc.convert import model_desc, model_route
+    from globalsched.state.modeldb import ModelDatabase, ServingSettings, UploadError
 
     db = ModelDatabase(tmp_path)
     data = model_bytes(mlp_small())

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from common.plan import GpuSpec, SessionSpec, validate_plan
+from globalsched.planning.plan import GpuSpec, SessionSpec, validate_plan
 from common.profile import Profile
-from globalsched.algorithms import Solver, solve
+from globalsched.planning.algorithms import Solver, solve
 
 BIG = GpuSpec("big", 1e9)
 RESNET = Profile.linear(1.3, 5.0, 64)

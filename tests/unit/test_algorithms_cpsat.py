@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.plan import GpuSpec, PrefixGroup, SessionSpec, validate_plan
+from globalsched.planning.plan import GpuSpec, PrefixGroup, SessionSpec, validate_plan
 from common.profile import BatchLatency, Profile
-from globalsched.algorithms import PlannerConfig, Solver, lower_bound, solve
+from globalsched.planning.algorithms import PlannerConfig, Solver, lower_bound, solve
 
 BIG = GpuSpec("big", 1e9)
 FAST = PlannerConfig(cpsat_time_limit_s=3.0)

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.plan import GpuSpec, PlanningError, QueryEdge, QuerySpec, QueryStage, SplitMethod, validate_plan
+from globalsched.planning.plan import GpuSpec, PlanningError, QueryEdge, QuerySpec, QueryStage, SplitMethod, validate_plan
 from common.profile import Profile
-from globalsched.algorithms import PlannerConfig, even_split, proportional_split, solve, split_latency
-from globalsched.algorithms.latency_split import stage_cost_gpus
+from globalsched.planning.algorithms import PlannerConfig, even_split, proportional_split, solve, split_latency
+from globalsched.planning.algorithms.latency_split import stage_cost_gpus
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 STEPS = 12

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.plan import GpuSpec, PlanningError, PrefixGroup, SessionSpec, gpu_exec_breakdown, validate_plan
+from globalsched.planning.plan import GpuSpec, PlanningError, PrefixGroup, SessionSpec, gpu_exec_breakdown, validate_plan
 from common.profile import BatchLatency, Profile
-from globalsched.algorithms import (PlannerConfig, lower_bound, lower_bound_gpus, lower_bound_throughput_only,
+from globalsched.planning.algorithms import (PlannerConfig, lower_bound, lower_bound_gpus, lower_bound_throughput_only,
                                    lower_bound_throughput_only_gpus, solve)
-from globalsched.algorithms.config import Solver
+from globalsched.planning.algorithms.config import Solver
 
 RESNET = Profile.linear(1.3, 5.0, 64)
 

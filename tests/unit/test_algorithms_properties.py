@@ -7,9 +7,9 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.plan import GpuSpec, Plan, PrefixGroup, SessionSpec, ViolationKind, gpu_exec_breakdown, validate_plan
+from globalsched.planning.plan import GpuSpec, Plan, PrefixGroup, SessionSpec, ViolationKind, gpu_exec_breakdown, validate_plan
 from common.profile import BatchLatency, Profile
-from globalsched.algorithms import PlannerConfig, Solver, lower_bound, lower_bound_gpus, solve
+from globalsched.planning.algorithms import PlannerConfig, Solver, lower_bound, lower_bound_gpus, solve
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.plan import GpuPlan, GpuSpec, Plan, SessionAlloc, SessionSpec, validate_plan
+from globalsched.planning.plan import GpuPlan, GpuSpec, Plan, SessionAlloc, SessionSpec, validate_plan
 from common.profile import Profile
-from globalsched.algorithms import ReplanConfig, ReplanReason, ReplanState, replan, solve
-from globalsched.algorithms.gpuload import GpuLoad, Member
-from globalsched.algorithms.batching import prepare
-from globalsched.algorithms.config import PlannerConfig
-from globalsched.algorithms.replan import SQUISHY_OVER_BOUND, _dissolve
+from globalsched.planning.algorithms import ReplanConfig, ReplanReason, ReplanState, replan, solve
+from globalsched.planning.algorithms.gpuload import GpuLoad, Member
+from globalsched.planning.algorithms.batch_sizing import prepare
+from globalsched.planning.algorithms.config import PlannerConfig
+from globalsched.planning.algorithms.replan import SQUISHY_OVER_BOUND, _dissolve
 
 GPU = GpuSpec("v100", 16000)
 

@@ -7,12 +7,12 @@ import random
 
 import pytest
 
-from common.plan import GpuSpec, PlanningError, PrefixGroup, SessionSpec, ViolationKind, validate_plan
+from globalsched.planning.plan import GpuSpec, PlanningError, PrefixGroup, SessionSpec, ViolationKind, validate_plan
 from common.profile import BatchLatency, Profile
-from globalsched.algorithms import PlannerConfig, Solver, lower_bound, lower_bound_gpus, solve
-from globalsched.algorithms.batching import (batch_for, prepare, residual_config, residual_config_published,
+from globalsched.planning.algorithms import PlannerConfig, Solver, lower_bound, lower_bound_gpus, solve
+from globalsched.planning.algorithms.batch_sizing import (batch_for, prepare, residual_config, residual_config_published,
                                              saturated)
-from globalsched.algorithms.squishy import saturated_split
+from globalsched.planning.algorithms.squishy import saturated_split
 
 BIG = GpuSpec("big", 1e9)
 RESNET = Profile.linear(1.3, 5.0, 64)  # ResNet-50-class: l(b) = 1.3 b + 5 ms

@@ -1,4 +1,4 @@
-"""The elastic benchmark's analysis (nexus/bench/elastic.py) on made-up samples: integrals of step
+"""The elastic benchmark's analysis (harness/elastic.py) on made-up samples: integrals of step
 functions, recovery after a step, drain windows from nexus serve's lines and the failures in them,
 the Zipf trace's models."""
 
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from nexus.bench.elastic import (ClusterSample, DrainWindow, LogTail, Requests, drain_windows, errors_within, failures_in,
+from harness.elastic import (ClusterSample, DrainWindow, LogTail, Requests, drain_windows, errors_within, failures_in,
                                  integral, recovery_s, served_before, share_within, write_elastic_plot, zipf_models)
 
 

@@ -1,4 +1,4 @@
-"""The direct-ORT baseline of the benchmark library (nexus/bench/ort_direct.py), on the sample MLP."""
+"""The direct-ORT baseline of the benchmark library (harness/ort_direct.py), on the sample MLP."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from common.sample_models import mlp_small, model_bytes, sample_input
-from nexus.bench.ort_direct import ort_limit, ort_session, paced_latencies, time_batch
+from harness.ort_direct import ort_limit, ort_session, paced_latencies, time_batch
 
 
 @pytest.fixture(scope="module")

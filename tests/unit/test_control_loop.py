@@ -1,4 +1,4 @@
-"""The scheduler's planning task (globalsched/control_loop.py) in process: one plan per burst of
+"""The scheduler's planning task (globalsched/planning/control_loop.py) in process: one plan per burst of
 triggers, new plans only go to the actuators, a Leave waits for the plan without its node, and a
 failed plan reaches the waiter without ending the task."""
 
@@ -10,11 +10,11 @@ import logging
 import pytest
 
 from common.profile import Profile
-from globalsched.cluster import ClusterView, ModelView
-from globalsched.control_loop import ControlLoop
-from globalsched.placement import BackendSlot
-from globalsched.planner import PlannerSettings
-from globalsched.replan_trigger import ReplanTrigger
+from globalsched.planning.cluster_values import ClusterView, ModelView
+from globalsched.planning.control_loop import ControlLoop
+from globalsched.planning.placement import BackendSlot
+from globalsched.planning.planner import PlannerSettings
+from globalsched.planning.replan_trigger import ReplanTrigger
 
 PROFILE = Profile.linear(2.0, 10.0, 32, device_type="gpu")
 
@@ -126,7 +126,7 @@ def test_the_event_loop_runs_on_while_a_plan_is_made(monkeypatch):
     """Planning runs in a worker thread: a slow plan leaves the loop answering (heartbeats, reports)."""
     import time
 
-    import globalsched.control_loop as control_loop
+    import globalsched.planning.control_loop as control_loop
 
     real = control_loop.plan_cluster
 
@@ -177,7 +177,7 @@ def test_the_loop_lag_monitor_sees_a_blocked_loop():
 def test_a_plan_made_while_models_are_profiled_warns_of_nothing_until_profiling_ends(caplog):
     # A first start plans each model as its profile arrives: a plan that needs more devices than there
     # are is then provisional (information), and a warning once no model is being profiled, once.
-    from globalsched.catalog import Catalog
+    from globalsched.state.catalog import Catalog
 
     caplog.set_level(logging.INFO, logger="nexus.scheduler")
     profiling = {"m2"}

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from common.pb import control, kserve
-from frontend.dispatch import FrontendState
+from frontend.frontend_state import FrontendState
 from frontend.inference import infer
 from frontend.requests import RequestError
 from frontend.routing import RoutingTable

@@ -11,7 +11,7 @@ import pytest
 
 from backend.engine import Engine, ExecError, Session, Work
 from common.runtimes import load_runtime
-from common.batching import EarliestFirst, SlidingWindowEarlyDrop
+from common.batch_decision import EarliestFirst, SlidingWindowEarlyDrop
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 

@@ -1,7 +1,7 @@
-"""The failure detector (globalsched/failure_detector.py): silence counted only while the scheduler ran,
+"""The failure detector (globalsched/state/failure_detector.py): silence counted only while the scheduler ran,
 and a scheduler that finds most nodes silent at once suspects itself before evicting anyone."""
 
-from globalsched.failure_detector import DetectorConfig, DetectorState, detect, silence_s
+from globalsched.state.failure_detector import DetectorConfig, DetectorState, detect, silence_s
 
 CONFIG = DetectorConfig(timeout_s=5.0, interval_s=1.0)
 

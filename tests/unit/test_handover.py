@@ -1,10 +1,10 @@
-"""globalsched/handover.py: make before break, as a pure function of the plan in force and the next."""
+"""globalsched/actuators/handover.py: make before break, as a pure function of the plan in force and the next."""
 
 from __future__ import annotations
 
-from globalsched.cluster import ClusterPlan, PlannedSession
-from globalsched.handover import handover
-from globalsched.placement import BackendAssignment, PlacedSession, Placement
+from globalsched.planning.cluster_values import ClusterPlan, PlannedSession
+from globalsched.actuators.handover import handover
+from globalsched.planning.placement import BackendAssignment, PlacedSession, Placement
 
 
 def plan(tables: dict[str, tuple[tuple[str, int], ...]], served: tuple[str, ...] | None = None) -> ClusterPlan:

@@ -1,4 +1,4 @@
-"""Pooled burst headroom (common/headroom.py): the statistic, the plans that keep it, and Poisson
+"""Pooled burst headroom (globalsched/planning/headroom.py): the statistic, the plans that keep it, and Poisson
 arrivals simulated against planned devices overflowing no more often than the target."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import random
 
 import pytest
 
-from common.headroom import (BurstSums, BurstTerm, burst_excess_ms, lone_session_load_items, marginal_ms_per_item,
+from globalsched.planning.headroom import (BurstSums, BurstTerm, burst_excess_ms, lone_session_load_items, marginal_ms_per_item,
                              overflow_probability_target, own_burst_load_items, poisson_quantile_items, poisson_tail,
                              simulated_overflow_share)
-from common.plan import GpuPlan, GpuSpec, Plan, SessionAlloc, SessionSpec, ViolationKind, validate_plan
+from globalsched.planning.plan import GpuPlan, GpuSpec, Plan, SessionAlloc, SessionSpec, ViolationKind, validate_plan
 from common.profile import Profile
-from globalsched.algorithms import PlannerConfig, ReplanState, Solver, replan, solve
-from globalsched.algorithms.baselines import per_session_headroom
+from globalsched.planning.algorithms import PlannerConfig, ReplanState, Solver, replan, solve
+from globalsched.planning.algorithms.baselines import per_session_headroom
 
 BIG = GpuSpec("big", 1e9)
 Z = 1.5
@@ -141,7 +141,7 @@ def test_every_solver_and_the_replanner_keep_the_rule() -> None:
     for solver in (Solver.SQUISHY, Solver.CPSAT, Solver.CPSAT_LNS, Solver.BATCH_OBLIVIOUS, Solver.ONE_PER_GPU):
         plan = solve(sessions, BIG, solver, config)
         assert validate_plan(plan, sessions, BIG, burst_sigma=Z) == [], solver
-    from globalsched.algorithms import ReplanConfig
+    from globalsched.planning.algorithms import ReplanConfig
 
     rc = ReplanConfig(planner=config)
     plan, state = replan(None, sessions, BIG, 0.0, ReplanState(), rc)

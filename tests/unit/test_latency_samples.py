@@ -11,7 +11,7 @@ import pytest
 from backend.engine import Engine, Session, WarmupBatch, Work
 from backend.latency_samples import SampleRecorder
 from backend.server import BackendService
-from common.batching import SlidingWindowEarlyDrop
+from common.batch_decision import SlidingWindowEarlyDrop
 from common.config import BackendConfig
 from common.measured_profile import LatencySample
 from common.pb import control

@@ -10,7 +10,7 @@ import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PACKAGES = ("common", "backend", "frontend", "globalsched", "profiler", "nexus")
+PACKAGES = ("common", "backend", "frontend", "globalsched", "profiler", "nexus", "harness")
 
 
 def imported_packages(package: str) -> dict[str, set[str]]:
@@ -53,8 +53,21 @@ def test_the_ground_floor_imports_no_component():
 
 
 def test_nothing_imports_the_roof():
+    """``nexus`` (the CLI) is imported only by the development harness above it, and nothing of the
+    product imports the harness."""
     users = {p: files for p, deps in GRAPH.items() for d, files in deps.items() if d == "nexus"}
-    assert users == {}, users
+    assert set(users) <= {"harness"}, users
+    harness_users = {p: files for p, deps in GRAPH.items() for d, files in deps.items() if d == "harness"}
+    assert harness_users == {}, harness_users
+
+
+def test_the_harness_is_not_shipped():
+    """The wheel's packages (pyproject's find include) leave the harness out."""
+    import tomllib
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert not any(pattern.startswith("harness") for pattern in include), include
+    assert "nexus*" in include
 
 
 def test_no_import_cycle_between_packages():
@@ -183,7 +196,7 @@ def test_the_file_circle_check_sees_lazy_and_relative_imports():
 
 
 def test_tests_and_benchmarks_do_not_import_each_other():
-    """What both need lives in the benchmark library (nexus/bench/) or below it (issue 19)."""
+    """What both need lives in the development harness (harness/) or below it."""
     def importers(folder: str, target: str) -> list[str]:
         found = []
         for path in sorted((ROOT / folder).rglob("*.py")):

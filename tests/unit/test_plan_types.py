@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from common.plan import (GpuPlan, GpuSpec, LatencySplit, Plan, PrefixGroup, QueryEdge, QuerySpec, QueryStage,
+from globalsched.planning.plan import (GpuPlan, GpuSpec, LatencySplit, Plan, PrefixGroup, QueryEdge, QuerySpec, QueryStage,
                          SessionAlloc, SessionSpec, SplitMethod, ViolationKind, gpu_exec_breakdown, validate_plan)
 from common.profile import Profile
 

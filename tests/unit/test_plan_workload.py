@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from common.workload import WorkloadError, load_workload, parse_workload, workload_to_json_obj
+from nexus.plan_files import WorkloadError, load_workload, parse_workload, workload_to_json_obj
 
 EXAMPLE: dict[str, Any] = {
     "gpu": {"name": "gtx1080ti", "memory_mb": 11000},

@@ -1,4 +1,4 @@
-"""The scheduler's pure planner (globalsched/planner.py over globalsched/planning_loop.py) on a fake
+"""The scheduler's pure planner (globalsched/planning/planner.py over globalsched/planning/plan_device_type.py) on a fake
 clock: a lost backend is repaired moving nothing else, minimum replicas are placed and survive a loss
 without a re-plan, and rates are judged by the re-planner's band and cooldown. Spare replicas (which
 fill idle backends) are off here but where a test is about them: the other tests place sessions on
@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.plan import GpuPlan, GpuSpec, Plan, SessionAlloc, SessionSpec, validate_plan
+from globalsched.planning.plan import GpuPlan, GpuSpec, Plan, SessionAlloc, SessionSpec, validate_plan
 from common.profile import Profile
-from globalsched.algorithms.config import PlannerConfig
-from globalsched.algorithms.replan import ReplanConfig, ReplanReason
-from globalsched.cluster import MIN_PLANNED_RATE_RPS, ClusterView, ModelView, SessionInput
-from globalsched.placement import BackendSlot
-from globalsched.planner import (PlannerSettings, PlannerState, plan_cluster, real_surges, same_tables,
+from globalsched.planning.algorithms.config import PlannerConfig
+from globalsched.planning.algorithms.replan import ReplanConfig, ReplanReason
+from globalsched.planning.cluster_values import MIN_PLANNED_RATE_RPS, ClusterView, ModelView, SessionInput
+from globalsched.planning.placement import BackendSlot
+from globalsched.planning.planner import (PlannerSettings, PlannerState, plan_cluster, real_surges, same_tables,
                                  settled_rates)
-from globalsched.planning_loop import add_replicas
-from globalsched.prefix_groups import planning_groups
+from globalsched.planning.plan_device_type import add_replicas
+from globalsched.planning.prefix_groups import planning_groups
 
 PROFILE = Profile.linear(2.0, 10.0, 32, memory_base_mb=100, memory_per_item_mb=1, device_type="gpu")
 
@@ -326,7 +326,7 @@ def test_a_surge_is_held_until_the_windows_mean_catches_up_or_a_window_has_passe
 
 
 def test_a_lower_surge_leaves_the_held_one_and_a_higher_one_replaces_it():
-    from globalsched.planner import held_surges
+    from globalsched.planning.planner import held_surges
     floors = held_surges({}, {"m": 300.0}, {"m": 300.0}, {"m": 10.0}, 0.0)
     assert floors == {"m": (300.0, 0.0)}
     assert held_surges(floors, {"m": 200.0}, {"m": 200.0}, {"m": 10.0}, 3.0) == {"m": (300.0, 0.0)}
@@ -351,7 +351,7 @@ def _spare_backends(plan) -> set[str]:
 
 
 def test_idle_backends_hold_spares_of_the_busiest_sessions_and_count_as_neither_needed_nor_costly():
-    from globalsched.device_scaler import demands
+    from globalsched.actuators.device_scaler import demands
 
     loop = _spare_loop()
     # Each of m0-m2 nearly fills a GPU; "light" shares one. Five backends: one or two idle.
@@ -400,7 +400,7 @@ def test_a_plan_that_needs_the_idle_backends_takes_them_from_the_spares():
 
 def _node(name: str):
     from common.pb import control
-    from globalsched.membership import Node
+    from globalsched.state.membership import Node
 
     return Node(name, control.NODE_KIND_BACKEND, f"{name}:1", "gpu", "gpu", 16000.0)
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.batching import (
+from common.batch_decision import (
     POLICIES, BatchPolicy, EarliestFirst, Pending, PolicyName, Selection, SlidingWindowEarlyDrop, make_policy,
 )
 from backend.simulate import SimResult, capacity_rps, saturated_batch, simulate
@@ -264,7 +264,7 @@ def test_simulation_lets_a_policy_wait_for_arrivals():
 
 
 def test_batch_waits_for_the_planned_size_or_one_duty_cycle():
-    from common.batching import batch_ready_at
+    from common.batch_decision import batch_ready_at
 
     def latency(b):
         return 10.0 * b + 30.0

@@ -1,5 +1,5 @@
-"""The scheduler's bookkeeping of profiles in service (globalsched/profile_book.py, and its use in
-globalsched/model_admin.py) on a fake clock: when a measurement plans, when it re-plans and why, no
+"""The scheduler's bookkeeping of profiles in service (globalsched/state/profile_book.py, and its use in
+globalsched/state/model_admin.py) on a fake clock: when a measurement plans, when it re-plans and why, no
 ratchet under overload, pins, resets, predictions and their errors, and a restart."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from common.measured_profile import LatencySample
 from common.pb import control
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
-from globalsched.membership import Node
-from globalsched.model_admin import ModelAdmin
-from globalsched.modeldb import ModelDatabase
-from globalsched.profile_book import MEASURED, PREDICTED, TABLE, ProfileBook
-from globalsched.replan_trigger import ReplanTrigger
+from globalsched.state.membership import Node
+from globalsched.state.model_admin import ModelAdmin
+from globalsched.state.modeldb import ModelDatabase
+from globalsched.state.profile_book import MEASURED, PREDICTED, TABLE, ProfileBook
+from globalsched.planning.replan_trigger import ReplanTrigger
 
 TABLE_T4 = Profile.linear(4.0, 20.0, 8, device_type="t4")     # what was uploaded: l(b) = 4b + 20 ms
 KEY = ("m", "t4")
@@ -197,13 +197,13 @@ def test_heartbeat_samples_correct_the_table_and_ask_for_a_replan(tmp_path):
     node = backend("be-1", "emulated:t4")
     admin, db, requests = _admin(tmp_path, {"be-1": node}, profile_update_s=1.0)
     _upload(db, "m", TABLE_T4)
-    admin.serving_samples(node, [_report("m", 0.5), _report("unknown-model", 0.5)], now_s=0.0)
+    admin.in_service.serving_samples(node, [_report("m", 0.5), _report("unknown-model", 0.5)], now_s=0.0)
     assert requests == []
-    admin.serving_samples(node, [_report("m", 0.5, seed=1)], now_s=1.0)
+    admin.in_service.serving_samples(node, [_report("m", 0.5, seed=1)], now_s=1.0)
     assert len(requests) == 1 and requests[0].startswith("profile of m on t4 drifted")
-    assert admin.profile_choices("m")["t4"].source == MEASURED
-    assert admin.profiles("m")["t4"].latency_ms(8) == pytest.approx(26.0, rel=0.05)
-    assert admin.emulated_profile("m", "t4").latency_ms(8) == TABLE_T4.latency_ms(8)   # emulation: the table
+    assert admin.in_service.profile_choices("m")["t4"].source == MEASURED
+    assert admin.in_service.profiles("m")["t4"].latency_ms(8) == pytest.approx(26.0, rel=0.05)
+    assert admin.in_service.emulated_profile("m", "t4").latency_ms(8) == TABLE_T4.latency_ms(8)   # emulation: the table
     db.close()
 
 
@@ -217,9 +217,9 @@ def test_samples_that_are_no_measurement_are_counted_and_ignored(tmp_path, caplo
     bad.samples.add(batch=2, latency_ms=-1.0)
     bad.samples.add(batch=2, latency_ms=20.0)
     with caplog.at_level(logging.WARNING, "nexus.scheduler"):
-        admin.serving_samples(node, [bad], now_s=0.0)
-    assert admin.invalid_samples == 3 and "be-1 reported 3 latency samples that are no measurement" in caplog.text
-    assert [s.latency_ms for s in admin.book.entries[("m", "t4")].pending] == [20.0]
+        admin.in_service.serving_samples(node, [bad], now_s=0.0)
+    assert admin.in_service.invalid_samples == 3 and "be-1 reported 3 latency samples that are no measurement" in caplog.text
+    assert [s.latency_ms for s in admin.in_service.book.entries[("m", "t4")].pending] == [20.0]
     db.close()
 
 
@@ -227,25 +227,25 @@ def test_an_uploaded_profile_resets_the_measurement_and_a_restart_keeps_it(tmp_p
     node = backend("be-1", "emulated:t4")
     admin, db, _ = _admin(tmp_path, {"be-1": node}, profile_update_s=1.0)
     _upload(db, "m", TABLE_T4)
-    admin.serving_samples(node, [_report("m", 0.5)], now_s=0.0)
-    admin.serving_samples(node, [_report("m", 0.5, seed=1)], now_s=1.0)
-    measured = admin.profiles("m")["t4"]
+    admin.in_service.serving_samples(node, [_report("m", 0.5)], now_s=0.0)
+    admin.in_service.serving_samples(node, [_report("m", 0.5, seed=1)], now_s=1.0)
+    measured = admin.in_service.profiles("m")["t4"]
     db.close()
     # a restarted scheduler plans with the measurement it trusted
     admin, db, _ = _admin(tmp_path, {"be-1": node}, profile_update_s=1.0)
-    assert admin.profile_choices("m")["t4"].source == MEASURED
-    assert admin.profiles("m")["t4"].latency_ms(8) == pytest.approx(measured.latency_ms(8))
+    assert admin.in_service.profile_choices("m")["t4"].source == MEASURED
+    assert admin.in_service.profiles("m")["t4"].latency_ms(8) == pytest.approx(measured.latency_ms(8))
     # uploading a table replaces what plans and starts the measurement afresh, across restarts too
     new = TABLE_T4.scaled(0.9)
     db.add_profile("m", new)
-    assert admin.profile_choices("m")["t4"].source == TABLE
-    admin.serving_samples(node, [_report("m", 0.5, n=3)], now_s=2.0)
-    admin.serving_samples(node, [], now_s=3.0)
-    admin.serving_samples(node, [_report("m", 0.5, n=3, seed=2)], now_s=4.0)
+    assert admin.in_service.profile_choices("m")["t4"].source == TABLE
+    admin.in_service.serving_samples(node, [_report("m", 0.5, n=3)], now_s=2.0)
+    admin.in_service.serving_samples(node, [], now_s=3.0)
+    admin.in_service.serving_samples(node, [_report("m", 0.5, n=3, seed=2)], now_s=4.0)
     assert db.measured_profiles() == []
     db.close()
     admin, db, _ = _admin(tmp_path, {"be-1": node})
-    assert admin.profile_choices("m")["t4"].source == TABLE
+    assert admin.in_service.profile_choices("m")["t4"].source == TABLE
     db.close()
 
 
@@ -255,19 +255,19 @@ def test_a_model_without_a_table_on_a_present_type_plans_with_a_prediction(tmp_p
     for name, scale in (("a", 1.0), ("b", 2.0)):          # measured on both: v100 takes 0.4x of t4
         _upload(db, name, TABLE_T4.scaled(scale), Profile.from_rows(TABLE_T4.scaled(0.4 * scale).rows, "v100"))
     _upload(db, "c", TABLE_T4)
-    choice = admin.profile_choices("c")["v100"]
+    choice = admin.in_service.profile_choices("c")["v100"]
     assert choice.source == PREDICTED and choice.profile.meta["predicted_from"] == "t4"
     assert choice.profile.latency_ms(4) == pytest.approx(0.4 * TABLE_T4.latency_ms(4))
-    admin.unmeasurable[("c", "v100")] = "an emulated device cannot measure it"
+    admin.profiling.unmeasurable[("c", "v100")] = "an emulated device cannot measure it"
     assert "v100" not in admin.unloadable_on("c")           # the prediction lets it be planned there
     [state] = [d for d in admin.desc("c").device_types if d.device_type == "v100"]
     assert state.state == control.PREDICTED and state.reason.startswith("predicted from t4")
-    assert admin.emulated_profile("c", "v100").latency_ms(4) == pytest.approx(choice.profile.latency_ms(4))
+    assert admin.in_service.emulated_profile("c", "v100").latency_ms(4) == pytest.approx(choice.profile.latency_ms(4))
     # serving measures it on the device: the measurement replaces the prediction and its error is kept
-    admin.serving_samples(node, [_report("c", 0.4 * 0.8)], now_s=0.0)
-    admin.serving_samples(node, [_report("c", 0.4 * 0.8, seed=1)], now_s=1.0)
-    assert admin.profile_choices("c")["v100"].source == MEASURED
-    assert admin.book.replaced[("c", "v100")].error.mean_rel == pytest.approx(0.25, abs=0.03)
+    admin.in_service.serving_samples(node, [_report("c", 0.4 * 0.8)], now_s=0.0)
+    admin.in_service.serving_samples(node, [_report("c", 0.4 * 0.8, seed=1)], now_s=1.0)
+    assert admin.in_service.profile_choices("c")["v100"].source == MEASURED
+    assert admin.in_service.book.replaced[("c", "v100")].error.mean_rel == pytest.approx(0.25, abs=0.03)
     db.close()
 
 
@@ -275,10 +275,10 @@ def test_measured_profiles_off_keeps_planning_on_tables_and_asks_for_no_replan(t
     node = backend("be-1", "emulated:t4")
     admin, db, requests = _admin(tmp_path, {"be-1": node}, profile_update_s=1.0, measured_profiles=False)
     _upload(db, "m", TABLE_T4)
-    admin.serving_samples(node, [_report("m", 0.5)], now_s=0.0)
-    admin.serving_samples(node, [_report("m", 0.5, seed=1)], now_s=1.0)
-    assert requests == [] and admin.profile_choices("m")["t4"].source == TABLE
-    [r] = admin.profile_reports()
+    admin.in_service.serving_samples(node, [_report("m", 0.5)], now_s=0.0)
+    admin.in_service.serving_samples(node, [_report("m", 0.5, seed=1)], now_s=1.0)
+    assert requests == [] and admin.in_service.profile_choices("m")["t4"].source == TABLE
+    [r] = admin.in_service.profile_reports()
     assert r.measured is not None and r.samples >= 60          # measured and shown all the same
     db.close()
 

@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-from common.plan import PlanningError
+from globalsched.planning.plan import PlanningError
 from common.profile import Profile
 from common.query_def import (ModelIO, QueryError, even_budgets_ms, latest_finish_ms, parse_query,
                               stage_deadlines_ms, validate_query)
 from common.sample_queries import SAMPLE_QUERIES
 from common.tensors import TensorSpec
-from globalsched.query_sessions import plan_query_sessions
+from globalsched.planning.query_sessions import plan_query_sessions
 
 IMG = TensorSpec("input", "FP32", (3, 64, 64))
 MODELS = {
@@ -116,7 +116,7 @@ def test_plan_query_sessions_dp_respects_slo_and_uses_measured_gamma():
 
 
 def test_plan_query_sessions_takes_the_path_allowance_from_every_stage():
-    from globalsched.algorithms import PlannerConfig
+    from globalsched.planning.algorithms import PlannerConfig
 
     q = parse_query(_q())
     profiles = {"detector": _profiles(2.0, 10.0), "vehicle_cls": _profiles(1.0, 5.0), "face_cls": _profiles(1.0, 5.0)}

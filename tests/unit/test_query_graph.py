@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.plan import QueryEdge, QuerySpec, QueryStage
+from globalsched.planning.plan import QueryEdge, QuerySpec, QueryStage
 from common.profile import Profile
 from common.query_def import parse_query
 from common.query_graph import QueryError, QueryGraph

@@ -1,4 +1,4 @@
-"""Serving states (globalsched/readiness.py): the pure decision from a version's description, and the
+"""Serving states (globalsched/state/readiness.py): the pure decision from a version's description, and the
 record of when versions became ready and the stages on the way, on a fake clock."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from common.pb import control
-from globalsched.readiness import Readiness, serving_state
+from globalsched.state.readiness import Readiness, serving_state
 
 
 def _desc(loaded: bool = True, *types: tuple[str, int, int, str]) -> control.ModelDesc:

@@ -1,10 +1,10 @@
-"""When the cluster re-plans (globalsched/replan_policy.py): forced changes and surges at once, the
+"""When the cluster re-plans (globalsched/planning/replan_policy.py): forced changes and surges at once, the
 cooldown otherwise, a fan-out drift after it."""
 
-from globalsched.algorithms.replan import ReplanConfig, ReplanReason
-from globalsched.cluster import ClusterPlan, ClusterView, PlannedSession
-from globalsched.placement import BackendSlot
-from globalsched.replan_policy import demand_surge, should_replan
+from globalsched.planning.algorithms.replan import ReplanConfig, ReplanReason
+from globalsched.planning.cluster_values import ClusterPlan, ClusterView, PlannedSession
+from globalsched.planning.placement import BackendSlot
+from globalsched.planning.replan_policy import demand_surge, should_replan
 
 BACKENDS = (BackendSlot("be-0", "t4", 16000.0),)
 PLAN = ClusterPlan({}, {}, {}, sessions={"m": PlannedSession("m", "m", 100.0, 50.0)},

@@ -1,13 +1,13 @@
-"""Which sessions the devices' memory holds (globalsched/residency.py): the most requested first, then
+"""Which sessions the devices' memory holds (globalsched/planning/residency.py): the most requested first, then
 the planned rate, then those resident before; a session larger than any device is not cold but
 cannot be served on the type."""
 
 from __future__ import annotations
 
 from common.profile import Profile
-from globalsched.cluster import SessionInput
-from globalsched.placement import BackendSlot
-from globalsched.residency import COLD_PREFIX, choose_resident
+from globalsched.planning.cluster_values import SessionInput
+from globalsched.planning.placement import BackendSlot
+from globalsched.planning.residency import COLD_PREFIX, choose_resident
 
 
 def _session(name: str, memory_mb: float, rate_rps: float = 1.0) -> SessionInput:
@@ -49,8 +49,8 @@ def test_a_session_larger_than_every_device_is_not_cold_but_says_it_cannot_fit()
 
 def test_the_least_recently_used_goes_cold_and_a_report_stamps_what_it_counted():
     from common.pb import control
-    from globalsched.residency import requested_while_cold
-    from globalsched.workload import Workload
+    from globalsched.planning.residency import requested_while_cold
+    from globalsched.state.rate_reports import Workload
 
     sessions = [_session(f"m{i}", 450.0, rate_rps=1.0) for i in range(5)]
     # m4 was just requested (cold): it evicts m0, used longest ago, not the busier m1..m3

@@ -1,4 +1,4 @@
-"""The device scaling policy (globalsched/scaling_policy.py) on a fake clock: up at once, down after a
+"""The device scaling policy (globalsched/planning/scaling_policy.py) on a fake clock: up at once, down after a
 cool-down one device at a time, the cheapest device drained first, bounds, no flapping."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from common.config import ConfigError, DeviceBounds, SchedulerConfig
-from globalsched.scaling_policy import ScalingConfig, ScalingState, TypeDemand, desired_devices
+from globalsched.planning.scaling_policy import ScalingConfig, ScalingState, TypeDemand, desired_devices
 
 
 class Policy:
@@ -35,9 +35,9 @@ def test_demand_that_outruns_the_plans_capacity_scales_up_before_the_plan_does()
 
 
 def _one_backend_plan():
-    from globalsched.cluster import ClusterPlan, PlannedSession
-    from globalsched.membership import Node
-    from globalsched.placement import BackendAssignment, PlacedSession, Placement
+    from globalsched.planning.cluster_values import ClusterPlan, PlannedSession
+    from globalsched.state.membership import Node
+    from globalsched.planning.placement import BackendAssignment, PlacedSession, Placement
 
     plan = ClusterPlan({"t4": Placement((BackendAssignment("be-1", 20.0, (PlacedSession("a", 2, 100.0, 2.0),
                                                                            PlacedSession("b", 2, 100.0, 2.0))),),
@@ -49,7 +49,7 @@ def _one_backend_plan():
 def _window(counts, now=10.0, window_ms=2000):
     """A workload fed one frontend's 2 s counts of session "a", the last at ``now``."""
     from common.pb import control
-    from globalsched.workload import Workload
+    from globalsched.state.rate_reports import Workload
 
     workload = Workload()
     for i, n in enumerate(counts):
@@ -62,7 +62,7 @@ def _window(counts, now=10.0, window_ms=2000):
 def test_demand_is_each_session_at_its_capacity_unless_its_window_outruns_it_beyond_noise():
     """A device planned for 2 rps that serves 100 needs nothing more at 19 rps; a session whose window
     outruns its capacity beyond noise is not absorbed by another's idle room."""
-    from globalsched.device_scaler import demands
+    from globalsched.actuators.device_scaler import demands
 
     plan, backends = _one_backend_plan()
     quiet = demands(plan, backends, _window([38, 40, 36, 42, 38]))["t4"]
@@ -77,7 +77,7 @@ def test_a_single_burst_report_adds_no_device_the_plan_does_not_use():
     (demand 441 rps where 200 were offered, devices added for bursts); the window's counts show it as
     noise of their own dispersion, and only a sustained excess counts."""
     from common.surge import dispersion
-    from globalsched.device_scaler import demands, outrunning_rps
+    from globalsched.actuators.device_scaler import demands, outrunning_rps
 
     plan, backends = _one_backend_plan()
     burst = _window([120, 110, 130, 115, 900])        # ~60 rps, then one 2 s report at 450 rps
@@ -89,7 +89,7 @@ def test_a_single_burst_report_adds_no_device_the_plan_does_not_use():
     counts = [float(rng.poisson(rng.gamma(1 / 9, 9 * 300.0))) for _ in range(5)]
     assert dispersion([(n, 2.0) for n in counts]) > 1.0
     assert dispersion([(10.0, 2.0)]) is None and dispersion([(0.0, 2.0), (0.0, 2.0)]) == 1.0
-    from globalsched.workload import WindowRate
+    from globalsched.state.rate_reports import WindowRate
     assert outrunning_rps(WindowRate(150.0, 10.0, 1.0), 100.0) == 150.0        # Poisson: 1,500 vs 1,000 + 130
     assert outrunning_rps(WindowRate(150.0, 10.0, 16.0), 100.0) is None        # CV 4: a margin 4x wider
     assert outrunning_rps(WindowRate(150.0, 10.0, None), 100.0) is None        # one count: left to the plan

@@ -15,11 +15,11 @@ from common.query_def import parse_query
 from common.sample_queries import SAMPLE_QUERIES
 from common.config import SchedulerConfig
 from common import grpc_util
-from globalsched.algorithms.config import PlannerConfig
-from globalsched.membership import Membership, Node
-from globalsched.query_sessions import plan_query_sessions, query_split
-from globalsched.replan_trigger import ReplanTrigger
-from globalsched.workload import Workload
+from globalsched.planning.algorithms.config import PlannerConfig
+from globalsched.state.membership import Membership, Node
+from globalsched.planning.query_sessions import plan_query_sessions, query_split
+from globalsched.planning.replan_trigger import ReplanTrigger
+from globalsched.state.rate_reports import Workload
 
 
 def _traffic_inputs():

@@ -60,9 +60,9 @@ def test_real_log_lines_become_decisions_in_trace_seconds():
     stamp = "2024-05-01 12:00:00,250"
     lines = [
         (510.0, "nexus serve: adding backend-3 (pid 12): the plan uses 4"),
-        (511.0, f"{stamp} globalsched.control_loop INFO epoch 17: re-planned: t4 surge"),
-        (512.0, f"{stamp} globalsched.device_scaler INFO devices t4: 4 desired, 3 registered: x"),
-        (512.5, f"{stamp} globalsched.device_scaler INFO devices t4: 4 desired, 4 registered: x"),   # same count
+        (511.0, f"{stamp} globalsched.planning.control_loop INFO epoch 17: re-planned: t4 surge"),
+        (512.0, f"{stamp} globalsched.actuators.device_scaler INFO devices t4: 4 desired, 3 registered: x"),
+        (512.5, f"{stamp} globalsched.actuators.device_scaler INFO devices t4: 4 desired, 4 registered: x"),   # same count
         (513.0, "nexus serve: removing backend-1 (abc at 127.0.0.1:5): surplus; draining it (SIGTERM)"),
         (514.0, "nexus serve: t4: 4 devices desired (was 3), 3 registered: x"),      # serve's echo: not counted
         (515.0, "nexus serve: backend-1 (pid 9) stopped, exit status 0"),

@@ -114,7 +114,7 @@ def test_a_new_sessions_warm_up_runs_on_the_device_before_its_table_takes_effect
 
 
 def test_a_request_that_waits_out_its_deadline_for_a_lost_route_is_unavailable():
-    """frontend/dispatch.py: with every backend of a model gone, a request waits for the repaired table
+    """frontend/frontend_state.py: with every backend of a model gone, a request waits for the repaired table
     and is UNAVAILABLE when none comes in time (DEADLINE_EXCEEDED only for the first table's hold)."""
     models = linear_models(1, 200.0, 8.0, 20.0, 32)
     _, result = run(models, arrivals=evenly("m0000", 50.0, 20.0, start_s=2.0), backends=1,
@@ -136,7 +136,7 @@ def test_a_stalled_scheduler_evicts_nobody():
 
 
 def test_changing_the_production_scaling_policy_changes_the_simulated_devices(monkeypatch):
-    import globalsched.scaling_policy as policy
+    import globalsched.planning.scaling_policy as policy
 
     _, before = run(max_backends=8)
     decide = policy._decide
@@ -150,7 +150,7 @@ def test_changing_the_production_scaling_policy_changes_the_simulated_devices(mo
 
 
 def test_changing_the_production_batching_policy_changes_the_simulated_outcomes(monkeypatch):
-    from common.batching import Selection, SlidingWindowEarlyDrop
+    from common.batch_decision import Selection, SlidingWindowEarlyDrop
 
     _, before = run()
     monkeypatch.setattr(SlidingWindowEarlyDrop, "_select", lambda self, queue, now, b, l: Selection(dropped=tuple(queue)))
@@ -159,7 +159,7 @@ def test_changing_the_production_batching_policy_changes_the_simulated_outcomes(
 
 
 def test_changing_the_production_planner_changes_the_simulated_plans(monkeypatch):
-    import globalsched.planner as planner
+    import globalsched.planning.planner as planner
 
     _, before = run(backends=4)
     plan_type = planner.plan_type
@@ -276,7 +276,7 @@ def test_a_schedulers_model_database_is_simulated_with_what_it_serves(tmp_path, 
     replicas, expected rates, batch caps and profiles (table, else the emulated datasheet)."""
     from common.profile import Profile
     from common.sample_models import mlp_small, model_bytes
-    from globalsched.modeldb import ModelDatabase, ServingSettings
+    from globalsched.state.modeldb import ModelDatabase, ServingSettings
 
     db = ModelDatabase(tmp_path / "data")
     table = Profile.linear(2.0, 5.0, 16, device_type="t4")

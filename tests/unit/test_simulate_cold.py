@@ -1,7 +1,7 @@
 """Cold models in the simulator (issue 26): a fleet larger than the devices' memory keeps the most
 recently requested models resident; a request for a cold one is held, reported at once, and served
-once the plan that pages it in is in force, as the frontend and scheduler do (frontend/dispatch.py,
-globalsched/residency.py)."""
+once the plan that pages it in is in force, as the frontend and scheduler do (frontend/frontend_state.py,
+globalsched/planning/residency.py)."""
 
 from __future__ import annotations
 

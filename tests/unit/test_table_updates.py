@@ -1,4 +1,4 @@
-"""A backend's model tables arrive one plan at a time, but a plan's release step (globalsched/handover.py)
+"""A backend's model tables arrive one plan at a time, but a plan's release step (globalsched/actuators/handover.py)
 is pushed in the background and can be still waiting for the table lock when the next plan's tables
 come: the older table is answered without effect, as one older than the table applied is, so that a
 cold model's page-in does not wait behind a table that the newer one supersedes."""
@@ -9,7 +9,7 @@ import asyncio
 
 from backend.engine import Engine
 from backend.server import BackendService
-from common.batching import SlidingWindowEarlyDrop
+from common.batch_decision import SlidingWindowEarlyDrop
 from common.config import BackendConfig
 from common.pb import control
 

@@ -13,14 +13,14 @@ import pytest
 from common.pb import control, model_config
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
-from common.versions import (DEFAULT_POLICY, PolicyKind, VersionError, VersionPolicy, from_pb, parse_version,
+from common.version_policy import (DEFAULT_POLICY, PolicyKind, VersionError, VersionPolicy, from_pb, parse_version,
                              split_key, to_pb, version_key)
-from common.warmup import WarmupData, WarmupInput, WarmupSample
-from frontend.dispatch import FrontendState
+from common.warmup_spec import WarmupData, WarmupInput, WarmupSample
+from frontend.frontend_state import FrontendState
 from frontend.requests import RequestError
 from frontend.routing import RoutingTable
-from globalsched.modeldb import SCHEMA_VERSION, ModelDatabase, ServingSettings, UploadError
-from globalsched.versions import rates_for_versions, versions_to_plan
+from globalsched.state.modeldb import SCHEMA_VERSION, ModelDatabase, ServingSettings, UploadError
+from globalsched.planning.version_rollout import rates_for_versions, versions_to_plan
 
 V1, V2 = model_bytes(mlp_small()), model_bytes(mlp_small(hidden=32))
 CPU = Profile.from_json(Profile.linear(0.1, 1.0, 8, device_type="cpu").to_json())   # as stored
@@ -159,7 +159,7 @@ def _schema_1_database(path, with_warmup_table: bool = True) -> tuple[str, str]:
     db.execute("INSERT INTO measured_profiles VALUES ('mlp', 'cpu', 'table', ?, 1, 0.05)", (CPU.to_json(),))
     if with_warmup_table:
         sample = WarmupSample("zeros", 2, (WarmupInput("input", "FP32", (64,), WarmupData.ZERO),), 1)
-        from common.warmup import to_json
+        from common.warmup_spec import to_json
         db.execute("INSERT INTO model_warmup VALUES ('mlp', ?)", (to_json((sample,)),))
     db.commit()
     db.close()
@@ -277,7 +277,7 @@ def test_a_request_without_a_version_goes_to_the_newest_ready_one():
 
 def _scheduler(tmp_path):
     from common.config import SchedulerConfig
-    from globalsched.service import SchedulerService
+    from globalsched.rpc.service import SchedulerService
 
     db = ModelDatabase(tmp_path / "db")
     db.add_model("m", [V1], profile_json=CPU.to_json(), slo_ms=50)

@@ -1,0 +1,218 @@
+"""Table distribution, the actuator that pushes a plan: model tables to backends, then routing tables
+to frontends.
+
+Backends get their tables first, keeping the sessions the plan moves away from them until the
+frontends hold the new routing table (make before break: globalsched/actuators/handover.py), and a frontend's
+routing table leaves out every model that a backend reported it could not load, so a frontend never
+routes to a backend that has not loaded the model, nor to one that dropped it. A failed push is
+logged and the next plan pushes again.
+
+It only sends: everything a table says comes from the plan, whose catalog (globalsched/state/catalog.py)
+holds the models' descriptions and profiles as they were when the plan was made, and from the
+membership (addresses) and the measured rates. What it learns goes back as events
+(:class:`~globalsched.state.catalog.DistributionEvents`): a model that failed to load (model administration
+retries it a bounded number of times, then routes it UNAVAILABLE with the reason), and which version
+keys a routing table routed (the version rollout, globalsched/planning/version_rollout.py, retires the versions that
+routed successors replace).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable, Mapping
+
+import grpc
+
+from common.emulated_gpus import OUT_OF_MEMORY
+from common.pb import control
+from common.version_policy import version_key
+from globalsched.rpc import convert
+from globalsched.state.catalog import Catalog, DistributionEvents
+from globalsched.planning.cluster_values import ClusterPlan
+from globalsched.actuators.handover import backend_tables, handover
+from globalsched.state.membership import Node
+from globalsched.planning.placement import PlacedSession
+from globalsched.state.rate_reports import Workload
+
+log = logging.getLogger("nexus.scheduler")
+
+MODEL_TABLE_TIMEOUT_S = 120     # a backend loads its models before it answers
+ROUTING_TABLE_TIMEOUT_S = 10
+
+
+NODE_LEFT = "the node left while the call was in flight"
+
+
+async def _answers(calls: list[tuple[Node, object]]) -> list[tuple[Node, object, str]]:
+    """Await every call; ``(node, reply, error)`` for each, ``error`` empty on success.
+
+    A node removed while its call is in flight (its Attach stream ended: dead, or hung and caught
+    by keepalive) has its channel closed, which cancels the call. That is an answer here, "the
+    node left", never a CancelledError escaping into the planner, whose loop it would end.
+    """
+    tasks = [asyncio.ensure_future(call) for _, call in calls]
+    try:
+        if tasks:
+            await asyncio.wait(tasks)
+    except asyncio.CancelledError:      # the planner itself is stopping
+        for task in tasks:
+            task.cancel()
+        raise
+    out = []
+    for (node, _), task in zip(calls, tasks):
+        if task.cancelled():
+            out.append((node, None, NODE_LEFT))
+        elif isinstance(task.exception(), grpc.aio.AioRpcError):
+            out.append((node, None, task.exception().details() or task.exception().code().name))
+        elif task.exception() is not None:
+            raise task.exception()
+        else:
+            out.append((node, task.result(), ""))
+    return out
+
+
+class Distribution:
+    def __init__(self, nodes: Mapping[str, Node], events: DistributionEvents, workload: Workload,
+                 may_act: Callable[[], bool] = lambda: True) -> None:
+        """``may_act()``: False when this scheduler no longer leads (globalsched/leadership/leader.py): nothing
+        is pushed then, not even a release that was waiting."""
+        self.may_act = may_act
+        self.nodes = nodes
+        self.events = events
+        self.workload = workload
+        self.in_force: ClusterPlan | None = None    # the plan last pushed: what the nodes hold
+        self.releases: set[asyncio.Task] = set()    # release steps waiting out their delay
+
+    async def apply(self, plan: ClusterPlan, epoch: int) -> None:
+        """Make before break (globalsched/actuators/handover.py): model tables that load the plan's sessions and
+        keep the ones it moves away, then the routing tables, then, once what was routed to the kept
+        sessions has met its deadline, the tables that drop them (in the background: the next plan
+        need not wait; a backend ignores a release older than a table it has). A frontend is never
+        routed to a backend before it loaded the model, nor left with routes to one that dropped it."""
+        steps = handover(self.in_force, plan)
+        failed = await self.push_model_tables(plan, epoch, steps.make)
+        await self.push_routing_tables(plan, epoch, failed)
+        self.in_force = plan
+        if steps.release:
+            task = asyncio.create_task(self._release(plan, epoch, steps.release, steps.release_after_s))
+            self.releases.add(task)
+            task.add_done_callback(self.releases.discard)
+
+    def adopt(self, plan: ClusterPlan) -> None:
+        """``plan`` is what the nodes hold (another scheduler pushed it): the next push hands over from it."""
+        self.in_force = plan
+
+    async def _release(self, plan: ClusterPlan, epoch: int, tables, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        await self.push_model_tables(plan, epoch, tables)
+
+    def close(self) -> None:
+        """Cancel the releases still waiting (the scheduler stops)."""
+        for task in list(self.releases):
+            task.cancel()
+
+    async def push_model_tables(self, plan: ClusterPlan, epoch: int,
+                                tables: Mapping[str, tuple[PlacedSession, ...]] | None = None) -> dict[str, str]:
+        """Send each backend its table (``tables`` by node; default: the plan's own); return models
+        that failed to load, with reasons."""
+        failed: dict[str, str] = {}
+        if not self.may_act():
+            log.warning("epoch %d: model tables not pushed: this scheduler no longer leads", epoch)
+            return failed
+        calls = []
+        catalog = plan.catalog or Catalog()
+        duty_cycles = {b.node_id: b for placement in plan.placements.values() for b in placement.backends}
+        for node_id, sessions in (backend_tables(plan) if tables is None else tables).items():
+            node = self.nodes.get(node_id)
+            if node is None or node_id not in duty_cycles:
+                continue
+            entries = []
+            for s in sessions:
+                model = plan.model_of(s.model)
+                desc = catalog.descs.get(model)
+                if desc is None:            # removed from the database since the plan was made
+                    continue
+                planned = plan.sessions.get(s.model)
+                key = (model, node.device_type)
+                emulated = catalog.emulated.get(key) if node.device.startswith("emulated:") else None
+                entries.append(convert.session_entry(desc, s, planned.slo_ms if planned else 0.0,
+                                                     catalog.profiles.get(key), emulated))
+            table = convert.model_table(epoch, duty_cycles[node_id], entries)
+            calls.append((node, node.stub.UpdateModelTable(table, timeout=MODEL_TABLE_TIMEOUT_S)))
+        for node, reply, error in await _answers(calls):
+            if error:
+                log.warning("model table push to %s failed: %s", node.node_id, error)
+                continue
+            self.events.loaded(plan.model_of(name) for name in reply.loaded)
+            for f in reply.failed:
+                name, _, reason = f.partition(": ")
+                failed[name] = f"failed to load on {node.node_id}: {reason}"
+                self.events.load_failed(plan.model_of(name), name, node.node_id, node.device_type, reason)
+        return failed
+
+    async def push_routing_tables(self, plan: ClusterPlan, epoch: int, failed: dict[str, str]) -> None:
+        if not self.may_act():
+            log.warning("epoch %d: routing tables not pushed: this scheduler no longer leads", epoch)
+            return
+        table = self.routing_table(plan, epoch, failed)
+        calls = [(n, n.stub.UpdateRoutingTable(table, timeout=ROUTING_TABLE_TIMEOUT_S)) for n in self.nodes.values()
+                 if n.kind == control.NODE_KIND_FRONTEND]
+        for node, _, error in await _answers(calls):
+            if error == NODE_LEFT:
+                log.info("routing table push to %s ended: %s", node.node_id, error)     # it is gone: nothing to do
+            elif error:
+                log.warning("routing table push to %s failed: %s", node.node_id, error)
+        routed = [key for r in table.routes      # versions' own routes, not query stages'
+                  if r.backends and (key := version_key(r.model.name, r.model.version)) == (r.session or r.model.name)]
+        self.events.routed(routed)
+
+    def routing_table(self, plan: ClusterPlan, epoch: int, failed: dict[str, str] | None = None
+                      ) -> control.RoutingTable:
+        """What frontends hold for ``plan`` (its catalog says what the models are): routes to backends,
+        or why a model has none; ``failed``: models that failed to load in this push."""
+        failed = failed or {}
+        catalog = plan.catalog or Catalog()
+        routes = []
+        served = set()
+        measured = self.workload.current_rates(time.monotonic())
+        placed = plan.routes()
+        for session, planned in plan.sessions.items():
+            model = planned.model
+            desc = catalog.descs.get(model)
+            if desc is None:
+                continue
+            served.add(model)
+            backends = []
+            for node_id, share, batch, duty_cycle_ms in placed.get(session, ()):
+                node = self.nodes.get(node_id)
+                if node is not None and model not in failed:
+                    backends.append(convert.backend_route(node_id, node.address, share, batch, duty_cycle_ms))
+            reason = failed.get(model) or catalog.unavailable.get(model) or plan.unplaced.get(session, "")
+            if model in catalog.profiling:
+                reason = reason or "being profiled"
+            routes.append(convert.model_route(desc, planned.slo_ms, session, backends,
+                                              "" if backends else (reason or "not placed"),
+                                              planned.rate_rps, measured.get(session, 0.0),
+                                              cold=not backends and (session in plan.cold and model not in failed
+                                                                     or OUT_OF_MEMORY in failed.get(model, ""))))
+        for route in catalog.unplanned:          # served versions the plan could not place, and why
+            if route.key in catalog.descs:
+                served.add(route.key)
+                routes.append(convert.model_route(catalog.descs[route.key], route.slo_ms, route.key,
+                                                  reason=route.reason))
+        stored = [desc for key, desc in catalog.descs.items() if key not in served]
+        return convert.routing_table(epoch, plan, routes, stored, self.query_infos(plan, catalog.queries))
+
+    def query_infos(self, plan: ClusterPlan | None, queries: Mapping[str, str]) -> list[control.QueryInfo]:
+        """The registered queries (``queries``: definitions by name) with what ``plan`` gives them."""
+        infos = []
+        for name, text in queries.items():
+            query_plan = plan.query_plans.get(name) if plan is not None else None
+            devices = 0
+            if query_plan is not None:
+                devices = len({node for st in query_plan.budgets_ms for node, _ in plan.backends_of(f"{name}/{st}")})
+            infos.append(convert.query_info(name, text, query_plan, plan.planned_query_rates.get(name, 0.0)
+                                            if plan is not None else 0.0, devices))
+        return infos

@@ -1,0 +1,160 @@
+"""The scheduler's planning task: when to plan, and handing each new plan to the actuators.
+
+One task plans. It waits on the :class:`globalsched.planning.replan_trigger.ReplanTrigger` (a forced change:
+a node joined or left, a model was uploaded, loaded or unloaded, a profile arrived; or an
+evaluation: a workload report, the epoch timer), lets a burst of triggers coalesce, reads the view
+(``read_view``), calls the pure planner (globalsched/planning/planner.py) in a worker thread, so that the
+event loop goes on answering heartbeats and reports while it plans, and, when the planner returns a new
+plan, numbers it with the next epoch and hands it to each actuator in turn: whatever profiles the
+models it needs profiled, then the table distribution (model tables to backends, then routing
+tables to frontends). A lost node is planned for without delay, and a Leave waits until the plan
+without its node has been applied.
+
+Epochs start from the wall clock in milliseconds: nodes ignore tables older than the last one they
+applied, so a restarted scheduler's epochs must be newer than its previous life's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import replace
+from typing import Awaitable, Callable, Protocol, Sequence
+
+from globalsched.planning.algorithms.replan import ReplanReason
+from globalsched.planning.cluster_values import ClusterPlan, ClusterView
+from globalsched.state.catalog import Catalog
+from globalsched.planning.planner import PlannerSettings, PlannerState, plan_cluster
+from globalsched.planning.replan_trigger import ReplanTrigger
+
+log = logging.getLogger("nexus.scheduler")
+
+COALESCE_S = 0.05               # bursts of changes become one plan
+REPAIR_COALESCE_S = 0.005       # a lost node is repaired without delay
+
+
+class Actuator(Protocol):
+    async def apply(self, plan: ClusterPlan, epoch: int) -> None:
+        """Make the world follow ``plan`` (numbered ``epoch``); failures are logged, not raised."""
+
+
+ReadView = Callable[[float, "ReplanReason | None", "tuple[str, ...]"], ClusterView]
+
+
+class ControlLoop:
+    def __init__(self, settings: PlannerSettings, trigger: ReplanTrigger, read_view: ReadView,
+                 actuators: Sequence[Actuator], clock: Callable[[], float] = time.monotonic,
+                 persist: Callable[[PlannerState], Awaitable[None]] | None = None,
+                 catalog: Callable[[ClusterPlan], Catalog] | None = None,
+                 may_act: Callable[[], bool] = lambda: True) -> None:
+        """``persist(state)``: keep each new plan's state before it is applied (a shared database, for
+        the standby that may take over: globalsched/state/database/plan_store.py). ``catalog(plan)``: what the
+        plan's tables say about its models, read when the plan is made and attached to it, so that the
+        actuators act on a complete value (globalsched/state/catalog.py). ``may_act()``: False once this
+        scheduler no longer leads (globalsched/leadership/leader.py): it plans nothing from then on."""
+        self.may_act = may_act
+        self.settings = settings
+        self.persist = persist
+        self.catalog = catalog
+        self.planned: ClusterPlan | None = None   # the planner's own value of the plan in force
+        self.trigger = trigger
+        self.read_view = read_view
+        self.actuators = list(actuators)
+        self.clock = clock
+        self.state = PlannerState()
+        self.begin_epochs(0)
+        self.last_plan_time = 0.0
+        self.plan: ClusterPlan | None = None      # the plan in force: the last one applied
+        self._warned: set[str] = set()            # the plan notes logged as warnings, while they hold
+        self.latest: ClusterPlan | None = None    # the last plan made, also while it is being applied
+
+    def adopt(self, state: PlannerState) -> None:
+        """Continue from a plan in force another process made (a standby that took over): the planner
+        repairs it as its own, so that nothing placed moves."""
+        self.state = state
+        self.plan = self.planned = state.plan
+        self.last_plan_time = self.clock()
+
+    def begin_epochs(self, base: int) -> None:
+        """Number the next plans from ``base`` plus the wall clock in ms: above every earlier life's
+        (a restart) and, with a leader's lease epoch in ``base``, above every earlier leader's."""
+        self.epoch = base + int(time.time() * 1000)
+        self.trigger.epoch = self.epoch
+
+    async def run(self) -> None:
+        """The planning task: one plan per burst of triggers."""
+        self.trigger.evaluate()
+        while True:
+            await self.trigger.wait()
+            await asyncio.sleep(REPAIR_COALESCE_S if self.trigger.urgent else COALESCE_S)
+            requests = self.trigger.take()
+            try:
+                await self.plan_once(requests.force, requests.why)
+            except Exception as exc:  # keep the scheduler alive; the next trigger tries again
+                log.exception("re-planning failed")
+                for waiter in requests.waiters:
+                    if not waiter.done():
+                        waiter.set_exception(exc)
+                continue
+            for waiter in requests.waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    async def plan_once(self, force: ReplanReason | None = None, why: tuple[str, ...] = ()) -> ClusterPlan | None:
+        if not self.may_act():
+            return self.plan
+        now = self.clock()
+        view = self.read_view(now, force, why)
+        # Off the event loop: a plan of a thousand devices takes a second or more of CPU, and the loop
+        # answers heartbeats and reports meanwhile (a stalled loop looked like a dead cluster).
+        plan, self.state = await asyncio.to_thread(plan_cluster, view, self.state, self.settings)
+        if plan is self.planned:
+            return self.plan
+        planned = plan
+        if self.catalog is not None:
+            plan = replace(plan, catalog=self.catalog(plan))
+        self.latest = plan
+        self.epoch += 1
+        self.trigger.epoch = self.epoch
+        self.last_plan_time = now
+        self._log(plan)
+        if self.persist is not None:          # write-ahead: stored before any node holds it
+            await self.persist(self.state)
+        for actuator in self.actuators:
+            await actuator.apply(plan, self.epoch)
+        self.plan, self.planned = plan, planned
+        return plan
+
+    def _log(self, plan: ClusterPlan) -> None:
+        reasons = ", ".join(f"{t} {r.value}" for t, r in sorted(plan.reasons.items()) if r is not ReplanReason.NONE)
+        log.info("epoch %d: re-planned: %s%s", self.epoch, reasons or "no device type changed",
+                 f" ({'; '.join(plan.why)})" if plan.why else "")
+        for placement in plan.placements.values():
+            for b in placement.backends:
+                log.info("epoch %d: %s duty cycle %.1f ms: %s", self.epoch, b.node_id, b.duty_cycle_ms,
+                         ", ".join(f"{s.model} b={s.batch} {s.throughput_rps:.1f} rps" for s in b.sessions) or "idle")
+        # Warnings that still hold are not repeated with every plan. A plan made while models are
+        # being profiled is provisional (a first start plans each model as its profile arrives, some
+        # with a prediction): its notes are only information until a plan without profiling runs.
+        before = self.plan
+        profiling = plan.catalog.profiling if plan.catalog is not None else frozenset()
+        for note in plan.notes:
+            if note in self._warned:
+                continue
+            if profiling:
+                log.info("%s (provisional: %s still being profiled)", note, ", ".join(sorted(profiling)))
+            else:
+                log.warning(note)
+        self._warned = self._warned & set(plan.notes) if profiling else set(plan.notes)
+        for model, why in plan.best_effort.items():
+            if before is None or before.best_effort.get(model) != why:
+                log.warning("%s: %s", model, why)
+
+    async def epoch_timer(self) -> None:
+        """Now and then, let the planner judge the plan (its epoch, rate bands and cooldown decide; a
+        plan that still fits stands: re-planning on noise would move sessions and cost their queues)."""
+        replan = self.settings.replan
+        while True:
+            await asyncio.sleep(min(replan.epoch_s, replan.cooldown_s))
+            self.trigger.evaluate()

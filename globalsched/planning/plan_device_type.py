@@ -1,0 +1,488 @@
+"""Re-planning one device type: every re-plan goes through the minimal-movement re-planner.
+
+:func:`plan_type` is pure: it takes one device type's sessions, its backends and its
+:class:`TypeState` (the current abstract plan, ``globalsched.planning.plan.Plan``, the re-planner's state and which
+backend runs each planned GPU), and returns the next placement with the next state. It
+
+1. drops the GPUs of backends that are gone (a lost node), and forces a re-plan when that happened,
+   when backends joined, or when a session's SLO or minimum replicas changed; on a forced re-plan it
+   also takes out the allocations of sessions whose profile moved by the drift threshold since they
+   were planned (a measured profile replaced the table, a new table was uploaded): their batches and
+   duty cycles were the old profile's, so they are placed again like a deficit, and a profile that
+   got faster frees devices instead of only shrinking batches in place;
+2. takes the extra replicas (below) out of the plan, then asks
+   :func:`globalsched.planning.algorithms.replan.replan` for the next plan: it decides *whether* to re-plan
+   (sessions changed, the epoch, a rate out of its band, after a cooldown) and repairs the plan
+   in place, so a lost GPU's sessions are placed on the room left elsewhere or a new GPU, and nothing
+   else moves;
+3. adds replicas so that every session runs on at least its ``min_replicas`` GPUs when the backends
+   allow (:func:`add_replicas`); a replica serves the same batch as the session's largest allocation,
+   so each of them can carry the whole rate alone and losing one needs no re-plan; then fills the
+   backends the plan leaves idle with spare replicas of the busiest sessions (:func:`add_spares`),
+   which absorb bursts and steps at once and a lost backend without an outage, and which the device
+   scaling policy neither counts as needed nor hesitates to drain;
+4. keeps every GPU on the backend that ran it, gives new GPUs the free backends, and folds what
+   does not fit onto the least-loaded backends (overcommitted, reported).
+
+Time is passed in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import AbstractSet, Callable, Mapping, Sequence
+
+from common.measured_profile import EstimatorConfig
+from globalsched.planning.plan import (GpuPlan, GpuSpec, Plan, PlanningError, PrefixGroup, SessionAlloc, SessionSpec,
+                         ViolationKind, gpu_exec_breakdown, validate_plan)
+from common.profile import Profile
+from globalsched.planning.algorithms.batch_sizing import prepare, residual_config
+from globalsched.planning.algorithms.config import PlannerConfig
+from globalsched.planning.algorithms.replan import ReplanConfig, ReplanReason, ReplanState, match_ids, replan
+from globalsched.planning.placement import BackendAssignment, BackendSlot, PlacedSession, Placement
+
+
+# A session whose profile moved this much since it was planned is re-placed at the next re-plan (the
+# measured-profile drift threshold: a smaller change keeps its allocations, which the re-planner resizes).
+PROFILE_CHANGE = EstimatorConfig().drift_threshold
+
+
+@dataclass(frozen=True)
+class TypeState:
+    """What re-planning one device type remembers between plans."""
+
+    plan: Plan | None = None
+    replan: ReplanState = field(default_factory=ReplanState)
+    nodes: Mapping[int, str] = field(default_factory=dict)        # GPU id -> backend running it
+    replicas: frozenset[tuple[int, str]] = frozenset()            # (GPU id, session) added by add_replicas
+    signature: tuple = ()
+    slots: frozenset[str] = frozenset()
+    placement: Placement | None = None
+    profiles: Mapping[str, Profile] = field(default_factory=dict)  # session -> the profile it was planned with
+    spares: frozenset[int] = frozenset()                           # GPU ids holding only spare replicas
+
+
+@dataclass(frozen=True)
+class TypeResult:
+    placement: Placement
+    devices: int                 # GPUs of the plan (before folding onto the backends there are)
+    lower_bound: int
+    lower_bound_throughput_only: int
+    reason: ReplanReason         # NONE: the previous placement stands
+    state: TypeState
+    notes: tuple[str, ...] = ()
+
+
+def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[BackendSlot],
+              shares: Mapping[str, float | None], st: TypeState, *, now_s: float,
+              min_replicas: Mapping[str, int], force: ReplanReason | None = None,
+              previous: Mapping[str, frozenset[str]] = {}, config: ReplanConfig = ReplanConfig(),
+              solver: str = "squishy", spares: bool = False) -> TypeResult:
+    """The next placement of one device type's sessions (see the module docstring), and its state.
+
+    ``min_replicas`` gives every session's replica count (at least 1); ``previous`` maps a backend to
+    the sessions it ran (new GPUs go to the free backend that ran most of theirs); ``solver`` makes
+    the first plan of the type, with prefix groups or without, whichever needs fewer devices
+    (repairs are the re-planner's); ``spares``: fill idle backends with spare replicas.
+    """
+    from globalsched.planning.prefix_groups import planning_groups
+
+    alive = frozenset(b.node_id for b in slots)
+    grouped, groups = planning_groups(specs, shares)
+    # An SLO that changes by itself is a query stage's budget, which follows the rates: judged by
+    # the rate band like them (a model's SLO changes through LoadModel, which forces a re-plan).
+    signature = tuple(sorted((s.name, min_replicas.get(s.name, 1), s.prefix_group or "") for s in specs))
+    if signature != st.signature:
+        force = force or ReplanReason.SESSIONS_CHANGED
+    if alive != st.slots:
+        force = ReplanReason.MEMBERSHIP
+    current = st.plan
+    if current is not None:
+        kept = []
+        for g in current.gpus:
+            node = st.nodes.get(g.id)
+            if node is not None and node not in alive:
+                continue                         # a lost backend: its sessions become deficits
+            kept.append(g)
+        current = replace(current, gpus=tuple(kept))
+        current = _strip_replicas(current, st.replicas)
+        changed = profile_changes(st.profiles, specs)
+        if changed and force is not None:    # re-placed from scratch: their batches and cycles were the old profile's
+            current = _without_sessions(current, changed)
+    if not specs:
+        plan = Plan("replan", (), 0, 0.0)
+        state, reason = st.replan, (ReplanReason.NONE if current is not None and not current.gpus
+                                    and force is None else ReplanReason.SESSIONS_CHANGED)
+    elif current is None:     # the better of the plans with and without prefix groups
+        from globalsched.planning.prefix_groups import solve_with_prefix_groups
+
+        plan = solve_with_prefix_groups(specs, gpu, solver, config.planner, shares=shares)
+        reason = ReplanReason.INITIAL
+        state = ReplanState(now_s, tuple((s.name, s.rate_rps) for s in specs), (), reason, st.replan.replans + 1)
+    else:
+        try:
+            plan, state = replan(current, grouped, gpu, now_s, st.replan, config, groups, force=force)
+        except PlanningError:   # a prefix-grouped plan the re-planner cannot make: plan without groups
+            plain = [SessionSpec(s.name, s.model, s.slo_ms, s.rate_rps, s.profile) for s in specs]
+            plan, state = replan(current, plain, gpu, now_s, st.replan, config, force=force)
+        reason = state.reason
+        if reason is not ReplanReason.NONE and len(plan.gpus) > len(slots):
+            plan = _unfolded(plan, current, specs, gpu, solver, config.planner, shares)
+    if reason is ReplanReason.NONE and st.placement is not None:
+        return TypeResult(st.placement, _devices_needed(st.plan, specs, min_replicas, st.spares) if st.plan else 0,
+                          st.plan.lower_bound if st.plan else 0,
+                          (st.plan.lower_bound_throughput_only or 0) if st.plan else 0, reason, st)
+    wanted = {s.name: min_replicas.get(s.name, 1) for s in specs}
+    plan, replicas = _with_replicas(plan, current, st, grouped, groups, gpu, wanted, len(slots), config.planner)
+    free = len(slots) if spares else 0
+    plan, replicas, spare_ids = _with_spares(plan, replicas, st, grouped, groups, gpu, free, config.planner)
+    notes: tuple[str, ...] = ()
+    broken = validate_plan(plan, grouped, gpu, config.planner.margins_ms, groups, config.planner.burst_sigma)
+    if broken:
+        # A plan that breaks the validity rules is never distributed: a fresh one replaces it, and when
+        # that one breaks them too, planning fails (the plan in force stays).
+        from globalsched.planning.prefix_groups import solve_with_prefix_groups
+
+        fresh = solve_with_prefix_groups(specs, gpu, solver, config.planner, shares=shares)
+        fresh = replace(fresh, gpus=tuple(match_ids(fresh.gpus, current)) if current is not None else fresh.gpus)
+        fresh, replicas = _with_replicas(fresh, current, st, grouped, groups, gpu, wanted, len(slots),
+                                          config.planner)
+        fresh, replicas, spare_ids = _with_spares(fresh, replicas, st, grouped, groups, gpu, free, config.planner)
+        still = validate_plan(fresh, grouped, gpu, config.planner.margins_ms, groups, config.planner.burst_sigma)
+        if still:
+            raise PlanningError(f"{gpu.name}: every plan made breaks the validity rules, none is distributed: "
+                                f"{'; '.join(v.message for v in still[:3])}")
+        notes = (f"{gpu.name}: the {reason.value} plan broke the validity rules ({broken[0].message}); "
+                 f"a fresh plan replaced it",)
+        plan = fresh
+    by_name, by_group = {s.name: s for s in grouped}, {g.name: g for g in groups}
+    placement, nodes = _assign(plan.gpus, slots, st.nodes, previous,
+                               lambda g: gpu_exec_breakdown(g, by_name, by_group)[0], spare_ids)
+    new = TypeState(plan, state, nodes, frozenset(replicas), signature, alive, placement,
+                    {s.name: s.profile for s in specs}, spare_ids)
+    return TypeResult(placement, _devices_needed(plan, specs, min_replicas, spare_ids), plan.lower_bound,
+                      plan.lower_bound_throughput_only or 0, reason, new, notes)
+
+
+def profile_changes(before: Mapping[str, Profile], specs: Sequence[SessionSpec],
+                    threshold: float = PROFILE_CHANGE) -> frozenset[str]:
+    """Sessions whose profile moved by at least ``threshold`` (relative, at some batch both profiles
+    have) since they were planned."""
+    out = set()
+    for s in specs:
+        old = before.get(s.name)
+        if old is None or old is s.profile:
+            continue
+        n = min(old.max_batch, s.profile.max_batch)
+        if old.max_batch != s.profile.max_batch or any(
+                abs(s.profile.latency_ms(b) - old.latency_ms(b)) >= threshold * old.latency_ms(b)
+                for b in range(1, n + 1)):
+            out.add(s.name)
+    return frozenset(out)
+
+
+def _without_sessions(plan: Plan, names: frozenset[str]) -> Plan:
+    gpus = []
+    for g in plan.gpus:
+        keep = tuple(a for a in g.sessions if a.session not in names)
+        if keep:
+            gpus.append(GpuPlan(g.id, g.duty_cycle_ms, keep, g.shared_prefixes))
+    return replace(plan, gpus=tuple(gpus))
+
+
+def _with_replicas(plan: Plan, current: Plan | None, st: TypeState, specs: Sequence[SessionSpec],
+                   groups: Sequence[PrefixGroup], gpu: GpuSpec, wanted: Mapping[str, int], max_gpus: int,
+                   planner: PlannerConfig) -> tuple[Plan, set[tuple[int, str]]]:
+    plan = replace(plan, gpus=_fresh_ids(plan.gpus, current, st.plan))
+    gpus, replicas = add_replicas(plan.gpus, specs, gpu, wanted, max_gpus, planner, st.plan, st.replicas, groups)
+    return replace(plan, gpus=tuple(gpus)), replicas
+
+
+def _unfolded(plan: Plan, current: Plan, specs: Sequence[SessionSpec], gpu: GpuSpec, solver: str,
+              planner: PlannerConfig, shares: Mapping[str, float]) -> Plan:
+    """A re-plan that needs more devices than there are backends, so that some are folded onto busy
+    ones (outside the plan's own model), replaced by a fresh plan when that needs fewer: the
+    re-planner's tolerated waste (``waste_gpus``) is a device the cluster does not have. The first
+    start plans its models as their profiles arrive, the first ones alone, and kept the folded second
+    device that the default configuration then warned about (issue 26)."""
+    from globalsched.planning.prefix_groups import solve_with_prefix_groups
+
+    fresh = solve_with_prefix_groups(specs, gpu, solver, planner, shares=shares)
+    if len(fresh.gpus) >= len(plan.gpus):
+        return plan
+    return replace(fresh, gpus=tuple(match_ids(fresh.gpus, current)))
+
+
+def _devices_needed(plan: Plan, specs: Sequence[SessionSpec], min_replicas: Mapping[str, int],
+                    spares: AbstractSet[int] = frozenset()) -> int:
+    """The plan's GPUs but its spares (they only fill backends that are there), and at least the most
+    replicas a session asks for (replicas are only added on backends that exist, so more backends
+    are what lets them be placed)."""
+    return max(len(plan.gpus) - len(spares), max((min_replicas.get(s.name, 1) for s in specs), default=0))
+
+
+def _with_spares(plan: Plan, replicas: set[tuple[int, str]], st: TypeState, specs: Sequence[SessionSpec],
+                 groups: Sequence[PrefixGroup], gpu: GpuSpec, slots: int, planner: PlannerConfig
+                 ) -> tuple[Plan, set[tuple[int, str]], frozenset[int]]:
+    """``plan`` with spare replicas on the ``slots`` backends it leaves idle (0: none)."""
+    gpus, added, spares = add_spares(plan.gpus, specs, gpu, slots - len(plan.gpus), planner, st.plan, st.replicas,
+                                     st.spares, groups)
+    return replace(plan, gpus=tuple(gpus)), replicas | added, spares
+
+
+def add_spares(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: GpuSpec, free: int, planner: PlannerConfig,
+               before: Plan | None = None, replicas_before: AbstractSet[tuple[int, str]] = frozenset(),
+               spares_before: AbstractSet[int] = frozenset(), groups: Sequence[PrefixGroup] = ()
+               ) -> tuple[list[GpuPlan], set[tuple[int, str]], frozenset[int]]:
+    """``gpus`` and up to ``free`` spare GPUs (the backends the plan leaves idle) holding one extra
+    replica each of the sessions that carry the most load and run on one GPU only, busiest first; the
+    (GPU id, session) replicas added and the spare GPUs' ids.
+
+    A spare replica is a replica like :func:`add_replicas`'s (the session's largest allocation, the
+    validity rules kept): the frontends split the session's arrivals with it, so a burst or a step
+    up to twice the planned rate is served at once, and a lost backend costs the session no outage.
+    It takes only a backend the plan would leave idle, never room on a busy one; the device scaling
+    policy counts spare GPUs neither as needed nor as a cost to drain (they go first). A session
+    keeps its spare on the GPU id it had (the same backend: no load, no move); several spares share
+    a GPU where they fit (next fit: the spare GPU filled last, then a new one; checking a GPU's rules
+    is the planner's costliest step, so each session tries at most two)."""
+    out = list(gpus)
+    if free <= 0:
+        return out, set(), frozenset()
+    by_name = {s.name: s for s in specs}
+    load: dict[str, float] = {}
+    holders: dict[str, int] = {}
+    primary: dict[str, tuple[GpuPlan, SessionAlloc]] = {}
+    for g in gpus:
+        for a in g.sessions:
+            load[a.session] = load.get(a.session, 0.0) + a.planned_load_rps
+            holders[a.session] = holders.get(a.session, 0) + 1
+            if a.session not in primary or a.throughput > primary[a.session][1].throughput:
+                primary[a.session] = (g, a)
+    had: dict[str, int] = {}
+    if before is not None:
+        for g in before.gpus:
+            if g.id in spares_before:
+                for a in g.sessions:
+                    if (g.id, a.session) in replicas_before:
+                        had[a.session] = g.id
+    taken = {g.id for g in gpus}
+    next_id = max([*taken, *((g.id for g in before.gpus) if before else ()), -1]) + 1
+    spare: dict[int, GpuPlan] = {}
+    latest: int | None = None
+    added: set[tuple[int, str]] = set()
+    for name in sorted((n for n in holders if holders[n] == 1 and n in by_name and load[n] > 0),
+                       key=lambda n: (-load[n], n)):
+        spec, (primary_gpu, alloc) = by_name[name], primary[name]
+        placed = None
+        gid = had.get(name)
+        if gid is not None and gid not in taken:
+            if gid in spare:
+                placed = _with(spare[gid], spec, alloc.planned_load_rps, gpu, planner, by_name, groups)
+            elif len(spare) < free:
+                placed = _alone(gid, spec, primary_gpu.duty_cycle_ms, alloc, gpu, planner, groups)
+        # Next fit: the spare GPU filled last, then a new one (each try checks a GPU's rules).
+        if placed is None and latest is not None:
+            placed = _with(spare[latest], spec, alloc.planned_load_rps, gpu, planner, by_name, groups)
+        if placed is None and len(spare) < free:
+            while next_id in taken or next_id in spare:
+                next_id += 1
+            placed = _alone(next_id, spec, primary_gpu.duty_cycle_ms, alloc, gpu, planner, groups)
+        if placed is None:
+            continue
+        spare[placed.id] = placed
+        latest = placed.id
+        added.add((placed.id, name))
+    return sorted([*out, *spare.values()], key=lambda g: g.id), added, frozenset(spare)
+
+
+def _fresh_ids(gpus: Sequence[GpuPlan], current: Plan | None, before: Plan | None) -> tuple[GpuPlan, ...]:
+    """New GPUs renumbered past every id of ``before``: the re-planner numbers them after the GPUs it
+    was given, which may reuse the id of a GPU taken out (a replica's, or a lost backend's) and so
+    land on that GPU's backend."""
+    if before is None:
+        return tuple(gpus)
+    given = {g.id for g in current.gpus} if current is not None else set()
+    old = {g.id for g in before.gpus}
+    fresh = max(old | {g.id for g in gpus} | {-1}) + 1
+    out = []
+    for g in gpus:
+        if g.id in old and g.id not in given:
+            g, fresh = GpuPlan(fresh, g.duty_cycle_ms, g.sessions, g.shared_prefixes), fresh + 1
+        out.append(g)
+    return tuple(out)
+
+
+def _strip_replicas(plan: Plan, replicas: AbstractSet[tuple[int, str]]) -> Plan:
+    """The plan without the replicas that :func:`add_replicas` added, except where a session has no
+    other allocation left (its primary's backend was lost): that replica becomes its primary."""
+    primaries: dict[str, int] = {}
+    for g in plan.gpus:
+        for a in g.sessions:
+            if (g.id, a.session) not in replicas:
+                primaries[a.session] = primaries.get(a.session, 0) + 1
+    promoted: set[str] = set()
+    gpus = []
+    for g in plan.gpus:
+        keep = []
+        for a in g.sessions:
+            if (g.id, a.session) in replicas and (primaries.get(a.session) or a.session in promoted):
+                continue
+            if (g.id, a.session) in replicas:
+                promoted.add(a.session)
+            keep.append(a)
+        if keep:
+            gpus.append(GpuPlan(g.id, g.duty_cycle_ms, tuple(keep), g.shared_prefixes))
+    return replace(plan, gpus=tuple(gpus))
+
+
+def add_replicas(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: GpuSpec, wanted: Mapping[str, int],
+                 max_gpus: int, planner: PlannerConfig, before: Plan | None = None,
+                 replicas_before: AbstractSet[tuple[int, str]] = frozenset(), groups: Sequence[PrefixGroup] = ()
+                 ) -> tuple[list[GpuPlan], set[tuple[int, str]]]:
+    """``gpus`` with each session on at least ``wanted[session]`` GPUs where possible, and the
+    (GPU id, session) replicas added.
+
+    A replica runs the session's largest allocation (its batch; so the same throughput on a GPU of the
+    same duty cycle). Where it goes, in order: the GPU it was on in ``before`` (no load, no move); a
+    new GPU while fewer than ``max_gpus`` exist; an existing GPU with room, least occupied first.
+    Every GPU a replica lands on keeps the validity rules (``specs`` and ``groups`` as the plan was
+    made with: burst headroom and shared prefixes included). A session that fits nowhere keeps fewer
+    replicas.
+    """
+    out = {g.id: g for g in gpus}
+    by_name = {s.name: s for s in specs}
+    added: set[tuple[int, str]] = set()
+    previous_ids: dict[str, list[int]] = {}
+    if before is not None:
+        for g in before.gpus:
+            for a in g.sessions:
+                if (g.id, a.session) in replicas_before:
+                    previous_ids.setdefault(a.session, []).append(g.id)
+    next_id = max([*out, *((g.id for g in before.gpus) if before else ()), -1]) + 1
+    for name in sorted(wanted):
+        k = wanted[name]
+        spec = by_name.get(name)
+        holders = [g for g in out.values() if name in g.session_names()]
+        if spec is None or not holders or len(holders) >= k:
+            continue
+        primary_gpu, primary = max(((g, a) for g in holders for a in g.sessions if a.session == name),
+                                   key=lambda ga: ga[1].throughput)
+        for _ in range(k - len(holders)):
+            have = {g.id for g in out.values() if name in g.session_names()}
+            candidates = [gid for gid in previous_ids.get(name, []) if gid not in have]
+            placed = None
+            for gid in candidates:
+                if gid not in out and len(out) < max_gpus:
+                    placed = _alone(gid, spec, primary_gpu.duty_cycle_ms, primary, gpu, planner, groups)
+                elif gid in out:
+                    placed = _with(out[gid], spec, primary.planned_load_rps, gpu, planner, by_name, groups)
+                if placed is not None:
+                    break
+            if placed is None and len(out) < max_gpus:
+                placed = _alone(next_id, spec, primary_gpu.duty_cycle_ms, primary, gpu, planner, groups)
+                next_id += 1
+            if placed is None:
+                for g in sorted(out.values(), key=lambda g: _busy_ms(g, by_name) / g.duty_cycle_ms):
+                    if g.id in have:
+                        continue
+                    placed = _with(g, spec, primary.planned_load_rps, gpu, planner, by_name, groups)
+                    if placed is not None:
+                        break
+            if placed is None:
+                break
+            out[placed.id] = placed
+            added.add((placed.id, name))
+    return sorted(out.values(), key=lambda g: g.id), added
+
+
+def _busy_ms(g: GpuPlan, specs: Mapping[str, SessionSpec]) -> float:
+    return sum(specs[a.session].profile.latency_ms(a.batch) for a in g.sessions if a.session in specs)
+
+
+def _with(g: GpuPlan, spec: SessionSpec, rate: float, gpu: GpuSpec, planner: PlannerConfig,
+          specs: Mapping[str, SessionSpec], groups: Sequence[PrefixGroup]) -> GpuPlan | None:
+    """``g`` with ``spec`` added at the batch its duty cycle needs for ``rate`` (the arrivals it is
+    planned to carry), or None when that breaks the GPU (:func:`_keeps_rules`)."""
+    batch = min(max(1, math.ceil(rate * g.duty_cycle_ms / 1000 - 1e-9)), spec.profile.max_batch)
+    throughput = batch * 1000.0 / g.duty_cycle_ms
+    new = GpuPlan(g.id, g.duty_cycle_ms, (*g.sessions, SessionAlloc(spec.name, batch, throughput, min(rate, throughput))),
+                  g.shared_prefixes)
+    return new if _keeps_rules(new, specs, gpu, planner, groups) else None
+
+
+def _keeps_rules(g: GpuPlan, specs: Mapping[str, SessionSpec], gpu: GpuSpec, planner: PlannerConfig,
+                 groups: Sequence[PrefixGroup]) -> bool:
+    """Whether GPU ``g`` keeps the validity rules of :func:`globalsched.planning.plan.validate_plan`: its batches
+    (a shared prefix once, every member of its group waiting for the group's execution) plus the
+    pooled burst headroom (globalsched/planning/headroom.py) fit its duty cycle and every SLO, and its memory fits."""
+    one = Plan("replica", (g,), 0, 0.0)
+    return all(v.kind is ViolationKind.UNDER_SERVED
+               for v in validate_plan(one, [specs[a.session] for a in g.sessions], gpu, planner.margins_ms, groups,
+                                      planner.burst_sigma))
+
+
+def _alone(gid: int, spec: SessionSpec, duty_ms: float, primary: SessionAlloc, gpu: GpuSpec,
+           planner: PlannerConfig, groups: Sequence[PrefixGroup]) -> GpuPlan | None:
+    """A GPU of its own for a replica of ``primary`` (on a GPU of ``duty_ms``): the same allocation
+    when it keeps the rules alone. With burst headroom it may not: the primary's GPU pooled its burst
+    with others' batches (globalsched/planning/headroom.py). The replica then runs the configuration the planner
+    gives that load alone (:func:`~globalsched.planning.algorithms.batch_sizing.residual_config`); None when there
+    is none (the replica goes to a GPU with room, or the session keeps fewer replicas)."""
+    same = GpuPlan(gid, duty_ms, (primary,))
+    if _keeps_rules(same, {spec.name: spec}, gpu, planner, groups):
+        return same
+    try:
+        batch, duty_ms = residual_config(prepare(spec, gpu, planner), primary.planned_load_rps)
+    except PlanningError:
+        return None
+    return GpuPlan(gid, duty_ms, (SessionAlloc(spec.name, batch, batch * 1000.0 / duty_ms, primary.planned_load_rps),))
+
+
+def _assign(gpus: Sequence[GpuPlan], slots: Sequence[BackendSlot], nodes_before: Mapping[int, str],
+            previous: Mapping[str, frozenset[str]], exec_ms: Callable[[GpuPlan], float],
+            spares: AbstractSet[int] = frozenset()) -> tuple[Placement, dict[int, str]]:
+    """GPUs onto backends: each GPU stays on the backend that ran it; new GPUs take the free backend
+    that ran most of their sessions before (``previous``), else the first free one; the rest fold
+    onto the least-loaded backends. ``exec_ms`` gives a GPU's execution per duty cycle; a backend
+    that runs only ``spares`` is marked spare."""
+    alive = [b.node_id for b in slots]
+    nodes: dict[int, str] = {}
+    used: set[str] = set()
+    for g in gpus:
+        n = nodes_before.get(g.id)
+        if n in alive and n not in used:
+            nodes[g.id] = n
+            used.add(n)
+    free = [n for n in alive if n not in used]
+    folded: dict[str, list[GpuPlan]] = {n: [] for n in alive}
+    overcommitted = 0
+    for g in sorted((g for g in gpus if g.id not in nodes), key=lambda g: -len(g.sessions)):
+        if free:
+            names = g.session_names()
+            best = max(free, key=lambda n: (len(names & previous.get(n, frozenset())), -free.index(n)))
+            nodes[g.id] = best
+            free.remove(best)
+        else:
+            target = min(alive, key=lambda n: (sum(len(x.sessions) for x in folded[n])
+                                               + sum(len(x.sessions) for x in gpus if nodes.get(x.id) == n),
+                                               alive.index(n)))
+            folded[target].append(g)
+            overcommitted += 1
+    result = []
+    for n in alive:
+        mine = [g for g in gpus if nodes.get(g.id) == n] + folded[n]
+        sessions: dict[str, PlacedSession] = {}
+        for g in mine:
+            for a in g.sessions:
+                s = PlacedSession(a.session, a.batch, a.throughput, a.planned_load_rps)
+                old = sessions.get(a.session)
+                if old is not None:
+                    s = PlacedSession(s.model, max(s.batch, old.batch), s.throughput_rps + old.throughput_rps,
+                                      s.load_rps + old.load_rps)
+                sessions[a.session] = s
+        duty = max((g.duty_cycle_ms for g in mine), default=0.0)
+        result.append(BackendAssignment(n, duty, tuple(sorted(sessions.values(), key=lambda s: s.model)),
+                                        sum(exec_ms(g) for g in mine), bool(mine) and all(g.id in spares for g in mine)))
+    return Placement(tuple(result), overcommitted, 0), nodes

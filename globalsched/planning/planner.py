@@ -1,0 +1,381 @@
+"""The scheduler's planner, a pure function: ``plan, state = plan_cluster(view, state, settings)``.
+
+It takes a frozen :class:`globalsched.planning.cluster_values.ClusterView` (backends, served models, queries,
+measured rates and fan-outs, what forced this call) and its own :class:`PlannerState`, and returns a
+frozen :class:`globalsched.planning.cluster_values.ClusterPlan` and the next state. When the plan still fits (no
+change forced, rates within the re-planner's bands, epoch not over, or within the cooldown) the
+previous plan is returned itself (``plan is state.plan``) and nothing needs applying.
+
+What it does, in order:
+
+1. sessions: every served model at its measured rate (before its traffic has been measured over a
+   whole rate window, at least the rate it was uploaded expecting; without either, the default
+   rate), and the stage sessions
+   of every query, whose SLOs are the latency split's budgets (globalsched/planning/query_sessions.py); all
+   rates times 1 + ``rate_headroom``. A measured rate within Poisson noise of the rate the plan in
+   force was made for is that planned rate (:func:`settled_rates`): noise neither re-plans nor
+   resizes batches. Models whose load attempts are spent on every present device
+   type are left out (routed UNAVAILABLE with the reason by the distribution);
+2. whether to re-plan at all is :func:`globalsched.planning.replan_policy.should_replan`'s (a change forced, a
+   demand surge at once, the cooldown, a query's fan-out drift); a surging session's rate stays the
+   floor of its planned rate until the window's mean catches up (:func:`held_surges`);
+3. each session goes to the device type of the most backends it has a profile for; one with no
+   profile for any present type is listed in ``need_profile``; one whose SLO less the path allowance
+   is below 2*l(1) on every type is served best effort at batch 1;
+4. each device type is re-planned by globalsched/planning/plan_device_type.py (minimal movement, replicas,
+   GPUs mapped onto backends); ``devices_needed`` reports how many devices each type's plan uses,
+   which the device scaler compares with the backends registered;
+5. a re-plan that nothing forced (the epoch, a rate) and that gives every node the tables it has
+   (:func:`same_tables`) returns the previous plan itself: no epoch, no push to every node.
+
+Nothing here reads a clock, a socket or the database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import AbstractSet, Mapping, Sequence
+
+from common.config import SchedulerConfig
+from globalsched.planning.plan import GpuSpec, SessionSpec
+from common.surge import NOISE_SIGMAS, is_surge, within_noise
+from globalsched.planning.algorithms.config import PlannerConfig
+from globalsched.planning.algorithms.replan import ReplanConfig, ReplanReason
+from globalsched.planning.cluster_values import (MIN_PLANNED_RATE_RPS, UNBOUNDED_MEMORY_MB, ClusterPlan, ClusterView, PlannedSession,
+                                 SessionInput)
+from globalsched.planning.placement import BackendAssignment, BackendSlot, PlacedSession, Placement
+from globalsched.planning.plan_device_type import TypeState, plan_type
+from globalsched.planning.query_sessions import plan_query_sessions
+from globalsched.planning.replan_policy import should_replan
+from globalsched.planning.residency import choose_resident
+from globalsched.state.rate_reports import PLAN_RATE_WINDOW_S
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    """The planner's knobs, from the scheduler's configuration (:meth:`from_config`)."""
+
+    replan: ReplanConfig = field(default_factory=ReplanConfig)
+    solver: str = "squishy"             # the first plan of a device type; repairs are the re-planner's
+    latency_split: str = "dp"
+    default_rate_rps: float = 1.0       # a session nobody reported a rate for yet
+    rate_headroom: float = 0.0          # plan for measured rates times 1 + this
+    default_min_replicas: int = 1
+    spare_replicas: bool = True         # idle backends hold replicas of the busiest sessions (planning_loop.py)
+
+    @classmethod
+    def from_config(cls, config: SchedulerConfig) -> PlannerSettings:
+        # The path allowance is the planner's network margin: spent outside the device on every hop.
+        planner = PlannerConfig(network_ms=config.path_allowance_ms, burst_sigma=config.burst_sigma)
+        return cls(ReplanConfig(epoch_s=config.epoch_s, planner=planner), config.solver, config.latency_split,
+                   config.default_rate_rps, config.rate_headroom, max(1, config.min_replicas), config.spare_replicas)
+
+    @property
+    def planner(self) -> PlannerConfig:
+        return self.replan.planner
+
+
+@dataclass(frozen=True)
+class PlannerState:
+    """What the planner remembers between calls: the plan in force and each device type's state."""
+
+    plan: ClusterPlan | None = None
+    types: Mapping[str, TypeState] = field(default_factory=dict)
+    last_plan_s: float | None = None
+    backends: tuple[BackendSlot, ...] = ()      # those the plan was made for
+    # when each model's first requests were measured (see session_inputs)
+    first_requests_s: Mapping[str, float] = field(default_factory=dict)
+    # session -> (surging rate, when it surged): held as the planned floor (see held_surges)
+    surge_floors: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+
+
+def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettings = PlannerSettings()
+                 ) -> tuple[ClusterPlan, PlannerState]:
+    """The plan for ``view`` and the next state (see the module docstring)."""
+    started = {name: view.now_s for name, rate in view.rates_rps.items() if rate > 0
+               and name not in state.first_requests_s}
+    if started:
+        state = replace(state, first_requests_s={**state.first_requests_s, **started})
+    first = state.first_requests_s
+    planned_rps = planned_rates(state.plan, settings)
+    surges = real_surges(view.surges_rps, view.surge_windows_s, planned_rps)
+    floors = held_surges(state.surge_floors, surges, view.rates_rps, view.rate_windows_s, view.now_s,
+                         view.latest_reports)
+    if floors != state.surge_floors:
+        state = replace(state, surge_floors=floors)
+    call = should_replan(view, state.plan, state.last_plan_s, state.backends, surges, settings.replan,
+                         settings.rate_headroom)
+    if call.hold:
+        return state.plan, state            # the re-planner's cooldown: nothing unforced changes yet
+    force, why = call.force, call.why
+    sessions, planned, queries = session_inputs(view, settings, planned_rps, first, surges,
+                                                {name: rate for name, (rate, _) in floors.items()})
+    placed, types = place_sessions(sessions, view.backends, state, view.now_s, force, settings,
+                                   {m.name: m.min_replicas for m in view.models}, view.rates_rps, view.last_requested_s)
+    changed = any(r is not ReplanReason.NONE for r in placed.reasons.values())
+    if force is None and state.plan is not None and not changed:
+        return state.plan, replace(state, types=types, backends=view.backends)
+    query_plans, query_rates, gammas = queries
+    plan = replace(placed, sessions=planned, query_plans=query_plans, planned_query_rates=query_rates,
+                   planned_gammas=gammas, why=why)
+    if force is None and state.plan is not None and same_tables(plan, state.plan):
+        # An epoch or a rate re-planned to what runs already: nothing to tell the nodes.
+        return state.plan, replace(state, types=types, last_plan_s=view.now_s, backends=view.backends)
+    return plan, replace(state, plan=plan, types=types, last_plan_s=view.now_s, backends=view.backends)
+
+
+def adopted_state(state: PlannerState, now_s: float) -> PlannerState:
+    """The state of a plan in force taken over by another process (a standby that now leads): its
+    times, read on the old leader's monotonic clock, become ``now_s``. Cool-downs start again, so
+    nothing moves at once; a surge floor is held for a whole hold again; a model's first requests are
+    measured anew, as they are, by the new leader."""
+    types = {}
+    for device_type, ts in state.types.items():
+        replan = replace(ts.replan, last_replan_s=None if ts.replan.last_replan_s is None else now_s,
+                         moved_at_s=tuple((s, now_s) for s, _ in ts.replan.moved_at_s))
+        types[device_type] = replace(ts, replan=replan)
+    return replace(state, types=types, last_plan_s=None if state.last_plan_s is None else now_s,
+                   first_requests_s={m: now_s for m in state.first_requests_s},
+                   surge_floors={s: (rate, now_s) for s, (rate, _) in state.surge_floors.items()})
+
+
+def same_tables(new: ClusterPlan, old: ClusterPlan) -> bool:
+    """Whether ``new`` gives every node the tables ``old`` gave (the same backends running the same
+    sessions at the same batches, throughputs and duty cycles; the same sessions, query splits and
+    unplaced models routed alike), so that applying it would change nothing. Only for re-plans nothing
+    forced: a forced one may bring what the plan does not show (a new model file or profile)."""
+    return ({t: p.backends for t, p in new.placements.items()} == {t: p.backends for t, p in old.placements.items()}
+            and new.sessions == old.sessions and new.query_plans == old.query_plans
+            and new.planned_query_rates == old.planned_query_rates and new.unplaced == old.unplaced
+            and new.need_profile == old.need_profile and new.best_effort == old.best_effort)
+
+
+def planned_rates(plan: ClusterPlan | None, settings: PlannerSettings) -> dict[str, float]:
+    """The measured rates ``plan`` was made for (headroom taken out), per session and query."""
+    if plan is None:
+        return {}
+    headroom = 1.0 + settings.rate_headroom
+    out = {name: s.rate_rps / headroom for name, s in plan.sessions.items()}
+    out.update({name: rate / headroom for name, rate in plan.planned_query_rates.items()})
+    return out
+
+
+def settled_rates(measured: Mapping[str, float], windows_s: Mapping[str, float], planned: Mapping[str, float],
+                  surging: AbstractSet[str] = frozenset(), sigmas: float = NOISE_SIGMAS) -> dict[str, float]:
+    """``measured`` rates, except that one within Poisson noise of the rate it is planned for is that
+    planned rate: over its window of ``windows_s`` seconds, the requests counted are Poisson noise
+    around those the planned rate gives (common/surge.py, at ``sigmas`` standard deviations).
+
+    The rate band of the re-planner (Nexus's [0.8, 1.1]) assumes a rate known to a few percent. A
+    session of 0.3 requests/s counts 3 requests in a 10 s window, give or take 1.7, so a long tail of
+    such sessions left some session outside its band at every evaluation and re-planned every few
+    seconds, each re-plan pushing tables to every node and resizing batches on noise. A change beyond
+    noise is planned for as before; a rate without a known window (no counts) or surging is taken as
+    measured."""
+    out = dict(measured)
+    for name, rate in measured.items():
+        was, window = planned.get(name), windows_s.get(name, 0.0)
+        if was is not None and name not in surging and window > 0 and within_noise(rate * window, was * window, sigmas):
+            out[name] = was
+    return out
+
+
+def real_surges(surges_rps: Mapping[str, float], windows_s: Mapping[str, float],
+                planned: Mapping[str, float]) -> dict[str, float]:
+    """The surges that are surges against the rate planned too (common/surge.py, the frontends' rule
+    for an early report): the workload finds a surge against the recent window's mean, which is zero
+    before a model's first requests, so the first report of a model planned for its expected rate was
+    a surge, whatever its count, and re-planned the device it ran on (the long-tail benchmark gained a
+    device from 6 requests/s measured over 2 s where 5.3 were planned). A surge of a session not
+    planned yet, or over a window not known, is taken as one."""
+    out = {}
+    for name, rate in surges_rps.items():
+        window = windows_s.get(name, 0.0)
+        if name not in planned or window <= 0 or is_surge(rate * window, planned[name] * window):
+            out[name] = rate
+    return out
+
+
+def held_surges(floors: Mapping[str, tuple[float, float]], surges_rps: Mapping[str, float],
+                measured_rps: Mapping[str, float], windows_s: Mapping[str, float], now_s: float,
+                latest: Mapping[str, tuple[float, float]] = {}) -> dict[str, tuple[float, float]]:
+    """The surges held as planned floors: session -> (rate, when it surged). A surge (of
+    :func:`real_surges`) is planned for at once, but it is the latest report only: a few seconds on,
+    the workload's planning rate is the window's mean again, which after a step still holds the counts
+    from before it, and a plan made for it gave back the capacity the surge had added (a 5x step
+    re-planned from 3 to 8 devices, then fell back to 5-6 until the window filled). So a surge's rate is
+    held, as an expected rate is, until the window's mean catches up with it (within Poisson noise
+    below it or above: :func:`settled_rates` then keeps the plan) or a whole rate window of counts has
+    been measured since it surged, or the session's ``latest`` report (rate, seconds) is beyond
+    Poisson noise below it: a burst, not a step (with Gamma arrivals of CV 3-4 one model or another
+    bursts every few seconds, and holding each burst for a window planned 14 devices where 8-11 served
+    the step). A higher surge replaces a held one; a lower one leaves it."""
+    out: dict[str, tuple[float, float]] = {}
+    for name, (rate, since) in floors.items():
+        mean, window = measured_rps.get(name), windows_s.get(name, 0.0)
+        if now_s - since >= PLAN_RATE_WINDOW_S or mean is None:
+            continue
+        if name not in surges_rps:
+            if window > 0 and (mean >= rate or within_noise(mean * window, rate * window)):
+                continue                    # the window caught up
+            latest_rps, latest_s = latest.get(name, (0.0, 0.0))
+            if latest_s > 0 and latest_rps < rate and not within_noise(latest_rps * latest_s, rate * latest_s):
+                continue                    # the surge's traffic is gone
+        out[name] = (rate, since)
+    for name, rate in surges_rps.items():
+        if name not in out or rate >= out[name][0]:
+            out[name] = (rate, now_s)
+    return out
+
+
+def session_inputs(view: ClusterView, settings: PlannerSettings, planned_rps: Mapping[str, float] = {},
+                   first_requests_s: Mapping[str, float] = {}, surges_rps: Mapping[str, float] | None = None,
+                   floors_rps: Mapping[str, float] = {}
+                   ) -> tuple[list[SessionInput], dict[str, PlannedSession], tuple[dict, dict, dict]]:
+    """The sessions to place (model sessions and query stages, rates with headroom), every planned
+    session by name, and the queries' (plans, planned rates, planned gammas). ``planned_rps``: the
+    rates the plan in force was made for (:func:`planned_rates`), which measurements within noise
+    of them keep (:func:`settled_rates`); ``surges_rps``: the surges beyond noise (:func:`real_surges`;
+    default: the view's); ``floors_rps``: the surges held (:func:`held_surges`), below which no
+    session's measured rate is planned.
+
+    A model uploaded with an expected rate is planned for it until its requests have been measured
+    for a whole rate window (``first_requests_s``: when each model's first ones were), and for the
+    larger of it and the measured rate meanwhile. Frontends report every model they route, at zero
+    before any client sends: a plan made for those zeros would meet the first requests with the
+    smallest batches, and one made for the first window's mean, half zeros, with half the capacity."""
+    headroom = 1.0 + settings.rate_headroom
+    surging = frozenset(view.surges_rps if surges_rps is None else surges_rps)
+    measured = settled_rates(view.rates_rps, view.rate_windows_s, planned_rps, surging)
+    rates = {k: max(v, floors_rps.get(k, 0.0)) * headroom for k, v in measured.items()}
+    default_rate = settings.default_rate_rps * headroom
+    present = view.device_types()
+    out: list[SessionInput] = []
+    for m in view.models:
+        if present and set(present) <= m.unloadable_on:
+            continue                         # routed with its reason, never placed again
+        since = first_requests_s.get(m.name)
+        if m.expected_rate_rps > 0 and (since is None or view.now_s - since < PLAN_RATE_WINDOW_S):
+            rate = max(m.expected_rate_rps * headroom, rates.get(m.name, 0.0) if since is not None else 0.0)
+        else:
+            rate = rates.get(m.name, default_rate)
+        out.append(SessionInput(m.name, m.slo_ms, rate, m.profiles, m.prefix_group, m.prefix_share))
+    profiles = {name: m.profiles for name, m in view.stage_models.items()}
+    stage_sessions, query_plans = plan_query_sessions(view.queries, rates, view.gammas, profiles, present,
+                                                      settings.latency_split, default_rate, settings.planner)
+    stage_model = {q.graph.session_name(st.name): st.model for q in view.queries.values() for st in q.stages}
+    planned = {s.model: PlannedSession(s.model, s.model, s.slo_ms, max(s.rate_rps, MIN_PLANNED_RATE_RPS))
+               for s in out}
+    for s in stage_sessions:
+        model = stage_model[s.model]
+        planned[s.model] = PlannedSession(s.model, model, s.slo_ms, max(s.rate_rps, MIN_PLANNED_RATE_RPS))
+        unloadable = view.stage_models[model].unloadable_on if model in view.stage_models else frozenset()
+        if not (present and set(present) <= unloadable):
+            out.append(s)
+    gammas = {(q, *k.split("->")): g for q, p in query_plans.items() for k, g in p.gammas.items()}
+    query_rates = {name: max(rates.get(name, default_rate), MIN_PLANNED_RATE_RPS) for name in view.queries}
+    return out, planned, (query_plans, query_rates, gammas)
+
+
+def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendSlot], state: PlannerState,
+                   now_s: float, force: ReplanReason | None = None, settings: PlannerSettings = PlannerSettings(),
+                   min_replicas: Mapping[str, int] = {}, demand: Mapping[str, float] = {},
+                   last_requested_s: Mapping[str, float] = {}) -> tuple[ClusterPlan, dict[str, TypeState]]:
+    """Place ``sessions`` on ``backends``, one device type at a time (steps 3 and 4 of the module
+    docstring). ``min_replicas`` per session, 0 or absent for the default. Only the sessions the
+    type's memory holds are placed, the most recently requested first (``last_requested_s``; then
+    ``demand``, measured rates); the rest are cold (globalsched/planning/residency.py). The plan carries the placement only; :func:`plan_cluster`
+    adds the sessions' and queries' views."""
+    config = settings.planner
+    margins_ms = config.margins_ms
+    by_type: dict[str, list[BackendSlot]] = {}
+    for b in backends:
+        by_type.setdefault(b.device_type, []).append(b)
+    types_by_size = sorted(by_type, key=lambda t: (-len(by_type[t]), t))
+    unplaced: dict[str, str] = {}
+    need_profile: dict[str, str] = {}
+    best_effort: dict[str, str] = {}
+    infeasible: dict[str, list[SessionInput]] = {}
+    chosen: dict[str, list[SessionInput]] = {t: [] for t in by_type}
+    for s in sessions:
+        if not backends:
+            unplaced[s.model] = "no backend is registered"
+            continue
+        usable = [t for t in types_by_size if t in s.profiles]
+        if not usable:
+            need_profile[s.model] = types_by_size[0]
+            unplaced[s.model] = (f"no profile for device type {types_by_size[0]!r} "
+                                 f"(profiles: {sorted(s.profiles) or 'none'})")
+            continue
+        feasible = [t for t in usable if 2 * s.profiles[t].latency_ms(1) <= s.slo_ms - margins_ms]
+        if not feasible:
+            t = usable[0]
+            less = f" less the {margins_ms:g} ms path allowance" if margins_ms else ""
+            best_effort[s.model] = (f"SLO {s.slo_ms:g} ms{less} is below 2*l(1) = "
+                                    f"{2 * s.profiles[t].latency_ms(1):.1f} ms on {t}; served best effort at batch 1")
+            infeasible.setdefault(t, []).append(s)
+            continue
+        chosen[feasible[0]].append(s)
+    previous: dict[str, frozenset[str]] = {}
+    if state.plan is not None:
+        for placement in state.plan.placements.values():
+            for b in placement.backends:
+                previous[b.node_id] = frozenset(s.model for s in b.sessions)
+    cold: dict[str, str] = {}
+    for device_type in list(chosen):
+        before = {name for node_id in (b.node_id for b in by_type[device_type]) for name in previous.get(node_id, ())}
+        chosen[device_type], cold_here, too_large = choose_resident(chosen[device_type], by_type[device_type],
+                                                                    device_type, demand, before, last_requested_s)
+        cold.update(cold_here)
+        unplaced.update(cold_here)
+        unplaced.update(too_large)
+    replicas = {s.model: max(1, min_replicas.get(s.model, 0) or settings.default_min_replicas) for s in sessions}
+    placements: dict[str, Placement] = {}
+    types: dict[str, TypeState] = {}
+    needed: dict[str, int] = {}
+    bounds: dict[str, int] = {}
+    throughput_bound = 0
+    reasons: dict[str, ReplanReason] = {}
+    notes = []
+    for device_type, group in chosen.items():
+        slots = by_type[device_type]
+        memory = min(b.memory_mb for b in slots)
+        gpu = GpuSpec(name=device_type, memory_mb=memory if memory > 0 else UNBOUNDED_MEMORY_MB)
+        specs = [SessionSpec(name=s.model, model=s.model, slo_ms=s.slo_ms,
+                             rate_rps=max(s.rate_rps, MIN_PLANNED_RATE_RPS),
+                             profile=s.profiles[device_type], prefix_group=s.prefix_group or None)
+                 for s in group]
+        result = plan_type(specs, gpu, slots, {s.model: s.prefix_share for s in group},
+                           state.types.get(device_type, TypeState()), now_s=now_s, min_replicas=replicas,
+                           force=force, previous=previous, config=settings.replan, solver=settings.solver,
+                           spares=settings.spare_replicas)
+        types[device_type] = result.state
+        needed[device_type], bounds[device_type] = result.devices, result.lower_bound
+        throughput_bound += result.lower_bound_throughput_only
+        reasons[device_type] = result.reason
+        notes.extend(result.notes)
+        if result.placement.overcommitted:
+            notes.append(f"{device_type}: the plan needs {result.devices} devices, {len(slots)} registered; "
+                         f"{result.placement.overcommitted} folded onto busy backends")
+        placements[device_type] = result.placement
+    for device_type, group in infeasible.items():
+        placements[device_type] = _add_best_effort(placements[device_type], group, device_type)
+    plan = ClusterPlan(placements, unplaced, need_profile, best_effort=best_effort, cold=frozenset(cold),
+                       num_devices_planned=sum(needed.values()), lower_bound=sum(bounds.values()),
+                       lower_bound_throughput_only=throughput_bound,
+                       solver=settings.solver, notes=tuple(notes), devices_needed=needed, lower_bounds=bounds,
+                       reasons=reasons)
+    return plan, types
+
+
+def _add_best_effort(placement: Placement, sessions: Sequence[SessionInput], device_type: str) -> Placement:
+    """Sessions no plan can serve within their SLO, at batch 1 on the backends running the fewest
+    sessions (beyond the plan's duty cycles: the device's execution says so)."""
+    backends = list(placement.backends)
+    for s in sessions:
+        i = min(range(len(backends)), key=lambda k: len(backends[k].sessions))
+        b = backends[i]
+        backends[i] = BackendAssignment(b.node_id, b.duty_cycle_ms,
+                                        b.sessions + (PlacedSession(s.model, 1, max(s.rate_rps, MIN_PLANNED_RATE_RPS)),),
+                                        b.exec_ms + s.profiles[device_type].latency_ms(1))
+    return Placement(tuple(backends), placement.overcommitted, placement.moved)

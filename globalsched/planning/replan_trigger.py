@@ -1,0 +1,99 @@
+"""The one way the scheduler's parts ask for a plan, and the epoch of the plan in force.
+
+Membership, model administration and the workload reports sit below the planning task and never
+hold a reference to it: they call :meth:`ReplanTrigger.request` (something the plan depends on
+changed: re-plan now), :meth:`ReplanTrigger.evaluate` (rates or time moved on: let the planner judge
+whether its plan still fits) or ``await`` :meth:`ReplanTrigger.replan_now` (a node leaves: return once
+a plan without it is applied). The planning task (globalsched/planning/control_loop.py) waits on the trigger,
+takes what accumulated with :meth:`take`, plans once for the whole burst, applies the plan and
+publishes its ``epoch`` here, which the Attach streams report to the nodes when it changes
+(:meth:`ReplanTrigger.next_epoch`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from globalsched.planning.algorithms.replan import ReplanReason
+
+log = logging.getLogger("nexus.scheduler")
+
+
+@dataclass(frozen=True)
+class Requests:
+    """What accumulated since the planning task last took it."""
+
+    force: ReplanReason | None        # None: an evaluation only (the planner's bands and epoch decide)
+    why: tuple[str, ...]
+    waiters: tuple[asyncio.Future, ...]
+
+
+class ReplanTrigger:
+    def __init__(self, epoch: int = 0) -> None:
+        self._published = asyncio.Event()  # set (and replaced) when a new epoch is published
+        self.epoch = epoch                 # of the plan in force; set by the planning task
+        self._event = asyncio.Event()
+        self._force: ReplanReason | None = None
+        self._why: list[str] = []
+        self._waiters: list[asyncio.Future] = []
+        self._waiting_requests = False     # requests wait for this plan (a cold model's page-in)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._epoch = value
+        self._published.set()              # wakes every next_epoch() waiting on the previous one
+        self._published = asyncio.Event()
+
+    async def next_epoch(self, seen: int) -> int:
+        """Wait until an epoch other than ``seen`` is published, and return it (at once when one is)."""
+        while self._epoch == seen:
+            await self._published.wait()
+        return self._epoch
+
+    def request(self, why: str, membership: bool = False, requests_wait: bool = False) -> None:
+        """Re-plan now: ``membership`` when devices were lost or added (repair in place, at once);
+        ``requests_wait`` when requests are held until the plan is in force (a cold model paged in):
+        planned without delay too."""
+        log.info("re-plan requested: %s", why)
+        self._waiting_requests = self._waiting_requests or requests_wait
+        if membership or self._force is ReplanReason.MEMBERSHIP:
+            self._force = ReplanReason.MEMBERSHIP
+        else:
+            self._force = ReplanReason.SESSIONS_CHANGED
+        if why not in self._why:           # a cold model requested by every report until paged in: once
+            self._why.append(why)
+        self._event.set()
+
+    def evaluate(self) -> None:
+        """Let the planner judge whether the plan still fits (after its cooldown, by its bands)."""
+        self._event.set()
+
+    async def replan_now(self, why: str) -> None:
+        """A forced membership re-plan; returns once the plan made for it has been applied, or
+        raises what planning raised."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self.request(why, membership=True)
+        await waiter
+
+    @property
+    def urgent(self) -> bool:
+        """Whether the pending request is a membership repair or a page-in (planned without delay)."""
+        return self._force is ReplanReason.MEMBERSHIP or self._waiting_requests
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+    def take(self) -> Requests:
+        """Everything asked for since the last take; the trigger is clear afterwards."""
+        self._event.clear()
+        taken = Requests(self._force, tuple(self._why), tuple(self._waiters))
+        self._force, self._why, self._waiters = None, [], []
+        self._waiting_requests = False
+        return taken

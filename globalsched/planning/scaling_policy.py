@@ -1,0 +1,170 @@
+"""How many devices of each type to have: a pure policy, ``decisions, state = desired_devices(...)``.
+
+Inputs per device type (:class:`TypeDemand`): the devices the plan uses, the backends registered,
+what the plan's batches serve of each session placed there against its measured rate, and what
+moving each backend's sessions would cost. Output per type (:class:`ScalingDecision`): the desired count, why, and when it is below
+the registered count, which backend to drain first.
+
+The rules (an operator's expectations: no flapping, nothing lost, no idle device held for long):
+
+* **Up at once.** The raw need is the plan's devices, times the ratio by which demand outruns what
+  the plan's batches can serve when it does by more than ``outrun_ratio`` (the plan catches up after
+  it; the devices should already be starting). Demand counts each session at its capacity, or at
+  its measured rate where that outruns the capacity beyond the noise of the rate window's counts,
+  bursts included (globalsched/actuators/device_scaler.py, :func:`outrunning_rps`: a burst, or a step the
+  planner already re-plans for, adds only the devices the plan uses); an idle session's room does
+  not absorb another's excess, and the capacity is the throughput of its planned batches, not the
+  rate it was planned for: a plan for a few requests per second on a device that serves hundreds
+  needs no device more when they come. Then times 1 + ``headroom``,
+  rounded up, within the bounds. When it exceeds the registered count the desired count is that
+  need, at once: this covers a plan that folds sessions onto busy devices.
+* **Down after a cool-down, to what the window needed.** The desired count never drops below the
+  largest raw need seen over the last ``cooldown_s`` (the stabilization window of Kubernetes' HPA):
+  that need is the plan's devices with demand and headroom counted, so the survivors absorb the
+  load (the N/(N-1) check, for any number removed). Once surplus has lasted a whole cool-down, the
+  desired count drops to that need at once, however many devices that removes, and holds there
+  for the next cool-down (one step per cool-down: no flapping). Removing one device per cool-down
+  took 120 devices 110 cool-downs to shrink (benchmarks/simulator.md). The device drained is the
+  one whose sessions move most cheaply (an idle one first; then the fewest planned requests per
+  second), and scaling down goes through the backend's drain (SIGTERM, then ``Leave``), so no
+  request is lost.
+* **Bounds.** ``min``/``max`` per device type (``--min-devices``/``--max-devices``); when the
+  maximum binds and the plan folds sessions, the decision says so.
+
+Time is passed in; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+from common.config import DeviceBounds
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    cooldown_s: float = 60.0        # surplus must last this long, and removals are this far apart
+    headroom: float = 0.0           # devices beyond the plan's, as a fraction of it
+    outrun_ratio: float = 1.1       # demand / capacity above which demand, not the plan, sets the need
+    bounds: DeviceBounds = field(default_factory=DeviceBounds)
+
+
+@dataclass(frozen=True)
+class TypeDemand:
+    """One device type as the policy sees it."""
+
+    device_type: str
+    needed: int                      # devices the plan uses (before folding onto those registered)
+    registered: int
+    capacity_rps: float = 0.0        # what the plan's batches serve of the sessions placed on this type
+    demand_rps: float = 0.0          # each such session at its capacity or, beyond noise above it, its measured rate
+    folded: int = 0                  # plan devices folded onto busy backends
+    move_cost: Mapping[str, float] = field(default_factory=dict)   # backend -> planned rps of its sessions
+
+
+@dataclass(frozen=True)
+class ScalingDecision:
+    device_type: str
+    desired: int
+    registered: int
+    needed: int                      # the raw need (plan, demand, headroom, bounds) now
+    reason: str
+    drain: str = ""                  # backend to drain first when desired < registered
+
+
+@dataclass(frozen=True)
+class TypeHistory:
+    needs: tuple[tuple[float, int], ...] = ()     # (time, raw need) within the last cooldown
+    last_down_s: float | None = None              # when the desired count last dropped
+    desired: int | None = None
+    down_to: int | None = None                    # the count the last drop aimed at
+
+
+@dataclass(frozen=True)
+class ScalingState:
+    types: Mapping[str, TypeHistory] = field(default_factory=dict)
+
+
+def shifted(state: ScalingState, offset_s: float) -> ScalingState:
+    """``state`` with every time moved by ``offset_s``: the history another process kept (a leader that
+    a standby replaced) on the clock of this one, so that its cool-downs run on where they were."""
+    types = {t: replace(h, needs=tuple((when + offset_s, need) for when, need in h.needs),
+                        last_down_s=None if h.last_down_s is None else h.last_down_s + offset_s)
+             for t, h in state.types.items()}
+    return ScalingState(types)
+
+
+def desired_devices(demands: Mapping[str, TypeDemand], state: ScalingState, config: ScalingConfig, now_s: float
+                    ) -> tuple[dict[str, ScalingDecision], ScalingState]:
+    decisions: dict[str, ScalingDecision] = {}
+    types: dict[str, TypeHistory] = {}
+    for t, d in demands.items():
+        decisions[t], types[t] = _decide(d, state.types.get(t, TypeHistory()), config, now_s)
+    return decisions, ScalingState(types)
+
+
+def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: float
+            ) -> tuple[ScalingDecision, TypeHistory]:
+    low, high = config.bounds.of(d.device_type)
+    need, why = d.needed, f"the plan uses {d.needed}"
+    if d.capacity_rps > 0 and d.demand_rps > config.outrun_ratio * d.capacity_rps:
+        ratio = d.demand_rps / d.capacity_rps
+        need = math.ceil(d.needed * ratio - 1e-9)
+        why = (f"demand {d.demand_rps:.0f} rps outruns the {d.capacity_rps:.0f} rps the plan's batches serve "
+               f"(x{ratio:.2f}): {need} for the plan's {d.needed}")
+    if config.headroom > 0 and need > 0:
+        need = math.ceil(need * (1 + config.headroom) - 1e-9)
+        why += f", {config.headroom:.0%} headroom: {need}"
+    raw = need
+    if need > high:
+        why += f"; capped at --max-devices {high}"
+        if d.folded:
+            why += f" ({d.folded} plan devices folded onto busy backends)"
+        need = high
+    if need < low:
+        need, why = low, why + f"; --min-devices {low}"
+    needs = tuple((t, n) for t, n in history.needs if now_s - t < config.cooldown_s) + ((now_s, need),)
+    window_max = max(n for _, n in needs)
+    registered = d.registered
+    # A type seen for the first time (a scheduler that just started, whose backends re-register
+    # before its first plan) waits a whole cool-down before anything goes, as after a removal.
+    last_down = now_s if not history.needs else history.last_down_s
+    down_to: int | None = None
+    if need > registered:
+        desired = need
+        if d.folded and raw <= high:
+            why = f"{why}; {d.folded} plan devices folded onto busy backends: add {need - registered}"
+        else:
+            why = f"{why}: add {need - registered}"
+    elif window_max >= registered:
+        desired = registered
+        if need < registered:
+            why = f"{why}; {registered - need} surplus, held for the {config.cooldown_s:g} s cool-down"
+    elif last_down is not None and now_s - last_down < config.cooldown_s:
+        # the removal in progress goes on to its aim; a lower count left from when fewer were
+        # registered (backends that missed heartbeats and came back) is no licence to remove any
+        aim = history.down_to if history.down_to is not None and history.desired is not None \
+            and history.desired < registered else registered
+        desired = max(aim, window_max)
+        why = f"{why}; surplus, next removal {config.cooldown_s - (now_s - last_down):.0f} s after the last"
+        if desired < registered:
+            why = f"{why}; removing {registered - desired} more to {desired}"
+    else:
+        desired = window_max
+        down_to = desired
+        last_down = now_s
+        why = (f"{why}; surplus for {config.cooldown_s:g} s: remove {registered - desired} "
+               f"(the most needed within it: {window_max})")
+    desired = max(min(desired, max(high, low)), low)
+    drain = ""
+    if desired < registered and d.move_cost:
+        drain = min(d.move_cost, key=lambda n: (d.move_cost[n], n))
+        cost = d.move_cost[drain]
+        why += f" ({drain}: {'idle' if cost == 0 else f'its sessions carry {cost:.0f} rps'})"
+    if desired == registered and need == registered:
+        why = f"{why}: steady"
+    decision = ScalingDecision(d.device_type, desired, registered, need, why, drain)
+    return decision, replace(history, needs=needs, last_down_s=last_down, desired=desired,
+                             down_to=down_to if down_to is not None else history.down_to)

@@ -1,0 +1,1 @@
+"""The scheduler's gRPC edge: the servicer, protobuf conversion, status replies and the metrics port."""

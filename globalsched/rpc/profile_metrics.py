@@ -1,0 +1,59 @@
+"""The profiles in service on the scheduler's metrics port, read at scrape time from the model
+administration (globalsched/state/profile_book.py says what each figure is):
+
+- ``nexus_profile_latency_seconds{model, device_type, source, batch}``: l(b) of the table, the
+  measured profile and the prediction (``source``), at batches 1, 2, 4, ... and the largest;
+- ``nexus_profile_in_use{model, device_type, source}``: 1 for the profile the plan uses;
+- ``nexus_profile_samples{model, device_type, kind}``: serving samples held (``clean``), left out as
+  ``contended``, and ``lost`` on the way (more than a report holds);
+- ``nexus_profile_drift_ratio{model, device_type}``: the last update's drift from the profile in use;
+- ``nexus_profile_prediction_error_ratio{model, device_type, stat}``: once a measurement replaced a
+  prediction, its ``mean`` and ``max`` relative error of l(b) and its ``bias`` (positive: pessimistic);
+- ``nexus_profile_invalid_samples_total``: samples backends sent that were no measurement.
+"""
+
+from __future__ import annotations
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from globalsched.rpc.convert import profile_curve
+from globalsched.state.model_admin import ModelAdmin
+
+
+class ProfileCollector(Collector):
+    def __init__(self, admin: ModelAdmin) -> None:
+        self.admin = admin
+
+    def collect(self):
+        latency = GaugeMetricFamily("nexus_profile_latency_seconds", "l(b) of a profile of the model on the device "
+                                    "type: its table, measured profile or prediction",
+                                    labels=["model", "device_type", "source", "batch"])
+        in_use = GaugeMetricFamily("nexus_profile_in_use", "1 for the profile the plan uses",
+                                   labels=["model", "device_type", "source"])
+        samples = GaugeMetricFamily("nexus_profile_samples", "serving samples held (clean), left out (contended) "
+                                    "and lost on the way", labels=["model", "device_type", "kind"])
+        drift = GaugeMetricFamily("nexus_profile_drift_ratio", "the measurement's relative drift from the profile "
+                                  "in use at its last update", labels=["model", "device_type"])
+        error = GaugeMetricFamily("nexus_profile_prediction_error_ratio", "relative error of l(b) of the prediction "
+                                  "a measurement replaced", labels=["model", "device_type", "stat"])
+        for r in self.admin.in_service.profile_reports():
+            key = [r.model, r.device_type]
+            for source, profile in (("table", r.table), ("measured", r.measured), ("predicted", r.predicted)):
+                if profile is None:
+                    continue
+                curve = profile_curve(profile)
+                for b, ms in zip(curve.batch, curve.latency_ms):
+                    latency.add_metric([*key, source, str(b)], ms / 1000.0)
+            in_use.add_metric([*key, r.in_use], 1.0)
+            for kind, n in (("clean", r.samples), ("contended", r.contended_samples), ("lost", r.lost_samples)):
+                samples.add_metric([*key, kind], n)
+            drift.add_metric(key, r.drift)
+            if r.replaced is not None:
+                for stat, v in (("mean", r.replaced.error.mean_rel), ("max", r.replaced.error.max_rel),
+                                ("bias", r.replaced.error.bias)):
+                    error.add_metric([*key, stat], v)
+        invalid = CounterMetricFamily("nexus_profile_invalid_samples", "latency samples backends sent that were no "
+                                      "measurement (ignored)")
+        invalid.add_metric([], self.admin.in_service.invalid_samples)
+        yield from (latency, in_use, samples, drift, error, invalid)

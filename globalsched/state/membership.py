@@ -1,0 +1,247 @@
+"""Who is in the cluster: registration, heartbeats, Attach streams, Leave, and removal of lost nodes.
+
+A node registers with the address its peers dial; a wildcard host is replaced by the host the
+registration came from, and the scheduler dials the node back (a health check) before admitting it,
+so a node nobody can reach never joins the plan. Each registered node holds an Attach stream open:
+its end removes the node at once, and missed heartbeats (the reaper) are the backstop. The stream
+carries the plan's epoch when it changes, nothing in between. A stopping
+node calls Leave, and its sessions are re-planned before the reply. Every way a node goes ends in
+:meth:`Membership.remove_node` or :meth:`Membership.leave`: its reports are forgotten, its channel
+closed and the plan repaired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import time
+import urllib.parse
+import uuid
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from common import grpc_util
+from common.config import WILDCARD_HOSTS, SchedulerConfig, join_host_port, split_host_port
+from common.health import LIVENESS
+from common.pb import control, control_grpc
+from common.security import Credentials
+from globalsched.state.failure_detector import DetectorConfig, DetectorState, detect
+from globalsched.refusal import Refused
+from globalsched.planning.replan_trigger import ReplanTrigger
+from globalsched.state.rate_reports import Workload
+
+log = logging.getLogger("nexus.scheduler")
+
+DIAL_BACK_TIMEOUT_S = 3.0       # a registering node must answer the scheduler's health check within this
+
+
+def peer_host(peer: str) -> str:
+    """The IP address in a gRPC peer string (``ipv4:10.0.0.2:5123``, ``ipv6:[fd00::2]:5123``, the
+    brackets possibly %-encoded); an IPv4-mapped IPv6 address gives its IPv4 form. ValueError for
+    peers without one (a Unix socket)."""
+    kind, _, rest = urllib.parse.unquote(peer).partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        raise ValueError(f"cannot tell the address of a peer on {peer!r}")
+    host, _ = split_host_port(rest)
+    ip = ipaddress.ip_address(host.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return host
+
+
+def advertised_address(address: str, peer: str) -> str:
+    """Where peers reach a registering node: its own ``address`` (its --advertise, or where it listens),
+    with a wildcard host (0.0.0.0, [::]) replaced by the host the registration came from."""
+    try:
+        host, port = split_host_port(address)
+    except ValueError as exc:
+        raise ValueError(f"address must be HOST:PORT, got {address!r} ({exc})") from None
+    if port == 0:
+        raise ValueError(f"address {address!r} has no port")
+    if host in WILDCARD_HOSTS:
+        host = peer_host(peer)
+    return join_host_port(host, port)
+
+
+@dataclass
+class Node:
+    node_id: str
+    kind: int
+    address: str
+    device: str = ""
+    device_type: str = ""
+    memory_mb: float = 0.0
+    last_seen: float = field(default_factory=time.monotonic)
+    stub: object = None
+    channel: object = None
+    # set once the node is no longer registered (removed, left, or replaced by a re-registration):
+    # it ends the node's Attach stream
+    gone: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)
+
+
+class Membership:
+    """The registered nodes (``nodes``, shared read-only with the other parts of the scheduler); every
+    change of membership asks ``trigger`` for a plan."""
+
+    def __init__(self, config: SchedulerConfig, creds: Credentials, workload: Workload,
+                 trigger: ReplanTrigger) -> None:
+        self.config = config
+        self.creds = creds
+        self.workload = workload
+        self.trigger = trigger
+        self.nodes: dict[str, Node] = {}
+        self.stopping = False
+
+    def backends(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.kind == control.NODE_KIND_BACKEND]
+
+    def frontends(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.kind == control.NODE_KIND_FRONTEND]
+
+    async def register(self, request: control.RegisterRequest, peer: str) -> control.RegisterReply:
+        """Admit a node (re-registering replaces its old entry); Refused says why not."""
+        if request.kind not in (control.NODE_KIND_FRONTEND, control.NODE_KIND_BACKEND):
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "kind must be FRONTEND or BACKEND")
+        try:
+            address = advertised_address(request.address, peer)
+        except ValueError as exc:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        kind = "frontend" if request.kind == control.NODE_KIND_FRONTEND else "backend"
+        problem = await self._dial_back(address)
+        if problem:
+            log.warning("refused %s registering from %s: %s", kind, peer, problem)
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                                  f"the scheduler cannot reach this {kind} at {address} ({problem}); start it with "
+                                  f"--advertise HOST:PORT, an address the scheduler and the frontends can dial")
+        node_id = request.node_id or f"{'fe' if request.kind == control.NODE_KIND_FRONTEND else 'be'}-{uuid.uuid4().hex[:8]}"
+        old = self._forget(node_id)
+        if old is not None and old.channel is not None:
+            await old.channel.close()
+        node = Node(node_id, request.kind, address, request.device, request.device_type or request.device,
+                    request.memory_mb)
+        node.channel = grpc_util.aio_channel(node.address, self.creds)
+        if request.kind == control.NODE_KIND_BACKEND:
+            node.stub = control_grpc.BackendStub(node.channel)
+        else:
+            node.stub = control_grpc.FrontendStub(node.channel)
+        self.nodes[node_id] = node
+        self.trigger.request(f"{node_id} registered at {node.address}")
+        return control.RegisterReply(node_id=node_id, heartbeat_interval_ms=self.config.heartbeat_interval_ms,
+                                     address=address)
+
+    async def _dial_back(self, address: str) -> str:
+        """Why the scheduler cannot reach a registering node at ``address`` ("" when it answers a health
+        check): a node its peers cannot dial would otherwise be a silent black hole."""
+        channel = grpc_util.aio_channel(address, self.creds)
+        try:
+            await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=LIVENESS),
+                                                            timeout=DIAL_BACK_TIMEOUT_S)
+            return ""
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return f"no answer within {DIAL_BACK_TIMEOUT_S:g} s"
+            return f"{exc.code().name}: {exc.details()}"
+        finally:
+            await channel.close()
+
+    def heartbeat(self, node_id: str) -> bool:
+        """Note a node's heartbeat; False for a node the scheduler does not know (it registers again)."""
+        node = self.nodes.get(node_id)
+        if node is None:
+            return False
+        node.last_seen = time.monotonic()
+        return True
+
+    async def leave(self, node_id: str) -> None:
+        """A stopping node leaves the plan: its sessions are planned elsewhere and every table pushed
+        before this returns, so once it has the reply no frontend routes to it any more. Refused when
+        the re-plan failed."""
+        node = self._forget(node_id)
+        if node is None:
+            return
+        self.workload.forget(node.node_id)
+        if node.kind == control.NODE_KIND_BACKEND:
+            log.info("%s leaves; moving its sessions", node.node_id)
+            try:
+                await self.trigger.replan_now(f"{node_id} leaves")
+            except Exception:
+                log.exception("re-planning without %s failed", node.node_id)
+                raise Refused(grpc.StatusCode.INTERNAL, f"could not re-plan without {node.node_id}") from None
+        else:
+            log.info("%s leaves", node.node_id)
+        if node.channel is not None:
+            await node.channel.close()
+
+    async def attach(self, node_id: str):
+        """Events for a node's Attach stream while it is registered; the stream's end (the node died
+        or stopped) removes the node at once, without waiting for missed heartbeats."""
+        node = self.nodes.get(node_id)
+        if node is None:
+            raise Refused(grpc.StatusCode.NOT_FOUND, f"unknown node {node_id!r}; register first")
+        epoch = self.trigger.epoch
+        try:
+            while self.nodes.get(node_id) is node:
+                yield control.AttachEvent(epoch=epoch)
+                epoch = await self._next_epoch(node, epoch)
+        finally:
+            if not self.stopping and self.nodes.get(node_id) is node:
+                await self.remove_node(node.node_id, "its Attach stream ended")
+
+    async def _next_epoch(self, node: Node, seen: int) -> int:
+        """The next plan epoch published while ``node`` is registered, or ``seen`` once it is gone.
+
+        The stream carries an event only when there is news: a new epoch, or its end. It used to
+        send one every heartbeat interval as a keep-alive, a wake-up per node per second at idle;
+        the channels' HTTP/2 keepalive pings (common/grpc_util.py) tell a dead or hung peer."""
+        gone = asyncio.ensure_future(node.gone.wait())
+        published = asyncio.ensure_future(self.trigger.next_epoch(seen))
+        try:
+            await asyncio.wait({gone, published}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            published.cancel()
+        return seen if node.gone.is_set() else self.trigger.epoch
+
+    def _forget(self, node_id: str) -> Node | None:
+        """Take ``node_id`` out of the registered nodes (which ends its Attach stream); the node, if it was."""
+        node = self.nodes.pop(node_id, None)
+        if node is not None:
+            node.gone.set()
+        return node
+
+    async def remove_node(self, node_id: str, why: str) -> None:
+        """Forget a node now (its stream ended, or it missed heartbeats) and repair the plan."""
+        node = self._forget(node_id)
+        if node is None:
+            return
+        log.warning("%s removed: %s", node_id, why)
+        self.workload.forget(node_id)
+        self.trigger.request(f"{node_id} left", membership=True)
+        if node.channel is not None:
+            await node.channel.close()
+
+    async def reaper(self) -> None:
+        """The backstop: remove nodes whose heartbeats stopped (their stream's end is the fast path), as
+        the failure detector judges them (globalsched/state/failure_detector.py)."""
+        config = DetectorConfig(timeout_s=self.config.node_timeout_s,
+                                interval_s=self.config.heartbeat_interval_ms / 1000)
+        state = DetectorState()
+        note = ""
+        while True:
+            await asyncio.sleep(config.interval_s)
+            verdict, state = detect({n.node_id: n.last_seen for n in self.nodes.values()}, state, time.monotonic(),
+                                    config)
+            if verdict.note and not note:
+                log.warning("%s", verdict.note)
+            note = verdict.note
+            for node_id, why in verdict.removed:
+                await self.remove_node(node_id, why)
+
+    async def close(self) -> None:
+        self.stopping = True
+        for node in self.nodes.values():
+            if node.channel is not None:
+                await node.channel.close()

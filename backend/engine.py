@@ -74,6 +74,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -86,6 +87,7 @@ from backend.latency_samples import SampleRecorder
 from common.batch_decision import BatchPolicy, Decision, Pending, Queue, remove_taken, saturated_batch, schedule
 from common.profile import Profile
 from common.tensors import TensorSpec
+from common.exec_status import ExecStatus
 
 
 log = logging.getLogger("nexus.backend.engine")
@@ -94,9 +96,9 @@ BUSY_LOG_S = 60.0   # batches remembered for windowed utilisation
 
 
 class ExecError(Exception):
-    """A request the engine refuses; ``status`` is a control.ExecStatus value name."""
+    """A request the engine refuses, with the status its reply carries."""
 
-    def __init__(self, status: str, message: str) -> None:
+    def __init__(self, status: ExecStatus, message: str) -> None:
         super().__init__(message)
         self.status = status
 
@@ -118,7 +120,7 @@ class Work:
 
 @dataclass
 class Outcome:
-    status: str                                  # "EXEC_OK", "EXEC_DEADLINE", "EXEC_INTERNAL", ...
+    status: ExecStatus
     message: str = ""
     outputs: list[np.ndarray] | None = None
     queue_ns: int = 0
@@ -393,8 +395,10 @@ class Engine:
 
     def __init__(self, policy: BatchPolicy, clock: Callable[[], float] = time.monotonic, *,
                  wall_clock: Callable[[], float] = time.time,
-                 deliver: Callable[..., object] | None = None, start: bool = True) -> None:
+                 deliver: Callable[..., object] | None = None, start: bool = True,
+                 executor_cpus: frozenset[int] = frozenset()) -> None:
         self.policy = policy
+        self.executor_cpus = executor_cpus     # the executor thread's CPUs (empty: the process's)
         self.clock = clock
         self.wall_clock = wall_clock
         # deliver(fn, arg) runs fn(arg) where the done callbacks belong (the server passes
@@ -510,11 +514,11 @@ class Engine:
         """Queue ``work``; return its queue entry (for :meth:`cancel`). Takes no lock the executor holds."""
         session = self.sessions.get(work.model)
         if session is None:
-            raise ExecError("EXEC_NOT_FOUND", f"model {work.model!r} is not loaded on this backend")
+            raise ExecError(ExecStatus.NOT_FOUND, f"model {work.model!r} is not loaded on this backend")
         if session.depth.queued >= session.max_queue:
             with self.stats_lock:
                 session.stats.dropped += 1
-            raise ExecError("EXEC_OVERLOADED", f"queue of {work.model!r} is full ({session.max_queue})")
+            raise ExecError(ExecStatus.OVERLOADED, f"queue of {work.model!r} is full ({session.max_queue})")
         item = Pending(next(self._ids), work.deadline_s, work.arrival_s, work, work.rows)
         session.depth.submitted += 1
         self._live[item.request_id] = item
@@ -583,7 +587,7 @@ class Engine:
         for item in unknown:
             if self._live.pop(item.request_id, None) is not None:
                 self._post([(item.payload, Outcome(
-                    "EXEC_NOT_FOUND", f"model {item.payload.model!r} is not loaded on this backend"))])
+                    ExecStatus.NOT_FOUND, f"model {item.payload.model!r} is not loaded on this backend"))])
 
     def _decide(self) -> "tuple[Decision, Session | SharedPrefix | None, list[Pending], list[Pending]]":
         """Under the lock: the scheduling decision now, its unit, and the requests it runs and drops
@@ -637,7 +641,7 @@ class Engine:
             with self.stats_lock:
                 session.stats.dropped += 1
                 session.stats.fail_count += 1
-            answers.append((p.payload, Outcome("EXEC_DEADLINE", f"dropped: cannot meet its deadline "
+            answers.append((p.payload, Outcome(ExecStatus.DEADLINE, f"dropped: cannot meet its deadline "
                                                                      f"({(p.deadline_s - now) * 1000:.1f} ms left)")))
         if batch:
             if isinstance(unit, Session):
@@ -696,6 +700,8 @@ class Engine:
             _finish(job, error=error)
 
     def _loop(self) -> None:
+        if self.executor_cpus:
+            os.sched_setaffinity(0, self.executor_cpus)     # this thread only
         while not self._stop:
             self._wake.clear()
             decision, warmed = self.turn()
@@ -819,9 +825,9 @@ def _outcomes(works: list[Work], parts: list[list[np.ndarray]], error: str | Non
     """Each request's outcome: its outputs, or ``error``."""
     for i, w in enumerate(works):
         if error is not None:
-            answers.append((w, Outcome("EXEC_INTERNAL", error)))
+            answers.append((w, Outcome(ExecStatus.INTERNAL, error)))
             continue
-        answers.append((w, Outcome("EXEC_OK", outputs=parts[i], queue_ns=max(int((phases.start - w.arrival_s) * 1e9), 0),
+        answers.append((w, Outcome(ExecStatus.OK, outputs=parts[i], queue_ns=max(int((phases.start - w.arrival_s) * 1e9), 0),
                                    compute_ns=phases.total_ns, batch_size=batch_rows, input_ns=phases.input_ns,
                                    first_in_batch=i == 0)))
 

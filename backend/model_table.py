@@ -46,6 +46,7 @@ from common.emulated_gpus import OUT_OF_MEMORY
 from common.pb import control
 from common.profile import Profile
 from common.warmup_spec import WarmupError, from_pb as warmup_from_pb
+from common.exec_status import ExecStatus
 
 log = logging.getLogger("nexus.backend")
 
@@ -320,7 +321,7 @@ class ModelTables:
         return out
 
     def _fail_queue(self, session: Session, why: str) -> None:
-        self.engine.fail_queued(session, Outcome("EXEC_NOT_FOUND", why))
+        self.engine.fail_queued(session, Outcome(ExecStatus.NOT_FOUND, why))
 
 
 def _without_failed(groups: list[SharedPrefix], sessions: dict[str, Session]) -> list[SharedPrefix]:

@@ -45,6 +45,7 @@ from common.pb import control, control_grpc
 from common.registration import keep_registered
 from common.scheduler_connection import SchedulerConnection
 from common.security import Credentials
+from common.exec_status import ExecStatus
 
 log = logging.getLogger("nexus.backend")
 
@@ -99,7 +100,7 @@ class BackendService(control_grpc.BackendServicer):
     def _work(self, item: control.ExecItem, now: float, done) -> Work:
         session = self.engine.sessions.get(item.model)
         if session is None:
-            raise ExecError("EXEC_NOT_FOUND", f"model {item.model!r} is not loaded on this backend")
+            raise ExecError(ExecStatus.NOT_FOUND, f"model {item.model!r} is not loaded on this backend")
         cached = self._row_nbytes.get(item.model)
         if cached is None or cached[0] is not session:      # computed once per loaded session
             cached = self._row_nbytes[item.model] = (session, item_nbytes(session))
@@ -131,7 +132,7 @@ class BackendService(control_grpc.BackendServicer):
                     if item.cancel:     # the client gave up: a request still queued never runs
                         entry = queued.pop(item.request_id, None)
                         if entry is not None and self.engine.cancel(entry):
-                            finished((item.request_id, Outcome("EXEC_CANCELLED", "cancelled by the frontend"),
+                            finished((item.request_id, Outcome(ExecStatus.CANCELLED, "cancelled by the frontend"),
                                       received_ns))
                         continue
                     try:
@@ -249,7 +250,7 @@ async def serve(config: BackendConfig, ready=None) -> None:
         raise SystemExit(f"nexus backend: error: {problem}")
     # The executor thread must get the interpreter back quickly after a batch (default: 5 ms).
     sys.setswitchinterval(0.0005)
-    engine = Engine(POLICIES[config.policy]())
+    engine = Engine(POLICIES[config.policy](), executor_cpus=config.executor_cpu_set())
     engine.samples = SampleRecorder()
     monitor = None
     if config.device == "cpu":      # batches run on the host's cores: other work there contends them

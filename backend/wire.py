@@ -1,8 +1,8 @@
 """The backend's wire codec: a request's raw tensors into arrays (no copy), an outcome into its reply,
 the engine's counters into a ``BackendStats`` message; and the key a runtime is loaded under.
 
-The engine's outcome statuses are the ``ExecStatus`` names of the control protocol, so the reply
-carries them by value.
+The engine's outcome statuses are :class:`common.exec_status.ExecStatus`, whose values are the control
+protocol's, so the reply carries them as they are.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from backend.engine import Engine, ExecError, Outcome, Session
 from common.pb import control
 from common.tensors import TensorSpec
 from common.version_policy import version_key
+from common.exec_status import ExecStatus
 
-_STATUS = {name: control.ExecStatus.Value(name) for name in control.ExecStatus.keys()}
 _BYTES_PER_MB = 1024 * 1024
 UTILIZATION_WINDOW_S = 10.0
 
@@ -49,7 +49,7 @@ def decode_inputs(session: Session, item: control.ExecItem,
     that each tensor's length fits its shape (``row_nbytes``: :func:`item_nbytes`, computed once per
     session by the caller) before ``np.frombuffer`` (which copies nothing)."""
     if len(item.inputs) != len(session.inputs):
-        raise ExecError("EXEC_INVALID", f"expected {len(session.inputs)} inputs, got {len(item.inputs)}")
+        raise ExecError(ExecStatus.INVALID, f"expected {len(session.inputs)} inputs, got {len(item.inputs)}")
     rows = item.rows or 1
     if row_nbytes is None:
         row_nbytes = item_nbytes(session)
@@ -57,7 +57,7 @@ def decode_inputs(session: Session, item: control.ExecItem,
         arrays = []
         for spec, raw, size in zip(session.inputs, item.inputs, row_nbytes):
             if len(raw) != rows * size:
-                raise ExecError("EXEC_INVALID", f"input {spec.name!r}: expected {rows * size} bytes for shape "
+                raise ExecError(ExecStatus.INVALID, f"input {spec.name!r}: expected {rows * size} bytes for shape "
                                                 f"{[rows, *spec.shape]}, got {len(raw)}")
             arrays.append(np.frombuffer(raw, dtype=spec.dtype).reshape(rows, *spec.shape))
         return arrays
@@ -66,10 +66,10 @@ def decode_inputs(session: Session, item: control.ExecItem,
     for spec, raw in zip(session.inputs, item.inputs):
         shape = shapes.get(spec.name) or (rows, *spec.shape)
         if any(d < 0 for d in shape):
-            raise ExecError("EXEC_INVALID", f"input {spec.name!r}: variable dimensions need an explicit shape")
+            raise ExecError(ExecStatus.INVALID, f"input {spec.name!r}: variable dimensions need an explicit shape")
         expected = int(np.prod(shape, dtype=np.int64)) * spec.dtype.itemsize
         if len(raw) != expected:
-            raise ExecError("EXEC_INVALID", f"input {spec.name!r}: expected {expected} bytes for shape "
+            raise ExecError(ExecStatus.INVALID, f"input {spec.name!r}: expected {expected} bytes for shape "
                                             f"{list(shape)}, got {len(raw)}")
         arrays.append(np.frombuffer(raw, dtype=spec.dtype).reshape(shape))
     return arrays
@@ -78,7 +78,7 @@ def decode_inputs(session: Session, item: control.ExecItem,
 def encode_result(request_id: int, outcome: Outcome, received_ns: int = 0) -> control.ExecResult:
     """The reply to a request; ``received_ns`` (``time.monotonic_ns`` when the item arrived) gives its
     ``backend_ns``."""
-    result = control.ExecResult(request_id=request_id, status=_STATUS[outcome.status], message=outcome.message,
+    result = control.ExecResult(request_id=request_id, status=outcome.status, message=outcome.message,
                                 queue_ns=outcome.queue_ns, compute_ns=outcome.compute_ns,
                                 batch_size=outcome.batch_size, compute_input_ns=outcome.input_ns,
                                 first_in_batch=outcome.first_in_batch,

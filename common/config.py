@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import os
 import pathlib
 import types
 import typing
@@ -413,6 +414,9 @@ class BackendConfig:
     device_type: str = field(default="", metadata={"help": "profile key of the device (default: derived from --device)"})
     memory_mb: float = field(default=0.0, metadata={"help": "device memory for models (0: detect)"})
     threads: int = field(default=0, metadata={"help": "intra-op threads per model on CPU (0: the runtime's default, one per core)"})
+    executor_cpus: str = field(default="", metadata={
+        "help": "CPUs the executor thread (where the runtime runs batches) is pinned to, e.g. 3 or 2,3; the "
+                "backend's other threads keep the process's CPUs (empty: no pinning)"})
     policy: str = field(default="early_drop", metadata={"help": "batch policy: early_drop | earliest_first"})
     max_queue: int = field(default=4096, metadata={"help": "queued requests per session before shedding"})
     metrics_port: int = field(default=0, metadata={
@@ -445,6 +449,7 @@ class BackendConfig:
             raise ConfigError(f"--metrics-port: expected 0 (off) or a port number, got {self.metrics_port}")
         if self.threads < 0:
             raise ConfigError(f"--threads: must be >= 0, got {self.threads}")
+        self.executor_cpu_set()
         _check_positive("max_queue", self.max_queue)
         if not (self.device == "cpu" or self.device.startswith("cuda") or self.device.startswith("emulated:")):
             raise ConfigError(f"--device: expected cpu, cuda[:N] or emulated:<gpu-name>, got {self.device!r}")
@@ -454,6 +459,21 @@ class BackendConfig:
             check_device(self.device)
         except UnknownGpuError as exc:
             raise ConfigError(f"--device: {exc}") from None
+
+    def executor_cpu_set(self) -> frozenset[int]:
+        """``--executor-cpus`` as CPU numbers (empty: no pinning); ConfigError names what is wrong."""
+        if not self.executor_cpus.strip():
+            return frozenset()
+        try:
+            cpus = frozenset(int(c) for c in self.executor_cpus.split(","))
+        except ValueError:
+            raise ConfigError(f"--executor-cpus: expected CPU numbers separated by commas, got "
+                              f"{self.executor_cpus!r}") from None
+        usable = os.sched_getaffinity(0)
+        if not cpus <= usable:
+            raise ConfigError(f"--executor-cpus: CPU {', '.join(map(str, sorted(cpus - usable)))} is not one this "
+                              f"process may use ({', '.join(map(str, sorted(usable)))})")
+        return cpus
 
     @property
     def resolved_device_type(self) -> str:

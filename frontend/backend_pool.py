@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import enum
 import itertools
 import logging
 import time
@@ -29,6 +28,7 @@ import grpc
 from common import grpc_util
 from common.pb import control, control_grpc
 from common.security import Credentials, token_metadata
+from common.exec_status import ExecStatus
 
 log = logging.getLogger("nexus.frontend")
 
@@ -39,20 +39,6 @@ class BackendGone(Exception):
     """The backend's stream failed; the request was not answered."""
 
 
-class ReplyStatus(enum.IntEnum):
-    """How a backend answered a request (the values of ``control.ExecStatus``)."""
-
-    OK = control.EXEC_OK
-    NOT_FOUND = control.EXEC_NOT_FOUND          # the model is not loaded there (a stale route)
-    INVALID = control.EXEC_INVALID
-    DEADLINE = control.EXEC_DEADLINE
-    OVERLOADED = control.EXEC_OVERLOADED
-    INTERNAL = control.EXEC_INTERNAL
-    CANCELLED = control.EXEC_CANCELLED
-    UNAVAILABLE = control.EXEC_UNAVAILABLE      # draining, or the model failed to load there
-
-
-_STATUSES = {s.value: s for s in ReplyStatus}
 
 
 @dataclass(slots=True)
@@ -62,7 +48,7 @@ class Reply:
     the item to encoding this answer; ``compute_input_ns``: the batch assembly part of ``compute_ns``).
     ``first_in_batch``: the first request of its model in its batch (one per model and batch)."""
 
-    status: ReplyStatus
+    status: ExecStatus
     message: str = ""
     outputs: Sequence[bytes] | None = None
     output_shapes: list[tuple[int, ...]] | None = None
@@ -76,7 +62,7 @@ class Reply:
     @staticmethod
     def from_pb(result: control.ExecResult) -> "Reply":
         # ``outputs`` stays the message's read-only sequence: each tensor's bytes are made once, when used.
-        return Reply(_STATUSES.get(result.status, ReplyStatus.INTERNAL), result.message, result.outputs,
+        return Reply(ExecStatus.from_wire(result.status), result.message, result.outputs,
                      [tuple(d.shape) for d in result.output_shapes], result.queue_ns, result.compute_ns,
                      result.compute_input_ns, result.backend_ns, result.batch_size, result.first_in_batch)
 

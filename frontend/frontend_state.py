@@ -35,7 +35,8 @@ import grpc
 from common import grpc_util
 from common.pb import control
 from common.security import Credentials
-from frontend.backend_pool import BackendGone, BackendPool, Reply, ReplyStatus
+from common.exec_status import ExecStatus
+from frontend.backend_pool import BackendGone, BackendPool, Reply
 from frontend.metrics import FrontendMetrics
 from frontend.requests import RequestError
 from frontend.routing import ModelEntry, RoutingTable, choose_route
@@ -43,13 +44,13 @@ from frontend.shared_memory import SharedMemoryRegistry
 from frontend.trace import Marks, Tracer
 
 _EXEC_TO_GRPC = {
-    ReplyStatus.NOT_FOUND: grpc.StatusCode.UNAVAILABLE,
-    ReplyStatus.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
-    ReplyStatus.DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
-    ReplyStatus.OVERLOADED: grpc.StatusCode.UNAVAILABLE,      # a full queue, as Triton answers it
-    ReplyStatus.INTERNAL: grpc.StatusCode.INTERNAL,
-    ReplyStatus.CANCELLED: grpc.StatusCode.CANCELLED,
-    ReplyStatus.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ExecStatus.NOT_FOUND: grpc.StatusCode.UNAVAILABLE,
+    ExecStatus.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    ExecStatus.DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ExecStatus.OVERLOADED: grpc.StatusCode.UNAVAILABLE,      # a full queue, as Triton answers it
+    ExecStatus.INTERNAL: grpc.StatusCode.INTERNAL,
+    ExecStatus.CANCELLED: grpc.StatusCode.CANCELLED,
+    ExecStatus.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
 }
 # How long a request for a cold session may wait beyond its own budget for the session to be paged
 # in: the placement, the load and warm-up of its model, and the routing table (benchmarks/ready.md:
@@ -304,13 +305,13 @@ async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes],
                                f"model {model.name!r}: deadline passed while queued") from None
         if marks is not None:
             marks.replied = time.monotonic_ns()
-        if result.status is ReplyStatus.OK:
+        if result.status is ExecStatus.OK:
             state.observe_path(end_s - left, result)
-        if result.status in (ReplyStatus.NOT_FOUND, ReplyStatus.UNAVAILABLE):  # stale route, or draining
+        if result.status in (ExecStatus.NOT_FOUND, ExecStatus.UNAVAILABLE):  # stale route, or draining
             tried.add(route.address)
             last_reason = result.message
             continue
-        if result.status is not ReplyStatus.OK:
+        if result.status is not ExecStatus.OK:
             raise RequestError(_EXEC_TO_GRPC.get(result.status, grpc.StatusCode.INTERNAL), result.message)
         return result
 

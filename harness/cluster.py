@@ -139,7 +139,8 @@ class Cluster:
     (``common/config.py``; for example ``{"node_timeout_s": 3600}``, ``{"max_queue": 8}``); every
     listening port is free (port 0). ``env``: more environment for every node, or a function of the
     node's kind (``scheduler``, ``backend``, ``frontend``) giving it. ``command`` replaces the
-    ``nexus`` command (a boot wrapper), ``cwd`` is where the nodes run. Logs go to
+    ``nexus`` command (for example under ``taskset`` or cProfile), or is a function of the node's kind
+    giving it; ``cwd`` is where the nodes run. Logs go to
     ``workdir/<name>.log``, the model database to ``workdir/db``.
 
     ``start(models)`` starts the scheduler, uploads ``models``, then starts the backends and the
@@ -151,7 +152,8 @@ class Cluster:
     def __init__(self, workdir: str | os.PathLike, *, backends: int = 1, frontends: int = 1, device: str = "cpu",
                  scheduler: Mapping | None = None, backend: Mapping | None = None, frontend: Mapping | None = None,
                  env: Mapping[str, str] | Callable[[str], Mapping[str, str]] | None = None,
-                 command: Sequence[str] | None = None, cwd=None, log_level: str | None = None) -> None:
+                 command: Sequence[str] | Callable[[str], Sequence[str]] | None = None, cwd=None,
+                 log_level: str | None = None) -> None:
         self.workdir = pathlib.Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.n_backends, self.n_frontends, self.device = backends, frontends, device
@@ -167,8 +169,9 @@ class Cluster:
 
     def _launch(self, config, kind: str, name: str) -> Node:
         extra = self.env(kind) if callable(self.env) else self.env
+        command = self.command(kind) if callable(self.command) else self.command
         node = Node(name, component_argv(config), env=extra, log_path=self.workdir / f"{name}.log",
-                    log_level=self.log_level, command=self.command, cwd=self.cwd)
+                    log_level=self.log_level, command=command, cwd=self.cwd)
         node.config = config
         return node
 

@@ -1,15 +1,13 @@
 """The serving benchmarks' set-up (benchmarks/serving.py, frontend_path.py, hotpath.py,
 profile_vs_serving.py): a cluster of one CPU backend and one frontend serving sample models, with
-harness-only experiment switches, and the measurements those benchmarks share.
+experiment switches, and the measurements those benchmarks share.
 
-:class:`SampleCluster` is a :class:`~harness.cluster.Cluster` whose nodes start through a boot
-code that applies the switches, set only by the benchmarks in the nodes' environment (the project
-never reads them): ``cprofile`` runs the named components under cProfile (main thread: the event
-loop); ``ort_no_spin`` forces ORT's intra-op spin-waiting off in the backend; ``budget_margin_ms``
-makes the frontend send backends a budget that much below the time left; ``pin`` puts the backend's
-executor thread, where ORT runs, alone on the last CPU and every other thread of the cluster on the
-others. ``code_dir`` runs the nodes from another checkout of the project (an A/B of two versions in
-one run).
+:class:`SampleCluster` is a :class:`~harness.cluster.Cluster` with these switches, each made of
+the product's own options and standard tools, none patched in: ``cprofile`` runs the named
+components under ``python -m cProfile`` (main thread: the event loop); ``pin`` runs every node under
+``taskset`` on all CPUs but the last, and gives the backend's executor thread, where ORT runs, the
+last alone (``--executor-cpus``); ``code_dir`` runs the nodes from another checkout of the project
+(an A/B of two versions in one run).
 """
 
 from __future__ import annotations
@@ -27,54 +25,6 @@ from harness.cluster import Cluster, Upload
 from nexus.bench.loadgen import find_max_rate, run_bench
 from harness.meters import CpuMeter
 from nexus.bench.report import BenchReport, step_summary
-
-# Bootstrap of every node: the experiment patches its environment asks for, then ``nexus <argv>``.
-# A code string, not a module of this package, so that it runs the same from an older checkout.
-BOOT = r"""
-import os, sys
-if os.environ.get("NEXUS_BENCH_CPUS"):
-    os.sched_setaffinity(0, {int(c) for c in os.environ["NEXUS_BENCH_CPUS"].split(",")})
-if os.environ.get("NEXUS_BENCH_EXEC_CPUS"):
-    import backend.engine as _be
-    _exec_cpus = {int(c) for c in os.environ["NEXUS_BENCH_EXEC_CPUS"].split(",")}
-    _loop = _be.Engine._loop
-    def _pinned_loop(self):
-        os.sched_setaffinity(0, _exec_cpus)   # this thread only: the executor, which runs ORT
-        return _loop(self)
-    _be.Engine._loop = _pinned_loop
-if os.environ.get("NEXUS_BENCH_ORT_NOSPIN") == "1":
-    import onnxruntime as ort
-    _init = ort.InferenceSession.__init__
-    def _no_spin(self, path_or_bytes, sess_options=None, providers=None, provider_options=None, **kw):
-        if sess_options is None:
-            sess_options = ort.SessionOptions()
-        sess_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        _init(self, path_or_bytes, sess_options, providers, provider_options, **kw)
-    ort.InferenceSession.__init__ = _no_spin
-_margin_ms = float(os.environ.get("NEXUS_BENCH_BUDGET_MARGIN_MS") or 0)
-if _margin_ms:
-    import frontend.backend_pool as _bp
-    _execute = _bp.BackendConnection.execute
-    async def _execute_with_margin(self, item, *args, **kwargs):
-        item.budget_us = max(1, item.budget_us - int(_margin_ms * 1000))
-        return await _execute(self, item, *args, **kwargs)
-    _bp.BackendConnection.execute = _execute_with_margin
-from nexus.cli import main
-out = os.environ.get("NEXUS_BENCH_CPROFILE_OUT")
-if out:
-    import cProfile
-    prof = cProfile.Profile()
-    prof.enable()
-    try:
-        code = main(sys.argv[1:])
-    finally:
-        prof.disable()
-        prof.dump_stats(out)
-    sys.exit(code)
-sys.exit(main(sys.argv[1:]))
-"""
-_SWITCHES = ("NEXUS_BENCH_CPUS", "NEXUS_BENCH_EXEC_CPUS", "NEXUS_BENCH_ORT_NOSPIN", "NEXUS_BENCH_BUDGET_MARGIN_MS",
-             "NEXUS_BENCH_CPROFILE_OUT")
 
 # pin: the backend's executor thread (ORT with one intra-op thread runs on it) gets the last CPU,
 # everything else (the backend's event loop and gRPC threads, frontend, scheduler, client) the others.
@@ -113,39 +63,34 @@ class SampleCluster(Cluster):
     it. ``backend`` and ``frontend`` override more configuration fields; ``env`` adds environment."""
 
     def __init__(self, models: list[str], *, threads: int = 0, exec_path: str = "stream",
-                 cprofile: tuple[str, ...] = (), cprofile_dir: pathlib.Path | None = None, ort_no_spin: bool = False,
-                 budget_margin_ms: float = 0.0, pin: bool = False, batch_start: str = "eager", epoch_s: float = 30.0,
+                 cprofile: tuple[str, ...] = (), cprofile_dir: pathlib.Path | None = None, pin: bool = False, batch_start: str = "eager", epoch_s: float = 30.0,
                  tag: str = "cluster", keep_dir: bool = False, code_dir: pathlib.Path | None = None,
                  env: Mapping[str, str] | None = None, backend: Mapping | None = None,
                  frontend: Mapping | None = None) -> None:
         self.models = list(models)
         self.tag, self.keep_dir = tag, keep_dir
         self.cprofile, self.cprofile_dir = tuple(cprofile), cprofile_dir
-        self.ort_no_spin, self.budget_margin_ms, self.pin = ort_no_spin, budget_margin_ms, pin
+        self.pin = pin
         self.code_dir = pathlib.Path(code_dir) if code_dir else None
         self.extra_env = dict(env or {})
         super().__init__(
             tempfile.mkdtemp(prefix=f"nexus-bench-{tag}-"), device="cpu", scheduler={"epoch_s": epoch_s},
-            backend={"threads": threads, "batch_start": BatchStart(batch_start), **(backend or {})},
+            backend={"threads": threads, "batch_start": BatchStart(batch_start),
+                     **({"executor_cpus": ",".join(map(str, PIN_EXEC))} if pin else {}), **(backend or {})},
             frontend={"metrics_listen": "", "exec_path": exec_path, **(frontend or {})},
-            env=self._env, command=[sys.executable, "-c", BOOT], cwd=self.code_dir)
+            env=self._env, command=self._command, cwd=self.code_dir)
 
-    def _env(self, kind: str) -> dict:
-        env = {name: "" for name in _SWITCHES}       # none inherited from this process
-        if self.pin:
-            env["NEXUS_BENCH_CPUS"] = ",".join(map(str, PIN_OTHER))
-            if kind == "backend":
-                env["NEXUS_BENCH_EXEC_CPUS"] = ",".join(map(str, PIN_EXEC))
-        if kind == "frontend" and self.budget_margin_ms:
-            env["NEXUS_BENCH_BUDGET_MARGIN_MS"] = str(self.budget_margin_ms)
+    def _command(self, kind: str) -> list[str]:
+        command = ["taskset", "-c", ",".join(map(str, PIN_OTHER))] if self.pin else []
+        command.append(sys.executable)
         if kind in self.cprofile:
             out = self.cprofile_dir or self.workdir
             out.mkdir(parents=True, exist_ok=True)
-            env["NEXUS_BENCH_CPROFILE_OUT"] = str(out / f"{self.tag}.{kind}.prof")
-        if kind == "backend" and self.ort_no_spin:
-            env["NEXUS_BENCH_ORT_NOSPIN"] = "1"
-        if self.code_dir is not None:
-            env["PYTHONPATH"] = str(self.code_dir)
+            command += ["-m", "cProfile", "-o", str(out / f"{self.tag}.{kind}.prof")]
+        return command + ["-m", "nexus"]
+
+    def _env(self, kind: str) -> dict:
+        env = {"PYTHONPATH": str(self.code_dir)} if self.code_dir is not None else {}
         env.update(self.extra_env)
         return env
 

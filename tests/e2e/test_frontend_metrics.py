@@ -23,7 +23,8 @@ from tritonclient.utils import InferenceServerException
 from common.pb import control
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
-from frontend.backend_pool import Reply, ReplyStatus
+from common.exec_status import ExecStatus
+from frontend.backend_pool import Reply
 from frontend.metrics import FrontendMetrics
 from frontend.routing import RoutingTable
 from tests.conftest import nexus_cli, start_cluster
@@ -180,9 +181,9 @@ def _table() -> RoutingTable:
 def test_recorder_arithmetic_and_plan_gauges():
     metrics = FrontendMetrics(_table)
     metrics.success("m", 1, latency_s=0.02, slo_s=0.1,
-                    result=Reply(ReplyStatus.OK, batch_size=4, queue_ns=3000, compute_ns=8000, first_in_batch=True))
+                    result=Reply(ExecStatus.OK, batch_size=4, queue_ns=3000, compute_ns=8000, first_in_batch=True))
     metrics.success("m", 2, latency_s=0.25, slo_s=0.1,                          # past its SLO, in the same batch
-                    result=Reply(ReplyStatus.OK, batch_size=4, queue_ns=3000, compute_ns=8000))
+                    result=Reply(ExecStatus.OK, batch_size=4, queue_ns=3000, compute_ns=8000))
     metrics.success("q", 1, latency_s=0.01, slo_s=0.1)                         # a query: no backend result
     for code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE,
                  grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL):
@@ -221,7 +222,7 @@ def test_triton_counts_are_whole_numbers_however_a_batch_is_split():
     metrics = FrontendMetrics(RoutingTable.empty)
     for i in range(10):
         metrics.success("m", 1, latency_s=0.0123456789, slo_s=0.1,
-                        result=Reply(ReplyStatus.OK, batch_size=10, queue_ns=1234, compute_ns=5678,
+                        result=Reply(ExecStatus.OK, batch_size=10, queue_ns=1234, compute_ns=5678,
                                      first_in_batch=i == 0))
     samples = {s.name: s.value for f in text_string_to_metric_families(metrics.render().decode())
                for s in f.samples if s.name.startswith("nv_inference")}

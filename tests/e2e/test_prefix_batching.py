@@ -24,6 +24,7 @@ from common.pb import control
 from globalsched.planning.plan import SessionSpec
 from common.profile import Profile
 from common.sample_models import backbone_variant, mlp_small, model_bytes
+from common.exec_status import ExecStatus
 from globalsched.planning import prefix_groups as pg
 from globalsched.planning.algorithms.prefix import check_prefix_groups, prefix_models
 from globalsched.planning.cluster_values import SessionInput
@@ -243,7 +244,7 @@ def test_engine_runs_the_prefix_once_on_the_merged_batch_and_matches_whole_model
         engine.stop()
     for i, (model, x) in enumerate(requests):
         outcome = results[i]
-        assert outcome.status == "EXEC_OK", outcome.message
+        assert outcome.status == ExecStatus.OK, outcome.message
         data = variants[model] if model != "mlp" else model_bytes(mlp_small())
         np.testing.assert_allclose(outcome.outputs[0], whole(data, x), rtol=1e-5, atol=1e-6)
     rows = sum(x.shape[0] for m, x in requests if m != "mlp")
@@ -310,7 +311,7 @@ def test_group_early_drop_and_max_batch_follow_the_profiles(variants):
             threading.Event().wait(0.01)
     finally:
         engine.stop()
-    assert sorted(o.status for o in outcomes).count("EXEC_DEADLINE") == 1
+    assert sorted(o.status for o in outcomes).count(ExecStatus.DEADLINE) == 1
     assert tight["v0"].stats.dropped == 1
     assert max(group.stats.batch_histogram) <= 10
     assert group.stats.inference_count == 12

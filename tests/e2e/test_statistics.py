@@ -19,6 +19,7 @@ from common.onnx_prefix import find_shared_prefix
 from common.pb import control
 from frontend.statistics import StatsBook, reported_executions
 from common.sample_models import backbone_variant, mlp_small, model_bytes
+from common.exec_status import ExecStatus
 
 TIMEOUT_US = 20_000_000     # KServe 'timeout' parameter: no request of these tests is ever dropped
 
@@ -57,7 +58,7 @@ def test_each_request_carries_its_batch_phases_and_each_batch_size_its_own(mlp_e
     rng = np.random.default_rng(0)
     batch = [("mlp", rng.standard_normal((rows, 64)).astype(np.float32)) for rows in (1, 2, 1, 3)]
     outcomes = _submit_together(engine, batch) + _submit_together(engine, [batch[0]])
-    assert [o.status for o in outcomes] == ["EXEC_OK"] * 5
+    assert [o.status for o in outcomes] == [ExecStatus.OK] * 5
     assert [o.batch_size for o in outcomes] == [7, 7, 7, 7, 1]
     assert [o.first_in_batch for o in outcomes] == [True, False, False, False, True]   # one per batch
     st = session.stats
@@ -91,7 +92,7 @@ def test_a_failed_batch_counts_failures_and_no_queue_or_compute_sample(mlp_engin
     engine, session = mlp_engine
     bad = np.zeros((2, 63), np.float32)        # the model takes 64 features: ONNX Runtime refuses it
     (outcome,) = _submit_together(engine, [("mlp", bad)])
-    assert outcome.status == "EXEC_INTERNAL" and "mlp" in outcome.message
+    assert outcome.status == ExecStatus.INTERNAL and "mlp" in outcome.message
     st = session.stats
     assert (st.success_count, st.fail_count, st.execution_count) == (0, 1, 1)
     assert (st.queue_ns, st.request_compute_input_ns, st.request_compute_infer_ns, st.request_compute_output_ns) == \
@@ -99,7 +100,7 @@ def test_a_failed_batch_counts_failures_and_no_queue_or_compute_sample(mlp_engin
     assert st.batch_histogram == {2: 1} and st.batch_compute_ns[2] == st.compute_ns
     # The engine keeps serving the session.
     (ok,) = _submit_together(engine, [("mlp", np.zeros((1, 64), np.float32))])
-    assert ok.status == "EXEC_OK" and session.stats.success_count == 1
+    assert ok.status == ExecStatus.OK and session.stats.success_count == 1
 
 
 def test_prefix_group_members_count_the_merged_batch_phases():
@@ -120,7 +121,7 @@ def test_prefix_group_members_count_the_merged_batch_phases():
         outcomes = _submit_together(engine, [("v0", x), ("v1", x), ("v1", x)])
     finally:
         engine.stop()
-    assert [o.status for o in outcomes] == ["EXEC_OK"] * 3
+    assert [o.status for o in outcomes] == [ExecStatus.OK] * 3
     for name, requests in (("v0", 1), ("v1", 2)):
         st = sessions[name].stats
         assert st.success_count == requests and st.batch_histogram == {3: 1}

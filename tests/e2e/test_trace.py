@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from common.pb import kserve, kserve_grpc
-from frontend.backend_pool import Reply, ReplyStatus
+from common.exec_status import ExecStatus
+from frontend.backend_pool import Reply
 from frontend.trace import PHASES, Marks, phases
 from tests.conftest import NexusProcess
 
@@ -20,7 +21,7 @@ MODEL = "mlp_small"
 
 
 def test_phases_add_up_to_the_total_and_keep_their_order():
-    reply = Reply(ReplyStatus.OK, queue_ns=300, compute_ns=500, compute_input_ns=40, backend_ns=1_000, batch_size=2)
+    reply = Reply(ExecStatus.OK, queue_ns=300, compute_ns=500, compute_input_ns=40, backend_ns=1_000, batch_size=2)
     marks = Marks(start=10_000, validated=10_100, sent=10_150, replied=12_150)
     ph = phases(marks, 12_400, reply)
     assert tuple(ph) == PHASES

@@ -25,6 +25,7 @@ from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from common.tensors import TensorSpec
+from common.exec_status import ExecStatus
 from common.warmup_spec import (
     WarmupData, WarmupError, WarmupInput, WarmupSample, check_samples, default_samples, feeds, from_json, from_pb,
     to_json, to_pb,
@@ -258,7 +259,7 @@ def test_warm_up_runs_between_serving_batches_and_takes_at_most_half_a_busy_devi
     # Only the serving batches count: in the session's statistics and in the device's utilisation.
     stats = engine.sessions["a"].stats
     assert stats.execution_count == stats.success_count == serving_turns == len(outcomes)
-    assert all(o.status == "EXEC_OK" for o in outcomes)
+    assert all(o.status == ExecStatus.OK for o in outcomes)
     assert stats.warmup_count == 0
     assert engine._busy_s == pytest.approx(serving_turns * 0.01)
 

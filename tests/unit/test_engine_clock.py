@@ -14,6 +14,7 @@ from common.runtimes import load_runtime
 from common.batch_decision import EarliestFirst, SlidingWindowEarlyDrop
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
+from common.exec_status import ExecStatus
 
 PROFILE = Profile.linear(2.0, 10.0, 16, device_type="cpu")      # l(b) = 2b + 10 ms; 2*l(b) <= 100: b <= 20 -> 16
 
@@ -64,7 +65,7 @@ def test_eager_start_runs_what_is_queued_at_once(runtime):
         _submit(engine, clock, outcomes)
     decision = engine.step()
     assert decision.rows == 3 and len(decision.batch) == 3
-    assert [o.status for o in outcomes.values()] == ["EXEC_OK"] * 3
+    assert [o.status for o in outcomes.values()] == [ExecStatus.OK] * 3
     assert all(o.batch_size == 3 for o in outcomes.values())
     st = engine.sessions["m"].stats
     assert st.batch_histogram == {3: 1} and st.last_inference_ms == 1_700_000_000_500
@@ -83,7 +84,7 @@ def test_duty_cycle_waits_for_the_planned_batch_or_one_cycle(runtime):
     assert all(o is None for o in outcomes.values())
     clock.t = 100.03
     decision = engine.step()
-    assert decision.rows == 2 and [o.status for o in outcomes.values()] == ["EXEC_OK"] * 2
+    assert decision.rows == 2 and [o.status for o in outcomes.values()] == [ExecStatus.OK] * 2
 
 
 def test_duty_cycle_starts_at_once_when_the_planned_batch_is_there(runtime):
@@ -102,8 +103,8 @@ def test_early_drop_answers_what_cannot_make_it_and_runs_the_rest(runtime):
         _submit(engine, clock, outcomes)
     decision = engine.step()
     assert [p.request_id for p in decision.dropped] == [1] and decision.rows == 3
-    assert outcomes[0].status == "EXEC_DEADLINE"
-    assert [outcomes[i].status for i in (1, 2, 3)] == ["EXEC_OK"] * 3
+    assert outcomes[0].status == ExecStatus.DEADLINE
+    assert [outcomes[i].status for i in (1, 2, 3)] == [ExecStatus.OK] * 3
     assert engine.sessions["m"].stats.dropped == 1
 
 
@@ -129,14 +130,14 @@ def test_early_drop_predicts_from_what_batches_took_not_the_profiles_margin(runt
     outcomes = {}
     _submit(engine, clock, outcomes, slo_s=0.008)
     engine.step()
-    assert outcomes[0].status == "EXEC_DEADLINE"           # no batch ran yet: l(1) it is
+    assert outcomes[0].status == ExecStatus.DEADLINE           # no batch ran yet: l(1) it is
     for _ in range(5):
         _submit(engine, clock, outcomes)
         engine.step()
     assert session.calibration.factor == pytest.approx(4 / 12)
     _submit(engine, clock, outcomes, key="tight", slo_s=0.008)
     engine.step()
-    assert outcomes["tight"].status == "EXEC_OK"
+    assert outcomes["tight"].status == ExecStatus.OK
 
 
 def test_the_batch_cap_follows_what_batches_take(runtime):
@@ -170,7 +171,7 @@ def test_a_slower_device_than_its_profile_drops_earlier(runtime):
     assert session.calibration.factor == pytest.approx(3.0)
     _submit(engine, clock, outcomes, key="doomed", slo_s=0.020)   # 12 ms by the profile, 36 ms here
     engine.step()
-    assert outcomes["doomed"].status == "EXEC_DEADLINE"
+    assert outcomes["doomed"].status == ExecStatus.DEADLINE
 
 
 def test_the_calibration_survives_a_replan_of_the_same_profile_only(runtime):
@@ -195,7 +196,7 @@ def test_a_request_expires_while_it_waits_in_virtual_time(runtime):
     clock.t += 0.06
     decision = engine.step()
     assert len(decision.dropped) == 1 and not decision.batch
-    assert outcomes[0].status == "EXEC_DEADLINE"
+    assert outcomes[0].status == ExecStatus.DEADLINE
 
 
 def test_earliest_deadline_first_across_sessions(runtime):
@@ -204,9 +205,9 @@ def test_earliest_deadline_first_across_sessions(runtime):
     _submit(engine, clock, outcomes, model="a", slo_s=0.09, key="a")
     _submit(engine, clock, outcomes, model="b", slo_s=0.05, key="b")
     engine.step()
-    assert outcomes["b"].status == "EXEC_OK" and outcomes["a"] is None
+    assert outcomes["b"].status == ExecStatus.OK and outcomes["a"] is None
     engine.step()
-    assert outcomes["a"].status == "EXEC_OK"
+    assert outcomes["a"].status == ExecStatus.OK
 
 
 def test_batches_are_sized_in_rows(runtime):
@@ -227,7 +228,7 @@ def test_a_request_larger_than_the_max_batch_still_runs_alone(runtime):
     engine, clock = _engine(runtime, EarliestFirst())
     outcomes = {}
     _submit(engine, clock, outcomes, rows=20, slo_s=10.0)
-    assert engine.step().rows == 20 and outcomes[0].status == "EXEC_OK"
+    assert engine.step().rows == 20 and outcomes[0].status == ExecStatus.OK
 
 
 def test_one_hand_over_per_batch(runtime):
@@ -242,7 +243,7 @@ def test_one_hand_over_per_batch(runtime):
     assert all(o is None for o in outcomes.values())        # nothing ran on the executor's side
     fn, arg = calls[0]
     fn(arg)                                                 # the loop's side
-    assert sorted(o.status for o in outcomes.values()) == ["EXEC_DEADLINE"] + ["EXEC_OK"] * 5
+    assert sorted(o.status for o in outcomes.values()) == [ExecStatus.OK] * 5 + [ExecStatus.DEADLINE]
 
 
 def test_cancel_takes_a_queued_request_off_and_only_once(runtime):
@@ -253,7 +254,7 @@ def test_cancel_takes_a_queued_request_off_and_only_once(runtime):
     assert engine.cancel(first) is True
     assert engine.cancel(first) is False
     assert engine.step().rows == 1
-    assert outcomes[0] is None and outcomes[1].status == "EXEC_OK"
+    assert outcomes[0] is None and outcomes[1].status == ExecStatus.OK
     assert engine.sessions["m"].stats.cancelled == 1
     ran = _submit(engine, clock, outcomes)
     engine.step()
@@ -267,7 +268,7 @@ def test_full_queue_is_refused_and_counts_queued_requests_only(runtime):
     _submit(engine, clock, outcomes)
     with pytest.raises(ExecError) as err:
         _submit(engine, clock, outcomes)
-    assert err.value.status == "EXEC_OVERLOADED"
+    assert err.value.status == ExecStatus.OVERLOADED
     engine.cancel(first)
     _submit(engine, clock, outcomes)                        # room again
     assert engine.step().rows == 2
@@ -291,12 +292,12 @@ def test_unknown_model_and_a_model_unloaded_before_its_turn(runtime):
     outcomes = {}
     with pytest.raises(ExecError) as err:
         _submit(engine, clock, outcomes, model="nope")
-    assert err.value.status == "EXEC_NOT_FOUND"
+    assert err.value.status == ExecStatus.NOT_FOUND
     outcomes.clear()
     _submit(engine, clock, outcomes)
     engine.set_sessions({})                                 # unloaded while still in the inbox
     assert engine.step().queue is None
-    assert outcomes[0].status == "EXEC_NOT_FOUND"
+    assert outcomes[0].status == ExecStatus.NOT_FOUND
 
 
 def test_fail_queued_answers_a_removed_sessions_queue(runtime):
@@ -309,8 +310,8 @@ def test_fail_queued_answers_a_removed_sessions_queue(runtime):
     from backend.engine import Outcome
 
     (removed,) = engine.set_sessions({})
-    assert engine.fail_queued(removed, Outcome("EXEC_NOT_FOUND", "gone")) == 1
-    assert outcomes[0].status == "EXEC_NOT_FOUND" and engine.cancel(item) is False
+    assert engine.fail_queued(removed, Outcome(ExecStatus.NOT_FOUND, "gone")) == 1
+    assert outcomes[0].status == ExecStatus.NOT_FOUND and engine.cancel(item) is False
 
 
 def test_each_consumer_gets_one_hand_over_and_a_closed_one_disturbs_nothing(runtime):

@@ -132,7 +132,7 @@ async def serve(config: FrontendConfig, ready=None) -> None:
     if config.resolved_http_listen:
         tls = rest.tls_context(config.security.tls_cert, config.security.tls_key) if creds.tls else None
         try:
-            http_runner, http_address = await rest.start(kserve_service, config.resolved_http_listen,
+            http_runner, http_address = await rest.start(kserve_service.api, config.resolved_http_listen,
                                                          int(config.http_max_body_mb * 2**20), tls,
                                                          config.drain_grace_s)
         except OSError:

@@ -31,7 +31,7 @@ from common.config import ConfigError, FrontendConfig
 from common.pb import kserve, kserve_grpc
 from common.sample_models import SAMPLE_MODELS
 from frontend.requests import RequestError
-from frontend.rest import decode_infer_request
+from frontend.rest_codec import decode_infer_request
 from tests.components import wait_for
 from tests.conftest import NexusProcess
 

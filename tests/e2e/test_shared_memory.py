@@ -24,7 +24,7 @@ from common.profile import Profile
 from common.sample_models import model_bytes
 from common.security import ProtocolAccess, parse_restricted_header
 from frontend.frontend_state import FrontendState
-from frontend.kserve import KServeService
+from frontend.kserve_api import Call, KServeApi
 from frontend.requests import RequestError
 from tests.conftest import nexus_cli
 
@@ -420,22 +420,9 @@ def test_http_refuses_shared_memory_mixed_with_data_and_bad_registrations(cluste
     assert status == 400 and error == "input 'input': no shared memory region 'r' is registered"
 
 
-class _Context:
-    """What the KServe handlers use of a gRPC servicer context: its metadata; abort raises."""
-
-    def __init__(self, metadata=()) -> None:
-        self.metadata = tuple(metadata)
-
-    def invocation_metadata(self):
-        return self.metadata
-
-    async def abort(self, code, details=""):
-        raise RequestError(code, details)
-
-
 def test_a_restricted_header_guards_the_shared_memory_calls_as_tritons_restricted_protocol():
     header = parse_restricted_header("shm-key=s3cret")
-    service = KServeService(FrontendState(), None, ProtocolAccess(), ProtocolAccess(header))
+    service = KServeApi(FrontendState(), None, ProtocolAccess(), ProtocolAccess(header))
     calls = [("SystemSharedMemoryStatus", kserve.SystemSharedMemoryStatusRequest()),
              ("SystemSharedMemoryRegister", kserve.SystemSharedMemoryRegisterRequest(name="r", key="/k", byte_size=8)),
              ("SystemSharedMemoryUnregister", kserve.SystemSharedMemoryUnregisterRequest()),
@@ -443,9 +430,9 @@ def test_a_restricted_header_guards_the_shared_memory_calls_as_tritons_restricte
              ("CudaSharedMemoryUnregister", kserve.CudaSharedMemoryUnregisterRequest())]
     for method, request in calls:
         with pytest.raises(RequestError) as info:
-            asyncio.run(getattr(service, method)(request, _Context([("triton-grpc-protocol-shm-key", "wrong")])))
+            asyncio.run(getattr(service, method)(request, Call(metadata=(("triton-grpc-protocol-shm-key", "wrong"),))))
         assert info.value.code is grpc.StatusCode.UNAVAILABLE and "this protocol is restricted" in str(info.value)
-    admitted = _Context([("triton-grpc-protocol-shm-key", "s3cret")])
+    admitted = Call(metadata=(("triton-grpc-protocol-shm-key", "s3cret"),))
     assert not asyncio.run(service.SystemSharedMemoryStatus(kserve.SystemSharedMemoryStatusRequest(), admitted)).regions
-    open_service = KServeService(FrontendState())            # Triton's default: open
-    asyncio.run(open_service.SystemSharedMemoryUnregister(kserve.SystemSharedMemoryUnregisterRequest(), _Context()))
+    open_service = KServeApi(FrontendState())            # Triton's default: open
+    asyncio.run(open_service.SystemSharedMemoryUnregister(kserve.SystemSharedMemoryUnregisterRequest(), Call()))

@@ -70,17 +70,17 @@ def test_a_cold_model_is_ready_to_tritons_clients_with_its_reason_in_the_reposit
     """READY, as Triton says of a model that can serve: a client that waits for readiness before its
     first request must not be kept from the request that pages the model in."""
     from common.pb import kserve as pb
-    from frontend.kserve import KServeService
+    from frontend.kserve_api import Call, KServeApi
 
     async def main():
         state = FrontendState()
-        service = KServeService(state, None)
+        service = KServeApi(state, None)
         state.set_table(_table(1, cold=True))
-        cold_ready = (await service.ModelReady(pb.ModelReadyRequest(name="m"), None)).ready
-        cold_index = (await service.RepositoryIndex(pb.RepositoryIndexRequest(ready=True), None)).models
+        cold_ready = (await service.ModelReady(pb.ModelReadyRequest(name="m"), Call())).ready
+        cold_index = (await service.RepositoryIndex(pb.RepositoryIndexRequest(ready=True), Call())).models
         state.set_table(_table(2, cold=False))                  # no backend, and not cold: unavailable
-        gone_ready = (await service.ModelReady(pb.ModelReadyRequest(name="m"), None)).ready
-        gone_index = (await service.RepositoryIndex(pb.RepositoryIndexRequest(), None)).models
+        gone_ready = (await service.ModelReady(pb.ModelReadyRequest(name="m"), Call())).ready
+        gone_index = (await service.RepositoryIndex(pb.RepositoryIndexRequest(), Call())).models
         await state.pool.close()
         return cold_ready, list(cold_index), gone_ready, list(gone_index)
 

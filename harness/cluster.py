@@ -29,6 +29,7 @@ from common.config import BackendConfig, FrontendConfig, SchedulerConfig
 from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.security import Credentials
 from harness.meters import descendants
+from harness.prometheus import scrape
 from nexus.launcher import Child, component_argv, pin_listen
 from nexus.scheduler_client import upload_model
 from nexus.serve_cmd import wait_models_ready
@@ -330,19 +331,12 @@ def live_profiles(db_dir: pathlib.Path, models: Sequence[str]) -> dict:
 
 def routing_epoch(metrics_url: str) -> int:
     """The plan epoch of the routing table a frontend holds, from its ``/metrics`` (-1 when unknown)."""
-    import urllib.request
-
     if not metrics_url:
         return -1
     try:
-        with urllib.request.urlopen(metrics_url, timeout=5) as reply:
-            text = reply.read().decode()
+        return int(scrape(metrics_url, timeout_s=5).value("nexus_routing_epoch", default=-1))
     except OSError:
         return -1
-    for line in text.splitlines():
-        if line.startswith("nexus_routing_epoch "):
-            return int(float(line.split()[1]))
-    return -1
 
 
 def wait_model_served(frontend: str, model: str, timeout_s: float = 60.0) -> None:

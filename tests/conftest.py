@@ -1,5 +1,6 @@
-"""Shared fixtures: real local clusters (``nexus serve``, through the benchmark library's harness,
-harness/cluster.py) on free loopback ports."""
+"""Shared fixtures: real local clusters (``nexus serve``, through the development harness,
+harness/cluster.py) on free loopback ports. :func:`serve_models` is the one serving cluster with given
+models; ``tests/components.py`` starts components one by one."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import os
 import pathlib
 import subprocess
 import tempfile
+from dataclasses import dataclass
+from typing import Sequence
 
 import pytest
 
+from common.profile import Profile
 from harness.cluster import Node, ServeCluster
 from nexus.launcher import nexus_command
 
@@ -18,7 +22,7 @@ from nexus.launcher import nexus_command
 _CLUSTER_TOKENS: dict[str, str] = {}
 
 
-def start_cluster(data_dir, *extra: str, timeout_s: float = 240, stderr=None) -> ServeCluster:
+def start_serve(data_dir, *extra: str, timeout_s: float = 240, stderr=None) -> ServeCluster:
     """Run ``nexus serve`` (the benchmark library's harness) on free ports; return once it printed its
     ready line. Admin calls of :func:`nexus_cli` against it carry its cluster token."""
     c = ServeCluster(data_dir, *extra, timeout_s=timeout_s, stderr=stderr)
@@ -27,10 +31,43 @@ def start_cluster(data_dir, *extra: str, timeout_s: float = 240, stderr=None) ->
     return c
 
 
+@dataclass(frozen=True)
+class ServedModel:
+    """A model file to serve: uploaded with ``nexus models upload PATH --name NAME --slo-ms SLO_MS``, its
+    ``profile`` (written to a file beside it) when given, and ``extra`` arguments of the upload."""
+    path: pathlib.Path
+    name: str
+    slo_ms: float
+    profile: Profile | None = None
+    extra: tuple[str, ...] = ()
+
+
+def serve_models(workdir: pathlib.Path, models: Sequence[ServedModel], *serve_args: str, stderr=None,
+                 timeout_s: float = 120) -> ServeCluster:
+    """The one serving cluster with given models: ``nexus serve --no-samples SERVE_ARGS`` in
+    ``workdir/data``, each model uploaded as a user would (``nexus models upload``), returned once every
+    one is ready at the frontend. The caller stops it."""
+    cluster = start_serve(workdir / "data", "--no-samples", *serve_args, stderr=stderr)
+    try:
+        for m in models:
+            args = ["models", "upload", str(m.path), "--name", m.name, "--slo-ms", f"{m.slo_ms:g}", *m.extra]
+            if m.profile is not None:
+                profile_path = workdir / f"{m.name}.profile.json"
+                profile_path.write_text(m.profile.to_json())
+                args += ["--profile", str(profile_path)]
+            up = nexus_cli(*args, "--scheduler", cluster.scheduler)
+            assert up.returncode == 0, up.stderr
+        cluster.wait_models_ready([m.name for m in models], timeout_s)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
     """One local cluster (scheduler, frontend, one CPU backend) shared by the tests of a worker."""
-    c = start_cluster(tmp_path_factory.mktemp("cluster"))
+    c = start_serve(tmp_path_factory.mktemp("cluster"))
     yield c
     c.stop()
 
@@ -67,7 +104,7 @@ def _empty_dir() -> str:
 
 
 def nexus_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
-    """Run the ``nexus`` command as a user would; against a cluster started by :func:`start_cluster`,
+    """Run the ``nexus`` command as a user would; against a cluster started by :func:`start_serve`,
     with its token in ``$NEXUS_TOKEN``, as its operator would. It runs in an empty folder, so that a
     ``.nexus-data/token`` of the checkout (a local ``nexus serve``'s) is never picked up."""
     env = None

@@ -15,11 +15,11 @@ import json
 import sys
 import time
 
-import urllib.request
-
 import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from harness import prometheus
 
 
 def ready(address: str, service: str, timeout_s: float) -> int:
@@ -61,15 +61,12 @@ def infer(address: str, model: str, rows: int, features: int) -> int:
 
 
 def scrape(url: str, metric: str, timeout_s: float) -> int:
-    from prometheus_client.parser import text_string_to_metric_families
-
     deadline = time.monotonic() + timeout_s
     last = "no answer"
     while time.monotonic() < deadline:
         try:
-            text = urllib.request.urlopen(url, timeout=5).read().decode()
-            samples = [[s.name, s.labels, s.value] for family in text_string_to_metric_families(text)
-                       for s in family.samples]
+            found = prometheus.scrape(url, timeout_s=5)
+            samples = [[name, dict(lab), value] for (name, lab), value in found.samples.items()]
             if any(name == metric for name, _, _ in samples):
                 print(json.dumps(samples))
                 return 0

@@ -12,12 +12,12 @@ import pytest
 
 from nexus.client_flags import client_credentials, local_token_file
 from nexus.launcher import nexus_command
-from tests.conftest import start_cluster
+from tests.conftest import start_serve
 
 
 @pytest.fixture(scope="module")
 def local_cluster(tmp_path_factory):
-    c = start_cluster(tmp_path_factory.mktemp("admin-token") / "data", "--no-samples", "--backends", "0")
+    c = start_serve(tmp_path_factory.mktemp("admin-token") / "data", "--no-samples", "--backends", "0")
     yield c
     c.stop()
 

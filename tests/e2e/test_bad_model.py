@@ -22,7 +22,7 @@ from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from globalsched.state.load_failures import MAX_LOAD_ATTEMPTS, LoadFailures
 from tests.components import wait_for
-from tests.conftest import nexus_cli, start_cluster
+from tests.conftest import nexus_cli, start_serve
 
 
 def softmax_out_of_range(axis: int) -> bytes:
@@ -57,7 +57,7 @@ def test_load_failures_allow_a_bounded_number_of_attempts_per_model_and_device_t
 def test_a_model_onnxruntime_cannot_load_is_unavailable_with_the_reason_and_others_keep_serving(tmp_path):
     log_path = tmp_path / "serve.log"
     with log_path.open("w") as log:
-        cluster = start_cluster(tmp_path / "data", "--no-samples", "--backends", "2", "--threads", "1", stderr=log)
+        cluster = start_serve(tmp_path / "data", "--no-samples", "--backends", "2", "--threads", "1", stderr=log)
     try:
         profile = tmp_path / "profile.json"
         profile.write_text(Profile.linear(0.2, 1.0, 32, memory_base_mb=5, device_type="cpu").to_json())
@@ -194,7 +194,7 @@ def test_nexus_serve_reports_a_model_no_device_type_can_serve_and_counts_only_th
     (repo / "my_model" / "config.pbtxt").write_text('max_batch_size: 8\n')
     log_path = tmp_path / "serve.log"
     with log_path.open("w") as log:
-        cluster = start_cluster(tmp_path / "data", "--device", "emulated:t4", "--model-repository", str(repo),
+        cluster = start_serve(tmp_path / "data", "--device", "emulated:t4", "--model-repository", str(repo),
                                 "--ready-timeout-s", "600", stderr=log)
     try:
         logs = log_path.read_text()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 
 import grpc
 import pytest
@@ -16,6 +15,7 @@ from common.pb import control_grpc, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from nexus.bench import BackgroundLoad
+from harness.prometheus import scrape
 from tests.components import infer_request, start_cluster, wait_for
 from tests.conftest import nexus_cli
 
@@ -32,11 +32,7 @@ def _states(scheduler: str) -> dict[str, tuple[str, str]]:
 
 
 def _metric(url: str, name: str, model: str) -> float:
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        for line in reply.read().decode().splitlines():
-            if line.startswith(f'{name}{{model="{model}"'):
-                return float(line.split()[-1])
-    return 0.0
+    return scrape(url).total(name, model=model)
 
 
 @pytest.fixture(scope="module")

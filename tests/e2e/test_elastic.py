@@ -22,7 +22,7 @@ from nexus.bench import BackgroundLoad
 from harness.cluster import Cluster, Upload, cmdline, descendants
 from nexus.scheduler_client import fetch_status, upload_model
 from tests.components import wait_for
-from tests.conftest import start_cluster
+from tests.conftest import start_serve
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,7 @@ def _backend_pids(serve_pid: int) -> list[int]:
 def test_auto_grows_under_load_within_its_maximum_and_shrinks_back_without_failing_a_request(tmp_path):
     log = tmp_path / "serve.log"
     with log.open("w") as err:
-        cluster = start_cluster(tmp_path / "data", "--no-samples", "--device", DEVICE, "--backends", "auto",
+        cluster = start_serve(tmp_path / "data", "--no-samples", "--device", DEVICE, "--backends", "auto",
                                 "--max-backends", "2", "--scale-down-cooldown-s", "1", "--epoch-s", "3",
                                 "--frontend-report-interval-s", "0.5", stderr=err)
     try:

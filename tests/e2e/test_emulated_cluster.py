@@ -20,7 +20,7 @@ import tritonclient.grpc as grpcclient
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from nexus.bench import run_bench
-from tests.conftest import nexus_cli, start_cluster
+from tests.conftest import nexus_cli, start_serve
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ SLO_MS = 200.0
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
-    c = start_cluster(tmp_path_factory.mktemp("emulated"), "--no-samples", "--device", f"emulated:{DEVICE_TYPE}")
+    c = start_serve(tmp_path_factory.mktemp("emulated"), "--no-samples", "--device", f"emulated:{DEVICE_TYPE}")
     yield c
     c.stop()
 

@@ -17,7 +17,7 @@ from common.emulated_gpus import (GPU_TYPES, MODEL_CLASSES, UnknownGpuError, cla
                                   gpu_type, model_class_of, table_markdown)
 from common.sample_models import SAMPLE_MODELS, build_sample_model, mlp_small, model_bytes
 from common.sample_queries import SAMPLE_QUERIES
-from tests.conftest import nexus_cli, start_cluster
+from tests.conftest import nexus_cli, start_serve
 
 SAMPLE_CLASSES = {"resnet18_64": "resnet18-64", "vehicle_cls": "backbone-cls", "face_cls": "backbone-cls",
                   "detector": "detector", "mlp_small": "mlp"}
@@ -96,7 +96,7 @@ def test_status_without_a_scheduler_is_a_clear_error():
 
 @pytest.fixture(scope="module")
 def emulated_cluster(tmp_path_factory):
-    c = start_cluster(tmp_path_factory.mktemp("emulated_gpus"), "--backends", "3", "--device", "emulated:gtx1080ti")
+    c = start_serve(tmp_path_factory.mktemp("emulated_gpus"), "--backends", "3", "--device", "emulated:gtx1080ti")
     yield c
     c.stop()
 

@@ -17,7 +17,8 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from prometheus_client.parser import text_string_to_metric_families
+from harness import prometheus
+from harness.prometheus import labels
 from tritonclient.utils import InferenceServerException
 
 from common.pb import control
@@ -27,7 +28,7 @@ from common.exec_status import ExecStatus
 from frontend.backend_pool import Reply
 from frontend.metrics import FrontendMetrics
 from frontend.routing import RoutingTable
-from tests.conftest import nexus_cli, start_cluster
+from tests.conftest import nexus_cli, start_serve
 
 MODEL = "mlp"
 SLO_MS = 2000
@@ -37,23 +38,10 @@ EXPIRED = 2                               # requests whose own timeout (1 us) ha
 
 
 def scrape(url: str) -> tuple[dict[tuple[str, frozenset], float], dict[str, str]]:
-    """GET the endpoint and parse it with prometheus_client: ({(sample, labels): value}, {family: type})."""
-    with urllib.request.urlopen(url, timeout=10) as response:
-        assert response.status == 200
-        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        text = response.read().decode()
-    samples, types = {}, {}
-    for family in text_string_to_metric_families(text):
-        types[family.name] = family.type
-        for s in family.samples:
-            key = (s.name, frozenset(s.labels.items()))
-            assert key not in samples, f"duplicate sample {key}"
-            samples[key] = s.value
-    return samples, types
-
-
-def labels(**kv: str) -> frozenset:
-    return frozenset(kv.items())
+    """({(sample, labels): value}, {family: type}) of a frontend's endpoint, served as Prometheus text."""
+    found = prometheus.scrape(url)
+    assert found.content_type.startswith("text/plain; version=0.0.4"), found.content_type
+    return found.samples, found.types
 
 
 MLP = labels(model=MODEL, version="1")
@@ -68,7 +56,7 @@ def _x(rows: int, features: int = 64) -> grpcclient.InferInput:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("frontend_metrics")
-    c = start_cluster(tmp / "data", "--no-samples")
+    c = start_serve(tmp / "data", "--no-samples")
     try:
         path, profile = tmp / "mlp.onnx", tmp / "profile.json"
         path.write_bytes(model_bytes(mlp_small()))
@@ -188,8 +176,7 @@ def test_recorder_arithmetic_and_plan_gauges():
     for code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE,
                  grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL):
         metrics.failure("m", code)
-    samples = {(s.name, frozenset(s.labels.items())): s.value
-               for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples}
+    samples = prometheus.parse(metrics.render().decode()).samples
     m = labels(model="m", version="1")
     assert samples[("nv_inference_exec_count", m)] == 1               # one batch
     assert samples[("nv_inference_count", m)] == 3
@@ -224,8 +211,8 @@ def test_triton_counts_are_whole_numbers_however_a_batch_is_split():
         metrics.success("m", 1, latency_s=0.0123456789, slo_s=0.1,
                         result=Reply(ExecStatus.OK, batch_size=10, queue_ns=1234, compute_ns=5678,
                                      first_in_batch=i == 0))
-    samples = {s.name: s.value for f in text_string_to_metric_families(metrics.render().decode())
-               for s in f.samples if s.name.startswith("nv_inference")}
+    samples = {name: v for (name, _), v in prometheus.parse(metrics.render().decode()).samples.items()
+               if name.startswith("nv_inference")}
     assert all(float(v).is_integer() for v in samples.values()), samples
     assert samples["nv_inference_exec_count"] == 1 and samples["nv_inference_count"] == 10
     assert samples["nv_inference_request_duration_us"] == 123_456      # 10 x 12345.6789 us

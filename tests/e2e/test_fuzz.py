@@ -27,7 +27,7 @@ from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from common.security import Credentials, token_metadata
 from harness import fuzzing
-from tests.conftest import NexusProcess, nexus_cli, start_cluster
+from tests.conftest import NexusProcess, ServedModel, serve_models
 
 pytestmark = pytest.mark.slow
 
@@ -42,16 +42,12 @@ def served(tmp_path_factory):
     """(cluster, its log file, a channel to its frontend) with MODEL ready."""
     tmp = tmp_path_factory.mktemp("fuzz")
     log_path = tmp / "serve.log"
+    model = tmp / "mlp.onnx"
+    model.write_bytes(model_bytes(mlp_small()))
+    profile = Profile.linear(0.2, 1.0, 32, memory_base_mb=5, device_type="cpu")
     with log_path.open("w") as log:
-        cluster = start_cluster(tmp / "data", "--no-samples", stderr=log)
+        cluster = serve_models(tmp, [ServedModel(model, MODEL, 1000, profile)], stderr=log)
     try:
-        model = tmp / "mlp.onnx"
-        model.write_bytes(model_bytes(mlp_small()))
-        profile = tmp / "profile.json"
-        profile.write_text(Profile.linear(0.2, 1.0, 32, memory_base_mb=5, device_type="cpu").to_json())
-        up = nexus_cli("models", "upload", str(model), "--name", MODEL, "--profile", str(profile),
-                       "--slo-ms", "1000", "--scheduler", cluster.scheduler)
-        assert up.returncode == 0, up.stderr
         channel = grpc_util.channel(cluster.frontend)
         _wait_ready(channel)
         yield cluster, log_path, channel

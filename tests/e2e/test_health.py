@@ -23,6 +23,7 @@ from common.sample_models import mlp_small, model_bytes
 from nexus.launcher import launch
 from nexus.scheduler_client import upload_model
 from harness.ports import free_port
+from tests.components import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -48,15 +49,6 @@ def queued(backend: str) -> int:
     with grpc.insecure_channel(backend) as channel:
         stats = control_grpc.BackendStub(channel).Stats(control.BackendStatsRequest(), timeout=10)
     return sum(s.queue_length for s in stats.sessions)
-
-
-def wait_for(predicate, timeout_s: float = 120, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
 
 
 def _input() -> grpcclient.InferInput:
@@ -100,10 +92,10 @@ def test_readiness_before_and_after_a_table_and_without_the_scheduler(tmp_path):
         scheduler.wait_ready(60)
         assert check(scheduler_address) == SERVING and check(scheduler_address, "liveness") == SERVING
         upload(tmp_path, scheduler_address, latency_ms=2.0)
-        wait_for(lambda: check(b) == SERVING, what="backend ready once its model table is loaded")
-        wait_for(lambda: check(f) == SERVING, what="frontend ready with a table whose backends answer")
+        wait_for(lambda: check(b) == SERVING, 120, what="backend ready once its model table is loaded")
+        wait_for(lambda: check(f) == SERVING, 120, what="frontend ready with a table whose backends answer")
         assert check(f, KSERVE) == SERVING and server_ready(f)
-        wait_for(lambda: infer_ok(f), what="mlp served")
+        wait_for(lambda: infer_ok(f), 120, what="mlp served")
         # The scheduler dies: the frontend keeps its last table, stays ready and keeps serving.
         scheduler.proc.kill()
         scheduler.proc.wait(timeout=30)
@@ -115,7 +107,7 @@ def test_readiness_before_and_after_a_table_and_without_the_scheduler(tmp_path):
         # Its backend goes away too: nothing can serve the table's model, so not ready (still live).
         backend.proc.kill()
         backend.proc.wait(timeout=30)
-        wait_for(lambda: check(f) == NOT_SERVING, what="frontend not ready without a reachable backend")
+        wait_for(lambda: check(f) == NOT_SERVING, 120, what="frontend not ready without a reachable backend")
         assert not server_ready(f) and check(f, "liveness") == SERVING
         # Without a scheduler to leave, SIGTERM still drains and exits cleanly.
         assert frontend.stop(timeout_s=60) == 0
@@ -163,19 +155,19 @@ def test_sigterm_turns_not_serving_first_and_finishes_requests_in_flight(tmp_pat
         backend = launch(BackendConfig(scheduler=s, listen="127.0.0.1:0", device=f"emulated:{DEVICE}"), env=_env())
         frontend = launch(FrontendConfig(scheduler=s, listen="127.0.0.1:0", drain_grace_s=30), env=_env())
         b, f = backend.wait_ready(60), frontend.wait_ready(60)
-        wait_for(lambda: check(f) == SERVING, what="frontend ready")
-        wait_for(lambda: infer_ok(f), what="mlp served")
+        wait_for(lambda: check(f) == SERVING, 120, what="frontend ready")
+        wait_for(lambda: infer_ok(f), 120, what="mlp served")
 
         watch = Watch(f)
-        wait_for(lambda: watch.statuses == [SERVING], what="watch sees SERVING")
+        wait_for(lambda: watch.statuses == [SERVING], 120, what="watch sees SERVING")
         results: list = []
         senders = [threading.Thread(target=lambda: results.append(infer(f))) for _ in range(2)]
         for sender in senders:
             sender.start()
         # one request runs on the device and one waits behind it: both are in flight at the signal
-        wait_for(lambda: queued(b) == 1, what="a request queued at the backend")
+        wait_for(lambda: queued(b) == 1, 120, what="a request queued at the backend")
         frontend.signal(15)
-        wait_for(lambda: NOT_SERVING in watch.statuses, what="frontend NOT_SERVING after SIGTERM")
+        wait_for(lambda: NOT_SERVING in watch.statuses, 120, what="frontend NOT_SERVING after SIGTERM")
         for sender in senders:
             sender.join(timeout=60)
         assert [r.shape for r in results] == [(1, 10), (1, 10)]     # the requests in flight were answered
@@ -183,9 +175,9 @@ def test_sigterm_turns_not_serving_first_and_finishes_requests_in_flight(tmp_pat
         watch.close()
 
         watch = Watch(b)
-        wait_for(lambda: watch.statuses == [SERVING], what="backend watch sees SERVING")
+        wait_for(lambda: watch.statuses == [SERVING], 120, what="backend watch sees SERVING")
         backend.signal(15)
-        wait_for(lambda: NOT_SERVING in watch.statuses, what="backend NOT_SERVING after SIGTERM")
+        wait_for(lambda: NOT_SERVING in watch.statuses, 120, what="backend NOT_SERVING after SIGTERM")
         assert backend.proc.wait(timeout=60) == 0
         watch.close()
     finally:

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import subprocess
 import time
-import urllib.request
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from harness.prometheus import scrape
 
 from common.pb import control, control_grpc
 from common.profile import Profile
@@ -75,9 +74,6 @@ def l_at(curve: control.ProfileCurve, batch: int) -> float:
     return dict(zip(curve.batch, curve.latency_ms))[batch]
 
 
-def scrape(url: str) -> list:
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    return [s for family in text_string_to_metric_families(text) for s in family.samples]
 
 
 def test_a_pessimistic_table_is_measured_and_replaced_and_overload_does_not_ratchet(tmp_path):
@@ -121,8 +117,8 @@ def test_a_pessimistic_table_is_measured_and_replaced_and_overload_does_not_ratc
         assert later.in_use == "measured"
         assert l_at(later.measured, 16) <= in_use_l16 * 1.02
 
-        in_use = {s.labels["source"] for s in scrape(c.scheduler.info["metrics"])
-                  if s.name == "nexus_profile_in_use" and s.labels["model"] == "emu"}
+        in_use = {dict(lab)["source"] for lab in scrape(c.scheduler.info["metrics"]).matching(
+            "nexus_profile_in_use", model="emu")}
         assert in_use == {"measured"}
         log = c.scheduler.logs()
     assert "profile of emu on t4 drifted" in log and "% from its table: re-plan" in log, log[-3000:]
@@ -164,8 +160,8 @@ def test_a_predicted_profile_plans_until_serving_measures_it_and_its_error_is_re
         assert l_at(after.measured, 16) == pytest.approx(0.8 * l_at(after.predicted, 16), rel=0.15)
         state = next(d for d in device_types(stub, "c") if d.device_type == "v100")
         assert (state.state, state.reason) == (control.PROFILED, "measured while serving (no table)")
-        errors = {s.labels["stat"]: s.value for s in scrape(c.scheduler.info["metrics"])
-                  if s.name == "nexus_profile_prediction_error_ratio" and s.labels["model"] == "c"}
+        errors = {dict(lab)["stat"]: v for lab, v in scrape(c.scheduler.info["metrics"]).matching(
+            "nexus_profile_prediction_error_ratio", model="c").items()}
         assert errors["mean"] == pytest.approx(after.prediction_error_mean)
         shown = subprocess.run([*nexus_command(), "status", "--scheduler", c.scheduler.address], capture_output=True,
                                text=True, timeout=60)

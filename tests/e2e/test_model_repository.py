@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 
 from common.model_repository import RepositoryError, read_model, read_model_versions, read_repository
 from common.sample_models import detector_64, mlp_small, model_bytes
-from tests.conftest import nexus_cli, start_cluster
+from tests.conftest import nexus_cli, start_serve
 
 FULL_CONFIG = """
 name: "mlp"
@@ -215,7 +215,7 @@ def repository_cluster(tmp_path_factory):
     repo = tmp_path_factory.mktemp("triton_repo")
     _model(repo, "mlp", mlp_small(), FULL_CONFIG)                 # full config
     _model(repo, "det", detector_64(), 'backend: "onnxruntime"')   # minimal config
-    c = start_cluster(tmp_path_factory.mktemp("repo_cluster"), "--no-samples", "--model-repository", str(repo))
+    c = start_serve(tmp_path_factory.mktemp("repo_cluster"), "--no-samples", "--model-repository", str(repo))
     c.repo = repo
     yield c
     c.stop()

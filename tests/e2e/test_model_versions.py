@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import urllib.request
 
 import numpy as np
 import onnxruntime as ort
@@ -17,6 +16,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from common.sample_models import mlp_small, model_bytes
+from harness.prometheus import scrape
 from tests.components import start_cluster, wait_for
 from tests.conftest import nexus_cli
 
@@ -80,12 +80,6 @@ def _http_infer(client, version: str = ""):
     return client.infer(MODEL, [x], model_version=version, timeout=TIMEOUT_US)
 
 
-def _metrics(cluster) -> dict:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = urllib.request.urlopen(cluster.frontend.info["metrics"], timeout=30).read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def test_each_version_is_reached_by_its_number_and_no_version_means_the_newest(served, expected):
@@ -140,9 +134,9 @@ def test_statistics_metrics_and_the_index_are_per_version(served):
             client.get_inference_statistics(MODEL, "5")
         index = {(m["name"], m["version"]): m for m in client.get_model_repository_index(as_json=True)["models"]}
         assert index[(MODEL, "1")]["state"] == index[(MODEL, "2")]["state"] == "READY"
-    metrics = _metrics(served)
+    metrics = scrape(served.frontend.info["metrics"], timeout_s=30)
     for version, n in after.items():
-        assert metrics[("nv_inference_request_success", (("model", MODEL), ("version", version)))] == n
+        assert metrics.value("nv_inference_request_success", model=MODEL, version=version) == n
 
 
 def test_a_policy_that_drops_a_version_unloads_it(served, expected, tmp_path):

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 
 import pytest
-import tritonclient.grpc as grpcclient
 
 from common.sample_models import mlp_small, model_bytes
 from harness.perf_analyzer import TRITONCLIENT_VERSION, CUDART_VERSION, ToolUnavailable, fetch_perf_analyzer, \
     parse_level
-from tests.conftest import nexus_cli, start_cluster
+from tests.conftest import ServedModel, serve_models
 
 MODEL = "pa_mlp"
 # Short windows and a stability bound (max/min of 3 windows <= 11) that a shared, loaded machine still
@@ -45,21 +43,10 @@ def perf_analyzer():
 def served(perf_analyzer, tmp_path_factory):
     """``nexus serve`` without the samples, and one model uploaded with ``nexus models upload``."""
     data_dir = tmp_path_factory.mktemp("pa_cluster")
-    cluster = start_cluster(data_dir, "--no-samples")
+    path = data_dir / f"{MODEL}.onnx"
+    path.write_bytes(model_bytes(mlp_small()))
+    cluster = serve_models(data_dir, [ServedModel(path, MODEL, 2000)])
     try:
-        path = data_dir / f"{MODEL}.onnx"
-        path.write_bytes(model_bytes(mlp_small()))
-        result = nexus_cli("models", "upload", str(path), "--name", MODEL, "--slo-ms", "2000",
-                           "--scheduler", cluster.scheduler)
-        assert result.returncode == 0, result.stderr
-        client = grpcclient.InferenceServerClient(cluster.frontend)
-        try:
-            deadline = time.monotonic() + 120
-            while not client.is_model_ready(MODEL):
-                assert time.monotonic() < deadline, "the uploaded model never became ready"
-                time.sleep(0.3)
-        finally:
-            client.close()
         yield cluster
     finally:
         cluster.stop()

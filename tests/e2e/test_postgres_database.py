@@ -18,7 +18,7 @@ from globalsched.state.database.connection import PostgresConnection
 from globalsched.state.modeldb import ModelDatabase, ServingSettings, UploadError
 from globalsched.state.querydb import QueryStore
 from nexus.scheduler_client import upload_model
-from tests.conftest import nexus_cli, start_cluster
+from tests.conftest import nexus_cli, start_serve
 
 V1, V2 = model_bytes(mlp_small()), model_bytes(mlp_small(hidden=32))
 CPU = Profile.from_json(Profile.linear(0.1, 1.0, 8, device_type="cpu").to_json())
@@ -211,7 +211,7 @@ def test_a_cluster_serves_from_postgresql_and_a_new_scheduler_finds_its_models(p
     model, profile = tmp_path / "mlp.onnx", tmp_path / "profile.json"
     model.write_bytes(V1)
     profile.write_text(Profile.linear(0.1, 1.0, 16, device_type="cpu").to_json())
-    first = start_cluster(tmp_path / "one", "--database", pg_url, "--no-samples", "--backends", "1")
+    first = start_serve(tmp_path / "one", "--database", pg_url, "--no-samples", "--backends", "1")
     try:
         upload_model(first.scheduler, model, "mlp", profile_path=str(profile), slo_ms=200, creds=first.creds)
         first.wait_models_ready(["mlp"])
@@ -220,7 +220,7 @@ def test_a_cluster_serves_from_postgresql_and_a_new_scheduler_finds_its_models(p
         first.stop()
     assert not (tmp_path / "one" / "db" / "nexus.db").exists()          # nothing went to SQLite
     # the same cluster token: the database holds its fingerprint (tests/e2e/test_scheduler_standby.py)
-    second = start_cluster(tmp_path / "two", "--database", pg_url, "--no-samples", "--backends", "1",
+    second = start_serve(tmp_path / "two", "--database", pg_url, "--no-samples", "--backends", "1",
                            "--token-file", str(tmp_path / "one" / "token"))
     try:
         second.wait_models_ready(["mlp"])        # no upload: the model, its file and profile are in PostgreSQL

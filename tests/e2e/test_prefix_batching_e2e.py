@@ -18,7 +18,7 @@ import tritonclient.grpc.aio as aioclient
 from common.onnx_prefix import find_shared_prefix
 from common.profile import Profile
 from common.sample_models import backbone_variant, model_bytes
-from tests.conftest import nexus_cli, start_cluster
+from tests.conftest import ServedModel, nexus_cli, serve_models
 
 pytestmark = pytest.mark.slow
 
@@ -31,22 +31,14 @@ TIMEOUT_US = 30_000_000
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("prefix_e2e")
-    cluster = start_cluster(tmp / "data", "--no-samples")
-    profile = tmp / "profile.json"
-    profile.write_text(PROFILE.to_json())
-    files = {}
+    files, models = {}, []
     for i, name in enumerate(NAMES):
         path = tmp / f"{name}.onnx"
         path.write_bytes(model_bytes(backbone_variant(i)))
         files[name] = path.read_bytes()
-        up = nexus_cli("models", "upload", str(path), "--name", name, "--profile", str(profile),
-                       "--slo-ms", "2000", "--scheduler", cluster.scheduler)
-        assert up.returncode == 0, up.stderr
+        models.append(ServedModel(path, name, 2000, PROFILE))
+    cluster = serve_models(tmp, models)
     client = grpcclient.InferenceServerClient(cluster.frontend)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and not all(client.is_model_ready(n) for n in NAMES):
-        time.sleep(0.3)
-    assert all(client.is_model_ready(n) for n in NAMES)
     yield cluster, client, files
     client.close()
     cluster.stop()

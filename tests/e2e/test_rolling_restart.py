@@ -16,7 +16,7 @@ from nexus.bench import BackgroundLoad
 from harness.rolling_restart import CLIENT_TIMEOUT_S, DEVICE_TYPE, MODEL, SLO_MS, model_upload, rolling_restart
 from nexus.scheduler_client import upload_model
 from nexus.serve_cmd import wait_models_ready
-from tests.conftest import start_cluster
+from tests.conftest import start_serve
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,7 @@ def _wait_answered(load: BackgroundLoad, answered: int, timeout_s: float = 120) 
 def test_nexus_serve_restarts_a_killed_backend_and_keeps_serving(tmp_path):
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as log:
-        cluster = start_cluster(tmp_path / "data", "--backends", "2", "--no-samples", "--device",
+        cluster = start_serve(tmp_path / "data", "--backends", "2", "--no-samples", "--device",
                                 f"emulated:{DEVICE_TYPE}", stderr=log)
     try:
         model = model_upload(tmp_path)

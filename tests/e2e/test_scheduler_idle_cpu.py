@@ -14,7 +14,7 @@ import time
 import pytest
 
 from harness.meters import CpuMeter, loadavg
-from tests.conftest import start_cluster
+from tests.conftest import start_serve
 
 BACKENDS = 3
 SETTLE_S = 10.0            # after the ready line: the first plans and profiles land
@@ -24,7 +24,7 @@ BOUND_CORE_FRACTION = 0.15
 
 @pytest.mark.slow
 def test_an_idle_scheduler_uses_almost_no_cpu(tmp_path):
-    cluster = start_cluster(tmp_path / "data", "--backends", str(BACKENDS), "--device", "emulated:t4")
+    cluster = start_serve(tmp_path / "data", "--backends", str(BACKENDS), "--device", "emulated:t4")
     try:
         pids = cluster.components()
         time.sleep(SETTLE_S)

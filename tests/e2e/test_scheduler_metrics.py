@@ -4,36 +4,24 @@ and the same decision with its reason in GetStatus, on a live scheduler with emu
 from __future__ import annotations
 
 import os
-import time
-import urllib.request
 
 import grpc
-from prometheus_client.parser import text_string_to_metric_families
+from harness.prometheus import scrape
+from tests.components import wait_for
 
 from common.pb import control, control_grpc
 from nexus.launcher import Child
 
 
 def _scrape(url: str) -> dict[tuple[str, str], float]:
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    return {(s.name, s.labels.get("device_type", "")): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    """{(sample, its device_type label): value}."""
+    return {(name, dict(lab).get("device_type", "")): v for (name, lab), v in scrape(url).samples.items()}
 
 
 def _start(*argv: str) -> Child:
     child = Child(argv[0], list(argv), dict(os.environ, NEXUS_LOG="WARNING"), start_new_session=True)
     child.wait_ready(60)
     return child
-
-
-def _until(condition, timeout_s: float = 30.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout_s} s")
 
 
 def test_desired_and_registered_devices_are_served_and_follow_the_policy(tmp_path):
@@ -44,12 +32,12 @@ def test_desired_and_registered_devices_are_served_and_follow_the_policy(tmp_pat
         url = scheduler.info["metrics"]
         assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics") and ":8102/" not in url
         # Before any backend: the floor of the type named by --min-devices.
-        assert _until(lambda: _scrape(url).get(("nexus_desired_devices", "t4")) == 1)
+        assert wait_for(lambda: _scrape(url).get(("nexus_desired_devices", "t4")) == 1, 30, "one t4 desired")
         for _ in range(2):
             children.append(_start("backend", "--scheduler", scheduler.address, "--device", "emulated:t4"))
-        assert _until(lambda: _scrape(url).get(("nexus_registered_devices", "t4")) == 2)
+        assert wait_for(lambda: _scrape(url).get(("nexus_registered_devices", "t4")) == 2, 30, "two t4 registered")
         # Nothing to serve: one device is surplus, and goes after the (1 s) cool-down; one is the floor.
-        metrics = _until(lambda: (m := _scrape(url)).get(("nexus_desired_devices", "t4")) == 1 and m)
+        metrics = wait_for(lambda: (m := _scrape(url)).get(("nexus_desired_devices", "t4")) == 1 and m, 30, "one t4 desired")
         assert metrics[("nexus_plan_devices", "t4")] == 0
         with grpc.insecure_channel(scheduler.address) as channel:
             status = control_grpc.SchedulerStub(channel).GetStatus(control.StatusRequest(), timeout=10)

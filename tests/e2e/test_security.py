@@ -28,7 +28,7 @@ from frontend.frontend_state import FrontendState
 from frontend.kserve import KServeService
 from tests.certs import make_pki
 from tests.components import wait_for
-from tests.conftest import NexusProcess as Proc, nexus_cli, start_cluster
+from tests.conftest import NexusProcess as Proc, nexus_cli, start_serve
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +232,7 @@ def _ready(client, model: str) -> bool:
 @pytest.mark.slow
 def test_serve_makes_a_private_token_and_passes_tls_to_its_components(tmp_path, pki):
     data = tmp_path / "data"
-    cluster = start_cluster(data, "--no-samples", "--backends", "0", *pki.flags())
+    cluster = start_serve(data, "--no-samples", "--backends", "0", *pki.flags())
     try:
         token_file = data / "token"
         assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600

@@ -13,7 +13,7 @@ import pytest
 from common.pb import kserve, kserve_grpc
 from nexus.launcher import Child, nexus_command
 from nexus.process import PARENT_PID_ENV
-from tests.conftest import start_cluster
+from tests.conftest import start_serve
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +68,7 @@ def _stopped_quietly(log: str) -> None:
 def test_serve_leaves_no_process_behind(tmp_path, sig):
     log = tmp_path / "serve.log"
     with open(log, "w") as err:        # the children log warnings and errors (NEXUS_LOG=WARNING)
-        cluster = start_cluster(tmp_path / "data", "--backends", "2", "--no-samples", stderr=err)
+        cluster = start_serve(tmp_path / "data", "--backends", "2", "--no-samples", stderr=err)
     children = _descendants(cluster.proc.pid)
     assert len(children) >= 4, children      # scheduler, frontend, two backends
     _wait_serving(cluster.frontend)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 
 from common.profile import Profile
-from tests.conftest import nexus_cli, start_cluster
+from tests.conftest import ServedModel, serve_models
 
 torch = pytest.importorskip("torch", reason="the torch extra is not installed")
 
@@ -50,18 +49,10 @@ def served(tmp_path_factory):
         "inputs": [{"name": "image", "datatype": "FP32", "shape": [3, 16, 16]}],
         "outputs": [{"name": "logits", "datatype": "FP32", "shape": [5]},
                     {"name": "embedding", "datatype": "FP32", "shape": [4]}]}))
-    profile = tmp / "profile.json"
-    profile.write_text(Profile.linear(0.5, 2.0, 16, memory_base_mb=10, device_type="cpu").to_json())
-    cluster = start_cluster(tmp / "data", "--no-samples")
-    up = nexus_cli("models", "upload", str(path), "--name", "two_heads", "--io", str(io), "--profile", str(profile),
-                   "--slo-ms", "2000", "--scheduler", cluster.scheduler)
-    assert up.returncode == 0, up.stderr
-    assert "runtime torch" in up.stdout
+    profile = Profile.linear(0.5, 2.0, 16, memory_base_mb=10, device_type="cpu")
+    cluster = serve_models(tmp, [ServedModel(path, "two_heads", 2000, profile, ("--io", str(io)))])
     client = grpcclient.InferenceServerClient(cluster.frontend)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and not client.is_model_ready("two_heads"):
-        time.sleep(0.3)
-    assert client.is_model_ready("two_heads")
+    assert client.get_model_config("two_heads").config.backend == "torch"
     yield cluster, client, eager
     client.close()
     cluster.stop()

@@ -35,6 +35,7 @@ from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from harness.cluster import Cluster
 from harness.meters import loadavg
+from harness.smoke import add_smoke, parse_args
 from nexus.scheduler_client import list_models, upload_model
 
 
@@ -112,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=10.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", help="keep the components' logs here (INFO) instead of a temporary directory")
-    args = p.parse_args(argv)
+    add_smoke(p, models=6, devices=1, resident=2, model_mb=10.0, rate=10.0, duration_s=2.0)
+    args = parse_args(p, argv)
     memory_mb = args.resident * (args.model_mb + 1) + args.model_mb / 2
     print(f"{args.models} models of {args.model_mb:g} MB on {args.devices} emulated t4 of {memory_mb:g} MB "
           f"({args.resident} each); {args.rate:g} rps, Zipf {args.zipf:g}, SLO {args.slo_ms:g} ms, "

@@ -45,6 +45,7 @@ from nexus.bench import LoadClient
 from harness.cluster import ServeCluster, Upload
 from harness.fake_kserve import spawn
 from harness.meters import CpuMeter, uptime
+from harness.smoke import add_smoke, parse_args
 from nexus.bench.report import step_summary, write_json
 from harness.stats import model_stats, stats_delta
 
@@ -164,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--serve-flag", action="append", default=[], metavar="FLAG",
                    help="one more flag for nexus serve (repeat; e.g. --serve-flag=--threads=2)")
     p.add_argument("--out", default=str(OUT / "cpu_per_request.json"))
-    args = p.parse_args(argv)
+    add_smoke(p, rate=50.0, duration_s=1.0, repeats=1)
+    args = parse_args(p, argv)
     if args.rate <= 0 or args.duration_s <= 0 or args.repeats < 1:
         p.error("--rate and --duration-s must be positive, --repeats at least 1")
     if args.before and not (pathlib.Path(args.before) / "frontend" / "dispatch.py").is_file():

@@ -42,6 +42,7 @@ from harness.elastic import (DEVICE_TYPE, ClusterSampler, LogTail, Requests, Tra
                                  zipf_models)
 from nexus.bench.loadgen import LoadClient
 from harness.meters import loadavg, machine_busy, wait_quiet
+from harness.smoke import add_smoke, parse_args
 from nexus.bench.report import OK, write_json
 from nexus.scheduler_client import fetch_status
 
@@ -146,6 +147,7 @@ def _trace_run(name: str, workdir: pathlib.Path, models: list[TraceModel], steps
     }
     result["device_s_ratio"] = result["device_s_processes"] / max(result["lower_bound_device_s"], 1e-9)
     plot = pathlib.Path(args.plot_dir) / f"elastic.{name}.png"
+    plot.parent.mkdir(parents=True, exist_ok=True)
     write_elastic_plot(plot, samples, req, t0, end,
                        f"{name}: {len(models)} models, {args.base_rps:g} -> {STEP * args.base_rps:g} -> "
                        f"{args.base_rps:g} rps, Gamma CV 1-4", steps_at=(step_up, step_down))
@@ -223,7 +225,7 @@ def _cpu_device_model(out: pathlib.Path, args) -> dict:
     return {"run": "cpu", "configs": results}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base-rps", type=float, default=40.0, help="total rate before and after the 5x step")
     p.add_argument("--models", type=int, default=24)
@@ -244,7 +246,9 @@ def main() -> int:
                    help="which runs: started, idle, cpu (the CPU device model; comma-separated)")
     p.add_argument("--out", default="benchmarks/out/elastic", help="work folder: model database, logs, samples")
     p.add_argument("--plot-dir", default="benchmarks", help="where elastic.<run>.png goes")
-    args = p.parse_args()
+    add_smoke(p, outputs=("plot_dir",), runs="started", models=2, base_rps=4.0, warm_s=1.0, high_s=1.0, low_s=1.0,
+              max_backends=2, wait_quiet_s=0.0)
+    args = parse_args(p, argv)
     out = pathlib.Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     models = zipf_models(args.models, zipf_s=args.zipf, seed=args.seed, per_item_ms=PER_ITEM_MS, fixed_ms=FIXED_MS,

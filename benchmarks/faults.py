@@ -35,6 +35,7 @@ from common.sample_models import mlp_small, model_bytes
 from nexus.bench import BackgroundLoad
 from harness.cluster import Cluster, Upload
 from harness.meters import RssSampler
+from harness.smoke import add_smoke, parse_args
 from nexus.bench.report import write_json
 
 DEVICE_TYPE = "gtx1080ti"
@@ -182,7 +183,7 @@ def overload_scenario(tmp: pathlib.Path, factors: list[float], phase_s: float, c
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=float, default=300.0, help="offered rate of the kill scenario")
     parser.add_argument("--steady-s", type=float, default=4.0)
@@ -192,7 +193,8 @@ def main() -> int:
     parser.add_argument("--capacities", default="20,40", help="capacities (rps) of the overloaded device")
     parser.add_argument("--skip", default="", help="comma-separated scenarios to skip: kill, hang, overload")
     parser.add_argument("--out", default="benchmarks/out/faults.json")
-    args = parser.parse_args()
+    add_smoke(parser, skip="hang", rate=20.0, steady_s=1.0, after_s=1.0, phase_s=2.0, factors="2", capacities="20")
+    args = parse_args(parser, argv)
     skip = set(filter(None, args.skip.split(",")))
     report: dict = {}
     with tempfile.TemporaryDirectory() as d:

@@ -34,6 +34,7 @@ import time
 import numpy as np
 
 from harness.meters import loadavg
+from harness.smoke import add_smoke, parse_args as smoke_parse_args
 from nexus.simulate import report
 from nexus.simulate.config import SimConfig
 from nexus.simulate.models import linear_models
@@ -60,17 +61,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--settle-s", type=float, default=10.0, help="the cluster's own start, reported apart")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", default="", metavar="OUT.json", help="the simulator's summary and this driver's figures")
-    p.add_argument("--smoke", action="store_true", help="200 models on 2 devices for 20 s: checks the driver runs")
-    args = p.parse_args(argv)
-    if args.smoke:
-        args.models, args.devices, args.duration_s, args.rate, args.settle_s = 200, 2, 20.0, 40.0, 5.0
-    return args
+    # --smoke: 200 models on 2 devices for 20 s, checks the driver runs
+    add_smoke(p, models=200, devices=2, duration_s=20.0, rate=40.0, settle_s=5.0, json="fleet_sim.json")
+    return smoke_parse_args(p, argv)
 
 
 def fleet_figures(sim: Simulation, settle_s: float) -> dict:
     """The figures of the module docstring, from a finished simulation."""
     out = sim.outcomes
-    status, latency, cold = out.status, out.latency_ms, out.cold
+    status, cold = out.status, out.cold
     settled = sim.arrivals.times_s >= settle_s
     resident = ~cold
     failed = np.isin(status, [int(s) for s in FAILED])
@@ -124,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{first['over_slo_p50_ms']} ms, p99 {first['over_slo_p99_ms']} ms; {all_cold['failed']} failed; "
           f"lost to eviction {figures['lost_to_eviction']}")
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps({"args": vars(args), "wall_s": round(wall_s, 1),
+        options = {k: v for k, v in vars(args).items() if not k.startswith("_")}   # not add_smoke's own
+        pathlib.Path(args.json).write_text(json.dumps({"args": options, "wall_s": round(wall_s, 1),
                                                        **{k: v for k, v in figures.items() if k != "summary"}},
                                                       indent=1, sort_keys=True) + "\n")
     return 0

@@ -32,6 +32,7 @@ import time
 
 from harness.experiments import SampleCluster, add_path_arguments, exit_on_sigterm, low_and_cpu_runs, max_rate
 from harness.meters import CpuMeter, uptime, wait_quiet
+from harness.smoke import add_smoke, parse_args
 from nexus.bench.report import step_summary, write_json
 
 OUT = pathlib.Path(__file__).resolve().parent / "out"
@@ -89,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet-wait-s", type=float, default=60.0,
                    help="wait up to this long before each cluster for the machine's other load to drop")
     p.add_argument("--out", default=str(OUT / "frontend_path.json"))
-    args = p.parse_args(argv)
+    add_smoke(p, repeats=1, low_rate=20.0, low_s=0.5, cpu_rate=50.0, cpu_s=0.5, cap_rate=200.0, cap_s=0.5,
+              quiet_wait_s=0.0)
+    args = parse_args(p, argv)
     exit_on_sigterm()
     print(uptime(), flush=True)
     runs = []

@@ -31,6 +31,7 @@ from common.sample_models import mlp_small, model_bytes
 from common.security import token_metadata
 from harness import fuzzing
 from harness.cluster import Node, ServeCluster, Upload
+from harness.smoke import add_smoke, parse_args
 from nexus.bench.report import write_json
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -45,12 +46,13 @@ def _valid_infer() -> kserve.ModelInferRequest:
     return req
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", type=int, default=1000, help="requests per kind")
     ap.add_argument("--check-every", type=int, default=100)
     ap.add_argument("-o", "--output", default=str(ROOT / "benchmarks" / "out" / "fuzz.json"))
-    args = ap.parse_args()
+    add_smoke(ap, outputs=("output",), examples=20, check_every=5)
+    args = parse_args(ap, argv)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="nexus-fuzz-"))
     serve_log = (tmp / "serve.log").open("w")
     cluster = ServeCluster(tmp / "data", "--no-samples", stderr=serve_log)

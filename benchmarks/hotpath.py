@@ -25,7 +25,7 @@ second; with ``--cap-inflight 0`` an open-loop Poisson run at ``--cap-rate``, i.
 
 ``trace``: this checkout with ``--trace``: the median of each phase at a low and a high rate.
 
-JSON goes to benchmarks/out/hotpath-<mode>.json.
+JSON goes to benchmarks/out/hotpath-<mode>.json (``--out-dir``).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import time
 
 from harness.experiments import SampleCluster, add_path_arguments, exit_on_sigterm, low_and_cpu_runs
 from harness.meters import uptime, wait_quiet
+from harness.smoke import add_smoke, parse_args
 from nexus.bench.report import step_summary
 
 OUT = pathlib.Path(__file__).resolve().parent / "out"
@@ -122,8 +123,9 @@ def trace_breakdown(args) -> dict:
 
     slo = args.slo_ms or SAMPLE_MODELS[args.model].slo_ms
     out: dict = {"quiet": wait_quiet(args.quiet_wait_s)}
-    path = OUT / f"hotpath-trace-{args.model}.jsonl"
-    OUT.mkdir(parents=True, exist_ok=True)
+    out_dir = pathlib.Path(args.out_dir)
+    path = out_dir / f"hotpath-trace-{args.model}.jsonl"
+    out_dir.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     with SampleCluster([args.model], tag="trace", frontend={"trace": str(path), "report_interval_s": 0.5}) as c:
         run_bench(c.frontend.address, args.model, args.low_rate, 2, slo)
@@ -157,7 +159,7 @@ def trace_breakdown(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=("ab", "threads", "trace"))
+    p.add_argument("mode", nargs="?", choices=("ab", "threads", "trace"), help="required but with --smoke (trace)")
     p.add_argument("--before", default="", help="ab: a checkout of the code before the change")
     p.add_argument("--model", default="")
     add_path_arguments(p, cap_s=6.0)
@@ -166,7 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cap-warmup-s", type=float, default=0.0, help="unmeasured lead-in of the capacity run")
     p.add_argument("--cap-deadline-ms", type=float, default=2000.0)
     p.add_argument("--quiet-wait-s", type=float, default=30.0)
-    args = p.parse_args(argv)
+    p.add_argument("--out-dir", default=str(OUT), help="where the JSON goes")
+    add_smoke(p, low_rate=20.0, high_rate=50.0, trace_s=2.0, quiet_wait_s=0.0)
+    args = parse_args(p, argv)
+    if args.smoke and args.mode is None:
+        args.mode = "trace"
+    if args.mode is None:
+        p.error("the following arguments are required: mode")
     exit_on_sigterm()
     args.model = args.model or ("resnet18_64" if args.mode == "threads" else "mlp_small")
     print(uptime(), flush=True)
@@ -186,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         result = trace_breakdown(args)
     result["args"] = vars(args)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"hotpath-{args.mode}.json").write_text(json.dumps(result, indent=1))
+    out_dir = pathlib.Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"hotpath-{args.mode}.json").write_text(json.dumps(result, indent=1))
     return 0
 
 

@@ -25,6 +25,8 @@ import statistics
 import subprocess
 import sys
 
+from harness.smoke import add_smoke, parse_args
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "out"
 
@@ -33,6 +35,7 @@ import json, sys, time, types
 import numpy as np
 from common.pb import control, kserve
 from common.tensors import TensorSpec
+from common.exec_status import ExecStatus
 from frontend.routing import ModelEntry
 from frontend.requests import parse_infer_request
 try:
@@ -65,7 +68,7 @@ for name, shape in (("mlp_small", (64,)), ("resnet18_64", (3, 64, 64))):
     def backend_in():
         item = control.ExecItem.FromString(wire_item)
         return bs.decode_inputs(session, item, sizes) if sizes is not None else bs.decode_inputs(session, item)
-    outcome = Outcome("EXEC_OK", outputs=[out_arr], queue_ns=1, compute_ns=2, batch_size=1)
+    outcome = Outcome(ExecStatus.OK, outputs=[out_arr], queue_ns=1, compute_ns=2, batch_size=1)
     def backend_out():
         return bs.encode_result(1, outcome).SerializeToString()
     wire_res = backend_out()
@@ -142,11 +145,15 @@ def _run(code: str, cwd: pathlib.Path, *argv: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--before", required=True)
+    p.add_argument("--before", help="required, except with --smoke (which compares this checkout with itself)")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--n", type=int, default=5000)
     p.add_argument("--messages", type=int, default=20000)
-    args = p.parse_args(argv)
+    p.add_argument("--out", default=str(OUT / "hotpath-micro.json"))
+    add_smoke(p, before=str(ROOT), repeats=2, n=100, messages=300)
+    args = parse_args(p, argv)
+    if args.before is None:
+        p.error("the following arguments are required: --before")
     before = pathlib.Path(args.before)
     path_runs, loop_runs = [], []
     for i in range(args.repeats):
@@ -170,9 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     ratio = statistics.median(r["uvloop"] / r["asyncio"] for r in loop_runs)
     summary["loop"] = {"asyncio_us": a, "uvloop_us": u, "ratio": ratio}
     print(f"\ngrpc.aio stream, CPU us per echoed message: asyncio {a:.1f}, uvloop {u:.1f}, uvloop/asyncio {ratio:.2f}")
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "hotpath-micro.json").write_text(json.dumps({"runs": {"path": path_runs, "loop": loop_runs},
-                                                        "median": summary, "args": vars(args)}, indent=1))
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    options = {k: v for k, v in vars(args).items() if not k.startswith("_")}   # not add_smoke's own
+    out.write_text(json.dumps({"runs": {"path": path_runs, "loop": loop_runs}, "median": summary, "args": options},
+                              indent=1))
     return 0
 
 

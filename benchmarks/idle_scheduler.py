@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ from harness import pyspy
 from harness.cluster import ServeCluster, descendants, cmdline
 from nexus.bench.loadgen import BackgroundLoad
 from harness.meters import CpuMeter, loadavg
+from harness.smoke import add_smoke, parse_args
 
 BUSY_LOAD = 1.5      # a figure taken at a higher 1-minute load average is marked
 LOAD_SLO_MS = 500.0  # of the optional traffic before the idle window
@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="send MODEL traffic at RPS for SECONDS first; the idle after it is measured")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("serve_args", nargs="*", help="after --: more nexus serve flags")
-    args = ap.parse_args(argv)
+    add_smoke(ap, window_s=1.0, settle_s=0.5, load=["mlp_small", "20", "1"], json=True)
+    args = parse_args(ap, argv)
     load = (args.load[0], float(args.load[1]), float(args.load[2])) if args.load else None
     r = measure(args.backends, args.device, args.window_s, args.settle_s, args.py_spy, tuple(args.serve_args), load)
     if args.json:

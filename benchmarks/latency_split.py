@@ -22,6 +22,7 @@ from benchmarks.plan_quality import CLASSES, MAX_BATCH, V100
 from globalsched.planning.plan import QueryEdge, QuerySpec, QueryStage, validate_plan
 from common.profile import Profile
 from globalsched.planning.algorithms import even_split, proportional_split, solve, split_latency
+from harness.smoke import add_smoke, parse_args
 
 
 def random_query(rng: random.Random, name: str, dag: bool) -> QuerySpec:
@@ -50,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", type=int, default=10)
     ap.add_argument("--queries", type=int, default=20, help="queries per workload")
-    args = ap.parse_args(argv)
+    add_smoke(ap, workloads=1, queries=3)
+    args = parse_args(ap, argv)
     methods = {"dp": split_latency, "even": even_split, "proportional": proportional_split}
     print("| shape | queries | est. GPUs: DP / even / proportional | DP worse than even | "
           "packed GPUs: DP / even / proportional | DP split time ms (mean / max) |")

@@ -46,6 +46,7 @@ from globalsched.planning.algorithms.lower_bound import bounds_gpus
 from nexus.bench import BenchReport, LoadClient
 from harness.cluster import Cluster, Upload
 from harness.meters import CpuMeter, CpuTimeline, LoadSampler, Periodic, favour, favour_tree, uptime
+from harness.smoke import add_smoke, parse_args
 from nexus.bench.report import OK, write_json
 from harness.workloads import long_tail
 from nexus.scheduler_client import AdminCallError, fetch_status
@@ -306,7 +307,7 @@ def summary(r: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     defaults = SchedulerConfig()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=int, default=100)
@@ -331,7 +332,9 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "long_tail.json"))
     parser.add_argument("--workdir", default=str(ROOT / "benchmarks" / "out" / "long_tail"),
                         help="model files, profiles, the model database and every node's log (emptied first)")
-    args = parser.parse_args()
+    add_smoke(parser, outputs=("workdir",), models=4, rate=20.0, backends=2, frontends=2, duration_s=2.0,
+              status_every_s=0.5)
+    args = parse_args(parser, argv)
     if args.models < 1 or args.backends < 1 or args.frontends < 1 or not args.rate > 0 or not args.duration_s > 0:
         parser.error("--models, --backends, --frontends, --rate and --duration-s must be positive")
     favour(os.getpid(), args.nice)    # before any thread or child: they inherit it

@@ -27,6 +27,7 @@ import sys
 import time
 
 from common.sample_models import build_sample_model, model_bytes
+from harness.smoke import add_smoke, parse_args
 from profiler.auto_batch import BatchPlan
 from profiler.environment import resolve_threads
 from profiler.multitenant import TenantSpec, measure_multitenant
@@ -82,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="models for the offline prediction check")
     ap.add_argument("--check-max-batch", type=int, default=16)
     ap.add_argument("--out", default="benchmarks/out/multitenant_cost")
-    args = ap.parse_args(argv)
+    add_smoke(ap, duration_s=0.2, refine=1, threads=1, budget_s=0.05,
+              check_models="mlp_small", check_max_batch=4)
+    args = parse_args(ap, argv)
     os.makedirs(args.out, exist_ok=True)
     names = [n for n in args.models.split(",") if n]
     threads = resolve_threads(args.threads, "cpu")

@@ -22,6 +22,7 @@ import numpy as np
 
 from common.sample_models import model_bytes, resnet18_64
 from harness.ort_direct import ort_session, time_batch
+from harness.smoke import add_smoke, parse_args
 
 # intra-op spinning: off (the Nexus backend), on (ORT's default), on within a run only
 MODES = {"off": (False, {}), "on": (True, {}), "within a run": (True, {"session.force_spinning_stop": "1"})}
@@ -31,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--idle-ms", type=float, default=100.0)
     ap.add_argument("--runs", type=int, default=40)
-    args = ap.parse_args(argv)
+    add_smoke(ap, idle_ms=5.0, runs=3)
+    args = parse_args(ap, argv)
     data = model_bytes(resnet18_64())
     x = np.random.default_rng(0).random((1, 3, 64, 64), np.float32)
     print("| intra-op spinning | threads | back-to-back p50 ms | after idle p50 ms | CPU ms per call after idle |")

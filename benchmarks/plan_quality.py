@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.smoke import add_smoke, parse_args
 from globalsched.planning.headroom import overflow_probability_target, simulated_overflow_share
 from globalsched.planning.plan import GpuSpec, Plan, SessionSpec, validate_plan
 from common.profile import Profile
@@ -241,17 +242,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replan-only", action="store_true", help="only the re-planning table")
     ap.add_argument("--bounds-only", action="store_true", help="only the bounds against the CP-SAT optimum")
     ap.add_argument("--headroom-only", action="store_true", help="only pooled vs per-session headroom")
-    args = ap.parse_args(argv)
-    if args.replan_only:
-        for n in (100, 1000):
-            print("\n".join(replan_table(n, 3)) + "\n")
-        return 0
-    if args.bounds_only:
+    ap.add_argument("--replan-sizes", type=int, nargs="+", default=[100, 1000], help="sizes of the re-planning table")
+    add_smoke(ap, sizes=[10], seeds=1, cpsat_time_limit_s=1.0, cpsat_max_sessions=10, replan_sizes=[10])
+    args = parse_args(ap, argv)
+    if args.replan_only or args.smoke:
+        for n in args.replan_sizes:
+            print("\n".join(replan_table(n, 3 if not args.smoke else 1)) + "\n")
+        if not args.smoke:
+            return 0
+    if args.bounds_only or args.smoke:
         print("\n".join(bounds_table(args.seeds * 2, args.cpsat_time_limit_s)))
-        return 0
-    if args.headroom_only:
+        if not args.smoke:
+            return 0
+    if args.headroom_only or args.smoke:
         print("\n".join(headroom_table(max(1, args.seeds // 2))))
-        return 0
+        if not args.smoke:
+            return 0
 
     base = [Solver.SQUISHY, Solver.NEXUS, Solver.BATCH_OBLIVIOUS, Solver.ONE_PER_GPU]
     # The exact model for up to 10 sessions / 12 GPUs, the LNS above that.

@@ -48,7 +48,9 @@ from common.onnx_prefix import find_shared_prefix
 from common.profile import Profile
 from common.runtimes import load_runtime
 from common.sample_models import backbone_variant, model_bytes, variant_name
+from common.exec_status import ExecStatus
 from harness.meters import CpuMeter, wait_quiet
+from harness.smoke import add_smoke, parse_args
 from nexus.bench.report import write_json
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -141,10 +143,10 @@ def run_load(config: Config, names: list[str], rate: float, duration_s: float, s
     finished.wait(timeout=slo_ms / 1000.0 * 4 + 30)
     with lock:
         done = list(outcomes)
-    on_time = sum(1 for status, latency in done if status == "EXEC_OK" and latency * 1000.0 <= slo_ms)
-    late = sum(1 for status, latency in done if status == "EXEC_OK" and latency * 1000.0 > slo_ms)
-    dropped = sum(1 for status, _ in done if status != "EXEC_OK") + (len(arrivals) - len(done))
-    ok_latencies = sorted(latency * 1000.0 for status, latency in done if status == "EXEC_OK")
+    on_time = sum(1 for status, latency in done if status == ExecStatus.OK and latency * 1000.0 <= slo_ms)
+    late = sum(1 for status, latency in done if status == ExecStatus.OK and latency * 1000.0 > slo_ms)
+    dropped = sum(1 for status, _ in done if status != ExecStatus.OK) + (len(arrivals) - len(done))
+    ok_latencies = sorted(latency * 1000.0 for status, latency in done if status == ExecStatus.OK)
     if config.groups:
         g = config.groups[0]
         execs = g.stats.execution_count - group_before[g.name][0]
@@ -184,7 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet-wait-s", type=float, default=20.0,
                         help="before each measurement, wait up to this long for other processes to use < 0.3 cores")
     parser.add_argument("--out", default="")
-    args = parser.parse_args(argv)
+    add_smoke(parser, variants=2, duration_s=0.5, rates="40", repeat=2, threads=1, max_batch=4, quiet_wait_s=0.0,
+              out="prefix_batching.json")
+    args = parse_args(parser, argv)
+    if args.smoke and not args.emulate:   # a smoke run covers both modes: --emulate first, then the CPU
+        given = list(sys.argv[1:] if argv is None else argv)
+        rc = main([*given, "--emulate", "--out", str(pathlib.Path(args.out).with_name("prefix_batching_emulated.json"))])
+        if rc:
+            return rc
     if not args.out:
         args.out = str(ROOT / "benchmarks" / "out" / ("prefix_batching_emulated.json" if args.emulate
                                                        else "prefix_batching.json"))

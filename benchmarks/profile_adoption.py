@@ -31,6 +31,7 @@ import time
 import nexus
 from harness.cluster import ServeCluster, Upload
 from nexus.bench.loadgen import LoadClient
+from harness.smoke import add_smoke, parse_args
 from harness.triton_compare import build_models
 from nexus.scheduler_client import fetch_status
 
@@ -61,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rate", type=float, default=100.0)
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--burn-cores", type=float, default=0.0, help="a busy loop at nice 10 using this many cores (< 1)")
-    args = ap.parse_args(argv)
+    add_smoke(ap, rate=10.0, duration=2.0, burn_cores=0.1)
+    args = parse_args(ap, argv)
     if not 0 <= args.burn_cores < 1:
         ap.error("--burn-cores must be in [0, 1)")
     print("code:", nexus.__file__, flush=True)

@@ -33,6 +33,7 @@ import sys
 
 from harness.experiments import PIN_OTHER, SampleCluster, exit_on_sigterm, on_exec_cpus
 from harness.meters import CpuMeter, uptime, wait_quiet
+from harness.smoke import add_smoke, parse_args
 from nexus.bench.report import write_json
 from harness.stats import model_stats, stats_delta
 
@@ -144,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="experiment (see benchmarks/serving.py): the backend's executor thread alone on the last CPU")
     p.add_argument("--quiet-wait-s", type=float, default=60.0)
     p.add_argument("--out", default=str(OUT / "profile_vs_serving.json"))
-    args = p.parse_args(argv)
+    add_smoke(p, models="mlp_small", phase_s=0.5, repeats=1, max_rate=100.0, reprofile=True, quiet_wait_s=0.0)
+    args = parse_args(p, argv)
     exit_on_sigterm()
     if args.pin:
         os.sched_setaffinity(0, set(PIN_OTHER))

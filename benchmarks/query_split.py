@@ -29,6 +29,7 @@ from globalsched.planning.algorithms import PlannerConfig, solve
 from globalsched.planning.query_sessions import plan_query_sessions
 from nexus.bench import run_bench
 from harness.cluster import ServeCluster, Upload
+from harness.smoke import add_smoke, parse_args
 from nexus.bench.report import write_json
 from nexus.queries_cmd import list_queries, register_query
 
@@ -137,7 +138,7 @@ def run_method(method: str, args, workdir: pathlib.Path) -> dict:
             "failed": report.failed}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     defaults = SchedulerConfig()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=27.0, help="offered queries/s")
@@ -153,7 +154,8 @@ def main() -> int:
     parser.add_argument("--methods", default="dp,even,proportional")
     parser.add_argument("--seed", type=int, default=2, help="seed of the Poisson arrivals")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "query_split.json"))
-    args = parser.parse_args()
+    add_smoke(parser, methods="dp", rate=5.0, profile_scale=1.0, duration_s=2.0, warmup_s=1.0)
+    args = parse_args(parser, argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for method in args.methods.split(","):

@@ -30,6 +30,7 @@ from common.pb import kserve, kserve_grpc
 from common.sample_models import backbone_variant, mlp_small, model_bytes, resnet18_64
 from harness.cluster import ServeCluster
 from harness.meters import loadavg
+from harness.smoke import add_smoke, parse_args
 from nexus.launcher import nexus_command
 from nexus.scheduler_client import upload_model, wait_model_ready
 
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--only", choices=["start", "upload"], help="one of the two measurements")
-    args = p.parse_args(argv)
+    add_smoke(p, repeats=1)
+    args = parse_args(p, argv)
     print(f"CPU: {_cpu_model()}; load average {os.getloadavg()[0]:.2f}")
     if args.only in (None, "start"):
         measure_start(args.repeats)

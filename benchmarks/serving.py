@@ -33,16 +33,12 @@ repeat first waits (up to ``--quiet-wait-s``) for a quiet moment. JSON goes to
 benchmarks/out/serving.json. The cluster is ``harness.experiments.SampleCluster``, as in
 benchmarks/frontend_path.py, hotpath.py and profile_vs_serving.py.
 
-Harness-only experiment switches (``harness.experiments``: environment of the component
-processes, set only by the benchmarks; the project never reads them): ``--cprofile frontend,backend`` runs those components under
-cProfile (main thread: the event loop) into benchmarks/out/<tag>.<name>.prof; ``--ort-no-spin``
-starts the backend with ORT's intra-op spin-waiting off (a proposed fix in
-common/runtimes/onnx_runtime.py, which this benchmark does not own); ``--budget-margin-ms M``
-makes the frontend send backends a budget M ms below the time left (a proposed fix in
-frontend/kserve.py: reserve the return trip); ``--pin`` (with ``--threads 1``) puts the backend's
-executor thread, where ORT runs, alone on the last CPU and every other thread of the cluster and
-the client on the others (a proposed option for backend/engine.py). ``--batch-start duty-cycle``
-passes the backend's own flag, for an A/B against eager batch starts on the same code.
+Experiment switches (``harness.experiments``): ``--cprofile frontend,backend`` runs those components
+under ``python -m cProfile`` (main thread: the event loop) into benchmarks/out/<tag>.<name>.prof;
+``--pin`` (with ``--threads 1``) puts the backend's executor thread, where ORT runs, alone on the last
+CPU (the backend's ``--executor-cpus``) and every other thread of the cluster (``taskset``) and the
+client on the others. ``--batch-start duty-cycle`` passes the backend's own flag, for an A/B against
+eager batch starts on the same code.
 """
 
 from __future__ import annotations
@@ -58,6 +54,7 @@ import numpy as np
 
 from harness.experiments import PIN_OTHER, SampleCluster, exit_on_sigterm, max_rate, on_exec_cpus, ramp_rate
 from harness.meters import CpuMeter, uptime, wait_quiet
+from harness.smoke import add_smoke, parse_args
 from harness.ort_direct import ort_limit as direct_limit
 from harness.ort_direct import ort_session, paced_latencies, time_batch
 from nexus.bench.report import write_json
@@ -214,8 +211,7 @@ def one_repeat(args, i: int) -> dict:
 
     res: dict = {"quiet": wait_quiet(args.quiet_wait_s), "uptime_before": uptime()}
     cprofile = tuple(x for x in args.cprofile.split(",") if x)
-    with SampleCluster([model], threads=args.threads, cprofile=cprofile, cprofile_dir=OUT, ort_no_spin=args.ort_no_spin,
-                       budget_margin_ms=args.budget_margin_ms, pin=args.pin, batch_start=args.batch_start,
+    with SampleCluster([model], threads=args.threads, cprofile=cprofile, cprofile_dir=OUT, pin=args.pin, batch_start=args.batch_start,
                        tag=f"serving{i}") as c:
         threads = args.threads or (os.cpu_count() or 1)
         with on_exec_cpus(args.pin):
@@ -307,19 +303,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--low-rate", type=float, default=15.0)
     p.add_argument("--low-s", type=float, default=15.0)
     p.add_argument("--cprofile", default="", help="components to run under cProfile: frontend,backend")
-    p.add_argument("--ort-no-spin", action="store_true",
-                   help="experiment: force ORT intra-op spinning off in the backend (its default since commit d54f56d)")
     p.add_argument("--pin", action="store_true",
                    help="experiment: the backend's executor thread (ORT, use with --threads 1) on the last CPU, "
                         "every other thread of the cluster and the client on the others")
     p.add_argument("--batch-start", default="eager", choices=["eager", "duty-cycle"],
                    help="the backend's --batch-start (duty-cycle: wait for the planned batch, at most a duty cycle)")
-    p.add_argument("--budget-margin-ms", type=float, default=0.0,
-                   help="experiment: the frontend sends backends a budget this much below the time left")
     p.add_argument("--quiet-wait-s", type=float, default=60.0,
                    help="wait up to this long before each repeat for the machine's other load to drop")
     p.add_argument("--out", default=str(OUT / "serving.json"))
-    args = p.parse_args(argv)
+    add_smoke(p, repeats=1, slo_ms=30.0, step_s=1.0, warmup_s=0.5, ramp_start=0.1, ramp_factor=20.0, ort_repeats=3,
+              low_rate=10.0, low_s=1.0, quiet_wait_s=0.0)
+    args = parse_args(p, argv)
     exit_on_sigterm()
     if args.pin:
         os.sched_setaffinity(0, set(PIN_OTHER))   # the load client (threads made later inherit it)

@@ -26,6 +26,7 @@ import numpy as np
 from common.sample_models import write_sample_models
 from harness.cluster import Cluster, Upload
 from harness.meters import cpu_seconds, uptime
+from harness.smoke import add_smoke, parse_args
 from nexus.bench.report import write_json
 
 MODEL = "resnet18_64"
@@ -98,12 +99,13 @@ def run(workdir: pathlib.Path, batch: int, requests: int) -> dict:
     return result
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=32, help="rows per request (48 KiB each)")
     parser.add_argument("--requests", type=int, default=200, help="requests each way")
     parser.add_argument("--json", default="benchmarks/out/shared_memory.json")
-    args = parser.parse_args()
+    add_smoke(parser, batch=4, requests=10)
+    args = parse_args(parser, argv)
     with tempfile.TemporaryDirectory(prefix="nexus-shm-") as workdir:
         result = run(pathlib.Path(workdir), args.batch, args.requests)
     write_json(args.json, result)

@@ -36,6 +36,7 @@ import time
 from benchmarks.elastic import FIXED_MS, PER_ITEM_MS, SLOS_MS
 from common.config import SchedulerConfig
 from harness.elastic import zipf_models
+from harness.smoke import add_smoke, parse_args
 from nexus.simulate.config import Fault, FaultKind, SimConfig
 from nexus.simulate.models import SimModel
 from nexus.simulate.report import dumps, summarize
@@ -117,14 +118,15 @@ def target(rows: list, case: str, what: str, measured, goal: str, met: bool) -> 
     print(f"  {what}: {measured} (target {goal}): {'met' if met else 'MISSED'}", flush=True)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--devices", type=int, default=100)
     p.add_argument("--cases", default="step_auto,step_idle,steady,kill,stall")
     p.add_argument("--steady-s", type=float, default=1800.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default="benchmarks/out/sim_change")
-    args = p.parse_args()
+    add_smoke(p, devices=4, steady_s=60.0)
+    args = parse_args(p, argv)
     out = pathlib.Path(args.out) / f"d{args.devices}"
     out.mkdir(parents=True, exist_ok=True)
     n = args.devices

@@ -53,6 +53,7 @@ from typing import Sequence
 import numpy as np
 
 from harness.elastic import integral
+from harness.smoke import add_smoke, parse_args
 from nexus.simulate.fidelity import (ADDING_LINE, EXIT, KINDS, REGISTERED_LINE, STARTED_LINE, WARMED_LINE,
                                      distribution_delays, fit_distribution, intervals_overlap_s, line_time,
                                      match_decisions, new_sessions_per_plan, per_second, real_decisions,
@@ -509,7 +510,7 @@ def write_plot(path: pathlib.Path, real: dict, sims: Sequence[tuple[str, dict, d
 # ---- main -------------------------------------------------------------------------------------------
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     from nexus.simulate.config import TIME_PARAMETERS, SimConfig
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -534,7 +535,9 @@ def main() -> int:
     for name in TIME_PARAMETERS:
         p.add_argument("--" + name.replace("_", "-"), type=float, default=None,
                        help="override the measured (or default) simulator parameter")
-    args = p.parse_args()
+    add_smoke(p, base_rps=10.0, models=3, warm_s=1.0, high_s=1.0, low_s=1.0, cooldown_s=1.0, max_backends=3,
+              settle_s=1.5, wait_quiet_s=0.0)
+    args = parse_args(p, argv)
     out = pathlib.Path(args.out)
     models = trace_models(args)
     base = args.base_rps
@@ -602,7 +605,8 @@ def main() -> int:
                f"{100 * c_measured['within_slo']['real']:.2f}%, simulated {100 * c_measured['within_slo']['sim']:.2f}%"
                f"; device-s real {c_measured['device_s']['real']:.0f}, simulated {c_measured['device_s']['sim']:.0f}; "
                f"load avg {loads[0]:.2f}-{loads[1]:.2f}")
-    result = {"args": vars(args), "params": params, "params_default": base_params, "measured": measured,
+    options = {k: v for k, v in vars(args).items() if not k.startswith("_")}   # not add_smoke's own
+    result = {"args": options, "params": params, "params_default": base_params, "measured": measured,
               "plan_ms_here": {"median": float(np.median(sim_default["plan_ms"])) if sim_default["plan_ms"] else None,
                                "p90": float(np.percentile(sim_default["plan_ms"], 90)) if sim_default["plan_ms"] else None,
                                "n": len(sim_default["plan_ms"])},
@@ -610,6 +614,8 @@ def main() -> int:
               "loadavg": loads, "compare_measured": c_measured, "compare_default": c_default}
     (out / "result.json").write_text(json.dumps(result, indent=1, default=float))
     _log(f"wrote {out / 'table.md'}, {out / 'result.json'}, {args.plot}")
+    if args.smoke and not args.reuse:    # a smoke run covers --reuse too, on the real run it just saved
+        return main([*(sys.argv[1:] if argv is None else argv), "--reuse", "--out", args.out, "--plot", args.plot])
     return 0
 
 

@@ -37,6 +37,7 @@ import time
 from benchmarks.elastic import FIXED_MS, PER_ITEM_MS, SLOS_MS
 from common.config import SchedulerConfig
 from harness.elastic import zipf_models
+from harness.smoke import add_smoke, parse_args
 from harness.workloads import long_tail
 from nexus.simulate.config import Fault, FaultKind, SimConfig
 from nexus.simulate.models import SimModel
@@ -92,6 +93,15 @@ def with_lead(models, arrivals, config, steps, lead_s: float) -> tuple:
             [(t + lead_s, before, after) for t, before, after in steps])
 
 
+def head(models, arrivals, config, steps, seconds: float) -> tuple:
+    """The case's first ``seconds`` only (all of it when ``seconds`` is 0 or the trace is shorter)."""
+    if seconds <= 0 or seconds >= arrivals.duration_s:
+        return models, arrivals, config, steps
+    keep = arrivals.times_s < seconds
+    return (models, Arrivals(arrivals.times_s[keep], arrivals.models[keep], arrivals.names, seconds), config,
+            [step for step in steps if step[0] < seconds])
+
+
 def run_case(name: str, models, arrivals, config, steps, out: pathlib.Path) -> dict:
     load_before = os.getloadavg()
     started = time.process_time()
@@ -107,25 +117,35 @@ def run_case(name: str, models, arrivals, config, steps, out: pathlib.Path) -> d
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("case", choices=("elastic", "long_tail", "failover"))
+    p.add_argument("case", nargs="?", choices=("elastic", "long_tail", "failover"),
+                   help="required, except with --smoke (which, without it, runs every case)")
     p.add_argument("--scale", type=int, default=10)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default="benchmarks/out/sim_twins")
     p.add_argument("--lead-s", type=float, default=10.0, help="silence before the trace while the cluster settles")
-    args = p.parse_args()
+    p.add_argument("--max-trace-s", type=float, default=0.0,
+                   help="cut every trace after this many seconds (0: each case's whole trace)")
+    add_smoke(p, scale=1, max_trace_s=45.0)
+    args = parse_args(p, argv)
+    if args.case is None and not args.smoke:
+        p.error("the following arguments are required: case")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.case == "elastic":
-        run_case(f"elastic.x{args.scale}", *with_lead(*elastic(args.scale, args.seed), args.lead_s), out)
-    elif args.case == "long_tail":
-        run_case(f"long_tail.x{args.scale}", *with_lead(*long_tail_case(args.scale, args.seed), args.lead_s), out)
-    else:
+    cases = [args.case] if args.case else ["elastic", "long_tail", "failover"]
+    cut = args.max_trace_s
+    if "elastic" in cases:
+        run_case(f"elastic.x{args.scale}", *with_lead(*head(*elastic(args.scale, args.seed), cut), args.lead_s), out)
+    if "long_tail" in cases:
+        run_case(f"long_tail.x{args.scale}",
+                 *with_lead(*head(*long_tail_case(args.scale, args.seed), cut), args.lead_s), out)
+    if "failover" in cases:
         found = {}
         for replicas, spares in ((1, False), (1, True), (2, True)):
             name = f"failover.x{args.scale}.replicas{replicas}" + ("" if spares else ".no-spares")
-            r = run_case(name, *with_lead(*failover(args.scale, args.seed, replicas, spares), args.lead_s), out)
+            r = run_case(name, *with_lead(*head(*failover(args.scale, args.seed, replicas, spares), cut),
+                                          args.lead_s), out)
             found[name] = {k: r[k] for k in ("within_slo", "failed", "lost_to_faults", "seconds_below_99")}
         print(json.dumps(found, indent=1))
 

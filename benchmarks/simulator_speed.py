@@ -29,6 +29,7 @@ import os
 import platform
 import time
 
+from harness.smoke import add_smoke, parse_args
 from nexus.simulate.config import SimConfig
 from nexus.simulate.models import linear_models
 from nexus.simulate.report import summarize, text
@@ -85,12 +86,19 @@ def measure(case: str, duration_s: float | None, seed: int = 1) -> dict:
             "cpu_model": cpu_model(), "loadavg": os.getloadavg()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("case", choices=sorted(CASES))
+    p.add_argument("case", nargs="?", choices=sorted(CASES),
+                   help="required, except with --smoke, which runs 'hour' ('big' is the same code, but its "
+                        "first plan alone takes 10 s)")
     p.add_argument("--duration-s", type=float, default=None)
     p.add_argument("--out", default="")
-    args = p.parse_args()
+    add_smoke(p, duration_s=5.0, out="simulator_speed.json")
+    args = parse_args(p, argv)
+    if args.case is None:
+        if not args.smoke:
+            p.error("the following arguments are required: case")
+        args.case = "hour"
     before = os.getloadavg()
     out = measure(args.case, args.duration_s)
     out["loadavg_before"] = before

@@ -31,7 +31,8 @@ import grpc
 from common.pb import control, control_grpc
 from harness.meters import loadavg
 from nexus.launcher import nexus_command
-from harness.postgres import PostgresServer
+from harness.postgres import PostgresServer, postgres_bin
+from harness.smoke import add_smoke, parse_args
 
 
 def _answers(address: str) -> bool:
@@ -91,13 +92,18 @@ def restart(work: pathlib.Path, url: str, lease_s: float) -> float:
         p.wait()
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="--smoke without PostgreSQL's initdb runs restart-sqlite only.")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--lease-s", type=float, default=1.5)
-    args = ap.parse_args()
-    server = PostgresServer()
-    os.environ["PGPASSFILE"] = str(server.passfile)
+    add_smoke(ap, repeats=1, lease_s=0.5)
+    args = parse_args(ap, argv)
+    server = PostgresServer() if postgres_bin() or not args.smoke else None
+    if server is None:
+        print("no PostgreSQL (initdb): restart-sqlite only")
+    else:
+        os.environ["PGPASSFILE"] = str(server.passfile)
     results: dict[str, list[float]] = {}
     try:
         with open("/proc/cpuinfo") as f:
@@ -106,19 +112,23 @@ def main() -> int:
         for _ in range(args.repeats):
             with tempfile.TemporaryDirectory() as tmp:
                 work = pathlib.Path(tmp)
-                results.setdefault("standby-kill", []).append(standby(work, server.database(), args.lease_s,
-                                                                      signal.SIGKILL))
-                results.setdefault("standby-pause", []).append(standby(work, server.database(), args.lease_s,
-                                                                       signal.SIGSTOP))
+                if server is not None:
+                    results.setdefault("standby-kill", []).append(standby(work, server.database(), args.lease_s,
+                                                                          signal.SIGKILL))
+                    results.setdefault("standby-pause", []).append(standby(work, server.database(), args.lease_s,
+                                                                           signal.SIGSTOP))
                 results.setdefault("restart-sqlite", []).append(restart(work, "", args.lease_s))
-                results.setdefault("restart-postgresql", []).append(restart(work, server.database(), args.lease_s))
+                if server is not None:
+                    results.setdefault("restart-postgresql", []).append(restart(work, server.database(),
+                                                                                args.lease_s))
         print(f"load average {loadavg():.2f} at the end")
         print("| case | median s | min s | max s |")
         print("| --- | --- | --- | --- |")
         for case, xs in results.items():
             print(f"| {case} | {statistics.median(xs):.2f} | {min(xs):.2f} | {max(xs):.2f} |")
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
     return 0
 
 

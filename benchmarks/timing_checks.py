@@ -40,6 +40,7 @@ import time
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from harness.cluster import ServeCluster, Upload
+from harness.smoke import add_smoke, parse_args
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -49,7 +50,7 @@ EMU_SLO_MS = 200.0
 MIN_BATCHES = 8
 
 
-def emulated_ratios(rounds: int) -> list[dict[int, float]]:
+def emulated_ratios(rounds: int, step_s: float = 3.0) -> list[dict[int, float]]:
     """Measured compute time / profile l(b) per batch size, per round of four load levels."""
     import tritonclient.grpc as grpcclient
 
@@ -71,7 +72,7 @@ def emulated_ratios(rounds: int) -> list[dict[int, float]]:
         for attempt in range(rounds):
             before = batch_stats()
             for rate in (20, 60, 120, 240):
-                run_bench(cluster.frontend, "emu_mlp", rate, 3.0, EMU_SLO_MS, warmup_s=0.5, seed=attempt * 1000 + rate)
+                run_bench(cluster.frontend, "emu_mlp", rate, step_s, EMU_SLO_MS, warmup_s=0.5, seed=attempt * 1000 + rate)
             after = batch_stats()
             ratios = {}
             for size, (count, ns) in after.items():
@@ -166,11 +167,14 @@ def bench_search() -> dict[str, float]:
             "hi_good_fraction": reports[1].good_fraction if len(reports) > 1 else float("nan")}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=["emulated", "bench", "planner", "multitenant", "bench-search"])
     ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+    ap.add_argument("--step-s", type=float, default=3.0, help="emulated: seconds of load per rate")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "timing_checks.json"))
+    add_smoke(ap, rounds=1, step_s=0.5)
+    args = parse_args(ap, argv)
     result: dict = {}
     rows = []
     if args.only in (None, "bench"):
@@ -183,7 +187,7 @@ def main() -> None:
                  ("bench: client lag, loop blocked 200 ms (ms)", f["stalled_client_lag_ms"], ">= 150",
                   f["stalled_client_lag_ms"] >= 150)]
     if args.only in (None, "emulated"):
-        rounds = emulated_ratios(args.rounds)
+        rounds = emulated_ratios(args.rounds, args.step_s)
         result["emulated_ratios"] = [{str(k): v for k, v in sorted(r.items())} for r in rounds]
         for i, r in enumerate(rounds):
             for size, ratio in sorted(r.items()):
@@ -207,9 +211,9 @@ def main() -> None:
     width = max(len(r[0]) for r in rows)
     for name, value, bound, ok in rows:
         print(f"{name:<{width}}  {value:9.3f}  expected {bound:<14} {'ok' if ok else 'MISSED'}")
-    out = ROOT / "benchmarks" / "out"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "timing_checks.json").write_text(json.dumps(result, indent=2))
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ bidirectional stream (today's Execute stream) and of a pyzmq DEALER/ROUTER pair 
     pip install pyzmq        # not a project dependency: this benchmark decides whether it becomes one
     python -m benchmarks.transport_micro [--repeats 5] [--n 6000] [--inflight 8]
 
+``--smoke`` runs a few hundred requests per transport; without pyzmq it runs the grpc side only.
+
 The "backend" process answers each ``control.ExecItem`` with a ``control.ExecResult`` carrying an
 output of 1000 FP32 (what a classifier returns); the "frontend" process keeps ``--inflight``
 requests outstanding, matching replies to requests by id through futures, as
@@ -18,6 +20,7 @@ JSON to benchmarks/out/transport-micro.json.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import pathlib
 import statistics
@@ -25,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 
+from harness.smoke import add_smoke, parse_args
 from nexus.bench.report import write_json
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -186,16 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm", type=int, default=500)
     ap.add_argument("--inflight", type=int, default=8)
     ap.add_argument("--out", default=str(OUT / "transport-micro.json"))
-    args = ap.parse_args(argv)
-    try:
-        import zmq  # noqa: F401
-    except ImportError:
+    add_smoke(ap, repeats=1, n=200, warm=20)
+    args = parse_args(ap, argv)
+    transports = ("grpc", "zmq") if importlib.util.find_spec("zmq") else ("grpc",)
+    if "zmq" not in transports and not args.smoke:     # a smoke run checks the grpc side without it
         raise SystemExit("transport_micro: pyzmq is not installed (pip install pyzmq)")
     runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
             for side in (32, 64):
-                order = ("grpc", "zmq") if i % 2 == 0 else ("zmq", "grpc")
+                order = transports if i % 2 == 0 else transports[::-1]
                 for transport in order:
                     r = run_pair(transport, args.n, args.warm, args.inflight, side, pathlib.Path(tmp))
                     runs.setdefault(f"{transport}-{side}", []).append(r)
@@ -204,13 +208,14 @@ def main(argv: list[str] | None = None) -> int:
     summary = {}
     for key, rs in runs.items():
         summary[key] = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-    for side in (32, 64):
+    for side in (32, 64) if "zmq" in transports else ():
         g, z = summary[f"grpc-{side}"], summary[f"zmq-{side}"]
         print(f"3x{side}x{side}: grpc frontend {g['frontend_us']:.0f} us + backend {g['backend_us']:.0f} us, "
               f"{g['rate_rps']:.0f} rps; zmq frontend {z['frontend_us']:.0f} us + backend {z['backend_us']:.0f} us, "
               f"{z['rate_rps']:.0f} rps; zmq/grpc CPU "
               f"{(z['frontend_us'] + z['backend_us']) / (g['frontend_us'] + g['backend_us']):.2f}")
-    write_json(args.out, {"args": vars(args), "runs": runs, "summary": summary})
+    write_json(args.out, {"args": {k: v for k, v in vars(args).items() if not k.startswith("_")}, "runs": runs,
+                          "summary": summary})
     return 0
 
 

@@ -83,6 +83,7 @@ from harness.ladder import paired_ladder
 from harness.meters import CpuMeter, LoadSampler, favour, favour_tree, loadavg
 from harness.ort_direct import ort_limit as direct_limit
 from harness.ort_direct import ort_session
+from harness.smoke import add_smoke, parse_args
 from nexus.bench.report import write_json
 from harness.triton_compare import MAX_TRITON_BATCH, MODELS, NEXUS_CONFIGS, SCENARIOS, SERVED_FRACTION, START_RPS, \
     ModelSpec, build_models, delay_candidates, level_passes, parse_nexus_configs, shares, triton_candidates
@@ -90,6 +91,10 @@ from harness.triton_compare import MAX_TRITON_BATCH, MODELS, NEXUS_CONFIGS, SCEN
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "out"
 PLOT = ROOT / "benchmarks" / "vs_triton.png"
+SMOKE_HELP = ("--smoke runs the Nexus side only (Triton is skipped: it needs nvidia-pytriton's own virtualenv): "
+              "scenario single, nexus serve on its defaults, ORT direct, one ladder of one 30 rps level measured "
+              "by perf_analyzer; where perf_analyzer has not been fetched (into $NEXUS_TEST_TOOLS) or cannot run, "
+              "the ladder is skipped too and the servers only start, serve their models and report their plan.")
 
 def ort_limit(path: pathlib.Path, spec: ModelSpec, repeats: int, threads: int = 0) -> dict:
     """ORT called directly (``harness.ort_direct``): l(b) medians, the saturated batch b* and b*/l(b*).
@@ -387,11 +392,17 @@ def run_scenario(args, tool, scenario: str, servers: list[str], configs: dict[st
             nexus = [start_nexus(args, scenario, paths, flags, label, work) for label, flags in configs.items()]
         tritons = triton_candidates(scenario, res["ort_direct"]["before"])[:args.triton_candidates or None] \
             if "triton" in servers else []
-        first = ladder("ladder 1", tritons, nexus)
-        if tritons and args.ladders > 1:
+        if tool is None:             # a smoke run without perf_analyzer: the servers start, no ladder runs
+            for srv in nexus:
+                print(f"[{scenario}] {srv.label}: plan {srv.describe()}", flush=True)
+            tritons, ladders = [], 0
+        else:
+            ladders = args.ladders
+            first = ladder("ladder 1", tritons, nexus)
+        if tritons and ladders > 1:
             best = max(tritons, key=lambda c: first[f"triton ({c['name']})"]["goodput_rps"])
             ladder("ladder 2", [best, *delay_candidates(best)], nexus)
-        for _ in range(2, args.ladders):
+        for _ in range(2, ladders):
             ladder(f"ladder {len(res['ladders']) + 1}", [], nexus)
     finally:
         for srv in nexus:
@@ -402,7 +413,7 @@ def run_scenario(args, tool, scenario: str, servers: list[str], configs: dict[st
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=SMOKE_HELP)
     p.add_argument("--triton-python", default=str(OUT / "pytriton-venv" / "bin" / "python"),
                    help="python of a virtualenv with nvidia-pytriton and onnxruntime")
     p.add_argument("--servers", default="triton,nexus", help="comma-separated, run in this order")
@@ -430,7 +441,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(OUT / "vs_triton.json"))
     p.add_argument("--plot", default=str(PLOT))
     p.add_argument("--replot", metavar="JSON", help="only redraw --plot from a JSON this benchmark wrote")
-    args = p.parse_args(argv)
+    add_smoke(p, servers="nexus", scenarios="single", nexus_config=["default"], ladders=1, window_ms=1000,
+              max_trials=6, stability_pct=100.0, start_rps=30.0, factor=2.0, max_rps=30.0, cooldown_s=0.0,
+              ort_repeats=2)
+    args = parse_args(p, argv)
     if args.replot:
         plot(json.loads(pathlib.Path(args.replot).read_text()), pathlib.Path(args.plot))
         return 0
@@ -451,11 +465,17 @@ def main(argv: list[str] | None = None) -> int:
         if not os.access(args.perf_analyzer, os.X_OK):
             p.error(f"--perf-analyzer {args.perf_analyzer} is not an executable")
         tool = (pathlib.Path(args.perf_analyzer), dict(os.environ))
+    elif args.smoke and not (pa.tools_dir() / f"perf_analyzer-{pa.TRITONCLIENT_VERSION}").is_dir():
+        print("smoke: perf_analyzer not fetched: no ladder", flush=True)     # a smoke run fetches nothing
+        tool = None
     else:
         try:
             tool = pa.fetch_perf_analyzer()
         except pa.ToolUnavailable as exc:
-            p.error(f"perf_analyzer unavailable: {exc}")
+            if not args.smoke:
+                p.error(f"perf_analyzer unavailable: {exc}")
+            print(f"smoke: perf_analyzer unavailable ({exc}): no ladder", flush=True)
+            tool = None
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
     favour(os.getpid(), args.nice)   # before any thread or child: they inherit it
 

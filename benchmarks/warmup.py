@@ -40,6 +40,7 @@ import numpy as np
 from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.sample_models import build_sample_model, model_bytes
 from harness.cluster import Cluster, Upload
+from harness.smoke import add_smoke, parse_args
 
 MODEL = "resnet18_64"
 SHAPE = (1, 3, 64, 64)
@@ -59,8 +60,10 @@ def measure_profile(path: pathlib.Path, threads: int) -> pathlib.Path:
 
 
 def start_cluster(workdir: pathlib.Path, warmup: bool, threads: int) -> Cluster:
-    """Scheduler, frontend and two CPU backends (``warmup`` on or off); logs in ``workdir``."""
-    return Cluster(workdir, backends=2, device="cpu", backend={"threads": threads, "warmup": warmup},
+    """Scheduler, frontend and two CPU backends (``warmup`` on or off); logs in ``workdir``. No spare
+    replicas: the model is on one backend until it moves, and the other has never run it."""
+    return Cluster(workdir, backends=2, device="cpu", scheduler={"spare_replicas": False},
+                   backend={"threads": threads, "warmup": warmup},
                    frontend={"http_listen": "", "metrics_listen": "", "report_interval_s": 0.5}).start(timeout_s=60)
 
 
@@ -166,7 +169,7 @@ def summary(runs: list[dict]) -> dict:
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=5, help="runs of each mode, alternating")
     parser.add_argument("--steady", type=int, default=60, help="requests after the first one (steady state)")
@@ -174,7 +177,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=0, help="backend intra-op threads (0: the runtime's default)")
     parser.add_argument("--json", help="write every run and the summary here")
     parser.add_argument("--workdir", help="keep the components' logs here")
-    args = parser.parse_args()
+    add_smoke(parser, reps=1, steady=5, gap_ms=5.0, json="warmup.json")
+    args = parse_args(parser, argv)
     workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="nexus-warmup-"))
     workdir.mkdir(parents=True, exist_ok=True)
     runs = []

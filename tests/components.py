@@ -1,5 +1,6 @@
-"""Helpers of the tests that start components one by one: the cluster is the benchmark library's
-(harness/cluster.py); what is here is only what tests assert with."""
+"""Helpers of the tests that run clusters of separate component processes (the harness's
+:class:`harness.cluster.Cluster`); one component alone is conftest's :class:`NexusProcess`. What is
+here is only what tests assert with."""
 
 from __future__ import annotations
 
@@ -8,18 +9,7 @@ import time
 import numpy as np
 
 from common.pb import kserve
-from harness.cluster import Cluster, Node, wait_model_served
-
-
-def start(kind: str, *args: str, timeout_s: float = 120) -> Node:
-    """``nexus KIND ARGS`` alone, as a node of the library's harness; once it printed its ready line."""
-    node = Node(kind, [kind, *args])
-    try:
-        node.wait_ready(timeout_s)
-    except RuntimeError:
-        node.kill()
-        raise
-    return node
+from harness.cluster import Cluster, wait_model_served
 
 
 def start_cluster(workdir, backends: int, device: str, *, scheduler: dict | None = None,

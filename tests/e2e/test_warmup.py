@@ -32,8 +32,8 @@ from common.warmup_spec import (
 )
 from nexus.bench import BackgroundLoad
 from nexus.scheduler_client import AdminCallError, upload_model
-from tests.components import start, start_cluster, wait_ready
-from tests.conftest import nexus_cli
+from tests.components import start_cluster, wait_ready
+from tests.conftest import NexusProcess, nexus_cli
 from harness.ports import free_port
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -421,13 +421,16 @@ def _upload(tmp_path, scheduler: str, name: str, hidden: int, latency_ms: float,
 def test_readiness_and_traffic_wait_for_warm_up_and_serving_sessions_never_stall(tmp_path):
     """Emulated t4s, whose batches take what the profile says: warm-up lasts a known time here. Every
     session keeps two replicas when two backends exist, so a second backend is given them all."""
-    sched = start("scheduler", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data"), "--min-replicas", "2")
-    fe = start("frontend", "--scheduler", sched.address, "--listen", "127.0.0.1:0", "--report-interval-s", "0.5")
+    sched = NexusProcess(tmp_path / "scheduler.log", "scheduler", "--listen", "127.0.0.1:0",
+                         "--data-dir", str(tmp_path / "data"), "--min-replicas", "2")
+    fe = NexusProcess(tmp_path / "frontend.log", "frontend", "--scheduler", sched.address, "--listen", "127.0.0.1:0",
+                      "--report-interval-s", "0.5")
     backends = []
     try:
         # A backend's first table brings a session with 30 warm-up batches of 40 ms: not ready until they ran.
         _upload(tmp_path, sched.address, "slow", 48, 40.0, warmup_count=30)
-        backends.append(start("backend", "--scheduler", sched.address, "--device", "emulated:t4"))
+        backends.append(NexusProcess(tmp_path / f"backend-{len(backends)}.log", "backend",
+                                     "--scheduler", sched.address, "--device", "emulated:t4"))
         first = backends[0].address
         seen_warming = False
         deadline = time.monotonic() + 60
@@ -474,7 +477,8 @@ def test_readiness_and_traffic_wait_for_warm_up_and_serving_sessions_never_stall
         assert "batch size 32 exceeds the profile's largest batch 16" in str(info.value)
 
         # A move: a second backend joins, the first leaves; the sessions warm up there before traffic moves.
-        backends.append(start("backend", "--scheduler", sched.address, "--device", "emulated:t4"))
+        backends.append(NexusProcess(tmp_path / f"backend-{len(backends)}.log", "backend",
+                                     "--scheduler", sched.address, "--device", "emulated:t4"))
         second = backends[1].address
         deadline = time.monotonic() + 60
         while not _backend_stats(second).sessions:      # registered and given the replicas

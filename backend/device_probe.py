@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 
+from common.emulated_gpus import GPU_TYPES
+from common.runtimes import DeviceSpec
+
 
 def device_problem(device: str) -> str | None:
     """Why this backend cannot use ``device`` (a clear message for the operator), or None when it can.
@@ -12,8 +15,6 @@ def device_problem(device: str) -> str | None:
     CPU and emulated devices always work. A CUDA device works when onnxruntime's CUDA execution
     provider actually starts on it (probed with a one-node model) or torch sees it.
     """
-    from common.runtimes import DeviceSpec
-
     try:
         spec = DeviceSpec.parse(device)
     except ValueError as exc:
@@ -22,7 +23,7 @@ def device_problem(device: str) -> str | None:
         return None
     reasons = []
     try:
-        import onnxruntime as ort
+        import onnxruntime as ort  # lazy: ~30 ms at start-up, and only a CUDA device is probed with it
 
         providers = ort.get_available_providers()
         if "CUDAExecutionProvider" in providers:
@@ -36,7 +37,7 @@ def device_problem(device: str) -> str | None:
     except ImportError:
         reasons.append("onnxruntime is not installed")
     try:
-        import torch
+        import torch  # lazy: torch is an optional extra (~1 s to import)
 
         if torch.cuda.is_available():
             count = torch.cuda.device_count()
@@ -51,7 +52,7 @@ def device_problem(device: str) -> str | None:
 
 
 def _ort_cuda_works(ort, index: int) -> bool:
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper  # lazy: onnx costs ~30 ms at start-up; only the CUDA probe needs it
 
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
@@ -75,8 +76,6 @@ def detect_memory_mb(device: str) -> float:
         except (ValueError, OSError):
             return 0.0
     if device.startswith("emulated:"):
-        from common.emulated_gpus import GPU_TYPES
-
         gpu = GPU_TYPES.get(device.split(":", 1)[1])
         return gpu.memory_mb if gpu else 0.0
     return 0.0

@@ -45,6 +45,7 @@ from common.config import BackendConfig, BatchStart
 from common.emulated_gpus import OUT_OF_MEMORY
 from common.pb import control
 from common.profile import Profile
+from common.runtimes import load_runtime
 from common.warmup_spec import WarmupError, from_pb as warmup_from_pb
 from common.exec_status import ExecStatus
 
@@ -79,8 +80,6 @@ class ModelTables:
                                 if config.device.startswith("emulated:") else 0.0)
 
     async def _runtime_for(self, entry: control.SessionEntry):
-        from common.runtimes import load_runtime
-
         model = entry.model
         runtime_kind = "emulated" if self.config.device.startswith("emulated:") else model.runtime
         key = f"{model.sha256}/{runtime_kind}"
@@ -126,7 +125,7 @@ class ModelTables:
         group formed elsewhere), ``find_shared_prefix`` finds the longest prefix the models share.
         Raises LookupError when they share none.
         """
-        from common.runtimes import load_runtime
+        # lazy: common.onnx_prefix imports onnx (~30 ms at start-up); only prefix-sharing groups need it
         from common.onnx_prefix import find_shared_prefix, split_at
 
         threads = self.threads

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from common.emulated_gpus import datasheet_profile
 from common.profile import Profile
 from common.tensors import TensorSpec
+from profiler.profiling import profile_model
 
 # Measured on demand; the profile interpolates the batch sizes in between.
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
@@ -17,12 +19,8 @@ def measure_profile(model_bytes: bytes, runtime_kind: str, device: str, device_t
     device cannot measure one: it answers from its datasheet for the sample models
     (:mod:`common.emulated_gpus`), else ValueError."""
     if device.startswith("emulated:"):
-        from common.emulated_gpus import datasheet_profile
-
         sheet = datasheet_profile(model_bytes, device.split(":", 1)[1])
         return Profile.from_rows(sheet.rows, device_type, sheet.meta)
-    from profiler.profiling import profile_model
-
     measured = profile_model(model_bytes, device, runtime_kind, list(batch_sizes or DEFAULT_BATCH_SIZES),
                              warmup=2, iters=10, min_iters=3, time_budget_s=budget_s, threads=threads,
                              device_type=device_type)

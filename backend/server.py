@@ -36,9 +36,12 @@ from backend.device_probe import detect_memory_mb, device_problem
 from backend.engine import Engine, ExecError, Outcome, Session, Work
 from backend.latency_samples import SampleRecorder
 from backend.model_table import ModelTables
+from backend.profile_requests import measure_profile
 from backend.wire import backend_stats, decode_inputs, encode_result, io_specs, item_nbytes
 from common import grpc_util
+from common.batch_decision import POLICIES
 from common.config import BackendConfig, scheduler_addresses
+from common.emulated_gpus import NoDatasheet
 from common.health import Health
 from common.host_load import ContentionMonitor
 from common.pb import control, control_grpc
@@ -197,9 +200,6 @@ class BackendService(control_grpc.BackendServicer):
     # ---- profiling -----------------------------------------------------------------------------
 
     async def ProfileModel(self, request, context):
-        from backend.profile_requests import measure_profile
-        from common.emulated_gpus import NoDatasheet
-
         model = request.model
         runtime_kind = "emulated" if self.config.device.startswith("emulated:") else model.runtime
         try:
@@ -240,8 +240,6 @@ async def drain(service: BackendService, scheduler, grace_s: float) -> None:
 
 async def serve(config: BackendConfig, ready=None) -> None:
     """Run a backend until cancelled: serve, register, heartbeat (re-registering if forgotten)."""
-    from common.batch_decision import POLICIES
-
     if config.policy not in POLICIES:
         raise SystemExit(f"nexus backend: error: unknown --policy {config.policy!r}; "
                          f"expected one of {', '.join(POLICIES)}")
@@ -266,8 +264,9 @@ async def serve(config: BackendConfig, ready=None) -> None:
     await server.start()
     metrics_server = None
     if config.metrics_port:
+        # lazy: prometheus_client and aiohttp (~150 ms at start-up) are needed only with --metrics-port
         from backend.metrics import registry
-        from common.metrics_http import start_metrics_server
+        from common.metrics_http import start_metrics_server  # lazy: aiohttp, as above
 
         host = config.listen.rpartition(":")[0].strip("[]") or "127.0.0.1"
         try:

@@ -19,6 +19,8 @@ import typing
 from dataclasses import dataclass, field
 
 from common.database_url import DatabaseUrlError, check_postgres_url
+from common.emulated_gpus import UnknownGpuError, check_device
+from common.security import parse_restricted_header
 
 
 class ConfigError(ValueError):
@@ -453,8 +455,6 @@ class BackendConfig:
         _check_positive("max_queue", self.max_queue)
         if not (self.device == "cpu" or self.device.startswith("cuda") or self.device.startswith("emulated:")):
             raise ConfigError(f"--device: expected cpu, cuda[:N] or emulated:<gpu-name>, got {self.device!r}")
-        from common.emulated_gpus import UnknownGpuError, check_device
-
         try:
             check_device(self.device)
         except UnknownGpuError as exc:
@@ -540,7 +540,6 @@ class FrontendConfig:
         for flag, value in (("restricted-repository-header", self.restricted_repository_header),
                             ("restricted-shared-memory-header", self.restricted_shared_memory_header)):
             if value:
-                from common.security import parse_restricted_header
                 try:
                     parse_restricted_header(value)
                 except ValueError as exc:

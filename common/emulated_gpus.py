@@ -142,9 +142,9 @@ def class_profile(model_class: str, gpu: str) -> Profile:
 
 def model_class_of(model_bytes: bytes) -> str | None:
     """The architecture class of a sample model's ONNX bytes, or None for any other model."""
-    import onnx
+    import onnx  # lazy: onnx costs ~30 ms at start-up and common.config (every command) imports this module
 
-    from common.sample_models import PRODUCER
+    from common.sample_models import PRODUCER  # lazy: it imports onnx at its top, for the same reason
 
     try:
         model = onnx.load_model_from_string(model_bytes)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -251,8 +252,6 @@ class ContentionMonitor:
     verdict of the last full window for ``threads`` threads (False until one was read)."""
 
     def __init__(self, threads: int, interval_s: float = 0.5, meter: HostLoadMeter | None = None) -> None:
-        import threading
-
         self.threads = threads
         self.interval_s = interval_s
         self.meter = meter or HostLoadMeter()

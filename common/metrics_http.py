@@ -12,7 +12,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from common.config import join_host_port
+from common.config import join_host_port, split_host_port
 
 METRICS_PATH = "/metrics"
 
@@ -52,8 +52,6 @@ async def start_metrics_server(host: str, port: int, registry: CollectorRegistry
 async def serve_metrics(component: str, flag_value: str, address: str, registry: CollectorRegistry) -> MetricsServer:
     """:func:`start_metrics_server` on ``address`` (HOST:PORT) for ``nexus COMPONENT --metrics-listen
     FLAG_VALUE``; SystemExit with a message naming the flag when the address cannot be bound."""
-    from common.config import split_host_port
-
     host, port = split_host_port(address)
     try:
         return await start_metrics_server(host, port, registry)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import zipfile
 
 from common.tensors import TensorSpec
 
@@ -21,7 +23,7 @@ def onnx_io(model_bytes: bytes) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpe
     Every input and output must have a leading batch dimension (dynamic, or fixed); the specs list
     the remaining dimensions, -1 where symbolic.
     """
-    import onnx
+    import onnx  # lazy: onnx costs ~30 ms at start-up; the nexus command imports this module for --help
 
     try:
         model = onnx.load_model_from_string(model_bytes)
@@ -78,8 +80,5 @@ def io_to_json(inputs, outputs) -> str:
 
 def torch_archive_check(model_bytes: bytes) -> None:
     """A TorchScript / torch.export file is a zip archive; refuse anything else before loading it."""
-    import io
-    import zipfile
-
     if not zipfile.is_zipfile(io.BytesIO(model_bytes)):
         raise ModelFileError("not a TorchScript or torch.export archive (expected a zip file)")

@@ -126,7 +126,7 @@ def _datatype_name(value: int) -> str:
 
 def _onnx_first_dims(data: bytes) -> dict[str, int]:
     """Leading dimension of every graph input and output: -1 when symbolic or absent."""
-    import onnx
+    import onnx  # lazy: onnx costs ~30 ms at start-up; the nexus command imports this module for --help
 
     model = onnx.load_model_from_string(data)
     initializers = {t.name for t in model.graph.initializer}

@@ -17,6 +17,7 @@ import grpc
 from common import grpc_util
 from common.config import FrontendConfig, scheduler_addresses
 from common.health import Health
+from common.metrics_http import serve_metrics
 from common.pb import control, control_grpc, kserve_grpc
 from common.registration import keep_registered
 from common.scheduler_connection import SchedulerConnection
@@ -26,6 +27,7 @@ from frontend.frontend_state import FrontendState
 from frontend.early_report import CHECK_S, ReportClock, workload_report
 from frontend.kserve import KServeService
 from frontend.routing import RoutingTable
+from frontend.trace import Tracer
 
 log = logging.getLogger("nexus.frontend")
 
@@ -104,7 +106,6 @@ async def serve(config: FrontendConfig, ready=None) -> None:
     creds = Credentials.load(config.security)
     tracer = None
     if config.trace:
-        from frontend.trace import Tracer
         try:
             tracer = Tracer(config.trace, config.trace_every)
         except OSError as exc:
@@ -203,8 +204,6 @@ async def _start_metrics(config: FrontendConfig, state: FrontendState, server):
     """The Prometheus endpoint on ``--metrics-listen`` (None when off); exits with a message when it cannot bind."""
     if not config.resolved_metrics_listen:
         return None
-    from common.metrics_http import serve_metrics
-
     try:
         metrics = await serve_metrics("frontend", config.metrics_listen, config.resolved_metrics_listen,
                                       state.metrics.registry)

@@ -7,6 +7,7 @@ import os
 import sys
 
 from nexus.bench.loadgen import DEFAULT_ADDRESS, BenchError, run_bench
+from nexus.bench.plot import write_plot
 from nexus.bench.report import lag_warning
 from nexus.client_flags import ClientFlagError, add_client_security, client_credentials
 
@@ -130,8 +131,6 @@ def run(args: argparse.Namespace) -> int:
             with open(args.output, "w") as f:
                 f.write(report.to_json() + "\n")
         if args.plot:
-            from nexus.bench.plot import write_plot
-
             write_plot(report, args.plot)
     except OSError as e:
         print(f"{PROG}: error: cannot write {e.filename}: {e.strerror}", file=sys.stderr)

@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from nexus.process import die_with_parent
+
 # Modules that contribute subcommands, in help order.
 COMMAND_MODULES = (
     "nexus.serve_cmd",
@@ -41,8 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from nexus.process import die_with_parent
-
     die_with_parent()
     parser = build_parser()
     args = parser.parse_args(argv)

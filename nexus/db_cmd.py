@@ -35,9 +35,10 @@ def _migrate(args: argparse.Namespace) -> int:
     source_dir = pathlib.Path(args.source.removeprefix("sqlite:"))
     if why := _url_error(args.dest, "--to"):
         return _error(prog, why, 2)
+    # lazy: the model database modules (and sqlite3) add ~8 ms to every nexus command's start-up, --help included
     from globalsched.state.database.migrate import MigrationError, copy_database
-    from globalsched.state.modeldb import ModelDatabase
-    from globalsched.state.querydb import QueryStore
+    from globalsched.state.modeldb import ModelDatabase  # lazy: as above
+    from globalsched.state.querydb import QueryStore  # lazy: as above
 
     try:
         source = ModelDatabase(source_dir, read_only=True)
@@ -71,8 +72,9 @@ def _forget_token(args: argparse.Namespace) -> int:
     prog = "nexus db forget-token"
     if why := _url_error(args.database, "--database"):
         return _error(prog, why, 2)
+    # lazy: the database modules (and sqlite3) add ~5 ms to every nexus command's start-up, --help included
     from globalsched.state.database.cluster_token import forget_token
-    from globalsched.state.database.connection import PostgresConnection
+    from globalsched.state.database.connection import PostgresConnection  # lazy: as above
 
     try:
         db = PostgresConnection(args.database, application_name="nexus-db")

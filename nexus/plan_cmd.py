@@ -13,13 +13,12 @@ import json
 import sys
 from typing import Any
 
+from globalsched.planning.algorithms import PlannerConfig, Solver, solve, split_latency
 from globalsched.planning.plan import Plan, PlanningError, SessionSpec, gpu_exec_breakdown, validate_plan
 from nexus.plan_files import Workload, WorkloadError, load_workload
 
 
 def register(subparsers: Any) -> None:
-    from globalsched.planning.algorithms import Solver
-
     p = subparsers.add_parser("plan", help="plan a workload offline (squishy bin packing and friends)",
                               description="Plan the sessions (and queries) of WORKLOAD.json on as few GPUs "
                                           "as possible and print the plan.")
@@ -44,8 +43,6 @@ def _error(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from globalsched.planning.algorithms import PlannerConfig, solve, split_latency
-
     try:
         config = PlannerConfig(network_ms=args.network_ms, preprocess_ms=args.preprocess_ms,
                                postprocess_ms=args.postprocess_ms, cpsat_time_limit_s=args.time_limit_s,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import signal
@@ -22,8 +23,6 @@ def die_with_parent() -> None:
     if not pid.isdigit():
         return
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         return
@@ -45,7 +44,7 @@ def loop_factory():
     if choice != "uvloop":
         raise SystemExit(f"nexus: error: {EVENT_LOOP_ENV}={choice!r}: expected uvloop or asyncio")
     try:
-        import uvloop
+        import uvloop  # lazy: optional (not on Windows), and only a component's event loop needs it
     except ImportError:
         return None
     return uvloop.new_event_loop

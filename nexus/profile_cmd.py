@@ -15,6 +15,14 @@ import os
 import sys
 import tempfile
 
+from common.model_io import ModelFileError, parse_io_json
+from common.profile import Profile, ProfileError
+from profiler.errors import ProfilerError
+from profiler.inputs import parse_input_shapes
+from profiler.model_file import read_model_file
+from profiler.plot import plot_frontier, plot_profile
+from profiler.tables import format_multitenant_table, format_profile_table, load_warning
+
 MULTITENANT = "multitenant"
 PROG = "nexus profile"
 
@@ -121,8 +129,6 @@ def _error(msg: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from profiler.errors import ProfilerError
-
     try:
         if args.output and args.output != "-":
             directory = os.path.dirname(os.path.abspath(args.output))
@@ -205,15 +211,15 @@ def _plot_path(args: argparse.Namespace) -> str | None:
 
 
 def _progress_bar(args: argparse.Namespace, total: int | None, unit: str, desc: str):
-    from tqdm import tqdm
+    from tqdm import tqdm  # lazy: tqdm costs ~20 ms at start-up (nexus --help imports this module)
 
     disable = bool(args.quiet) or not sys.stderr.isatty()
     return tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, disable=disable, leave=False, dynamic_ncols=True)
 
 
 def _setup(args: argparse.Namespace):
+    # lazy: it imports importlib.metadata and common.runtimes, ~14 ms at every nexus command's start-up
     from profiler.environment import parse_device, pin_cpus
-    from profiler.inputs import parse_input_shapes
 
     device = parse_device(args.device)
     if args.threads is not None and args.threads < 1:
@@ -224,8 +230,6 @@ def _setup(args: argparse.Namespace):
 
 
 def _io_specs(args: argparse.Namespace, count: int) -> list:
-    from common.model_io import ModelFileError, parse_io_json
-
     if not args.io:
         return [None] * count
     paths = [x for x in args.io.split(",") if x]
@@ -282,10 +286,9 @@ def _int_list_allow_zero(text: str, what: str) -> list[int]:
 # ---- nexus profile MODEL ----------------------------------------------------------------------------
 
 def _run_single(args: argparse.Namespace) -> int:
+    # lazy: the measuring modules cost ~25-35 ms at start-up (nexus --help imports this module)
     from profiler.auto_batch import DEFAULT_LIMIT, DEFAULT_PATIENCE, BatchPlan
-    from profiler.model_file import read_model_file
-    from profiler.profiling import profile_model
-    from profiler.tables import format_profile_table, load_warning
+    from profiler.profiling import profile_model  # lazy: as above
 
     _reject(args, MULTI_ONLY, "'nexus profile MODEL' (they belong to 'nexus profile multitenant')")
     if len(args.models) != 1:
@@ -337,8 +340,6 @@ def _run_single(args: argparse.Namespace) -> int:
         print(text)
     plot = _plot_path(args)
     if plot:
-        from profiler.plot import plot_profile
-
         plot_profile(profile, plot, title=f"{meta.get('model', '')} on {profile.device_type}")
         if args.output and args.output != "-":
             print(f"wrote {plot}")
@@ -356,10 +357,8 @@ def _run_single(args: argparse.Namespace) -> int:
 # ---- nexus profile multitenant MODEL... ---------------------------------------------------------------
 
 def _run_multitenant(args: argparse.Namespace, paths: list[str]) -> int:
-    from common.profile import Profile, ProfileError
-    from profiler.model_file import read_model_file
+    # lazy: the measuring modules cost ~25-35 ms at start-up (nexus --help imports this module)
     from profiler.multitenant import DEFAULT_FRACTIONS, TenantSpec, measure_multitenant
-    from profiler.tables import format_multitenant_table
 
     _reject(args, SINGLE_ONLY, "'nexus profile multitenant'")
     if len(paths) < 2:
@@ -434,8 +433,6 @@ def _run_multitenant(args: argparse.Namespace, paths: list[str]) -> int:
         print(json.dumps(report, indent=2, sort_keys=True))
     plot = _plot_path(args)
     if plot:
-        from profiler.plot import plot_frontier
-
         plot_frontier(report, plot)
         print(f"wrote {plot}")
     return 0

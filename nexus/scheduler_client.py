@@ -18,6 +18,7 @@ import grpc
 from common import grpc_util
 from common.config import scheduler_addresses
 from common.pb import control, control_grpc
+from common.profile import Profile, ProfileError
 from common.scheduler_connection import leader_hint, next_scheduler
 from common.security import Credentials
 from common.version_policy import VersionPolicy, to_pb as policy_to_pb
@@ -114,8 +115,6 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
 def pinned(profile_json: str, where: str) -> str:
     """The profile file's JSON with ``meta.pinned`` set (globalsched/state/profile_book.py: a pinned table
     always plans; uploading it again without the pin unpins it)."""
-    from common.profile import Profile, ProfileError
-
     try:
         profile = Profile.from_json(profile_json, where)
     except ProfileError as exc:

@@ -41,13 +41,18 @@ import grpc
 from common import grpc_util
 from common.config import BackendConfig, ConfigError, FrontendConfig, SchedulerConfig, SecurityConfig, add_arguments, \
     from_args, join_host_port
+from common.emulated_gpus import UnknownGpuError, check_device
 from common.host_load import CLUSTER_PID_ENV
+from common.sample_queries import SAMPLE_QUERIES, sample_query_json
 from common.security import TOKEN_ENV, Credentials, SecurityError, ensure_token_file
 from common.pb import control, kserve, kserve_grpc
 from nexus.client_flags import SERVE_DATA_DIR
 from nexus.launcher import Child, Supervisor, launch, pin_listen
 from nexus.local_scaler import LocalScaler
 from nexus.process import READY_PREFIX
+from nexus.repository_cmd import read_checked, upload_repository
+from nexus.scheduler_client import AdminCallError, fetch_status, list_models, list_queries, register_query, \
+    upload_model
 
 __all__ = ["Child", "wait_models_ready", "register", "run"]
 
@@ -235,11 +240,8 @@ def _scheduler_default(name: str):
 
 
 def run(args) -> int:
+    # lazy: common.sample_models imports onnx (~30 ms at start-up); nexus --help imports this module
     from common.sample_models import SAMPLE_MODELS, write_sample_models
-    from common.sample_queries import SAMPLE_QUERIES, sample_query_json
-    from nexus.scheduler_client import AdminCallError, fetch_status, list_models, list_queries, register_query, \
-        upload_model
-    from common.emulated_gpus import UnknownGpuError, check_device
 
     try:
         _, backend_flags, _ = configs(args)       # bad flags are refused before anything is created
@@ -253,8 +255,6 @@ def run(args) -> int:
         return 2
     repository = []
     if args.model_repository:
-        from nexus.repository_cmd import read_checked, upload_repository
-
         repository = read_checked(args.model_repository, "nexus serve")
         if repository is None:
             return 2

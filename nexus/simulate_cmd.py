@@ -19,6 +19,11 @@ import sys
 import time
 
 from common.config import ConfigError, SchedulerConfig, add_arguments, from_args
+from common.emulated_gpus import GPU_TYPES
+from nexus.simulate.config import TIME_PARAMETERS, DeviceTime, Fault, SimConfig
+from nexus.simulate.plot import plot
+from nexus.simulate.workload import (WorkloadError, diurnal_schedule, load_trace, parse_schedule, scheduled_arrivals,
+                                     synthetic_azure, zipf_shares)
 
 SCHEDULER_SKIP = ("listen", "data_dir", "max_upload_mb", "colocation_report", "metrics_listen", "min_devices",
                   "max_devices", "measured_profiles", "profile_update_s", "security")
@@ -38,8 +43,6 @@ def _backends(text: str) -> int | None:
 
 
 def register(sub) -> None:
-    from nexus.simulate.config import TIME_PARAMETERS, DeviceTime, SimConfig
-
     defaults = SimConfig()
     p = sub.add_parser("simulate", help="simulate a cluster on a virtual clock with the scheduler's own code",
                        description=__doc__.split("\n\n")[0])
@@ -100,9 +103,7 @@ def register(sub) -> None:
 
 
 def _arrivals(args, models):
-    from nexus.simulate.models import shares
-    from nexus.simulate.workload import (diurnal_schedule, load_trace, parse_schedule, scheduled_arrivals,
-                                         synthetic_azure, zipf_shares)
+    from nexus.simulate.models import shares  # lazy: it imports the model database, ~7 ms at nexus --help
 
     names = [m.name for m in models]
     if args.trace:
@@ -135,9 +136,6 @@ def _arrivals(args, models):
 
 
 def configs(args):
-    from common.emulated_gpus import GPU_TYPES
-    from nexus.simulate.config import TIME_PARAMETERS, DeviceTime, Fault, SimConfig
-
     memory = args.memory_mb
     if memory is None:
         gpu = GPU_TYPES.get(args.device_type)
@@ -163,8 +161,9 @@ def inputs_of(args) -> dict:
 
 
 def simulate(models, arrivals, config, steps=(), inputs=None) -> dict:
+    # lazy: the simulator imports the scheduler, backend and frontend code, ~90 ms at nexus --help
     from nexus.simulate.report import summarize
-    from nexus.simulate.run import Simulation
+    from nexus.simulate.run import Simulation  # lazy: as above
 
     sim = Simulation(models, arrivals, config)
     sim.run()
@@ -172,9 +171,9 @@ def simulate(models, arrivals, config, steps=(), inputs=None) -> dict:
 
 
 def run(args) -> int:
+    # lazy: the model database and the simulator cost ~7 and ~90 ms at nexus --help
     from nexus.simulate.models import ModelsError, database_models, load_models, repository_models
-    from nexus.simulate.report import dumps, text
-    from nexus.simulate.workload import WorkloadError
+    from nexus.simulate.report import dumps, text  # lazy: as above
 
     try:
         if sum(map(bool, (args.models, args.model_repository, args.model_database))) != 1:
@@ -194,7 +193,7 @@ def run(args) -> int:
     print(f"nexus simulate: {arrivals.count():,} requests to {len(arrivals.names)} models over "
           f"{arrivals.duration_s:g} s", file=sys.stderr)
     if args.size_for is not None:
-        from nexus.simulate.sizing import size_for
+        from nexus.simulate.sizing import size_for  # lazy: it imports the simulator, ~90 ms at nexus --help
 
         if not 0 < args.size_for < 1:
             print(f"nexus simulate: error: --size-for must be a fraction in (0, 1), got {args.size_for}",
@@ -219,7 +218,5 @@ def run(args) -> int:
         with open(args.json, "w") as f:
             f.write(dumps(result))
     if args.plot:
-        from nexus.simulate.plot import plot
-
         plot(result, args.plot)
     return 0

@@ -19,6 +19,7 @@ import sys
 from nexus.client_flags import ClientFlagError, add_client_security, client_credentials
 from nexus.scheduler_client import DEFAULT_SCHEDULER, AdminCallError, fetch_status
 from nexus.status_model import ClusterStatus
+from nexus.status_plot import write_status_plot
 
 
 def _table(rows: list[list[str]], indent: str = "") -> list[str]:
@@ -110,8 +111,6 @@ def _run(args) -> int:
         print(f"nexus status: error: {exc}", file=sys.stderr)
         return 2
     if args.plot:
-        from nexus.status_plot import write_status_plot
-
         try:
             write_status_plot(st, args.plot)
         except (OSError, ValueError) as exc:

@@ -47,8 +47,9 @@ def write_status_plot(st: ClusterStatus, path: str | os.PathLike) -> None:
 
 def status_figure(st: ClusterStatus):
     """The plan picture as a matplotlib Figure (Agg canvas)."""
+    # lazy: matplotlib costs ~0.3 s at start-up and only --plot needs it
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib, as above
 
     devices = list(st.devices)
     n = max(len(devices), 1)
@@ -127,8 +128,8 @@ def status_figure(st: ClusterStatus):
 
 def _legend(fig, st: ClusterStatus, paths, colours: dict[str, str]) -> None:
     """The models that can be seen, then every symbol the picture uses, each explained."""
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
+    from matplotlib.lines import Line2D  # lazy: matplotlib, as in status_figure
+    from matplotlib.patches import Patch  # lazy: matplotlib, as above
 
     visible = {s.model for d in st.devices for s in d.sessions if 100 * s.share >= MIN_VISIBLE_PCT}
     visible |= {q.stage_models.get(stage, "") for q, path in paths for stage in path if q.budgets_ms.get(stage, 0.0) > 0}

@@ -11,6 +11,8 @@ Formats and method: ``profiler/README.md``.
 
 from __future__ import annotations
 
+import importlib
+
 _EXPORTS = {
     "profile_model": "profiler.profiling",
     "measure_multitenant": "profiler.multitenant",
@@ -25,7 +27,5 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name: str):
     if name in _EXPORTS:
-        import importlib
-
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'profiler' has no attribute {name!r}")

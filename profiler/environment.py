@@ -14,13 +14,15 @@ import re
 import subprocess
 import sys
 from functools import lru_cache
+from importlib import metadata
 
+import numpy
+
+from common.runtimes.base import DeviceSpec
 from profiler.errors import ProfilerError
 
 def parse_device(device: str) -> str:
     """Normalise ``cpu`` / ``cuda`` / ``cuda:N`` / ``emulated:<gpu>`` (the backend's device strings)."""
-    from common.runtimes.base import DeviceSpec
-
     try:
         return str(DeviceSpec.parse(device))
     except ValueError as exc:
@@ -48,7 +50,7 @@ def gpu_name(device: str) -> str | None:
     """The marketing name of a CUDA device (torch if present, else nvidia-smi), or None."""
     index = cuda_index(device)
     try:
-        import torch  # noqa: PLC0415 - optional, heavy
+        import torch  # noqa: PLC0415 - lazy: torch is an optional extra (~1 s to import)
 
         if torch.cuda.is_available() and index < torch.cuda.device_count():
             return torch.cuda.get_device_name(index)
@@ -112,18 +114,16 @@ def resolve_threads(threads: int | None, device: str) -> int | None:
 def runtime_version(kind: str) -> str:
     try:
         if kind == "onnxruntime":
-            import onnxruntime
+            import onnxruntime  # lazy: ~30 ms at start-up, and only its own kind's profile needs its version
 
             return onnxruntime.__version__
         if kind == "torch":
-            import torch
+            import torch  # lazy: torch is an optional extra (~1 s to import)
 
             return torch.__version__
     except Exception:
         return "unavailable"
     if kind == "emulated":
-        from importlib import metadata
-
         try:
             return "nexus-serving " + metadata.version("nexus-serving")
         except metadata.PackageNotFoundError:
@@ -145,8 +145,6 @@ def cpu_model() -> str:
 
 def environment_meta(device: str, kind: str, threads: int | None, seed: int) -> dict:
     """The reproducibility part of a profile's ``meta``."""
-    import numpy
-
     device = parse_device(device)
     meta = {
         "runtime": kind,

@@ -42,7 +42,7 @@ def _cpu_rss_mb() -> float:
     if kb is not None:
         return kb / 1024.0
     try:
-        import resource
+        import resource  # lazy: Unix-only; elsewhere the except below answers 0.0 (a top-level import would fail)
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     except Exception:
@@ -52,7 +52,7 @@ def _cpu_rss_mb() -> float:
 def _gpu_used_mb(device: str) -> float | None:
     index = cuda_index(device)
     try:
-        import torch
+        import torch  # lazy: torch is an optional extra (~1 s to import)
 
         if torch.cuda.is_available():
             free, total = torch.cuda.mem_get_info(index)

@@ -12,6 +12,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 
+from common.model_io import ModelFileError, onnx_io
 from profiler.errors import ProfilerError
 
 TORCH_SUFFIXES = (".pt", ".pt2", ".torchscript")
@@ -49,8 +50,6 @@ def check_onnx_bytes(data: bytes, where: str) -> None:
     Uses the same check as model upload (:func:`common.model_io.onnx_io`: parse, ONNX checker,
     a leading batch dimension on every input and output).
     """
-    from common.model_io import ModelFileError, onnx_io
-
     try:
         onnx_io(data)
     except ModelFileError as exc:

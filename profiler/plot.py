@@ -11,10 +11,10 @@ from common.profile import Profile
 
 
 def _pyplot():
-    import matplotlib
+    import matplotlib  # lazy: matplotlib costs ~0.3 s at start-up and only --plot needs it
 
     matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib, as above
 
     return plt
 

@@ -14,6 +14,7 @@ size that worked; ``meta["stop"]`` says where and why. The format is documented 
 from __future__ import annotations
 
 import datetime as _dt
+import random
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -36,12 +37,10 @@ ProgressFn = Callable[[int, "BatchMeasurement | None", int], None]
 
 
 def _seed_everything(seed: int, runtime_kind: str) -> None:
-    import random
-
     random.seed(seed)
     if runtime_kind == "torch":
         try:
-            import torch
+            import torch  # lazy: torch is an optional extra (~1 s to import)
 
             torch.manual_seed(seed)
         except Exception:

@@ -28,7 +28,7 @@ class CudaEventTimer:
     name = "cuda_events"
 
     def __init__(self, device: str) -> None:
-        import torch
+        import torch  # lazy: torch is an optional extra (~1 s to import)
 
         self._torch = torch
         self._device = torch.device("cuda", cuda_index(device))
@@ -50,7 +50,7 @@ def make_timer(device: str):
     """CUDA events for ``cuda:N`` when torch with CUDA is installed, the monotonic clock otherwise."""
     if is_cuda(device):
         try:
-            import torch
+            import torch  # lazy: torch is an optional extra (~1 s to import)
 
             if torch.cuda.is_available():
                 return CudaEventTimer(device)

@@ -1,7 +1,7 @@
 """Model runtimes of a backend: ONNX Runtime, PyTorch (optional extra) and the emulated GPU.
 
-Use :func:`load_runtime`; runtime modules (and onnxruntime / torch) are imported only when a runtime
-of their kind is loaded.
+Use :func:`load_runtime`; onnxruntime and torch are imported only when a runtime of their kind is
+loaded.
 """
 
 from common.runtimes.base import (

@@ -1,14 +1,17 @@
 """Loading a model into the runtime of its kind: the one place that knows every implementation.
 
 :mod:`common.runtimes.base` holds the interface and imports none of its implementations; this
-module picks one and imports it (and onnxruntime / torch with it) only when a runtime of its kind is
-loaded.
+module imports them all and picks one. The implementations import onnxruntime / torch only when a
+runtime of their kind is loaded.
 """
 
 from __future__ import annotations
 
 from common.profile import Profile
 from common.runtimes.base import DeviceSpec, IOSpecs, Runtime, RuntimeKind, check_io_override
+from common.runtimes.emulated import EmulatedRuntime
+from common.runtimes.onnx_runtime import OnnxRuntime
+from common.runtimes.torch_runtime import TorchRuntime
 
 
 def load_runtime(kind: "RuntimeKind | str", model_bytes: bytes, device: "DeviceSpec | str", *,
@@ -43,12 +46,9 @@ def load_runtime(kind: "RuntimeKind | str", model_bytes: bytes, device: "DeviceS
         raise ValueError(f"runtime kind {kind.value!r} cannot run on device {str(spec)!r}: the emulated runtime "
                          f"runs exactly on emulated:<gpu> devices")
     if kind is RuntimeKind.ONNXRUNTIME:
-        from common.runtimes.onnx_runtime import OnnxRuntime
         return OnnxRuntime(model_bytes, spec, intra_op_threads=intra_op_threads, io=io)
     if kind is RuntimeKind.TORCH:
-        from common.runtimes.torch_runtime import TorchRuntime
         return TorchRuntime(model_bytes, spec, intra_op_threads=intra_op_threads, io=io)
-    from common.runtimes.emulated import EmulatedRuntime
     if profile is None:
         raise ValueError("the emulated runtime needs the model's profile (profile=...)")
     return EmulatedRuntime(model_bytes, spec, profile, io=io)

@@ -72,7 +72,7 @@ class OnnxRuntime(Runtime):
     def __init__(self, model_bytes: bytes, device: DeviceSpec, *, intra_op_threads: int | None = None,
                  io: IOSpecs | None = None) -> None:
         super().__init__()
-        import onnxruntime as ort
+        import onnxruntime as ort  # lazy: costs ~30 ms at start-up; only processes that run ONNX models need it
 
         providers = providers_for(device, ort.get_available_providers())
         options = ort.SessionOptions()

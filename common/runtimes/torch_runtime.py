@@ -91,8 +91,8 @@ _PLAIN_SYMBOL = re.compile(r"[a-z]+\d+")
 
 def _torch_sympy_functions() -> frozenset[str]:
     try:
-        import sympy
-        import torch.utils._sympy.functions as functions
+        import sympy  # lazy: sympy (torch's dependency) and torch are an optional extra, ~1 s to import
+        import torch.utils._sympy.functions as functions  # lazy: torch, as above
     except ImportError:  # pragma: no cover - layout of a future torch
         return frozenset()
     return frozenset(n for n in dir(functions) if not n.startswith("_")
@@ -191,7 +191,7 @@ def sanitize_pt2(model_bytes: bytes) -> bytes:
 # ---- the runtime -------------------------------------------------------------------------------
 
 def _torch_device(device: DeviceSpec):
-    import torch
+    import torch  # lazy: torch is an optional extra (~1 s to import)
 
     if device.is_cuda:
         if not torch.cuda.is_available():
@@ -207,7 +207,7 @@ def _torch_device(device: DeviceSpec):
 
 
 def _spec_from_value(name: str, value: Any, role: str) -> TensorSpec:
-    import torch
+    import torch  # lazy: torch is an optional extra (~1 s to import)
 
     if not isinstance(value, torch.Tensor):
         raise ModelFileError(f"exported program {role} {name!r} is not a tensor; pass io=... to describe it")
@@ -239,7 +239,7 @@ class TorchRuntime(Runtime):
     def __init__(self, model_bytes: bytes, device: DeviceSpec, *, intra_op_threads: int | None = None,
                  io: IOSpecs | None = None) -> None:
         super().__init__()
-        import torch
+        import torch  # lazy: torch is an optional extra (~1 s to import)
 
         torch_device = _torch_device(device)
         fmt = detect_format(model_bytes)

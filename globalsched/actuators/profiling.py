@@ -25,6 +25,7 @@ from globalsched.state.membership import Node
 from globalsched.state.modeldb import ModelDatabase
 from globalsched.state.profile_book import ProfileBook
 from globalsched.state.readiness import Readiness
+from profiler.tables import load_warning
 
 log = logging.getLogger("nexus.scheduler")
 
@@ -106,8 +107,6 @@ class ProfilingActuator:
             extended = profile.meta.get("extrapolated_from_batch")
             log.info("profiled %s on %s (max batch %d%s)", model, profile.device_type, profile.max_batch,
                      f"; measured to {extended}, beyond that an estimate that serving refines" if extended else "")
-            from profiler.tables import load_warning
-
             if busy := load_warning(profile):
                 log.warning("profiling %s on %s: %s", model, node.node_id, busy)
         except (grpc.aio.AioRpcError, ProfileError, KeyError) as exc:

@@ -54,6 +54,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+import numpy as np
+
 LatencyFn = Callable[[int], float]
 _EPS_MS = 1e-6  # as globalsched.planning.plan.EPS_MS (which imports this module)
 
@@ -196,8 +198,6 @@ def simulated_overflow_share(latency_fns: list[LatencyFn], max_batches: list[int
     receives Poisson(load * d) requests per cycle and runs them all as one batch (none: no batch;
     beyond its profile, l extended by its last step). A check of the statistic, independent of it:
     the benchmark and the tests compare it with :func:`overflow_probability_target`."""
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     total = np.zeros(cycles)
     for lat, k, load in zip(latency_fns, max_batches, loads_rps):

@@ -41,6 +41,7 @@ from globalsched.planning.algorithms.batch_sizing import prepare, residual_confi
 from globalsched.planning.algorithms.config import PlannerConfig
 from globalsched.planning.algorithms.replan import ReplanConfig, ReplanReason, ReplanState, match_ids, replan
 from globalsched.planning.placement import BackendAssignment, BackendSlot, PlacedSession, Placement
+from globalsched.planning.prefix_groups import planning_groups, solve_with_prefix_groups
 
 
 # A session whose profile moved this much since it was planned is re-placed at the next re-plan (the
@@ -86,8 +87,6 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
     the first plan of the type, with prefix groups or without, whichever needs fewer devices
     (repairs are the re-planner's); ``spares``: fill idle backends with spare replicas.
     """
-    from globalsched.planning.prefix_groups import planning_groups
-
     alive = frozenset(b.node_id for b in slots)
     grouped, groups = planning_groups(specs, shares)
     # An SLO that changes by itself is a query stage's budget, which follows the rates: judged by
@@ -115,8 +114,6 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
         state, reason = st.replan, (ReplanReason.NONE if current is not None and not current.gpus
                                     and force is None else ReplanReason.SESSIONS_CHANGED)
     elif current is None:     # the better of the plans with and without prefix groups
-        from globalsched.planning.prefix_groups import solve_with_prefix_groups
-
         plan = solve_with_prefix_groups(specs, gpu, solver, config.planner, shares=shares)
         reason = ReplanReason.INITIAL
         state = ReplanState(now_s, tuple((s.name, s.rate_rps) for s in specs), (), reason, st.replan.replans + 1)
@@ -142,8 +139,6 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
     if broken:
         # A plan that breaks the validity rules is never distributed: a fresh one replaces it, and when
         # that one breaks them too, planning fails (the plan in force stays).
-        from globalsched.planning.prefix_groups import solve_with_prefix_groups
-
         fresh = solve_with_prefix_groups(specs, gpu, solver, config.planner, shares=shares)
         fresh = replace(fresh, gpus=tuple(match_ids(fresh.gpus, current)) if current is not None else fresh.gpus)
         fresh, replicas = _with_replicas(fresh, current, st, grouped, groups, gpu, wanted, len(slots),
@@ -206,8 +201,6 @@ def _unfolded(plan: Plan, current: Plan, specs: Sequence[SessionSpec], gpu: GpuS
     re-planner's tolerated waste (``waste_gpus``) is a device the cluster does not have. The first
     start plans its models as their profiles arrive, the first ones alone, and kept the folded second
     device that the default configuration then warned about (issue 26)."""
-    from globalsched.planning.prefix_groups import solve_with_prefix_groups
-
     fresh = solve_with_prefix_groups(specs, gpu, solver, planner, shares=shares)
     if len(fresh.gpus) >= len(plan.gpus):
         return plan

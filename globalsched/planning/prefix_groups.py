@@ -47,13 +47,11 @@ Two halves, both pure functions:
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
+from globalsched.planning.algorithms import PlannerConfig, solve
 from globalsched.planning.plan import GpuSpec, Plan, PlanningError, PrefixGroup, SessionSpec
 from common.profile import BatchLatency, Profile
-
-if TYPE_CHECKING:
-    from globalsched.planning.algorithms import PlannerConfig
 
 MIN_PREFIX_WEIGHT_BYTES = 256 * 1024
 MIN_PREFIX_WEIGHT_SHARE = 0.25
@@ -71,7 +69,7 @@ MAX_PREFIX_BATCH = 1024
 def model_signature(model_bytes: bytes) -> tuple[list[str], list[int], int]:
     """(prefix ids of the model's substantial prefixes from the inputs outwards, the weight bytes of
     each of those prefixes, the model's weight bytes). ValueError when the bytes are not valid ONNX."""
-    from common.onnx_prefix import prefix_cuts
+    from common.onnx_prefix import prefix_cuts  # lazy: it imports onnx (~30 ms at start-up); only uploads need it
 
     cuts, total = prefix_cuts(model_bytes)
     floor = max(MIN_PREFIX_WEIGHT_BYTES, MIN_PREFIX_WEIGHT_SHARE * total)
@@ -228,9 +226,7 @@ def solve_with_prefix_groups(specs: Sequence[SessionSpec], gpu: GpuSpec, solver:
                              config: PlannerConfig | None = None,
                              shares: Mapping[str, float | None] | None = None) -> Plan:
     """``solve`` with the specs' prefix groups; the plan without them when that one needs fewer devices."""
-    from globalsched.planning.algorithms import PlannerConfig as _Config, solve
-
-    config = config or _Config()
+    config = config or PlannerConfig()
     grouped_specs, groups = planning_groups(specs, shares)
     plain = solve([_ungrouped(s) for s in specs], gpu, solver=solver, config=config)
     if not groups:

@@ -16,15 +16,13 @@ ties: the scheduler's split is never worse than the even split it is compared ag
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
-from globalsched.planning.plan import PlanningError, QueryEdge, QuerySpec, QueryStage
+from globalsched.planning.algorithms import PlannerConfig, even_split, proportional_split, solve, split_latency
+from globalsched.planning.plan import GpuSpec, PlanningError, QueryEdge, QuerySpec, QueryStage
 from common.profile import Profile
 from common.query_def import QueryDef, even_budgets_ms, latest_finish_ms
 from globalsched.planning.cluster_values import MIN_PLANNED_RATE_RPS, UNBOUNDED_MEMORY_MB, QueryPlan, SessionInput
-
-if TYPE_CHECKING:
-    from globalsched.planning.algorithms.config import PlannerConfig
 
 SPLIT_METHODS = ("dp", "even", "proportional")
 DEFAULT_GAMMA = 1.0
@@ -43,9 +41,7 @@ def plan_query_sessions(queries: Mapping[str, QueryDef], rates_rps: Mapping[str,
     ``config.margins_ms`` (the path allowance) is spent outside the device by every stage: each
     stage's budget covers it, and the packing keeps duty cycle + batch latency within budget less it.
     """
-    from globalsched.planning.algorithms import PlannerConfig as _Config
-
-    config = config or _Config()
+    config = config or PlannerConfig()
 
     if method not in SPLIT_METHODS:
         raise ValueError(f"unknown latency split {method!r}; expected one of {', '.join(SPLIT_METHODS)}")
@@ -87,8 +83,6 @@ def query_split(spec: QuerySpec, method: str, device_type: str, config: PlannerC
     packing of three splits) costs hundreds of milliseconds, and the planner asks for it at every
     evaluation (each workload report, the epoch timer) with the same rates, gammas and profiles
     unless something changed; an idle scheduler spent most of a core here."""
-    from globalsched.planning.algorithms import even_split, proportional_split, split_latency
-
     try:
         split = {"dp": split_latency, "even": even_split, "proportional": proportional_split}[method](spec, config)
         if method == "dp":
@@ -101,9 +95,6 @@ def query_split(spec: QuerySpec, method: str, device_type: str, config: PlannerC
 
 def _packed_gpus(spec, split, device_type: str, config: PlannerConfig) -> int:
     """Whole GPUs the query's stage sessions need under ``split`` (squishy, unbounded memory)."""
-    from globalsched.planning.plan import GpuSpec
-    from globalsched.planning.algorithms import solve
-
     try:
         return len(solve(split.sessions(spec), GpuSpec(device_type, UNBOUNDED_MEMORY_MB), config=config).gpus)
     except PlanningError:

@@ -26,6 +26,7 @@ import time
 from dataclasses import replace
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from common import grpc_util
 from common.config import LeaderElection, SchedulerConfig
@@ -45,6 +46,7 @@ from globalsched.state.membership import Membership
 from globalsched.state.model_admin import ModelAdmin
 from globalsched.state.modeldb import ModelDatabase
 from globalsched.planning.planner import PlannerSettings, adopted_state
+from globalsched.planning.prefix_groups import assign_prefix_group
 from globalsched.rpc.profile_metrics import ProfileCollector
 from globalsched.refusal import Refused
 from globalsched.planning.replan_trigger import ReplanTrigger
@@ -289,15 +291,10 @@ async def serve(config: SchedulerConfig, ready=None) -> None:
         db = ModelDatabase(config.data_dir, int(config.max_upload_mb * 1024 * 1024), database_url=config.database)
     except (ConnectionError, RuntimeError) as exc:     # unreachable, or a schema this release cannot use
         raise SystemExit(f"nexus scheduler: error: {exc}") from None
-    prefix_fn = None
-    try:
-        from globalsched.planning.prefix_groups import assign_prefix_group as prefix_fn  # noqa: F811
-    except ImportError:
-        pass
     creds = Credentials.load(config.security)
     shared = bool(config.database)
     leadership = Leadership(None, shared=shared, warm=db.warm_blob_cache if shared else None)
-    service = SchedulerService(config, db, prefix_fn, creds, leadership)
+    service = SchedulerService(config, db, assign_prefix_group, creds, leadership)
     server = grpc_util.server(creds, interceptors=[StandbyGate(leadership)] if shared else None)
     control_grpc.add_SchedulerServicer_to_server(service, server)
     health = await Health.attach(server)
@@ -371,9 +368,7 @@ async def _start_metrics(config: SchedulerConfig, service: SchedulerService, ser
     """The Prometheus endpoint on ``--metrics-listen`` (None when off); exits with a message when it cannot bind."""
     if not config.resolved_metrics_listen:
         return None
-    from prometheus_client import CollectorRegistry
-
-    from common.metrics_http import serve_metrics
+    from common.metrics_http import serve_metrics  # lazy: aiohttp (~150 ms at start-up) only with --metrics-listen
 
     registry = CollectorRegistry()
     registry.register(ScalerCollector(service.scaler))

@@ -57,6 +57,7 @@ from common.warmup_spec import WarmupError, WarmupSample, check_samples
 from common.warmup_spec import from_json as warmup_from_json, to_json as warmup_to_json
 from common.version_policy import DEFAULT_POLICY, VersionPolicy, split_key, version_key
 from globalsched.state.database.blobs import FileBlobStore, PostgresBlobStore
+from globalsched.planning.prefix_groups import joining_members, prefix_share
 from globalsched.state.database.connection import SCHEMA_LOCK_KEY, Dialect, PostgresConnection, SqliteConnection, upsert
 
 log = logging.getLogger("nexus.scheduler")
@@ -514,8 +515,6 @@ class ModelDatabase:
 
     def prefix_share(self, key: str) -> float | None:
         """The fraction of a version's weights in its prefix group's prefix (None: no group or unknown)."""
-        from globalsched.planning.prefix_groups import prefix_share
-
         record = self.model(key)
         if record is None or not record.prefix_group:
             return None
@@ -676,8 +675,6 @@ def _joining(group: str, existing: dict[str, tuple[str, str, str]]) -> list[str]
     """Stored versions in no group whose signature lists ``group`` (they join the newcomer's group)."""
     if not group:
         return []
-    from globalsched.planning.prefix_groups import joining_members
-
     return joining_members(group, existing)
 
 

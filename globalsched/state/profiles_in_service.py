@@ -28,6 +28,7 @@ from globalsched.planning.replan_trigger import ReplanTrigger
 from globalsched.state.membership import Node
 from globalsched.state.modeldb import ModelDatabase
 from globalsched.state.profile_book import MEASURED, Choice, ProfileBook, ProfileReport, report
+from profiler.slowdown import apply_colocation_slowdown, slowdowns_from_report
 
 log = logging.getLogger("nexus.scheduler")
 
@@ -99,7 +100,6 @@ class ProfilesInService:
         record = self.db.model(model)
         factor = self.slowdowns.get(model) or self.slowdowns.get(record.sha256 if record else "")
         if factor and factor > 1.0:
-            from profiler.slowdown import apply_colocation_slowdown
             profile = apply_colocation_slowdown(profile, factor)
         return profile
 
@@ -169,8 +169,6 @@ def load_slowdowns(path: str) -> dict[str, float]:
     """Slowdown factors by model name and sha256 from a multi-tenant report; {} without one."""
     if not path:
         return {}
-    from profiler.slowdown import slowdowns_from_report
-
     try:
         report = json.loads(pathlib.Path(path).read_text())
         return slowdowns_from_report(report)

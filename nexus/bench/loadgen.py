@@ -330,7 +330,7 @@ class LoadClient:
 
         bar = None
         if progress:
-            from tqdm import tqdm
+            from tqdm import tqdm  # lazy: tqdm costs ~20 ms at start-up (nexus --help imports this module)
 
             bar = tqdm(
                 total=n,

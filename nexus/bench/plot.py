@@ -12,8 +12,9 @@ from nexus.bench.report import CLIENT_DROPPED, DROPPED, FAILED, OK, BenchReport
 def write_plot(report: BenchReport, path: str | os.PathLike) -> None:
     """Write a PNG (or any format matplotlib infers from the suffix) of ``report``'s samples."""
     # Figure + the Agg canvas directly: no pyplot, no global backend switch, no display needed.
+    # lazy: matplotlib costs ~0.3 s at start-up and only --plot needs it
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib, as above
 
     s = report.samples
     if s is None:

@@ -21,7 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from common.emulated_gpus import NoDatasheet, UnknownGpuError, datasheet_profile
+from common.model_repository import RepositoryError, read_repository
 from common.profile import Profile, ProfileError
+from globalsched.state.modeldb import ModelDatabase
 
 KEYS = {"slo_ms", "share", "profile", "min_replicas", "expected_rate_rps"}
 
@@ -99,9 +102,6 @@ def repository_models(root: str | Path, device_type: str, default_slo_ms: float)
     also its share; 1 where none is given), its batch cap, and the profile an emulated ``device_type``
     gives it (common/emulated_gpus.py: the sample models' classes; another model needs a models file
     with its profile, as ``nexus serve`` needs ``--profile`` for it)."""
-    from common.emulated_gpus import NoDatasheet, UnknownGpuError, datasheet_profile
-    from common.model_repository import RepositoryError, read_repository
-
     try:
         found = read_repository(root)
     except RepositoryError as exc:
@@ -127,9 +127,6 @@ def database_models(data_dir: str | Path, device_type: str) -> tuple[SimModel, .
     rate (also its share; 1 where none is set) and batch cap, and its profile on ``device_type``: the
     uploaded table, else the one measured while serving, else the emulated device's datasheet for a
     sample model."""
-    from common.emulated_gpus import NoDatasheet, UnknownGpuError, datasheet_profile
-    from globalsched.state.modeldb import ModelDatabase
-
     try:
         db = ModelDatabase(Path(data_dir), read_only=True)
     except (FileNotFoundError, RuntimeError) as exc:

@@ -10,10 +10,10 @@ from typing import Sequence
 def plot(result: dict, path: str, title: str = "", overlay: Sequence[tuple[str, dict]] = ()) -> None:
     """Write the PNG of ``result`` to ``path``; ``overlay``: (label, result) whose attainment curves
     are drawn beside this one's."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib costs ~0.3 s at start-up and only --plot needs it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib, as above
 
     series = result["per_second"]
     t = series["time_s"]

@@ -10,6 +10,7 @@ from globalsched.planning.plan import GpuPlan, GpuSpec, Plan, PlanningError, Pre
 from .baselines import batch_oblivious, nexus_published, one_per_gpu
 from .config import PlannerConfig, Solver
 from .lower_bound import lower_bounds
+from .squishy import squishy
 
 
 def solve(sessions: Sequence[SessionSpec], gpu: GpuSpec, solver: Solver | str = Solver.SQUISHY,
@@ -36,7 +37,6 @@ def solve(sessions: Sequence[SessionSpec], gpu: GpuSpec, solver: Solver | str = 
     notes: tuple[str, ...] = ()
     gpus: list[GpuPlan]
     if solver is Solver.SQUISHY:
-        from .squishy import squishy
         gpus = squishy(sessions, gpu, config, groups)
     elif solver is Solver.NEXUS:
         gpus = nexus_published(sessions, gpu, config, groups)
@@ -45,7 +45,7 @@ def solve(sessions: Sequence[SessionSpec], gpu: GpuSpec, solver: Solver | str = 
     elif solver is Solver.ONE_PER_GPU:
         gpus = one_per_gpu(sessions, gpu, config, groups)
     else:
-        from .cpsat import cpsat_solve
+        from .cpsat import cpsat_solve  # lazy: it imports ortools (~250 ms at start-up), only this solver needs it
         gpus, optimal, notes = cpsat_solve(sessions, gpu, config, groups, lb,
                                            force_lns=solver is Solver.CPSAT_LNS)
     if len(gpus) == lb:

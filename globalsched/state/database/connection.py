@@ -90,7 +90,7 @@ class PostgresConnection:
     dialect = Dialect.POSTGRESQL
 
     def __init__(self, url: str, application_name: str = "nexus-scheduler", connect_timeout_s: int = 10) -> None:
-        import psycopg
+        import psycopg  # lazy: ~70 ms at start-up, needed only with a PostgreSQL --database
 
         self._psycopg = psycopg
         self.url = check_postgres_url(url)

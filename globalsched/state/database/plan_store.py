@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import pickle
 import time
+from importlib.metadata import version
 
 from globalsched.state.database.connection import PostgresConnection
 from globalsched.planning.planner import PlannerState
@@ -73,8 +74,6 @@ RETURNING 1
 def release_tag() -> str:
     """What must match for a stored state to be read: the package version and the state's fields."""
     try:
-        from importlib.metadata import version
-
         package = version("nexus-serving")
     except Exception:
         package = "dev"

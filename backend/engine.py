@@ -27,12 +27,8 @@ Contracts:
   the queue grows while a batch runs, so the next batch is larger, up to the session's max batch
   (the largest b with 2*l(b) <= SLO on the calibrated estimate below, never below the planned batch). With a duty cycle set
   (``--batch-start duty-cycle``) a batch waits for the planned batch, at most one duty cycle.
-- Prefix batching (Nexus section 6.1): sessions of one :class:`SharedPrefix` (models that share
-  their first layers, split by the backend into one prefix runtime and a suffix runtime per model)
-  are scheduled as one unit. Their queues are merged in deadline order, the policy picks one batch
-  from the merged queue (max batch and l(b) are the group's), the prefix runs once on the rows of
-  every request in it, and each member's suffix runs on its own slice of the prefix's output.
-  Sessions outside any group take the plain path, which is unchanged.
+- Prefix batching (Nexus section 6.1): the sessions of one :class:`backend.sessions.SharedPrefix`
+  are scheduled as one unit (backend/sessions.py says how).
 
 Warm-up (:meth:`Engine.warm_up`): batches of a session not yet in the table (common/warmup_spec.py)
 run on the executor thread too, since it is the device's only user, but they never stall the
@@ -49,20 +45,7 @@ whether it was contended: the device was behind (rows of the session left queued
 its own, or drops in the same decision) or ``host_contended()`` says other work shares the cores.
 Warm-up batches record nothing.
 
-Statistics of a session in a group: ``inference_count`` counts its own rows, while a batch counts
-once per member present in it, under the size of the *merged* batch (``batch_histogram``) and with
-the time of the whole group batch (``compute_ns``): what its requests experienced. Memory: a
-member reports its suffix; the group's first member (by name) also reports the prefix, so the
-prefix's weights are counted once when memory is summed over sessions.
-
-Statistics, phase by phase, as Triton reports them (:class:`Phases`): a batch's time on the executor
-is cut into gathering its inputs (concatenating the requests' arrays), running the model (in a
-group: the prefix and every suffix) and splitting its outputs into each request's part. Each
-successful request adds its queue time and its batch's three phases to the session's per-request
-sums, in one step with ``success_count``, under :attr:`Engine.stats_lock`, so that a snapshot
-always holds as many queue and compute samples as successes (perf_analyzer refuses figures whose
-compute counts differ). Serialising the outputs (on the event loop, per request) is not a phase:
-like Triton's gRPC encoding, it falls in the overhead outside queue and compute.
+Statistics: backend/batch_accounting.py counts every batch, phase by phase, as Triton reports them.
 """
 
 from __future__ import annotations
@@ -77,132 +60,22 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
 
-from backend.calibration import Calibration
 from backend.latency_samples import SampleRecorder
-from common.batch_decision import BatchPolicy, Decision, Pending, Queue, remove_taken, saturated_batch, schedule
-from common.profile import Profile
-from common.tensors import TensorSpec
+from backend.batch_accounting import count_batch, gather, outcomes, phases_of, split
+from backend.sessions import Session, SharedPrefix
+from backend.work import ExecError, Outcome, Work
+from common.batch_decision import BatchPolicy, Decision, Pending, Queue, remove_taken, schedule
 from common.exec_status import ExecStatus
 
 
 log = logging.getLogger("nexus.backend.engine")
 
 BUSY_LOG_S = 60.0   # batches remembered for windowed utilisation
-
-
-class ExecError(Exception):
-    """A request the engine refuses, with the status its reply carries."""
-
-    def __init__(self, status: ExecStatus, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass
-class Work:
-    """One request inside the engine: decoded inputs (``rows`` leading rows each) and its callback."""
-
-    model: str
-    arrays: list[np.ndarray]
-    rows: int
-    deadline_s: float
-    arrival_s: float
-    done: Callable[["Outcome"], None]
-    # deliver(fn, arg) runs fn(arg) where ``done`` belongs (a server passes its loop's
-    # call_soon_threadsafe); None: the engine's ``deliver``.
-    deliver: Callable[..., object] | None = None
-
-
-@dataclass
-class Outcome:
-    status: ExecStatus
-    message: str = ""
-    outputs: list[np.ndarray] | None = None
-    queue_ns: int = 0
-    compute_ns: int = 0
-    batch_size: int = 0
-    input_ns: int = 0                            # part of compute_ns: gathering the batch's inputs
-    first_in_batch: bool = False                 # the first request of its model in its batch
-
-
-@dataclass
-class SessionStats:
-    inference_count: int = 0      # rows executed
-    execution_count: int = 0      # batches executed
-    success_count: int = 0
-    success_ns: int = 0
-    fail_count: int = 0
-    queue_ns: int = 0
-    compute_ns: int = 0
-    dropped: int = 0
-    cancelled: int = 0            # requests taken off the queue by their frontend, never run
-    last_inference_ms: int = 0
-    batch_histogram: dict[int, int] = field(default_factory=dict)
-    batch_compute_ns: dict[int, int] = field(default_factory=dict)          # the infer phase
-    # Triton's phases (module docstring, "Statistics"): per successful request, its batch's time in each.
-    request_compute_input_ns: int = 0
-    request_compute_infer_ns: int = 0
-    request_compute_output_ns: int = 0
-    # Per batch size (rows): the batches' input and output phases (batch_compute_ns holds the infer phase).
-    batch_compute_input_ns: dict[int, int] = field(default_factory=dict)
-    batch_compute_output_ns: dict[int, int] = field(default_factory=dict)
-    # Warm-up before the session (or a new runtime of it) took traffic here: apart from everything above.
-    warmup_count: int = 0
-    warmup_ns: int = 0
-
-    def add_batch(self, rows: int, phases: "Phases") -> None:
-        """One batch of ``rows`` rows that this session ran (or, in a prefix group, took part in)."""
-        self.execution_count += 1
-        self.compute_ns += phases.total_ns
-        self.batch_histogram[rows] = self.batch_histogram.get(rows, 0) + 1
-        self.batch_compute_input_ns[rows] = self.batch_compute_input_ns.get(rows, 0) + phases.input_ns
-        self.batch_compute_ns[rows] = self.batch_compute_ns.get(rows, 0) + phases.infer_ns
-        self.batch_compute_output_ns[rows] = self.batch_compute_output_ns.get(rows, 0) + phases.output_ns
-
-    def add_success(self, queue_ns: int, success_ns: int, phases: "Phases") -> None:
-        """One request answered from a batch: its queue time, and its batch's phases."""
-        self.success_count += 1
-        self.success_ns += success_ns
-        self.queue_ns += queue_ns
-        self.request_compute_input_ns += phases.input_ns
-        self.request_compute_infer_ns += phases.infer_ns
-        self.request_compute_output_ns += phases.output_ns
-
-
-@dataclass(frozen=True)
-class Phases:
-    """A batch's time on the executor, cut where Triton cuts it (clock readings in seconds):
-    gathering the requests' inputs into the batch (``start`` to ``gathered``), running the model
-    (to ``ran``) and splitting the outputs into each request's part (to ``end``)."""
-
-    start: float
-    gathered: float
-    ran: float
-    end: float
-
-    @property
-    def input_ns(self) -> int:
-        return max(int((self.gathered - self.start) * 1e9), 0)
-
-    @property
-    def infer_ns(self) -> int:
-        return max(int((self.ran - self.gathered) * 1e9), 0)
-
-    @property
-    def output_ns(self) -> int:
-        return max(int((self.end - self.ran) * 1e9), 0)
-
-    @property
-    def total_ns(self) -> int:
-        return self.input_ns + self.infer_ns + self.output_ns
-
-
-_BYTES_PER_MB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -234,151 +107,6 @@ def _order(p: Pending) -> tuple[float, int]:
     return p.deadline_s, p.request_id
 
 
-class Session:
-    """One model served on this backend: its runtime, queue, policy parameters and statistics.
-
-    In a :class:`SharedPrefix`, ``runtime`` is the model's suffix (it reads the prefix's output)
-    and ``inputs``/``outputs`` are given: the whole model's, which requests are checked against.
-    """
-
-    def __init__(self, name: str, runtime, slo_ms: float, planned_batch: int, profile: Profile | None,
-                 sha256: str = "", max_queue: int = 4096, *, inputs: tuple[TensorSpec, ...] | None = None,
-                 outputs: tuple[TensorSpec, ...] | None = None, model: str = "") -> None:
-        self.name = name
-        self.model = model or name
-        self.runtime = runtime
-        self.sha256 = sha256
-        self.inputs: tuple[TensorSpec, ...] = tuple(runtime.inputs if inputs is None else inputs)
-        self.outputs: tuple[TensorSpec, ...] = tuple(runtime.outputs if outputs is None else outputs)
-        self.slo_ms = slo_ms
-        self.profile = profile
-        self.planned_batch = max(1, planned_batch)
-        self._cap = (None, 0)            # (the calibration factor it was computed for, max batch)
-        self.max_queue = max_queue
-        self.queue: list[Pending] = []          # sorted by (deadline, id); the executor's
-        self.depth = QueueDepth()
-        self.stats = SessionStats()
-        self.group: SharedPrefix | None = None
-        self.calibration = Calibration()        # observed batch times against l(b) (backend/calibration.py)
-
-    @property
-    def max_batch(self) -> int:
-        """The largest batch of this session here: Nexus's saturated batch (the largest b with
-        2 * expected(b) <= SLO, within the profile) on the calibrated estimate, never below the planned
-        batch. A profile that over-states l(b) would otherwise cap the batch, and the device's
-        throughput, below what it delivers within the SLO."""
-        factor = self.calibration.factor
-        if self._cap[0] != factor:
-            self._cap = (factor, max(self.planned_batch, session_max_batch(self.profile, self.slo_ms, factor)))
-        return self._cap[1]
-
-    @property
-    def memory_mb(self) -> float:
-        """This session's runtime (a member's suffix, plus the prefix on the group's first member)."""
-        mb = self.runtime.memory_mb()
-        group = self.group
-        if group is not None and group.members[0] is self:
-            mb += group.runtime.memory_mb()
-        return mb
-
-    def latency_ms(self, batch: int) -> float:
-        """l(b) from the profile, extended linearly past its largest batch; 0 without a profile."""
-        p = self.profile
-        if p is None:
-            return 0.0
-        if batch <= p.max_batch:
-            return p.latency_ms(batch)
-        per_item = (p.latency_ms(p.max_batch) - p.latency_ms(1)) / max(p.max_batch - 1, 1)
-        return p.latency_ms(p.max_batch) + per_item * (batch - p.max_batch)
-
-    def expected_ms(self, batch: int) -> float:
-        """How long a batch of ``batch`` rows will take here: l(b) times the calibration's median ratio
-        of observed to profiled batch times (the batching decision's estimate; planning keeps l(b))."""
-        return self.latency_ms(batch) * self.calibration.factor
-
-
-def session_max_batch(profile: Profile | None, slo_ms: float, factor: float = 1.0) -> int:
-    """The saturated batch of a session (:func:`common.batch_decision.saturated_batch`) with its profile's
-    l(b) times ``factor``, at least 1; 32 unprofiled."""
-    if profile is None:
-        return 32
-    return max(1, saturated_batch(lambda b: profile.latency_ms(b) * factor, slo_ms, profile.max_batch))
-
-
-@dataclass
-class QueueDepth:
-    """Requests of a session in the engine, from counters each written by one thread only (so no
-    update is lost without a lock): ``submitted`` and ``cancelled`` by the loop, ``retired`` (run or
-    dropped) by the executor."""
-
-    submitted: int = 0
-    cancelled: int = 0
-    retired: int = 0
-
-    @property
-    def queued(self) -> int:
-        return self.submitted - self.cancelled - self.retired
-
-
-@dataclass
-class GroupStats:
-    execution_count: int = 0      # merged batches executed through the prefix
-    inference_count: int = 0      # rows through the prefix
-    compute_ns: int = 0           # whole group batches (prefix + suffixes)
-    prefix_ns: int = 0            # the prefix alone
-    batch_histogram: dict[int, int] = field(default_factory=dict)
-
-
-class SharedPrefix:
-    """Sessions whose models share a prefix, batched through one prefix runtime (module docstring).
-
-    ``runtime`` computes the shared layers and outputs ``cut_tensor``; every member's ``runtime`` is
-    its suffix, whose one input takes that tensor (its name may differ from model to model). Members
-    are kept sorted by name; the first one carries the prefix's memory in :attr:`Session.memory_mb`.
-    The group's max batch is the largest b with 2*l(b) <= the tightest member SLO (l: see
-    :meth:`latency_ms`), never below the sum of the members' planned batches.
-    """
-
-    def __init__(self, name: str, runtime, cut_tensor: str, members: "list[Session]", prefix_id: str = "") -> None:
-        if len(members) < 1:
-            raise ValueError("a shared prefix needs members")
-        self.name = name
-        self.prefix_id = prefix_id
-        self.runtime = runtime
-        self.cut_tensor = cut_tensor
-        self.members: tuple[Session, ...] = tuple(sorted(members, key=lambda m: m.name))
-        self.by_name = {m.name: m for m in self.members}
-        for m in self.members:
-            m.group = self
-        self.slo_ms = min(m.slo_ms for m in self.members)
-        self._profiled = [m for m in self.members if m.profile is not None]
-        planned = sum(m.planned_batch for m in self.members)
-        profiled = [m.profile for m in self.members if m.profile is not None]
-        if profiled:
-            best = max(1, saturated_batch(self.latency_ms, self.slo_ms, max(p.max_batch for p in profiled)))
-        else:
-            best = max(m.max_batch for m in self.members)
-        self.max_batch = max(planned, best)
-        self.stats = GroupStats()
-
-    def latency_ms(self, batch: int) -> float:
-        """l(b) of a merged batch: the prefix plus one suffix, estimated by the fastest member's whole
-        model at b (0 without profiles).
-
-        Every member's profile measures the same prefix plus a head; they differ mostly by measurement
-        noise, which only ever inflates a figure, so the smallest is the best estimate. (The other
-        members' suffixes are not counted: a group forms when the prefix carries most of the work.)
-        """
-        if self._profiled:
-            return min(m.latency_ms(batch) for m in self._profiled)
-        return 0.0
-
-    @property
-    def memory_mb(self) -> float:
-        return self.runtime.memory_mb()
-
-
-
 def warmup_turn(served: bool, now: float, turn_s: float) -> bool:
     """Whether a waiting warm-up batch runs in this executor turn: when the turn's serving step ran
     nothing (``served`` False), or once ``turn_s`` (:func:`next_warmup_turn_s`) has come."""
@@ -389,6 +117,7 @@ def next_warmup_turn_s(start_s: float, end_s: float) -> float:
     """After a warm-up batch ran from ``start_s`` to ``end_s``: when the next one may take the device
     from serving. As long again of serving first, so warm-up takes at most half a busy device."""
     return end_s + (end_s - start_s)
+
 
 class Engine:
     """Sessions of one device and the thread that executes their batches (module docstring)."""
@@ -717,25 +446,25 @@ class Engine:
         start = gathered = ran = self.clock()
         parts: list[list[np.ndarray]] = []
         try:
-            feeds = _gather(session.inputs, works)
+            feeds = gather(session.inputs, works)
             gathered = self.clock()
             result = session.runtime.run(feeds)
             ran = self.clock()
-            parts = _split([result[spec.name] for spec in session.outputs], works)
+            parts = split([result[spec.name] for spec in session.outputs], works)
             error = None
         except Exception as exc:  # a failing batch fails its requests, not the backend
             error = f"{exc.__class__.__name__}: {exc}"
         end = self.clock()
-        phases = _phases(start, gathered, ran, end, error)
+        phases = phases_of(start, gathered, ran, end, error)
         self._account_busy(end, end - start)
         rows = sum(w.rows for w in works)
         if error is None and session.profile is not None:
             session.calibration.observe(session.latency_ms(rows), (end - start) * 1000)
         with self.stats_lock:       # a Stats snapshot sees the whole batch or none of it
-            _count(session.stats, works, rows, phases, error, int(self.wall_clock() * 1000))
+            count_batch(session.stats, works, rows, phases, error, int(self.wall_clock() * 1000))
         if error is None and self.samples is not None:
             self.samples.record(session.model, rows, phases.infer_ns / 1e6, contended or self.host_contended())
-        _outcomes(works, parts, None if error is None else f"model {session.name!r} failed: {error}", phases, rows,
+        outcomes(works, parts, None if error is None else f"model {session.name!r} failed: {error}", phases, rows,
                   answers)
 
     def _run_group(self, group: SharedPrefix, batch: list[Pending], answers: list) -> None:
@@ -750,7 +479,7 @@ class Engine:
         error = None
         try:
             # positional: members' inputs match the prefix's (same hashes)
-            feeds = _gather(group.runtime.inputs, works)
+            feeds = gather(group.runtime.inputs, works)
             gathered = self.clock()
             features = group.runtime.run(feeds)[group.cut_tensor]
         except Exception as exc:  # a failing prefix fails the whole merged batch, not the backend
@@ -770,10 +499,10 @@ class Engine:
                     results[m.name] = ([], f"model {m.name!r} failed: {exc.__class__.__name__}: {exc}")
             offset += rows
         ran = self.clock()
-        parts = {m.name: _split(results[m.name][0], ws) if results[m.name][1] is None else []
+        parts = {m.name: split(results[m.name][0], ws) if results[m.name][1] is None else []
                  for m, ws in order}
         end = self.clock()
-        phases = _phases(start, gathered, ran, end, error)
+        phases = phases_of(start, gathered, ran, end, error)
         self._account_busy(end, end - start)
         total_rows = offset
         now_ms = int(self.wall_clock() * 1000)
@@ -785,59 +514,9 @@ class Engine:
             gs.prefix_ns += int((prefix_end - start) * 1e9)
             gs.batch_histogram[total_rows] = gs.batch_histogram.get(total_rows, 0) + 1
             for m, ws in order:
-                _count(m.stats, ws, total_rows, phases, results[m.name][1], now_ms)
+                count_batch(m.stats, ws, total_rows, phases, results[m.name][1], now_ms)
         for m, ws in order:
-            _outcomes(ws, parts[m.name], results[m.name][1], phases, total_rows, answers)
-
-
-def _gather(specs, works: list[Work]) -> dict[str, np.ndarray]:
-    """The batch's inputs by name: each request's rows, concatenated in order (one request's as they are)."""
-    if len(works) == 1:
-        return {spec.name: works[0].arrays[i] for i, spec in enumerate(specs)}
-    return {spec.name: np.concatenate([w.arrays[i] for w in works]) for i, spec in enumerate(specs)}
-
-
-def _split(outputs: list[np.ndarray], works: list[Work]) -> list[list[np.ndarray]]:
-    """Each request's rows of the batch's outputs (views, no copy), in order."""
-    parts, offset = [], 0
-    for w in works:
-        parts.append([o[offset:offset + w.rows] for o in outputs])
-        offset += w.rows
-    return parts
-
-
-def _count(stats: SessionStats, works: list[Work], batch_rows: int, phases: Phases, error: str | None,
-           now_ms: int) -> None:
-    """One batch of ``batch_rows`` in a session's counters, its ``works`` among them (under the stats lock)."""
-    stats.inference_count += sum(w.rows for w in works)
-    stats.add_batch(batch_rows, phases)
-    stats.last_inference_ms = now_ms
-    for w in works:
-        if error is None:
-            stats.add_success(max(int((phases.start - w.arrival_s) * 1e9), 0), int((phases.end - w.arrival_s) * 1e9),
-                              phases)
-        else:
-            stats.fail_count += 1
-
-
-def _outcomes(works: list[Work], parts: list[list[np.ndarray]], error: str | None, phases: Phases, batch_rows: int,
-              answers: list) -> None:
-    """Each request's outcome: its outputs, or ``error``."""
-    for i, w in enumerate(works):
-        if error is not None:
-            answers.append((w, Outcome(ExecStatus.INTERNAL, error)))
-            continue
-        answers.append((w, Outcome(ExecStatus.OK, outputs=parts[i], queue_ns=max(int((phases.start - w.arrival_s) * 1e9), 0),
-                                   compute_ns=phases.total_ns, batch_size=batch_rows, input_ns=phases.input_ns,
-                                   first_in_batch=i == 0)))
-
-
-def _phases(start: float, gathered: float, ran: float, end: float, error: str | None) -> Phases:
-    """The batch's phases; a failed batch's time all counts as its infer phase (where it failed is
-    not worth telling apart, and only the batch's counters see it)."""
-    if error is not None:
-        return Phases(start, start, end, end)
-    return Phases(start, gathered, ran, end)
+            outcomes(ws, parts[m.name], results[m.name][1], phases, total_rows, answers)
 
 
 def _finish(job: _WarmupJob, *, error: str = "", skipped: str = "") -> None:

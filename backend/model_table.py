@@ -12,7 +12,7 @@ the scheduler at upload, globalsched/planning/prefix_groups.py), at least two di
 or CUDA device, are split at the group's prefix (each model on its own with ``split_at``, cached
 per model; ``find_shared_prefix`` when the id is not a cut of them all). The prefix runtime is
 loaded once, a suffix runtime per model, and the engine batches them as one
-:class:`~backend.engine.SharedPrefix`. Anything that fails there (no shared prefix, a load error)
+:class:`~backend.sessions.SharedPrefix`. Anything that fails there (no shared prefix, a load error)
 falls back to running the models whole; ``--no-prefix-batching`` turns it off; emulated devices run
 models whole (their profile is the whole model's). The split runs under the profiling lock so it
 never disturbs a measurement.
@@ -38,7 +38,9 @@ import logging
 from typing import Awaitable, Callable
 
 from backend.device_probe import detect_memory_mb
-from backend.engine import Engine, Outcome, Session, SharedPrefix, WarmupResult
+from backend.engine import Engine, WarmupResult
+from backend.sessions import Session, SharedPrefix
+from backend.work import Outcome
 from backend.warmup_runner import Warmer
 from backend.wire import io_specs, model_key
 from common.config import BackendConfig, BatchStart

@@ -33,7 +33,9 @@ import time
 import grpc
 
 from backend.device_probe import detect_memory_mb, device_problem
-from backend.engine import Engine, ExecError, Outcome, Session, Work
+from backend.engine import Engine
+from backend.sessions import Session
+from backend.work import ExecError, Outcome, Work
 from backend.latency_samples import SampleRecorder
 from backend.model_table import ModelTables
 from backend.profile_requests import measure_profile

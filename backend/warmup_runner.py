@@ -19,7 +19,9 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from backend.engine import Session, WarmupBatch
+from backend.engine import WarmupBatch
+
+from backend.sessions import Session
 from common.warmup_spec import WarmupSample, default_samples, feeds
 
 CONFIGURED = 0      # marks a runtime whose model's own samples ran (batch sizes are >= 1)

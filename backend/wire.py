@@ -11,7 +11,11 @@ import time
 
 import numpy as np
 
-from backend.engine import Engine, ExecError, Outcome, Session
+from backend.engine import Engine
+
+from backend.sessions import Session
+
+from backend.work import ExecError, Outcome
 from common.pb import control
 from common.tensors import TensorSpec
 from common.version_policy import version_key

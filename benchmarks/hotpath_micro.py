@@ -42,7 +42,7 @@ try:
     import backend.wire as bs          # the wire codec, since it left backend/server.py
 except ImportError:
     import backend.server as bs
-from backend.engine import Outcome
+from backend.work import Outcome
 try:
     from frontend.backend_pool import Reply
 except ImportError:

@@ -9,7 +9,7 @@ weights) with a different two-layer head each.
   the backbone's weights); the engine runs one session's batch at a time, EDF across sessions.
 - ON: the backend's prefix batching: ``find_shared_prefix`` splits the variants, the prefix runtime
   is loaded once and one suffix runtime per variant; the engine merges the ten queues, runs the
-  prefix once on the merged batch and each suffix on its slice (``backend.engine.SharedPrefix``).
+  prefix once on the merged batch and each suffix on its slice (``backend.sessions.SharedPrefix``).
 
 Load: open-loop Poisson arrivals at a total rate R, each request for a variant drawn uniformly (so
 each variant sees R/N), one image per request, deadline = arrival + SLO. Goodput = requests answered
@@ -40,7 +40,11 @@ import time
 
 import numpy as np
 
-from backend.engine import Engine, Session, SharedPrefix, Work
+from backend.engine import Engine
+
+from backend.sessions import Session, SharedPrefix
+
+from backend.work import Work
 from backend.model_table import suffix_threads
 from common.arrivals import arrival_times
 from common.batch_decision import SlidingWindowEarlyDrop

@@ -44,7 +44,7 @@ RATE_MIX = (0.05, 0.15, 0.3, 0.5, 0.7, 0.85, 1.0, 1.15)
 
 def saturated(profile, slo_ms: float) -> tuple[int, float]:
     """(largest b with 2*l(b) <= SLO, its throughput b/l(b) in rps) under the planning latency."""
-    from backend.engine import session_max_batch
+    from backend.sessions import session_max_batch
 
     b = session_max_batch(profile, slo_ms)
     return b, b * 1000.0 / profile.latency_ms(b)

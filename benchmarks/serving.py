@@ -275,7 +275,7 @@ def one_repeat(args, i: int) -> dict:
         c.stop()
         prof = c.profiles(c.models)[model].get("cpu")
         if prof is not None:
-            from backend.engine import session_max_batch
+            from backend.sessions import session_max_batch
             res["scheduler_profile_ms"] = {r.batch: r.latency_ms for r in prof.rows}
             res["backend_max_batch"] = session_max_batch(prof, args.slo_ms)
     lat = {int(k): v for k, v in res["limit_scan"]["latency_ms"].items()}

@@ -1,6 +1,6 @@
 """A simulated backend and its device: sessions' queues in deadline order, the production batching
 decision (:func:`common.batch_decision.schedule` with the backend's policy, and the session's largest batch
-by :func:`backend.engine.session_max_batch`), and batches that take l(b) (or the measured mean)
+by :func:`backend.sessions.session_max_batch`), and batches that take l(b) (or the measured mean)
 times a lognormal jitter of mean 1.
 
 Its life: STARTING (the process starts; it registers ``backend_start_s`` later), UP, DRAINING (told
@@ -23,7 +23,9 @@ import enum
 import math
 from typing import AbstractSet, Callable, Mapping
 
-from backend.engine import next_warmup_turn_s, session_max_batch, warmup_turn
+from backend.engine import next_warmup_turn_s, warmup_turn
+
+from backend.sessions import session_max_batch
 from common.batch_decision import Pending, Queue, make_policy, remove_taken, schedule
 from common.profile import Profile
 from common.warmup_spec import DEFAULT_RUNS, default_batch_sizes

@@ -13,7 +13,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from backend.engine import Engine, Session, SharedPrefix, Work
+from backend.engine import Engine
+
+from backend.sessions import Session, SharedPrefix
+
+from backend.work import Work
 from common.batch_decision import EarliestFirst, SlidingWindowEarlyDrop
 from common.runtimes import load_runtime
 from backend.server import BackendService

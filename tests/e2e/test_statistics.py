@@ -11,7 +11,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc.aio as aioclient
 
-from backend.engine import Engine, Session, SharedPrefix, Work
+from backend.engine import Engine
+
+from backend.sessions import Session, SharedPrefix
+
+from backend.work import Work
 from common.batch_decision import EarliestFirst
 from common.runtimes import load_runtime
 from backend.wire import backend_stats

@@ -9,7 +9,11 @@ import threading
 import numpy as np
 import pytest
 
-from backend.engine import Engine, ExecError, Session, Work
+from backend.engine import Engine
+
+from backend.sessions import Session
+
+from backend.work import ExecError, Work
 from common.runtimes import load_runtime
 from common.batch_decision import EarliestFirst, SlidingWindowEarlyDrop
 from common.profile import Profile
@@ -307,7 +311,7 @@ def test_fail_queued_answers_a_removed_sessions_queue(runtime):
     outcomes = {}
     item = _submit(engine, clock, outcomes)
     assert engine.step().queue is None                      # admitted, waiting for its duty cycle
-    from backend.engine import Outcome
+    from backend.work import Outcome
 
     (removed,) = engine.set_sessions({})
     assert engine.fail_queued(removed, Outcome(ExecStatus.NOT_FOUND, "gone")) == 1

@@ -8,7 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backend.engine import Engine, Session, WarmupBatch, Work
+from backend.engine import Engine, WarmupBatch
+
+from backend.sessions import Session
+
+from backend.work import Work
 from backend.latency_samples import SampleRecorder
 from backend.server import BackendService
 from common.batch_decision import SlidingWindowEarlyDrop

@@ -7,7 +7,7 @@ session. This module holds the value types, their checks against a model's input
 warm-up and the arrays a sample feeds; the backend decides when the batches run.
 
 - **Samples** (:class:`WarmupSample`) come from ``config.pbtxt``'s ``model_warmup``
-  (common/model_repository.py), travel with the model (``UploadHeader.warmup``, the model database,
+  (nexus/model_repository.py), travel with the model (``UploadHeader.warmup``, the model database,
   ``ModelDesc.warmup``) and are checked on every way in (:func:`check_samples`): every model input
   exactly once, its data type, concrete dims that fit the model's, one data source, a file's bytes
   the size of one row; ``batch_size`` >= 1 and within ``max_batch_size`` when the config sets one;

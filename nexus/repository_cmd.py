@@ -1,6 +1,6 @@
 """``nexus models import DIR`` and ``nexus serve --model-repository DIR``: Triton model repositories.
 
-The whole repository is read and checked first (:mod:`common.model_repository`), so a bad model
+The whole repository is read and checked first (:mod:`nexus.model_repository`), so a bad model
 uploads nothing; then every version its policy selects is uploaded to the scheduler as that version,
 with the policy (a version whose file, warm-up and policy the scheduler already holds is left as it is).
 """
@@ -13,7 +13,7 @@ import sys
 import tempfile
 
 from common import grpc_util
-from common.model_repository import RepositoryError, RepositoryModel, describe, read_repository
+from nexus.model_repository import RepositoryError, RepositoryModel, describe, read_repository
 from common.security import Credentials
 from common.version_policy import DEFAULT_POLICY, from_pb as policy_from_pb, version_key
 from common.warmup_spec import from_pb as warmup_from_pb

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Mapping
 
 from common.emulated_gpus import NoDatasheet, UnknownGpuError, datasheet_profile
-from common.model_repository import RepositoryError, read_repository
+from nexus.model_repository import RepositoryError, read_repository
 from common.profile import Profile, ProfileError
 from globalsched.state.modeldb import ModelDatabase
 
@@ -97,7 +97,7 @@ def load_models(path: str | Path) -> tuple[SimModel, ...]:
 
 
 def repository_models(root: str | Path, device_type: str, default_slo_ms: float) -> tuple[SimModel, ...]:
-    """The models of a Triton model repository (common/model_repository.py), newest version of each:
+    """The models of a Triton model repository (nexus/model_repository.py), newest version of each:
     its SLO (``slo_ms`` parameter, else ``default_slo_ms``), its expected rate (``expected_rate_rps``,
     also its share; 1 where none is given), its batch cap, and the profile an emulated ``device_type``
     gives it (common/emulated_gpus.py: the sample models' classes; another model needs a models file

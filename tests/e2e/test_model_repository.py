@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 
-from common.model_repository import RepositoryError, read_model, read_model_versions, read_repository
+from nexus.model_repository import RepositoryError, read_model, read_model_versions, read_repository
 from common.sample_models import detector_64, mlp_small, model_bytes
 from tests.conftest import nexus_cli, start_serve
 

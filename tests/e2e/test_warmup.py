@@ -17,10 +17,14 @@ import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from backend.engine import Engine, Session, WarmupBatch, Work
+from backend.engine import Engine, WarmupBatch
+
+from backend.sessions import Session
+
+from backend.work import Work
 from backend.warmup_runner import Warmer
 from common.batch_decision import SlidingWindowEarlyDrop
-from common.model_repository import RepositoryError, read_model
+from nexus.model_repository import RepositoryError, read_model
 from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes

@@ -32,7 +32,7 @@ import time
 
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
-from nexus.bench import BackgroundLoad
+from harness.background_load import BackgroundLoad
 from harness.cluster import Cluster, Upload
 from harness.meters import RssSampler
 from harness.smoke import add_smoke, parse_args

@@ -26,7 +26,7 @@ import time
 
 from harness import pyspy
 from harness.cluster import ServeCluster, descendants, cmdline
-from nexus.bench.loadgen import BackgroundLoad
+from harness.background_load import BackgroundLoad
 from harness.meters import CpuMeter, loadavg
 from harness.smoke import add_smoke, parse_args
 

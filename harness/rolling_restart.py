@@ -20,7 +20,7 @@ from typing import Callable
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from harness.cluster import Cluster, Upload
-from nexus.bench.loadgen import BackgroundLoad
+from harness.background_load import BackgroundLoad
 
 MODEL = "mlp"
 DEVICE_TYPE = "t4"

@@ -14,7 +14,6 @@ searches with one). The search itself is :mod:`common.rate_search`, the arrivals
 """
 
 from nexus.bench.loadgen import (
-    BackgroundLoad,
     BenchError,
     LoadClient,
     build_request,
@@ -28,7 +27,6 @@ from nexus.bench.loadgen import (
 from nexus.bench.report import BenchReport, BenchSamples, format_table
 
 __all__ = [
-    "BackgroundLoad",
     "BenchError",
     "BenchReport",
     "BenchSamples",

@@ -24,8 +24,8 @@ import pytest
 
 from common.pb import kserve
 from nexus import bench_cmd
+from harness.background_load import BackgroundLoad
 from nexus.bench import (
-    BackgroundLoad,
     BenchError,
     BenchReport,
     build_request,

@@ -14,7 +14,7 @@ import pytest
 from common.pb import control_grpc, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
-from nexus.bench import BackgroundLoad
+from harness.background_load import BackgroundLoad
 from harness.prometheus import scrape
 from tests.components import infer_request, start_cluster, wait_for
 from tests.conftest import nexus_cli

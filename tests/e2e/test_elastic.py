@@ -18,7 +18,7 @@ import pytest
 from common.pb import control, control_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
-from nexus.bench import BackgroundLoad
+from harness.background_load import BackgroundLoad
 from harness.cluster import Cluster, Upload, cmdline, descendants
 from nexus.scheduler_client import fetch_status, upload_model
 from tests.components import wait_for

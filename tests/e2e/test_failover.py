@@ -20,7 +20,7 @@ import pytest
 from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
-from nexus.bench import BackgroundLoad
+from harness.background_load import BackgroundLoad
 from harness.cluster import Cluster
 from tests.components import infer_request, start_cluster, wait_for, wait_ready
 from tests.conftest import nexus_cli

@@ -287,7 +287,7 @@ def test_two_frontends_histograms_add_up_to_the_clients_own_p99_within_a_bucket(
     successful request once, and their p99 falls within one bucket of the p99 the client measured."""
     from frontend.metrics import LATENCY_BUCKETS_S
     from harness.cluster import Cluster, Upload
-    from nexus.bench.loadgen import BackgroundLoad
+    from harness.background_load import BackgroundLoad
 
     model, profile = tmp_path / "mlp.onnx", tmp_path / "profile.json"
     model.write_bytes(model_bytes(mlp_small()))

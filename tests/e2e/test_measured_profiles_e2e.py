@@ -22,7 +22,7 @@ from common.pb import control, control_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from harness.cluster import Cluster
-from nexus.bench.loadgen import BackgroundLoad
+from harness.background_load import BackgroundLoad
 from nexus.launcher import nexus_command
 from tests.components import wait_for, wait_ready
 

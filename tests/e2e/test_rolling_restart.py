@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from nexus.bench import BackgroundLoad
+from harness.background_load import BackgroundLoad
 from harness.rolling_restart import CLIENT_TIMEOUT_S, DEVICE_TYPE, MODEL, SLO_MS, model_upload, rolling_restart
 from nexus.scheduler_client import upload_model
 from nexus.serve_cmd import wait_models_ready

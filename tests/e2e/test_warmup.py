@@ -34,7 +34,7 @@ from common.warmup_spec import (
     WarmupData, WarmupError, WarmupInput, WarmupSample, check_samples, default_samples, feeds, from_json, from_pb,
     to_json, to_pb,
 )
-from nexus.bench import BackgroundLoad
+from harness.background_load import BackgroundLoad
 from nexus.scheduler_client import AdminCallError, upload_model
 from tests.components import start_cluster, wait_ready
 from tests.conftest import NexusProcess, nexus_cli

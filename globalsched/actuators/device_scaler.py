@@ -125,9 +125,24 @@ class DeviceScaler:
             except Exception:  # keep scaling alive; the next tick tries again
                 log.exception("device scaling failed")
             now = self.clock()
-            if self.persist is not None and self.state != saved and now - saved_at >= PERSIST_EVERY_S:
+            if self.persist is not None and persist_due(self.state, saved, now - saved_at):
                 saved, saved_at = self.state, now
                 await self.persist(self.state, now)
+
+
+def persist_due(state: ScalingState, saved: ScalingState | None, since_saved_s: float) -> bool:
+    """Whether the policy's state is stored now: at once when a decision in it changed (a device type
+    appeared, its desired count, its last drop), so that a standby taking over continues from the
+    count in force; otherwise at most every PERSIST_EVERY_S, while only its history of needs moves."""
+    if state == saved:
+        return False
+    if saved is None or _decisions(state) != _decisions(saved):
+        return True
+    return since_saved_s >= PERSIST_EVERY_S
+
+
+def _decisions(state: ScalingState) -> dict[str, tuple]:
+    return {t: (h.desired, h.last_down_s, h.down_to) for t, h in state.types.items()}
 
 
 class ScalerCollector(Collector):

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from common.config import ConfigError, DeviceBounds, SchedulerConfig
-from globalsched.planning.scaling_policy import ScalingConfig, ScalingState, TypeDemand, desired_devices
+from globalsched.actuators.device_scaler import PERSIST_EVERY_S, persist_due
+from globalsched.planning.scaling_policy import ScalingConfig, ScalingState, TypeDemand, TypeHistory, desired_devices
 
 
 class Policy:
@@ -184,3 +185,18 @@ def test_backends_that_come_back_are_not_removed_beyond_the_removal_decided():
     back = policy.at(72.0, needed=2, registered=5)                          # ... and are back
     assert back.desired == 4                                                # the removal decided: one
     assert policy.at(131.0, needed=2, registered=4).desired == 2            # the next, a cool-down later
+
+
+def test_a_changed_decision_is_stored_at_once_and_the_needs_history_at_most_every_few_seconds():
+    """A leader killed right after its devices changed must leave the new count for its standby: the
+    state was kept only every PERSIST_EVERY_S, and a standby adopted 'no device type yet'."""
+    empty = ScalingState()
+    two = ScalingState({"t4": TypeHistory(needs=((1.0, 2),), desired=2)})
+    two_later = ScalingState({"t4": TypeHistory(needs=((1.0, 2), (1.5, 2)), desired=2)})
+    three = ScalingState({"t4": TypeHistory(needs=((1.0, 2), (1.5, 3)), desired=3)})
+    assert persist_due(empty, None, 0.0)                          # never stored
+    assert not persist_due(two, two, 100.0)                       # nothing changed
+    assert persist_due(two, empty, 0.1)                           # a type appeared: at once
+    assert persist_due(three, two, 0.1)                           # its count changed: at once
+    assert not persist_due(two_later, two, 0.1)                   # only needs moved: wait
+    assert persist_due(two_later, two, PERSIST_EVERY_S)

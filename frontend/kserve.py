@@ -15,13 +15,14 @@ from frontend.inference import infer
 from frontend.kserve_api import Call, KServeApi
 from frontend.requests import RequestError
 
-UNARY_CALLS = (    "ServerLive",
+# Every unary call but ModelInfer, which has a handler of its own (the hot path copies no metadata).
+UNARY_CALLS = (
+    "ServerLive",
     "ServerReady",
     "ModelReady",
     "ServerMetadata",
     "ModelMetadata",
     "ModelConfig",
-    "ModelInfer",
     "ModelStatistics",
     "RepositoryIndex",
     "RepositoryModelLoad",
@@ -55,6 +56,13 @@ class KServeService:
                  shared_memory_access: ProtocolAccess = ProtocolAccess()) -> None:
         self.api = KServeApi(state, scheduler_stub, repository_access, shared_memory_access)
         self.state = state
+
+    async def ModelInfer(self, request, context):
+        """The hot path: inference reads no metadata, so none is copied."""
+        try:
+            return await self.api.ModelInfer(request, Call(time_left_s=context.time_remaining()))
+        except RequestError as exc:
+            await context.abort(exc.code, str(exc))
 
     async def ModelStreamInfer(self, request_iterator, context):
         out: asyncio.Queue = asyncio.Queue()

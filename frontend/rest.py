@@ -162,7 +162,7 @@ class _Api:
         name, version = self._model(request)
         body = await self._body(request)
         message, form = decode_infer_request(name, version, body, request.headers.get(HEADER_LENGTH))
-        reply = await self._call("ModelInfer", message, request)
+        reply = await self.api.ModelInfer(message, Call())     # inference reads no headers
         header, sections = encode_infer_response(reply, form)
         if not sections:
             response = web.Response(body=header, content_type="application/json")

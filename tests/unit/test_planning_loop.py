@@ -424,3 +424,26 @@ def test_a_plan_folded_onto_fewer_backends_is_replaced_by_a_fresh_one_that_fits_
     assert again.devices_needed["gpu"] == 1 and again.placements["gpu"].overcommitted == 0
     assert _where(again) == {"resnet": {"a"}, "mlp": {"a"}}
     assert not [n for n in again.notes if "folded" in n]
+
+
+def test_a_plan_that_grows_past_the_backends_moves_nothing_to_save_a_device():
+    # A step under --backends auto: the re-plan needs more devices than are registered (the scaler
+    # starts them). A fresh plan would need fewer, still more than there are, by moving sessions between
+    # busy backends; the minimal-movement re-plan is kept (issue 24's step trace lost 3 points of SLO
+    # attainment to those moves).
+    profile = Profile.linear(5.0, 10.0, 32, memory_base_mb=100, memory_per_item_mb=1, device_type="gpu")
+
+    def sessions(boost: float) -> list[SessionInput]:
+        return [SessionInput(f"m{i}", 200.0, (boost if i < 3 else 1.0) * 20.0 * (1 + i % 3), {"gpu": profile})
+                for i in range(9)]
+
+    loop = _loop(cooldown_s=0.0)
+    slots = _slots("a", "b", "c")
+    first = loop.plan(sessions(1.0), slots, 0.0)
+    assert first.devices_needed["gpu"] == 3
+    before = _where(first)
+    grown = loop.plan(sessions(3.0), slots, 1.0)
+    assert grown.reasons["gpu"] is not ReplanReason.NONE
+    assert grown.devices_needed["gpu"] > len(slots)                  # the cluster must grow
+    after = _where(grown)
+    assert all(after[m] == nodes for m, nodes in before.items()), (before, after)

@@ -429,7 +429,7 @@ def test_a_plan_folded_onto_fewer_backends_is_replaced_by_a_fresh_one_that_fits_
 def test_a_plan_that_grows_past_the_backends_moves_nothing_to_save_a_device():
     # A step under --backends auto: the re-plan needs more devices than are registered (the scaler
     # starts them). A fresh plan would need fewer, still more than there are, by moving sessions between
-    # busy backends; the minimal-movement re-plan is kept (issue 24's step trace lost 3 points of SLO
+    # busy backends; the minimal-movement re-plan is kept (issue 24's step trace lost points of SLO
     # attainment to those moves).
     profile = Profile.linear(5.0, 10.0, 32, memory_base_mb=100, memory_per_item_mb=1, device_type="gpu")
 

@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(p, argv)
     if args.rate <= 0 or args.duration_s <= 0 or args.repeats < 1:
         p.error("--rate and --duration-s must be positive, --repeats at least 1")
-    if args.before and not (pathlib.Path(args.before) / "frontend" / "dispatch.py").is_file():
+    if args.before and not (pathlib.Path(args.before) / "nexus" / "cli.py").is_file():
         p.error(f"--before {args.before} is not a checkout of this project")
     slo_ms = SAMPLE_MODELS[args.model].slo_ms
     variants = ["nexus"] + (["before"] if args.before else [])

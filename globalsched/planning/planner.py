@@ -61,7 +61,7 @@ class PlannerSettings:
     default_rate_rps: float = 1.0       # a session nobody reported a rate for yet
     rate_headroom: float = 0.0          # plan for measured rates times 1 + this
     default_min_replicas: int = 1
-    spare_replicas: bool = True         # idle backends hold replicas of the busiest sessions (planning_loop.py)
+    spare_replicas: bool = True         # idle backends hold replicas of the busiest sessions (plan_device_type.py)
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> PlannerSettings:

@@ -165,7 +165,7 @@ def test_cluster_plan_places_a_prefix_group_together_and_needs_fewer_devices():
 
     def plan(group: str, n: int = 6, rate: float = 40.0):
         sessions = [SessionInput(f"m{i}", 100.0, rate, {"gpu": profile}, group) for i in range(n)]
-        # no spare replicas: the idle backends would hold copies of members (tests/unit/test_planning_loop.py)
+        # no spare replicas: the idle backends would hold copies of members (tests/unit/test_plan_device_type.py)
         return place_sessions(sessions, slots, PlannerState(), 0.0, settings=PlannerSettings(spare_replicas=False))[0]
 
     grouped, plain = plan("g"), plan("")

@@ -94,7 +94,7 @@ def test_sessions_are_planned_with_the_rate_headroom(tmp_path):
 
 
 def test_the_latency_split_is_outdated_only_when_a_gamma_leaves_its_band():
-    """Rates are the re-planner's to judge (tests/unit/test_planning_loop.py); a query's fan-out forces a re-plan."""
+    """Rates are the re-planner's to judge (tests/unit/test_plan_device_type.py); a query's fan-out forces a re-plan."""
     from globalsched.planning.replan_policy import gamma_drift
 
     planned = {("q", "a", "b"): 3.0}

@@ -430,7 +430,11 @@ class Engine:
 
     def _loop(self) -> None:
         if self.executor_cpus:
-            os.sched_setaffinity(0, self.executor_cpus)     # this thread only
+            try:
+                os.sched_setaffinity(0, self.executor_cpus)     # this thread only
+            except OSError as exc:      # a cpuset that excludes them: serve unpinned, and say so
+                log.error("cannot pin the executor thread to CPUs %s: %s; it runs unpinned",
+                          ",".join(map(str, sorted(self.executor_cpus))), exc)
         while not self._stop:
             self._wake.clear()
             decision, warmed = self.turn()

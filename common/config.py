@@ -469,10 +469,12 @@ class BackendConfig:
         except ValueError:
             raise ConfigError(f"--executor-cpus: expected CPU numbers separated by commas, got "
                               f"{self.executor_cpus!r}") from None
-        usable = os.sched_getaffinity(0)
-        if not cpus <= usable:
-            raise ConfigError(f"--executor-cpus: CPU {', '.join(map(str, sorted(cpus - usable)))} is not one this "
-                              f"process may use ({', '.join(map(str, sorted(usable)))})")
+        # The machine's CPUs, not this process's: the process itself may be confined to the others
+        # (taskset), leaving the executor's CPU to the runtime alone.
+        machine = set(range(os.cpu_count() or 1))
+        if not cpus <= machine:
+            raise ConfigError(f"--executor-cpus: CPU {', '.join(map(str, sorted(cpus - machine)))} is not one of "
+                              f"this machine's (0-{max(machine)})")
         return cpus
 
     @property

@@ -39,7 +39,7 @@ def test_no_pinning_by_default():
 @pytest.mark.parametrize("value, message", [
     ("one", "expected CPU numbers separated by commas, got 'one'"),
     ("0,,1", "expected CPU numbers separated by commas"),
-    ("100000", "CPU 100000 is not one this process may use"),
+    ("100000", "CPU 100000 is not one of this machine's"),
 ])
 def test_a_wrong_value_is_refused_by_name(value, message):
     with pytest.raises(ConfigError, match="--executor-cpus: " + message):
@@ -51,3 +51,17 @@ def test_a_usable_cpu_list_passes():
     config = BackendConfig(executor_cpus=",".join(map(str, cpus)))
     config.validate()
     assert config.executor_cpu_set() == frozenset(cpus)
+
+
+def test_the_executor_may_take_a_cpu_the_process_is_kept_off():
+    """``taskset -c 0 nexus backend --executor-cpus 1``: the process's other threads on CPU 0, the
+    runtime alone on CPU 1 (benchmarks/serving.py --pin)."""
+    last = (os.cpu_count() or 1) - 1
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {0})
+    try:
+        config = BackendConfig(executor_cpus=str(last))
+        config.validate()
+        assert config.executor_cpu_set() == frozenset({last})
+    finally:
+        os.sched_setaffinity(0, saved)

@@ -65,3 +65,17 @@ def test_the_executor_may_take_a_cpu_the_process_is_kept_off():
         assert config.executor_cpu_set() == frozenset({last})
     finally:
         os.sched_setaffinity(0, saved)
+
+
+def test_a_pin_the_system_refuses_is_logged_and_the_executor_runs_unpinned(caplog):
+    """A cpuset that excludes the CPUs named (here: one that does not exist, past the config's check)."""
+    engine = Engine(SlidingWindowEarlyDrop(), executor_cpus=frozenset({100000}))
+    try:
+        deadline = time.monotonic() + 5
+        while "cannot pin the executor thread" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "cannot pin the executor thread to CPUs 100000" in caplog.text
+        assert engine._thread.is_alive()
+        assert os.sched_getaffinity(engine._thread.native_id) == os.sched_getaffinity(0)
+    finally:
+        engine.stop()

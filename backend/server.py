@@ -34,6 +34,8 @@ import grpc
 
 from backend.device_probe import detect_memory_mb, device_problem
 from backend.engine import Engine
+from backend.exec_channel import ExecChannel
+from backend.framed_exec import start_framed_exec
 from backend.sessions import Session
 from backend.work import ExecError, Outcome, Work
 from backend.latency_samples import SampleRecorder
@@ -68,7 +70,8 @@ class BackendService(control_grpc.BackendServicer):
         self.leaving = False                 # draining: never register again (common/registration.py)
         # one measurement at a time, and no load or warm-up beside one, or they disturb each other
         self._profile_lock = asyncio.Lock()
-        self._row_nbytes: dict[str, tuple[Session, tuple[int | None, ...]]] = {}   # per session, see _work
+        self._row_nbytes: dict[str, tuple[Session, tuple[int | None, ...]]] = {}   # per session, see work
+        self.exec_port = 0                   # the framed execute channel's port (0: not served)
         self.tables = ModelTables(config, engine, self._profile_lock, self._fetch, self._threads())
 
     @property
@@ -102,7 +105,8 @@ class BackendService(control_grpc.BackendServicer):
 
     # ---- execution -----------------------------------------------------------------------------
 
-    def _work(self, item: control.ExecItem, now: float, done) -> Work:
+    def work(self, item: control.ExecItem, now: float, done) -> Work:
+        """``item`` as the engine's work (ExecError when it cannot run here)."""
         session = self.engine.sessions.get(item.model)
         if session is None:
             raise ExecError(ExecStatus.NOT_FOUND, f"model {item.model!r} is not loaded on this backend")
@@ -117,51 +121,28 @@ class BackendService(control_grpc.BackendServicer):
 
     async def Execute(self, request_iterator, context):
         results: asyncio.Queue = asyncio.Queue()
-        clock = self.engine.clock
-
-        queued: dict[int, object] = {}      # this stream's request id -> its queue entry, until answered
-
-        def finished(entry) -> None:
-            self.in_flight -= 1
-            results.put_nowait(entry)
-
-        def completer(request_id: int, received_ns: int):
-            def done(outcome: Outcome) -> None:     # on the loop: the engine delivers a batch at a time
-                finished((request_id, outcome, received_ns))
-            return done
+        channel = ExecChannel(self, results.put_nowait)
 
         async def reader() -> None:
             try:
                 async for item in request_iterator:
-                    received_ns = time.monotonic_ns()
-                    if item.cancel:     # the client gave up: a request still queued never runs
-                        entry = queued.pop(item.request_id, None)
-                        if entry is not None and self.engine.cancel(entry):
-                            finished((item.request_id, Outcome(ExecStatus.CANCELLED, "cancelled by the frontend"),
-                                      received_ns))
-                        continue
-                    try:
-                        queued[item.request_id] = self.engine.submit(
-                            self._work(item, clock(), completer(item.request_id, received_ns)))
-                        self.in_flight += 1
-                    except ExecError as exc:
-                        results.put_nowait((item.request_id, Outcome(exc.status, str(exc)), received_ns))
+                    channel.receive(item)
             finally:
                 results.put_nowait(None)
 
         task = asyncio.create_task(reader())
         try:
             while True:
-                entry = await results.get()
-                if entry is None:
+                result = await results.get()
+                if result is None:
                     break
-                queued.pop(entry[0], None)
-                yield encode_result(*entry)
+                yield result
         finally:
             task.cancel()
-            for entry in queued.values():   # the frontend is gone: nobody waits for these any more
-                if self.engine.cancel(entry):
-                    self.in_flight -= 1
+            channel.close()     # the frontend is gone: nobody waits for what is still queued
+
+    async def ExecEndpoint(self, request, context):
+        return control.ExecEndpointReply(port=self.exec_port)
 
     async def ExecuteOne(self, request, context):
         received_ns = time.monotonic_ns()
@@ -172,7 +153,7 @@ class BackendService(control_grpc.BackendServicer):
             future.done() or future.set_result(outcome)
 
         try:
-            self.engine.submit(self._work(request, self.engine.clock(), done))
+            self.engine.submit(self.work(request, self.engine.clock(), done))
         except ExecError as exc:
             return encode_result(request.request_id, Outcome(exc.status, str(exc)), received_ns)
         self.in_flight += 1
@@ -263,6 +244,16 @@ async def serve(config: BackendConfig, ready=None) -> None:
     service.health = await Health.attach(server)
     # Only components dial a backend: with a CA, they must present a certificate it signed.
     address = grpc_util.bind(server, config.listen, creds, require_client_cert=True)
+    framed = None
+    if config.exec_port >= 0:
+        host = config.listen.rpartition(":")[0].strip("[]")
+        try:
+            framed = await start_framed_exec(service, host, config.exec_port, creds)
+        except OSError as exc:
+            await server.stop(grace=0)
+            raise SystemExit(f"nexus backend: error: cannot serve --exec-port {config.exec_port} on "
+                             f"{host or 'every address'}: {exc.strerror or exc}") from None
+        service.exec_port = framed.port
     await server.start()
     metrics_server = None
     if config.metrics_port:
@@ -297,6 +288,8 @@ async def serve(config: BackendConfig, ready=None) -> None:
             await drain(service, scheduler, config.drain_grace_s)
         finally:
             registration.cancel()
+        if framed is not None:
+            framed.close()
         engine.stop()
         if monitor is not None:
             monitor.stop()

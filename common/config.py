@@ -423,6 +423,9 @@ class BackendConfig:
     max_queue: int = field(default=4096, metadata={"help": "queued requests per session before shedding"})
     metrics_port: int = field(default=0, metadata={
         "help": "port of the Prometheus text endpoint /metrics, on the --listen host (0: off)"})
+    exec_port: int = field(default=0, metadata={
+        "help": "port of the framed execute channel frontends send requests on, on the --listen host (0: any "
+                "free port, which frontends ask for over gRPC; -1: none, frontends use the gRPC Execute stream)"})
     batch_start: BatchStart = field(default=BatchStart.EAGER, metadata={
         "help": "when the next batch starts: eager (as soon as the device is free; batches grow with the "
                 "queue) or duty-cycle (wait for the planned batch, at most one duty cycle)"})
@@ -449,6 +452,9 @@ class BackendConfig:
         self.security.validate()
         if not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"--metrics-port: expected 0 (off) or a port number, got {self.metrics_port}")
+        if not -1 <= self.exec_port < 65536:
+            raise ConfigError(f"--exec-port: expected -1 (none), 0 (any free port) or a port number, "
+                              f"got {self.exec_port}")
         if self.threads < 0:
             raise ConfigError(f"--threads: must be >= 0, got {self.threads}")
         self.executor_cpu_set()

@@ -1,4 +1,7 @@
-"""Connections from a frontend to its backends: one long-lived Execute stream per backend.
+"""Connections from a frontend to its backends: one long-lived stream of requests per backend, on the
+backend's framed execute channel (common/exec_frames.py) when it offers one, else on its gRPC
+``Execute`` stream (a backend started with ``--exec-port -1``, or one the frontend cannot reach on
+that port: logged).
 
 Contract: :meth:`BackendConnection.execute` is called on the frontend's event loop; it returns the
 backend's answer as a :class:`Reply` (the protobuf ``ExecResult`` is converted here, at the edge), or
@@ -8,7 +11,7 @@ single writer task drains a deque into the stream so callers never block on each
 A caller that is cancelled while it waits (its client cancelled, or its deadline passed) sends the
 backend ``ExecItem.cancel`` so that the request leaves the backend's queue without running.
 
-A stream that ends while in use marks its backend down in the pool at once: no request is routed
+A stream (either kind) that ends while in use marks its backend down in the pool at once: no request is routed
 there until a routing table without it arrives (the scheduler learns of the loss from its own
 Attach stream) or ``DOWN_HOLD_S`` passes (a backend that comes back at the same address).
 """
@@ -29,6 +32,7 @@ from common import grpc_util
 from common.pb import control, control_grpc
 from common.security import Credentials, token_metadata
 from common.exec_status import ExecStatus
+from frontend.framed_exec import CONNECT_TIMEOUT_S, FramedLink, FramedRefused, open_framed
 
 log = logging.getLogger("nexus.frontend")
 
@@ -68,21 +72,25 @@ class Reply:
 
 
 class BackendConnection:
-    """One backend's Execute stream (module docstring). The stream is written by one writer task that
-    drains a deque (gRPC allows one write in flight per call) and read by the stream's task; the
-    token travels as call metadata, not through a channel interceptor (an intercepted stream relays
-    every message through one more asyncio layer)."""
+    """One backend's stream of requests (module docstring). A framed connection writes each item at
+    once (its writer puts one turn of the loop's items in one write); the gRPC stream is written by
+    one writer task that drains a deque (gRPC allows one write in flight per call). Items sent while
+    the stream opens wait in that deque. The token travels as call metadata, not through a channel
+    interceptor (an intercepted stream relays every message through one more asyncio layer)."""
 
     def __init__(self, address: str, creds: Credentials = grpc_util.NO_CREDENTIALS, on_broken=None) -> None:
         self.address = address
+        self.creds = creds
         self.on_broken = on_broken       # called with the address when the stream ends while open
         self.channel = grpc_util.aio_channel(address, creds, token_interceptor=False)
         self.metadata = token_metadata(creds.token)
         self.stub = control_grpc.BackendStub(self.channel)
         self.outstanding = 0
+        self.transport = ""              # "framed" or "grpc" once a stream is open
         self._pending: dict[int, asyncio.Future] = {}
         self._outbox: collections.deque = collections.deque()
-        self._wake: asyncio.Future | None = None       # set while the writer waits for the outbox
+        self._wake: asyncio.Future | None = None       # set while the gRPC writer waits for the outbox
+        self._link: FramedLink | None = None           # the framed connection, while open
         self._task: asyncio.Task | None = None
         self._closed = False
 
@@ -90,14 +98,27 @@ class BackendConnection:
         if self._task is None or self._task.done():
             self._outbox = collections.deque()
             self._wake = None
+            self._link = None
             self._task = asyncio.create_task(self._run(self._outbox))
 
     def _send(self, item: control.ExecItem | None) -> None:
-        """Queue ``item`` on the stream (None: end it)."""
+        """Send ``item`` on the stream (None: end it)."""
+        link = self._link
+        if link is not None:
+            if item is None:
+                link.close()
+            else:
+                link.send(item)
+            return
         self._outbox.append(item)
         wake = self._wake
         if wake is not None and not wake.done():
             wake.set_result(None)
+
+    def _deliver(self, result: control.ExecResult) -> None:
+        future = self._pending.pop(result.request_id, None)
+        if future is not None and not future.done():
+            future.set_result(Reply.from_pb(result))
 
     async def _write(self, call, outbox: collections.deque) -> None:
         loop = asyncio.get_running_loop()
@@ -114,29 +135,75 @@ class BackendConnection:
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             return           # the stream ended: the reader tells the pending requests
 
-    async def _run(self, outbox: collections.deque) -> None:
-        call = self.stub.Execute(metadata=self.metadata)
-        writer = asyncio.create_task(self._write(call, outbox))
-        pending = self._pending
+    async def _open_framed(self) -> FramedLink | None:
+        """The backend's framed connection, or None where it offers none or cannot be reached on it."""
         try:
-            while True:
-                result = await call.read()
-                if result is grpc.aio.EOF:
-                    break
-                future = pending.pop(result.request_id, None)
-                if future is not None and not future.done():
-                    future.set_result(Reply.from_pb(result))
+            reply = await self.stub.ExecEndpoint(control.ExecEndpointRequest(), timeout=CONNECT_TIMEOUT_S,
+                                                 metadata=self.metadata)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise                   # the backend is not there: the stream is broken
+            return None                 # a backend from before the framed channel
+        if not reply.port:
+            return None
+        host = self.address.rpartition(":")[0].strip("[]")
+        try:
+            return await open_framed(host, reply.port, self.creds, self._deliver, lambda: bool(self._pending))
+        except (OSError, TimeoutError, FramedRefused) as exc:
+            log.warning("framed execute channel to backend %s (port %d) failed: %s; using its gRPC stream",
+                        self.address, reply.port, exc or exc.__class__.__name__)
+            return None
+
+    async def _run(self, outbox: collections.deque) -> None:
+        try:
+            link = await self._open_framed()
+            if link is not None:
+                await self._run_framed(link, outbox)
+            else:
+                await self._run_grpc(outbox)
         except grpc.aio.AioRpcError as exc:
             if not self._closed:
                 log.warning("stream to backend %s broke: %s", self.address, exc.code().name)
         finally:
-            writer.cancel()
+            self._link = None
             if not self._closed and self.on_broken is not None:
                 self.on_broken(self.address)
             pending, self._pending = self._pending, {}
             for future in pending.values():
                 if not future.done():
                     future.set_exception(BackendGone(f"backend {self.address} went away"))
+
+    async def _run_framed(self, link: FramedLink, outbox: collections.deque) -> None:
+        self.transport = "framed"
+        log.info("requests to backend %s go on its framed execute channel", self.address)
+        ended = False
+        while outbox:               # what was sent while the connection opened
+            item = outbox.popleft()
+            if item is None:
+                ended = True
+                break
+            link.send(item)
+        if ended or self._closed:
+            link.close()
+        else:
+            self._link = link
+        reason = await link.closed
+        if not self._closed:
+            log.warning("framed stream to backend %s broke: %s", self.address, reason)
+
+    async def _run_grpc(self, outbox: collections.deque) -> None:
+        self.transport = "grpc"
+        log.info("requests to backend %s go on its gRPC Execute stream", self.address)
+        call = self.stub.Execute(metadata=self.metadata)
+        writer = asyncio.create_task(self._write(call, outbox))
+        try:
+            while True:
+                result = await call.read()
+                if result is grpc.aio.EOF:
+                    break
+                self._deliver(result)
+        finally:
+            writer.cancel()
 
     async def execute(self, item: control.ExecItem, timeout_s: float | None = None) -> Reply:
         """The backend's answer to ``item``; TimeoutError after ``timeout_s`` (the request is then

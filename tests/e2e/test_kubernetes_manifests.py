@@ -451,3 +451,16 @@ def test_the_variant_check_names_the_wrong_runtime():
     assert f"installed: {sorted(installed)}" in wrong.stderr
     bad = _requirements("rocm")
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+@pytest.mark.parametrize("directory", [DEFAULT, GPU, HA], ids=["default", "gpu", "ha"])
+def test_backends_declare_their_framed_execute_port(directory):
+    """Frontends reach a backend's framed execute channel on the pod's IP at its fixed --exec-port
+    (common/exec_frames.py); the pod declares it beside the gRPC port."""
+    backends = [(w, c) for w, c in containers(render(directory)) if c.get("args", [None])[0] == "backend"]
+    assert backends
+    for workload, c in backends:
+        args = c["args"]
+        port = int(args[args.index("--exec-port") + 1])
+        assert port > 0, workload["metadata"]["name"]
+        assert {"name": "exec", "containerPort": port, "protocol": "TCP"} in c["ports"]

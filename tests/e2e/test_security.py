@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
+import ssl
 import stat
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from common import grpc_util
 from common.config import ConfigError, FrontendConfig
+from common.exec_frames import HEADER, FrameKind, hello
 from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
@@ -195,6 +198,18 @@ def test_tls_cluster_with_token_serves_tritonclient_and_refuses_strangers(tmp_pa
                           "--rate", "20", "--duration-s", "1", "--slo-ms", "1000", "--json", "--quiet")
         assert bench.returncode == 0 and json.loads(bench.stdout)["ok"] > 0, bench.stderr
 
+        # The frontend reaches the backend on its framed execute channel, over mutual TLS; plain text
+        # there, and TLS with another CA's certificate, get no answer.
+        assert f"requests to backend {backend.address} go on its framed execute channel" in frontend.logs()
+        with grpc_util.channel(backend.address, Credentials(ca=pki.ca.read_bytes(), cert=pki.cert.read_bytes(),
+                                                            key=pki.key.read_bytes(), token="the-cluster-token")) as ch:
+            exec_port = control_grpc.BackendStub(ch).ExecEndpoint(control.ExecEndpointRequest(), timeout=10).port
+        assert exec_port > 0
+        assert not _framed_hello_accepted(exec_port, "the-cluster-token", None)
+        assert not _framed_hello_accepted(exec_port, "the-cluster-token", _client_tls(pki.ca, rogue_pki))
+        assert not _framed_hello_accepted(exec_port, "the-cluster-token", _client_tls(rogue_pki.ca, pki))
+        assert _framed_hello_accepted(exec_port, "the-cluster-token", _client_tls(pki.ca, pki))
+
         # Plain text on the TLS port, and TLS verified against another CA, are refused.
         with pytest.raises(InferenceServerException) as e:
             grpcclient.InferenceServerClient(frontend.address).is_server_live()
@@ -220,6 +235,25 @@ def test_tls_cluster_with_token_serves_tritonclient_and_refuses_strangers(tmp_pa
     finally:
         for p in reversed(procs):
             p.stop()
+
+
+def _client_tls(ca, pki) -> ssl.SSLContext:
+    """TLS that trusts ``ca`` and presents ``pki``'s certificate (its SAN names 127.0.0.1)."""
+    context = ssl.create_default_context(cafile=str(ca))
+    context.load_cert_chain(str(pki.cert), str(pki.key))
+    return context
+
+
+def _framed_hello_accepted(port: int, token: str, context: ssl.SSLContext | None) -> bool:
+    """Whether a hello on the framed execute channel is ACCEPTED (any failure to get there: False)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            sock = context.wrap_socket(raw, server_hostname="127.0.0.1") if context else raw
+            sock.sendall(HEADER.pack(len(hello(token)), FrameKind.HELLO) + hello(token))
+            reply = sock.recv(HEADER.size)
+            return len(reply) == HEADER.size and HEADER.unpack(reply)[1] == FrameKind.ACCEPTED
+    except (OSError, ssl.SSLError):
+        return False
 
 
 def _ready(client, model: str) -> bool:

@@ -729,6 +729,11 @@ class BackendStub:
                 request_serializer=nexus_dot_control__pb2.ExecItem.SerializeToString,
                 response_deserializer=nexus_dot_control__pb2.ExecResult.FromString,
                 _registered_method=True)
+        self.ExecEndpoint = channel.unary_unary(
+                '/nexus.control.Backend/ExecEndpoint',
+                request_serializer=nexus_dot_control__pb2.ExecEndpointRequest.SerializeToString,
+                response_deserializer=nexus_dot_control__pb2.ExecEndpointReply.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/nexus.control.Backend/Stats',
                 request_serializer=nexus_dot_control__pb2.BackendStatsRequest.SerializeToString,
@@ -766,6 +771,14 @@ class BackendServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExecEndpoint(self, request, context):
+        """Where this backend takes the same requests on its framed execute channel (common/exec_frames.py),
+        which costs a fraction of a gRPC stream's CPU per request; frontends use it when it is offered.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Stats(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -794,6 +807,11 @@ def add_BackendServicer_to_server(servicer, server):
                     servicer.ExecuteOne,
                     request_deserializer=nexus_dot_control__pb2.ExecItem.FromString,
                     response_serializer=nexus_dot_control__pb2.ExecResult.SerializeToString,
+            ),
+            'ExecEndpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExecEndpoint,
+                    request_deserializer=nexus_dot_control__pb2.ExecEndpointRequest.FromString,
+                    response_serializer=nexus_dot_control__pb2.ExecEndpointReply.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -909,6 +927,33 @@ class Backend:
             '/nexus.control.Backend/ExecuteOne',
             nexus_dot_control__pb2.ExecItem.SerializeToString,
             nexus_dot_control__pb2.ExecResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExecEndpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nexus.control.Backend/ExecEndpoint',
+            nexus_dot_control__pb2.ExecEndpointRequest.SerializeToString,
+            nexus_dot_control__pb2.ExecEndpointReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,11 +1,12 @@
 """Frontend-to-backend transport, measured alone: CPU per request on each side of a grpc.aio
-bidirectional stream (today's Execute stream) and of a pyzmq DEALER/ROUTER pair over a Unix socket
-(``ipc://``), two processes, the same protobuf messages.
+bidirectional stream (the gRPC Execute stream), of the framed execute channel's frames
+(common/exec_frames.py, asyncio protocols over TCP; the hello left out) and of a pyzmq DEALER/ROUTER
+pair over a Unix socket (``ipc://``), two processes, the same protobuf messages.
 
-    pip install pyzmq        # not a project dependency: this benchmark decides whether it becomes one
+    pip install pyzmq        # optional, not a project dependency
     python -m benchmarks.transport_micro [--repeats 5] [--n 6000] [--inflight 8]
 
-``--smoke`` runs a few hundred requests per transport; without pyzmq it runs the grpc side only.
+``--smoke`` runs a few hundred requests per transport; without pyzmq the zmq side is left out.
 
 The "backend" process answers each ``control.ExecItem`` with a ``control.ExecResult`` carrying an
 output of 1000 FP32 (what a classifier returns); the "frontend" process keeps ``--inflight``
@@ -78,8 +79,26 @@ async def zmq_main():
     sock.close(0)
     ctx.term()
 
+async def framed_main():
+    from common.exec_frames import FrameKind, FrameReader, FrameWriter
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    class P(asyncio.Protocol):
+        def connection_made(self, t):
+            self.writer, self.reader = FrameWriter(t), FrameReader()
+        def data_received(self, data):
+            for kind, payload in self.reader.feed(data):
+                self.writer.send(FrameKind.RESULT, answer(payload))
+        def connection_lost(self, exc):
+            done.set_result(None)
+    server = await loop.create_server(P, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    c0 = time.process_time()
+    await done
+    print(time.process_time() - c0, flush=True)
+
 with asyncio.Runner(loop_factory=loop_factory()) as r:
-    r.run(grpc_main() if transport == "grpc" else zmq_main())
+    r.run({"grpc": grpc_main, "zmq": zmq_main, "framed": framed_main}[transport]())
 """
 
 FRONTEND = r"""
@@ -157,8 +176,30 @@ async def zmq_main():
     ctx.term()
     return wall, cpu
 
+async def framed_main():
+    from common.exec_frames import FrameKind, FrameReader, FrameWriter
+    loop = asyncio.get_running_loop()
+    pending = {}
+    class P(asyncio.Protocol):
+        def connection_made(self, t):
+            self.writer, self.reader = FrameWriter(t), FrameReader()
+        def data_received(self, data):
+            for kind, payload in self.reader.feed(data):
+                res = control.ExecResult.FromString(payload)
+                pending.pop(res.request_id).set_result(res)
+    host, port = address.rsplit(":", 1)
+    t, proto = await loop.create_connection(P, host, int(port))
+    async def send_one(i):
+        fut = pending[i] = loop.create_future()
+        proto.writer.send(FrameKind.ITEM, item(i).SerializeToString())
+        res = await fut
+        assert len(res.outputs[0]) == 4000
+    wall, cpu = await drive(send_one)
+    t.close()
+    return wall, cpu
+
 with asyncio.Runner(loop_factory=loop_factory()) as r:
-    wall, cpu = r.run(grpc_main() if transport == "grpc" else zmq_main())
+    wall, cpu = r.run({"grpc": grpc_main, "zmq": zmq_main, "framed": framed_main}[transport]())
 print(json.dumps({"wall_s": wall, "cpu_s": cpu}))
 """
 
@@ -169,7 +210,7 @@ def run_pair(transport: str, n: int, warm: int, inflight: int, side: int, tmp: p
     backend = subprocess.Popen([sys.executable, "-c", BACKEND, transport, ipc, str(n + warm)],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     port = backend.stdout.readline().strip()
-    address = f"127.0.0.1:{port}" if transport == "grpc" else ipc
+    address = ipc if transport == "zmq" else f"127.0.0.1:{port}"
     front = subprocess.run([sys.executable, "-c", FRONTEND, transport, address, str(n), str(warm),
                             str(inflight), str(side)], capture_output=True, text=True, check=True, cwd=ROOT)
     got = json.loads(front.stdout.strip().splitlines()[-1])
@@ -192,9 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(OUT / "transport-micro.json"))
     add_smoke(ap, repeats=1, n=200, warm=20)
     args = parse_args(ap, argv)
-    transports = ("grpc", "zmq") if importlib.util.find_spec("zmq") else ("grpc",)
-    if "zmq" not in transports and not args.smoke:     # a smoke run checks the grpc side without it
-        raise SystemExit("transport_micro: pyzmq is not installed (pip install pyzmq)")
+    transports = ("grpc", "framed", "zmq") if importlib.util.find_spec("zmq") else ("grpc", "framed")
     runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
@@ -208,12 +247,16 @@ def main(argv: list[str] | None = None) -> int:
     summary = {}
     for key, rs in runs.items():
         summary[key] = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-    for side in (32, 64) if "zmq" in transports else ():
-        g, z = summary[f"grpc-{side}"], summary[f"zmq-{side}"]
-        print(f"3x{side}x{side}: grpc frontend {g['frontend_us']:.0f} us + backend {g['backend_us']:.0f} us, "
-              f"{g['rate_rps']:.0f} rps; zmq frontend {z['frontend_us']:.0f} us + backend {z['backend_us']:.0f} us, "
-              f"{z['rate_rps']:.0f} rps; zmq/grpc CPU "
-              f"{(z['frontend_us'] + z['backend_us']) / (g['frontend_us'] + g['backend_us']):.2f}")
+    for side in (32, 64):
+        g = summary[f"grpc-{side}"]
+        line = [f"3x{side}x{side}: grpc frontend {g['frontend_us']:.0f} us + backend {g['backend_us']:.0f} us, "
+                f"{g['rate_rps']:.0f} rps"]
+        for other in transports[1:]:
+            z = summary[f"{other}-{side}"]
+            line.append(f"{other} frontend {z['frontend_us']:.0f} us + backend {z['backend_us']:.0f} us, "
+                        f"{z['rate_rps']:.0f} rps, {other}/grpc CPU "
+                        f"{(z['frontend_us'] + z['backend_us']) / (g['frontend_us'] + g['backend_us']):.2f}")
+        print("; ".join(line))
     write_json(args.out, {"args": {k: v for k, v in vars(args).items() if not k.startswith("_")}, "runs": runs,
                           "summary": summary})
     return 0

@@ -72,28 +72,18 @@ class SessionStats:
         self.request_compute_output_ns += phases.output_ns
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Phases:
-    """A batch's time on the executor, cut where Triton cuts it (clock readings in seconds):
-    gathering the requests' inputs into the batch (``start`` to ``gathered``), running the model
-    (to ``ran``) and splitting the outputs into each request's part (to ``end``)."""
+    """A batch's time on the executor, cut where Triton cuts it: gathering the requests' inputs into
+    the batch (``input_ns``), running the model (``infer_ns``) and splitting the outputs into each
+    request's part (``output_ns``); ``start`` and ``end`` are the clock's readings in seconds around
+    all three. Made by :func:`phases_of`, which works the nanoseconds out once per batch."""
 
     start: float
-    gathered: float
-    ran: float
     end: float
-
-    @property
-    def input_ns(self) -> int:
-        return max(int((self.gathered - self.start) * 1e9), 0)
-
-    @property
-    def infer_ns(self) -> int:
-        return max(int((self.ran - self.gathered) * 1e9), 0)
-
-    @property
-    def output_ns(self) -> int:
-        return max(int((self.end - self.ran) * 1e9), 0)
+    input_ns: int
+    infer_ns: int
+    output_ns: int
 
     @property
     def total_ns(self) -> int:
@@ -133,18 +123,20 @@ def count_batch(stats: SessionStats, works: list[Work], batch_rows: int, phases:
 def outcomes(works: list[Work], parts: list[list[np.ndarray]], error: str | None, phases: Phases, batch_rows: int,
               answers: list) -> None:
     """Each request's outcome: its outputs, or ``error``."""
+    if error is not None:
+        answers.extend((w, Outcome(ExecStatus.INTERNAL, error)) for w in works)
+        return
+    start, compute_ns, input_ns = phases.start, phases.total_ns, phases.input_ns
     for i, w in enumerate(works):
-        if error is not None:
-            answers.append((w, Outcome(ExecStatus.INTERNAL, error)))
-            continue
-        answers.append((w, Outcome(ExecStatus.OK, outputs=parts[i], queue_ns=max(int((phases.start - w.arrival_s) * 1e9), 0),
-                                   compute_ns=phases.total_ns, batch_size=batch_rows, input_ns=phases.input_ns,
+        answers.append((w, Outcome(ExecStatus.OK, outputs=parts[i], queue_ns=max(int((start - w.arrival_s) * 1e9), 0),
+                                   compute_ns=compute_ns, batch_size=batch_rows, input_ns=input_ns,
                                    first_in_batch=i == 0)))
 
 
 def phases_of(start: float, gathered: float, ran: float, end: float, error: str | None) -> Phases:
-    """The batch's phases; a failed batch's time all counts as its infer phase (where it failed is
-    not worth telling apart, and only the batch's counters see it)."""
+    """The batch's phases from the clock's readings; a failed batch's time all counts as its infer
+    phase (where it failed is not worth telling apart, and only the batch's counters see it)."""
     if error is not None:
-        return Phases(start, start, end, end)
-    return Phases(start, gathered, ran, end)
+        gathered, ran = start, end
+    return Phases(start, end, max(int((gathered - start) * 1e9), 0), max(int((ran - gathered) * 1e9), 0),
+                  max(int((end - ran) * 1e9), 0))

@@ -11,6 +11,7 @@ Sessions outside any group take the plain path, which is unchanged.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from backend.batch_accounting import SessionStats
@@ -85,10 +86,12 @@ class Session:
 
 def session_max_batch(profile: Profile | None, slo_ms: float, factor: float = 1.0) -> int:
     """The saturated batch of a session (:func:`common.batch_decision.saturated_batch`) with its profile's
-    l(b) times ``factor``, at least 1; 32 unprofiled."""
+    l(b) times ``factor``, at least 1; 32 unprofiled. The engine asks whenever its calibration moves
+    (most batches), so this bisects the profile's latency envelope: the same b as the scan from b = 1
+    that stops at the first miss, in log(max batch) steps (tests/unit/test_policies.py)."""
     if profile is None:
         return 32
-    return max(1, saturated_batch(lambda b: profile.latency_ms(b) * factor, slo_ms, profile.max_batch))
+    return max(1, bisect.bisect_right(profile.latency_envelope_ms, slo_ms, key=lambda m: 2.0 * (m * factor)))
 
 
 @dataclass

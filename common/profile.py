@@ -8,6 +8,8 @@ running one batch and the device memory m(b) that batch needs. ``latency_ms`` is
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import math
 from dataclasses import dataclass, field
@@ -65,6 +67,12 @@ class Profile:
     @property
     def max_batch(self) -> int:
         return len(self.rows)
+
+    @functools.cached_property
+    def latency_envelope_ms(self) -> tuple[float, ...]:
+        """max(l(1), ..., l(b)) for b = 1..max_batch: non-decreasing even where measurement noise
+        makes l(b) dip, so that a search by bisection stops where a scan from b = 1 would."""
+        return tuple(itertools.accumulate((r.latency_ms for r in self.rows), max))
 
     def latency_ms(self, batch: int) -> float:
         """l(b) for 1 <= b <= max_batch."""

@@ -9,8 +9,11 @@ from hypothesis import strategies as st
 from common.batch_decision import (
     POLICIES, BatchPolicy, EarliestFirst, Pending, PolicyName, Selection, SlidingWindowEarlyDrop, make_policy,
 )
+from backend.sessions import session_max_batch
 from backend.simulate import SimResult, capacity_rps, saturated_batch, simulate
 from common.arrivals import arrival_times
+from common.batch_decision import saturated_batch as common_saturated_batch
+from common.profile import BatchLatency, Profile
 
 ALPHA_MS, BETA_MS, SLO_MS = 1.0, 5.0, 100.0
 
@@ -275,3 +278,14 @@ def test_batch_waits_for_the_planned_size_or_one_duty_cycle():
     assert abs(batch_ready_at(queue, 5, 0.1, latency) - 1.1) < 1e-9          # oldest waited a duty cycle
     tight = [Pending(0, deadline_s=1.05, arrival_s=1.0)]
     assert abs(batch_ready_at(tight, 5, 0.1, latency) - (1.05 - 0.08)) < 1e-9  # deadline forces the start
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(latencies=st.lists(st.floats(0.01, 500, allow_nan=False), min_size=1, max_size=64),
+       slo_ms=st.floats(0.01, 2000, allow_nan=False), factor=st.floats(0.05, 20, allow_nan=False))
+def test_session_max_batch_bisects_to_the_batch_the_scan_finds(latencies, slo_ms, factor):
+    """The engine's bisection of the latency envelope (backend/sessions.py) against the one rule,
+    the scan from b = 1 that stops at the first miss."""
+    profile = Profile.from_rows(BatchLatency(b + 1, ms) for b, ms in enumerate(sorted(latencies)))
+    scan = max(1, common_saturated_batch(lambda b: profile.latency_ms(b) * factor, slo_ms, profile.max_batch))
+    assert session_max_batch(profile, slo_ms, factor) == scan

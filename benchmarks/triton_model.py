@@ -34,7 +34,7 @@ import numpy as np
 def _ort_direct():
     """``harness/ort_direct.py``, loaded by its path: this interpreter cannot import the project,
     and that module needs only numpy and onnxruntime."""
-    path = pathlib.Path(__file__).resolve().parents[1] / "nexus" / "bench" / "ort_direct.py"
+    path = pathlib.Path(__file__).resolve().parents[1] / "harness" / "ort_direct.py"
     spec = importlib.util.spec_from_file_location("ort_direct", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

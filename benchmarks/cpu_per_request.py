@@ -25,7 +25,7 @@ Per repeat, the servers are measured one after the other, in an order that rotat
 repeats. CPU comes from ``/proc/PID/stat`` of each process over the measured window (the echo
 server; nexus's frontend, backend and scheduler; the client), divided by the requests sent. The
 figures are medians over repeats of microseconds per request, and the ratios are medians of each
-repeat's ratios. ``--py-spy BIN`` samples the frontend during one more window and prints the
+repeat's ratios. ``--py-spy BIN`` samples the frontend and the backend during one more window and prints the
 functions that take its busy samples. JSON to benchmarks/out/cpu_per_request.json.
 """
 
@@ -97,16 +97,18 @@ def measure_nexus(srv: ServeCluster, args, slo_ms: float, seed: int, pids: dict[
             "machine_busy_cores": round(cpu["machine_busy_cores"], 2), "external_cores": round(cpu["external_cores"], 2)}
 
 
-def spy_frontend(srv: ServeCluster, args, slo_ms: float, pid: int, work: pathlib.Path) -> dict:
-    raw = work / "spy-frontend.txt"
-    proc = pyspy.record(args.py_spy, pid, args.duration_s, raw)
+def spy(srv: ServeCluster, args, slo_ms: float, pids: dict[str, int], work: pathlib.Path) -> dict:
+    """py-spy of the frontend and the backend during one more window: each one's top functions."""
+    raws = {name: work / f"spy-{name}.txt" for name in ("frontend", "backend")}
+    procs = {name: pyspy.record(args.py_spy, pids[name], args.duration_s, raw) for name, raw in raws.items()}
     time.sleep(0.5)
     asyncio.run(metered_run(srv.frontend, args.model, {}, args, slo_ms, 7))
-    top = pyspy.finish(proc, raw, args.duration_s)
+    tops = {name: pyspy.finish(procs[name], raw, args.duration_s) for name, raw in raws.items()}
     OUT.mkdir(parents=True, exist_ok=True)
-    if raw.exists():
-        (OUT / "cpu_per_request.spy-frontend.txt").write_text(raw.read_text())
-    return top
+    for name, raw in raws.items():
+        if raw.exists():
+            (OUT / f"cpu_per_request.spy-{name}.txt").write_text(raw.read_text())
+    return tops
 
 
 def summarise(repeats: list[dict], variants: list[str]) -> dict:
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration-s", type=float, default=10.0, help="each measured window")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--before", metavar="DIR", help="a checkout of older code: measure its nexus serve too")
-    p.add_argument("--py-spy", metavar="BIN", help="py-spy binary: sample the frontend in one more window")
+    p.add_argument("--py-spy", metavar="BIN", help="py-spy binary: sample the frontend and the backend in one more window")
     p.add_argument("--serve-flag", action="append", default=[], metavar="FLAG",
                    help="one more flag for nexus serve (repeat; e.g. --serve-flag=--threads=2)")
     p.add_argument("--out", default=str(OUT / "cpu_per_request.json"))
@@ -210,8 +212,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(" | ".join(line), flush=True)
             if args.py_spy:
                 srv, pids = clusters["nexus"]
-                result["py_spy_frontend"] = spy_frontend(srv, args, slo_ms, pids["frontend"], work)
-                print(f"  py-spy, frontend: {result['py_spy_frontend']}", flush=True)
+                result["py_spy"] = spy(srv, args, slo_ms, pids, work)
+                for name, top in result["py_spy"].items():
+                    print(f"  py-spy, {name}: {top}", flush=True)
         finally:
             if echo_proc is not None:
                 echo_proc.terminate()

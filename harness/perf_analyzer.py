@@ -160,6 +160,7 @@ class Level:
     avg_us: float = 0.0
     error: str = ""
     unstable: bool = False
+    concurrency: int = 0            # a concurrency level (:func:`run_concurrency`): offered_rps is 0
 
     @property
     def completed(self) -> bool:
@@ -193,6 +194,32 @@ def level_command(binary: Path, address: str, model: str, rate_rps: float, csv_p
             "--request-rate-range", f"{rate_rps:g}:{rate_rps:g}:1", "--request-distribution", distribution,
             "--measurement-interval", str(window_ms), "--stability-percentage", f"{stability_pct:g}",
             "--max-trials", str(max_trials), "--percentile", "99", "-f", str(csv_path), *extra]
+
+
+def concurrency_command(binary: Path, address: str, model: str, concurrency: int, csv_path: Path, *,
+                        window_ms: int = 3000, stability_pct: float = 25.0, max_trials: int = 6) -> list[str]:
+    """perf_analyzer's command line for one concurrency level: closed loop, ``concurrency`` requests
+    outstanding (each sent when one returns), p99 for stability."""
+    return [str(binary), "-i", "grpc", "-u", address, "-m", model, "--concurrency-range",
+            f"{concurrency}:{concurrency}:1", "--measurement-interval", str(window_ms), "--stability-percentage",
+            f"{stability_pct:g}", "--max-trials", str(max_trials), "--percentile", "99", "-f", str(csv_path)]
+
+
+def run_concurrency(binary: Path, env: dict[str, str], address: str, model: str, concurrency: int, work: Path,
+                    timeout_s: float = 600, **options) -> Level:
+    """One concurrency level (:func:`concurrency_command`, ``options`` its keywords), run to the end."""
+    work.mkdir(parents=True, exist_ok=True)
+    csv_path = work / f"pa-{model}-c{concurrency}.csv"
+    csv_path.unlink(missing_ok=True)
+    cmd = concurrency_command(binary, address, model, concurrency, csv_path, **options)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+        level = parse_level(model, 0.0, csv_path, done.stdout + done.stderr, done.returncode)
+    except subprocess.TimeoutExpired:
+        level = Level(model, 0.0, error=f"perf_analyzer ran past {timeout_s:.0f} s")
+    csv_path.unlink(missing_ok=True)
+    level.concurrency = concurrency
+    return level
 
 
 def parse_level(model: str, rate_rps: float, csv_path: Path, output: str, returncode: int) -> Level:

@@ -34,8 +34,8 @@ MODELS = {
     "tiny16": ModelSpec("tiny16", 30.0, (3, 16, 16)),
     "mlp": ModelSpec("mlp", 20.0, (64,)),
 }
-SCENARIOS = {"single": ("r18_64",), "mix": ("r18_64", "small_cnn", "tiny16", "mlp")}
-START_RPS = {"single": 60.0, "mix": 80.0}   # the ladders start low: a level of a shared machine fails early
+SCENARIOS = {"single": ("r18_64",), "mix": ("r18_64", "small_cnn", "tiny16", "mlp"), "tiny": ("mlp",)}
+START_RPS = {"single": 60.0, "mix": 80.0, "tiny": 200.0}   # the ladders start low: a level of a shared machine fails early
 NEXUS_CONFIGS = {"default": (), "two-devices": ("--backends", "2", "--threads", "1")}
 
 
@@ -65,11 +65,18 @@ def triton_candidates(scenario: str, limits: dict[str, dict]) -> list[dict]:
     (``{"batch": b*}``).
 
     - single: max batch 8, 16 or 32, times 1 instance of 2 threads or 2 of 1, at a 5 ms queue delay;
+    - tiny (the MLP alone): max batch b* (at least 8), 1 instance of 1 ORT thread at a 0.5 or 2 ms
+      (SLO/10) queue delay, or 2 instances of 1 thread at 0.5 ms;
     - mix: max batch b* (within 8..64) per model; one instance of one ORT thread per model (the four
       models side by side, a core-thread each) at a 0.5 ms queue delay or a tenth of the model's SLO,
       or ORT's default threads (the untuned baseline) at 0.5 ms.
 
     :func:`delay_candidates` is the second stage."""
+    if scenario == "tiny":
+        b = max(8, limits["mlp"]["batch"])
+        return [{"name": f"max batch {b}, {inst}x1 thread, delay {delay / 1000:g} ms",
+                 "models": [_triton_model("mlp", b, inst, 1, delay)]}
+                for inst, delay in ((1, 500), (1, 2000), (2, 500))]
     if scenario == "single":
         return [{"name": f"max batch {b}, {inst}x{thr} threads, delay 5 ms",
                  "models": [_triton_model("r18_64", b, inst, thr, 5000)]}

@@ -69,7 +69,7 @@ from backend.latency_samples import SampleRecorder
 from backend.batch_accounting import count_batch, gather, outcomes, phases_of, split
 from backend.sessions import Session, SharedPrefix
 from backend.work import ExecError, Outcome, Work
-from common.batch_decision import BatchPolicy, Decision, Pending, Queue, remove_taken, schedule
+from common.batch_decision import SERVE_LATE, BatchPolicy, Decision, Pending, Queue, remove_taken, schedule
 from common.exec_status import ExecStatus
 
 
@@ -326,7 +326,8 @@ class Engine:
         queues: list[Queue] = []
         for s in self._solo:
             if s.queue:
-                queues.append(Queue(str(len(units)), tuple(s.queue), s.max_batch, s.expected_ms, s.planned_batch))
+                queues.append(Queue(str(len(units)), tuple(s.queue), s.max_batch, s.expected_ms, s.planned_batch,
+                                    SERVE_LATE if s.serve_late else None))
                 units.append(s)
         for g in self.groups:
             member_queues = [m.queue for m in g.members if m.queue]
@@ -334,7 +335,8 @@ class Engine:
                 continue
             merged = member_queues[0] if len(member_queues) == 1 else list(heapq.merge(*member_queues, key=_order))
             queues.append(Queue(str(len(units)), tuple(merged), g.max_batch, g.latency_ms,
-                                sum(m.planned_batch for m in g.members)))
+                                sum(m.planned_batch for m in g.members),
+                                SERVE_LATE if all(m.serve_late for m in g.members) else None))
             units.append(g)
         decision = schedule(queues, self.clock(), policy=self.policy, duty_cycle_s=self.duty_cycle_s)
         if decision.queue is None:

@@ -45,6 +45,7 @@ from backend.warmup_runner import Warmer
 from backend.wire import io_specs, model_key
 from common.config import BackendConfig, BatchStart
 from common.emulated_gpus import OUT_OF_MEMORY
+from common.late_requests import LateRequests
 from common.pb import control
 from common.profile import Profile
 from common.runtimes import load_runtime
@@ -187,7 +188,7 @@ class ModelTables:
                 profile = Profile.from_json(entry.profile_json) if entry.profile_json else None
                 sessions[name] = Session(name, suffix, entry.slo_ms, entry.batch, profile, model.sha256,
                                          self.config.max_queue, inputs=inputs, outputs=outputs,
-                                         model=model_key(model))
+                                         model=model_key(model), serve_late=_serves_late(model))
         except LookupError as exc:
             log.info("prefix group %s: %s; running its models whole", group[:12], exc)
             return None
@@ -241,7 +242,7 @@ class ModelTables:
                         continue
                 profile = Profile.from_json(entry.profile_json) if entry.profile_json else None
                 sessions[name] = Session(name, runtime, entry.slo_ms, entry.batch, profile, entry.model.sha256,
-                                         self.config.max_queue)
+                                         self.config.max_queue, serve_late=_serves_late(entry.model))
             warmed = await self._warm_up(request.sessions, sessions, failed)
             groups = _without_failed(groups, sessions)
             # Eager by default: measured against duty-cycle waiting in benchmarks/query_split.md.
@@ -346,3 +347,7 @@ def suffix_threads(threads: int | None, prefix_weight_bytes: int, suffix_weight_
     if suffix_weight_bytes * SMALL_HEAD_RATIO < prefix_weight_bytes:
         return 1
     return threads
+
+
+def _serves_late(model: control.ModelDesc) -> bool:
+    return LateRequests.from_pb(model.late_requests) is LateRequests.SERVE

@@ -23,6 +23,8 @@ from common.tensors import TensorSpec
 
 class Session:
     """One model served on this backend: its runtime, queue, policy parameters and statistics.
+    ``serve_late``: its late requests are run, not dropped (common/late_requests.py); a prefix group
+    serves late only when every member does (its merged queue has one policy).
 
     In a :class:`SharedPrefix`, ``runtime`` is the model's suffix (it reads the prefix's output)
     and ``inputs``/``outputs`` are given: the whole model's, which requests are checked against.
@@ -30,8 +32,9 @@ class Session:
 
     def __init__(self, name: str, runtime, slo_ms: float, planned_batch: int, profile: Profile | None,
                  sha256: str = "", max_queue: int = 4096, *, inputs: tuple[TensorSpec, ...] | None = None,
-                 outputs: tuple[TensorSpec, ...] | None = None, model: str = "") -> None:
+                 outputs: tuple[TensorSpec, ...] | None = None, model: str = "", serve_late: bool = False) -> None:
         self.name = name
+        self.serve_late = serve_late        # run its requests however late (common/late_requests.py)
         self.model = model or name
         self.runtime = runtime
         self.sha256 = sha256

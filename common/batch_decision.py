@@ -167,6 +167,11 @@ POLICIES: dict[str, type[BatchPolicy]] = {
 """Policy name -> class (constructible with no arguments); keys are :class:`PolicyName` (str) values."""
 
 
+SERVE_LATE = EarliestFirst(drop_expired=False)
+"""The policy of a queue whose late requests are served (common/late_requests.py): earliest deadlines
+first, nothing dropped however late."""
+
+
 def make_policy(name: str) -> BatchPolicy:
     """A policy by registry name; ValueError lists the known names."""
     try:
@@ -220,6 +225,7 @@ class Queue:
     max_batch: int
     latency_ms: LatencyFn = field(compare=False)
     planned_batch: int = 1
+    policy: "BatchPolicy | None" = field(default=None, compare=False)   # this queue's own (None: schedule's)
 
 
 @dataclass(frozen=True)
@@ -245,7 +251,8 @@ def schedule(queues: Sequence[Queue], now: float, *, policy: BatchPolicy, duty_c
 
     Among the queues whose batch is ready (:func:`batch_ready_at`; every non-empty queue when
     ``duty_cycle_s`` is 0, the eager batch start), the one whose head has the earliest deadline runs
-    (EDF across queues; ties go to the first in ``queues``). Its ``policy`` chooses the batch (at most
+    (EDF across queues; ties go to the first in ``queues``). ``policy`` (or the queue's own, as
+    :data:`SERVE_LATE` for a model that serves its late requests) chooses the batch (at most
     ``max_batch`` rows, at least one request) and the requests to drop (early drop).
     """
     best: Queue | None = None
@@ -261,7 +268,7 @@ def schedule(queues: Sequence[Queue], now: float, *, policy: BatchPolicy, duty_c
             wake = min(wake, ready)
     if best is None:
         return Decision(wake_s=wake if wake < math.inf else None)
-    selection = policy.select(best.requests, now, best.max_batch, best.latency_ms)
+    selection = (best.policy or policy).select(best.requests, now, best.max_batch, best.latency_ms)
     return Decision(best.name, selection.batch, selection.dropped, sum(p.rows for p in selection.batch))
 
 

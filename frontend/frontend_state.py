@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Iterator
 import grpc
 
 from common import grpc_util
+from common.late_requests import SERVE_LATE_LIMIT_S
 from common.pb import control
 from common.security import Credentials
 from common.exec_status import ExecStatus
@@ -250,8 +251,10 @@ def backend_budget_s(left_s: float, return_allowance_s: float) -> float:
 
 
 async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes], rows: int,
-                   end_s: float, marks: Marks | None = None) -> Reply:
+                   end_s: float, marks: Marks | None = None, serve_by_s: float | None = None) -> Reply:
     """Run one request of ``rows`` rows on a backend of ``model`` before ``end_s`` (monotonic).
+    ``serve_by_s`` (a model that serves late requests): the deadline the backend orders and batches
+    it by, before ``end_s``, when the request fails (None: ``end_s``).
 
     Retries on another backend when one disappears or no longer has the model, while time is
     left; when every backend of a served model is gone, waits (within the deadline) for the routing
@@ -285,9 +288,11 @@ async def dispatch(state: FrontendState, model: ModelEntry, inputs: list[bytes],
             model = state.table.models.get(model.session) or model
             tried = set()
             continue
-        budget_s = backend_budget_s(left, state.return_allowance_s())
-        item = control.ExecItem(request_id=state.pool.next_id(), model=model.session, budget_us=int(budget_s * 1e6),
-                                inputs=inputs, rows=rows)
+        serve_left = left if serve_by_s is None else serve_by_s - time.monotonic()
+        budget_s = backend_budget_s(serve_left, state.return_allowance_s())
+        # At least 1 us: a late request's deadline has passed, and 0 would mean "the SLO" to the backend.
+        item = control.ExecItem(request_id=state.pool.next_id(), model=model.session,
+                                budget_us=max(int(budget_s * 1e6), 1), inputs=inputs, rows=rows)
         conn = state.pool.get(route.address)
         if marks is not None:
             marks.sent = time.monotonic_ns()
@@ -349,6 +354,13 @@ def cold_budget_s(budget_s: float, deadline_s: float | None) -> float:
     (COLD_START_ALLOWANCE_S), within the client's gRPC deadline when it has one."""
     extended = budget_s + COLD_START_ALLOWANCE_S
     return min(extended, deadline_s) if deadline_s is not None else extended
+
+
+def late_limit_s(timeout_us: int, deadline_s: float | None) -> float:
+    """How long a request of a model that serves late requests may take: the client's own deadline
+    (its 'timeout' parameter or gRPC deadline, the earlier), else SERVE_LATE_LIMIT_S."""
+    limits = [t for t in (timeout_us / 1e6 if timeout_us else None, deadline_s) if t is not None]
+    return min(limits) if limits else SERVE_LATE_LIMIT_S
 
 
 def request_budget_s(slo_ms: float, timeout_us: int, deadline_s: float | None) -> float:

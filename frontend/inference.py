@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 
 from common.pb import kserve
-from frontend.frontend_state import FrontendState, RequestRecord, cold_budget_s, dispatch, request_budget_s
+from frontend.frontend_state import FrontendState, RequestRecord, cold_budget_s, dispatch, late_limit_s, \
+    request_budget_s
 from frontend.queries import run_query
 from frontend.requests import add_output, parse_infer_request
 from frontend.routing import ModelEntry
@@ -46,7 +47,11 @@ async def _run_model(state: FrontendState, model: ModelEntry, request, deadline_
     end = record.start_s + budget_s
     if marks is not None:
         marks.validated = time.monotonic_ns()
-    result = await dispatch(state, model, parsed.inputs, parsed.rows, end, marks)
+    if model.serve_late:    # the budget orders and batches it; it fails only at the client's own deadline
+        give_up = record.start_s + max(budget_s, late_limit_s(parsed.timeout_us, deadline_s))
+        result = await dispatch(state, model, parsed.inputs, parsed.rows, give_up, marks, serve_by_s=end)
+    else:
+        result = await dispatch(state, model, parsed.inputs, parsed.rows, end, marks)
     response = kserve.ModelInferResponse(model_name=model.name, model_version=str(model.version), id=request.id)
     for i in parsed.output_indices:
         spec = model.outputs[i]

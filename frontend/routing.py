@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import AbstractSet, Callable, Sequence
 
+from common.late_requests import LateRequests
 from common.pb import control
 from common.query_def import QueryDef, QueryError, even_budgets_ms, parse_query
 from common.tensors import TensorSpec
@@ -53,6 +54,7 @@ class ModelEntry:
     session: str = ""                # what backends, statistics and demand reports call it ("": ``name``)
     version_policy: VersionPolicy = DEFAULT_POLICY    # the model's
     cold: bool = False               # resident on no device: a request pages it in (frontend/frontend_state.py)
+    serve_late: bool = False         # its late requests are served, not dropped (common/late_requests.py)
 
     def __post_init__(self) -> None:
         if not self.session:
@@ -117,7 +119,7 @@ def _entry(desc: control.ModelDesc, slo_ms: float, served: bool, routes=(), reas
                       min((b for b in (desc.max_batch, desc.batch_cap) if b), default=DEFAULT_MAX_BATCH), served,
                       tuple(Route(r.node_id, r.address, r.weight, r.batch, r.duty_cycle_ms) for r in routes), reason,
                       planned_rate_rps, measured_rate_rps, 1 if stage else version, session or key,
-                      _policy(desc), cold)
+                      _policy(desc), cold, LateRequests.from_pb(desc.late_requests) is LateRequests.SERVE)
 
 
 def _policy(desc: control.ModelDesc) -> VersionPolicy:

@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 
+from common.late_requests import LateRequests
 from common.pb import control
 from common.version_policy import DEFAULT_POLICY, VersionError, from_pb as policy_from_pb
 from common.warmup_spec import describe as describe_warmup, from_pb as warmup_from_pb
@@ -68,7 +69,7 @@ def _describe(m: control.ModelDesc) -> dict:
             "ready_stages": {st.stage: round(st.after_s, 3) for st in m.ready_stages},
             "slo_ms": m.default_slo_ms, "loaded": m.loaded, "profiles": list(m.profiled_device_types),
             "device_types": _device_types(m), "batch_cap": m.batch_cap, "expected_rate_rps": m.expected_rate_rps,
-            "min_replicas": m.min_replicas,
+            "min_replicas": m.min_replicas, "late_requests": LateRequests.from_pb(m.late_requests).value,
             "prefix_group": m.prefix_group,
             "warmup": describe_warmup(warmup_from_pb(m.warmup)),
             "inputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in m.inputs],
@@ -81,7 +82,8 @@ def _run_upload(args) -> int:
                              runtime=args.runtime, io_path=args.io, load=not args.no_load,
                              min_replicas=args.min_replicas, version=args.version,
                              expected_rate_rps=args.expected_rate_rps, creds=client_credentials(args),
-                             pin_profile=args.pin_profile)
+                             pin_profile=args.pin_profile,
+                             late_requests=LateRequests(args.late_requests) if args.late_requests else None)
     except (AdminCallError, ClientFlagError) as exc:
         print(f"nexus models upload: error: {exc}", file=sys.stderr)
         return 2
@@ -182,6 +184,10 @@ def register(sub) -> None:
     up.add_argument("--expected-rate-rps", type=float, default=0.0, metavar="R",
                     help="plan for R requests/s from the start, until a rate is measured: a model that takes "
                          "traffic at once gets its capacity at once (default 0: the scheduler's --default-rate-rps)")
+    up.add_argument("--late-requests", choices=[x.value for x in LateRequests], default=None,
+                    help="a request that can no longer meet its SLO: drop it early, answering DEADLINE_EXCEEDED "
+                         "(a new model's default), or serve it late, as Triton does, failing only at the client's "
+                         "own deadline (default: the model's setting stays)")
     up.add_argument("--scheduler", default=DEFAULT_SCHEDULER)
     add_client_security(up)
     up.set_defaults(func=_run_upload)

@@ -18,6 +18,7 @@ import grpc
 from common import grpc_util
 from common.config import scheduler_addresses
 from common.pb import control, control_grpc
+from common.late_requests import LateRequests
 from common.profile import Profile, ProfileError
 from common.scheduler_connection import leader_hint, next_scheduler
 from common.security import Credentials
@@ -77,7 +78,7 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
                  timeout_s: float = 300, min_replicas: int = 0, warmup: Sequence[WarmupSample] = (),
                  version: int = 0, version_policy: VersionPolicy | None = None,
                  expected_rate_rps: float = 0.0, batch_cap: int = 0, creds: Credentials = grpc_util.NO_CREDENTIALS,
-                 pin_profile: bool = False) -> control.ModelDesc:
+                 pin_profile: bool = False, late_requests: LateRequests | None = None) -> control.ModelDesc:
     """Stream a model file to the scheduler; raise AdminCallError with the scheduler's reason if refused.
     ``warmup``: the version's warm-up samples (config.pbtxt's model_warmup; none: the backends' default).
     ``version``: the version the file is (0: the next after the newest, 1 for a new model);
@@ -85,7 +86,9 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
     ``pin_profile``: the profile always plans, whatever serving measures (``"meta": {"pinned": true}``).
     ``expected_rate_rps``: the rate its session is planned for until one is measured (0: the
     scheduler's default), so that a model's first requests find the capacity they need.
-    ``batch_cap``: its largest batch (config.pbtxt's max_batch_size; 0: none)."""
+    ``batch_cap``: its largest batch (config.pbtxt's max_batch_size; 0: none).
+    ``late_requests``: what becomes of its requests that can no longer meet the SLO, from now on
+    (common/late_requests.py; None: the model's setting stays)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise AdminCallError(f"no such file: {path}")
@@ -97,6 +100,7 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
         raise AdminCallError(f"--version must be a positive integer, got {version}")
     header = control.UploadHeader(name=name, slo_ms=slo_ms, load=load, min_replicas=min_replicas, version=version,
                                   expected_rate_rps=expected_rate_rps, batch_cap=batch_cap,
+                                  late_requests=late_requests.to_pb() if late_requests else 0,
                                   runtime=runtime or ("torch" if path.suffix in (".pt", ".pt2") else "onnxruntime"))
     header.warmup.extend(warmup_to_pb(warmup))
     if version_policy is not None:

@@ -35,7 +35,7 @@ def model_desc(record: ModelRecord, profiles: dict[str, Profile], loaded: bool, 
         profiled_device_types=sorted(profiles), prefix_group=record.prefix_group, loaded=loaded,
         created_unix_ms=record.created_ms, min_replicas=min_replicas,
         expected_rate_rps=serving.expected_rate_rps, batch_cap=serving.batch_cap, warmup=warmup_to_pb(record.warmup),
-        version=record.version)
+        version=record.version, late_requests=serving.late_requests.to_pb())
 
 
 # ---- model tables (to backends) ------------------------------------------------------------------

@@ -34,6 +34,7 @@ from common.config import SchedulerConfig
 from common.pb import control
 from common.emulated_gpus import OUT_OF_MEMORY
 from common.profile import Profile, ProfileError
+from common.late_requests import LateRequests
 from common.query_def import ModelIO, QueryError, parse_query, validate_query
 from common.version_policy import VersionError, from_pb as policy_from_pb, to_pb as policy_to_pb, version_key
 from common.warmup_spec import WarmupError, from_pb as warmup_from_pb
@@ -103,6 +104,10 @@ class ModelAdmin:
                 parts.append(chunk.data)
         if header is None:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "upload: no header")
+        if header.late_requests not in control.LateRequests.values():
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"upload of {header.name!r} refused: unknown "
+                                                            f"late_requests {header.late_requests}")
+        late = LateRequests.from_pb(header.late_requests) if header.late_requests else None
         try:
             policy = policy_from_pb(header.version_policy) if header.HasField("version_policy") else None
             record = await asyncio.to_thread(
@@ -111,7 +116,8 @@ class ModelAdmin:
                 default_slo_ms=self.config.default_slo_ms, create_session=header.load, prefix_fn=self.prefix_fn,
                 min_replicas=header.min_replicas,
                 serving=ServingSettings(header.expected_rate_rps, header.batch_cap),
-                warmup=warmup_from_pb(header.warmup), version=header.version, version_policy=policy)
+                warmup=warmup_from_pb(header.warmup), version=header.version, version_policy=policy,
+                late_requests=late)
         except (UploadError, WarmupError, VersionError) as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"upload of {header.name!r} refused: {exc}") from None
         self._forget_failures(record.key)          # a new upload starts afresh

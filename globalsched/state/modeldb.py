@@ -50,6 +50,7 @@ import time
 from dataclasses import dataclass
 from typing import BinaryIO, Iterable
 
+from common.late_requests import LateRequests
 from common.model_io import ModelFileError, io_to_json, onnx_io, parse_io_json, torch_archive_check
 from common.profile import Profile, ProfileError
 from common.tensors import TensorSpec
@@ -109,6 +110,10 @@ CREATE TABLE IF NOT EXISTS model_serving (
     model TEXT PRIMARY KEY,
     expected_rate_rps DOUBLE PRECISION NOT NULL,
     batch_cap INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS model_late_requests (
+    model TEXT PRIMARY KEY,
+    action TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS version_policies (
     model TEXT PRIMARY KEY,
@@ -170,10 +175,13 @@ class ModelRecord:
 @dataclass(frozen=True)
 class ServingSettings:
     """How a model is to be served beyond its SLO: the rate to plan for before one is measured (0: the
-    scheduler's default) and the largest batch (config.pbtxt's max_batch_size; 0: no cap)."""
+    scheduler's default), the largest batch (config.pbtxt's max_batch_size; 0: no cap) and what
+    becomes of its late requests (common/late_requests.py; stored apart from the other two, set at
+    upload only when given)."""
 
     expected_rate_rps: float = 0.0
     batch_cap: int = 0
+    late_requests: LateRequests = LateRequests.DROP
 
 
 @dataclass(frozen=True)
@@ -355,14 +363,15 @@ class ModelDatabase:
                   create_session: bool = True, prefix_fn=None, min_replicas: int = 0,
                   serving: ServingSettings = ServingSettings(),
                   warmup: tuple[WarmupSample, ...] = (), version: int = 0,
-                  version_policy: VersionPolicy | None = None) -> ModelRecord:
+                  version_policy: VersionPolicy | None = None,
+                  late_requests: LateRequests | None = None) -> ModelRecord:
         """Validate and register a version of a model streamed as ``chunks``; raise :class:`UploadError`
         if refused.
 
         ``version`` 0 adds the next version after the newest (1 for a new model); a stored version is
         replaced (its profiles are kept when the file is the same). ``version_policy`` (None: the stored one, else Triton's default, the latest version)
-        and, when given, ``slo_ms``, ``min_replicas`` and ``serving`` apply to the model (every
-        version); ``create_session`` loads the model if it is not loaded.
+        and, when given, ``slo_ms``, ``min_replicas``, ``serving`` (its rate and batch cap) and
+        ``late_requests`` apply to the model (every version); ``create_session`` loads the model if it is not loaded.
 
         ``prefix_fn(model_bytes, existing: dict[key, (sha256, group, signature)]) -> (group, signature)``
         assigns the version to a prefix group (optional; ONNX models only, see
@@ -423,7 +432,8 @@ class ModelDatabase:
             except WarmupError as exc:
                 raise UploadError(f"warm-up: {exc}") from None
             upload = _Upload(name, version, digest.hexdigest(), runtime, size, inputs, outputs, profile, slo_ms,
-                             default_slo_ms, create_session, min_replicas, serving, tuple(warmup), version_policy)
+                             default_slo_ms, create_session, min_replicas, serving, tuple(warmup), version_policy,
+                             late_requests)
             # One upload at a time from here: the version number and the prefix group are chosen from
             # the versions stored now, so two uploads never take one number, and two variants uploaded
             # concurrently still find each other (readers are not blocked).
@@ -472,9 +482,11 @@ class ModelDatabase:
                                          (u.name, slo_ms))
                     if u.min_replicas:
                         self._db.execute(_UPSERT_REPLICAS, (u.name, u.min_replicas))
-                    if u.serving != ServingSettings():
+                    if (u.serving.expected_rate_rps, u.serving.batch_cap) != (0.0, 0):
                         self._db.execute(_UPSERT_SERVING,
                                          (u.name, u.serving.expected_rate_rps, u.serving.batch_cap))
+                    if u.late_requests is not None:
+                        self._db.execute(_UPSERT_LATE, (u.name, u.late_requests.value))
                     if u.warmup:
                         self._db.execute("INSERT INTO model_warmup VALUES (?,?,?)",
                                          (u.name, version, warmup_to_json(u.warmup)))
@@ -631,7 +643,9 @@ class ModelDatabase:
         with self._lock:
             row = self._db.execute("SELECT expected_rate_rps, batch_cap FROM model_serving WHERE model=?",
                                    (model,)).fetchone()
-        return ServingSettings(row[0], row[1]) if row else ServingSettings()
+            late = self._db.execute("SELECT action FROM model_late_requests WHERE model=?", (model,)).fetchone()
+        rate, cap = row if row else (0.0, 0)
+        return ServingSettings(rate, cap, LateRequests(late[0]) if late else LateRequests.DROP)
 
     def remove_session(self, model: str) -> bool:
         with self._lock:
@@ -662,6 +676,7 @@ class _Upload:
     serving: ServingSettings
     warmup: tuple[WarmupSample, ...]
     version_policy: VersionPolicy | None
+    late_requests: LateRequests | None           # None: the model's stays
 
 
 def _unknown(name: str, version: int, db) -> str:
@@ -687,6 +702,7 @@ _UPSERT_PROFILE = upsert("profiles", ("model", "version", "device_type", "profil
                          ("model", "version", "device_type"))
 _UPSERT_REPLICAS = upsert("model_replicas", ("model", "min_replicas"), ("model",))
 _UPSERT_SERVING = upsert("model_serving", ("model", "expected_rate_rps", "batch_cap"), ("model",))
+_UPSERT_LATE = upsert("model_late_requests", ("model", "action"), ("model",))
 _UPSERT_POLICY = upsert("version_policies", ("model", "policy_json"), ("model",))
 _UPSERT_MEASURED = upsert("measured_profiles", ("model", "version", "device_type", "basis", "profile_json",
                                                 "raise_streak", "margin"), ("model", "version", "device_type"))

@@ -11,7 +11,7 @@ import pytest
 
 from backend.engine import Engine
 
-from backend.sessions import Session
+from backend.sessions import Session, SharedPrefix
 
 from backend.work import ExecError, Work
 from common.runtimes import load_runtime
@@ -110,6 +110,41 @@ def test_early_drop_answers_what_cannot_make_it_and_runs_the_rest(runtime):
     assert outcomes[0].status == ExecStatus.DEADLINE
     assert [outcomes[i].status for i in (1, 2, 3)] == [ExecStatus.OK] * 3
     assert engine.sessions["m"].stats.dropped == 1
+
+
+def test_a_session_that_serves_late_requests_runs_them_however_late(runtime):
+    """common/late_requests.py: the same queue as above, but the model serves its late requests; and
+    a request whose deadline has already passed runs too, earliest deadline first."""
+    engine, clock = _engine(runtime, names=("late", "drops"))
+    engine.sessions["late"].serve_late = True
+    outcomes = {}
+    _submit(engine, clock, outcomes, model="late", slo_s=0.005, key="tight")     # l(1) = 12 ms > 5 ms left
+    _submit(engine, clock, outcomes, model="late", slo_s=-0.010, key="passed")   # 10 ms past its deadline
+    _submit(engine, clock, outcomes, model="late", key="ok")
+    decision = engine.step()
+    assert decision.dropped == () and decision.rows == 3
+    assert [p.payload.arrival_s for p in decision.batch] == [clock()] * 3
+    assert {k: o.status for k, o in outcomes.items()} == {k: ExecStatus.OK for k in ("tight", "passed", "ok")}
+    assert engine.sessions["late"].stats.dropped == 0
+    _submit(engine, clock, outcomes, model="drops", slo_s=0.005, key="dropped")  # the other session still drops
+    engine.step()
+    assert outcomes["dropped"].status == ExecStatus.DEADLINE
+
+
+@pytest.mark.parametrize("late_members, dropped", [((True, True), 0), ((True, False), 1)])
+def test_a_prefix_group_serves_late_only_when_every_member_does(runtime, late_members, dropped):
+    """A group's merged queue has one policy: a late request is served only when every member serves late."""
+    clock = FakeClock()
+    engine = Engine(SlidingWindowEarlyDrop(), clock, start=False)
+    members = [Session(n, runtime, 100.0, 1, PROFILE, serve_late=late) for n, late in zip(("a", "b"), late_members)]
+    engine.set_sessions({m.name: m for m in members}, [SharedPrefix("g", runtime, "output", members)])
+    outcomes = {}
+    _submit(engine, clock, outcomes, model="a", slo_s=0.005)      # l(1) = 12 ms > 5 ms left
+    _submit(engine, clock, outcomes, model="b")
+    with engine._lock:
+        decision = engine._decide()[0]
+    assert decision.queue is not None and len(decision.dropped) == dropped
+    assert len(decision.batch) == 2 - dropped
 
 
 class _TimedRuntime:

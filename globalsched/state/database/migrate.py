@@ -16,7 +16,8 @@ from globalsched.state.modeldb import ModelDatabase
 from globalsched.state.querydb import QueryStore
 
 # The model database's tables, in an order that satisfies their foreign keys (the columns are read).
-TABLES = ("models", "profiles", "model_warmup", "sessions", "model_replicas", "model_serving", "version_policies",
+TABLES = ("models", "profiles", "model_warmup", "sessions", "model_replicas", "model_serving", "model_late_requests",
+          "version_policies",
           "measured_profiles")
 
 

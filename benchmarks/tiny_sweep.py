@@ -23,7 +23,8 @@ batching, max batch b* of ORT called directly (at least 8), one ORT thread per i
 instance at a 0.5 or 2 ms (SLO/10) queue delay, or two at 0.5 ms
 (:func:`harness.triton_compare.triton_candidates`, scenario ``tiny``). Nexus: ``nexus serve
 --no-samples`` with the model uploaded at its SLO and profiled by the backend, as a user would
-(``--nexus-config`` as in benchmarks/vs_triton.py; default: ``default``).
+(``--nexus-config`` as in benchmarks/vs_triton.py; default: ``default``), once with the model's late
+requests dropped (the default) and once served late, as Triton does (``--late-requests``).
 
 Output: a table on stdout and benchmarks/out/tiny_sweep.json, with the load average of the run.
 """
@@ -39,7 +40,8 @@ import sys
 import tempfile
 import time
 
-from benchmarks.vs_triton import OUT, Running, children_cpu_s, ort_limit, start_nexus, start_triton
+from benchmarks.vs_triton import OUT, Running, children_cpu_s, nexus_label, ort_limit, start_nexus, start_triton
+from common.late_requests import LateRequests
 from harness import perf_analyzer as pa
 from harness.cluster import descendants
 from harness.meters import CpuMeter, LoadSampler, favour
@@ -111,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--servers", default="triton,nexus", help="comma-separated: triton, nexus")
     p.add_argument("--nexus-config", action="append", default=[], metavar="NAME[=FLAGS]",
                    help="as in benchmarks/vs_triton.py (default: default)")
+    p.add_argument("--late-requests", default="drop,serve", metavar="drop,serve",
+                   help="the MLP's late requests on Nexus (common/late_requests.py); both: Nexus twice")
     p.add_argument("--triton-python", default=str(OUT / "pytriton-venv" / "bin" / "python"))
     p.add_argument("--triton-candidates", type=int, default=0, help="the first N Triton candidates (0: all)")
     p.add_argument("--perf-analyzer", default="", help="perf_analyzer binary (default: fetched)")
@@ -122,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ort-repeats", type=int, default=5)
     p.add_argument("--nice", type=int, default=0, help="as root: favour the benchmark over other load")
     p.add_argument("--out", default=str(OUT / "tiny_sweep.json"))
-    add_smoke(p, servers="nexus", concurrency="1,4", window_ms=1000, stability_pct=100.0, max_trials=4,
+    add_smoke(p, servers="nexus", concurrency="1,4", late_requests="serve", window_ms=1000, stability_pct=100.0, max_trials=4,
               cooldown_s=0.0, ort_repeats=1)
     args = parse_args(p, argv)
     try:
@@ -131,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError
     except ValueError:
         p.error(f"--concurrency: expected positive integers separated by commas, got {args.concurrency!r}")
+    try:
+        args.late_requests = [LateRequests(v) for v in args.late_requests.split(",") if v]
+    except ValueError:
+        p.error(f"--late-requests: expected drop and/or serve, got {args.late_requests!r}")
     servers = [s for s in args.servers.split(",") if s]
     if [s for s in servers if s not in ("triton", "nexus")]:
         p.error(f"--servers: expected triton and/or nexus, got {args.servers!r}")
@@ -171,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                 for cand in candidates[:args.triton_candidates or None]:
                     running.append(start_triton(args, SCENARIO, cand, paths, work))
             if "nexus" in servers:
-                running += [start_nexus(args, SCENARIO, paths, flags, label, work) for label, flags in configs.items()]
+                running += [start_nexus(args, SCENARIO, paths, flags, nexus_label(label, late), work, late)
+                            for label, flags in configs.items() for late in args.late_requests]
             result["servers"] = {r.label: r.info for r in running}
             for i in range(args.repeats if tool is not None else 0):
                 print(f"sweep {i + 1} of {args.repeats}", flush=True)

@@ -1,7 +1,8 @@
 """Nexus against a tuned Triton, measured by Triton's own perf_analyzer (issue 18 item 5).
 
     python -m benchmarks.vs_triton [--scenarios single,mix] [--servers triton,nexus]
-                                   [--nexus-config NAME[=FLAGS] ...] [--triton-python PY] [--ladders 2]
+                                   [--nexus-config NAME[=FLAGS] ...] [--late-requests drop,serve]
+                                   [--triton-python PY] [--ladders 2]
                                    [--start-rps R --factor 1.1] [--quick] [--nice -15]
 
 Each server on the same model files, measured by the same tool, on this machine. Per scenario, two
@@ -20,6 +21,7 @@ again. Ratios are taken within a ladder, against its best Triton candidate. Scen
   rate, Poisson arrivals per model: that ResNet-18 at 100 ms, the small CNN (the sample
   ``vehicle_cls``: a compact ResNet at 64x64) at 50 ms, a tiny CNN at 3x16x16 at 30 ms and the sample
   MLP at 20 ms.
+- ``tiny``: the sample MLP alone at 20 ms (its concurrency sweep is benchmarks/tiny_sweep.py).
 
 THE TOOL. perf_analyzer 2.50 (the tritonclient wheel's binary, :mod:`harness.perf_analyzer`) in
 request-rate mode: Poisson arrivals, asynchronous requests, measurement windows of ``--window-ms``
@@ -49,7 +51,9 @@ one ORT thread each, at a 0.5 ms delay or a tenth of the SLO, or ORT's default t
 NEXUS: ``nexus serve --no-samples`` with the flags of each ``--nexus-config`` (default: ``default``,
 nothing added, what a user gets, and ``two-devices`` = ``--backends 2 --threads 1``, one device per
 core), free ports, the models uploaded with ``nexus models upload --slo-ms`` and profiled by a
-backend, as ``nexus serve`` does its samples.
+backend, as ``nexus serve`` does its samples; with ``--late-requests serve`` (or ``drop,serve``:
+every configuration twice) uploaded to serve their late requests as Triton does
+(common/late_requests.py) rather than drop them, which perf_analyzer counts as failures.
 
 ORT called directly (``harness.ort_direct``: ORT's default threads, spinning off) gives each
 model's own limit b*/l(b*), before and after the servers' measurements (in the mix, b* within 8..64
@@ -77,6 +81,7 @@ from typing import Callable
 
 import numpy as np
 
+from common.late_requests import LateRequests
 from harness import perf_analyzer as pa
 from harness.cluster import ServeCluster, Upload, descendants, live_profiles
 from harness.ladder import paired_ladder
@@ -247,8 +252,10 @@ def start_triton(args, scenario: str, candidate: dict, paths, work: pathlib.Path
 
 # ---- Nexus ----------------------------------------------------------------------------------------------
 
-def start_nexus(args, scenario: str, paths, flags: tuple[str, ...], label: str, work: pathlib.Path) -> Running:
-    """``nexus serve --no-samples FLAGS`` with the scenario's models uploaded (profiled by a backend)."""
+def start_nexus(args, scenario: str, paths, flags: tuple[str, ...], label: str, work: pathlib.Path,
+                late: LateRequests | None = None) -> Running:
+    """``nexus serve --no-samples FLAGS`` with the scenario's models uploaded (profiled by a backend),
+    with ``late`` as their late requests (None: the default, dropped)."""
     names = SCENARIOS[scenario]
     data = work / f"nexus-{scenario}-{label}"
     srv = ServeCluster(data, "--no-samples", *flags, timeout_s=240, log_path=work / f"nexus-{scenario}-{label}.log",
@@ -256,7 +263,7 @@ def start_nexus(args, scenario: str, paths, flags: tuple[str, ...], label: str, 
     favour_tree(srv.pid, args.nice)      # its own session: the scheduler, backends and frontend share it
     try:
         for name in names:
-            srv.upload(Upload(paths[name], name, slo_ms=MODELS[name].slo_ms), wait=False)
+            srv.upload(Upload(paths[name], name, slo_ms=MODELS[name].slo_ms, late_requests=late), wait=False)
         srv.wait_models_ready(list(names), 600)
     except BaseException:
         srv.stop()
@@ -265,7 +272,12 @@ def start_nexus(args, scenario: str, paths, flags: tuple[str, ...], label: str, 
     profiles = srv_profiles(srv, names)
     print(f"nexus serve {' '.join(flags) or '(defaults)'} on {srv.frontend}; profiles {profiles}", flush=True)
     return Running(f"nexus {label}", srv.frontend, srv.pid, srv.stop, lambda: plan_now(srv),
-                   {"flags": list(flags), "profiles": profiles})
+                   {"flags": list(flags), "profiles": profiles, "late_requests": (late or LateRequests.DROP).value})
+
+
+def nexus_label(config: str, late: LateRequests) -> str:
+    """A Nexus configuration's name, with its models' late requests when they are served."""
+    return config if late is LateRequests.DROP else f"{config}, late {late.value}"
 
 
 def srv_profiles(srv: ServeCluster, names) -> dict:
@@ -389,7 +401,8 @@ def run_scenario(args, tool, scenario: str, servers: list[str], configs: dict[st
     nexus: list[Running] = []
     try:
         if "nexus" in servers:
-            nexus = [start_nexus(args, scenario, paths, flags, label, work) for label, flags in configs.items()]
+            nexus = [start_nexus(args, scenario, paths, flags, nexus_label(label, late), work, late)
+                     for label, flags in configs.items() for late in args.late_requests]
         tritons = triton_candidates(scenario, res["ort_direct"]["before"])[:args.triton_candidates or None] \
             if "triton" in servers else []
         if tool is None:             # a smoke run without perf_analyzer: the servers start, no ladder runs
@@ -420,6 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenarios", default="single,mix", help=f"comma-separated of {', '.join(SCENARIOS)}")
     p.add_argument("--nexus-config", action="append", default=[], metavar="NAME[=FLAGS]",
                    help=f"nexus serve configurations to measure (repeat; default: {', '.join(NEXUS_CONFIGS)})")
+    p.add_argument("--late-requests", default="drop", metavar="drop,serve",
+                   help="Nexus's models' late requests (common/late_requests.py); both: every Nexus configuration "
+                        "twice")
     p.add_argument("--triton-candidates", type=int, default=0,
                    help="tune Triton over only the first N candidates of its grid, without the delay stage")
     p.add_argument("--ladders", type=int, default=2,
@@ -457,6 +473,10 @@ def main(argv: list[str] | None = None) -> int:
         configs = parse_nexus_configs(args.nexus_config or list(NEXUS_CONFIGS))
     except ValueError as exc:
         p.error(str(exc))
+    try:
+        args.late_requests = [LateRequests(v) for v in args.late_requests.split(",") if v]
+    except ValueError:
+        p.error(f"--late-requests: expected drop and/or serve, got {args.late_requests!r}")
     if args.quick:
         args.window_ms, args.max_trials, args.factor, args.ort_repeats = 1500, 4, 1.3, 5
     if "triton" in servers and not pathlib.Path(args.triton_python).exists():

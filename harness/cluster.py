@@ -25,6 +25,7 @@ from typing import Callable, Mapping, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common.late_requests import LateRequests
 from common.config import BackendConfig, FrontendConfig, SchedulerConfig
 from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.security import Credentials
@@ -121,8 +122,8 @@ def serving(address: str) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Upload:
-    """A model to upload: its file, name and, optionally, profile (a file), SLO and the rate it is
-    planned for until one is measured."""
+    """A model to upload: its file, name and, optionally, profile (a file), SLO, the rate it is
+    planned for until one is measured and what becomes of its late requests (None: the default)."""
 
     path: pathlib.Path
     name: str
@@ -131,6 +132,7 @@ class Upload:
     min_replicas: int = 0
     load: bool = True
     expected_rate_rps: float = 0.0
+    late_requests: LateRequests | None = None
 
 
 class Cluster:
@@ -251,7 +253,7 @@ class Cluster:
         """Upload ``model`` to the scheduler; with ``wait``, until every frontend answers an inference of it."""
         upload_model(self.scheduler.address, model.path, model.name, profile_path=model.profile_path,
                      slo_ms=model.slo_ms, min_replicas=model.min_replicas, load=model.load,
-                     expected_rate_rps=model.expected_rate_rps)
+                     expected_rate_rps=model.expected_rate_rps, late_requests=model.late_requests)
         if wait and model.load:
             for f in self.frontends:
                 wait_model_served(f.address, model.name, timeout_s)
@@ -389,7 +391,7 @@ class ServeCluster(Node):
     def upload(self, model: Upload, *, wait: bool = True, timeout_s: float = 120.0) -> None:
         upload_model(self.scheduler, model.path, model.name, profile_path=model.profile_path, slo_ms=model.slo_ms,
                      min_replicas=model.min_replicas, load=model.load, expected_rate_rps=model.expected_rate_rps,
-                     creds=self.creds)
+                     creds=self.creds, late_requests=model.late_requests)
         if wait and model.load:
             self.wait_models_ready([model.name], timeout_s)
 

@@ -94,6 +94,11 @@ class BackendConnection:
         self._task: asyncio.Task | None = None
         self._closed = False
 
+    def open(self) -> None:
+        """Open the stream now, rather than at the first request (on the event loop)."""
+        if not self._closed:
+            self._ensure_stream()
+
     def _ensure_stream(self) -> None:
         if self._task is None or self._task.done():
             self._outbox = collections.deque()
@@ -288,10 +293,14 @@ class BackendPool:
         return next(self._ids)
 
     def sync(self, addresses: set[str]) -> None:
+        """Connections to exactly ``addresses`` (a routing table's backends). A new backend's stream
+        opens at once, before a request needs it: its first requests (a model moved or paged in there)
+        do not wait for the connection, the endpoint call and the hello."""
         for address in set(self.down) - addresses:   # gone from the table: a later return starts afresh
             del self.down[address]
         for address in addresses - set(self.connections):
-            self.connections[address] = BackendConnection(address, self.creds, self.mark_down)
+            conn = self.connections[address] = BackendConnection(address, self.creds, self.mark_down)
+            conn.open()
         for address in set(self.connections) - addresses:
             conn = self.connections.pop(address)
             asyncio.create_task(self._close_when_idle(conn))

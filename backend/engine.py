@@ -336,7 +336,7 @@ class Engine:
             merged = member_queues[0] if len(member_queues) == 1 else list(heapq.merge(*member_queues, key=_order))
             queues.append(Queue(str(len(units)), tuple(merged), g.max_batch, g.latency_ms,
                                 sum(m.planned_batch for m in g.members),
-                                SERVE_LATE if all(m.serve_late for m in g.members) else None))
+                                SERVE_LATE if any(m.serve_late for m in g.members) else None))
             units.append(g)
         decision = schedule(queues, self.clock(), policy=self.policy, duty_cycle_s=self.duty_cycle_s)
         if decision.queue is None:

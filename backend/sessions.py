@@ -23,8 +23,9 @@ from common.tensors import TensorSpec
 
 class Session:
     """One model served on this backend: its runtime, queue, policy parameters and statistics.
-    ``serve_late``: its late requests are run, not dropped (common/late_requests.py); a prefix group
-    serves late only when every member does (its merged queue has one policy).
+    ``serve_late``: its late requests are run, not dropped (common/late_requests.py). A prefix group's
+    merged queue has one policy: it serves late when any member does (the others' late requests
+    then fail at their deadline in the frontend, which takes them off the queue, rather than early).
 
     In a :class:`SharedPrefix`, ``runtime`` is the model's suffix (it reads the prefix's output)
     and ``inputs``/``outputs`` are given: the whole model's, which requests are checked against.

@@ -3,9 +3,9 @@
 - ``drop`` (the default, Nexus's): the request is answered DEADLINE_EXCEEDED as soon as it cannot
   make its deadline, early where the calibrated profile says its batch would end too late
   (common/batch_decision.py), so that the device's time goes to requests that can still make theirs.
-- ``serve`` (Triton's behaviour): the SLO still orders and batches the request and counts it as
-  late, but it is run however late; it fails only at the client's own deadline (its gRPC deadline
-  or ``timeout`` parameter), or after :data:`SERVE_LATE_LIMIT_S` without one. For clients that
+- ``serve`` (Triton's behaviour): the SLO (or the request's ``timeout`` parameter, which stands for
+  it) still orders and batches the request and counts it as late, but it is run however late; it
+  fails only at the client's gRPC deadline, or after :data:`SERVE_LATE_LIMIT_S` without one. For clients that
   prefer a late answer to none, such as perf_analyzer, which stops a measurement at the first
   failed request.
 

@@ -356,11 +356,11 @@ def cold_budget_s(budget_s: float, deadline_s: float | None) -> float:
     return min(extended, deadline_s) if deadline_s is not None else extended
 
 
-def late_limit_s(timeout_us: int, deadline_s: float | None) -> float:
-    """How long a request of a model that serves late requests may take: the client's own deadline
-    (its 'timeout' parameter or gRPC deadline, the earlier), else SERVE_LATE_LIMIT_S."""
-    limits = [t for t in (timeout_us / 1e6 if timeout_us else None, deadline_s) if t is not None]
-    return min(limits) if limits else SERVE_LATE_LIMIT_S
+def late_limit_s(deadline_s: float | None) -> float:
+    """How long a request of a model that serves late requests may take: the client's gRPC deadline,
+    else SERVE_LATE_LIMIT_S. (Its 'timeout' parameter is its SLO, as for any request: the budget it
+    is ordered, batched and counted late by.)"""
+    return SERVE_LATE_LIMIT_S if deadline_s is None else deadline_s
 
 
 def request_budget_s(slo_ms: float, timeout_us: int, deadline_s: float | None) -> float:

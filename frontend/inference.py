@@ -48,7 +48,7 @@ async def _run_model(state: FrontendState, model: ModelEntry, request, deadline_
     if marks is not None:
         marks.validated = time.monotonic_ns()
     if model.serve_late:    # the budget orders and batches it; it fails only at the client's own deadline
-        give_up = record.start_s + max(budget_s, late_limit_s(parsed.timeout_us, deadline_s))
+        give_up = record.start_s + max(budget_s, late_limit_s(deadline_s))
         result = await dispatch(state, model, parsed.inputs, parsed.rows, give_up, marks, serve_by_s=end)
     else:
         result = await dispatch(state, model, parsed.inputs, parsed.rows, end, marks)

@@ -30,13 +30,14 @@ TABLE = Profile.linear(1.0, 4.0, 16, memory_base_mb=50, device_type="t4")    # l
 FACTOR = 20.0
 
 
-def _infer(client, model: str, timeout_s: float | None = None):
-    """(status, seconds): "OK" or the error's status."""
+def _infer(client, model: str, timeout_s: float | None = None, timeout_param_us: int | None = None):
+    """(status, seconds): "OK" or the error's status. ``timeout_s``: the gRPC deadline;
+    ``timeout_param_us``: the request's ``timeout`` parameter."""
     inp = grpcclient.InferInput("input", [1, 64], "FP32")
     inp.set_data_from_numpy(np.ones((1, 64), np.float32))
     t0 = time.monotonic()
     try:
-        client.infer(model, [inp], client_timeout=timeout_s)
+        client.infer(model, [inp], client_timeout=timeout_s, timeout=timeout_param_us)
         return "OK", time.monotonic() - t0
     except InferenceServerException as exc:
         return str(exc.status()), time.monotonic() - t0
@@ -65,7 +66,10 @@ def test_late_requests_are_served_or_dropped_as_the_model_says(tmp_path):
         assert all(t > SLO_MS / 1000 for _, t in late)          # every answer came after the SLO
         drops = [_infer(client, "drops") for _ in range(4)]
         assert [s for s, _ in drops] == ["StatusCode.DEADLINE_EXCEEDED"] * 4, drops
-        # The client's own deadline holds for a model that serves late, as for any other.
+        # A 'timeout' parameter is the request's SLO: served late too; the other model drops it.
+        assert _infer(client, "late", timeout_param_us=int(SLO_MS * 1000))[0] == "OK"
+        assert _infer(client, "drops", timeout_param_us=int(SLO_MS * 1000))[0] == "StatusCode.DEADLINE_EXCEEDED"
+        # The client's gRPC deadline holds for a model that serves late, as for any other.
         status, took = _infer(client, "late", timeout_s=0.06)
         assert status == "StatusCode.DEADLINE_EXCEEDED"
         assert _infer(client, "late")[0] == "OK"                # and the model serves on

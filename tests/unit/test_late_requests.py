@@ -42,11 +42,9 @@ def test_the_model_description_carries_it(tmp_path):
     db.close()
 
 
-@pytest.mark.parametrize("timeout_us, deadline_s, limit_s", [
-    (0, None, SERVE_LATE_LIMIT_S),        # no deadline of the client's own: the limit
-    (5_000_000, None, 5.0),               # its 'timeout' parameter
-    (0, 2.0, 2.0),                        # its gRPC deadline
-    (5_000_000, 2.0, 2.0),                # the earlier of the two
+@pytest.mark.parametrize("deadline_s, limit_s", [
+    (None, SERVE_LATE_LIMIT_S),           # no gRPC deadline: the limit
+    (2.0, 2.0),                           # its gRPC deadline
 ])
-def test_a_late_request_waits_until_the_clients_own_deadline(timeout_us, deadline_s, limit_s):
-    assert late_limit_s(timeout_us, deadline_s) == limit_s
+def test_a_late_request_waits_until_the_clients_grpc_deadline(deadline_s, limit_s):
+    assert late_limit_s(deadline_s) == limit_s

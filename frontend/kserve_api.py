@@ -123,6 +123,7 @@ class KServeApi:
         config.instance_group.add(name=model.name, count=max(len(model.backends), 1),
                                   kind=model_config.ModelInstanceGroup.KIND_AUTO)
         config.parameters["slo_ms"].string_value = f"{model.slo_ms:g}"
+        config.parameters["late_requests"].string_value = "serve" if model.serve_late else "drop"
         return kserve.ModelConfigResponse(config=config)
 
     async def ModelInfer(self, request, call: Call):

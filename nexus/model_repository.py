@@ -13,8 +13,9 @@
   dimension) is refused, naming the field (``input[0].dims``).
 - The SLO comes from ``parameters { key: "slo_ms" value { string_value: "50" } }``, the rate the
   model is planned for until one is measured from ``parameters { key: "expected_rate_rps" value {
-  string_value: "200" } }``, and ``max_batch_size`` > 0 caps every batch of the model (the plan's
-  and a request's), as in Triton.
+  string_value: "200" } }``, what becomes of its late requests from ``parameters { key:
+  "late_requests" value { string_value: "serve" } }`` (or ``drop``; common/late_requests.py), and
+  ``max_batch_size`` > 0 caps every batch of the model (the plan's and a request's), as in Triton.
 - ``model_warmup`` samples are read as Triton reads them (an ``input_data_file`` from the model's
   ``warmup/`` folder, never from outside it) and checked against the model's inputs
   (:func:`common.warmup_spec.check_samples`); backends run them before the model takes traffic.
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from google.protobuf import text_format
 
 from common.model_io import ModelFileError, io_to_json, onnx_io, torch_archive_check
+from common.late_requests import LateRequests
 from common.pb import model_config as mc
 from common.tensors import TensorSpec
 from common.version_policy import DEFAULT_POLICY, PolicyKind, VersionError, VersionPolicy, from_pb as policy_from_pb
@@ -46,6 +48,7 @@ CONFIG_FILE = "config.pbtxt"
 WARMUP_FOLDER = "warmup"       # Triton's: input_data_file names a file in <model>/warmup/
 SLO_PARAMETER = "slo_ms"
 EXPECTED_RATE_PARAMETER = "expected_rate_rps"
+LATE_REQUESTS_PARAMETER = "late_requests"
 
 # Triton platform / backend names -> (runtime, default model file name).
 _ONNX = ("onnxruntime", "model.onnx")
@@ -93,6 +96,7 @@ class RepositoryModel:
     warmup: tuple[WarmupSample, ...] = ()   # model_warmup; empty: the backends' default warm-up
     version_policy: VersionPolicy = DEFAULT_POLICY   # the model's (every version read carries it)
     expected_rate_rps: float = 0.0     # planned for until a rate is measured (0: the scheduler's default)
+    late_requests: LateRequests | None = None   # None: not stated (the model's setting stays)
 
     @property
     def io_json(self) -> str:
@@ -272,9 +276,10 @@ def _warnings(config: mc.ModelConfig, where: str) -> list[str]:
             out.append(f"{where}: input[{i}].format is ignored (inputs are passed as they come)")
         if t.optional:
             out.append(f"{where}: input[{i}].optional is ignored: every input is required")
-    unknown = sorted(set(config.parameters) - {SLO_PARAMETER, EXPECTED_RATE_PARAMETER})
+    known = (SLO_PARAMETER, EXPECTED_RATE_PARAMETER, LATE_REQUESTS_PARAMETER)
+    unknown = sorted(set(config.parameters) - set(known))
     if unknown:
-        out.append(f"{where}: parameters {', '.join(unknown)} ignored (known: {SLO_PARAMETER}, {EXPECTED_RATE_PARAMETER})")
+        out.append(f"{where}: parameters {', '.join(unknown)} ignored (known: {', '.join(known)})")
     return out
 
 
@@ -299,6 +304,17 @@ def _slo(config: mc.ModelConfig, where: str) -> float:
 def _expected_rate(config: mc.ModelConfig, where: str) -> float:
     return _number_parameter(config, EXPECTED_RATE_PARAMETER, "a number of requests per second, at least 0", where,
                              zero_ok=True)
+
+
+def _late_requests(config: mc.ModelConfig, where: str) -> LateRequests | None:
+    if LATE_REQUESTS_PARAMETER not in config.parameters:
+        return None
+    text = config.parameters[LATE_REQUESTS_PARAMETER].string_value
+    try:
+        return LateRequests(text)
+    except ValueError:
+        raise RepositoryError(f"{where}: parameters.{LATE_REQUESTS_PARAMETER} must be "
+                              f"{' or '.join(x.value for x in LateRequests)}, got {text!r}") from None
 
 
 def _warmup_file(model_dir: pathlib.Path, name: str, field: str, where: str) -> bytes:
@@ -407,7 +423,7 @@ def _read_version(model_dir: pathlib.Path, version: int, config: mc.ModelConfig,
     warmup = _warmup(config, model_dir, final_inputs, where)
     return RepositoryModel(model_dir.name, version, path, runtime, final_inputs, final_outputs, slo,
                            config.max_batch_size, warnings, warmup, policy,
-                           _expected_rate(config, where))
+                           _expected_rate(config, where), _late_requests(config, where))
 
 
 def read_repository(root: str | pathlib.Path) -> list[RepositoryModel]:
@@ -428,6 +444,7 @@ def describe(model: RepositoryModel) -> dict:
             "file": str(model.path), "runtime": model.runtime,
             "slo_ms": model.slo_ms, "max_batch_size": model.max_batch_size,
             "expected_rate_rps": model.expected_rate_rps,
+            "late_requests": model.late_requests.value if model.late_requests else None,
             "inputs": [t.to_json_obj() for t in model.inputs], "outputs": [t.to_json_obj() for t in model.outputs],
             "warmup": describe_warmup(model.warmup), "warnings": list(model.warnings)}
 

@@ -13,6 +13,7 @@ import sys
 import tempfile
 
 from common import grpc_util
+from common.late_requests import LateRequests
 from nexus.model_repository import RepositoryError, RepositoryModel, describe, read_repository
 from common.security import Credentials
 from common.version_policy import DEFAULT_POLICY, from_pb as policy_from_pb, version_key
@@ -45,17 +46,19 @@ def _sha256(path) -> str:
 def upload_repository(scheduler: str, models: list[RepositoryModel], *, load: bool = True,
                       creds: Credentials = grpc_util.NO_CREDENTIALS) -> list[str]:
     """Upload every model version (skipping one the scheduler holds with the same bytes, warm-up,
-    version policy, expected rate and batch cap); return the version keys uploaded. ``max_batch_size``
-    is the model's batch cap."""
+    version policy, expected rate, batch cap and late requests); return the version keys uploaded.
+    ``max_batch_size`` is the model's batch cap."""
     stored = {version_key(m.name, m.version or 1):
               (m.sha256, warmup_from_pb(m.warmup),
                policy_from_pb(m.version_policy) if m.HasField("version_policy") else DEFAULT_POLICY,
-               m.expected_rate_rps, m.batch_cap)
+               m.expected_rate_rps, m.batch_cap, LateRequests.from_pb(m.late_requests))
               for m in list_models(scheduler, creds)}
     uploaded = []
     for m in models:
         key = version_key(m.name, m.version)
-        if stored.get(key) == (_sha256(m.path), m.warmup, m.version_policy, m.expected_rate_rps, m.max_batch_size):
+        held = stored.get(key)
+        late = m.late_requests or (held[-1] if held else LateRequests.DROP)     # not stated: the model's stays
+        if held == (_sha256(m.path), m.warmup, m.version_policy, m.expected_rate_rps, m.max_batch_size, late):
             continue
         with tempfile.NamedTemporaryFile("w", suffix=".json") as io_file:
             io_path = None
@@ -65,7 +68,8 @@ def upload_repository(scheduler: str, models: list[RepositoryModel], *, load: bo
                 io_path = io_file.name
             upload_model(scheduler, m.path, m.name, slo_ms=m.slo_ms, runtime=m.runtime, io_path=io_path, load=load,
                          warmup=m.warmup, version=m.version, version_policy=m.version_policy,
-                         expected_rate_rps=m.expected_rate_rps, batch_cap=m.max_batch_size, creds=creds)
+                         expected_rate_rps=m.expected_rate_rps, batch_cap=m.max_batch_size, creds=creds,
+                         late_requests=m.late_requests)
         uploaded.append(key)
     return uploaded
 

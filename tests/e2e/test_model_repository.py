@@ -13,6 +13,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from nexus.model_repository import RepositoryError, read_model, read_model_versions, read_repository
+from common.late_requests import LateRequests
 from common.sample_models import detector_64, mlp_small, model_bytes
 from tests.conftest import nexus_cli, start_serve
 
@@ -38,6 +39,7 @@ instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0 ] } ]
 dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 100 }
 parameters { key: "slo_ms" value { string_value: "40" } }
 parameters { key: "expected_rate_rps" value { string_value: "20" } }
+parameters { key: "late_requests" value { string_value: "serve" } }
 """
 
 
@@ -59,7 +61,7 @@ def _error(model_dir: pathlib.Path) -> str:
 def test_full_config_is_used_and_unsupported_settings_are_named(tmp_path):
     m = read_model(_model(tmp_path, "mlp", mlp_small(), FULL_CONFIG))
     assert (m.name, m.version, m.runtime, m.slo_ms, m.max_batch_size) == ("mlp", 1, "onnxruntime", 40.0, 16)
-    assert m.expected_rate_rps == 20.0
+    assert m.expected_rate_rps == 20.0 and m.late_requests is LateRequests.SERVE
     assert [(t.name, t.datatype, t.shape) for t in m.inputs] == [("input", "FP32", (64,))]
     assert [(t.name, t.datatype, t.shape) for t in m.outputs] == [("logits", "FP32", (10,))]
     text = "\n".join(m.warnings)
@@ -94,6 +96,7 @@ def test_full_shapes_with_max_batch_size_zero(tmp_path):
     (('string_value: "20"', 'string_value: "-5"'), "parameters.expected_rate_rps must be a number of requests per "
                                                      "second, at least 0, got '-5'"),
     (('string_value: "20"', 'string_value: "lots"'), "parameters.expected_rate_rps must be a number"),
+    (('string_value: "serve"', 'string_value: "later"'), "parameters.late_requests must be drop or serve, got 'later'"),
     (('platform: "onnxruntime_onnx"', 'platform: "tensorrt_plan"'), "platform 'tensorrt_plan' is not supported"),
     (('platform: "onnxruntime_onnx"', 'platform: "ensemble"'), "ensembles are not supported"),
     (("dims: [ 64 ]", "dims: [ 64 ]\n    reshape: { shape: [ 8, 8 ] }"), "input[0].reshape ('input') is not supported"),
@@ -242,19 +245,23 @@ def test_repository_models_are_served_with_onnxruntime_outputs(repository_cluste
     finally:
         client.close()
     assert served.parameters["slo_ms"].string_value == "40"
+    assert served.parameters["late_requests"].string_value == "serve"
     # The config the server reports, written out as text, is a repository config this server accepts.
     from google.protobuf import text_format
 
     again = _model(tmp_path, "mlp", mlp_small(), text_format.MessageToString(served))
     m = read_model(again)
     assert (m.slo_ms, [t.shape for t in m.inputs], [t.shape for t in m.outputs]) == (40.0, [(64,)], [(10,)])
+    assert m.late_requests is LateRequests.SERVE
     listed = {m["name"]: m for m in json.loads(nexus_cli("models", "list", "--scheduler", repository_cluster.scheduler,
                                                          "--json").stdout)}
     assert listed["mlp"]["slo_ms"] == 40.0 and listed["mlp"]["loaded"] and listed["det"]["loaded"]
     # config.pbtxt's expected rate and batch cap reach the model database (planned by them: test_elastic.py,
     # test_scheduler_service.py); the cap shows beside the batch in `nexus status`
-    assert (listed["mlp"]["expected_rate_rps"], listed["mlp"]["batch_cap"]) == (20.0, 16)
-    assert (listed["det"]["expected_rate_rps"], listed["det"]["batch_cap"]) == (0.0, 0)
+    assert (listed["mlp"]["expected_rate_rps"], listed["mlp"]["batch_cap"], listed["mlp"]["late_requests"]) \
+        == (20.0, 16, "serve")
+    assert (listed["det"]["expected_rate_rps"], listed["det"]["batch_cap"], listed["det"]["late_requests"]) \
+        == (0.0, 0, "drop")
     status = json.loads(nexus_cli("status", "--scheduler", repository_cluster.scheduler, "--json").stdout)
     [mlp] = [s for d in status["devices"] for s in d["sessions"] if s["session"] == "mlp"]
     assert mlp["batch_cap"] == 16 and 1 <= mlp["batch"] <= 16

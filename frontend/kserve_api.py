@@ -113,8 +113,9 @@ class KServeApi:
         model = self._model(request.name, request.version)
         config = model_config.ModelConfig(name=model.name, platform=model.platform, max_batch_size=model.max_batch,
                                           backend=model.runtime)
-        if isinstance(model, ModelEntry):
+        if isinstance(model, ModelEntry):       # a query has one version, and its stages always drop
             config.version_policy.CopyFrom(policy_to_pb(model.version_policy))
+            config.parameters["late_requests"].string_value = "serve" if model.serve_late else "drop"
         for spec in model.inputs:
             config.input.add(name=spec.name, data_type=_DTYPE_ENUM[spec.datatype], dims=list(spec.shape))
         for spec in model.outputs:
@@ -123,7 +124,6 @@ class KServeApi:
         config.instance_group.add(name=model.name, count=max(len(model.backends), 1),
                                   kind=model_config.ModelInstanceGroup.KIND_AUTO)
         config.parameters["slo_ms"].string_value = f"{model.slo_ms:g}"
-        config.parameters["late_requests"].string_value = "serve" if model.serve_late else "drop"
         return kserve.ModelConfigResponse(config=config)
 
     async def ModelInfer(self, request, call: Call):

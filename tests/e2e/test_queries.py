@@ -55,6 +55,7 @@ def test_traffic_query_matches_its_stages_run_by_hand(cluster, stages):
         assert {o.name for o in meta.outputs} == {"scores", "vehicles", "faces"}
         config = client.get_model_config("traffic").config
         assert config.max_batch_size > 0 and list(config.input[0].dims) == [3, 64, 64]
+        assert "late_requests" not in config.parameters       # a query's stages always drop
         traffic = frozenset({("model", "traffic"), ("version", "1")})
         before = scrape(cluster.info["metrics"])[0].get(("nv_inference_request_success", traffic), 0)
         for seed in range(4):

@@ -41,12 +41,11 @@ import tempfile
 import time
 
 from benchmarks.vs_triton import OUT, Running, children_cpu_s, nexus_label, ort_limit, start_nexus, start_triton
-from common.late_requests import LateRequests
 from harness import perf_analyzer as pa
 from harness.cluster import descendants
 from harness.meters import CpuMeter, LoadSampler, favour
 from harness.smoke import add_smoke, parse_args
-from harness.triton_compare import MODELS, build_models, parse_nexus_configs, triton_candidates
+from harness.triton_compare import MODELS, build_models, parse_late_requests, parse_nexus_configs, triton_candidates
 from nexus.bench.report import write_json
 
 SCENARIO = "tiny"
@@ -136,9 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         p.error(f"--concurrency: expected positive integers separated by commas, got {args.concurrency!r}")
     try:
-        args.late_requests = [LateRequests(v) for v in args.late_requests.split(",") if v]
-    except ValueError:
-        p.error(f"--late-requests: expected drop and/or serve, got {args.late_requests!r}")
+        args.late_requests = parse_late_requests(args.late_requests)
+    except ValueError as exc:
+        p.error(str(exc))
     servers = [s for s in args.servers.split(",") if s]
     if [s for s in servers if s not in ("triton", "nexus")]:
         p.error(f"--servers: expected triton and/or nexus, got {args.servers!r}")
@@ -148,17 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(exc))
     if "triton" in servers and not pathlib.Path(args.triton_python).exists():
         p.error(f"--triton-python {args.triton_python} does not exist (see benchmarks/vs_triton.py)")
-    if args.perf_analyzer:
-        tool = (pathlib.Path(args.perf_analyzer), dict(os.environ))
-    elif args.smoke and not (pa.tools_dir() / f"perf_analyzer-{pa.TRITONCLIENT_VERSION}").is_dir():
-        tool = None
-    else:
-        try:
-            tool = pa.fetch_perf_analyzer()
-        except pa.ToolUnavailable as exc:
-            if not args.smoke:
-                p.error(f"perf_analyzer unavailable: {exc}")
-            tool = None
+    try:
+        tool = pa.driver_tool(args.perf_analyzer, args.smoke)
+    except pa.ToolUnavailable as exc:
+        p.error(f"perf_analyzer unavailable: {exc}")
     if tool is None:
         print("smoke: perf_analyzer not available here: the server starts and serves, no sweep", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))

@@ -91,7 +91,7 @@ from harness.ort_direct import ort_session
 from harness.smoke import add_smoke, parse_args
 from nexus.bench.report import write_json
 from harness.triton_compare import MAX_TRITON_BATCH, MODELS, NEXUS_CONFIGS, SCENARIOS, SERVED_FRACTION, START_RPS, \
-    ModelSpec, build_models, delay_candidates, level_passes, parse_nexus_configs, shares, triton_candidates
+    ModelSpec, build_models, delay_candidates, level_passes, parse_late_requests, parse_nexus_configs, shares, triton_candidates
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "out"
@@ -474,28 +474,19 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     try:
-        args.late_requests = [LateRequests(v) for v in args.late_requests.split(",") if v]
-    except ValueError:
-        p.error(f"--late-requests: expected drop and/or serve, got {args.late_requests!r}")
+        args.late_requests = parse_late_requests(args.late_requests)
+    except ValueError as exc:
+        p.error(str(exc))
     if args.quick:
         args.window_ms, args.max_trials, args.factor, args.ort_repeats = 1500, 4, 1.3, 5
     if "triton" in servers and not pathlib.Path(args.triton_python).exists():
         p.error(f"--triton-python {args.triton_python} does not exist (see the module docstring)")
-    if args.perf_analyzer:
-        if not os.access(args.perf_analyzer, os.X_OK):
-            p.error(f"--perf-analyzer {args.perf_analyzer} is not an executable")
-        tool = (pathlib.Path(args.perf_analyzer), dict(os.environ))
-    elif args.smoke and not (pa.tools_dir() / f"perf_analyzer-{pa.TRITONCLIENT_VERSION}").is_dir():
-        print("smoke: perf_analyzer not fetched: no ladder", flush=True)     # a smoke run fetches nothing
-        tool = None
-    else:
-        try:
-            tool = pa.fetch_perf_analyzer()
-        except pa.ToolUnavailable as exc:
-            if not args.smoke:
-                p.error(f"perf_analyzer unavailable: {exc}")
-            print(f"smoke: perf_analyzer unavailable ({exc}): no ladder", flush=True)
-            tool = None
+    try:
+        tool = pa.driver_tool(args.perf_analyzer, args.smoke)
+    except pa.ToolUnavailable as exc:
+        p.error(f"perf_analyzer unavailable: {exc}")
+    if tool is None:
+        print("smoke: perf_analyzer not fetched or cannot run here: no ladder", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
     favour(os.getpid(), args.nice)   # before any thread or child: they inherit it
 

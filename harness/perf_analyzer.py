@@ -142,6 +142,24 @@ def fetch_perf_analyzer() -> tuple[Path, dict[str, str]]:
     return binary, env
 
 
+def driver_tool(binary: str, smoke: bool) -> tuple[Path, dict[str, str]] | None:
+    """A benchmark driver's perf_analyzer: ``binary`` when given (ToolUnavailable unless executable),
+    else the fetched one. A smoke run fetches nothing and gets None where none was fetched or it
+    cannot run; otherwise ToolUnavailable says why."""
+    if binary:
+        if not os.access(binary, os.X_OK):
+            raise ToolUnavailable(f"--perf-analyzer {binary} is not an executable")
+        return Path(binary), dict(os.environ)
+    if smoke and not (tools_dir() / f"perf_analyzer-{TRITONCLIENT_VERSION}").is_dir():
+        return None
+    try:
+        return fetch_perf_analyzer()
+    except ToolUnavailable:
+        if not smoke:
+            raise
+        return None
+
+
 # ---- one load level -----------------------------------------------------------------------------------
 
 @dataclass

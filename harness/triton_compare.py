@@ -15,6 +15,7 @@ from __future__ import annotations
 import pathlib
 from dataclasses import dataclass
 
+from common.late_requests import LateRequests
 from harness.perf_analyzer import Level
 
 MAX_TRITON_BATCH = 64
@@ -127,3 +128,15 @@ def parse_nexus_configs(values: list[str]) -> dict[str, tuple[str, ...]]:
         else:
             out[name] = tuple(flags.split())
     return out
+
+
+def parse_late_requests(text: str) -> list[LateRequests]:
+    """``drop``, ``serve`` or both, comma-separated: how Nexus's models are uploaded (one server each);
+    ValueError names what is wrong."""
+    try:
+        values = [LateRequests(v) for v in text.split(",") if v]
+    except ValueError:
+        values = []
+    if not values:
+        raise ValueError(f"--late-requests: expected drop and/or serve, got {text!r}")
+    return values

@@ -90,15 +90,41 @@ def test_nexus_configurations_by_name_or_flags():
         parse_nexus_configs(["nope"])
 
 
+def test_late_requests_of_nexus_by_name():
+    from common.late_requests import LateRequests
+    from harness.triton_compare import parse_late_requests
+
+    assert parse_late_requests("drop,serve") == [LateRequests.DROP, LateRequests.SERVE]
+    for bad in ("maybe", "", ","):
+        with pytest.raises(ValueError, match="--late-requests: expected drop and/or serve"):
+            parse_late_requests(bad)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--scenarios", "nope"], "unknown scenario or server"),
     (["--servers", "tritonx"], "unknown scenario or server"),
     (["--nexus-config", "nope"], "unknown --nexus-config"),
     (["--triton-python", "/nonexistent/python"], "does not exist"),
     (["--servers", "nexus", "--perf-analyzer", "/nonexistent/perf_analyzer"], "is not an executable"),
+    (["--late-requests", "maybe"], "--late-requests: expected drop and/or serve"),
 ])
 def test_bad_arguments_are_refused(argv, message):
     run = subprocess.run([sys.executable, "-m", "benchmarks.vs_triton", *argv], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 2
+    assert message in run.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--servers", "tritonx"], "--servers: expected triton and/or nexus"),
+    (["--concurrency", "4,0"], "--concurrency: expected positive integers"),
+    (["--nexus-config", "nope"], "unknown --nexus-config"),
+    (["--triton-python", "/nonexistent/python"], "does not exist"),
+    (["--servers", "nexus", "--perf-analyzer", "/nonexistent/perf_analyzer"], "is not an executable"),
+    (["--late-requests", "maybe"], "--late-requests: expected drop and/or serve"),
+])
+def test_bad_arguments_to_the_tiny_sweep_are_refused(argv, message):
+    run = subprocess.run([sys.executable, "-m", "benchmarks.tiny_sweep", *argv], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert run.returncode == 2
     assert message in run.stderr

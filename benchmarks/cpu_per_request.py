@@ -14,7 +14,7 @@ Set-up, all on this machine's loopback:
   backend's compute CPU; the backend's non-compute CPU is its CPU less that.
 - ECHO: ``harness.fake_kserve`` with no delay (a bare grpc.aio server on the components' event
   loop, uvloop): ModelInfer parses the request and answers a prepared response of the model's output
-  shapes. It serves the model under the same name, inputs and outputs as the frontend describes.
+  shapes; with ``--echo-wait-ms MS``, after an awaited sleep of MS. It serves the model under the same name, inputs and outputs as the frontend describes.
 - CLIENT: the project's load generator (``nexus.bench.LoadClient``), Poisson arrivals at ``--rate``,
   single-row requests, one connection, the same for both servers.
 
@@ -52,13 +52,14 @@ from harness.stats import model_stats, stats_delta
 OUT = pathlib.Path(__file__).resolve().parent / "out"
 
 
-def echo_config(metadata, name: str) -> dict:
-    """The echo server's model: the served model's name, inputs and outputs (from its KServe metadata)."""
+def echo_config(metadata, name: str, wait_ms: float = 0.0) -> dict:
+    """The echo server's model: the served model's name, inputs and outputs (from its KServe metadata),
+    answered after ``wait_ms``."""
     def tensors(specs):
         return [[t.name, t.datatype, list(t.shape)] for t in specs]
 
     return {"models": {name: {"inputs": tensors(metadata.inputs), "outputs": tensors(metadata.outputs),
-                              "latency_ms": 0}}}
+                              "latency_ms": wait_ms}}}
 
 
 async def metered_run(address: str, model: str, pids: dict[str, int], args, slo_ms: float, seed: int):
@@ -160,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="mlp_small", choices=sorted(SAMPLE_MODELS))
     p.add_argument("--rate", type=float, default=200.0, help="Poisson arrivals per second, every server")
+    p.add_argument("--echo-wait-ms", type=float, default=0.0, metavar="MS",
+                   help="the echo server answers after MS (an awaited sleep): what grpc.aio charges a handler "
+                        "that waits, as the frontend's waits for its backend")
     p.add_argument("--duration-s", type=float, default=10.0, help="each measured window")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--before", metavar="DIR", help="a checkout of older code: measure its nexus serve too")
@@ -188,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.before:
                 clusters["before"] = start_nexus(work, "before", path, args, slo_ms, args.before)
             echo_proc, echo_address = spawn(echo_config(served_metadata(clusters["nexus"][0].frontend, args.model),
-                                                        args.model))
+                                                        args.model, args.echo_wait_ms))
             print(f"echo at {echo_address}; " + "; ".join(f"{v} at {c.frontend} (pids {pids})"
                                                          for v, (c, pids) in clusters.items()), flush=True)
             names = ["echo", *variants]

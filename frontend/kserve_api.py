@@ -73,6 +73,7 @@ class KServeApi:
         self.repository_access = repository_access
         self.shared_memory_access = shared_memory_access
         self.stats_book = StatsBook()       # backends' statistics, kept cumulative across their changes
+        self._reported: dict[str, tuple[int, int]] = {}    # session -> (executions, rows) reported last
 
     async def ServerLive(self, request, call: Call):
         return kserve.ServerLiveResponse(live=True)
@@ -154,7 +155,10 @@ class KServeApi:
             inf.success.ns = c.get("success_ns", 0)
             inf.fail.count = c.get("fail", 0)
             totals = self.stats_book.totals(session)
-            stats.execution_count = reported_executions(totals.sums["execution_count"], stats.inference_count)
+            previous = self._reported.get(session, (0, 0))
+            stats.execution_count = reported_executions(totals.sums["execution_count"], stats.inference_count,
+                                                        previous)
+            self._reported[session] = (stats.execution_count, max(stats.inference_count, previous[1]))
             # Triton's per-request phases: one sample per successful request in each, so that queue
             # and compute counts always agree (perf_analyzer checks they do).
             for phase, key in ((inf.queue, "queue_ns"), (inf.compute_input, "request_compute_input_ns"),

@@ -49,13 +49,15 @@ class ModelTotals:
         return out
 
 
-def reported_executions(executions: int, inferences: int) -> int:
-    """The execution count to report beside ``inferences`` rows. Backends count a batch when it runs,
-    the frontend its rows when the replies arrive, so a snapshot taken in between would show more
-    executions than inferences, which perf_analyzer refuses (it requires 0 < executions <=
-    inferences over a window). A batch is reported once its rows are: the minimum of two counts that
-    only grow also only grows."""
-    return min(executions, inferences)
+def reported_executions(executions: int, inferences: int, previous: tuple[int, int] = (0, 0)) -> int:
+    """The execution count to report beside ``inferences`` rows, after ``previous`` (the execution and
+    inference counts reported last time). Backends count a batch when it runs, the frontend its rows
+    when the replies arrive, so a snapshot taken in between would show more executions than
+    inferences, which perf_analyzer refuses (it requires 0 < executions <= inferences over a window).
+    A batch is reported once its rows are, and never more executions than rows between any two
+    reports: then no window, whichever two reports it spans, shows more. The count only grows."""
+    reported, rows = previous
+    return max(reported, min(executions, reported + max(inferences - rows, 0)))
 
 
 def _restarted(old, new) -> bool:

@@ -226,8 +226,9 @@ def test_losing_the_leader_under_load_fails_nothing_moves_nothing_and_the_next_u
         assert _role(standby) == "standby"
         cluster.scheduler.address = both                      # admin calls follow the leader too
         _upload(cluster, tmp_path, "steady", FAST, FAST_SLO_MS, "--min-replicas", "2")
+        # Ready means one replica answers; the second may still be loading its session.
+        wait_for(lambda: len(cluster.serving("steady")) == 2, what="both replicas loaded")
         serving = {n.name for n in cluster.serving("steady")}
-        assert len(serving) == 2
         load = steady_load(cluster, "steady", 50)
         wait_for(lambda: _ok_in_a_row_since(load, 0.0), what="the load answered")
         old = cluster.scheduler

@@ -55,3 +55,24 @@ def scrape(url: str, timeout_s: float = 10.0) -> Scrape:
     """GET ``url`` and parse it; OSError when the endpoint does not answer."""
     with urllib.request.urlopen(url, timeout=timeout_s) as reply:
         return parse(reply.read().decode(), reply.headers.get("Content-Type", ""))
+
+
+def buckets(scrape_: Scrape, name: str, **label_values: str) -> dict[float, float]:
+    """Histogram ``name``'s cumulative counts by bucket bound (``+Inf`` as inf), summed over every
+    series whose labels include these."""
+    out: dict[float, float] = {}
+    for lab, value in scrape_.matching(f"{name}_bucket", **label_values).items():
+        bound = float(dict(lab)["le"])
+        out[bound] = out.get(bound, 0.0) + value
+    return out
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> tuple[float, int]:
+    """Of the observations between two readings of :func:`buckets`: the bound of the bucket that their
+    ``q``-quantile falls in (inf: beyond the largest finite bound; 0.0 with none) and their count."""
+    bounds = sorted(after)
+    delta = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = delta[-1] if delta else 0.0
+    if total <= 0:
+        return 0.0, 0
+    return next(b for b, cumulative in zip(bounds, delta) if cumulative >= q * total), int(total)

@@ -32,3 +32,24 @@ def test_values_by_name_and_labels():
 def test_a_duplicate_sample_is_an_error():
     with pytest.raises(ValueError, match="duplicate sample nexus_routing_epoch"):
         parse(TEXT + "nexus_routing_epoch 8\n")
+
+
+def _histogram(counts: dict[str, int]) -> str:
+    lines = ["# HELP lag_seconds Lag.", "# TYPE lag_seconds histogram"]
+    lines += [f'lag_seconds_bucket{{le="{le}"}} {n}' for le, n in counts.items()]
+    total = list(counts.values())[-1]
+    return "\n".join([*lines, f"lag_seconds_count {total}", "lag_seconds_sum 1.0", ""])
+
+
+def test_a_histograms_quantile_between_two_readings_is_its_bucket_bound():
+    from harness.prometheus import bucket_quantile, buckets
+
+    before = buckets(parse(_histogram({"0.01": 50, "0.05": 50, "1.0": 50, "+Inf": 50})), "lag_seconds")
+    assert before == {0.01: 50, 0.05: 50, 1.0: 50, float("inf"): 50}
+    # 100 new observations: 97 under 10 ms, 2 more under 50 ms, 1 beyond 1 s
+    after = buckets(parse(_histogram({"0.01": 147, "0.05": 149, "1.0": 149, "+Inf": 150})), "lag_seconds")
+    assert bucket_quantile(before, after, 0.5) == (0.01, 100)
+    assert bucket_quantile(before, after, 0.99) == (0.05, 100)
+    assert bucket_quantile(before, after, 1.0) == (float("inf"), 100)
+    assert bucket_quantile(after, after, 0.99) == (0.0, 0)                # nothing observed between them
+    assert bucket_quantile({}, before, 0.99) == (0.01, 50)               # from the start

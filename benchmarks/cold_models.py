@@ -25,7 +25,6 @@ import pathlib
 import sys
 import tempfile
 import time
-import urllib.request
 
 import grpc
 import numpy as np
@@ -35,6 +34,7 @@ from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from harness.cluster import Cluster
 from harness.meters import loadavg
+from harness.prometheus import bucket_quantile, buckets, scrape
 from harness.smoke import add_smoke, parse_args
 from nexus.scheduler_client import list_models, upload_model
 
@@ -78,26 +78,6 @@ async def _drive(frontend: str, names: list[str], weights: np.ndarray, rate: flo
     for status, message in examples.items():
         print(f"  {status}, for example: {message}", flush=True)
     return out
-
-
-def _metric_lines(url: str, prefix: str) -> list[str]:
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        return [line for line in reply.read().decode().splitlines() if line.startswith(prefix)]
-
-
-def _histogram_quantile(lines: list[str], q: float) -> float:
-    """The upper bound of the bucket holding quantile ``q``, over every model's buckets summed."""
-    buckets: dict[float, float] = {}
-    for line in lines:
-        le = line.split('le="', 1)[1].split('"', 1)[0]
-        bound = float("inf") if le == "+Inf" else float(le)
-        buckets[bound] = buckets.get(bound, 0.0) + float(line.split()[-1])
-    bounds = sorted(buckets)
-    total = buckets[bounds[-1]] if bounds else 0.0
-    for bound in bounds:
-        if total and buckets[bound] >= q * total:
-            return bound
-    return float("nan")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             results = asyncio.run(_drive(cluster.frontend.address, names, weights, args.rate, args.duration_s,
                                          args.timeout_s, args.seed))
             metrics = cluster.frontend.info["metrics"]
-            cold_starts = sum(float(line.split()[-1]) for line in _metric_lines(metrics, "nexus_cold_starts_total{"))
-            waits = _metric_lines(metrics, "nexus_cold_start_wait_seconds_bucket{")
+            scraped = scrape(metrics)
+            cold_starts = scraped.total("nexus_cold_starts_total")
+            waits = buckets(scraped, "nexus_cold_start_wait_seconds")
             held = [(len(stats.sessions), sum(x.memory_bytes for x in stats.sessions) / 2 ** 20)
                     for _, stats in cluster.backend_stats()]
         finally:
@@ -167,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
           f"failed {failed or 0}; load average {loadavg():.2f}")
     print(f"warm requests (all but the {n_cold} slowest): {100 * np.mean(warm <= args.slo_ms / 1000):.2f}% within "
           f"SLO, p99 {1000 * np.percentile(warm, 99):.1f} ms")
-    print(f"cold starts {n_cold}: wait p50 <= {_histogram_quantile(waits, 0.5):g} s, p99 <= "
-          f"{_histogram_quantile(waits, 0.99):g} s (bucket bounds); slowest request "
+    print(f"cold starts {n_cold}: wait p50 <= {bucket_quantile({}, waits, 0.5)[0]:g} s, p99 <= "
+          f"{bucket_quantile({}, waits, 0.99)[0]:g} s (bucket bounds); slowest request "
           f"{1000 * latencies[-1]:.0f} ms")
     print(f"backends at the end: {held} (sessions, MB of {memory_mb:g})")
     return 0

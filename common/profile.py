@@ -9,6 +9,7 @@ running one batch and the device memory m(b) that batch needs. ``latency_ms`` is
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import json
 import math
@@ -186,6 +187,11 @@ class Profile:
 
     def to_json(self) -> str:
         return json.dumps(self.to_json_obj(), indent=2, sort_keys=True)
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """SHA-256 of :meth:`to_json` (meta included): names this exact table; computed once per object."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
 
     @staticmethod
     def from_json_obj(obj: Any, where: str = "profile") -> "Profile":

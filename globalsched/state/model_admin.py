@@ -25,7 +25,7 @@ import asyncio
 import logging
 import math
 import time
-from typing import Iterable, Mapping
+from typing import AbstractSet, Iterable, Mapping
 
 import grpc
 
@@ -146,7 +146,7 @@ class ModelAdmin:
             f.close()
 
     def list_models(self) -> control.ListModelsReply:
-        return control.ListModelsReply(models=[self.desc(m.key) for m in self.db.models()])
+        return control.ListModelsReply(models=list(self.descs().values()))
 
     async def load(self, request: control.LoadRequest) -> control.LoadReply:
         records = await asyncio.to_thread(self._load, request)
@@ -210,20 +210,35 @@ class ModelAdmin:
         """The stored versions of ``name`` that its version policy serves."""
         return self.db.served_versions(name)
 
-    def desc(self, key: str) -> control.ModelDesc:
-        """The description of one version (by version key), as every message carries it."""
-        record = self.db.model(key)
-        name = record.name
-        served = record.version in self.db.served_versions(name)
-        loaded = served and any(s.model == name for s in self.db.sessions())
-        serving = self.db.serving(name)
-        profiles = {t: p.capped(serving.batch_cap) for t, p in self.db.profiles(key).items()}
-        desc = model_desc(record, profiles, loaded, self.db.min_replicas(name), serving)
-        desc.version_policy.CopyFrom(policy_to_pb(self.db.version_policy(name)))
+    def _backends_by_type(self) -> dict[str, int]:
         present: dict[str, int] = {}
         for n in self.nodes.values():
             if n.kind == control.NODE_KIND_BACKEND:
                 present[n.device_type] = present.get(n.device_type, 0) + 1
+        return present
+
+    def descs(self) -> dict[str, control.ModelDesc]:
+        """Every stored version's description (:meth:`desc`) by version key, read in one pass: what the
+        cluster's nodes and sessions are is read once, not once per model (a catalog of thousands of
+        models is built at every plan)."""
+        loaded = {s.model for s in self.db.sessions()}
+        present = self._backends_by_type()
+        return {m.key: self.desc(m.key, loaded=loaded, present=present) for m in self.db.models()}
+
+    def desc(self, key: str, *, loaded: AbstractSet[str] | None = None,
+             present: Mapping[str, int] | None = None) -> control.ModelDesc:
+        """The description of one version (by version key), as every message carries it. ``loaded``
+        (the models with a session) and ``present`` (backends by device type): read here unless given."""
+        record = self.db.model(key)
+        name = record.name
+        served = record.version in self.db.served_versions(name)
+        if loaded is None:
+            loaded = {s.model for s in self.db.sessions()}
+        serving = self.db.serving(name)
+        profiles = {t: p.capped(serving.batch_cap) for t, p in self.db.profiles(key).items()}
+        desc = model_desc(record, profiles, served and name in loaded, self.db.min_replicas(name), serving)
+        desc.version_policy.CopyFrom(policy_to_pb(self.db.version_policy(name)))
+        present = self._backends_by_type() if present is None else present
         choices = self.in_service.profile_choices(key)
         for t in sorted(set(present) | set(profiles)):
             state, reason = self.device_type_state(key, t, t in profiles, choices.get(t))
@@ -346,7 +361,7 @@ class ModelAdmin:
 
     def catalog(self, plan: ClusterPlan) -> Catalog:
         """The descriptions and profiles ``plan``'s tables carry, read now (globalsched/state/catalog.py)."""
-        descs = {m.key: self.desc(m.key) for m in self.db.models()}
+        descs = self.descs()
         profiles, emulated = {}, {}
         for device_type, placement in plan.placements.items():
             for b in placement.backends:

@@ -592,6 +592,16 @@ class ModelDatabase:
                                     split_key(key)).fetchall()
         return {r[0]: Profile.from_json(r[1]) for r in rows}
 
+    def profile_texts(self) -> dict[str, dict[str, str]]:
+        """Every stored version's tables as stored (JSON text), by version key and device type, in one
+        read; a version without a table maps to {}."""
+        with self._lock:
+            rows = self._db.execute("SELECT model, version, device_type, profile_json FROM profiles").fetchall()
+        out: dict[str, dict[str, str]] = {m.key: {} for m in self.models()}
+        for name, version, device_type, text in rows:
+            out.setdefault(version_key(name, version), {})[device_type] = text
+        return out
+
     def save_measured(self, key: str, device_type: str, basis: str, profile: Profile, raise_streak: int,
                       margin: float) -> None:
         """Keep the measured profile in use for (version key, device type) (globalsched/state/profile_book.py);

@@ -51,7 +51,6 @@ predictions.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Protocol
@@ -73,7 +72,7 @@ Key = tuple[str, str]         # (model, device type)
 
 
 def fingerprint(table: Profile) -> str:
-    return hashlib.sha256(table.to_json().encode()).hexdigest()
+    return table.digest
 
 
 def is_pinned(table: Profile | None) -> bool:

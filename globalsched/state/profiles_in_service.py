@@ -47,6 +47,7 @@ class ProfilesInService:
         self.invalid_samples = 0            # latency samples backends sent that are no measurement
         self._invalid_logged = 0.0
         self._tables_cache: tuple[int, dict[str, dict[str, Profile]]] | None = None
+        self._parsed: dict[str, Profile] = {}          # stored table text -> its object (tables())
         self._choices_cache: tuple[tuple, dict[str, dict[str, Choice]]] | None = None
 
     def tables(self) -> dict[str, dict[str, Profile]]:
@@ -54,8 +55,16 @@ class ProfilesInService:
         of a table)."""
         cached = self._tables_cache
         if cached is None or cached[0] != self.db.profiles_version:
-            cached = self._tables_cache = (self.db.profiles_version,
-                                           {m.key: self.db.profiles(m.key) for m in self.db.models()})
+            # A table whose text did not change keeps its object (and the digest it computed once).
+            before, parsed = self._parsed, {}
+            tables: dict[str, dict[str, Profile]] = {}
+            for key, by_type in self.db.profile_texts().items():
+                mine = tables[key] = {}
+                for device_type, text in by_type.items():
+                    profile = before.get(text)
+                    mine[device_type] = parsed[text] = profile if profile is not None else Profile.from_json(text)
+            self._parsed = parsed
+            cached = self._tables_cache = (self.db.profiles_version, tables)
         return cached[1]
 
     def present_types(self) -> tuple[str, ...]:

@@ -293,3 +293,26 @@ def test_settings_that_make_no_sense_are_refused():
         BackendConfig(emulated_latency_factor=-1.0).validate()
     with pytest.raises(ProfileError, match="positive number"):
         TABLE_T4.scaled(0.0)
+
+
+def test_a_tables_digest_names_its_exact_text_and_is_kept_while_its_text_is():
+    """The measurement's basis (a table's digest) is computed once per table object, and the scheduler's
+    tables keep their objects across a change of another model's (a fleet's uploads re-read them all)."""
+    import hashlib
+
+    assert TABLE_T4.digest == hashlib.sha256(TABLE_T4.to_json().encode()).hexdigest()
+    assert Profile.from_rows(TABLE_T4.rows, "t4", {"pinned": True}).digest != TABLE_T4.digest   # meta counts
+    assert Profile.from_json(TABLE_T4.to_json()).digest == TABLE_T4.digest
+
+
+def test_the_tables_in_service_keep_unchanged_objects_and_see_every_change(tmp_path):
+    admin, db, _ = _admin(tmp_path, {})
+    _upload(db, "a", TABLE_T4)
+    first = admin.in_service.tables()
+    _upload(db, "b", TABLE_T4.scaled(2.0))                    # another model: a's table is the same object
+    second = admin.in_service.tables()
+    assert second["a"]["t4"] is first["a"]["t4"]
+    assert second["b"]["t4"] == TABLE_T4.scaled(2.0)
+    db.add_profile("a", TABLE_T4.scaled(3.0))                 # a's own table changed: read again
+    assert admin.in_service.tables()["a"]["t4"] == TABLE_T4.scaled(3.0)
+    assert [d.name for d in admin.descs().values()] == ["a", "b"]

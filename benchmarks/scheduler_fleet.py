@@ -37,7 +37,6 @@ from common.sample_models import mlp_small, model_bytes
 from harness.cluster import Node
 from harness.fleet import Fleet
 from harness.meters import loadavg
-from harness.ports import free_port
 from harness.prometheus import bucket_quantile, buckets, parse, scrape
 from harness.smoke import add_smoke, parse_args
 
@@ -46,9 +45,9 @@ STEP = 5.0
 UPLOADS_IN_FLIGHT = 8
 
 
-def lag_buckets(metrics_address: str) -> dict[float, float]:
+def lag_buckets(metrics_url: str) -> dict[float, float]:
     """The scheduler's loop-lag histogram now: cumulative count by bucket bound (s)."""
-    found = buckets(scrape(f"http://{metrics_address}/metrics"), LAG_METRIC)
+    found = buckets(scrape(metrics_url), LAG_METRIC)
     if not found:
         raise RuntimeError(f"{LAG_METRIC} not among the scheduler's metrics")
     return found
@@ -86,14 +85,13 @@ def plans_in(log_text: str) -> list[int]:
 
 async def run(args) -> dict:
     work = pathlib.Path(tempfile.mkdtemp(prefix="scheduler-fleet-"))
-    metrics = f"127.0.0.1:{free_port()}"
     log_path = work / "scheduler.log"
     sched = Node("scheduler", ["scheduler", "--listen", "127.0.0.1:0", "--data-dir", str(work / "db"),
-                               "--metrics-listen", metrics], log_path=log_path, log_level="INFO")
-    sched.start()
+                               "--metrics-listen", "127.0.0.1:0"], log_path=log_path, log_level="INFO")
     fleet = None
     try:
         sched.wait_ready(60)
+        metrics = sched.info["metrics"]
         trace, _ = workload(args.devices, args.seed)
         base_rps = RPS_PER_DEVICE * args.devices
         started = time.monotonic()

@@ -308,6 +308,9 @@ class SchedulerConfig:
     epoch_s: float = field(default=30.0, metadata={"help": "re-planning period in seconds"})
     heartbeat_interval_ms: int = field(default=1000, metadata={"help": "heartbeat period asked of nodes"})
     node_timeout_s: float = field(default=5.0, metadata={"help": "a node missing heartbeats this long is removed"})
+    max_heartbeats_per_s: float = field(default=200.0, metadata={
+        "help": "heartbeats the scheduler asks for per second, all nodes together, at most: a larger cluster's "
+                "nodes are asked for a longer period, and --node-timeout-s stretches alike (0: no limit)"})
     max_upload_mb: float = field(default=512.0, metadata={"help": "largest model file accepted"})
     default_slo_ms: float = field(default=100.0, metadata={"help": "SLO of a session when none is given"})
     default_rate_rps: float = field(default=1.0, metadata={
@@ -384,7 +387,7 @@ class SchedulerConfig:
         for name in ("epoch_s", "node_timeout_s", "max_upload_mb", "default_slo_ms", "default_rate_rps",
                      "profile_update_s"):
             _check_positive(name, getattr(self, name))
-        for name in ("rate_headroom", "burst_sigma", "path_allowance_ms"):
+        for name in ("rate_headroom", "burst_sigma", "path_allowance_ms", "max_heartbeats_per_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{_flag(name)}: must not be negative, got {getattr(self, name)}")
         _check_positive("heartbeat_interval_ms", self.heartbeat_interval_ms)

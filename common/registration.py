@@ -102,6 +102,8 @@ async def keep_registered(scheduler, register: control.RegisterRequest, node) ->
                     if not getattr(node, "leaving", False):
                         log.warning("scheduler forgot %s; registering again", node.node_id)
                     break
+                if beat.heartbeat_interval_ms:      # the period grows and shrinks with the cluster
+                    interval = max(beat.heartbeat_interval_ms / 1000, 0.05)
         except grpc.aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                 log.error("the scheduler refused this node: %s", exc.details())

@@ -179,11 +179,14 @@ class SchedulerService(control_grpc.SchedulerServicer):
             await context.abort(r.code, r.message)
 
     async def Heartbeat(self, request, context):
-        known = self.membership.heartbeat(request.node_id)
+        period_s = self.membership.heartbeat(request.node_id)
         node = self.nodes.get(request.node_id)
-        if known and request.batch_samples and node is not None and node.kind == control.NODE_KIND_BACKEND:
+        backend = node is not None and node.kind == control.NODE_KIND_BACKEND
+        if period_s is not None and request.batch_samples and backend:
             self.admin.in_service.serving_samples(node, request.batch_samples, time.monotonic())
-        return control.HeartbeatReply(known=known)
+        if period_s is None:
+            return control.HeartbeatReply(known=False)
+        return control.HeartbeatReply(known=True, heartbeat_interval_ms=round(period_s * 1000))
 
     async def Attach(self, request, context):
         events = self.membership.attach(request.node_id)

@@ -29,6 +29,7 @@ from common.health import LIVENESS
 from common.pb import control, control_grpc
 from common.security import Credentials
 from globalsched.state.failure_detector import DetectorConfig, DetectorState, detect
+from globalsched.state.heartbeat_pacing import Pacing, pacing
 from globalsched.refusal import Refused
 from globalsched.planning.replan_trigger import ReplanTrigger
 from globalsched.state.rate_reports import Workload
@@ -75,6 +76,7 @@ class Node:
     device_type: str = ""
     memory_mb: float = 0.0
     last_seen: float = field(default_factory=time.monotonic)
+    period_s: float = 0.0               # the heartbeat period it was last asked for
     stub: object = None
     channel: object = None
     # set once the node is no longer registered (removed, left, or replaced by a re-registration):
@@ -129,7 +131,8 @@ class Membership:
             node.stub = control_grpc.FrontendStub(node.channel)
         self.nodes[node_id] = node
         self.trigger.request(f"{node_id} registered at {node.address}")
-        return control.RegisterReply(node_id=node_id, heartbeat_interval_ms=self.config.heartbeat_interval_ms,
+        node.period_s = self.pacing().period_s
+        return control.RegisterReply(node_id=node_id, heartbeat_interval_ms=round(node.period_s * 1000),
                                      address=address)
 
     async def _dial_back(self, address: str) -> str:
@@ -147,13 +150,21 @@ class Membership:
         finally:
             await channel.close()
 
-    def heartbeat(self, node_id: str) -> bool:
-        """Note a node's heartbeat; False for a node the scheduler does not know (it registers again)."""
+    def pacing(self) -> Pacing:
+        """The heartbeat period and removal timeout for the nodes registered now
+        (globalsched/state/heartbeat_pacing.py)."""
+        return pacing(len(self.nodes), self.config.heartbeat_interval_ms / 1000, self.config.node_timeout_s,
+                      self.config.max_heartbeats_per_s)
+
+    def heartbeat(self, node_id: str) -> float | None:
+        """Note a node's heartbeat; the period it is asked for from now on, or None for a node the
+        scheduler does not know (it registers again)."""
         node = self.nodes.get(node_id)
         if node is None:
-            return False
+            return None
         node.last_seen = time.monotonic()
-        return True
+        node.period_s = self.pacing().period_s
+        return node.period_s
 
     async def leave(self, node_id: str) -> None:
         """A stopping node leaves the plan: its sessions are planned elsewhere and every table pushed
@@ -226,12 +237,16 @@ class Membership:
     async def reaper(self) -> None:
         """The backstop: remove nodes whose heartbeats stopped (their stream's end is the fast path), as
         the failure detector judges them (globalsched/state/failure_detector.py)."""
-        config = DetectorConfig(timeout_s=self.config.node_timeout_s,
-                                interval_s=self.config.heartbeat_interval_ms / 1000)
+        interval_s = self.config.heartbeat_interval_ms / 1000
         state = DetectorState()
         note = ""
         while True:
-            await asyncio.sleep(config.interval_s)
+            await asyncio.sleep(interval_s)
+            # the timeout of the longest period any node was asked for (a shrinking cluster's nodes
+            # beat on their old period until their next heartbeat tells them the new one)
+            longest_s = max((n.period_s for n in self.nodes.values()), default=interval_s)
+            timeout_s = self.config.node_timeout_s * max(longest_s, interval_s) / interval_s
+            config = DetectorConfig(timeout_s=timeout_s, interval_s=interval_s)
             verdict, state = detect({n.node_id: n.last_seen for n in self.nodes.values()}, state, time.monotonic(),
                                     config)
             if verdict.note and not note:

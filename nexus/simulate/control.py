@@ -14,7 +14,8 @@ decision code on the virtual clock. Nothing here decides what the real system de
 What is modelled here is time: a plan is applied as the distribution applies it (the handover of
 globalsched/actuators/handover.py: model tables to the backends, each loading and warming its new models, then
 routing tables to the frontends, then the tables that release what the plan moved away), hops of
-``control_hop_ms``, ``planning_ms`` per plan, heartbeats every ``heartbeat_interval_ms``, and a
+``control_hop_ms``, ``planning_ms`` per plan, heartbeats at the production pacing for the cluster's
+size (globalsched/state/heartbeat_pacing.py), and a
 scheduler stalled by a fault answers nothing until the stall ends: its timers and the reports sent
 meanwhile run when it resumes, and the heartbeats sent meanwhile are lost (the nodes' RPCs time out).
 """
@@ -37,6 +38,7 @@ from globalsched.planning.planner import PlannerSettings, PlannerState, plan_clu
 from globalsched.planning.replan_trigger import ReplanTrigger
 from globalsched.planning.residency import requested_while_cold
 from globalsched.planning.scaling_policy import ScalingConfig
+from globalsched.state.heartbeat_pacing import pacing
 from globalsched.state.read_view import measured
 from globalsched.state.rate_reports import Workload
 from nexus.local_scaler import POLL_S, Drain, LocalBackend, Start, next_step
@@ -62,8 +64,12 @@ class SimScheduler:
         self.left_nodes: set[str] = set()
         self.stalls: list[tuple[float, float]] = []
         self.detector = DetectorState()
-        self.detector_config = DetectorConfig(timeout_s=config.node_timeout_s,
-                                              interval_s=config.heartbeat_interval_ms / 1000)
+        # The production pacing for the cluster at its largest (the period does not follow the count
+        # as the cluster grows and shrinks here: a closed form of each node's heartbeats needs one).
+        paced = pacing((sim.config.backends or sim.config.max_backends) + sim.config.frontends,
+                       config.heartbeat_interval_ms / 1000, config.node_timeout_s, config.max_heartbeats_per_s)
+        self.heartbeat_s = paced.period_s
+        self.detector_config = DetectorConfig(timeout_s=paced.timeout_s, interval_s=config.heartbeat_interval_ms / 1000)
         self.scaler = DeviceScaler(ScalingConfig(config.scale_down_cooldown_s, config.device_headroom,
                                                  bounds=config.device_bounds),
                                    self.backends, self.workload.window_rates, clock=lambda: sim.now)
@@ -151,8 +157,8 @@ class SimScheduler:
 
     def last_seen(self, node_id: str, now: float) -> float:
         """The node's latest heartbeat that reached the scheduler by ``now``: one every heartbeat
-        interval from its registration while it lives, less those sent while the scheduler stalled."""
-        start, interval = self.seen[node_id], self.detector_config.interval_s
+        period from its registration while it lives, less those sent while the scheduler stalled."""
+        start, interval = self.seen[node_id], self.heartbeat_s
         end = now
         died = self.sim.died_s(node_id)
         if died is not None:

@@ -24,6 +24,7 @@ class Scheduler:
         self.registered = 0
         self.attached = 0
         self.streams_ended = 0
+        self.beats = 0
         self.broken = asyncio.Event()
 
     async def Register(self, request, timeout=None):
@@ -40,10 +41,13 @@ class Scheduler:
             self.streams_ended += 1
 
     async def Heartbeat(self, request, timeout=None):
+        self.beats += 1
         if self.heartbeats:
             step = self.heartbeats.pop(0)
             if isinstance(step, Exception):
                 raise step
+            if isinstance(step, control.HeartbeatReply):
+                return step
             return control.HeartbeatReply(known=step)
         return control.HeartbeatReply(known=True)
 
@@ -86,3 +90,14 @@ def test_a_heartbeat_refused_otherwise_still_registers_again():
     scheduler = Scheduler([_error(grpc.StatusCode.UNAVAILABLE)])
     asyncio.run(_run(scheduler, 0.3))
     assert scheduler.registered >= 2
+
+
+def test_the_node_beats_at_the_period_the_scheduler_asks_for_from_then_on():
+    """A growing cluster's scheduler asks for a longer period in its heartbeat reply (50 ms at
+    registration here, then 1 s): the node follows it."""
+    steady = Scheduler([])
+    asyncio.run(_run(steady, 0.4))
+    slowed = Scheduler([control.HeartbeatReply(known=True, heartbeat_interval_ms=1000)])
+    asyncio.run(_run(slowed, 0.4))
+    assert steady.beats >= 5 and slowed.beats == 1, (steady.beats, slowed.beats)     # 50 ms at the least
+    assert slowed.registered == 1

@@ -186,6 +186,11 @@ class Profile:
         return obj
 
     def to_json(self) -> str:
+        return self._json
+
+    @functools.cached_property
+    def _json(self) -> str:
+        # written once per object: a scheduler sends each table to every backend that runs it, at every plan
         return json.dumps(self.to_json_obj(), indent=2, sort_keys=True)
 
     @functools.cached_property

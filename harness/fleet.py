@@ -27,6 +27,7 @@ from common.health import Health
 from common.loop_lag import LoopLagMonitor
 from common.pb import control, control_grpc
 from common.registration import keep_registered
+from frontend.early_report import workload_report
 
 NODES_PER_CHANNEL = 50       # stand-ins sharing one channel to the scheduler (one HTTP/2 connection)
 
@@ -128,7 +129,6 @@ class Fleet:
         self._rates = dict(rates)
 
     async def _report(self, stub, node: _Node) -> None:
-        period_ms = int(self.report_interval_s * 1000)
         while True:
             await asyncio.sleep(self.report_interval_s)
             if not node.node_id or not self._rates:
@@ -136,11 +136,10 @@ class Fleet:
             names = list(self._rates)
             mean = np.array([self._rates[n] for n in names]) * self.report_interval_s / self.frontends
             counts = self._rng.poisson(mean)
-            report = control.WorkloadReport(node_id=node.node_id)
-            for name, count in zip(names, counts):
-                if count:
-                    report.rates.append(control.SessionRate(model=name, rate_rps=count / self.report_interval_s,
-                                                            requests=int(count), window_ms=period_ms))
+            # every session, its zero counts too, as a frontend reports them: a report that left out
+            # the windows without a request would read a tail session's rate several times too high
+            report = workload_report(node.node_id, [(name, int(count), self.report_interval_s)
+                                                    for name, count in zip(names, counts)])
             try:
                 await stub.ReportWorkload(report, timeout=10)
             except grpc.aio.AioRpcError:

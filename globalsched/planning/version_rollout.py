@@ -46,18 +46,19 @@ def versions_to_plan(selected: Sequence[int], routed_since: Mapping[int, float],
     return tuple(sorted(keep))
 
 
-def rates_for_versions(name: str, selected: Sequence[int], rates_rps: Mapping[str, float]) -> dict[str, float]:
-    """``rates_rps`` (by session) with the newest selected version of ``name`` planned for the demand
-    of its versions that the policy no longer selects as well: a request without a version moves to
-    the newest, and it must carry that load from the moment it is routed. Pure."""
-    if not selected:
-        return dict(rates_rps)
-    newest = version_key(name, max(selected))
-    moving = sum(rate for key, rate in rates_rps.items()
-                 if (split := split_key(key))[0] == name and split[1] not in selected)
+def rates_for_versions(selected: Mapping[str, Sequence[int]], rates_rps: Mapping[str, float]) -> dict[str, float]:
+    """``rates_rps`` (by session) with the newest selected version of each model in ``selected`` (its
+    name -> the versions its policy selects) planned for the demand of its versions that the policy no
+    longer selects as well: a request without a version moves to the newest, and it must carry that
+    load from the moment it is routed. A model selecting none keeps its rates. One pass over the
+    rates, whatever the number of models. Pure."""
     out = dict(rates_rps)
-    if moving > 0:
-        out[newest] = out.get(newest, 0.0) + moving
+    for key, rate in rates_rps.items():
+        name, version = split_key(key)
+        chosen = selected.get(name)
+        if chosen and version not in chosen and rate > 0:
+            newest = version_key(name, max(chosen))
+            out[newest] = out.get(newest, 0.0) + rate
     return out
 
 
@@ -69,20 +70,22 @@ class VersionRollout:
         self.request = request
         self.grace_s = grace_s
         self.routed_since: dict[str, float] = {}      # version key -> when a pushed table first routed it
+        self._by_name: dict[str, dict[int, float]] | None = None     # routed_since by model name and version
         self._retiring: set[str] = set()               # version keys whose retirement is asked for
 
     def plan(self, name: str, selected: Sequence[int], now_s: float) -> tuple[int, ...]:
         """The versions of ``name`` to plan now (:func:`versions_to_plan`)."""
-        routed = {}
-        for key, since in self.routed_since.items():
-            n, v = split_key(key)
-            if n == name:
-                routed[v] = since
-        return versions_to_plan(selected, routed, now_s, self.grace_s)
+        if self._by_name is None:           # grouped once per change of routed_since
+            self._by_name = {}
+            for key, since in self.routed_since.items():
+                n, v = split_key(key)
+                self._by_name.setdefault(n, {})[v] = since
+        return versions_to_plan(selected, self._by_name.get(name, {}), now_s, self.grace_s)
 
     def replaced(self, key: str) -> None:
         """Version ``key`` was uploaded again: it counts as routed only once a table routes the new upload."""
         self.routed_since.pop(key, None)
+        self._by_name = None
 
     def routed(self, keys: Iterable[str], selected: Callable[[str], Sequence[int]], now_s: float) -> None:
         """A routing table that routes ``keys`` reached the frontends at ``now_s``; ``selected(name)``
@@ -90,6 +93,7 @@ class VersionRollout:
         now retire after the grace."""
         keys = set(keys)
         self.routed_since = {k: self.routed_since.get(k, now_s) for k in keys}
+        self._by_name = None
         self._retiring &= keys
         by_name: dict[str, list[int]] = {}
         for key in keys:

@@ -84,6 +84,25 @@ class Node:
     gone: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)
 
 
+class NodeTable(dict):
+    """The registered nodes by id; ``generation`` grows at every change, so that what is derived from
+    the whole table (the device types present) is worked out once per change, not once per model."""
+
+    generation = 0
+
+    def __setitem__(self, key, value) -> None:
+        self.generation += 1
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key) -> None:
+        self.generation += 1
+        super().__delitem__(key)
+
+    def pop(self, key, *default):
+        self.generation += 1
+        return super().pop(key, *default)
+
+
 class Membership:
     """The registered nodes (``nodes``, shared read-only with the other parts of the scheduler); every
     change of membership asks ``trigger`` for a plan."""
@@ -94,7 +113,7 @@ class Membership:
         self.creds = creds
         self.workload = workload
         self.trigger = trigger
-        self.nodes: dict[str, Node] = {}
+        self.nodes: NodeTable = NodeTable()
         self.stopping = False
 
     def backends(self) -> list[Node]:

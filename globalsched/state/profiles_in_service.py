@@ -48,6 +48,7 @@ class ProfilesInService:
         self._invalid_logged = 0.0
         self._tables_cache: tuple[int, dict[str, dict[str, Profile]]] | None = None
         self._parsed: dict[str, Profile] = {}          # stored table text -> its object (tables())
+        self._present: tuple[int, tuple[str, ...]] | None = None     # (node table generation, types)
         self._choices_cache: tuple[tuple, dict[str, dict[str, Choice]]] | None = None
 
     def tables(self) -> dict[str, dict[str, Profile]]:
@@ -68,7 +69,14 @@ class ProfilesInService:
         return cached[1]
 
     def present_types(self) -> tuple[str, ...]:
-        return tuple(sorted({n.device_type for n in self.nodes.values() if n.kind == control.NODE_KIND_BACKEND}))
+        """The device types of the backends registered now (once per change of a node table that
+        counts its changes, globalsched/state/membership.py's ``NodeTable``)."""
+        generation = getattr(self.nodes, "generation", None)
+        if generation is not None and self._present is not None and self._present[0] == generation:
+            return self._present[1]
+        types = tuple(sorted({n.device_type for n in self.nodes.values() if n.kind == control.NODE_KIND_BACKEND}))
+        self._present = (generation, types) if generation is not None else None
+        return types
 
     def choices(self) -> dict[str, dict[str, Choice]]:
         """Every model's :class:`Choice` by device type, uncapped: its tables' (or their measurements'),

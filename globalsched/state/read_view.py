@@ -29,13 +29,13 @@ def read_view(now_s: float, backends: Iterable[Node], admin: ModelAdmin, workloa
               force: ReplanReason | None = None, why: tuple[str, ...] = ()) -> ClusterView:
     db = admin.db
     models = []
-    rates = workload.planning_rates(now_s)
+    selected_by_name = {}
     for s in db.sessions():
-        selected = admin.selected_versions(s.model)
+        selected = selected_by_name[s.model] = admin.selected_versions(s.model)
         planned = admin.rollout.plan(s.model, selected, now_s)
         for version in planned:
             models.append(_model_view(admin, version_key(s.model, version), s.slo_ms))
-        rates = rates_for_versions(s.model, selected, rates)
+    rates = rates_for_versions(selected_by_name, workload.planning_rates(now_s))
     queries = {name: replace(q, stages=tuple(replace(st, model=admin.current_key(st.model)) for st in q.stages))
                for name, q in admin.queries().items()}
     stage_models = {st.model: _model_view(admin, st.model, 0.0) for q in queries.values() for st in q.stages}

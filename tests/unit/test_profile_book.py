@@ -316,3 +316,21 @@ def test_the_tables_in_service_keep_unchanged_objects_and_see_every_change(tmp_p
     db.add_profile("a", TABLE_T4.scaled(3.0))                 # a's own table changed: read again
     assert admin.in_service.tables()["a"]["t4"] == TABLE_T4.scaled(3.0)
     assert [d.name for d in admin.descs().values()] == ["a", "b"]
+
+
+def test_the_device_types_present_follow_every_change_of_the_node_table(tmp_path):
+    """Worked out once per change of the scheduler's node table (not once per model), and never stale."""
+    from globalsched.state.membership import NodeTable
+
+    nodes = NodeTable()
+    admin, _, _ = _admin(tmp_path, nodes)
+    assert admin.in_service.present_types() == ()
+    nodes["be-1"] = backend("be-1", "emulated:t4")
+    assert admin.in_service.present_types() == ("t4",)
+    nodes["be-1"] = backend("be-1", "emulated:v100")          # registered again, on another device
+    assert admin.in_service.present_types() == ("v100",)
+    nodes["be-2"] = backend("be-2", "emulated:t4")
+    nodes.pop("be-1")
+    assert admin.in_service.present_types() == ("t4",)
+    del nodes["be-2"]
+    assert admin.in_service.present_types() == ()

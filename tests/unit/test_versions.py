@@ -219,10 +219,14 @@ def test_an_old_version_serves_until_the_new_one_is_routed_and_its_grace_is_over
 def test_the_newest_version_is_planned_for_the_demand_moving_to_it():
     rates = {"mlp": 30.0, "mlp:2": 5.0, "mlp:3": 1.0, "other": 7.0, "q/mlp": 2.0}
     # Policy latest: versions 1 and 2 (retiring, or gone) hand their demand to 3.
-    assert rates_for_versions("mlp", [3], rates) == {**rates, "mlp:3": 36.0}
+    assert rates_for_versions({"mlp": [3]}, rates) == {**rates, "mlp:3": 36.0}
     # Policy all: a version asked for by number keeps its own demand.
-    assert rates_for_versions("mlp", [1, 2, 3], rates) == rates
-    assert rates_for_versions("new", [1], {"other": 3.0}) == {"other": 3.0}   # none measured: no rate made up
+    assert rates_for_versions({"mlp": [1, 2, 3]}, rates) == rates
+    assert rates_for_versions({"new": [1]}, {"other": 3.0}) == {"other": 3.0}   # none measured: no rate made up
+    assert rates_for_versions({"mlp": []}, rates) == rates                       # selecting none keeps its rates
+    # Several models in one pass: each hands its retired versions' demand to its own newest.
+    both = rates_for_versions({"mlp": [3], "other": [2]}, {**rates, "other:2": 1.0})
+    assert both["mlp:3"] == 36.0 and both["other:2"] == 8.0 and both["q/mlp"] == 2.0
 
 
 # ---- the frontend's resolution ---------------------------------------------------------------------

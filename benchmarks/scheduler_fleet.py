@@ -9,6 +9,7 @@ The models are sim_change's at that size (benchmarks/sim_change.py: 2.4 per devi
 emulated-GPU profiles, 4 rps per device at the base rate), uploaded with their profiles before the
 fleet registers. The phases: ``register`` (until every node is registered and the first plan is
 pushed), ``base`` (the base rate), ``step`` (5x), ``back`` (the base rate again), ``--phase-s`` each.
+Every count is the phase's own.
 Per phase it reports the scheduler's loop lag (its ``nexus_scheduler_loop_lag_seconds`` histogram, a
 timer due every 0.25 s: the p99 as the bucket bound it falls under, and the worst bucket), the plans
 made and pushed, the scheduler's CPU (cores), the nodes it removed, and the stand-ins' own loop lag
@@ -42,6 +43,7 @@ from harness.smoke import add_smoke, parse_args
 
 LAG_METRIC = "nexus_scheduler_loop_lag_seconds"
 STEP = 5.0
+EVICTED, STREAM_ENDED = "missed heartbeats", "Attach stream ended"     # the scheduler's log, per node removed
 UPLOADS_IN_FLIGHT = 8
 
 
@@ -107,7 +109,8 @@ async def run(args) -> dict:
             lag0, cpu0, t0 = lag_buckets(metrics), cpu_seconds(sched.pid), time.monotonic()
             fleet_lag0 = _fleet_buckets(fleet)
             tables0 = fleet.received.model_tables
-            plans0 = len(plans_in(log_path.read_text()))
+            text0 = log_path.read_text()
+            plans0, evicted0, ended0 = len(plans_in(text0)), text0.count(EVICTED), text0.count(STREAM_ENDED)
             if name == "register":
                 await fleet.start()
                 deadline = time.monotonic() + args.register_timeout_s
@@ -127,8 +130,8 @@ async def run(args) -> dict:
                    "lag_worst_le_s": worst, "plans": len(plans_in(text)) - plans0,
                    "model_tables": fleet.received.model_tables - tables0,
                    "scheduler_cores": round((cpu_seconds(sched.pid) - cpu0) / elapsed, 2),
-                   "registered": fleet.registered(), "evicted": text.count("missed heartbeats"),
-                   "streams_ended": text.count("Attach stream ended"), "fleet_lag_p99_le_s": fp99,
+                   "registered": fleet.registered(), "evicted": text.count(EVICTED) - evicted0,
+                   "streams_ended": text.count(STREAM_ENDED) - ended0, "fleet_lag_p99_le_s": fp99,
                    "reports_failed": fleet.reports_failed, "load_average": round(loadavg(), 2)}
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -39,6 +39,7 @@ class Workload:
         self.edges: dict[str, dict[tuple[str, str, str], tuple[int, int, float]]] = {}  # frontend -> edge -> counts
         self._memo: tuple[float, tuple] | None = None     # (now, _rates(now)) until the next report or forget
         self._window_memo: tuple[float, float, dict] | None = None  # (from, until, window_rates) likewise
+        self._node_windows: dict[str, tuple[float, float, dict]] = {}   # each frontend's part of it, likewise
         # frontend -> the models of its latest report, when that report counted nothing
         self.quiet: dict[str, frozenset[str]] = {}
         self.last_requested: dict[str, float] = {}   # session -> when a report last counted a request of it
@@ -59,6 +60,7 @@ class Workload:
         scheduler CPU in proportion to time, not to events. What time alone changes is judged by
         the epoch timer (globalsched/planning/control_loop.py)."""
         self._memo = self._window_memo = None
+        self._node_windows.pop(request.node_id, None)
         for r in request.rates:
             if r.requests:
                 self.last_requested[r.model] = now
@@ -105,6 +107,7 @@ class Workload:
     def forget(self, node_id: str) -> None:
         """A node left: its reports no longer count."""
         self._memo = self._window_memo = None
+        self._node_windows.pop(node_id, None)
         self.rates.pop(node_id, None)
         self.rate_history.pop(node_id, None)
         self.edges.pop(node_id, None)
@@ -164,27 +167,39 @@ class Workload:
             return dict(memo[2])
         out: dict[str, WindowRate] = {}
         until = math.inf            # the answer holds until a report counted now ages out
-        for node, per_model in self.rates.items():
-            for model, (_, t) in per_model.items():
-                if now - t > RATE_REPORT_TTL_S:
-                    continue
-                history = self.rate_history.get(node, {}).get(model, ())
-                fresh = [(n, w) for at, n, w in history if now - at <= PLAN_RATE_WINDOW_S]
-                window_s = sum(w for _, w in fresh)
-                if window_s <= 0:
-                    continue
-                until = min(until, t + RATE_REPORT_TTL_S,
-                            min(at for at, _, _ in history if now - at <= PLAN_RATE_WINDOW_S) + PLAN_RATE_WINDOW_S)
-                rate = sum(n for n, _ in fresh) / window_s
-                d = dispersion(fresh)
+        for node in self.rates:
+            # A frontend's part changes only with its own report or with time: worked out again then,
+            # not for every other frontend's report (at 2,400 sessions, a second of the loop each time).
+            part = self._node_windows.get(node)
+            if part is None or not part[0] <= now <= part[1]:
+                part = self._node_windows[node] = self._node_window(node, now)
+            until = min(until, part[1])
+            for model, mine in part[2].items():
                 old = out.get(model)
                 if old is not None:
-                    rate += old.rate_rps
-                    window_s = min(window_s, old.window_s)
-                    d = None if d is None or old.dispersion is None else max(d, old.dispersion)
-                out[model] = WindowRate(rate, window_s, d)
+                    d = None if mine.dispersion is None or old.dispersion is None else max(mine.dispersion,
+                                                                                            old.dispersion)
+                    mine = WindowRate(old.rate_rps + mine.rate_rps, min(mine.window_s, old.window_s), d)
+                out[model] = mine
         self._window_memo = (now, until, out)
         return dict(out)
+
+    def _node_window(self, node: str, now: float) -> tuple[float, float, dict[str, WindowRate]]:
+        """``node``'s part of :meth:`window_rates`: (from, until, its rates by session)."""
+        out: dict[str, WindowRate] = {}
+        until = math.inf
+        for model, (_, t) in self.rates.get(node, {}).items():
+            if now - t > RATE_REPORT_TTL_S:
+                continue
+            history = self.rate_history.get(node, {}).get(model, ())
+            fresh = [(n, w) for at, n, w in history if now - at <= PLAN_RATE_WINDOW_S]
+            window_s = sum(w for _, w in fresh)
+            if window_s <= 0:
+                continue
+            until = min(until, t + RATE_REPORT_TTL_S,
+                        min(at for at, _, _ in history if now - at <= PLAN_RATE_WINDOW_S) + PLAN_RATE_WINDOW_S)
+            out[model] = WindowRate(sum(n for n, _ in fresh) / window_s, window_s, dispersion(fresh))
+        return now, until, out
 
     def _fresh(self, node: str, model: str, now: float) -> list[tuple[float, float]]:
         """(requests, seconds) of ``node``'s reports of ``model`` within the rate window, oldest first."""

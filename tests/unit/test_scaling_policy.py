@@ -200,3 +200,27 @@ def test_a_changed_decision_is_stored_at_once_and_the_needs_history_at_most_ever
     assert persist_due(three, two, 0.1)                           # its count changed: at once
     assert not persist_due(two_later, two, 0.1)                   # only needs moved: wait
     assert persist_due(two_later, two, PERSIST_EVERY_S)
+
+
+def test_window_rates_add_up_the_frontends_and_follow_each_ones_reports():
+    """Each frontend's part is kept until its own next report or until a count ages out: a report from
+    one frontend changes the sum at once, and the other's part still counts."""
+    from common.pb import control
+    from globalsched.state.rate_reports import PLAN_RATE_WINDOW_S, Workload
+
+    def report(workload, node, n, at):
+        workload.report(control.WorkloadReport(node_id=node, rates=[control.SessionRate(
+            model="a", rate_rps=n / 2.0, requests=n, window_ms=2000)]), at)
+
+    workload = Workload()
+    report(workload, "fe-1", 20, 10.0)
+    report(workload, "fe-2", 40, 10.0)
+    first = workload.window_rates(10.5)["a"]
+    assert first.rate_rps == 30.0 and first.window_s == 2.0
+    assert workload.window_rates(10.6)["a"] == first                     # nothing changed: the same answer
+    report(workload, "fe-1", 60, 12.0)                                     # fe-1 now counts (20 + 60) / 4 s
+    second = workload.window_rates(12.1)["a"]
+    assert second.rate_rps == 20.0 + 20.0 and second.window_s == 2.0
+    workload.forget("fe-2")
+    assert workload.window_rates(12.2)["a"].rate_rps == 20.0
+    assert "a" not in workload.window_rates(12.0 + PLAN_RATE_WINDOW_S + 60.0)   # every count aged out

@@ -51,6 +51,20 @@ def dispersion(counts: Sequence[tuple[float, float]]) -> float | None:
     return max(chi2 / (len(counts) - 1), 1.0)
 
 
+def dispersion_of_sums(requests: float, seconds: float, squares: float, counts: int) -> float | None:
+    """:func:`dispersion` of ``counts`` counts, each over a positive number of seconds, from their
+    running sums: ``requests`` (sum of n), ``seconds`` (sum of w) and ``squares`` (sum of n * n / w).
+    The chi-square about the rate r = requests / seconds, sum (n - r w)^2 / (r w), is
+    squares / r - 2 requests + r seconds. What a window kept up to date count by count costs: O(1)."""
+    if counts < 2 or seconds <= 0:
+        return None
+    if requests <= 0:
+        return 1.0
+    rate = requests / seconds
+    chi2 = squares / rate - 2 * requests + rate * seconds
+    return max(chi2 / (counts - 1), 1.0)
+
+
 def within_noise(count: float, expected: float, sigmas: float = NOISE_SIGMAS) -> bool:
     """Whether ``count`` arrivals may be Poisson noise around ``expected`` (either way)."""
     return abs(count - expected) <= noise_margin(expected, sigmas)

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from common.pb import control
-from common.surge import dispersion, is_surge
+from common.surge import dispersion_of_sums, is_surge
 
 RATE_REPORT_TTL_S = 10.0        # a frontend's report counts this long
 RATE_SMOOTHING = 0.3            # weight of the newest report in the exponentially smoothed rate
@@ -31,6 +31,14 @@ class WindowRate:
     dispersion: float | None    # the largest index of dispersion of a frontend's counts; None: not known
 
 
+def _count(sums: list, n: float, w: float, sign: int) -> None:
+    """Add (sign 1) or take away (-1) one count of ``n`` requests over ``w`` seconds to a history's sums."""
+    sums[0] += sign * n
+    sums[1] += sign * w
+    sums[2] += sign * n * n / w
+    sums[3] += sign
+
+
 class Workload:
     def __init__(self) -> None:
         self.rates: dict[str, dict[str, tuple[float, float]]] = {}   # frontend -> model -> (rate, t)
@@ -40,6 +48,8 @@ class Workload:
         self._memo: tuple[float, tuple] | None = None     # (now, _rates(now)) until the next report or forget
         self._window_memo: tuple[float, float, dict] | None = None  # (from, until, window_rates) likewise
         self._node_windows: dict[str, tuple[float, float, dict]] = {}   # each frontend's part of it, likewise
+        # rate_history's running sums per frontend and session: [requests, seconds, sum of n*n/w, counts]
+        self._history_sums: dict[str, dict[str, list]] = {}
         # frontend -> the models of its latest report, when that report counted nothing
         self.quiet: dict[str, frozenset[str]] = {}
         self.last_requested: dict[str, float] = {}   # session -> when a report last counted a request of it
@@ -81,9 +91,12 @@ class Workload:
             table[r.model] = (rate, now)
             if r.window_ms > 0:
                 history = self.rate_history.setdefault(request.node_id, {}).setdefault(r.model, collections.deque())
+                sums = self._history_sums.setdefault(request.node_id, {}).setdefault(r.model, [0.0, 0.0, 0.0, 0])
                 history.append((now, r.requests, r.window_ms / 1000))
+                _count(sums, r.requests, r.window_ms / 1000, 1)
                 while history and history[0][0] < now - PLAN_RATE_WINDOW_S:
-                    history.popleft()
+                    _, n, w = history.popleft()
+                    _count(sums, n, w, -1)
         edges = self.edges.setdefault(request.node_id, {})
         for e in request.edges:
             key = (e.query, e.parent, e.child)
@@ -110,6 +123,7 @@ class Workload:
         self._node_windows.pop(node_id, None)
         self.rates.pop(node_id, None)
         self.rate_history.pop(node_id, None)
+        self._history_sums.pop(node_id, None)
         self.edges.pop(node_id, None)
         self.quiet.pop(node_id, None)
 
@@ -188,17 +202,23 @@ class Workload:
         """``node``'s part of :meth:`window_rates`: (from, until, its rates by session)."""
         out: dict[str, WindowRate] = {}
         until = math.inf
+        histories, all_sums = self.rate_history.get(node, {}), self._history_sums.get(node, {})
         for model, (_, t) in self.rates.get(node, {}).items():
-            if now - t > RATE_REPORT_TTL_S:
+            if now - t > RATE_REPORT_TTL_S or model not in histories:
                 continue
-            history = self.rate_history.get(node, {}).get(model, ())
-            fresh = [(n, w) for at, n, w in history if now - at <= PLAN_RATE_WINDOW_S]
-            window_s = sum(w for _, w in fresh)
-            if window_s <= 0:
+            # the history's sums, less its oldest counts that aged out of the window since the report
+            requests, seconds, squares, counts = all_sums[model]
+            oldest = None
+            for at, n, w in histories[model]:
+                if now - at <= PLAN_RATE_WINDOW_S:
+                    oldest = at
+                    break
+                requests, seconds, squares, counts = requests - n, seconds - w, squares - n * n / w, counts - 1
+            if oldest is None or seconds <= 0:
                 continue
-            until = min(until, t + RATE_REPORT_TTL_S,
-                        min(at for at, _, _ in history if now - at <= PLAN_RATE_WINDOW_S) + PLAN_RATE_WINDOW_S)
-            out[model] = WindowRate(sum(n for n, _ in fresh) / window_s, window_s, dispersion(fresh))
+            until = min(until, t + RATE_REPORT_TTL_S, oldest + PLAN_RATE_WINDOW_S)
+            out[model] = WindowRate(requests / seconds, seconds,
+                                    dispersion_of_sums(requests, seconds, squares, counts))
         return now, until, out
 
     def _fresh(self, node: str, model: str, now: float) -> list[tuple[float, float]]:

@@ -224,3 +224,36 @@ def test_window_rates_add_up_the_frontends_and_follow_each_ones_reports():
     workload.forget("fe-2")
     assert workload.window_rates(12.2)["a"].rate_rps == 20.0
     assert "a" not in workload.window_rates(12.0 + PLAN_RATE_WINDOW_S + 60.0)   # every count aged out
+
+
+def test_dispersion_from_running_sums_is_the_dispersion_of_the_counts():
+    """The window rates keep each history's sums up to date count by count (O(1) per report); the
+    statistic is the same as common/surge.py's over the counts themselves."""
+    import random
+
+    from common.surge import dispersion, dispersion_of_sums
+
+    rng = random.Random(7)
+    for _ in range(200):
+        counts = [(rng.choice([0, 1, 3, 40, 200]) + rng.randint(0, 5), rng.choice([0.5, 1.0, 2.0, 2.7]))
+                  for _ in range(rng.randint(1, 8))]
+        sums = (sum(n for n, _ in counts), sum(w for _, w in counts), sum(n * n / w for n, w in counts), len(counts))
+        expected, got = dispersion(counts), dispersion_of_sums(*sums)
+        assert (expected is None) == (got is None), counts
+        if expected is not None:
+            assert got == pytest.approx(expected, rel=1e-9), counts
+    assert dispersion_of_sums(0, 4.0, 0.0, 2) == 1.0 and dispersion_of_sums(5, 2.0, 12.5, 1) is None
+
+
+def test_window_rates_age_out_the_oldest_counts_between_reports():
+    from common.pb import control
+    from globalsched.state.rate_reports import PLAN_RATE_WINDOW_S, Workload
+
+    workload = Workload()
+    for i, n in enumerate([100, 0, 0]):                 # a burst, then quiet: 2 s counts at 0, 2, 4 s
+        workload.report(control.WorkloadReport(node_id="fe", rates=[control.SessionRate(
+            model="a", rate_rps=n / 2.0, requests=n, window_ms=2000)]), 2.0 * i)
+    early = workload.window_rates(4.5)["a"]
+    assert early.rate_rps == pytest.approx(100 / 6.0) and early.window_s == 6.0 and early.dispersion > 10
+    later = workload.window_rates(0.01 + PLAN_RATE_WINDOW_S)["a"]     # the burst's count aged out
+    assert later.rate_rps == 0.0 and later.window_s == 4.0 and later.dispersion == 1.0

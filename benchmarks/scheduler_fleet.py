@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import pathlib
 import re
 import tempfile
@@ -37,7 +36,7 @@ from common.pb import control, control_grpc
 from common.sample_models import mlp_small, model_bytes
 from harness.cluster import Node
 from harness.fleet import Fleet
-from harness.meters import loadavg
+from harness.meters import cpu_seconds, loadavg
 from harness.prometheus import bucket_quantile, buckets, parse, scrape
 from harness.smoke import add_smoke, parse_args
 
@@ -53,11 +52,6 @@ def lag_buckets(metrics_url: str) -> dict[float, float]:
     if not found:
         raise RuntimeError(f"{LAG_METRIC} not among the scheduler's metrics")
     return found
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def upload_all(scheduler: str, models, base_rps: float) -> None:
@@ -81,8 +75,8 @@ async def upload_all(scheduler: str, models, base_rps: float) -> None:
         await asyncio.gather(*(worker(stub) for _ in range(UPLOADS_IN_FLIGHT)))
 
 
-def plans_in(log_text: str) -> list[int]:
-    return [int(e) for e in re.findall(r"epoch (\d+): re-planned", log_text)]
+def plans_in(log_text: str) -> int:
+    return len(re.findall(r"epoch \d+: re-planned", log_text))
 
 
 async def run(args) -> dict:
@@ -110,7 +104,7 @@ async def run(args) -> dict:
             fleet_lag0 = _fleet_buckets(fleet)
             tables0 = fleet.received.model_tables
             text0 = log_path.read_text()
-            plans0, evicted0, ended0 = len(plans_in(text0)), text0.count(EVICTED), text0.count(STREAM_ENDED)
+            plans0, evicted0, ended0 = plans_in(text0), text0.count(EVICTED), text0.count(STREAM_ENDED)
             if name == "register":
                 await fleet.start()
                 deadline = time.monotonic() + args.register_timeout_s
@@ -127,7 +121,7 @@ async def run(args) -> dict:
             worst, _ = bucket_quantile(lag0, lag1, 1.0)
             fp99, _ = bucket_quantile(fleet_lag0, _fleet_buckets(fleet), 0.99)
             row = {"phase": name, "seconds": round(elapsed, 1), "lag_samples": count, "lag_p99_le_s": p99,
-                   "lag_worst_le_s": worst, "plans": len(plans_in(text)) - plans0,
+                   "lag_worst_le_s": worst, "plans": plans_in(text) - plans0,
                    "model_tables": fleet.received.model_tables - tables0,
                    "scheduler_cores": round((cpu_seconds(sched.pid) - cpu0) / elapsed, 2),
                    "registered": fleet.registered(), "evicted": text.count(EVICTED) - evicted0,

@@ -15,8 +15,7 @@ many nodes as the real one would have.
 from __future__ import annotations
 
 import asyncio
-import collections
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping
 
 import grpc
@@ -38,8 +37,6 @@ class Received:
 
     model_tables: int = 0
     routing_tables: int = 0
-    sessions_loaded: int = 0
-    tables_by_epoch: collections.Counter = field(default_factory=collections.Counter)
 
 
 class _Backends(control_grpc.BackendServicer):
@@ -48,10 +45,7 @@ class _Backends(control_grpc.BackendServicer):
 
     async def UpdateModelTable(self, request, context):
         self.received.model_tables += 1
-        self.received.tables_by_epoch[request.epoch] += 1
-        loaded = [s.session or s.model.name for s in request.sessions]
-        self.received.sessions_loaded += len(loaded)
-        return control.ModelTableReply(loaded=loaded)
+        return control.ModelTableReply(loaded=[s.session or s.model.name for s in request.sessions])
 
 
 class _Frontends(control_grpc.FrontendServicer):

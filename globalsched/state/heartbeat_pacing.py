@@ -26,4 +26,10 @@ def pacing(nodes: int, min_period_s: float, node_timeout_s: float, max_per_s: fl
     ``node_timeout_s`` while ``nodes / min_period_s`` stays within ``max_per_s`` (0: no limit),
     both stretched alike beyond it."""
     period = min_period_s if max_per_s <= 0 else max(min_period_s, nodes / max_per_s)
-    return Pacing(period, node_timeout_s * period / min_period_s)
+    return Pacing(period, silence_timeout_s(period, min_period_s, node_timeout_s))
+
+
+def silence_timeout_s(period_s: float, min_period_s: float, node_timeout_s: float) -> float:
+    """How long a node beating every ``period_s`` may be silent: as many periods as ``node_timeout_s``
+    is of ``min_period_s`` (never less than ``node_timeout_s``)."""
+    return node_timeout_s * max(period_s, min_period_s) / min_period_s

@@ -29,7 +29,7 @@ from common.health import LIVENESS
 from common.pb import control, control_grpc
 from common.security import Credentials
 from globalsched.state.failure_detector import DetectorConfig, DetectorState, detect
-from globalsched.state.heartbeat_pacing import Pacing, pacing
+from globalsched.state.heartbeat_pacing import Pacing, pacing, silence_timeout_s
 from globalsched.refusal import Refused
 from globalsched.planning.replan_trigger import ReplanTrigger
 from globalsched.state.rate_reports import Workload
@@ -264,8 +264,8 @@ class Membership:
             # the timeout of the longest period any node was asked for (a shrinking cluster's nodes
             # beat on their old period until their next heartbeat tells them the new one)
             longest_s = max((n.period_s for n in self.nodes.values()), default=interval_s)
-            timeout_s = self.config.node_timeout_s * max(longest_s, interval_s) / interval_s
-            config = DetectorConfig(timeout_s=timeout_s, interval_s=interval_s)
+            config = DetectorConfig(timeout_s=silence_timeout_s(longest_s, interval_s, self.config.node_timeout_s),
+                                    interval_s=interval_s)
             verdict, state = detect({n.node_id: n.last_seen for n in self.nodes.values()}, state, time.monotonic(),
                                     config)
             if verdict.note and not note:

@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import numpy as np
+
 NOISE_SIGMAS = 4.0
 NOISE_MIN_EXTRA = 3.0
 SURGE_RATIO = 1.5
@@ -75,3 +77,21 @@ def is_surge(count: float, expected: float) -> bool:
     it and SURGE_RATIO times it."""
     expected = max(expected, 0.0)
     return count > expected + noise_margin(expected) and count > SURGE_RATIO * expected
+
+
+def surges_of(counts: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """:func:`is_surge` of each pair of ``counts`` and ``expected`` (arrays): the same rule, for the
+    scheduler's workload, which judges thousands of sessions' reports at a time."""
+    expected = np.maximum(expected, 0.0)
+    return (counts > expected + NOISE_SIGMAS * np.sqrt(expected) + NOISE_MIN_EXTRA) & (counts > SURGE_RATIO * expected)
+
+
+def dispersions_of_sums(requests: np.ndarray, seconds: np.ndarray, squares: np.ndarray,
+                        counts: np.ndarray) -> np.ndarray:
+    """:func:`dispersion_of_sums` of each session's sums (arrays); NaN where it is not known."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = requests / seconds
+        chi2 = squares / rate - 2 * requests + rate * seconds
+        out = np.maximum(chi2 / (counts - 1), 1.0)
+    out = np.where(requests <= 0, 1.0, out)
+    return np.where((counts < 2) | (seconds <= 0), np.nan, out)

@@ -3,7 +3,14 @@
 Each frontend's rate is smoothed exponentially (it decides *when* to re-plan) and its request counts
 are kept over a window (the window's mean is what a plan is made for). Fan-out counts per query edge
 give the measured gamma of each edge. A frontend that leaves takes its reports with it (:meth:`forget`).
-Pure bookkeeping: time is passed in.
+Pure bookkeeping: time is passed in, and it only moves forward.
+
+A fleet's frontends each report thousands of sessions every few seconds, and the scheduler reads
+the sums at every report and every tick of the device scaler. Worked out session by session, that
+held its event loop for a quarter of a second at every report. So each frontend's counts are kept
+as running sums in columns, one per session (numpy arrays), its readings are worked out column-wise
+when its report comes or one of its counts ages out of the window, and the sums over frontends are
+column-wise too.
 """
 
 from __future__ import annotations
@@ -12,8 +19,10 @@ import collections
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from common.pb import control
-from common.surge import dispersion_of_sums, is_surge
+from common.surge import dispersions_of_sums, surges_of
 
 RATE_REPORT_TTL_S = 10.0        # a frontend's report counts this long
 RATE_SMOOTHING = 0.3            # weight of the newest report in the exponentially smoothed rate
@@ -31,25 +40,136 @@ class WindowRate:
     dispersion: float | None    # the largest index of dispersion of a frontend's counts; None: not known
 
 
-def _count(sums: list, n: float, w: float, sign: int) -> None:
-    """Add (sign 1) or take away (-1) one count of ``n`` requests over ``w`` seconds to a history's sums."""
-    sums[0] += sign * n
-    sums[1] += sign * w
-    sums[2] += sign * n * n / w
-    sums[3] += sign
+class _Readings:
+    """One frontend's readings at an instant, column by column (a session per column): where it
+    reports the session (``present``) and has counts in the window (``counted``), the rate to plan
+    for (the window's mean, a surging latest report's rate, or the smoothed rate without counts), the
+    seconds of counts behind it (0 without), the surging latest report's seconds (inf: no surge), the
+    window's mean and its dispersion (NaN: not known), and the latest report's rate and seconds."""
+
+    __slots__ = ("present", "counted", "rate", "seconds", "surge_s", "mean", "dispersion", "latest", "latest_s")
+
+
+class _Frontend:
+    """One frontend's reports, as running sums over the window in session columns."""
+
+    ARRAYS = ("requests", "seconds", "squares", "counts", "latest_n", "latest_w", "smoothed", "reported_at")
+
+    def __init__(self, width: int) -> None:
+        self.history: collections.deque = collections.deque()   # (time, columns, requests, seconds) per report
+        for name in self.ARRAYS:
+            setattr(self, name, np.zeros(width))
+        self.reported_at[:] = -np.inf           # when it last reported each session
+        self.readings: _Readings | None = None  # true until a report, an ageing, or ``earliest`` expires
+        self.earliest = math.inf                # the earliest report of a session the readings hold
+        self.read_at, self.read_aged = -math.inf, 0     # when they were read, less how many reports
+
+    def grow(self, width: int) -> None:
+        for name in self.ARRAYS:
+            old = getattr(self, name)
+            new = np.full(width, -np.inf if name == "reported_at" else 0.0)
+            new[:len(old)] = old
+            setattr(self, name, new)
+
+    def prune(self, now: float) -> None:
+        """Drop the reports that left the window by ``now`` (a report of its own came: time is past them)."""
+        while self.history and now - self.history[0][0] > PLAN_RATE_WINDOW_S:
+            _take_out((self.requests, self.seconds, self.squares, self.counts), *self.history.popleft()[1:])
+        self.readings = None
+
+    def read(self, now: float) -> _Readings:
+        """Its readings at ``now``: the running sums less the reports that left the window since its
+        last report (kept until a report, a count's ageing, or a session's expiry changes them)."""
+        aged = 0
+        for at, *_ in self.history:
+            if now - at <= PLAN_RATE_WINDOW_S:
+                break
+            aged += 1
+        if self.readings is not None and self.read_at <= now and aged == self.read_aged and \
+                now - self.earliest <= RATE_REPORT_TTL_S:
+            return self.readings
+        requests, seconds, squares, counts = self.requests, self.seconds, self.squares, self.counts
+        if aged:
+            requests, seconds, squares, counts = (a.copy() for a in (requests, seconds, squares, counts))
+            for i in range(aged):
+                _take_out((requests, seconds, squares, counts), *self.history[i][1:])
+        r = _Readings()
+        r.present = now - self.reported_at <= RATE_REPORT_TTL_S
+        r.counted = r.present & (counts > 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r.mean = np.where(r.counted, requests / seconds, 0.0)
+            r.latest = np.where(r.counted, self.latest_n / self.latest_w, 0.0)
+            before_s = seconds - self.latest_w
+            before = np.where(before_s > 0, (requests - self.latest_n) / before_s, 0.0)
+        # beyond noise around the window's mean: a plan made for the mean would miss for the window's
+        # length (a frontend's first report is judged against nothing: all news)
+        surging = r.counted & surges_of(self.latest_n, before * self.latest_w)
+        r.rate = np.where(r.counted, np.where(surging, np.maximum(r.mean, r.latest), r.mean),
+                          np.where(r.present, self.smoothed, 0.0))
+        r.seconds = np.where(r.counted, seconds, 0.0)
+        r.surge_s = np.where(surging, self.latest_w, np.inf)
+        r.dispersion = dispersions_of_sums(requests, seconds, squares, counts)
+        r.latest_s = np.where(r.counted, self.latest_w, np.inf)
+        reported = self.reported_at[r.present]
+        self.readings, self.earliest = r, float(reported.min()) if reported.size else math.inf
+        self.read_at, self.read_aged = now, aged
+        return r
+
+
+def _take_out(sums: tuple, cols: np.ndarray, n: np.ndarray, w: np.ndarray) -> None:
+    """Take one report's counts (``n`` requests over ``w`` seconds in columns ``cols``) out of running
+    ``sums`` (requests, seconds, sum of n * n / w, reports)."""
+    for total, values in zip(sums, (n, w, n * n / w, 1)):
+        np.subtract.at(total, cols, values)
+
+
+class _Sums:
+    """The readings of every frontend summed by session, as the accessors answer them."""
+
+    def __init__(self, names: list[str], frontends: list[_Readings]) -> None:
+        width = len(names)
+        present = np.zeros(width, bool)
+        counted = np.zeros(width, bool)
+        rates, means, latest = np.zeros(width), np.zeros(width), np.zeros(width)
+        windows, surge_s, counted_s, latest_s = (np.full(width, np.inf) for _ in range(4))
+        dispersion, unknown = np.ones(width), np.zeros(width, bool)
+        for r in frontends:
+            n = min(len(r.present), width)      # a frontend's arrays grow ahead of the sessions
+            p, c = r.present[:n], r.counted[:n]
+            present[:n] |= p
+            counted[:n] |= c
+            rates[:n] += r.rate[:n]
+            means[:n] += r.mean[:n]
+            latest[:n] += r.latest[:n]
+            np.minimum(windows[:n], np.where(p, r.seconds[:n], np.inf), out=windows[:n])
+            np.minimum(surge_s[:n], r.surge_s[:n], out=surge_s[:n])
+            np.minimum(counted_s[:n], np.where(c, r.seconds[:n], np.inf), out=counted_s[:n])
+            np.minimum(latest_s[:n], r.latest_s[:n], out=latest_s[:n])
+            unknown[:n] |= c & np.isnan(r.dispersion[:n])
+            np.fmax(dispersion[:n], np.where(c, r.dispersion[:n], 1.0), out=dispersion[:n])
+        cols = np.flatnonzero(present)
+        keys = [names[i] for i in cols]
+        self.rates = dict(zip(keys, rates[cols].tolist()))
+        self.windows = dict(zip(keys, windows[cols].tolist()))
+        cols = np.flatnonzero(surge_s < np.inf)
+        self.surging = dict(zip([names[i] for i in cols], surge_s[cols].tolist()))
+        cols = np.flatnonzero(counted)
+        keys = [names[i] for i in cols]
+        self.latest = dict(zip(keys, zip(latest[cols].tolist(), latest_s[cols].tolist())))
+        self.window_rates = {k: WindowRate(m, s, None if u else d) for k, m, s, u, d in
+                             zip(keys, means[cols].tolist(), counted_s[cols].tolist(), unknown[cols].tolist(),
+                                 dispersion[cols].tolist())}
 
 
 class Workload:
     def __init__(self) -> None:
         self.rates: dict[str, dict[str, tuple[float, float]]] = {}   # frontend -> model -> (rate, t)
-        # frontend -> model -> (time, requests, window seconds) of its reports over PLAN_RATE_WINDOW_S
-        self.rate_history: dict[str, dict[str, collections.deque]] = {}
         self.edges: dict[str, dict[tuple[str, str, str], tuple[int, int, float]]] = {}  # frontend -> edge -> counts
-        self._memo: tuple[float, tuple] | None = None     # (now, _rates(now)) until the next report or forget
-        self._window_memo: tuple[float, float, dict] | None = None  # (from, until, window_rates) likewise
-        self._node_windows: dict[str, tuple[float, float, dict]] = {}   # each frontend's part of it, likewise
-        # rate_history's running sums per frontend and session: [requests, seconds, sum of n*n/w, counts]
-        self._history_sums: dict[str, dict[str, list]] = {}
+        self.columns: dict[str, int] = {}       # session -> its column in every frontend's arrays
+        self._names: list[str] = []             # column -> session
+        self._frontends: dict[str, _Frontend] = {}
+        self._sums: _Sums | None = None         # until a frontend's readings change
+        self._sums_of: list | None = None
         # frontend -> the models of its latest report, when that report counted nothing
         self.quiet: dict[str, frozenset[str]] = {}
         self.last_requested: dict[str, float] = {}   # session -> when a report last counted a request of it
@@ -58,6 +178,13 @@ class Workload:
         """When each session's requests were last reported (monotonic): residency evicts the least
         recently used (globalsched/planning/residency.py)."""
         return dict(self.last_requested)
+
+    def _column(self, model: str) -> int:
+        col = self.columns.get(model)
+        if col is None:
+            col = self.columns[model] = len(self._names)
+            self._names.append(model)
+        return col
 
     def report(self, request: control.WorkloadReport, now: float) -> bool:
         """Take one frontend's report (its node is known: the caller checked). Whether it is news for
@@ -69,35 +196,44 @@ class Workload:
         An idle frontend sends such a report every few seconds; judging the plan on each cost the
         scheduler CPU in proportion to time, not to events. What time alone changes is judged by
         the epoch timer (globalsched/planning/control_loop.py)."""
-        self._memo = self._window_memo = None
-        self._node_windows.pop(request.node_id, None)
-        for r in request.rates:
-            if r.requests:
-                self.last_requested[r.model] = now
-        quiet = not any(r.requests or r.rate_rps > 0 for r in request.rates) and \
+        node = request.node_id
+        rows = [(r.model, r.requests, r.window_ms, r.rate_rps) for r in request.rates]   # one pass: thousands
+        models = [row[0] for row in rows]
+        numbers = np.array([row[1:] for row in rows], dtype=float).reshape(len(rows), 3)
+        requests, window_s, reported = numbers[:, 0], numbers[:, 1] / 1000, np.maximum(numbers[:, 2], 0.0)
+        for i in np.flatnonzero(requests):
+            self.last_requested[models[i]] = now
+        quiet = not (requests.any() or reported.any()) and \
             not any(e.parent_requests or e.child_requests for e in request.edges)
-        models = frozenset(r.model for r in request.rates)
-        was_quiet = self.quiet.get(request.node_id) == models
+        names = frozenset(models)
+        was_quiet = self.quiet.get(node) == names
         if quiet:
-            self.quiet[request.node_id] = models
+            self.quiet[node] = names
         else:
-            self.quiet.pop(request.node_id, None)
-        table = self.rates.setdefault(request.node_id, {})
-        for r in request.rates:
-            rate = max(r.rate_rps, 0.0)
-            old = table.get(r.model)
-            if old is not None and now - old[1] <= RATE_REPORT_TTL_S:   # smooth Poisson noise of short windows
-                rate = RATE_SMOOTHING * rate + (1 - RATE_SMOOTHING) * old[0]
-            table[r.model] = (rate, now)
-            if r.window_ms > 0:
-                history = self.rate_history.setdefault(request.node_id, {}).setdefault(r.model, collections.deque())
-                sums = self._history_sums.setdefault(request.node_id, {}).setdefault(r.model, [0.0, 0.0, 0.0, 0])
-                history.append((now, r.requests, r.window_ms / 1000))
-                _count(sums, r.requests, r.window_ms / 1000, 1)
-                while history and history[0][0] < now - PLAN_RATE_WINDOW_S:
-                    _, n, w = history.popleft()
-                    _count(sums, n, w, -1)
-        edges = self.edges.setdefault(request.node_id, {})
+            self.quiet.pop(node, None)
+        cols = np.array([self._column(m) for m in models], dtype=np.intp)
+        fe = self._frontends.get(node)
+        if fe is None:
+            fe = self._frontends[node] = _Frontend(len(self._names))
+        if len(fe.requests) < len(self._names):
+            fe.grow(max(len(self._names), 2 * len(fe.requests)))
+        fe.prune(now)
+        # smooth Poisson noise of short windows with the previous report, where it still counts
+        recent = now - fe.reported_at[cols] <= RATE_REPORT_TTL_S
+        smoothed = np.where(recent, RATE_SMOOTHING * reported + (1 - RATE_SMOOTHING) * fe.smoothed[cols], reported)
+        fe.smoothed[cols] = smoothed
+        fe.reported_at[cols] = now
+        table = self.rates.setdefault(node, {})
+        table.update(zip(models, zip(smoothed.tolist(), [now] * len(models))))
+        counted = window_s > 0
+        if counted.any():
+            c, n, w = cols[counted], requests[counted], window_s[counted]
+            fe.history.append((now, c, n, w))
+            for total, values in zip((fe.requests, fe.seconds, fe.squares, fe.counts), (n, w, n * n / w, 1)):
+                np.add.at(total, c, values)
+            fe.latest_n[c] = n
+            fe.latest_w[c] = w
+        edges = self.edges.setdefault(node, {})
         for e in request.edges:
             key = (e.query, e.parent, e.child)
             old = edges.get(key)
@@ -105,27 +241,34 @@ class Workload:
                 edges[key] = (old[0] + e.parent_requests, old[1] + e.child_requests, old[2])
             else:
                 edges[key] = (e.parent_requests, e.child_requests, now)
-        return not (quiet and was_quiet and self._settled(request.node_id, now))
+        return not (quiet and was_quiet and self._settled(node, now))
 
     def _settled(self, node: str, now: float) -> bool:
         """Whether ``node``'s reports hold no count within the windows the planner reads (rates:
         PLAN_RATE_WINDOW_S; fan-outs: :meth:`current_gammas`'s), and every rate window is full."""
-        for model in self.rates.get(node, {}):
-            fresh = self._fresh(node, model, now)
-            if any(n for n, _ in fresh) or sum(w for _, w in fresh) < PLAN_RATE_WINDOW_S - FULL_WINDOW_SLACK_S:
+        fe = self._frontends.get(node)
+        if fe is not None:
+            fe.prune(now)
+            ever = fe.reported_at > -np.inf
+            if fe.requests[ever].any() or (fe.seconds[ever] < PLAN_RATE_WINDOW_S - FULL_WINDOW_SLACK_S).any():
                 return False
         return not any((parent or child) and now - t <= 2 * RATE_REPORT_TTL_S
                        for parent, child, t in self.edges.get(node, {}).values())
 
     def forget(self, node_id: str) -> None:
         """A node left: its reports no longer count."""
-        self._memo = self._window_memo = None
-        self._node_windows.pop(node_id, None)
+        self._frontends.pop(node_id, None)
         self.rates.pop(node_id, None)
-        self.rate_history.pop(node_id, None)
-        self._history_sums.pop(node_id, None)
         self.edges.pop(node_id, None)
         self.quiet.pop(node_id, None)
+
+    def _summed(self, now: float) -> _Sums:
+        """Every frontend's readings at ``now``, summed by session (kept while none of them changes)."""
+        readings = [fe.read(now) for fe in self._frontends.values()]
+        if self._sums is None or self._sums_of is None or len(readings) != len(self._sums_of) or \
+                any(a is not b for a, b in zip(readings, self._sums_of)):
+            self._sums, self._sums_of = _Sums(self._names, readings), readings
+        return self._sums
 
     def planning_rates(self, now: float) -> dict[str, float]:
         """The rates a plan is made for: requests over time across the reports of the last
@@ -136,128 +279,37 @@ class Workload:
         low) excursion; planning on that value would keep the excursion. The window's mean is steadier,
         but lags a step up by the window's length: a surge beyond noise is planned for at once.
         """
-        return dict(self._rates(now)[0])
+        return dict(self._summed(now).rates)
 
     def rate_windows_s(self, now: float) -> dict[str, float]:
         """Per session, the seconds of counted requests behind its planning rate: the shortest window of
         any frontend reporting it (0 where a frontend sent no counts: no noise estimate). The planner
         tells noise from change with it (globalsched/planning/planner.py, :func:`settled_rates`)."""
-        return dict(self._rates(now)[2])
+        return dict(self._summed(now).windows)
 
     def surges(self, now: float) -> dict[str, float]:
         """Sessions whose latest report, on some frontend, is a surge (common/surge.py) against that
         frontend's window mean (its first report in the window: against none): their rate summed
         over frontends, with the surging frontends' latest rates. The planner keeps those that are
         surges against the rate planned too (globalsched/planning/planner.py, :func:`real_surges`)."""
-        rates, surging, _ = self._rates(now)
-        return {model: rates[model] for model in surging}
+        sums = self._summed(now)
+        return {model: sums.rates[model] for model in sums.surging}
 
     def surge_windows_s(self, now: float) -> dict[str, float]:
         """Per surging session, the seconds of the latest report that surged (the shortest, when
         several frontends' did): what the planner judges a surge's noise by."""
-        return dict(self._rates(now)[1])
+        return dict(self._summed(now).surging)
 
     def latest_reports(self, now: float) -> dict[str, tuple[float, float]]:
         """Per session, its latest reports' rate summed over frontends, and the shortest of their
         windows: whether a surge's traffic goes on (globalsched/planning/planner.py, :func:`held_surges`)."""
-        out: dict[str, tuple[float, float]] = {}
-        for node, per_model in self.rates.items():
-            for model, (_, t) in per_model.items():
-                fresh = self._fresh(node, model, now)
-                if now - t > RATE_REPORT_TTL_S or not fresh or fresh[-1][1] <= 0:
-                    continue
-                n, w = fresh[-1]
-                rate, window = out.get(model, (0.0, w))
-                out[model] = (rate + n / w, min(window, w))
-        return out
+        return dict(self._summed(now).latest)
 
     def window_rates(self, now: float) -> dict[str, WindowRate]:
         """Per session, its window's mean rate with the noise of its counts (common/surge.py,
         :func:`dispersion`): what the device scaling policy judges an outrun plan by. Sessions a
-        frontend reported without counts are left out. The device scaler asks every tick; the answer
-        changes only with a report or when one ages out of the window, so it is kept until then."""
-        memo = self._window_memo
-        if memo is not None and memo[0] <= now <= memo[1]:
-            return dict(memo[2])
-        out: dict[str, WindowRate] = {}
-        until = math.inf            # the answer holds until a report counted now ages out
-        for node in self.rates:
-            # A frontend's part changes only with its own report or with time: worked out again then,
-            # not for every other frontend's report (at 2,400 sessions, a second of the loop each time).
-            part = self._node_windows.get(node)
-            if part is None or not part[0] <= now <= part[1]:
-                part = self._node_windows[node] = self._node_window(node, now)
-            until = min(until, part[1])
-            for model, mine in part[2].items():
-                old = out.get(model)
-                if old is not None:
-                    d = None if mine.dispersion is None or old.dispersion is None else max(mine.dispersion,
-                                                                                            old.dispersion)
-                    mine = WindowRate(old.rate_rps + mine.rate_rps, min(mine.window_s, old.window_s), d)
-                out[model] = mine
-        self._window_memo = (now, until, out)
-        return dict(out)
-
-    def _node_window(self, node: str, now: float) -> tuple[float, float, dict[str, WindowRate]]:
-        """``node``'s part of :meth:`window_rates`: (from, until, its rates by session)."""
-        out: dict[str, WindowRate] = {}
-        until = math.inf
-        histories, all_sums = self.rate_history.get(node, {}), self._history_sums.get(node, {})
-        for model, (_, t) in self.rates.get(node, {}).items():
-            if now - t > RATE_REPORT_TTL_S or model not in histories:
-                continue
-            # the history's sums, less its oldest counts that aged out of the window since the report
-            requests, seconds, squares, counts = all_sums[model]
-            oldest = None
-            for at, n, w in histories[model]:
-                if now - at <= PLAN_RATE_WINDOW_S:
-                    oldest = at
-                    break
-                requests, seconds, squares, counts = requests - n, seconds - w, squares - n * n / w, counts - 1
-            if oldest is None or seconds <= 0:
-                continue
-            until = min(until, t + RATE_REPORT_TTL_S, oldest + PLAN_RATE_WINDOW_S)
-            out[model] = WindowRate(requests / seconds, seconds,
-                                    dispersion_of_sums(requests, seconds, squares, counts))
-        return now, until, out
-
-    def _fresh(self, node: str, model: str, now: float) -> list[tuple[float, float]]:
-        """(requests, seconds) of ``node``'s reports of ``model`` within the rate window, oldest first."""
-        return [(n, w) for at, n, w in self.rate_history.get(node, {}).get(model, ()) if now - at <= PLAN_RATE_WINDOW_S]
-
-    def _rates(self, now: float) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
-        """(rates, surge windows, rate windows) at ``now``; one view reads all three, and the planner
-        reads a view every evaluation: computed once per instant and set of reports."""
-        if self._memo is not None and self._memo[0] == now:
-            return self._memo[1]
-        result = self._compute_rates(now)
-        self._memo = (now, result)
-        return result
-
-    def _compute_rates(self, now: float) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
-        totals: dict[str, float] = {}
-        surging: dict[str, float] = {}
-        windows: dict[str, float] = {}
-        for node, per_model in self.rates.items():
-            for model, (smoothed, t) in per_model.items():
-                if now - t > RATE_REPORT_TTL_S:
-                    continue
-                fresh = self._fresh(node, model, now)
-                window_s = sum(w for _, w in fresh)
-                rate = sum(n for n, _ in fresh) / window_s if window_s > 0 else smoothed
-                if fresh:               # a frontend's first report is judged against nothing: all news
-                    latest_n, latest_w = fresh[-1]
-                    before_s = window_s - latest_w
-                    mean = sum(n for n, _ in fresh[:-1]) / before_s if before_s > 0 else 0.0
-                    expected = mean * latest_w
-                    # beyond noise around the window's mean: a plan made for the mean would miss
-                    # for the window's length
-                    if is_surge(latest_n, expected):
-                        rate = max(rate, latest_n / latest_w)
-                        surging[model] = min(surging.get(model, latest_w), latest_w)
-                totals[model] = totals.get(model, 0.0) + rate
-                windows[model] = min(windows.get(model, window_s), window_s)
-        return totals, surging, windows
+        frontend reported without counts are left out."""
+        return dict(self._summed(now).window_rates)
 
     def current_rates(self, now: float) -> dict[str, float]:
         """The smoothed rate per session, summed over frontends."""

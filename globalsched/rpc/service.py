@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from dataclasses import replace
 
@@ -57,6 +58,8 @@ from globalsched.state.read_view import read_view
 from globalsched.state.rate_reports import Workload
 
 log = logging.getLogger("nexus.scheduler")
+
+SWITCH_INTERVAL_S = 0.0005
 
 ADOPTION_GRACE_S = 5.0      # how long a new leader waits for the adopted plan's backends before planning
 
@@ -156,6 +159,9 @@ class SchedulerService(control_grpc.SchedulerServicer):
         """Start planning, reaping and scaling (with several schedulers, once elected: ``lease_epoch`` is
         the leader's, and ``hold`` the backends of an adopted plan the first plan waits for)."""
         self.control.begin_epochs(plan_epoch_base(lease_epoch))
+        # From here this scheduler is the database's only writer (a leader that loses its lease exits):
+        # what it reads stays true until it writes.
+        self.admin.db.keep_reads = True
         self._tasks = [asyncio.create_task(self._plan_when_registered(set(hold))), asyncio.create_task(self.membership.reaper()),
                        asyncio.create_task(self.control.epoch_timer()), asyncio.create_task(self.scaler.run()),
                        asyncio.create_task(self.loop_lag.run())]
@@ -290,6 +296,10 @@ async def serve(config: SchedulerConfig, ready=None) -> None:
     """Run the scheduler until cancelled; ``ready(address, metrics=URL, role=ROLE)`` is called once it
     listens. With ``--database`` it may start as a standby (globalsched/leadership/leader.py) and leads once
     elected; it exits with status 3 when it loses the leadership."""
+    # The planner runs in a worker thread and holds the interpreter while it plans (seconds at a
+    # thousand devices); the event loop that answers heartbeats waits for it at every wake-up, for up
+    # to the switch interval (default 5 ms), and a loop that wakes often fell seconds behind.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         db = ModelDatabase(config.data_dir, int(config.max_upload_mb * 1024 * 1024), database_url=config.database)
     except (ConnectionError, RuntimeError) as exc:     # unreachable, or a schema this release cannot use

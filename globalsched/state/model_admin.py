@@ -355,6 +355,7 @@ class ModelAdmin:
 
     def reread(self) -> None:
         """Forget what was read of the database before (another scheduler led meanwhile). Blocking."""
+        self.db.forget_reads()
         self.in_service.reread()
 
     # ---- what a plan carries, and what its distribution reports back --------------------------------

@@ -39,6 +39,7 @@ so a metadata read on the loop waits at most that long. Model files are never re
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -230,6 +231,11 @@ class ModelDatabase:
             self._db = SqliteConnection(path, read_only)
             self.blobs = FileBlobStore(self.data_dir / "blobs")
         self._lock = self._db.lock
+        self._sql = self._db
+        self._db = _CountedWrites(self._db)
+        self.keep_reads = False         # cache reads until the next write (:meth:`_read`)
+        self._reads: dict[tuple, object] = {}
+        self._reads_at = -1             # the write count the cached reads were made at
         if read_only:
             version = self._schema_version()
             if version != SCHEMA_VERSION:
@@ -249,7 +255,29 @@ class ModelDatabase:
     @property
     def sql(self) -> SqliteConnection | PostgresConnection:
         """The metadata connection, for the stores that keep their tables beside the models' (queries)."""
-        return self._db
+        return self._sql
+
+    def forget_reads(self) -> None:
+        """Read the database afresh from now on (another process may have written it)."""
+        with self._lock:
+            self._reads.clear()
+
+    def _read(self, key: tuple, read):
+        """``read()``, or what it returned before when nothing was written since and :attr:`keep_reads`
+        holds (the scheduler that leads is the database's only writer: a plan reads each model's
+        records several times, and thousands of models were thousands of statements at every
+        evaluation). What is returned is shared: callers do not change it."""
+        if not self.keep_reads:
+            return read()
+        with self._lock:
+            if self._db.writes != self._reads_at:
+                self._reads.clear()
+                self._reads_at = self._db.writes
+            try:
+                return self._reads[key]
+            except KeyError:
+                value = self._reads[key] = read()
+                return value
 
     def close(self) -> None:
         with self._lock:
@@ -541,26 +569,34 @@ class ModelDatabase:
 
     def models(self) -> list[ModelRecord]:
         """Every stored version, by name and version."""
-        with self._lock:
-            rows = self._db.execute(_SELECT_MODELS + " ORDER BY m.name, m.version").fetchall()
-        return [_record(r) for r in rows]
+        def read():
+            with self._lock:
+                rows = self._db.execute(_SELECT_MODELS + " ORDER BY m.name, m.version").fetchall()
+            return tuple(_record(r) for r in rows)
+        return list(self._read(("models",), read))
 
     def model(self, key: str) -> ModelRecord | None:
         """The stored version with this version key, or None."""
-        with self._lock:
-            row = self._db.execute(_SELECT_MODELS + " WHERE m.name=? AND m.version=?", split_key(key)).fetchone()
-        return _record(row) if row else None
+        def read():
+            with self._lock:
+                row = self._db.execute(_SELECT_MODELS + " WHERE m.name=? AND m.version=?", split_key(key)).fetchone()
+            return _record(row) if row else None
+        return self._read(("model", key), read)
 
     def versions(self, name: str) -> list[ModelRecord]:
         """The stored versions of model ``name``, oldest first (none: an unknown model)."""
-        with self._lock:
-            rows = self._db.execute(_SELECT_MODELS + " WHERE m.name=? ORDER BY m.version", (name,)).fetchall()
-        return [_record(r) for r in rows]
+        def read():
+            with self._lock:
+                rows = self._db.execute(_SELECT_MODELS + " WHERE m.name=? ORDER BY m.version", (name,)).fetchall()
+            return tuple(_record(r) for r in rows)
+        return list(self._read(("versions", name), read))
 
     def version_policy(self, name: str) -> VersionPolicy:
-        with self._lock:
-            row = self._db.execute("SELECT policy_json FROM version_policies WHERE model=?", (name,)).fetchone()
-        return VersionPolicy.from_json(row[0]) if row else DEFAULT_POLICY
+        def read():
+            with self._lock:
+                row = self._db.execute("SELECT policy_json FROM version_policies WHERE model=?", (name,)).fetchone()
+            return VersionPolicy.from_json(row[0]) if row else DEFAULT_POLICY
+        return self._read(("version_policy", name), read)
 
     def served_versions(self, name: str) -> tuple[int, ...]:
         """The stored versions of ``name`` that its version policy selects, ascending."""
@@ -587,10 +623,12 @@ class ModelDatabase:
             self.profiles_version += 1
 
     def profiles(self, key: str) -> dict[str, Profile]:
-        with self._lock:
-            rows = self._db.execute("SELECT device_type, profile_json FROM profiles WHERE model=? AND version=?",
-                                    split_key(key)).fetchall()
-        return {r[0]: Profile.from_json(r[1]) for r in rows}
+        def read():
+            with self._lock:
+                rows = self._db.execute("SELECT device_type, profile_json FROM profiles WHERE model=? AND version=?",
+                                        split_key(key)).fetchall()
+            return {r[0]: Profile.from_json(r[1]) for r in rows}
+        return dict(self._read(("profiles", key), read))
 
     def profile_texts(self) -> dict[str, dict[str, str]]:
         """Every stored version's tables as stored (JSON text), by version key and device type, in one
@@ -627,9 +665,11 @@ class ModelDatabase:
     # ---- serving (per model name) ------------------------------------------------------------------
 
     def sessions(self) -> list[SessionRecord]:
-        with self._lock:
-            rows = self._db.execute("SELECT model, slo_ms FROM sessions ORDER BY model").fetchall()
-        return [SessionRecord(r[0], r[1]) for r in rows]
+        def read():
+            with self._lock:
+                rows = self._db.execute("SELECT model, slo_ms FROM sessions ORDER BY model").fetchall()
+            return tuple(SessionRecord(r[0], r[1]) for r in rows)
+        return list(self._read(("sessions",), read))
 
     def set_session(self, model: str, slo_ms: float) -> None:
         with self._lock:
@@ -638,9 +678,11 @@ class ModelDatabase:
 
     def min_replicas(self, model: str) -> int:
         """Backends each of the model's sessions keeps at least; 0: the scheduler's default."""
-        with self._lock:
-            row = self._db.execute("SELECT min_replicas FROM model_replicas WHERE model=?", (model,)).fetchone()
-        return row[0] if row else 0
+        def read():
+            with self._lock:
+                row = self._db.execute("SELECT min_replicas FROM model_replicas WHERE model=?", (model,)).fetchone()
+            return row[0] if row else 0
+        return self._read(("min_replicas", model), read)
 
     def set_min_replicas(self, model: str, min_replicas: int) -> None:
         if min_replicas < 0 or min_replicas > MAX_MIN_REPLICAS:
@@ -650,12 +692,14 @@ class ModelDatabase:
             self._db.execute(_UPSERT_REPLICAS, (model, min_replicas))
 
     def serving(self, model: str) -> ServingSettings:
-        with self._lock:
-            row = self._db.execute("SELECT expected_rate_rps, batch_cap FROM model_serving WHERE model=?",
-                                   (model,)).fetchone()
-            late = self._db.execute("SELECT action FROM model_late_requests WHERE model=?", (model,)).fetchone()
-        rate, cap = row if row else (0.0, 0)
-        return ServingSettings(rate, cap, LateRequests(late[0]) if late else LateRequests.DROP)
+        def read():
+            with self._lock:
+                row = self._db.execute("SELECT expected_rate_rps, batch_cap FROM model_serving WHERE model=?",
+                                       (model,)).fetchone()
+                late = self._db.execute("SELECT action FROM model_late_requests WHERE model=?", (model,)).fetchone()
+            rate, cap = row if row else (0.0, 0)
+            return ServingSettings(rate, cap, LateRequests(late[0]) if late else LateRequests.DROP)
+        return self._read(("serving", model), read)
 
     def remove_session(self, model: str) -> bool:
         with self._lock:
@@ -665,6 +709,53 @@ class ModelDatabase:
     def _known(self, model: str) -> None:
         if not self._db.execute("SELECT 1 FROM models WHERE name=?", (model,)).fetchone():
             raise KeyError(f"unknown model {model!r}")
+
+
+class _CountedWrites:
+    """The metadata connection as the model database uses it, counting the statements that may have
+    written (anything but a SELECT, and every transaction's end, committed or not): a read cached at
+    the same count is still true (:meth:`ModelDatabase._read`). Counted under the connection's lock,
+    after the statement, so that no read made before a write is cached at the count after it."""
+
+    def __init__(self, conn: SqliteConnection | PostgresConnection) -> None:
+        self.conn = conn
+        self.lock = conn.lock
+        self.dialect = conn.dialect
+        self.describe = conn.describe
+        self.writes = 0
+
+    def execute(self, sql: str, params=()):
+        with self.lock:
+            try:
+                return self.conn.execute(sql, params)
+            finally:
+                if sql.lstrip()[:6].upper() != "SELECT":
+                    self.writes += 1
+
+    def executescript(self, script: str) -> None:
+        self._counted(self.conn.executescript, script)
+
+    def create_tables(self, script: str) -> None:
+        self._counted(self.conn.create_tables, script)
+
+    def _counted(self, run, *args):
+        with self.lock:
+            try:
+                return run(*args)
+            finally:
+                self.writes += 1
+
+    @contextlib.contextmanager
+    def transaction(self):
+        with self.lock:
+            try:
+                with self.conn.transaction():
+                    yield
+            finally:
+                self.writes += 1
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,7 @@ changed: re-plan now), :meth:`ReplanTrigger.evaluate` (rates or time moved on: l
 whether its plan still fits) or ``await`` :meth:`ReplanTrigger.replan_now` (a node leaves: return once
 a plan without it is applied). The planning task (globalsched/planning/control_loop.py) waits on the trigger,
 takes what accumulated with :meth:`take`, plans once for the whole burst, applies the plan and
-publishes its ``epoch`` here, which the Attach streams report to the nodes when it changes
-(:meth:`ReplanTrigger.next_epoch`).
+sets its ``epoch`` here.
 """
 
 from __future__ import annotations
@@ -32,29 +31,12 @@ class Requests:
 
 class ReplanTrigger:
     def __init__(self, epoch: int = 0) -> None:
-        self._published = asyncio.Event()  # set (and replaced) when a new epoch is published
         self.epoch = epoch                 # of the plan in force; set by the planning task
         self._event = asyncio.Event()
         self._force: ReplanReason | None = None
         self._why: list[str] = []
         self._waiters: list[asyncio.Future] = []
         self._waiting_requests = False     # requests wait for this plan (a cold model's page-in)
-
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    @epoch.setter
-    def epoch(self, value: int) -> None:
-        self._epoch = value
-        self._published.set()              # wakes every next_epoch() waiting on the previous one
-        self._published = asyncio.Event()
-
-    async def next_epoch(self, seen: int) -> int:
-        """Wait until an epoch other than ``seen`` is published, and return it (at once when one is)."""
-        while self._epoch == seen:
-            await self._published.wait()
-        return self._epoch
 
     def request(self, why: str, membership: bool = False, requests_wait: bool = False) -> None:
         """Re-plan now: ``membership`` when devices were lost or added (repair in place, at once);

@@ -206,34 +206,23 @@ class Membership:
             await node.channel.close()
 
     async def attach(self, node_id: str):
-        """Events for a node's Attach stream while it is registered; the stream's end (the node died
-        or stopped) removes the node at once, without waiting for missed heartbeats."""
+        """A node's Attach stream while it is registered: one event (the plan epoch at attach), then
+        nothing until it ends; its end (the node died or stopped) removes the node at once, without
+        waiting for missed heartbeats.
+
+        It used to carry an event at every plan, which no node reads: with a thousand nodes, each plan
+        wrote a thousand stream messages from the scheduler's event loop. The channels' HTTP/2
+        keepalive pings (common/grpc_util.py) tell a dead or hung peer."""
         node = self.nodes.get(node_id)
         if node is None:
             raise Refused(grpc.StatusCode.NOT_FOUND, f"unknown node {node_id!r}; register first")
-        epoch = self.trigger.epoch
         try:
-            while self.nodes.get(node_id) is node:
-                yield control.AttachEvent(epoch=epoch)
-                epoch = await self._next_epoch(node, epoch)
+            yield control.AttachEvent(epoch=self.trigger.epoch)
+            if self.nodes.get(node_id) is node:
+                await node.gone.wait()
         finally:
             if not self.stopping and self.nodes.get(node_id) is node:
                 await self.remove_node(node.node_id, "its Attach stream ended")
-
-    async def _next_epoch(self, node: Node, seen: int) -> int:
-        """The next plan epoch published while ``node`` is registered, or ``seen`` once it is gone.
-
-        The stream carries an event only when there is news: a new epoch, or its end. It used to
-        send one every heartbeat interval as a keep-alive, a wake-up per node per second at idle;
-        the channels' HTTP/2 keepalive pings (common/grpc_util.py) tell a dead or hung peer."""
-        gone = asyncio.ensure_future(node.gone.wait())
-        published = asyncio.ensure_future(self.trigger.next_epoch(seen))
-        try:
-            await asyncio.wait({gone, published}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            published.cancel()
-        return seen if node.gone.is_set() else self.trigger.epoch
 
     def _forget(self, node_id: str) -> Node | None:
         """Take ``node_id`` out of the registered nodes (which ends its Attach stream); the node, if it was."""

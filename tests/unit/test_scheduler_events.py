@@ -42,7 +42,7 @@ def test_the_latency_split_is_computed_once_per_distinct_input():
     assert query_split.cache_info().misses == 2 and other[0] != first[0]
 
 
-def test_an_attach_stream_sends_the_epoch_when_it_changes_and_ends_when_the_node_goes():
+def test_an_attach_stream_sends_one_event_and_ends_when_the_node_goes():
     async def main():
         trigger = ReplanTrigger(epoch=7)
         membership = Membership(SchedulerConfig(), grpc_util.NO_CREDENTIALS, Workload(), trigger)
@@ -53,9 +53,8 @@ def test_an_attach_stream_sends_the_epoch_when_it_changes_and_ends_when_the_node
         await asyncio.sleep(0.05)
         assert not following.done()                 # no keep-alive while nothing changes
         trigger.epoch = 8
-        assert (await asyncio.wait_for(following, 1)).epoch == 8
-        following = asyncio.ensure_future(events.__anext__())
         await asyncio.sleep(0.05)
+        assert not following.done()                 # nor a message per plan: no node reads them
         await membership.remove_node("be-1", "test")
         try:
             await asyncio.wait_for(following, 1)

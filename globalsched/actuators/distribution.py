@@ -84,6 +84,10 @@ class Distribution:
         self.workload = workload
         self.in_force: ClusterPlan | None = None    # the plan last pushed: what the nodes hold
         self.releases: set[asyncio.Task] = set()    # release steps waiting out their delay
+        # What each backend holds: (its node, what its table said) of the last table it took without a
+        # failure; a plan whose table for it says the same sends it nothing (:func:`_table_key`).
+        self.held: dict[str, tuple[Node, tuple]] = {}
+        self.releasing: dict[str, int] = {}         # backends with a release step to come: how many
 
     async def apply(self, plan: ClusterPlan, epoch: int) -> None:
         """Make before break (globalsched/actuators/handover.py): model tables that load the plan's sessions and
@@ -96,6 +100,8 @@ class Distribution:
         await self.push_routing_tables(plan, epoch, failed)
         self.in_force = plan
         if steps.release:
+            for node_id in steps.release:
+                self.releasing[node_id] = self.releasing.get(node_id, 0) + 1
             task = asyncio.create_task(self._release(plan, epoch, steps.release, steps.release_after_s))
             self.releases.add(task)
             task.add_done_callback(self.releases.discard)
@@ -105,8 +111,16 @@ class Distribution:
         self.in_force = plan
 
     async def _release(self, plan: ClusterPlan, epoch: int, tables, after_s: float) -> None:
-        await asyncio.sleep(after_s)
-        await self.push_model_tables(plan, epoch, tables)
+        try:
+            await asyncio.sleep(after_s)
+            await self.push_model_tables(plan, epoch, tables, release=True)
+        finally:
+            for node_id in tables:
+                left = self.releasing.get(node_id, 0) - 1
+                if left > 0:
+                    self.releasing[node_id] = left
+                else:
+                    self.releasing.pop(node_id, None)
 
     def close(self) -> None:
         """Cancel the releases still waiting (the scheduler stops)."""
@@ -114,9 +128,17 @@ class Distribution:
             task.cancel()
 
     async def push_model_tables(self, plan: ClusterPlan, epoch: int,
-                                tables: Mapping[str, tuple[PlacedSession, ...]] | None = None) -> dict[str, str]:
+                                tables: Mapping[str, tuple[PlacedSession, ...]] | None = None,
+                                release: bool = False) -> dict[str, str]:
         """Send each backend its table (``tables`` by node; default: the plan's own); return models
-        that failed to load, with reasons."""
+        that failed to load, with reasons.
+
+        A backend that holds a table saying the same (the same sessions at the same batches, rates,
+        SLOs, descriptions and profiles, and the same duty cycle), taken without a failure, is sent
+        nothing: a plan of a thousand backends that moved a few sessions sent a thousand tables. Not
+        skipped: a backend with a release step to come (the release would drop what the plan keeps
+        there unless a newer table overtakes it), and the release step itself (``release``), after
+        which the backend's next table is always sent."""
         failed: dict[str, str] = {}
         if not self.may_act():
             log.warning("epoch %d: model tables not pushed: this scheduler no longer leads", epoch)
@@ -128,7 +150,7 @@ class Distribution:
             node = self.nodes.get(node_id)
             if node is None or node_id not in duty_cycles:
                 continue
-            entries = []
+            says = []
             for s in sessions:
                 model = plan.model_of(s.model)
                 desc = catalog.descs.get(model)
@@ -137,14 +159,22 @@ class Distribution:
                 planned = plan.sessions.get(s.model)
                 key = (model, node.device_type)
                 emulated = catalog.emulated.get(key) if node.device.startswith("emulated:") else None
-                entries.append(convert.session_entry(desc, s, planned.slo_ms if planned else 0.0,
-                                                     catalog.profiles.get(key), emulated))
-            table = convert.model_table(epoch, duty_cycles[node_id], entries)
-            calls.append((node, node.stub.UpdateModelTable(table, timeout=MODEL_TABLE_TIMEOUT_S)))
-        for node, reply, error in await _answers(calls):
+                says.append((desc, s, planned.slo_ms if planned else 0.0, catalog.profiles.get(key), emulated))
+            what = (duty_cycles[node_id].duty_cycle_ms, tuple(says))
+            held = self.held.pop(node_id, None)
+            if not release and node_id not in self.releasing and held is not None and held[0] is node \
+                    and held[1] == what:
+                self.held[node_id] = held
+                continue
+            table = convert.model_table(epoch, duty_cycles[node_id], [convert.session_entry(*x) for x in says])
+            calls.append((node, what, node.stub.UpdateModelTable(table, timeout=MODEL_TABLE_TIMEOUT_S)))
+        answers = await _answers([(node, call) for node, _, call in calls])
+        for (node, reply, error), (_, what, _) in zip(answers, calls):
             if error:
                 log.warning("model table push to %s failed: %s", node.node_id, error)
                 continue
+            if not reply.failed and not release and self.nodes.get(node.node_id) is node:
+                self.held[node.node_id] = (node, what)
             self.events.loaded(plan.model_of(name) for name in reply.loaded)
             for f in reply.failed:
                 name, _, reason = f.partition(": ")

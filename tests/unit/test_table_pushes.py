@@ -1,0 +1,123 @@
+"""globalsched/actuators/distribution.py: a backend is sent a model table only when what it holds
+differs: a plan that moves a few sessions of a large cluster pushes a few tables, while a failed
+load, a re-registered node and a release step to come are always pushed again."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from common.pb import control
+from globalsched.actuators.distribution import Distribution
+from globalsched.planning.cluster_values import ClusterPlan, PlannedSession
+from globalsched.planning.placement import BackendAssignment, PlacedSession, Placement
+from globalsched.state.catalog import Catalog
+from globalsched.state.membership import Node
+
+
+class Backend:
+    """A backend's stub: answers every table, failing the loads it is told to fail."""
+
+    def __init__(self) -> None:
+        self.tables: list[control.ModelTable] = []
+        self.fail: set[str] = set()
+
+    async def UpdateModelTable(self, table, timeout=None):
+        self.tables.append(table)
+        names = [e.session or e.model.name for e in table.sessions]
+        return control.ModelTableReply(loaded=[n for n in names if n not in self.fail],
+                                       failed=[f"{n}: broken" for n in names if n in self.fail])
+
+
+class Events:
+    def loaded(self, models):
+        pass
+
+    def load_failed(self, *args):
+        pass
+
+    def routed(self, keys):
+        pass
+
+
+class NoRates:
+    def current_rates(self, now):
+        return {}
+
+
+def _node(node_id: str) -> tuple[Node, Backend]:
+    stub = Backend()
+    return Node(node_id, control.NODE_KIND_BACKEND, "127.0.0.1:1", "emulated:t4", "t4", 16000.0, stub=stub), stub
+
+
+def _plan(tables: dict[str, tuple[tuple[str, int], ...]]) -> ClusterPlan:
+    backends = tuple(BackendAssignment(node, 50.0, tuple(PlacedSession(s, b, 20.0 * b) for s, b in sessions))
+                     for node, sessions in tables.items())
+    names = {s for sessions in tables.values() for s, _ in sessions}
+    return ClusterPlan({"t4": Placement(backends, 0, 0)}, {}, {},
+                       sessions={s: PlannedSession(s, s, 100.0, 10.0) for s in names},
+                       catalog=Catalog(descs={s: control.ModelDesc(name=s, sha256="ab" * 32) for s in names}))
+
+
+def test_only_the_tables_that_changed_are_sent_and_a_failure_is_sent_again():
+    async def main():
+        nodes, stubs = {}, {}
+        for i in range(1, 5):
+            nodes[f"be-{i}"], stubs[f"be-{i}"] = _node(f"be-{i}")
+        dist = Distribution(nodes, Events(), NoRates())
+        first = _plan({"be-1": (("a", 2),), "be-2": (("b", 4),), "be-3": (("c", 1),), "be-4": ()})
+        await dist.apply(first, 1)
+        assert [len(s.tables) for s in stubs.values()] == [1, 1, 1, 1]
+        # the same tables again (an epoch that re-planned to what runs): nothing to send
+        await dist.apply(_plan({"be-1": (("a", 2),), "be-2": (("b", 4),), "be-3": (("c", 1),), "be-4": ()}), 2)
+        assert [len(s.tables) for s in stubs.values()] == [1, 1, 1, 1]
+        # c's batch changes on be-3, and be-4 is given d, which fails to load there
+        stubs["be-4"].fail.add("d")
+        await dist.apply(_plan({"be-1": (("a", 2),), "be-2": (("b", 4),), "be-3": (("c", 2),), "be-4": (("d", 1),)}), 3)
+        assert [len(s.tables) for s in stubs.values()] == [1, 1, 2, 2]
+        assert stubs["be-3"].tables[-1].epoch == 3 and stubs["be-3"].tables[-1].sessions[0].batch == 2
+        # the failed table is sent again with the next plan, even unchanged; the others are not
+        stubs["be-4"].fail.clear()
+        same = _plan({"be-1": (("a", 2),), "be-2": (("b", 4),), "be-3": (("c", 2),), "be-4": (("d", 1),)})
+        await dist.apply(same, 4)
+        assert [len(s.tables) for s in stubs.values()] == [1, 1, 2, 3]
+        await dist.apply(replace(same), 5)
+        assert [len(s.tables) for s in stubs.values()] == [1, 1, 2, 3]
+        # a node that registered again (a new process under the same id) holds nothing yet
+        nodes["be-1"], stubs["be-1"] = _node("be-1")
+        await dist.apply(replace(same), 6)
+        assert len(stubs["be-1"].tables) == 1 and stubs["be-1"].tables[0].epoch == 6
+        # what a table says beyond its sessions counts too: a description that changed
+        changed = replace(same, catalog=Catalog(descs={**same.catalog.descs,
+                                                        "b": control.ModelDesc(name="b", sha256="cd" * 32)}))
+        await dist.apply(changed, 7)
+        assert len(stubs["be-2"].tables) == 2 and len(stubs["be-3"].tables) == 2
+
+    asyncio.run(main())
+
+
+def test_a_backend_with_a_release_to_come_is_sent_its_table_so_the_release_cannot_undo_it():
+    async def main():
+        nodes, stubs = {}, {}
+        for i in (1, 2):
+            nodes[f"be-{i}"], stubs[f"be-{i}"] = _node(f"be-{i}")
+        dist = Distribution(nodes, Events(), NoRates())
+        await dist.apply(_plan({"be-1": (("a", 2),), "be-2": (("b", 2),)}), 1)
+        # a moves to be-2: be-1 keeps it until the release step (after a's SLO, 0.1 s)
+        await dist.apply(_plan({"be-1": (("b", 2),), "be-2": (("a", 2),)}), 2)
+        assert dist.releasing == {"be-1": 1, "be-2": 1}
+        assert [e.model.name for e in stubs["be-1"].tables[-1].sessions] == ["b", "a"]    # a kept
+        # a plan before the release puts a back on be-1 too: be-1's table says what it was sent, yet it
+        # goes out, so that be-1 takes epoch 3 and ignores the release of epoch 2 that would drop a
+        await dist.apply(_plan({"be-1": (("b", 2), ("a", 2)), "be-2": (("a", 2),)}), 3)
+        assert stubs["be-1"].tables[-1].epoch == 3
+        assert [e.model.name for e in stubs["be-1"].tables[-1].sessions] == ["b", "a"]
+        await asyncio.sleep(0.3)                # the releases run: later tables are always sent
+        assert dist.releasing == {}
+        before = [len(s.tables) for s in stubs.values()]
+        await dist.apply(_plan({"be-1": (("b", 2), ("a", 2)), "be-2": (("a", 2),)}), 4)
+        assert [len(s.tables) for s in stubs.values()] == [n + 1 for n in before]
+        await dist.apply(_plan({"be-1": (("b", 2), ("a", 2)), "be-2": (("a", 2),)}), 5)
+        assert [len(s.tables) for s in stubs.values()] == [n + 1 for n in before]
+
+    asyncio.run(main())

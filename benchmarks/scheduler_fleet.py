@@ -4,6 +4,7 @@ registration loop, heartbeats and Attach streams; every table accepted; workload
 frontends report it).
 
     python -m benchmarks.scheduler_fleet [--devices 1000] [--frontends 10] [--phase-s 60]
+        [--models-cache DIR] [--py-spy BIN]
 
 The models are sim_change's at that size (benchmarks/sim_change.py: 2.4 per device, Zipf shares,
 emulated-GPU profiles, 4 rps per device at the base rate), uploaded with their profiles before the
@@ -15,6 +16,11 @@ timer due every 0.25 s: the p99 as the bucket bound it falls under, and the wors
 made and pushed, the scheduler's CPU (cores), the nodes it removed, and the stand-ins' own loop lag
 (a stand-in process that falls behind would delay heartbeats: the figure says whether it kept up).
 Target (issue 24): the loop lag's p99 under 50 ms at 1,000 devices.
+
+Uploading a fleet's models takes minutes; ``--models-cache DIR`` keeps the scheduler's database as it
+is once they are uploaded (under DIR, by devices and seed) and starts the next run from a copy. ``--py-spy
+BIN`` records the scheduler during one phase (``--py-spy-phase``, the step by default), every thread,
+into the output's folder.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import json
 import logging
 import pathlib
 import re
+import shutil
 import tempfile
 import time
 
@@ -36,6 +43,7 @@ from common.pb import control, control_grpc
 from common.sample_models import mlp_small, model_bytes
 from harness.cluster import Node
 from harness.fleet import Fleet
+from harness import pyspy
 from harness.meters import cpu_seconds, loadavg
 from harness.prometheus import bucket_quantile, buckets, parse, scrape
 from harness.smoke import add_smoke, parse_args
@@ -79,21 +87,37 @@ def plans_in(log_text: str) -> int:
     return len(re.findall(r"epoch \d+: re-planned", log_text))
 
 
+def start_scheduler(work: pathlib.Path) -> Node:
+    sched = Node("scheduler", ["scheduler", "--listen", "127.0.0.1:0", "--data-dir", str(work / "db"),
+                               "--metrics-listen", "127.0.0.1:0"], log_path=work / "scheduler.log", log_level="INFO")
+    sched.wait_ready(60)
+    return sched
+
+
 async def run(args) -> dict:
     work = pathlib.Path(tempfile.mkdtemp(prefix="scheduler-fleet-"))
     log_path = work / "scheduler.log"
-    sched = Node("scheduler", ["scheduler", "--listen", "127.0.0.1:0", "--data-dir", str(work / "db"),
-                               "--metrics-listen", "127.0.0.1:0"], log_path=log_path, log_level="INFO")
+    trace, _ = workload(args.devices, args.seed)
+    base_rps = RPS_PER_DEVICE * args.devices
+    cached = pathlib.Path(args.models_cache) / f"devices-{args.devices}-seed-{args.seed}" if args.models_cache else None
+    uploaded_s = None
+    reuse = cached is not None and cached.exists()
+    if reuse:
+        shutil.copytree(cached, work / "db")
+        print(f"models from {cached}", flush=True)
+    sched = start_scheduler(work)
     fleet = None
     try:
-        sched.wait_ready(60)
+        if not reuse:
+            started = time.monotonic()
+            await upload_all(sched.address, trace, base_rps)
+            uploaded_s = time.monotonic() - started
+            print(f"uploaded {len(trace)} models in {uploaded_s:.0f} s", flush=True)
+            if cached is not None:          # kept as a stopped scheduler leaves it
+                sched.stop()
+                shutil.copytree(work / "db", cached)
+                sched = start_scheduler(work)
         metrics = sched.info["metrics"]
-        trace, _ = workload(args.devices, args.seed)
-        base_rps = RPS_PER_DEVICE * args.devices
-        started = time.monotonic()
-        await upload_all(sched.address, trace, base_rps)
-        uploaded_s = time.monotonic() - started
-        print(f"uploaded {len(trace)} models in {uploaded_s:.0f} s", flush=True)
         fleet = Fleet(sched.address, args.devices, args.frontends, seed=args.seed)
         rates = {m.name: m.share * base_rps for m in trace}
         phases = [("register", None, 0.0), ("base", 1.0, args.phase_s), ("step", STEP, args.phase_s),
@@ -113,7 +137,15 @@ async def run(args) -> dict:
                     await asyncio.sleep(0.5)
             else:
                 fleet.set_rates({m: r * factor for m, r in rates.items()})
+                spy = spy_out = None
+                if args.py_spy and name == args.py_spy_phase:
+                    spy_out = pathlib.Path(args.out).parent / f"scheduler_fleet_{name}.pyspy.txt"
+                    spy_out.parent.mkdir(parents=True, exist_ok=True)
+                    spy = pyspy.record(args.py_spy, sched.pid, duration_s, spy_out)
                 await asyncio.sleep(duration_s)
+                if spy is not None:
+                    top = pyspy.finish(spy, spy_out, duration_s)
+                    print(json.dumps({"py_spy": str(spy_out), "threads": top.get("thread_cores")}), flush=True)
             elapsed = time.monotonic() - t0
             lag1 = lag_buckets(metrics)
             text = log_path.read_text()
@@ -130,7 +162,8 @@ async def run(args) -> dict:
             rows.append(row)
             print(json.dumps(row), flush=True)
         return {"devices": args.devices, "frontends": args.frontends, "models": len(trace),
-                "models_per_device": MODELS_PER_DEVICE, "base_rps": base_rps, "upload_s": round(uploaded_s, 1),
+                "models_per_device": MODELS_PER_DEVICE, "base_rps": base_rps,
+                "upload_s": round(uploaded_s, 1) if uploaded_s is not None else None,
                 "phases": rows}
     finally:
         if fleet is not None:
@@ -150,6 +183,9 @@ def main(argv=None) -> int:
     p.add_argument("--register-timeout-s", type=float, default=300.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default="benchmarks/out/scheduler_fleet.json")
+    p.add_argument("--models-cache", default="", help="keep the uploaded models' database here and reuse it")
+    p.add_argument("--py-spy", default="", help="py-spy's binary: record the scheduler in one phase")
+    p.add_argument("--py-spy-phase", default="step", choices=("base", "step", "back"))
     add_smoke(p, devices=10, frontends=2, phase_s=3.0)
     args = parse_args(p, argv)
     logging.getLogger("nexus.registration").setLevel(logging.ERROR)     # a thousand stand-ins' routine lines

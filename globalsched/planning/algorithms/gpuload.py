@@ -182,8 +182,11 @@ class GpuLoad:
                 return None
         return out if out.fits_headroom() else None
 
-    def try_add(self, sm: SessionModel, rate_rps: float, pref_duty_ms: float) -> "tuple[float, object] | None":
-        """(occupancy after, token for :meth:`commit`) if the load fits, merged duty = min of the two."""
+    def try_add(self, sm: SessionModel, rate_rps: float, pref_duty_ms: float,
+                above: float = -math.inf) -> "tuple[float, object] | None":
+        """(occupancy after, token for :meth:`commit`) if the load fits, merged duty = min of the two;
+        None also where the occupancy after would not be ``above`` (a caller that keeps the fullest
+        fit need not check the rules of one that cannot win: the costliest step at fleet scale)."""
         if sm.name in self._names:  # a session runs at most once per GPU
             return None
         d = min(self.duty_ms, pref_duty_ms)
@@ -196,6 +199,8 @@ class GpuLoad:
                 return None
             add_ms, add_mb = delta
             if self.exec_ms + add_ms > d + EPS_MS or self.mem_mb + add_mb > self.capacity_mb + EPS_MS:
+                return None
+            if (self.exec_ms + add_ms) / d <= above:
                 return None
             if not self._with_member(sm, batch, rate_rps, add_ms):
                 return None
@@ -296,11 +301,13 @@ def best_fit(loads: list[GpuLoad], sm: SessionModel, rate_rps: float, pref_duty_
             continue
         if group is None and pref_duty_ms >= load.duty_ms and load.exec_ms + lat1 > load.duty_ms + EPS_MS:
             continue  # cheap screen: the cycle has no room for even batch 1
-        trial = load.try_add(sm, rate_rps, pref_duty_ms)
+        shared = group is not None and group in load.groups
+        rival = best_shared if shared else best
+        trial = load.try_add(sm, rate_rps, pref_duty_ms, rival[0] if rival is not None else -math.inf)
         if trial is None:
             continue
         occ, token = trial
-        if group is not None and group in load.groups:
+        if shared:
             if best_shared is None or occ > best_shared[0]:
                 best_shared = (occ, load, token)
         elif best is None or occ > best[0]:

@@ -137,6 +137,8 @@ class BackendService(control_grpc.BackendServicer):
                 if result is None:
                     break
                 yield result
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()      # what ended the reading (an undecodable message: refused)
         finally:
             task.cancel()
             channel.close()     # the frontend is gone: nobody waits for what is still queued

@@ -107,22 +107,47 @@ def _guard_unary_request(behavior, method: str):
     return unary, unary_stream
 
 
+class _Refused(Exception):
+    """An undecodable message in a request stream: it ends the servicer's reading, and the call is
+    aborted from the handler's own flow (:func:`_guard_stream_request`)."""
+
+
 def _guard_stream_request(behavior, method: str, streaming_response: bool):
-    def checked(request_iterator, context):
+    """The call is aborted where the handler itself runs, never from the iterator: a servicer that reads
+    its requests in a task of its own while it writes responses (frontend/kserve.py, backend/server.py)
+    would otherwise abort during a write, which gRPC refuses (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS) and
+    logs with a traceback, leaving the client to wait for its deadline."""
+    def checked(request_iterator, refused: list[str]):
         async def messages():
             async for message in request_iterator:
                 if isinstance(message, _Undecodable):
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _reason(method, message))
+                    refused.append(_reason(method, message))
+                    raise _Refused(refused[0])
                 yield message
         return messages()
 
     async def stream_unary(request_iterator, context):
-        result = behavior(checked(request_iterator, context), context)
-        return await result if inspect.isawaitable(result) else result
+        refused: list[str] = []
+        try:
+            result = behavior(checked(request_iterator, refused), context)
+            reply = await result if inspect.isawaitable(result) else result
+        except _Refused:
+            reply = None
+        if refused:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refused[0])
+        return reply
 
     async def stream_stream(request_iterator, context):
-        async for item in _responses(behavior(checked(request_iterator, context), context)):
-            yield item
+        refused: list[str] = []
+        try:
+            async for item in _responses(behavior(checked(request_iterator, refused), context)):
+                if refused:
+                    break
+                yield item
+        except _Refused:
+            pass
+        if refused:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refused[0])
 
     return stream_stream if streaming_response else stream_unary
 

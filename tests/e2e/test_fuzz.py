@@ -214,6 +214,57 @@ def test_decode_guard_covers_every_kind_of_rpc():
     assert status == health_pb2.HealthCheckResponse.SERVING
 
 
+def test_a_stream_read_in_a_task_of_its_own_is_refused_without_racing_its_writes():
+    """A servicer that reads its requests in a task while it writes responses (as the frontend's
+    ModelStreamInfer and the backend's Execute do): the undecodable message arrives while a
+    response is being written. The refusal must still come back as INVALID_ARGUMENT, every time; an
+    abort from inside the reading task raced the write (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS, a
+    traceback, and the client left to its deadline)."""
+    class Backend(control_grpc.BackendServicer):
+        async def Execute(self, request_iterator, context):
+            out: asyncio.Queue = asyncio.Queue()
+
+            async def reader():
+                try:
+                    async for item in request_iterator:
+                        for _ in range(20):       # responses in flight while the next message is read
+                            out.put_nowait(control.ExecResult(request_id=item.request_id, outputs=[b"x" * 4096]))
+                finally:
+                    out.put_nowait(None)
+
+            task = asyncio.create_task(reader())
+            try:
+                while (item := await out.get()) is not None:
+                    yield item
+                if task.exception() is not None:
+                    raise task.exception()
+            finally:
+                task.cancel()
+
+    async def main():
+        server = grpc_util.server()
+        control_grpc.add_BackendServicer_to_server(Backend(), server)
+        address = grpc_util.bind(server, "127.0.0.1:0")
+        await server.start()
+        codes = collections.Counter()
+        try:
+            async with grpc_util.aio_channel(address) as ch:
+                call = ch.stream_stream("/nexus.control.Backend/Execute", request_serializer=lambda b: b,
+                                        response_deserializer=lambda b: b)
+                for i in range(40):
+                    try:
+                        await _drain(call(_aiter([control.ExecItem(request_id=i).SerializeToString(), b"\x0a\x05ab"]),
+                                          timeout=5))
+                        codes["OK"] += 1
+                    except grpc.aio.AioRpcError as exc:
+                        codes[exc.code().name] += 1
+        finally:
+            await server.stop(0)
+        return codes
+
+    assert asyncio.run(main()) == {"INVALID_ARGUMENT": 40}
+
+
 async def _drain(call):
     return [m async for m in call]
 

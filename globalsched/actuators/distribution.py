@@ -161,11 +161,11 @@ class Distribution:
                 emulated = catalog.emulated.get(key) if node.device.startswith("emulated:") else None
                 says.append((desc, s, planned.slo_ms if planned else 0.0, catalog.profiles.get(key), emulated))
             what = (duty_cycles[node_id].duty_cycle_ms, tuple(says))
-            held = self.held.pop(node_id, None)
+            held = self.held.get(node_id)
             if not release and node_id not in self.releasing and held is not None and held[0] is node \
                     and held[1] == what:
-                self.held[node_id] = held
                 continue
+            self.held.pop(node_id, None)
             table = convert.model_table(epoch, duty_cycles[node_id], [convert.session_entry(*x) for x in says])
             calls.append((node, what, node.stub.UpdateModelTable(table, timeout=MODEL_TABLE_TIMEOUT_S)))
         answers = await _answers([(node, call) for node, _, call in calls])

@@ -74,7 +74,7 @@ class _Frontend:
     def prune(self, now: float) -> None:
         """Drop the reports that left the window by ``now`` (a report of its own came: time is past them)."""
         while self.history and now - self.history[0][0] > PLAN_RATE_WINDOW_S:
-            _take_out((self.requests, self.seconds, self.squares, self.counts), *self.history.popleft()[1:])
+            _count((self.requests, self.seconds, self.squares, self.counts), *self.history.popleft()[1:], sign=-1)
         self.readings = None
 
     def read(self, now: float) -> _Readings:
@@ -92,7 +92,7 @@ class _Frontend:
         if aged:
             requests, seconds, squares, counts = (a.copy() for a in (requests, seconds, squares, counts))
             for i in range(aged):
-                _take_out((requests, seconds, squares, counts), *self.history[i][1:])
+                _count((requests, seconds, squares, counts), *self.history[i][1:], sign=-1)
         r = _Readings()
         r.present = now - self.reported_at <= RATE_REPORT_TTL_S
         r.counted = r.present & (counts > 0)
@@ -116,11 +116,11 @@ class _Frontend:
         return r
 
 
-def _take_out(sums: tuple, cols: np.ndarray, n: np.ndarray, w: np.ndarray) -> None:
-    """Take one report's counts (``n`` requests over ``w`` seconds in columns ``cols``) out of running
-    ``sums`` (requests, seconds, sum of n * n / w, reports)."""
+def _count(sums: tuple, cols: np.ndarray, n: np.ndarray, w: np.ndarray, sign: int = 1) -> None:
+    """Add (``sign`` 1) or take out (-1) one report's counts (``n`` requests over ``w`` seconds in
+    columns ``cols``) to running ``sums`` (requests, seconds, sum of n * n / w, reports)."""
     for total, values in zip(sums, (n, w, n * n / w, 1)):
-        np.subtract.at(total, cols, values)
+        np.add.at(total, cols, sign * values)
 
 
 class _Sums:
@@ -168,8 +168,7 @@ class Workload:
         self.columns: dict[str, int] = {}       # session -> its column in every frontend's arrays
         self._names: list[str] = []             # column -> session
         self._frontends: dict[str, _Frontend] = {}
-        self._sums: _Sums | None = None         # until a frontend's readings change
-        self._sums_of: list | None = None
+        self._sums: tuple[list, _Sums] | None = None    # (the readings summed, their sums) until one changes
         # frontend -> the models of its latest report, when that report counted nothing
         self.quiet: dict[str, frozenset[str]] = {}
         self.last_requested: dict[str, float] = {}   # session -> when a report last counted a request of it
@@ -229,8 +228,7 @@ class Workload:
         if counted.any():
             c, n, w = cols[counted], requests[counted], window_s[counted]
             fe.history.append((now, c, n, w))
-            for total, values in zip((fe.requests, fe.seconds, fe.squares, fe.counts), (n, w, n * n / w, 1)):
-                np.add.at(total, c, values)
+            _count((fe.requests, fe.seconds, fe.squares, fe.counts), c, n, w)
             fe.latest_n[c] = n
             fe.latest_w[c] = w
         edges = self.edges.setdefault(node, {})
@@ -265,10 +263,10 @@ class Workload:
     def _summed(self, now: float) -> _Sums:
         """Every frontend's readings at ``now``, summed by session (kept while none of them changes)."""
         readings = [fe.read(now) for fe in self._frontends.values()]
-        if self._sums is None or self._sums_of is None or len(readings) != len(self._sums_of) or \
-                any(a is not b for a, b in zip(readings, self._sums_of)):
-            self._sums, self._sums_of = _Sums(self._names, readings), readings
-        return self._sums
+        if self._sums is None or len(readings) != len(self._sums[0]) or \
+                any(a is not b for a, b in zip(readings, self._sums[0])):
+            self._sums = (readings, _Sums(self._names, readings))
+        return self._sums[1]
 
     def planning_rates(self, now: float) -> dict[str, float]:
         """The rates a plan is made for: requests over time across the reports of the last

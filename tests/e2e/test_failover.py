@@ -260,7 +260,9 @@ def test_kill_9_of_the_only_backend_of_a_session_is_repaired_without_heartbeat_t
     print("solo:", codes)
     assert "NO_RESPONSE" not in codes
     assert set(codes) <= {"OK", "UNAVAILABLE", "DEADLINE_EXCEEDED"}, codes
-    assert len(cluster.serving("solo")) == 1
+    # One replica once the plan settles: a later move warms its new placement before the old one
+    # drains, so for a moment two backends may hold the session (one CI run saw that).
+    wait_for(lambda: len(cluster.serving("solo")) == 1, what="one backend serving solo")
 
 
 @pytest.fixture

@@ -533,11 +533,32 @@ class FrontendConfig:
         "help": "append per-request timelines (validate, hop, queue, batch assembly, compute, ...) to this file "
                 "as JSON lines; see frontend/trace.py ('' : off)"})
     trace_every: int = field(default=1, metadata={"help": "with --trace: trace one model request in this many"})
+    workers: int = field(default=1, metadata={
+        "help": "frontend processes sharing --listen and the HTTP port (SO_REUSEPORT; the kernel spreads "
+                "connections over them): 1 serves in this process; N > 1 starts N workers and restarts any "
+                "that dies, each registered with the scheduler as a frontend of its own; 0: one per core "
+                "this process may run on"})
+    worker_control_listen: str = field(default="", metadata={
+        "help": "set by a frontend with --workers for each worker: HOST:PORT of the worker's own gRPC port, "
+                "the address it registers with the scheduler ('' : not a worker)"})
+    worker_siblings: str = field(default="", metadata={
+        "help": "set by a frontend with --workers for each worker: the other workers' own gRPC addresses, "
+                "comma-separated (ModelStatistics sums their request counts into this one's)"})
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> None:
         _check_schedulers(self.scheduler)
         _check_address("listen", self.listen)
+        if self.workers < 0:
+            raise ConfigError(f"--workers: expected 0 (one per core) or a positive count, got {self.workers}")
+        if self.worker_control_listen:
+            _check_address("worker_control_listen", self.worker_control_listen)
+            if self.workers != 1:
+                raise ConfigError("--worker-control-listen: a worker runs alone (--workers 1)")
+        for address in self.sibling_addresses:
+            _check_address("worker_siblings", address)
+        if self.worker_siblings and not self.worker_control_listen:
+            raise ConfigError("--worker-siblings: only a worker (--worker-control-listen) has siblings")
         _check_positive("trace_every", self.trace_every)
         if self.http_listen:
             _check_address("http_listen", self.http_listen)
@@ -562,6 +583,20 @@ class FrontendConfig:
     def resolved_http_listen(self) -> str:
         """Where HTTP binds ('' when off)."""
         return companion_listen(self.listen, self.http_listen, DEFAULT_HTTP_LISTEN)
+
+    @property
+    def resolved_workers(self) -> int:
+        """How many frontend processes serve (--workers 0: the cores this process may run on)."""
+        return self.workers or len(os.sched_getaffinity(0))
+
+    @property
+    def is_worker(self) -> bool:
+        """One of several processes behind shared ports (started by a frontend with --workers)."""
+        return bool(self.worker_control_listen)
+
+    @property
+    def sibling_addresses(self) -> list[str]:
+        return [a.strip() for a in self.worker_siblings.split(",") if a.strip()]
 
     @property
     def resolved_metrics_listen(self) -> str:

@@ -66,13 +66,16 @@ NO_CREDENTIALS = Credentials()
 
 
 def server(creds: Credentials = NO_CREDENTIALS, *, guarded: Callable[[str], bool] = control_methods,
-           interceptors: list | None = None) -> grpc.aio.Server:
+           interceptors: list | None = None, reuse_port: bool = False) -> grpc.aio.Server:
     """A grpc.aio server; with a token, the methods ``guarded`` names need it (UNAUTHENTICATED otherwise).
-    Requests that do not decode are answered INVALID_ARGUMENT on every method (:mod:`common.wire_guard`)."""
+    Requests that do not decode are answered INVALID_ARGUMENT on every method (:mod:`common.wire_guard`).
+    Its ports are its own unless ``reuse_port``: then they are bound with SO_REUSEPORT, shared with
+    the other processes that bind them so (the workers of one frontend)."""
     chain = [*(interceptors or []), DecodeGuard()]     # innermost: undecodable bytes never reach a handler
     if creds.token:
         chain.insert(0, TokenGuard(creds.token, guarded))
-    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=chain)
+    options = [(k, 1 if reuse_port and k == "grpc.so_reuseport" else v) for k, v in SERVER_OPTIONS]
+    return grpc.aio.server(options=options, interceptors=chain)
 
 
 def bind(srv: grpc.aio.Server, address: str, creds: Credentials = NO_CREDENTIALS, *,

@@ -53,8 +53,8 @@ class KServeService:
 
     def __init__(self, state: FrontendState, scheduler_stub=None,
                  repository_access: ProtocolAccess = ProtocolAccess(),
-                 shared_memory_access: ProtocolAccess = ProtocolAccess()) -> None:
-        self.api = KServeApi(state, scheduler_stub, repository_access, shared_memory_access)
+                 shared_memory_access: ProtocolAccess = ProtocolAccess(), siblings=None) -> None:
+        self.api = KServeApi(state, scheduler_stub, repository_access, shared_memory_access, siblings)
         self.state = state
 
     async def ModelInfer(self, request, context):

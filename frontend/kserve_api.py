@@ -39,6 +39,7 @@ from frontend.inference import infer
 from frontend.requests import RequestError
 from frontend.routing import ModelEntry, QueryEntry
 from frontend.statistics import StatsBook, reported_executions
+from frontend.worker_statistics import SiblingCounts, asks_worker_scope
 
 log = logging.getLogger("nexus.frontend")
 
@@ -67,8 +68,10 @@ class KServeApi:
 
     def __init__(self, state: FrontendState, scheduler_stub=None,
                  repository_access: ProtocolAccess = ProtocolAccess(),
-                 shared_memory_access: ProtocolAccess = ProtocolAccess()) -> None:
+                 shared_memory_access: ProtocolAccess = ProtocolAccess(),
+                 siblings: SiblingCounts | None = None) -> None:
         self.state = state
+        self.siblings = siblings            # a worker's: the other workers' counts (frontend/worker_statistics.py)
         self.scheduler = scheduler_stub
         self.repository_access = repository_access
         self.shared_memory_access = shared_memory_access
@@ -143,17 +146,20 @@ class KServeApi:
             entries = [*(table.served_versions(name) or [table.newest(name)] for name in sorted(table.versions)),
                        *([q] for _, q in sorted(table.queries.items()))]
             entries = [e for group in entries for e in group]
-        backend_stats = await self._backend_stats()
         reply = kserve.ModelStatisticsResponse()
+        if asks_worker_scope(call.metadata):        # a sibling worker's question: this one's counts only
+            for entry in entries:
+                self._add_counts(reply, entry, self.state.counters.get(entry.session, {}))
+            return reply
+        siblings = await self.siblings.read(request) if self.siblings is not None else {}
+        backend_stats = await self._backend_stats()
         for entry in entries:
             session = entry.session
-            stats = reply.model_stats.add(name=entry.name, version=str(entry.version))
-            c = self.state.counters.get(session, {})
-            stats.inference_count = c.get("rows", 0)
+            c = dict(self.state.counters.get(session, {}))
+            for name, value in siblings.get((entry.name, str(entry.version)), {}).items():
+                c[name] = c.get(name, 0) + value
+            stats = self._add_counts(reply, entry, c)
             inf = stats.inference_stats
-            inf.success.count = c.get("success", 0)
-            inf.success.ns = c.get("success_ns", 0)
-            inf.fail.count = c.get("fail", 0)
             totals = self.stats_book.totals(session)
             previous = self._reported.get(session, (0, 0))
             stats.execution_count = reported_executions(totals.sums["execution_count"], stats.inference_count,
@@ -179,6 +185,17 @@ class KServeApi:
                         stats.memory_usage.add(type="CPU" if "cpu" in bs.node_id else "DEVICE",
                                                byte_size=s.memory_bytes)
         return reply
+
+    @staticmethod
+    def _add_counts(reply: kserve.ModelStatisticsResponse, entry, counters: dict[str, int]):
+        """A new entry of ``reply`` for ``entry`` with the frontend's own counts (COUNTERS) filled in."""
+        stats = reply.model_stats.add(name=entry.name, version=str(entry.version))
+        stats.inference_count = counters.get("rows", 0)
+        inf = stats.inference_stats
+        inf.success.count = counters.get("success", 0)
+        inf.success.ns = counters.get("success_ns", 0)
+        inf.fail.count = counters.get("fail", 0)
+        return stats
 
     async def _backend_stats(self) -> list:
         """Every reachable backend's stats now; each also goes into the stats book (which keeps the

@@ -284,16 +284,18 @@ def tls_context(cert_path: str, key_path: str) -> ssl.SSLContext:
 
 
 async def start(core: KServeApi, listen: str, max_body_bytes: int,
-                ssl_context: ssl.SSLContext | None = None, drain_s: float = 20.0) -> tuple[web.AppRunner, str]:
+                ssl_context: ssl.SSLContext | None = None, drain_s: float = 20.0,
+                reuse_port: bool = False) -> tuple[web.AppRunner, str]:
     """Serve HTTP/REST (HTTPS with ``ssl_context``) on ``listen`` (port 0: any free port) in the running
     event loop; return the runner and the bound HOST:PORT. ``await runner.cleanup()`` stops accepting
-    and waits at most ``drain_s`` for the requests in flight."""
+    and waits at most ``drain_s`` for the requests in flight. ``reuse_port``: the port is shared with
+    the other workers of the frontend (SO_REUSEPORT)."""
     host, port = split_host_port(listen)
     runner = web.AppRunner(build_app(core, max_body_bytes), access_log=None, shutdown_timeout=drain_s,
                            logger=_ServerLog(server_logger, {}))
     await runner.setup()
     try:
-        await web.TCPSite(runner, host or None, port, ssl_context=ssl_context).start()
+        await web.TCPSite(runner, host or None, port, ssl_context=ssl_context, reuse_port=reuse_port or None).start()
     except OSError as exc:
         await runner.cleanup()
         raise OSError(f"could not bind HTTP {listen}: {exc.strerror or exc}") from exc

@@ -28,6 +28,7 @@ from frontend.early_report import CHECK_S, ReportClock, workload_report
 from frontend.kserve import KServeService
 from frontend.routing import RoutingTable
 from frontend.trace import Tracer
+from frontend.worker_statistics import SiblingCounts
 
 log = logging.getLogger("nexus.frontend")
 
@@ -121,13 +122,16 @@ async def serve(config: FrontendConfig, ready=None) -> None:
     # System shared memory: open, as in Triton, unless its own restricted header is configured.
     shm_header = config.restricted_shared_memory_header
     shm_access = ProtocolAccess(parse_restricted_header(shm_header) if shm_header else None)
-    server = grpc_util.server(creds)
-    kserve_service = KServeService(state, scheduler, access, shm_access)
+    server = grpc_util.server(creds, reuse_port=config.is_worker)
+    siblings = SiblingCounts(config.sibling_addresses, creds) if config.sibling_addresses else None
+    kserve_service = KServeService(state, scheduler, access, shm_access, siblings)
     kserve_grpc.add_GRPCInferenceServiceServicer_to_server(kserve_service, server)
     control_grpc.add_FrontendServicer_to_server(FrontendControl(state), server)
     state.health = await Health.attach(server, (KSERVE_SERVICE,))
     # KServe clients present no certificate: the control service on this port is guarded by the token.
     address = grpc_util.bind(server, config.listen, creds)
+    # A worker of several shares --listen; the scheduler pushes its routing tables to its own port.
+    own_address = grpc_util.bind(server, config.worker_control_listen, creds) if config.is_worker else address
     await server.start()
     http_runner, http_address = None, ""
     if config.resolved_http_listen:
@@ -135,20 +139,22 @@ async def serve(config: FrontendConfig, ready=None) -> None:
         try:
             http_runner, http_address = await rest.start(kserve_service.api, config.resolved_http_listen,
                                                          int(config.http_max_body_mb * 2**20), tls,
-                                                         config.drain_grace_s)
+                                                         config.drain_grace_s, reuse_port=config.is_worker)
         except OSError:
             await server.stop(None)
             await scheduler.close()
             raise
     metrics = await _start_metrics(config, state, server)
     node = _Node()
-    register = control.RegisterRequest(kind=control.NODE_KIND_FRONTEND, address=config.advertise or address)
+    register = control.RegisterRequest(kind=control.NODE_KIND_FRONTEND, address=config.advertise or own_address)
     reporter = asyncio.create_task(_report_loop(state, scheduler, node, config.report_interval_s))
     checker = asyncio.create_task(readiness.keep_evaluating(state))
     if ready:
         extra = {"http": http_address} if http_address else {}
         if metrics:
             extra["metrics"] = metrics.url
+        if config.is_worker:
+            extra["own"] = own_address
         ready(address, **extra)
     try:
         await keep_registered(scheduler, register, node)
@@ -162,6 +168,8 @@ async def serve(config: FrontendConfig, ready=None) -> None:
         if metrics is not None:
             await metrics.close()
         await state.pool.close()
+        if siblings is not None:
+            await siblings.close()
         state.shared_memory.close()
         await scheduler.close()
 

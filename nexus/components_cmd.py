@@ -19,7 +19,10 @@ def _run(name: str, cls, serve_path: str):
             print(f"nexus {name}: error: {exc}", flush=True, file=sys.stderr)
             return 2
         setup_logging(args.log_level)
-        module, _, func = serve_path.rpartition(".")
+        path = serve_path
+        if isinstance(config, FrontendConfig) and config.resolved_workers > 1:
+            path = "nexus.frontend_workers.serve"      # the workers' supervisor
+        module, _, func = path.rpartition(".")
         serve = getattr(__import__(module, fromlist=[func]), func)
         return run_until_signalled(name, serve, config)
     return run

@@ -60,7 +60,8 @@ __all__ = ["Child", "wait_models_ready", "register", "run"]
 # sense for several processes at once (one metrics port); every other field is a flag of `nexus serve`.
 SCHEDULER_OWN = ("listen", "advertise", "data_dir", "security")
 BACKEND_OWN = ("scheduler", "listen", "advertise", "metrics_port", "security")
-FRONTEND_OWN = ("scheduler", "listen", "advertise", "security", "metrics_listen", "http_listen")
+FRONTEND_OWN = ("scheduler", "listen", "advertise", "security", "metrics_listen", "http_listen",
+                "worker_control_listen", "worker_siblings")
 FRONTEND_PREFIX = "frontend"
 DRAIN_KILL_MARGIN_S = 10.0      # a backend removed by --backends auto is killed this long after its drain grace
 

@@ -35,7 +35,7 @@ class BackendAssignment:
     duty_cycle_ms: float
     sessions: tuple[PlacedSession, ...]
     exec_ms: float = 0.0        # the batches' execution per duty cycle, a shared prefix counted once
-    spare: bool = False         # holds only spare replicas (globalsched/planning/plan_device_type.py, add_spares)
+    spare: bool = False         # holds only spare replicas (globalsched/planning/replicas.py, add_spares)
 
 
 @dataclass(frozen=True)

@@ -414,13 +414,16 @@ def gpu_burst_excess_ms(gpu: GpuPlan, specs: Mapping[str, SessionSpec], margins_
     be known and batches in range."""
     if burst_sigma <= 0:
         return 0.0
-    terms = []
-    for a in gpu.sessions:
-        p = specs[a.session].profile
-        largest = saturated_batch(p.latency_ms, slo_budget_ms(specs[a.session].slo_ms, margins_ms), p.max_batch,
-                                  EPS_MS)
-        terms.append(BurstTerm(a.batch, a.planned_load_rps, marginal_ms_per_item(p.latency_ms, a.batch, largest)))
-    return burst_excess_ms(terms, gpu.duty_cycle_ms, burst_sigma)
+    return burst_excess_ms([burst_term(a, specs[a.session], margins_ms) for a in gpu.sessions], gpu.duty_cycle_ms,
+                           burst_sigma)
+
+
+def burst_term(alloc: SessionAlloc, spec: SessionSpec, margins_ms: float) -> BurstTerm:
+    """``alloc``'s part in its GPU's burst headroom (globalsched/planning/headroom.py): its batch, its load and
+    the cost of an item beyond the batch, up to the saturated batch of its SLO budget."""
+    p = spec.profile
+    largest = saturated_batch(p.latency_ms, slo_budget_ms(spec.slo_ms, margins_ms), p.max_batch, EPS_MS)
+    return BurstTerm(alloc.batch, alloc.planned_load_rps, marginal_ms_per_item(p.latency_ms, alloc.batch, largest))
 
 
 def validate_plan(plan: Plan, sessions: Sequence[SessionSpec], gpu: GpuSpec, margins_ms: float = 0.0,
@@ -521,5 +524,5 @@ def sessions_by_name(sessions: Iterable[SessionSpec]) -> dict[str, SessionSpec]:
 __all__ = [
     "EPS_MS", "EPS_REL", "GpuPlan", "GpuSpec", "LatencySplit", "Plan", "PlanningError", "PrefixGroup",
     "QueryEdge", "QuerySpec", "QueryStage", "SessionAlloc", "SessionSpec", "SplitMethod", "Violation",
-    "ViolationKind", "gpu_burst_excess_ms", "gpu_exec_breakdown", "sessions_by_name", "slo_budget_ms", "validate_plan",
+    "ViolationKind", "burst_term", "gpu_burst_excess_ms", "gpu_exec_breakdown", "sessions_by_name", "slo_budget_ms", "validate_plan",
 ]

@@ -29,19 +29,18 @@ Time is passed in.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import AbstractSet, Callable, Mapping, Sequence
 
 from common.measured_profile import EstimatorConfig
-from globalsched.planning.plan import (GpuPlan, GpuSpec, Plan, PlanningError, PrefixGroup, SessionAlloc, SessionSpec,
-                         ViolationKind, gpu_exec_breakdown, validate_plan)
+from globalsched.planning.plan import (GpuPlan, GpuSpec, Plan, PlanningError, PrefixGroup, SessionSpec,
+                                       gpu_exec_breakdown, validate_plan)
 from common.profile import Profile
-from globalsched.planning.algorithms.batch_sizing import prepare, residual_config
 from globalsched.planning.algorithms.config import PlannerConfig
 from globalsched.planning.algorithms.replan import ReplanConfig, ReplanReason, ReplanState, match_ids, replan
 from globalsched.planning.placement import BackendAssignment, BackendSlot, PlacedSession, Placement
 from globalsched.planning.prefix_groups import planning_groups, solve_with_prefix_groups
+from globalsched.planning.replicas import add_replicas, add_spares
 
 
 # A session whose profile moved this much since it was planned is re-placed at the next re-plan (the
@@ -236,72 +235,6 @@ def _with_spares(plan: Plan, replicas: set[tuple[int, str]], st: TypeState, spec
     return replace(plan, gpus=tuple(gpus)), replicas | added, spares
 
 
-def add_spares(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: GpuSpec, free: int, planner: PlannerConfig,
-               before: Plan | None = None, replicas_before: AbstractSet[tuple[int, str]] = frozenset(),
-               spares_before: AbstractSet[int] = frozenset(), groups: Sequence[PrefixGroup] = ()
-               ) -> tuple[list[GpuPlan], set[tuple[int, str]], frozenset[int]]:
-    """``gpus`` and up to ``free`` spare GPUs (the backends the plan leaves idle) holding one extra
-    replica each of the sessions that carry the most load and run on one GPU only, busiest first; the
-    (GPU id, session) replicas added and the spare GPUs' ids.
-
-    A spare replica is a replica like :func:`add_replicas`'s (the session's largest allocation, the
-    validity rules kept): the frontends split the session's arrivals with it, so a burst or a step
-    up to twice the planned rate is served at once, and a lost backend costs the session no outage.
-    It takes only a backend the plan would leave idle, never room on a busy one; the device scaling
-    policy counts spare GPUs neither as needed nor as a cost to drain (they go first). A session
-    keeps its spare on the GPU id it had (the same backend: no load, no move); several spares share
-    a GPU where they fit (next fit: the spare GPU filled last, then a new one; checking a GPU's rules
-    is the planner's costliest step, so each session tries at most two)."""
-    out = list(gpus)
-    if free <= 0:
-        return out, set(), frozenset()
-    by_name = {s.name: s for s in specs}
-    load: dict[str, float] = {}
-    holders: dict[str, int] = {}
-    primary: dict[str, tuple[GpuPlan, SessionAlloc]] = {}
-    for g in gpus:
-        for a in g.sessions:
-            load[a.session] = load.get(a.session, 0.0) + a.planned_load_rps
-            holders[a.session] = holders.get(a.session, 0) + 1
-            if a.session not in primary or a.throughput > primary[a.session][1].throughput:
-                primary[a.session] = (g, a)
-    had: dict[str, int] = {}
-    if before is not None:
-        for g in before.gpus:
-            if g.id in spares_before:
-                for a in g.sessions:
-                    if (g.id, a.session) in replicas_before:
-                        had[a.session] = g.id
-    taken = {g.id for g in gpus}
-    next_id = max([*taken, *((g.id for g in before.gpus) if before else ()), -1]) + 1
-    spare: dict[int, GpuPlan] = {}
-    latest: int | None = None
-    added: set[tuple[int, str]] = set()
-    for name in sorted((n for n in holders if holders[n] == 1 and n in by_name and load[n] > 0),
-                       key=lambda n: (-load[n], n)):
-        spec, (primary_gpu, alloc) = by_name[name], primary[name]
-        placed = None
-        gid = had.get(name)
-        if gid is not None and gid not in taken:
-            if gid in spare:
-                placed = _with(spare[gid], spec, alloc.planned_load_rps, gpu, planner, by_name, groups)
-            elif len(spare) < free:
-                placed = _alone(gid, spec, primary_gpu.duty_cycle_ms, alloc, gpu, planner, groups)
-        # Next fit: the spare GPU filled last, then a new one (each try checks a GPU's rules).
-        if placed is None and latest is not None:
-            placed = _with(spare[latest], spec, alloc.planned_load_rps, gpu, planner, by_name, groups)
-        if placed is None and len(spare) < free:
-            while next_id in taken or next_id in spare:
-                next_id += 1
-            placed = _alone(next_id, spec, primary_gpu.duty_cycle_ms, alloc, gpu, planner, groups)
-        if placed is None:
-            continue
-        spare[placed.id] = placed
-        latest = placed.id
-        added.add((placed.id, name))
-    return sorted([*out, *spare.values()], key=lambda g: g.id), added, frozenset(spare)
-
-
 def _fresh_ids(gpus: Sequence[GpuPlan], current: Plan | None, before: Plan | None) -> tuple[GpuPlan, ...]:
     """New GPUs renumbered past every id of ``before``: the re-planner numbers them after the GPUs it
     was given, which may reuse the id of a GPU taken out (a replica's, or a lost backend's) and so
@@ -340,109 +273,6 @@ def _strip_replicas(plan: Plan, replicas: AbstractSet[tuple[int, str]]) -> Plan:
         if keep:
             gpus.append(GpuPlan(g.id, g.duty_cycle_ms, tuple(keep), g.shared_prefixes))
     return replace(plan, gpus=tuple(gpus))
-
-
-def add_replicas(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: GpuSpec, wanted: Mapping[str, int],
-                 max_gpus: int, planner: PlannerConfig, before: Plan | None = None,
-                 replicas_before: AbstractSet[tuple[int, str]] = frozenset(), groups: Sequence[PrefixGroup] = ()
-                 ) -> tuple[list[GpuPlan], set[tuple[int, str]]]:
-    """``gpus`` with each session on at least ``wanted[session]`` GPUs where possible, and the
-    (GPU id, session) replicas added.
-
-    A replica runs the session's largest allocation (its batch; so the same throughput on a GPU of the
-    same duty cycle). Where it goes, in order: the GPU it was on in ``before`` (no load, no move); a
-    new GPU while fewer than ``max_gpus`` exist; an existing GPU with room, least occupied first.
-    Every GPU a replica lands on keeps the validity rules (``specs`` and ``groups`` as the plan was
-    made with: burst headroom and shared prefixes included). A session that fits nowhere keeps fewer
-    replicas.
-    """
-    out = {g.id: g for g in gpus}
-    by_name = {s.name: s for s in specs}
-    added: set[tuple[int, str]] = set()
-    previous_ids: dict[str, list[int]] = {}
-    if before is not None:
-        for g in before.gpus:
-            for a in g.sessions:
-                if (g.id, a.session) in replicas_before:
-                    previous_ids.setdefault(a.session, []).append(g.id)
-    next_id = max([*out, *((g.id for g in before.gpus) if before else ()), -1]) + 1
-    for name in sorted(wanted):
-        k = wanted[name]
-        spec = by_name.get(name)
-        holders = [g for g in out.values() if name in g.session_names()]
-        if spec is None or not holders or len(holders) >= k:
-            continue
-        primary_gpu, primary = max(((g, a) for g in holders for a in g.sessions if a.session == name),
-                                   key=lambda ga: ga[1].throughput)
-        for _ in range(k - len(holders)):
-            have = {g.id for g in out.values() if name in g.session_names()}
-            candidates = [gid for gid in previous_ids.get(name, []) if gid not in have]
-            placed = None
-            for gid in candidates:
-                if gid not in out and len(out) < max_gpus:
-                    placed = _alone(gid, spec, primary_gpu.duty_cycle_ms, primary, gpu, planner, groups)
-                elif gid in out:
-                    placed = _with(out[gid], spec, primary.planned_load_rps, gpu, planner, by_name, groups)
-                if placed is not None:
-                    break
-            if placed is None and len(out) < max_gpus:
-                placed = _alone(next_id, spec, primary_gpu.duty_cycle_ms, primary, gpu, planner, groups)
-                next_id += 1
-            if placed is None:
-                for g in sorted(out.values(), key=lambda g: _busy_ms(g, by_name) / g.duty_cycle_ms):
-                    if g.id in have:
-                        continue
-                    placed = _with(g, spec, primary.planned_load_rps, gpu, planner, by_name, groups)
-                    if placed is not None:
-                        break
-            if placed is None:
-                break
-            out[placed.id] = placed
-            added.add((placed.id, name))
-    return sorted(out.values(), key=lambda g: g.id), added
-
-
-def _busy_ms(g: GpuPlan, specs: Mapping[str, SessionSpec]) -> float:
-    return sum(specs[a.session].profile.latency_ms(a.batch) for a in g.sessions if a.session in specs)
-
-
-def _with(g: GpuPlan, spec: SessionSpec, rate: float, gpu: GpuSpec, planner: PlannerConfig,
-          specs: Mapping[str, SessionSpec], groups: Sequence[PrefixGroup]) -> GpuPlan | None:
-    """``g`` with ``spec`` added at the batch its duty cycle needs for ``rate`` (the arrivals it is
-    planned to carry), or None when that breaks the GPU (:func:`_keeps_rules`)."""
-    batch = min(max(1, math.ceil(rate * g.duty_cycle_ms / 1000 - 1e-9)), spec.profile.max_batch)
-    throughput = batch * 1000.0 / g.duty_cycle_ms
-    new = GpuPlan(g.id, g.duty_cycle_ms, (*g.sessions, SessionAlloc(spec.name, batch, throughput, min(rate, throughput))),
-                  g.shared_prefixes)
-    return new if _keeps_rules(new, specs, gpu, planner, groups) else None
-
-
-def _keeps_rules(g: GpuPlan, specs: Mapping[str, SessionSpec], gpu: GpuSpec, planner: PlannerConfig,
-                 groups: Sequence[PrefixGroup]) -> bool:
-    """Whether GPU ``g`` keeps the validity rules of :func:`globalsched.planning.plan.validate_plan`: its batches
-    (a shared prefix once, every member of its group waiting for the group's execution) plus the
-    pooled burst headroom (globalsched/planning/headroom.py) fit its duty cycle and every SLO, and its memory fits."""
-    one = Plan("replica", (g,), 0, 0.0)
-    return all(v.kind is ViolationKind.UNDER_SERVED
-               for v in validate_plan(one, [specs[a.session] for a in g.sessions], gpu, planner.margins_ms, groups,
-                                      planner.burst_sigma))
-
-
-def _alone(gid: int, spec: SessionSpec, duty_ms: float, primary: SessionAlloc, gpu: GpuSpec,
-           planner: PlannerConfig, groups: Sequence[PrefixGroup]) -> GpuPlan | None:
-    """A GPU of its own for a replica of ``primary`` (on a GPU of ``duty_ms``): the same allocation
-    when it keeps the rules alone. With burst headroom it may not: the primary's GPU pooled its burst
-    with others' batches (globalsched/planning/headroom.py). The replica then runs the configuration the planner
-    gives that load alone (:func:`~globalsched.planning.algorithms.batch_sizing.residual_config`); None when there
-    is none (the replica goes to a GPU with room, or the session keeps fewer replicas)."""
-    same = GpuPlan(gid, duty_ms, (primary,))
-    if _keeps_rules(same, {spec.name: spec}, gpu, planner, groups):
-        return same
-    try:
-        batch, duty_ms = residual_config(prepare(spec, gpu, planner), primary.planned_load_rps)
-    except PlanningError:
-        return None
-    return GpuPlan(gid, duty_ms, (SessionAlloc(spec.name, batch, batch * 1000.0 / duty_ms, primary.planned_load_rps),))
 
 
 def _assign(gpus: Sequence[GpuPlan], slots: Sequence[BackendSlot], nodes_before: Mapping[int, str],

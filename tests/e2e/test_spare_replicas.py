@@ -1,6 +1,6 @@
 """Spare replicas on real processes: a backend the plan leaves idle holds a replica of the busiest
 session, so a kill -9 of the session's other backend under load costs only what was in flight there
-(globalsched/planning/plan_device_type.py, add_spares). The planner's side is tests/unit/test_plan_device_type.py's."""
+(globalsched/planning/replicas.py, add_spares). The planner's side is tests/unit/test_plan_device_type.py's."""
 
 from __future__ import annotations
 

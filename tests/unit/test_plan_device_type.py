@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from globalsched.planning.plan import GpuPlan, GpuSpec, Plan, SessionAlloc, SessionSpec, validate_plan
+from globalsched.planning.plan import GpuPlan, GpuSpec, Plan, PrefixGroup, SessionAlloc, SessionSpec, validate_plan
 from common.profile import Profile
 from globalsched.planning.algorithms.config import PlannerConfig
 from globalsched.planning.algorithms.replan import ReplanConfig, ReplanReason
@@ -16,7 +16,7 @@ from globalsched.planning.cluster_values import MIN_PLANNED_RATE_RPS, ClusterVie
 from globalsched.planning.placement import BackendSlot
 from globalsched.planning.planner import (PlannerSettings, PlannerState, plan_cluster, real_surges, same_tables,
                                  settled_rates)
-from globalsched.planning.plan_device_type import add_replicas
+from globalsched.planning.replicas import _SpareRoom, _with, add_replicas, add_spares
 from globalsched.planning.prefix_groups import planning_groups
 
 PROFILE = Profile.linear(2.0, 10.0, 32, memory_base_mb=100, memory_per_item_mb=1, device_type="gpu")
@@ -396,6 +396,74 @@ def test_a_plan_that_needs_the_idle_backends_takes_them_from_the_spares():
     plan = loop.plan(more, slots, 1.0)
     assert plan.devices_needed["gpu"] == 4 and plan.placements["gpu"].overcommitted == 0
     assert not _spare_backends(plan) and all(len(nodes) == 1 for nodes in _where(plan).values())
+
+
+def _primaries(rates: dict[str, float], duty_ms: float = 100.0) -> tuple[list[GpuPlan], list[SessionSpec]]:
+    """Each session alone on a GPU of ``duty_ms``, carrying its rate."""
+    gpus, specs = [], []
+    for i, (name, rate) in enumerate(rates.items()):
+        batch = round(rate * duty_ms / 1000)
+        gpus.append(GpuPlan(i, duty_ms, (SessionAlloc(name, batch, batch * 1000.0 / duty_ms, rate),)))
+        specs.append(SessionSpec(name, name, 300.0, rate, PROFILE))
+    return gpus, specs
+
+
+def test_spares_share_the_first_spare_gpu_with_room_not_only_the_last_one_filled():
+    # l(b) = 2b + 10 ms on a 100 ms cycle: a (batch 30, 70 ms) fills spare 1 alone; b (40 ms) and c
+    # (38 ms) share spare 2 (78 ms); d (28 ms) fits only beside a. With no third idle backend, a
+    # next fit (the last spare, then a new one) leaves d without a spare.
+    gpus, specs = _primaries({"a": 300.0, "b": 150.0, "c": 140.0, "d": 90.0})
+    out, added, spares = add_spares(gpus, specs, GpuSpec("gpu", 16000.0), 2, PlannerConfig())
+    holder = {name: gid for gid, name in added}
+    assert set(holder) == {"a", "b", "c", "d"} and len(spares) == 2
+    assert holder["d"] == holder["a"] != holder["b"] == holder["c"]
+    assert validate_plan(Plan("spares", tuple(out), 0, 0.0), specs, GpuSpec("gpu", 16000.0)) == []
+
+
+def test_a_spare_gpu_is_judged_by_its_running_sums_as_the_full_rule_check_judges_it():
+    # _SpareRoom.fits is a constant-time form of _with's full rule check: where it says yes or no,
+    # the full check says the same, and it defers to the full check only within rounding of a
+    # bound. Its sums grown by a replica are those of the grown GPU. Random GPUs, sessions, SLOs,
+    # memory, margins and burst headroom.
+    rng = np.random.default_rng(7)
+    gpu = GpuSpec("gpu", 4000.0)
+    verdicts = {True: 0, False: 0, None: 0}
+    for _ in range(3000):
+        planner = PlannerConfig(network_ms=float(rng.choice([0.0, 5.0])), burst_sigma=float(rng.choice([0.0, 2.0])))
+        duty_ms = float(rng.uniform(20.0, 200.0))
+        specs = {}
+        for i in range(int(rng.integers(1, 5))):
+            profile = Profile.linear(float(rng.uniform(0.2, 4.0)), float(rng.uniform(1.0, 30.0)), 32,
+                                     memory_base_mb=float(rng.uniform(0, 1500)), memory_per_item_mb=2.0)
+            specs[f"s{i}"] = SessionSpec(f"s{i}", f"s{i}", float(rng.uniform(50.0, 500.0)),
+                                         float(rng.uniform(1.0, 300.0)), profile)
+        sessions = tuple(SessionAlloc(n, b := int(rng.integers(1, 9)), b * 1000.0 / duty_ms, float(rng.uniform(0.5, 1.0))
+                                      * b * 1000.0 / duty_ms) for n in specs)
+        g = GpuPlan(0, duty_ms, sessions)
+        new = SessionSpec("new", "new", float(rng.uniform(50.0, 500.0)), 0.0,
+                          Profile.linear(float(rng.uniform(0.2, 4.0)), float(rng.uniform(1.0, 30.0)), 32,
+                                         memory_base_mb=float(rng.uniform(0, 1500)), memory_per_item_mb=2.0))
+        rate = float(rng.uniform(1.0, 300.0))
+        room = _SpareRoom.of(g, specs, {}, planner, {})
+        verdict = room.fits(new, rate, gpu, planner, {})
+        grown = _with(g, new, rate, gpu, planner, {**specs, "new": new}, ())
+        assert verdict is None or verdict == (grown is not None), (g, new, rate, planner)
+        verdicts[verdict] += 1
+        if grown is not None:
+            assert room.plus(grown, new, {**specs, "new": new}, {}, planner, {}) == \
+                _SpareRoom.of(grown, {**specs, "new": new}, {}, planner, {})
+    assert verdicts[True] > 300 and verdicts[False] > 300 and verdicts[None] == 0
+
+
+def test_a_member_of_a_prefix_the_spare_gpu_shares_is_left_to_the_full_rule_check():
+    # Its executions merge with the prefix's batch, so the GPU's running sums cannot judge it.
+    member = SessionSpec("m", "m", 300.0, 10.0, PROFILE, prefix_group="p")
+    other = SessionSpec("o", "o", 300.0, 10.0, PROFILE, prefix_group="p")
+    g = GpuPlan(0, 100.0, (SessionAlloc("o", 1, 10.0),), shared_prefixes=("p",))
+    room = _SpareRoom.of(g, {"o": other}, {"p": PrefixGroup("p", PROFILE)}, PlannerConfig(), {})
+    assert room.fits(member, 10.0, GpuSpec("gpu", 16000.0), PlannerConfig(), {}) is None
+    assert room.fits(SessionSpec("x", "x", 300.0, 10.0, PROFILE), 10.0, GpuSpec("gpu", 16000.0), PlannerConfig(),
+                     {}) is True
 
 
 def _node(name: str):

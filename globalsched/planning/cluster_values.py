@@ -166,6 +166,20 @@ class ClusterPlan:
                                                         b.duty_cycle_ms))
         return out
 
+    def routed_load_rps(self) -> dict[str, float]:
+        """Per backend, the arrivals per second the frontends send it at the planned rates: each
+        session's planned load (on its backends that are not spare) split by the shares of
+        :meth:`routes`. A spare replica is planned for the whole load of its session but carries its
+        share of it."""
+        spare = {b.node_id for p in self.placements.values() for b in p.backends if b.spare}
+        out: dict[str, float] = {}
+        for routes in self.routes().values():
+            total = sum(share for _, share, _, _ in routes)
+            rate = sum(share for node, share, _, _ in routes if node not in spare)
+            for node, share, _, _ in routes:
+                out[node] = out.get(node, 0.0) + (rate * share / total if total > 0 else 0.0)
+        return out
+
     def sessions_on(self, node_id: str) -> int:
         """Sessions the plan runs on a backend."""
         return sum(len(b.sessions) for p in self.placements.values() for b in p.backends if b.node_id == node_id)

@@ -45,7 +45,7 @@ class DeviceTime(str, enum.Enum):
 
 
 class FaultKind(str, enum.Enum):
-    KILL_BACKENDS = "kill"            # SIGKILL the backends carrying the most planned load
+    KILL_BACKENDS = "kill"            # SIGKILL the backends the frontends send the most (ClusterPlan.routed_load_rps)
     STALL_SCHEDULER = "stall"         # the scheduler's loop answers nothing for a while
 
 

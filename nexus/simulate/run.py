@@ -172,12 +172,8 @@ class Simulation:
         if fault.kind is FaultKind.STALL_SCHEDULER:
             self.scheduler.stall(now, fault.duration_s)
             return
-        load: dict[str, float] = {}
         plan = self.scheduler.plan
-        if plan is not None:
-            for placement in plan.placements.values():
-                for b in placement.backends:
-                    load[b.node_id] = sum(s.load_rps or s.throughput_rps for s in b.sessions)
+        load = plan.routed_load_rps() if plan is not None else {}
         alive = [b for b in self.backends.values() if b.life is Life.UP]
         for b in sorted(alive, key=lambda b: (-load.get(b.node_id, 0.0), b.node_id))[:fault.count]:
             b.kill(now)

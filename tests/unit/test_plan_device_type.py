@@ -420,6 +420,21 @@ def test_spares_share_the_first_spare_gpu_with_room_not_only_the_last_one_filled
     assert validate_plan(Plan("spares", tuple(out), 0, 0.0), specs, GpuSpec("gpu", 16000.0)) == []
 
 
+def test_idle_backends_give_the_busiest_sessions_several_spares_each_on_a_gpu_of_its_own():
+    # Round by round, busiest per GPU first: a and b (70 and 60 ms of a 100 ms cycle) gain one spare
+    # each per round while idle backends last; the light c gains one per round up to SPARE_ROUNDS,
+    # never twice on one GPU, sharing spare GPUs where they fit.
+    from globalsched.planning.replicas import SPARE_ROUNDS
+
+    gpus, specs = _primaries({"a": 300.0, "b": 250.0})
+    out, added, spares = add_spares(gpus, specs, GpuSpec("gpu", 16000.0), 4, PlannerConfig())
+    assert sorted(name for _, name in added) == ["a", "a", "b", "b"] and len(spares) == 4
+    gpus, specs = _primaries({"c": 20.0})
+    out, added, spares = add_spares(gpus, specs, GpuSpec("gpu", 16000.0), 10, PlannerConfig())
+    assert len(added) == len(spares) == SPARE_ROUNDS              # one per round, each on a GPU of its own
+    assert validate_plan(Plan("spares", tuple(out), 0, 0.0), specs, GpuSpec("gpu", 16000.0)) == []
+
+
 def test_a_spare_gpu_is_judged_by_its_running_sums_as_the_full_rule_check_judges_it():
     # _SpareRoom.fits is a constant-time form of _with's full rule check: where it says yes or no,
     # the full check says the same, and it defers to the full check only within rounding of a
@@ -515,3 +530,16 @@ def test_a_plan_that_grows_past_the_backends_moves_nothing_to_save_a_device():
     assert grown.devices_needed["gpu"] > len(slots)                  # the cluster must grow
     after = _where(grown)
     assert all(after[m] == nodes for m, nodes in before.items()), (before, after)
+
+
+def test_a_backends_routed_load_splits_its_sessions_planned_load_over_their_spares():
+    # m is planned at 90 rps on a; its spare on c is planned for as much, and the frontends send each
+    # half. n (30 rps) has no spare. The simulator's kill fault picks backends by this load.
+    from globalsched.planning.cluster_values import ClusterPlan
+    from globalsched.planning.placement import BackendAssignment, PlacedSession, Placement
+
+    backends = (BackendAssignment("a", 100.0, (PlacedSession("m", 9, 90.0, 90.0),)),
+                BackendAssignment("b", 100.0, (PlacedSession("n", 3, 30.0, 30.0),)),
+                BackendAssignment("c", 100.0, (PlacedSession("m", 9, 90.0, 90.0),), spare=True))
+    load = ClusterPlan({"gpu": Placement(backends, 0, 0)}, {}, {}).routed_load_rps()
+    assert load == {"a": 45.0, "c": 45.0, "b": 30.0}

@@ -420,18 +420,20 @@ def test_spares_share_the_first_spare_gpu_with_room_not_only_the_last_one_filled
     assert validate_plan(Plan("spares", tuple(out), 0, 0.0), specs, GpuSpec("gpu", 16000.0)) == []
 
 
-def test_idle_backends_give_the_busiest_sessions_several_spares_each_on_a_gpu_of_its_own():
-    # Round by round, busiest per GPU first: a and b (70 and 60 ms of a 100 ms cycle) gain one spare
-    # each per round while idle backends last; the light c gains one per round up to SPARE_ROUNDS,
-    # never twice on one GPU, sharing spare GPUs where they fit.
-    from globalsched.planning.replicas import SPARE_ROUNDS
+def test_idle_backends_hold_a_spare_of_every_session_then_more_where_the_load_is():
+    # On a 100 ms cycle: a (310 rps, 72 ms), b (100 rps, 30 ms; not beside a), c (10 rps, 12 ms).
+    # Each gains one spare (c's beside a's), then the idle room goes to the most load per GPU: a
+    # (155 per GPU) before b (50) and c (5), each up to MAX_GPUS_WITH_SPARES GPUs, never twice on one.
+    from globalsched.planning.replicas import MAX_GPUS_WITH_SPARES
 
-    gpus, specs = _primaries({"a": 300.0, "b": 250.0})
-    out, added, spares = add_spares(gpus, specs, GpuSpec("gpu", 16000.0), 4, PlannerConfig())
-    assert sorted(name for _, name in added) == ["a", "a", "b", "b"] and len(spares) == 4
-    gpus, specs = _primaries({"c": 20.0})
-    out, added, spares = add_spares(gpus, specs, GpuSpec("gpu", 16000.0), 10, PlannerConfig())
-    assert len(added) == len(spares) == SPARE_ROUNDS              # one per round, each on a GPU of its own
+    gpus, specs = _primaries({"a": 310.0, "b": 100.0, "c": 10.0})
+    out, added, spares = add_spares(gpus, specs, GpuSpec("gpu", 16000.0), 3, PlannerConfig())
+    # Three idle backends: a's, b's and a's second spare; b has no room left; c fills in beside each.
+    assert sorted(name for _, name in added) == ["a", "a", "b", "c", "c", "c"] and len(spares) == 3
+    out, added, spares = add_spares(gpus, specs, GpuSpec("gpu", 16000.0), 40, PlannerConfig())
+    on = {n: {gid for gid, name in added if name == n} for n in ("a", "b", "c")}
+    assert all(len(gids) + 1 == MAX_GPUS_WITH_SPARES for gids in on.values())
+    assert len(spares) == 2 * (MAX_GPUS_WITH_SPARES - 1)            # c's spares share a's and b's GPUs
     assert validate_plan(Plan("spares", tuple(out), 0, 0.0), specs, GpuSpec("gpu", 16000.0)) == []
 
 

@@ -437,6 +437,27 @@ def test_idle_backends_hold_a_spare_of_every_session_then_more_where_the_load_is
     assert validate_plan(Plan("spares", tuple(out), 0, 0.0), specs, GpuSpec("gpu", 16000.0)) == []
 
 
+def test_filling_the_idle_room_judges_a_bounded_number_of_spare_gpus_per_spare(monkeypatch):
+    # b1's second spare (74 ms) fits only beside m's spare, on a 200 ms cycle, the last of the spare
+    # GPUs (the others run b2, b3 and x alone, 64-74 ms of 100): found within FILL_CHECKS judged
+    # GPUs, not within 2.
+    import globalsched.planning.replicas as replicas
+
+    gpus, specs = _primaries({"b1": 320.0, "b2": 320.0, "b3": 320.0, "x": 270.0, "l": 10.0})
+    gpus.append(GpuPlan(len(gpus), 200.0, (SessionAlloc("m", 28, 140.0, 140.0),)))
+    specs.append(SessionSpec("m", "m", 300.0, 140.0, PROFILE))
+
+    def b1_beside_m() -> bool:
+        out, added, _ = add_spares(gpus, specs, GpuSpec("gpu", 16000.0), 5, PlannerConfig())
+        assert validate_plan(Plan("spares", tuple(out), 0, 0.0), specs, GpuSpec("gpu", 16000.0)) == []
+        m_spare = next(gid for gid, name in added if name == "m")
+        return (m_spare, "b1") in added
+
+    assert b1_beside_m()
+    monkeypatch.setattr(replicas, "FILL_CHECKS", 2)
+    assert not b1_beside_m()
+
+
 def test_a_spare_gpu_is_judged_by_its_running_sums_as_the_full_rule_check_judges_it():
     # _SpareRoom.fits is a constant-time form of _with's full rule check: where it says yes or no,
     # the full check says the same, and it defers to the full check only within rounding of a

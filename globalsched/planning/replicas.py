@@ -35,12 +35,16 @@ from globalsched.planning.plan import (EPS_MS, GpuPlan, GpuSpec, Plan, PlanningE
 # | in rounds: every session a second after every session has its first | 93.1%, 93.2% | 0.349%, 0.434% |
 # | one, then by load per GPU, up to 4 GPUs | 95.7% (seed 1) | 0.813% (seed 1) |
 # | one, then by load per GPU, up to 8 GPUs | 99.1%, 97.3% | 0.399%, 0.404% |
-# | the same, filling judges at most 32 spare GPUs per spare (this) | 98.5%, 96.7% | 0.399%, 0.404% |
+# | the same, filling judges at most 32 spare GPUs per spare | 98.5%, 96.7% | 0.399%, 0.404% |
 # | the same, filling on the spare GPU with the most time left | 98.0%, 96.2% | 0.707%, 0.659% |
-MAX_GPUS_WITH_SPARES = 8
+# | up to 16 GPUs, filling judges at most 32 (this) | 98.5%, 96.2% | 0.271%, 0.175% |
+#
+# The kill takes the backends with the most load routed to them; up to 8 GPUs, those were every GPU of
+# the busiest model (a sixth of the load), which then had no backend until a new replica loaded.
+MAX_GPUS_WITH_SPARES = 16
 # Filling the idle room judges at most this many spare GPUs per spare (then a new one, or none): at
 # 1,000 devices (benchmarks/simulator_speed.py big), a full first-fit scan for every spare doubled
-# the planner's CPU; with the cap it is 20-30% above one spare per session.
+# the planner's CPU; with the cap it is 20-40% above one spare per session.
 FILL_CHECKS = 32
 
 

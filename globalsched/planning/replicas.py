@@ -2,8 +2,9 @@
 
 - :func:`add_replicas`: a model's minimum replicas (``--min-replicas``), placed where a replica was
   before, on a new GPU while the cluster has room, else beside others;
-- :func:`add_spares`: spare replicas of the busiest single-GPU sessions on the backends the plan
-  leaves idle, so that a burst or a lost backend costs no outage (issue 24).
+- :func:`add_spares`: spare replicas on the backends the plan leaves idle (one for every session on
+  one GPU, then more where the load per GPU is highest), so that a burst or a lost backend costs no
+  outage (issue 24).
 
 Every GPU a replica lands on keeps the plan's validity rules (globalsched/planning/plan.py). Pure
 functions: GPUs, specs and the previous plan in, GPUs and the replicas added out.
@@ -108,6 +109,7 @@ def add_spares(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: GpuSp
     # (spare GPU, session) -> the GPU's sessions when it declined the session: unchanged, it declines
     # it again.
     declined: dict[tuple[int, str], int] = {}
+
     def place(name: str, checks: int = -1) -> bool:
         """One more spare of ``name``: on a spare GPU it was on before, else the first spare GPU that
         takes it among the first ``checks`` judged (-1: all), else a new one; False when none does."""

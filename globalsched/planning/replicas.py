@@ -93,8 +93,7 @@ def add_spares(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: GpuSp
                         had.setdefault(a.session, []).append(g.id)
     taken = {g.id for g in gpus}
     next_id = max([*taken, *((g.id for g in before.gpus) if before else ()), -1]) + 1
-    spare: dict[int, GpuPlan] = {}
-    rooms: dict[int, _SpareRoom] = {}
+    rooms: dict[int, _SpareRoom] = {}        # spare GPU id -> the GPU as placed so far, with its sums
     marginals: dict[tuple[str, int], float] = {}
     group_by_name = {pg.name: pg for pg in groups}
     added: set[tuple[int, str]] = set()
@@ -120,9 +119,9 @@ def add_spares(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: GpuSp
         for gid in had.get(name, ()):
             if gid in taken or gid in mine:
                 continue
-            if gid in spare:
+            if gid in rooms:
                 placed = _judged(rooms[gid], spec, alloc.planned_load_rps, gpu, planner, by_name, groups, marginals)
-            elif len(spare) < free:
+            elif len(rooms) < free:
                 placed = _alone(gid, spec, primary_gpu.duty_cycle_ms, alloc, gpu, planner, groups)
             if placed is not None:
                 break
@@ -140,13 +139,12 @@ def add_spares(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: GpuSp
                 checks -= 1
                 if checks == 0:
                     break
-        if placed is None and len(spare) < free:
-            while next_id in taken or next_id in spare:
+        if placed is None and len(rooms) < free:
+            while next_id in taken or next_id in rooms:
                 next_id += 1
             placed = _alone(next_id, spec, primary_gpu.duty_cycle_ms, alloc, gpu, planner, groups)
         if placed is None:
             return False
-        spare[placed.id] = placed
         room = rooms.get(placed.id)
         if room is not None and placed.sessions[:-1] == room.gpu.sessions:
             rooms[placed.id] = room.plus(placed, spec, by_name, group_by_name, planner, marginals)
@@ -174,7 +172,7 @@ def add_spares(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: GpuSp
         _, name = heapq.heappop(queue)
         if place(name, FILL_CHECKS) and count[name] < MAX_GPUS_WITH_SPARES:
             heapq.heappush(queue, (-load[name] / count[name], name))
-    return sorted([*out, *spare.values()], key=lambda g: g.id), added, frozenset(spare)
+    return sorted([*out, *(r.gpu for r in rooms.values())], key=lambda g: g.id), added, frozenset(rooms)
 
 
 def add_replicas(gpus: Sequence[GpuPlan], specs: Sequence[SessionSpec], gpu: GpuSpec, wanted: Mapping[str, int],

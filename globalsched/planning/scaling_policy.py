@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-from common.config import DeviceBounds
+from common.config import DeviceBounds, SchedulerConfig
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,10 @@ class ScalingConfig:
     headroom: float = 0.0           # devices beyond the plan's, as a fraction of it
     outrun_ratio: float = 1.1       # demand / capacity above which demand, not the plan, sets the need
     bounds: DeviceBounds = field(default_factory=DeviceBounds)
+
+    @classmethod
+    def from_config(cls, config: SchedulerConfig) -> ScalingConfig:
+        return cls(config.scale_down_cooldown_s, config.device_headroom, bounds=config.device_bounds)
 
 
 @dataclass(frozen=True)

@@ -77,8 +77,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.admin = ModelAdmin(config, db, self.nodes, self.trigger, prefix_fn)
         self.distribution = Distribution(self.nodes, events=self.admin, workload=self.workload,
                                          may_act=self.leadership.may_act)
-        self.scaler = DeviceScaler(ScalingConfig(config.scale_down_cooldown_s, config.device_headroom,
-                                                 bounds=config.device_bounds),
+        self.scaler = DeviceScaler(ScalingConfig.from_config(config),
                                    self.membership.backends, self.workload.window_rates,
                                    persist=self._persist_scaling)
         self.plan_store: PlanStore | None = None      # a shared database: the plan in force, for a standby

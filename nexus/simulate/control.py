@@ -70,8 +70,7 @@ class SimScheduler:
                        config.heartbeat_interval_ms / 1000, config.node_timeout_s, config.max_heartbeats_per_s)
         self.heartbeat_s = paced.period_s
         self.detector_config = DetectorConfig(timeout_s=paced.timeout_s, interval_s=config.heartbeat_interval_ms / 1000)
-        self.scaler = DeviceScaler(ScalingConfig(config.scale_down_cooldown_s, config.device_headroom,
-                                                 bounds=config.device_bounds),
+        self.scaler = DeviceScaler(ScalingConfig.from_config(config),
                                    self.backends, self.workload.window_rates, clock=lambda: sim.now)
         self.models = tuple(ModelView(m.name, m.slo_ms, {sim.config.device_type: m.profile},
                                       min_replicas=m.min_replicas, expected_rate_rps=m.expected_rate_rps)

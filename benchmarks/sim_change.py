@@ -1,6 +1,7 @@
 """Issue 24's targets, measured in ``nexus simulate``: the SLO while the cluster changes.
 
-    python -m benchmarks.sim_change [--devices 100] [--cases step_auto,step_idle,steady,kill,stall]
+    python -m benchmarks.sim_change [--devices 100] [--cases step_auto,step_idle,ramp_auto,steady,kill,stall]
+                                    [--seed N]
 
 ``--devices`` sets the cluster's size (100 or 1,000: the models, the rates and the bounds scale with
 it). Every trace starts after ``LEAD_S`` of silence while the cluster registers and plans. The cases:
@@ -12,6 +13,10 @@ it). Every trace starts after ``LEAD_S`` of silence while the cluster registers 
   after the step; device-seconds at most 1.3x the tight bound's integral; back to the bound's
   device count within a cool-down + 30 s after the step down, losing nothing to scale-down.
 * ``step_idle``: the same trace with every device registered from the start: no 1 s window below 99%.
+* ``ramp_auto``: the step's trace with ramps instead of steps: up from 1x to 5x over ``RAMP_S`` from
+  40 s, back down over ``RAMP_S`` from 80 s, auto as ``step_auto`` (where scaling ahead of a rising
+  rate would pay, if anywhere: benchmarks/elastic.md): the trace's targets, 99.9% within SLO and
+  device-seconds at most 1.3x the bound, and nothing lost to scale-down.
 * ``steady``: constant Poisson load (half the peak) for ``--steady-s`` (30 minutes), auto: at most
   one scale reversal (the desired count turning from rising to falling or back) per 10 minutes.
 * ``kill``: every device registered, the step's peak load (Poisson), the 10% of devices carrying the
@@ -46,6 +51,7 @@ from nexus.simulate.workload import Arrivals, parse_schedule, scheduled_arrivals
 LEAD_S = 10.0
 STEP_UP_S, STEP_DOWN_S, END_S = 40.0, 80.0, 140.0
 COOLDOWN_S = 10.0
+RAMP_S = 20.0
 MODELS_PER_DEVICE = 2.4
 RPS_PER_DEVICE = 4.0            # the base rate per device: the step's peak (5x) needs about half the devices
 
@@ -121,7 +127,7 @@ def target(rows: list, case: str, what: str, measured, goal: str, met: bool) -> 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--devices", type=int, default=100)
-    p.add_argument("--cases", default="step_auto,step_idle,steady,kill,stall")
+    p.add_argument("--cases", default="step_auto,step_idle,ramp_auto,steady,kill,stall")
     p.add_argument("--steady-s", type=float, default=1800.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default="benchmarks/out/sim_change")
@@ -156,6 +162,18 @@ def main(argv: list[str] | None = None) -> None:
         target(rows, "step_auto", f"seconds after the step down to the bound's {max(bound_after, n // 10)} devices",
                took, f"<= {COOLDOWN_S + 30:g}", took is not None and took <= COOLDOWN_S + 30)
         target(rows, "step_auto", "requests lost to scale-down", r["lost_to_scale_down"], "0", r["lost_to_scale_down"] == 0)
+    if "ramp_auto" in cases:
+        ramp = (f"0:{base},{STEP_UP_S}:{base},{STEP_UP_S + RAMP_S}~{5 * base},{STEP_DOWN_S}:{5 * base},"
+                f"{STEP_DOWN_S + RAMP_S}~{base}")
+        sim, r = run("ramp_auto", models, arrivals(trace, ramp, END_S, args.seed),
+                     config(n, args.seed, False), [], out)
+        target(rows, "ramp_auto", "within SLO over the trace", r["within_slo"], ">= 0.999", r["within_slo"] >= 0.999)
+        w = windows(r, LEAD_S + STEP_UP_S, LEAD_S + STEP_DOWN_S)
+        target(rows, "ramp_auto", "worst 1 s window from the ramp up to the ramp down", min(w), ">= 0.99",
+               min(w) >= 0.99)
+        ratio = r["device_seconds_over_bound"]
+        target(rows, "ramp_auto", "device-seconds over the bound's integral", ratio, "<= 1.3", ratio <= 1.3)
+        target(rows, "ramp_auto", "requests lost to scale-down", r["lost_to_scale_down"], "0", r["lost_to_scale_down"] == 0)
     if "step_idle" in cases:
         sim, r = run("step_idle", models, arrivals(trace, step, END_S, args.seed), config(n, args.seed, True), steps, out)
         w = windows(r, LEAD_S, LEAD_S + END_S)

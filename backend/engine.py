@@ -12,6 +12,14 @@ Contracts:
   *now*: EDF across sessions, the policy within one. It runs the batch and hands every outcome of
   the turn back in one ``deliver`` call (``loop.call_soon_threadsafe`` in the server: one per batch,
   not one per request); the ``done`` callbacks then run on the loop, where serialisation happens.
+- Inline batches (:meth:`Engine.run_inline_on`, CPU devices): on an idle device, a batch expected
+  to take at most ``inline_max_ms`` runs on the event loop's thread at the end of the loop's turn
+  that queued it, and its outcomes are delivered there. A request to a tiny model then costs no
+  hand-over to the executor thread and back (two thread wake-ups, which cost more CPU than such a
+  model's compute). ``submit`` schedules at most one inline turn per loop turn, so a turn's requests
+  still batch together. The device is one batch at a time either way (``_device``): while the
+  executor runs a batch or a warm-up waits, and for a decided batch expected to take longer, the
+  inline turn hands over to the executor thread as before.
 - Time comes from outside: ``clock`` (monotonic seconds: deadlines, queue and compute times) and
   ``wall_clock`` (``last_inference``). With ``start=False`` no thread runs and a test drives
   :meth:`Engine.step` itself on a fake clock.
@@ -155,6 +163,11 @@ class Engine:
         # whether the host's CPU is contended now (a CPU device's backend sets it; the default: never).
         self.samples: SampleRecorder | None = None
         self.host_contended: Callable[[], bool] = lambda: False
+        self._device = threading.Lock()       # held while a batch runs: by the executor, or an inline turn
+        self._handoff: "tuple[Decision, Session | SharedPrefix | None, list[Pending], list[Pending]] | None" = None
+        self._inline_loop = None                # the event loop inline turns run on (None: never inline)
+        self._inline_max_ms = 0.0
+        self._inline_due = False                # an inline turn is scheduled on that loop
         self._thread: threading.Thread | None = None
         if start:
             self._thread = threading.Thread(target=self._loop, name="executor", daemon=True)
@@ -237,6 +250,13 @@ class Engine:
         with self._lock:
             yield
 
+    def run_inline_on(self, loop, max_ms: float) -> None:
+        """Run batches expected to take at most ``max_ms`` on ``loop``'s thread (the module docstring's
+        inline batches); ``max_ms`` 0 turns it off. Only for a device whose batches compute on the
+        host's cores in the calling process: an emulated device's batch sleeps, and a pinned executor
+        must keep the compute on its CPUs."""
+        self._inline_loop, self._inline_max_ms = (loop, max_ms) if max_ms > 0 else (None, 0.0)
+
     # ---- requests (loop thread) --------------------------------------------------------------------
 
     def submit(self, work: Work) -> Pending:
@@ -252,8 +272,38 @@ class Engine:
         session.depth.submitted += 1
         self._live[item.request_id] = item
         self._inbox.append(item)
-        self._wake.set()
+        if self._inline_loop is None:
+            self._wake.set()
+        elif not self._inline_due:
+            self._inline_due = True
+            self._inline_loop.call_soon(self._inline_turn)
         return item
+
+    def _inline_turn(self) -> None:
+        """On the loop's thread, after the turn that queued requests: decide and run a short batch here,
+        or leave the work to the executor thread (module docstring)."""
+        self._inline_due = False
+        if self._stop or self._warmups or not self._device.acquire(blocking=False):
+            self._wake.set()        # the executor is busy (it looks again after its batch) or has warm-up to run
+            return
+        if self._handoff is not None:   # a batch handed over is not yet taken: the executor goes first
+            self._device.release()
+            self._wake.set()
+            return
+        try:
+            with self._lock:
+                decided = self._decide()
+            decision, unit, batch, _ = decided
+            if unit is not None and batch and _estimate_ms(unit, sum(p.rows for p in batch)) > self._inline_max_ms:
+                self._handoff = decided     # the executor runs it first, as soon as this releases the device
+                self._wake.set()
+                return
+            self._execute(decided, inline=True)
+        finally:
+            self._device.release()
+        if (unit is None and decision.wake_s is not None) or self._inbox or any(s.queue for s in self._solo) or \
+                any(m.queue for g in self.groups for m in g.members):
+            self._wake.set()        # work left: a duty cycle's wait, or a queue the batch did not take
 
     def cancel(self, item: Pending) -> bool:
         """Take a queued request off its queue: True when it was still queued (it will never run and
@@ -362,7 +412,13 @@ class Engine:
         """One turn of the executor: decide at ``clock()``, answer the dropped requests, run the batch.
         Returns the decision (``queue`` None: nothing was ready; ``wake_s``: when something will be)."""
         with self._lock:
-            decision, unit, batch, dropped = self._decide()
+            decided = self._decide()
+        return self._execute(decided)
+
+    def _execute(self, decided: "tuple[Decision, Session | SharedPrefix | None, list[Pending], list[Pending]]",
+                 inline: bool = False) -> Decision:
+        """Answer a decision's drops and run its batch; ``inline``: on the event loop's thread."""
+        decision, unit, batch, dropped = decided
         if unit is None:
             return decision
         now = self.clock()
@@ -380,18 +436,19 @@ class Engine:
                 self._run(unit, batch, answers, contended=bool(dropped) or bool(unit.queue))
             else:
                 self._run_group(unit, batch, answers)
-        self._post(answers)
+        self._post(answers, inline)
         return decision
 
-    def _post(self, answers: "list[tuple[Work, Outcome]]") -> None:
-        """Hand a turn's outcomes back in one go: one ``deliver`` call per batch (per consumer)."""
+    def _post(self, answers: "list[tuple[Work, Outcome]]", inline: bool = False) -> None:
+        """Hand a turn's outcomes back in one go: one ``deliver`` call per batch (per consumer); on the
+        loop's own thread (``inline``), those for that loop complete at once."""
         if not answers:
             return
         by_consumer: dict[object, list[tuple[Work, Outcome]]] = {}
         for answer in answers:
             by_consumer.setdefault(answer[0].deliver or self.deliver, []).append(answer)
         for deliver, some in by_consumer.items():
-            if deliver is None:
+            if deliver is None or (inline and getattr(deliver, "__self__", None) is self._inline_loop):
                 _complete(some)
                 continue
             try:
@@ -439,7 +496,12 @@ class Engine:
                           ",".join(map(str, sorted(self.executor_cpus))), exc)
         while not self._stop:
             self._wake.clear()
-            decision, warmed = self.turn()
+            with self._device:
+                handoff, self._handoff = self._handoff, None
+                if handoff is not None:     # decided by an inline turn, too long to run there
+                    decision, warmed = self._execute(handoff), False
+                else:
+                    decision, warmed = self.turn()
             if decision.queue is not None or warmed or self._stop:
                 continue
             # Nothing ready: sleep until new work arrives or the earliest batch is due.
@@ -531,6 +593,12 @@ def _finish(job: _WarmupJob, *, error: str = "", skipped: str = "") -> None:
         log.warning("warm-up: %d of %d batches skipped: %s", left, len(job.batches), skipped)
     if not job.future.done():
         job.future.set_result(WarmupResult(job.done, job.ns, error, left if skipped else 0))
+
+
+def _estimate_ms(unit: "Session | SharedPrefix", rows: int) -> float:
+    """How long a batch of ``rows`` of ``unit`` is expected to take (inf: no profile says)."""
+    ms = unit.expected_ms(rows) if isinstance(unit, Session) else unit.latency_ms(rows)
+    return ms if ms > 0 else float("inf")
 
 
 def _complete(answers: "list[tuple[Work, Outcome]]") -> None:

@@ -235,6 +235,8 @@ async def serve(config: BackendConfig, ready=None) -> None:
     sys.setswitchinterval(0.0005)
     engine = Engine(POLICIES[config.policy](), executor_cpus=config.executor_cpu_set())
     engine.samples = SampleRecorder()
+    if config.device == "cpu" and not config.executor_cpu_set():
+        engine.run_inline_on(asyncio.get_running_loop(), config.inline_max_ms)
     monitor = None
     if config.device == "cpu":      # batches run on the host's cores: other work there contends them
         monitor = ContentionMonitor(config.threads or len(os.sched_getaffinity(0))).start()

@@ -139,3 +139,14 @@ def postgres():
 def pg_url(postgres):
     """The URL of a new, empty PostgreSQL database."""
     return postgres.database()
+
+
+@pytest.fixture(scope="session")
+def mlp_small_runtime():
+    """The sample MLP in ONNX Runtime on the CPU: a real model for tests that drive an engine directly."""
+    from common.runtimes import load_runtime
+    from common.sample_models import mlp_small, model_bytes
+
+    rt = load_runtime("onnxruntime", model_bytes(mlp_small()), "cpu")
+    yield rt
+    rt.close()

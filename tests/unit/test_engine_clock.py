@@ -14,10 +14,8 @@ from backend.engine import Engine
 from backend.sessions import Session, SharedPrefix
 
 from backend.work import ExecError, Work
-from common.runtimes import load_runtime
 from common.batch_decision import EarliestFirst, SlidingWindowEarlyDrop
 from common.profile import Profile
-from common.sample_models import mlp_small, model_bytes
 from common.exec_status import ExecStatus
 
 PROFILE = Profile.linear(2.0, 10.0, 16, device_type="cpu")      # l(b) = 2b + 10 ms; 2*l(b) <= 100: b <= 20 -> 16
@@ -31,11 +29,9 @@ class FakeClock:
         return self.t
 
 
-@pytest.fixture(scope="module")
-def runtime():
-    rt = load_runtime("onnxruntime", model_bytes(mlp_small()), "cpu")
-    yield rt
-    rt.close()
+@pytest.fixture
+def runtime(mlp_small_runtime):
+    return mlp_small_runtime
 
 
 def _engine(runtime, policy=None, *, planned: int = 1, max_queue: int = 4096, names=("m",), deliver=None):

@@ -20,8 +20,6 @@ from common.config import BackendConfig
 from common.measured_profile import LatencySample
 from common.pb import control
 from common.profile import Profile
-from common.runtimes import load_runtime
-from common.sample_models import mlp_small, model_bytes
 
 PROFILE = Profile.linear(2.0, 10.0, 4, device_type="cpu")      # l(b) = 2b + 10 ms, at most 4 rows
 
@@ -53,18 +51,11 @@ class TimedRuntime:
         return 0.0
 
 
-@pytest.fixture(scope="module")
-def onnx_runtime():
-    rt = load_runtime("onnxruntime", model_bytes(mlp_small()), "cpu")
-    yield rt
-    rt.close()
-
-
 @pytest.fixture
-def engine(onnx_runtime):
+def engine(mlp_small_runtime):
     clock = Clock()
     engine = Engine(SlidingWindowEarlyDrop(), clock, wall_clock=lambda: 0.0, start=False)
-    runtime = TimedRuntime(onnx_runtime, clock)
+    runtime = TimedRuntime(mlp_small_runtime, clock)
     engine.set_sessions({"stage": Session("stage", runtime, 100.0, 1, PROFILE, model="m")})
     engine.samples = SampleRecorder()
     return engine, clock, runtime

@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry
 from common import grpc_util
 from common.config import LeaderElection, SchedulerConfig
 from common.health import Health
+from common.heap_freezer import HeapFreezer
 from common.loop_lag import LoopLagMonitor
 from common.pb import control, control_grpc
 from common.security import Credentials
@@ -85,6 +86,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
                                    [self.admin, self.admin.profiling, self.distribution, self.scaler], persist=self._persist,
                                    catalog=self.admin.catalog, may_act=self.leadership.may_act)
         self.loop_lag = LoopLagMonitor("nexus_scheduler_loop_lag_seconds")
+        self.heap = HeapFreezer()       # full collections of the fleet's state held the loop 150-200 ms
         self._tasks: list[asyncio.Task] = []
 
     def read_view(self, now: float, force=None, why: tuple[str, ...] = ()):
@@ -163,7 +165,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.admin.db.keep_reads = True
         self._tasks = [asyncio.create_task(self._plan_when_registered(set(hold))), asyncio.create_task(self.membership.reaper()),
                        asyncio.create_task(self.control.epoch_timer()), asyncio.create_task(self.scaler.run()),
-                       asyncio.create_task(self.loop_lag.run())]
+                       asyncio.create_task(self.loop_lag.run()), asyncio.create_task(self.heap.run())]
 
     async def stop(self) -> None:
         self.membership.stopping = True     # streams that end from now on are the shutdown's

@@ -52,6 +52,7 @@ class Provenance:
     def __init__(self, argv: list[str], outputs: list[pathlib.Path]) -> None:
         self.command = "python -m " + " ".join([_module_name(), *map(shlex.quote, argv)])
         self.outputs = outputs
+        self._before = {path: _stamp(path) for path in outputs}     # what was there before the run
         self.commit = commit()
         self.cpu = cpu_model()
         self.started = time.time()
@@ -84,9 +85,18 @@ class Provenance:
         print(f"provenance: {record['command']} | commit {record['commit']} | {record['cpu']} | load average "
               f"{load['min']:.2f}-{load['max']:.2f}" + (f" | MARKED: {record['mark']}" if record["mark"] else ""),
               file=sys.stderr)
-        for path in self.outputs:
-            if path.is_file():
+        for path in self.outputs:    # only what this run wrote: a refused run leaves earlier records alone
+            if path.is_file() and _stamp(path) != self._before[path]:
                 path.with_name(path.name + ".provenance.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
+def _stamp(path: pathlib.Path) -> tuple[int, int] | None:
+    """A file's modification time and size (None: no file)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 def _module_name() -> str:

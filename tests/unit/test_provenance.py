@@ -21,8 +21,8 @@ def test_a_run_above_the_quiet_load_is_marked(tmp_path):
 
 def test_the_record_lands_beside_each_output_written(tmp_path):
     written, missing = tmp_path / "out.json", tmp_path / "never.json"
-    written.write_text("{}")
     run = Provenance([], [written, missing])
+    written.write_text("{}")
     run.finish()
     record = json.loads((tmp_path / "out.json.provenance.json").read_text())
     assert record["commit"] == commit() and record["cpu"] == cpu_model()
@@ -32,3 +32,13 @@ def test_the_record_lands_beside_each_output_written(tmp_path):
 def test_the_cpu_and_commit_are_named():
     assert "cores" in cpu_model()
     assert commit() != ""
+
+
+def test_an_output_the_run_did_not_write_keeps_its_record(tmp_path):
+    """A run refused at its arguments writes nothing: the record of the run that drew the file stays."""
+    plot = tmp_path / "plot.png"
+    plot.write_bytes(b"png")
+    earlier = tmp_path / "plot.png.provenance.json"
+    earlier.write_text('{"commit": "earlier"}')
+    Provenance(["--late-requests", "maybe"], [plot]).finish()
+    assert earlier.read_text() == '{"commit": "earlier"}'

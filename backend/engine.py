@@ -3,15 +3,17 @@
 Contracts:
 - :meth:`Engine.submit` is called on the event-loop thread with a request already validated against
   the session's input specs; it never blocks and never takes the executor's lock: it appends the
-  request to an inbox (a deque) and sets an event. :meth:`Engine.cancel` claims a queued request
-  lock-free as well (a request is answered by whoever takes it out of the live set first: the
-  executor, running or dropping it, or ``cancel``).
-- The executor thread is the only caller of ``Runtime.run``. Each turn (:meth:`Engine.step`) it moves
-  the inbox into the per-session queues and asks :func:`common.batch_decision.schedule` (the one batching
-  decision, shared with the simulation and the profiler's harness) what to run and what to drop
-  *now*: EDF across sessions, the policy within one. It runs the batch and hands every outcome of
-  the turn back in one ``deliver`` call (``loop.call_soon_threadsafe`` in the server: one per batch,
-  not one per request); the ``done`` callbacks then run on the loop, where serialisation happens.
+  request to an inbox (a deque) and sets an event (with inline batches: schedules an inline turn on
+  the loop instead). :meth:`Engine.cancel` claims a queued request lock-free as well (a request is
+  answered by whoever takes it out of the live set first: the executor, running or dropping it, or
+  ``cancel``).
+- The executor thread runs the batches (``Runtime.run``), but for the inline batches below: one
+  batch at a time either way. Each turn (:meth:`Engine.step`) it moves the inbox into the
+  per-session queues and asks :func:`common.batch_decision.schedule` (the one batching decision,
+  shared with the simulation and the profiler's harness) what to run and what to drop *now*: EDF
+  across sessions, the policy within one. It runs the batch and hands every outcome of the turn back
+  in one ``deliver`` call (``loop.call_soon_threadsafe`` in the server: one per batch, not one per
+  request); the ``done`` callbacks then run on the loop, where serialisation happens.
 - Inline batches (:meth:`Engine.run_inline_on`, CPU devices): on an idle device, a batch expected
   to take at most ``inline_max_ms`` runs on the event loop's thread at the end of the loop's turn
   that queued it, and its outcomes are delivered there. A request to a tiny model then costs no
@@ -39,13 +41,13 @@ Contracts:
   are scheduled as one unit (backend/sessions.py says how).
 
 Warm-up (:meth:`Engine.warm_up`): batches of a session not yet in the table (common/warmup_spec.py)
-run on the executor thread too, since it is the device's only user, but they never stall the
-sessions already serving: a warm-up batch runs when no serving batch is ready, or, while serving
-work keeps the device busy, after a serving batch once the executor has served at least as long as
-the last warm-up batch took (so warm-up takes at most half of a saturated device, and a request
-waits at most one warm-up batch, as it would behind any co-located session). Warm-up batches count
-nowhere in the serving statistics, nor in utilisation: their number and time come back in the
-job's :class:`WarmupResult`.
+run on the executor thread too, since it is the device's user (inline batches wait while warm-up
+does), but they never stall the sessions already serving: a warm-up batch runs when no serving batch
+is ready, or, while serving work keeps the device busy, after a serving batch once the executor has
+served at least as long as the last warm-up batch took (so warm-up takes at most half of a saturated
+device, and a request waits at most one warm-up batch, as it would behind any co-located session).
+Warm-up batches count nowhere in the serving statistics, nor in utilisation: their number and time
+come back in the job's :class:`WarmupResult`.
 
 Latency samples (``Engine.samples``, backend/latency_samples.py): every serving batch of a session
 outside a prefix group that runs without error records its model, rows, infer-phase time and

@@ -60,7 +60,7 @@ def freeze_startup_heap() -> None:
     """Collect, then move every object alive now out of the cyclic collector's reach (``gc.freeze``).
 
     A component's heap is mostly what it imported (gRPC, protobuf, numpy, ONNX Runtime's bindings):
-    some hundred thousand objects that live as long as the process. Every full collection traversed
+    some 60,000 tracked objects that live as long as the process. Every full collection traversed
     them all, and held the event loop for 10-30 ms at a time (measured on a backend and a frontend
     under load: benchmarks/vs_triton.md), longer than a tiny model's whole SLO budget: the requests
     in flight missed their deadlines. Frozen, they are never traversed again; objects made later

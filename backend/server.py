@@ -187,13 +187,17 @@ class BackendService(control_grpc.BackendServicer):
     async def ProfileModel(self, request, context):
         model = request.model
         runtime_kind = "emulated" if self.config.device.startswith("emulated:") else model.runtime
+        if request.threads and self.config.device != "cpu":
+            return control.MeasuredProfile(error=f"threads={request.threads}: only a CPU backend measures with "
+                                                 f"other intra-op threads than its own (this one runs "
+                                                 f"{self.config.device})")
         try:
             data = await self._fetch(model.sha256)
             async with self._profile_lock:
                 profile = await asyncio.to_thread(
                     measure_profile, data, runtime_kind, self.config.device, self.config.resolved_device_type,
                     io_specs(model), list(request.batch_sizes), request.budget_s or 20.0,
-                    self._threads(), request.extend_to_batch)
+                    request.threads or self._threads(), request.extend_to_batch)
         except NoDatasheet as exc:
             return control.MeasuredProfile(error=str(exc), unmeasurable=True)
         except Exception as exc:

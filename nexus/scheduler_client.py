@@ -138,6 +138,14 @@ def list_models(scheduler: str, creds: Credentials = grpc_util.NO_CREDENTIALS) -
     return list(_call(scheduler, creds, "ListModels", control.ListModelsRequest()).models)
 
 
+def add_profile(scheduler: str, name: str, profile: Profile, version: int = 0,
+                creds: Credentials = grpc_util.NO_CREDENTIALS) -> None:
+    """Store ``profile`` as the table of version ``version`` of ``name`` (0: the newest served) for its
+    device type; AdminCallError with the scheduler's reason if refused."""
+    _call(scheduler, creds, "AddProfile", control.ProfileUpload(model=name, profile_json=profile.to_json(),
+                                                                version=version))
+
+
 def register_query(scheduler: str, text: str, creds: Credentials = grpc_util.NO_CREDENTIALS) -> str:
     """Register a query definition; raise AdminCallError with the scheduler's reason if refused."""
     return _call(scheduler, creds, "RegisterQuery", control.QueryDefinition(json=text)).name

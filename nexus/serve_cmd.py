@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import functools
 import os
 import pathlib
@@ -47,11 +48,13 @@ from common.sample_queries import SAMPLE_QUERIES, sample_query_json
 from common.security import TOKEN_ENV, Credentials, SecurityError, ensure_token_file
 from common.pb import control, kserve, kserve_grpc
 from nexus.client_flags import SERVE_DATA_DIR
+from nexus.cpu_layout import CpuLayout, LayoutShape, layout_shapes
+from nexus.cpu_layout_switch import CpuLayoutSwitch, measure_on_backend
 from nexus.launcher import Child, Supervisor, launch, pin_listen
 from nexus.local_scaler import LocalScaler
 from nexus.process import READY_PREFIX
 from nexus.repository_cmd import read_checked, upload_repository
-from nexus.scheduler_client import AdminCallError, fetch_status, list_models, list_queries, register_query, \
+from nexus.scheduler_client import AdminCallError, add_profile, fetch_status, list_models, list_queries, register_query, \
     upload_model
 
 __all__ = ["Child", "wait_models_ready", "register", "run"]
@@ -202,6 +205,31 @@ def backends_arg(text: str) -> str | int:
     return n
 
 
+class CpuLayoutChoice(str, enum.Enum):
+    """``--cpu-layout``: a fixed layout, or the one the measurements choose."""
+
+    MACHINE = CpuLayout.MACHINE.value
+    PER_CORE = CpuLayout.PER_CORE.value
+    AUTO = "auto"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def cpu_layout(args, backend: BackendConfig) -> CpuLayoutChoice | None:
+    """``--cpu-layout`` once checked against the flags it replaces (None: not given); ConfigError."""
+    if args.cpu_layout is None:
+        return None
+    if backend.device != "cpu":
+        raise ConfigError(f"--cpu-layout lays backends out on the machine's cores (--device cpu), not on "
+                          f"{backend.device}")
+    for flag, given in (("--backends", args.backends is not None), ("--threads", backend.threads != 0),
+                        ("--device-type", bool(backend.device_type))):
+        if given:
+            raise ConfigError(f"--cpu-layout sets the backends, their threads and device types; drop {flag}")
+    return args.cpu_layout
+
+
 @dataclasses.dataclass(frozen=True)
 class AutoBackends:
     """``--backends auto``: how many backends of which device type, and how each runs."""
@@ -247,6 +275,7 @@ def run(args) -> int:
     try:
         _, backend_flags, _ = configs(args)       # bad flags are refused before anything is created
         auto = auto_backends(args, backend_flags)
+        layout = cpu_layout(args, backend_flags)
         check_device(args.device)
     except ConfigError as exc:
         print(f"nexus serve: error: {exc}", file=sys.stderr, flush=True)
@@ -296,6 +325,7 @@ def run(args) -> int:
     handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     start = functools.partial(launch, env=env, start_new_session=True)
     phases = StartPhases()
+    layout_switch = None
     try:
         scheduler = supervisor.add(start(sched_cfg))
         # built while the scheduler starts (each takes about a second on a small machine)
@@ -324,11 +354,28 @@ def run(args) -> int:
             names += [name for name in dict.fromkeys(m.name for m in repository) if name not in names]
         names += [m.name for m in list_models(sched_addr, creds) if m.loaded and m.name not in names]
         backend_cfg = dataclasses.replace(backend_cfg, scheduler=sched_addr)
-        first = [supervisor.add(start(backend_cfg, f"backend-{i}"))
-                 for i in range(auto.low if auto is not None else args.backends)]
+        cores = len(os.sched_getaffinity(0))
+        shapes = layout_shapes(cores)
+        running = CpuLayout.MACHINE if layout in (None, CpuLayoutChoice.AUTO) else CpuLayout(layout.value)
+
+        def start_shape(shape: LayoutShape, name: str) -> Child:
+            return start(dataclasses.replace(backend_cfg, threads=shape.threads, device_type=shape.device_type), name)
+
+        if layout is not None:
+            first = [supervisor.add(start_shape(shapes[running], f"backend-{i}"))
+                     for i in range(shapes[running].devices)]
+        else:
+            first = [supervisor.add(start(backend_cfg, f"backend-{i}"))
+                     for i in range(auto.low if auto is not None else 1 if args.backends is None else args.backends)]
         frontend_cfg = dataclasses.replace(frontend_cfg, scheduler=sched_addr)
         frontend = supervisor.add(start(frontend_cfg))
         scaler = None
+        if layout is CpuLayoutChoice.AUTO:
+            layout_switch = CpuLayoutSwitch(
+                supervisor, start_shape, shapes, running, first, functools.partial(fetch_status, sched_addr, 5.0, creds),
+                functools.partial(list_models, sched_addr, creds), measure_on_backend(creds),
+                lambda name, version, profile: add_profile(sched_addr, name, profile, version, creds), _log, cores=cores,
+                drain_timeout_s=backend_cfg.drain_grace_s + DRAIN_KILL_MARGIN_S, stop_after=frontend)
         if auto is not None:
             scaler = LocalScaler(supervisor, functools.partial(start, backend_cfg), auto.device_type,
                                  (auto.low, auto.high), functools.partial(fetch_status, sched_addr, 5.0, creds), _log,
@@ -375,10 +422,16 @@ def run(args) -> int:
         if scaler is not None:
             _log(f"backends: auto, {auto.low} to {auto.high} on {args.device} (device type {auto.device_type}), as "
                  f"the scheduler's scaling policy decides")
+        if layout is not None:
+            _log(f"cpu layout: {running.value} ({shapes[running].devices} backend(s) on {cores} core(s))"
+                 + (", switched to the other when the models' measured profiles and rates say it serves more"
+                    if layout_switch is not None else ""))
         while True:
             supervisor.check()
             if scaler is not None:
                 scaler.step()
+            if layout_switch is not None:
+                layout_switch.step()
             time.sleep(0.2)
     except KeyboardInterrupt:
         status = 0
@@ -386,6 +439,8 @@ def run(args) -> int:
         print(f"nexus serve: error: {exc}", file=sys.stderr, flush=True)
         status = 1
     finally:
+        if layout_switch is not None:
+            layout_switch.close()
         _stop(supervisor, handlers)
     return status
 
@@ -408,10 +463,15 @@ def register(sub) -> None:
     p = sub.add_parser("serve", help="run a local cluster (scheduler, frontend, backends) on loopback",
                        description="Run a whole local cluster on loopback with the built-in sample models. "
                                    "Components that die are restarted; Ctrl-C or SIGTERM stops them all.")
-    p.add_argument("--backends", type=backends_arg, default=1,
+    p.add_argument("--backends", type=backends_arg, default=None,
                    help="number of backend processes (default 1), or 'auto': as many as the scheduler's scaling "
                         "policy wants, between --min-backends and --max-backends (on CPU one per core, --threads 1 "
                         "each unless given)")
+    p.add_argument("--cpu-layout", type=CpuLayoutChoice, choices=list(CpuLayoutChoice), default=None,
+                   help="on cpu, instead of --backends/--threads: machine (one backend, every core its intra-op "
+                        "thread), per-core (one single-thread backend per core, device type cpu-1t) or auto (the "
+                        "one the models' measured profiles and rates serve most in, switched make-before-break "
+                        "while serving; nexus/cpu_layout.py)")
     p.add_argument("--min-backends", type=int, default=None,
                    help="with --backends auto: backends kept at least (default 1)")
     p.add_argument("--max-backends", type=int, default=None,

@@ -1,0 +1,127 @@
+"""``nexus serve --cpu-layout`` on real processes (nexus/cpu_layout.py, nexus/cpu_layout_switch.py):
+auto measures a served model in both layouts on the running backend, switches to one backend per
+core make-before-break while a client sends requests, and every request is answered; a fixed
+layout starts its backends as it says; a backend that is not on a CPU refuses to measure with other
+threads; bad flags are refused before anything starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from common.pb import control, control_grpc
+from common.sample_models import mlp_small, model_bytes
+from harness.cluster import ServeCluster, Upload
+from nexus.cpu_layout import PER_CORE_DEVICE_TYPE
+from nexus.scheduler_client import fetch_status
+from tests.components import start_cluster, wait_for
+
+pytestmark = pytest.mark.slow
+
+MODEL = "mlp"
+
+
+def _model(tmp_path) -> Upload:
+    path = tmp_path / "mlp.onnx"
+    path.write_bytes(model_bytes(mlp_small()))
+    return Upload(path, MODEL, slo_ms=100.0)
+
+
+class _Client(threading.Thread):
+    """Sends one request every ``period_s`` until stopped; counts every outcome by status."""
+
+    def __init__(self, address: str, period_s: float = 0.02) -> None:
+        super().__init__(daemon=True)
+        self.client = grpcclient.InferenceServerClient(address)
+        self.period_s = period_s
+        self.outcomes: dict[str, int] = {}
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        inp = grpcclient.InferInput("input", [1, 64], "FP32")
+        inp.set_data_from_numpy(np.ones((1, 64), np.float32))
+        while not self.halt.is_set():
+            try:
+                self.client.infer(MODEL, [inp], client_timeout=10.0)
+                status = "OK"
+            except InferenceServerException as exc:
+                status = f"{exc.status()}: {exc.message()}"
+            self.outcomes[status] = self.outcomes.get(status, 0) + 1
+            time.sleep(self.period_s)
+
+
+def _device_types(cluster: ServeCluster) -> list[str]:
+    return sorted(d.device_type for d in fetch_status(cluster.scheduler, 5.0, cluster.creds).devices)
+
+
+def test_auto_switches_to_one_backend_per_core_without_failing_a_request(tmp_path):
+    log = tmp_path / "serve.log"
+    cluster = ServeCluster(tmp_path / "data", "--no-samples", "--cpu-layout", "auto", log_path=log)
+    client = None
+    try:
+        assert f"cpu layout: machine (1 backend(s) on {len(os.sched_getaffinity(0))} core(s))" in cluster.logs()
+        assert _device_types(cluster) == ["cpu"]
+        cluster.upload(_model(tmp_path))
+        client = _Client(cluster.frontend)
+        client.start()
+        wait_for(lambda: "cpu layout: now per-core" in cluster.logs(), 150, "the switch to per-core")
+        wait_for(lambda: "backend-0 (pid" in cluster.logs().split("cpu layout: now per-core", 1)[1], 60,
+                 "the machine backend's exit")
+        time.sleep(3.0)                    # and the routing of the new layout alone
+        client.halt.set()
+        client.join(15)
+        text = cluster.logs()
+        assert f"cpu layout: measured {MODEL}: machine l(1)=" in text and "; per-core l(1)=" in text
+        assert "cpu layout: switch to per-core: machine: " in text
+        assert "backend-0 (pid" in text and "stopped, exit status 0" in text
+        assert _device_types(cluster) == [PER_CORE_DEVICE_TYPE, PER_CORE_DEVICE_TYPE]
+        profiles = {(p.model, p.device_type) for p in fetch_status(cluster.scheduler, 5.0, cluster.creds).profiles}
+        assert (MODEL, PER_CORE_DEVICE_TYPE) in profiles
+        assert client.outcomes.get("OK", 0) > 100, client.outcomes
+        assert set(client.outcomes) == {"OK"}, client.outcomes
+    finally:
+        if client is not None:
+            client.halt.set()
+        cluster.stop()
+    assert "every process exited cleanly" in log.read_text()
+
+
+def test_a_fixed_per_core_layout_starts_one_single_thread_backend_per_core(tmp_path):
+    cluster = ServeCluster(tmp_path / "data", "--no-samples", "--cpu-layout", "per-core", log_path=tmp_path / "log")
+    try:
+        cluster.upload(_model(tmp_path))
+        cores = len(os.sched_getaffinity(0))          # serve's own, inherited
+        wait_for(lambda: len(_device_types(cluster)) == cores, 60, f"{cores} backends registered")
+        assert _device_types(cluster) == [PER_CORE_DEVICE_TYPE] * cores
+        assert "switched to the other" not in cluster.logs()
+    finally:
+        cluster.stop()
+
+
+def test_a_backend_not_on_a_cpu_refuses_to_measure_with_other_threads(tmp_path):
+    with start_cluster(tmp_path, 1, "emulated:t4") as c:
+        with grpc.insecure_channel(c.backends[0].address) as channel:
+            reply = control_grpc.BackendStub(channel).ProfileModel(
+                control.ProfileRequest(model=control.ModelDesc(name="m", sha256="0" * 64), batch_sizes=[1],
+                                       threads=1), timeout=30)
+    assert not reply.profile_json
+    assert reply.error == ("threads=1: only a CPU backend measures with other intra-op threads than its own "
+                           "(this one runs emulated:t4)")
+
+
+def test_bad_layout_flags_are_refused_before_anything_starts(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "nexus", "serve", "--cpu-layout", "auto", "--backends", "2",
+                          "--data-dir", str(tmp_path / "data")], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert "nexus serve: error: --cpu-layout sets the backends, their threads and device types; drop --backends" \
+        in run.stderr
+    assert not (tmp_path / "data").exists()

@@ -1,0 +1,168 @@
+"""The CPU layout policy (nexus/cpu_layout.py) on a fake clock, with linear profiles: which layout the
+loads pick, the margin, the hold, the cool-down, a session one layout cannot serve; and how the
+actuator reads sessions from the scheduler's status (nexus/cpu_layout_switch.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from common.config import BackendConfig, ConfigError
+from common.profile import Profile
+from nexus import serve_cmd
+from nexus.cpu_layout import (PER_CORE_DEVICE_TYPE, CpuLayout, LayoutConfig, LayoutState, SessionDemand, decide,
+                              layout_load, layout_shapes)
+from nexus.cpu_layout_switch import session_demands
+from nexus.status_model import ClusterStatus, DeviceStatus, SessionStatus
+
+SHAPES = layout_shapes(2)
+CONFIG = LayoutConfig(margin=0.15, hold_s=10.0, cooldown_s=60.0)
+# intra-op threads scale less than linearly: two threads make a batch 1.4x faster, not 2x
+MACHINE = Profile.linear(2.0, 1.0, 32)
+ONE_THREAD = Profile.linear(2.8, 1.4, 32)
+
+
+def _demand(rate_rps: float, slo_ms: float = 100.0, machine: Profile | None = MACHINE,
+            per_core: Profile | None = ONE_THREAD, name: str = "m") -> SessionDemand:
+    return SessionDemand(name, name, slo_ms, rate_rps, {CpuLayout.MACHINE: machine, CpuLayout.PER_CORE: per_core})
+
+
+def test_shapes_name_their_threads_and_device_types():
+    assert SHAPES[CpuLayout.MACHINE].devices == 1 and SHAPES[CpuLayout.MACHINE].threads == 0
+    assert SHAPES[CpuLayout.MACHINE].device_type == "cpu"
+    assert (SHAPES[CpuLayout.PER_CORE].devices, SHAPES[CpuLayout.PER_CORE].threads) == (2, 1)
+    assert SHAPES[CpuLayout.PER_CORE].device_type == PER_CORE_DEVICE_TYPE
+    with pytest.raises(ValueError, match="at least one core"):
+        layout_shapes(0)
+
+
+def test_the_load_is_the_lower_bound_over_the_layouts_devices():
+    demands = [_demand(300.0)]
+    machine = layout_load(demands, SHAPES[CpuLayout.MACHINE])
+    per_core = layout_load(demands, SHAPES[CpuLayout.PER_CORE])
+    assert machine.devices == 1 and per_core.devices == 2
+    # one thread is 1.4x slower per batch, but there are two: per-core has the more room
+    assert per_core.load < machine.load
+    assert per_core.devices_needed > machine.devices_needed
+    assert "of 2 devices" in per_core.describe()
+
+
+def test_per_core_is_chosen_once_better_by_the_margin_for_the_hold():
+    demands = [_demand(300.0)]
+    state = LayoutState(CpuLayout.MACHINE)
+    decision, state = decide(demands, SHAPES, state, 0.0, CONFIG)
+    assert decision.switch_to is None and "per-core better for 0 of 10 s" in decision.reason
+    decision, state = decide(demands, SHAPES, state, 9.0, CONFIG)
+    assert decision.switch_to is None
+    decision, state = decide(demands, SHAPES, state, 10.0, CONFIG)
+    assert decision.switch_to is CpuLayout.PER_CORE
+    assert decision.reason.startswith("switch to per-core: machine: ")
+    assert state == LayoutState(CpuLayout.PER_CORE, None, 10.0)
+
+
+def test_a_break_in_the_preference_starts_the_hold_again():
+    better, worse = [_demand(300.0)], [_demand(300.0, per_core=Profile.linear(5.6, 2.8, 32))]
+    state = LayoutState(CpuLayout.MACHINE)
+    _, state = decide(better, SHAPES, state, 0.0, CONFIG)
+    decision, state = decide(worse, SHAPES, state, 5.0, CONFIG)
+    assert decision.switch_to is None and decision.reason.startswith("stay machine: ")
+    assert state.better_since is None
+    _, state = decide(better, SHAPES, state, 6.0, CONFIG)
+    decision, _ = decide(better, SHAPES, state, 12.0, CONFIG)
+    assert decision.switch_to is None          # 6 s held, not 10
+    decision, _ = decide(better, SHAPES, state, 16.0, CONFIG)
+    assert decision.switch_to is CpuLayout.PER_CORE
+
+
+def test_within_the_margin_nothing_switches():
+    # one thread 1.8x slower: per-core's load is 0.9 of machine's, inside the 15% margin
+    demands = [_demand(300.0, per_core=Profile.linear(3.6, 1.8, 32))]
+    machine = layout_load(demands, SHAPES[CpuLayout.MACHINE])
+    per_core = layout_load(demands, SHAPES[CpuLayout.PER_CORE])
+    assert 0.85 * machine.load < per_core.load < machine.load
+    state = LayoutState(CpuLayout.MACHINE)
+    for now in (0.0, 30.0, 100.0):
+        decision, state = decide(demands, SHAPES, state, now, CONFIG)
+        assert decision.switch_to is None
+    # and the other way round as well: per-core running, machine not better by the margin
+    decision, _ = decide(demands, SHAPES, LayoutState(CpuLayout.PER_CORE), 0.0, CONFIG)
+    assert decision.switch_to is None and decision.reason.startswith("stay per-core: ")
+
+
+def test_no_switch_within_the_cooldown_of_the_last():
+    # per-core running, but one thread cannot meet a tight SLO: machine is better at once
+    demands = [_demand(50.0, slo_ms=12.0, machine=Profile.linear(3.0, 0.5, 32),
+                       per_core=Profile.linear(8.0, 1.0, 32))]
+    state = LayoutState(CpuLayout.PER_CORE, None, last_switch_at=0.0)
+    decision, state = decide(demands, SHAPES, state, 15.0, CONFIG)
+    assert decision.switch_to is None and "within 60 s of the last switch" in decision.reason
+    assert "per-core: cannot serve" in decision.reason and "below 2*l(1)" in decision.reason
+    decision, state = decide(demands, SHAPES, state, 60.0, CONFIG)
+    assert decision.switch_to is CpuLayout.MACHINE
+
+
+def test_a_layout_that_cannot_serve_a_session_is_never_chosen():
+    demands = [_demand(50.0, slo_ms=12.0, machine=Profile.linear(3.0, 0.5, 32), per_core=Profile.linear(8.0, 1.0, 32)),
+               _demand(2000.0, name="busy")]
+    state = LayoutState(CpuLayout.MACHINE)
+    for now in (0.0, 20.0, 200.0):
+        decision, state = decide(demands, SHAPES, state, now, CONFIG)
+        assert decision.switch_to is None
+    assert decision.loads[1].devices_needed is None and decision.loads[1].blocked
+
+
+def test_nothing_is_decided_before_both_layouts_are_measured_or_without_sessions():
+    state = LayoutState(CpuLayout.MACHINE, better_since=3.0)
+    decision, state = decide([_demand(300.0, per_core=None)], SHAPES, state, 50.0, CONFIG)
+    assert decision.switch_to is None and decision.reason == "profiles of both layouts not measured yet"
+    assert state.better_since is None
+    decision, _ = decide([], SHAPES, state, 50.0, CONFIG)
+    assert decision.switch_to is None and decision.reason == "no sessions to serve"
+
+
+def _session(name: str, model: str, measured: float, planned: float, cap: int = 0) -> SessionStatus:
+    return SessionStatus(name, model, 4, 5.0, 0.1, 10.0, planned, measured, 80.0, 10.0, cap)
+
+
+def test_session_demands_fold_replicas_and_take_the_measured_rate_else_the_planned():
+    status = ClusterStatus(1, "squishy", 1.0, 2, 1, 1, (
+        DeviceStatus("a", "cpu", "cpu", 1000.0, 20.0, (_session("s", "m", 40.0, 30.0, cap=8),
+                                                        _session("q/st", "m", 0.0, 12.0))),
+        DeviceStatus("b", "cpu", "cpu", 1000.0, 20.0, (_session("s", "m", 40.0, 30.0, cap=8),)),
+    ), ())
+    demands = session_demands(status, {"m": {CpuLayout.MACHINE: MACHINE, CpuLayout.PER_CORE: ONE_THREAD}})
+    assert [(d.session, d.rate_rps, d.slo_ms) for d in demands] == [("s", 40.0, 80.0), ("q/st", 12.0, 80.0)]
+    # the model's batch cap caps the profile the layouts are compared with
+    assert demands[0].profiles[CpuLayout.PER_CORE].max_batch == 8
+    assert demands[1].profiles[CpuLayout.MACHINE].max_batch == 32
+    unmeasured = session_demands(status, {})
+    assert unmeasured[0].profiles == {CpuLayout.MACHINE: None, CpuLayout.PER_CORE: None}
+
+
+def _serve_args(*argv: str):
+    parser = argparse.ArgumentParser()
+    serve_cmd.register(parser.add_subparsers())
+    return parser.parse_args(["serve", *argv])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--cpu-layout", "auto", "--backends", "2"), "drop --backends"),
+    (("--cpu-layout", "per-core", "--threads", "2"), "drop --threads"),
+    (("--cpu-layout", "machine", "--device-type", "x"), "drop --device-type"),
+    (("--cpu-layout", "auto", "--device", "emulated:t4"), "--device cpu), not on emulated:t4"),
+])
+def test_cpu_layout_refuses_the_flags_it_replaces(argv, message):
+    args = _serve_args(*argv)
+    _, backend, _ = serve_cmd.configs(args)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        serve_cmd.cpu_layout(args, backend)
+
+
+def test_cpu_layout_flag_values():
+    args = _serve_args("--cpu-layout", "per-core")
+    assert serve_cmd.cpu_layout(args, serve_cmd.configs(args)[1]) is serve_cmd.CpuLayoutChoice.PER_CORE
+    args = _serve_args()
+    assert serve_cmd.cpu_layout(args, BackendConfig()) is None and args.backends is None
+    with pytest.raises(SystemExit):
+        _serve_args("--cpu-layout", "sideways")

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(ap, argv)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="nexus-fuzz-"))
     serve_log = (tmp / "serve.log").open("w")
-    cluster = ServeCluster(tmp / "data", "--no-samples", stderr=serve_log)
+    cluster = ServeCluster(tmp / "data", "--no-samples", "--cpu-layout", "machine", stderr=serve_log)
     token_file = tmp / "token"
     token_file.write_text("fuzz-token\n")
     scheduler = Node("scheduler", ["scheduler", "--listen", "127.0.0.1:0", "--data-dir", str(tmp / "db"),

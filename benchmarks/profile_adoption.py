@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     burner = subprocess.Popen(["nice", "-n", "10", sys.executable, "-c", BURNER, str(args.burn_cores)]) \
         if args.burn_cores else None
     paths = build_models(work, ["r18_64"])
-    srv = ServeCluster(work / "data", "--no-samples", timeout_s=240, log_path=work / "serve.log", log_level="INFO")
+    # one backend for the machine: this follows one backend's profile adoption, not a layout switch
+    srv = ServeCluster(work / "data", "--no-samples", "--cpu-layout", "machine", timeout_s=240, log_path=work / "serve.log", log_level="INFO")
     try:
         srv.upload(Upload(paths["r18_64"], "r18_64", slo_ms=100.0, profile_path=args.table), wait=False)
         srv.wait_models_ready(["r18_64"], 600)

@@ -265,14 +265,42 @@ def start_nexus(args, scenario: str, paths, flags: tuple[str, ...], label: str, 
         for name in names:
             srv.upload(Upload(paths[name], name, slo_ms=MODELS[name].slo_ms, late_requests=late), wait=False)
         srv.wait_models_ready(list(names), 600)
+        layout = settle_cpu_layout(srv) if "--cpu-layout auto" in " ".join(flags) else ""
     except BaseException:
         srv.stop()
         raise
-    favour_tree(srv.pid, args.nice)
+    favour_tree(srv.pid, args.nice)         # again: backends a layout switch started
     profiles = srv_profiles(srv, names)
-    print(f"nexus serve {' '.join(flags) or '(defaults)'} on {srv.frontend}; profiles {profiles}", flush=True)
+    print(f"nexus serve {' '.join(flags) or '(defaults)'} on {srv.frontend}{layout}; profiles {profiles}",
+          flush=True)
     return Running(f"nexus {label}", srv.frontend, srv.pid, srv.stop, lambda: plan_now(srv),
-                   {"flags": list(flags), "profiles": profiles, "late_requests": (late or LateRequests.DROP).value})
+                   {"flags": list(flags), "profiles": profiles, "late_requests": (late or LateRequests.DROP).value,
+                    "cpu_layout": layout.strip("; ")})
+
+
+CPU_LAYOUT_SETTLE_S = 120.0
+
+
+def settle_cpu_layout(srv: ServeCluster) -> str:
+    """With ``--cpu-layout auto``: wait until its first verdict on the measured models has been carried
+    out (a switch done and the old backends gone, or a verdict to stay), as a user's warm-up would;
+    return the layout in force, as '; LAYOUT' words."""
+    deadline = time.monotonic() + CPU_LAYOUT_SETTLE_S
+    while time.monotonic() < deadline:
+        text = srv.logs()
+        done = text.split("cpu layout: now ", 1)
+        if len(done) == 2 and "stopped, exit status" in done[1]:
+            srv.wait_models_ready(list(live_names(srv)), 120)
+            return f"; cpu layout {done[1].split(' ', 1)[0]} (switched)"
+        if "cpu layout: stay machine: " in text and "cpu layout: switch to" not in text:
+            return "; cpu layout machine (stayed)"
+        time.sleep(0.5)
+    raise RuntimeError(f"nexus serve --cpu-layout auto: no verdict carried out within {CPU_LAYOUT_SETTLE_S:.0f} s")
+
+
+def live_names(srv: ServeCluster) -> list[str]:
+    from nexus.scheduler_client import list_models
+    return [m.name for m in list_models(srv.scheduler, srv.creds)]
 
 
 def nexus_label(config: str, late: LateRequests) -> str:

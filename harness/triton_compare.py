@@ -37,7 +37,11 @@ MODELS = {
 }
 SCENARIOS = {"single": ("r18_64",), "mix": ("r18_64", "small_cnn", "tiny16", "mlp"), "tiny": ("mlp",)}
 START_RPS = {"single": 60.0, "mix": 80.0, "tiny": 200.0}   # the ladders start low: a level of a shared machine fails early
-NEXUS_CONFIGS = {"default": (), "two-devices": ("--backends", "2", "--threads", "1")}
+# "default" is what a user gets: since 2026-12-04 the CPU layout auto (nexus/cpu_layout.py); before
+# it, one backend for the machine, now "machine"
+NEXUS_CONFIGS = {"default": (), "machine": ("--cpu-layout", "machine"),
+                 "two-devices": ("--backends", "2", "--threads", "1"),
+                 "per-core": ("--cpu-layout", "per-core"), "auto-layout": ("--cpu-layout", "auto")}
 
 
 def build_models(directory: pathlib.Path, names) -> dict[str, pathlib.Path]:

@@ -4,7 +4,10 @@
 the scheduler's scaling policy wants, within ``--max-backends`` (:mod:`nexus.local_scaler`): a
 backend it no longer wants is drained by SIGTERM, one after another, and not restarted. On CPU, auto
 runs one backend per core, each with one intra-op thread unless ``--threads`` says otherwise
-(benchmarks/elastic.md, "The CPU device under auto", has the measurement behind it).
+(benchmarks/elastic.md, "The CPU device under auto", has the measurement behind it). On a CPU
+without ``--backends``, ``--threads`` or ``--device-type``, the backends' layout on the cores (one
+for the machine, or one per core) is ``--cpu-layout``'s, by default chosen from the models' measured
+profiles and rates (:mod:`nexus.cpu_layout`, :mod:`nexus.cpu_layout_switch`).
 
 The sample models are built in code into the data directory, uploaded on first start, profiled by
 a backend on demand, and served. The children are started by :mod:`nexus.launcher` from their
@@ -217,16 +220,18 @@ class CpuLayoutChoice(str, enum.Enum):
 
 
 def cpu_layout(args, backend: BackendConfig) -> CpuLayoutChoice | None:
-    """``--cpu-layout`` once checked against the flags it replaces (None: not given); ConfigError."""
+    """The CPU layout ``nexus serve`` runs (None: the backends are as ``--backends``/``--threads`` say):
+    ``--cpu-layout`` once checked against the flags it replaces, else auto on a CPU when none of them
+    is given; ConfigError."""
+    fixed = [flag for flag, given in (("--backends", args.backends is not None), ("--threads", backend.threads != 0),
+                                      ("--device-type", bool(backend.device_type))) if given]
     if args.cpu_layout is None:
-        return None
+        return CpuLayoutChoice.AUTO if backend.device == "cpu" and not fixed else None
     if backend.device != "cpu":
         raise ConfigError(f"--cpu-layout lays backends out on the machine's cores (--device cpu), not on "
                           f"{backend.device}")
-    for flag, given in (("--backends", args.backends is not None), ("--threads", backend.threads != 0),
-                        ("--device-type", bool(backend.device_type))):
-        if given:
-            raise ConfigError(f"--cpu-layout sets the backends, their threads and device types; drop {flag}")
+    if fixed:
+        raise ConfigError(f"--cpu-layout sets the backends, their threads and device types; drop {fixed[0]}")
     return args.cpu_layout
 
 
@@ -464,14 +469,15 @@ def register(sub) -> None:
                        description="Run a whole local cluster on loopback with the built-in sample models. "
                                    "Components that die are restarted; Ctrl-C or SIGTERM stops them all.")
     p.add_argument("--backends", type=backends_arg, default=None,
-                   help="number of backend processes (default 1), or 'auto': as many as the scheduler's scaling "
+                   help="number of backend processes (default: as --cpu-layout says), or 'auto': as many as the scheduler's scaling "
                         "policy wants, between --min-backends and --max-backends (on CPU one per core, --threads 1 "
                         "each unless given)")
     p.add_argument("--cpu-layout", type=CpuLayoutChoice, choices=list(CpuLayoutChoice), default=None,
                    help="on cpu, instead of --backends/--threads: machine (one backend, every core its intra-op "
                         "thread), per-core (one single-thread backend per core, device type cpu-1t) or auto (the "
                         "one the models' measured profiles and rates serve most in, switched make-before-break "
-                        "while serving; nexus/cpu_layout.py)")
+                        "while serving; nexus/cpu_layout.py). Default: auto on cpu unless --backends, --threads "
+                        "or --device-type is given")
     p.add_argument("--min-backends", type=int, default=None,
                    help="with --backends auto: backends kept at least (default 1)")
     p.add_argument("--max-backends", type=int, default=None,

@@ -22,9 +22,18 @@ from nexus.launcher import nexus_command
 _CLUSTER_TOKENS: dict[str, str] = {}
 
 
+# The flags that choose the backends; without one of them the tests' clusters run one backend for the
+# machine (`--cpu-layout machine`), as their assertions count on: `nexus serve`'s own default (auto,
+# which may switch to one backend per core while a test runs) is tested in tests/e2e/test_cpu_layout.py.
+BACKEND_FLAGS = ("--cpu-layout", "--backends", "--threads", "--device", "--device-type")
+
+
 def start_serve(data_dir, *extra: str, timeout_s: float = 240, stderr=None) -> ServeCluster:
-    """Run ``nexus serve`` (the benchmark library's harness) on free ports; return once it printed its
-    ready line. Admin calls of :func:`nexus_cli` against it carry its cluster token."""
+    """Run ``nexus serve`` (the benchmark library's harness) on free ports, with one backend for the
+    machine unless ``extra`` chooses the backends; return once it printed its ready line. Admin calls
+    of :func:`nexus_cli` against it carry its cluster token."""
+    if not any(arg.split("=", 1)[0] in BACKEND_FLAGS for arg in extra):
+        extra = ("--cpu-layout", "machine", *extra)
     c = ServeCluster(data_dir, *extra, timeout_s=timeout_s, stderr=stderr)
     if c.token:
         _CLUSTER_TOKENS[c.scheduler] = c.token

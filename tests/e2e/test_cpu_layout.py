@@ -1,8 +1,8 @@
 """``nexus serve --cpu-layout`` on real processes (nexus/cpu_layout.py, nexus/cpu_layout_switch.py):
-auto measures a served model in both layouts on the running backend, switches to one backend per
-core make-before-break while a client sends requests, and every request is answered; a fixed
-layout starts its backends as it says; a backend that is not on a CPU refuses to measure with other
-threads; bad flags are refused before anything starts."""
+auto, the default on a CPU, measures a served model in both layouts on the running backend,
+switches to one backend per core make-before-break while a client sends requests, and every
+request is answered; a fixed layout starts its backends as it says; a backend that is not on a CPU
+refuses to measure with other threads; bad flags are refused before anything starts."""
 
 from __future__ import annotations
 
@@ -63,9 +63,9 @@ def _device_types(cluster: ServeCluster) -> list[str]:
     return sorted(d.device_type for d in fetch_status(cluster.scheduler, 5.0, cluster.creds).devices)
 
 
-def test_auto_switches_to_one_backend_per_core_without_failing_a_request(tmp_path):
+def test_the_default_auto_switches_to_one_backend_per_core_without_failing_a_request(tmp_path):
     log = tmp_path / "serve.log"
-    cluster = ServeCluster(tmp_path / "data", "--no-samples", "--cpu-layout", "auto", log_path=log)
+    cluster = ServeCluster(tmp_path / "data", "--no-samples", log_path=log)        # --cpu-layout auto
     client = None
     try:
         assert f"cpu layout: machine (1 backend(s) on {len(os.sched_getaffinity(0))} core(s))" in cluster.logs()

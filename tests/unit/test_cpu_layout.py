@@ -159,10 +159,19 @@ def test_cpu_layout_refuses_the_flags_it_replaces(argv, message):
         serve_cmd.cpu_layout(args, backend)
 
 
-def test_cpu_layout_flag_values():
-    args = _serve_args("--cpu-layout", "per-core")
-    assert serve_cmd.cpu_layout(args, serve_cmd.configs(args)[1]) is serve_cmd.CpuLayoutChoice.PER_CORE
-    args = _serve_args()
-    assert serve_cmd.cpu_layout(args, BackendConfig()) is None and args.backends is None
+def _layout(*argv: str):
+    args = _serve_args(*argv)
+    return serve_cmd.cpu_layout(args, serve_cmd.configs(args)[1])
+
+
+def test_cpu_layout_is_auto_on_a_cpu_unless_the_backends_are_given():
+    assert _layout("--cpu-layout", "per-core") is serve_cmd.CpuLayoutChoice.PER_CORE
+    assert _layout("--cpu-layout", "machine") is serve_cmd.CpuLayoutChoice.MACHINE
+    assert _layout() is serve_cmd.CpuLayoutChoice.AUTO
+    assert _layout("--device", "cpu") is serve_cmd.CpuLayoutChoice.AUTO
+    for fixed in (("--backends", "1"), ("--backends", "auto"), ("--threads", "2"), ("--device-type", "x"),
+                  ("--device", "emulated:t4")):
+        assert _layout(*fixed) is None, fixed
+    assert serve_cmd.cpu_layout(_serve_args(), BackendConfig()) is serve_cmd.CpuLayoutChoice.AUTO
     with pytest.raises(SystemExit):
         _serve_args("--cpu-layout", "sideways")

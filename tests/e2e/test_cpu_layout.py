@@ -68,7 +68,9 @@ def test_the_default_auto_switches_to_one_backend_per_core_without_failing_a_req
     cluster = ServeCluster(tmp_path / "data", "--no-samples", log_path=log)        # --cpu-layout auto
     client = None
     try:
-        assert f"cpu layout: machine (1 backend(s) on {len(os.sched_getaffinity(0))} core(s))" in cluster.logs()
+        # logged just after the ready line: waited for, not read at once
+        first = f"cpu layout: machine (1 backend(s) on {len(os.sched_getaffinity(0))} core(s))"
+        wait_for(lambda: first in cluster.logs(), 30, "the layout it starts with")
         assert _device_types(cluster) == ["cpu"]
         cluster.upload(_model(tmp_path))
         client = _Client(cluster.frontend)
@@ -102,7 +104,9 @@ def test_a_fixed_per_core_layout_starts_one_single_thread_backend_per_core(tmp_p
         cores = len(os.sched_getaffinity(0))          # serve's own, inherited
         wait_for(lambda: len(_device_types(cluster)) == cores, 60, f"{cores} backends registered")
         assert _device_types(cluster) == [PER_CORE_DEVICE_TYPE] * cores
-        assert "switched to the other" not in cluster.logs()
+        fixed = f"cpu layout: per-core ({cores} backend(s) on {cores} core(s))\n"
+        wait_for(lambda: fixed in cluster.logs(), 30, "the fixed layout's line, with no switching promised")
+        assert "cpu layout: measured" not in cluster.logs()
     finally:
         cluster.stop()
 

@@ -6,7 +6,10 @@ it: measurements run in a worker thread):
 
 * **Measures.** Every model the scheduler serves is profiled once per version in both layouts on a
   backend of the running one (``Backend.ProfileModel`` with the layout's intra-op threads: the
-  scheduler's quick batch sizes, extended to its batch cap), at the moment it is first seen.
+  scheduler's quick batch sizes, extended to its batch cap), at the moment it is first seen. The
+  layouts are measured in turn, twice (machine, per-core, per-core, machine), and each batch size
+  keeps the faster of its two figures: other work on the cores only ever adds time, and a model of
+  microseconds is otherwise judged by whichever run a preemption hit.
 * **Decides** with :func:`nexus.cpu_layout.decide` from those profiles and the sessions' rates and
   SLOs (``GetStatus``), and logs each change of its verdict with the numbers behind it.
 * **Switches make-before-break.** The scheduler is given the measured profile of every served model
@@ -47,6 +50,7 @@ RETRY_MEASURE_S = 60.0          # a model whose measurement failed is measured a
 MEASURE_BATCH_SIZES = (1, 2, 4, 8)
 MEASURE_EXTEND_TO_BATCH = 32
 MEASURE_BUDGET_S = 20.0
+MEASURE_ORDER = (CpuLayout.MACHINE, CpuLayout.PER_CORE, CpuLayout.PER_CORE, CpuLayout.MACHINE)
 
 # (backend address, model, intra-op threads) -> the profile measured there
 Measure = Callable[[str, control.ModelDesc, int], Profile]
@@ -75,6 +79,17 @@ def session_demands(status: ClusterStatus, profiles: Mapping[str, Mapping[CpuLay
                                             s.measured_rate_rps or s.planned_rate_rps,
                                             {layout: capped.get(layout) for layout in CpuLayout})
     return list(seen.values())
+
+
+def faster_rows(profiles: Sequence[Profile]) -> Profile:
+    """One profile from several measurements of the same model and device: each batch size's row
+    from the measurement that timed it fastest, up to the largest size every one measured."""
+    if not profiles:
+        raise ValueError("no profile to take rows from")
+    shortest = min(len(p.rows) for p in profiles)
+    rows = tuple(min((p.rows[i] for p in profiles), key=lambda r: r.latency_ms) for i in range(shortest))
+    first = profiles[0]
+    return Profile(rows, first.device_type, dict(first.meta, measurements=len(profiles)))
 
 
 class CpuLayoutSwitch:
@@ -191,7 +206,10 @@ class CpuLayoutSwitch:
             threads = {layout: self._threads(layout) for layout in CpuLayout}
 
             def run(desc=desc, threads=threads) -> dict[CpuLayout, Profile]:
-                return {layout: self.measure(backend, desc, t) for layout, t in threads.items()}
+                runs: dict[CpuLayout, list[Profile]] = {}
+                for layout in MEASURE_ORDER:
+                    runs.setdefault(layout, []).append(self.measure(backend, desc, threads[layout]))
+                return {layout: faster_rows(profiles) for layout, profiles in runs.items()}
 
             self._measuring = (name, desc.version, self._pool.submit(run))
             return

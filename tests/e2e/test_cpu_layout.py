@@ -75,7 +75,11 @@ def test_the_default_auto_switches_to_one_backend_per_core_without_failing_a_req
         cluster.upload(_model(tmp_path))
         client = _Client(cluster.frontend)
         client.start()
-        wait_for(lambda: "cpu layout: now per-core" in cluster.logs(), 150, "the switch to per-core")
+        try:
+            wait_for(lambda: "cpu layout: now per-core" in cluster.logs(), 150, "the switch to per-core")
+        except AssertionError as exc:        # with what the switch logged: its measurements and verdicts
+            said = "\n".join(line for line in cluster.logs().splitlines() if "cpu layout" in line)
+            raise AssertionError(f"{exc}; serve said:\n{said}") from None
         wait_for(lambda: "backend-0 (pid" in cluster.logs().split("cpu layout: now per-core", 1)[1], 60,
                  "the machine backend's exit")
         time.sleep(3.0)                    # and the routing of the new layout alone

@@ -9,11 +9,11 @@ import argparse
 import pytest
 
 from common.config import BackendConfig, ConfigError
-from common.profile import Profile
+from common.profile import BatchLatency, Profile
 from nexus import serve_cmd
 from nexus.cpu_layout import (PER_CORE_DEVICE_TYPE, CpuLayout, LayoutConfig, LayoutState, SessionDemand, decide,
                               layout_load, layout_shapes)
-from nexus.cpu_layout_switch import session_demands
+from nexus.cpu_layout_switch import faster_rows, session_demands
 from nexus.status_model import ClusterStatus, DeviceStatus, SessionStatus
 
 SHAPES = layout_shapes(2)
@@ -175,3 +175,14 @@ def test_cpu_layout_is_auto_on_a_cpu_unless_the_backends_are_given():
     assert serve_cmd.cpu_layout(_serve_args(), BackendConfig()) is serve_cmd.CpuLayoutChoice.AUTO
     with pytest.raises(SystemExit):
         _serve_args("--cpu-layout", "sideways")
+
+
+def test_faster_rows_keeps_each_batch_sizes_fastest_measurement_up_to_the_shortest():
+    quiet = Profile.from_rows([BatchLatency(1, 1.0), BatchLatency(2, 1.9), BatchLatency(3, 2.6)], "cpu", {"run": 1})
+    preempted = Profile.from_rows([BatchLatency(1, 0.9), BatchLatency(2, 4.0)], "cpu", {"run": 2})   # at batch 2
+    merged = faster_rows([quiet, preempted])
+    assert [(r.batch, r.latency_ms) for r in merged.rows] == [(1, 0.9), (2, 1.9)]
+    assert merged.device_type == "cpu" and merged.meta == {"run": 1, "measurements": 2}
+    assert faster_rows([quiet]).rows == quiet.rows
+    with pytest.raises(ValueError, match="no profile to take rows from"):
+        faster_rows([])

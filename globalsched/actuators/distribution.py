@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 import grpc
 
@@ -43,6 +43,22 @@ ROUTING_TABLE_TIMEOUT_S = 10
 
 
 NODE_LEFT = "the node left while the call was in flight"
+# Building a plan's tables is the scheduler's longest work on its event loop (at 1,000 backends, a
+# plan's model tables took 250-430 ms in one piece, and the loop answered no heartbeat meanwhile):
+# the builders hand the loop back after this much of it.
+BUILD_SLICE_S = 0.01
+
+
+class _Slices:
+    """Hands the event loop back (``await slices.due()``) once BUILD_SLICE_S of work has run."""
+
+    def __init__(self) -> None:
+        self.ends = time.perf_counter() + BUILD_SLICE_S
+
+    async def due(self) -> None:
+        if time.perf_counter() > self.ends:
+            await asyncio.sleep(0)
+            self.ends = time.perf_counter() + BUILD_SLICE_S
 
 
 async def _answers(calls: list[tuple[Node, object]]) -> list[tuple[Node, object, str]]:
@@ -146,7 +162,9 @@ class Distribution:
         calls = []
         catalog = plan.catalog or Catalog()
         duty_cycles = {b.node_id: b for placement in plan.placements.values() for b in placement.backends}
+        slices = _Slices()
         for node_id, sessions in (backend_tables(plan) if tables is None else tables).items():
+            await slices.due()
             node = self.nodes.get(node_id)
             if node is None or node_id not in duty_cycles:
                 continue
@@ -186,7 +204,11 @@ class Distribution:
         if not self.may_act():
             log.warning("epoch %d: routing tables not pushed: this scheduler no longer leads", epoch)
             return
-        table = self.routing_table(plan, epoch, failed)
+        routes, slices = [], _Slices()
+        for route in self._routes(plan, failed):
+            routes.append(route)
+            await slices.due()
+        table = self._table(plan, epoch, routes)
         calls = [(n, n.stub.UpdateRoutingTable(table, timeout=ROUTING_TABLE_TIMEOUT_S)) for n in self.nodes.values()
                  if n.kind == control.NODE_KIND_FRONTEND]
         for node, _, error in await _answers(calls):
@@ -202,10 +224,11 @@ class Distribution:
                       ) -> control.RoutingTable:
         """What frontends hold for ``plan`` (its catalog says what the models are): routes to backends,
         or why a model has none; ``failed``: models that failed to load in this push."""
-        failed = failed or {}
+        return self._table(plan, epoch, list(self._routes(plan, failed or {})))
+
+    def _routes(self, plan: ClusterPlan, failed: Mapping[str, str]) -> Iterator[control.ModelRoute]:
+        """The routing table's routes, one at a time (so that a push can hand the loop back between them)."""
         catalog = plan.catalog or Catalog()
-        routes = []
-        served = set()
         measured = self.workload.current_rates(time.monotonic())
         placed = plan.routes()
         for session, planned in plan.sessions.items():
@@ -213,7 +236,6 @@ class Distribution:
             desc = catalog.descs.get(model)
             if desc is None:
                 continue
-            served.add(model)
             backends = []
             for node_id, share, batch, duty_cycle_ms in placed.get(session, ()):
                 node = self.nodes.get(node_id)
@@ -222,16 +244,20 @@ class Distribution:
             reason = failed.get(model) or catalog.unavailable.get(model) or plan.unplaced.get(session, "")
             if model in catalog.profiling:
                 reason = reason or "being profiled"
-            routes.append(convert.model_route(desc, planned.slo_ms, session, backends,
-                                              "" if backends else (reason or "not placed"),
-                                              planned.rate_rps, measured.get(session, 0.0),
-                                              cold=not backends and (session in plan.cold and model not in failed
-                                                                     or OUT_OF_MEMORY in failed.get(model, ""))))
+            yield convert.model_route(desc, planned.slo_ms, session, backends,
+                                      "" if backends else (reason or "not placed"),
+                                      planned.rate_rps, measured.get(session, 0.0),
+                                      cold=not backends and (session in plan.cold and model not in failed
+                                                             or OUT_OF_MEMORY in failed.get(model, "")))
         for route in catalog.unplanned:          # served versions the plan could not place, and why
             if route.key in catalog.descs:
-                served.add(route.key)
-                routes.append(convert.model_route(catalog.descs[route.key], route.slo_ms, route.key,
-                                                  reason=route.reason))
+                yield convert.model_route(catalog.descs[route.key], route.slo_ms, route.key, reason=route.reason)
+
+    def _table(self, plan: ClusterPlan, epoch: int, routes: list[control.ModelRoute]) -> control.RoutingTable:
+        """The routing table of ``routes``, with the stored models none of them serves and the queries."""
+        catalog = plan.catalog or Catalog()
+        served = {p.model for p in plan.sessions.values() if p.model in catalog.descs}
+        served.update(r.key for r in catalog.unplanned if r.key in catalog.descs)
         stored = [desc for key, desc in catalog.descs.items() if key not in served]
         return convert.routing_table(epoch, plan, routes, stored, self.query_infos(plan, catalog.queries))
 

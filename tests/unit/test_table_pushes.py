@@ -121,3 +121,51 @@ def test_a_backend_with_a_release_to_come_is_sent_its_table_so_the_release_canno
         assert [len(s.tables) for s in stubs.values()] == [n + 1 for n in before]
 
     asyncio.run(main())
+
+
+
+class Frontend:
+    def __init__(self) -> None:
+        self.tables: list[control.RoutingTable] = []
+
+    async def UpdateRoutingTable(self, table, timeout=None):
+        self.tables.append(table)
+        return control.RoutingTableReply()
+
+
+def test_building_a_plans_tables_hands_the_loop_back_and_sends_the_same(monkeypatch):
+    """With every slice used up at once, the loop runs other work between two model tables and
+    between two routes; what is sent is what one unbroken piece of work sends."""
+    import globalsched.actuators.distribution as distribution
+
+    async def push(slice_s: float) -> tuple[list, list, int]:
+        monkeypatch.setattr(distribution, "BUILD_SLICE_S", slice_s)
+        nodes, stubs = {}, {}
+        for i in range(1, 5):
+            nodes[f"be-{i}"], stubs[f"be-{i}"] = _node(f"be-{i}")
+        frontend = Frontend()
+        nodes["fe-1"] = Node("fe-1", control.NODE_KIND_FRONTEND, "127.0.0.1:2", "", "", 0.0, stub=frontend)
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        start = ticks
+        await Distribution(nodes, Events(), NoRates()).apply(
+            _plan({"be-1": (("a", 2),), "be-2": (("b", 4),), "be-3": (("c", 1),), "be-4": (("d", 1),)}), 1)
+        task.cancel()
+        return [[t.SerializeToString() for t in s.tables] for s in stubs.values()], \
+            [t.SerializeToString() for t in frontend.tables], ticks - start
+
+    async def main():
+        whole = await push(60.0)
+        sliced = await push(0.0)
+        assert sliced[:2] == whole[:2] and whole[1]
+        assert sliced[2] >= whole[2] + 4 + 4          # once per model table and once per route, at least
+
+    asyncio.run(main())

@@ -122,7 +122,8 @@ def fit_distribution(samples: Sequence[tuple[int, float]]) -> tuple[float, float
 def new_sessions_per_plan(lines: Iterable[tuple[float, str]], wall_minus_mono_s: float | None
                           ) -> list[tuple[int, float]]:
     """(most sessions new to one backend, delay to the frontends) of each real plan, from the
-    scheduler's per-backend plan lines ('epoch E: NODE duty cycle D ms: m01 b=3 ..., ...')."""
+    scheduler's per-backend plan lines ('epoch E: NODE duty cycle D ms: m01 b=3 ..., ...'; a plan
+    names only the backends whose assignment changed, the others hold what they held)."""
     lines = list(lines)
     plans: dict[int, dict[str, set[str]]] = {}
     for _, line in lines:
@@ -130,12 +131,13 @@ def new_sessions_per_plan(lines: Iterable[tuple[float, str]], wall_minus_mono_s:
             models = set() if m.group(3).strip() == "idle" else {x.split(" b=")[0] for x in m.group(3).split(", ")}
             plans.setdefault(int(m.group(1)), {})[m.group(2)] = models
     delays = dict((e, d) for (t, e), d in zip(*_planned_routed(lines, wall_minus_mono_s)))
-    out, prev = [], None
+    out: list[tuple[int, float]] = []
+    held: dict[str, set[str]] = {}
     for e in sorted(plans):
-        if prev is not None and e in delays:
-            n = max((len(plans[e][node] - plans[prev].get(node, set())) for node in plans[e]), default=0)
+        if held and e in delays:
+            n = max((len(plans[e][node] - held.get(node, set())) for node in plans[e]), default=0)
             out.append((n, delays[e]))
-        prev = e
+        held.update(plans[e])
     return out
 
 

@@ -226,3 +226,28 @@ def test_a_page_in_is_planned_without_delay_and_each_reason_is_given_once():
         assert taken.why == ("demand changed", "m7 requested while cold") and not trigger.urgent
 
     asyncio.run(main())
+
+
+def test_a_plan_logs_the_backends_whose_assignment_changed_and_counts_the_others(caplog):
+    caplog.set_level(logging.INFO, logger="nexus.scheduler")
+
+    async def main():
+        world = World()
+        trigger, loop, task = await _started(world)
+        first = loop.plan
+        assert f"epoch {loop.epoch}: a duty cycle" in caplog.text and f"epoch {loop.epoch}: b duty cycle" in caplog.text
+        assert "as before" not in caplog.text
+        caplog.clear()
+        world.backends = [*world.backends, BackendSlot("c", "gpu", 16000.0)]
+        await trigger.replan_now("c joins")
+        assert loop.plan is not first
+        before = {b.node_id: b for p in first.placements.values() for b in p.backends}
+        now = [b for p in loop.plan.placements.values() for b in p.backends]
+        changed = sorted(b.node_id for b in now if before.get(b.node_id) != b)
+        logged = sorted(n for n in "abc" if f"epoch {loop.epoch}: {n} duty cycle" in caplog.text)
+        assert "c" in changed and logged == changed
+        kept = len(now) - len(changed)
+        assert (f"epoch {loop.epoch}: {kept} backend(s) as before" in caplog.text) == (kept > 0)
+        task.cancel()
+
+    asyncio.run(main())

@@ -114,3 +114,9 @@ def test_distribution_delays_and_the_fit_of_their_two_parts():
              (2.9, "x routing epoch 8: m01->1")]
     got = new_sessions_per_plan(lines, None)
     assert [(n, round(d, 3)) for n, d in got] == [(2, 0.9)]     # be-b gained m02 and m03
+    # a plan names only the backends that changed: the others hold what they held
+    changed_only = [(t, line) for t, line in lines if line != "x epoch 8: be-a duty cycle 50.0 ms: m01 b=2 10.0 rps"]
+    changed_only += [(3.0, "x epoch 9: re-planned: t4 surge"), (3.0, "x epoch 9: be-b duty cycle 50.0 ms: m02 b=1 5.0 rps"),
+                     (3.5, "x routing epoch 9: m01->1")]
+    got = new_sessions_per_plan(changed_only, None)
+    assert [(n, round(d, 3)) for n, d in got] == [(2, 0.9), (0, 0.5)]   # be-b lost m03: nothing new

@@ -26,6 +26,7 @@ from typing import Callable, Iterator, Mapping
 import grpc
 
 from common.emulated_gpus import OUT_OF_MEMORY
+from common.loop_slices import LoopSlices
 from common.pb import control
 from common.version_policy import version_key
 from globalsched.rpc import convert
@@ -43,22 +44,6 @@ ROUTING_TABLE_TIMEOUT_S = 10
 
 
 NODE_LEFT = "the node left while the call was in flight"
-# Building a plan's tables is the scheduler's longest work on its event loop (at 1,000 backends, a
-# plan's model tables took 250-430 ms in one piece, and the loop answered no heartbeat meanwhile):
-# the builders hand the loop back after this much of it.
-BUILD_SLICE_S = 0.01
-
-
-class _Slices:
-    """Hands the event loop back (``await slices.due()``) once BUILD_SLICE_S of work has run."""
-
-    def __init__(self) -> None:
-        self.ends = time.perf_counter() + BUILD_SLICE_S
-
-    async def due(self) -> None:
-        if time.perf_counter() > self.ends:
-            await asyncio.sleep(0)
-            self.ends = time.perf_counter() + BUILD_SLICE_S
 
 
 async def _answers(calls: list[tuple[Node, object]]) -> list[tuple[Node, object, str]]:
@@ -162,7 +147,7 @@ class Distribution:
         calls = []
         catalog = plan.catalog or Catalog()
         duty_cycles = {b.node_id: b for placement in plan.placements.values() for b in placement.backends}
-        slices = _Slices()
+        slices = LoopSlices()           # at 1,000 backends a plan's tables took 250-430 ms in one piece
         for node_id, sessions in (backend_tables(plan) if tables is None else tables).items():
             await slices.due()
             node = self.nodes.get(node_id)
@@ -204,7 +189,7 @@ class Distribution:
         if not self.may_act():
             log.warning("epoch %d: routing tables not pushed: this scheduler no longer leads", epoch)
             return
-        routes, slices = [], _Slices()
+        routes, slices = [], LoopSlices()
         for route in self._routes(plan, failed):
             routes.append(route)
             await slices.due()

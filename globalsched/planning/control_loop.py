@@ -24,6 +24,7 @@ from typing import Awaitable, Callable, Protocol, Sequence
 
 from globalsched.planning.algorithms.replan import ReplanReason
 from globalsched.planning.cluster_values import ClusterPlan, ClusterView
+from common.loop_slices import Steps, run_in_slices
 from globalsched.state.catalog import Catalog
 from globalsched.planning.planner import PlannerSettings, PlannerState, plan_cluster
 from globalsched.planning.replan_trigger import ReplanTrigger
@@ -46,12 +47,13 @@ class ControlLoop:
     def __init__(self, settings: PlannerSettings, trigger: ReplanTrigger, read_view: ReadView,
                  actuators: Sequence[Actuator], clock: Callable[[], float] = time.monotonic,
                  persist: Callable[[PlannerState], Awaitable[None]] | None = None,
-                 catalog: Callable[[ClusterPlan], Catalog] | None = None,
+                 catalog: Callable[[ClusterPlan], Steps[Catalog]] | None = None,
                  may_act: Callable[[], bool] = lambda: True) -> None:
         """``persist(state)``: keep each new plan's state before it is applied (a shared database, for
         the standby that may take over: globalsched/state/database/plan_store.py). ``catalog(plan)``: what the
         plan's tables say about its models, read when the plan is made and attached to it, so that the
-        actuators act on a complete value (globalsched/state/catalog.py). ``may_act()``: False once this
+        actuators act on a complete value (globalsched/state/catalog.py); in steps, run in slices of the
+        loop (common/loop_slices.py). ``may_act()``: False once this
         scheduler no longer leads (globalsched/leadership/leader.py): it plans nothing from then on."""
         self.may_act = may_act
         self.settings = settings
@@ -113,7 +115,7 @@ class ControlLoop:
             return self.plan
         planned = plan
         if self.catalog is not None:
-            plan = replace(plan, catalog=self.catalog(plan))
+            plan = replace(plan, catalog=await run_in_slices(self.catalog(plan)))
         self.latest = plan
         self.epoch += 1
         self.trigger.epoch = self.epoch

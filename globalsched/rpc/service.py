@@ -84,7 +84,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.plan_store: PlanStore | None = None      # a shared database: the plan in force, for a standby
         self.control = ControlLoop(PlannerSettings.from_config(config), self.trigger, self.read_view,
                                    [self.admin, self.admin.profiling, self.distribution, self.scaler], persist=self._persist,
-                                   catalog=self.admin.catalog, may_act=self.leadership.may_act)
+                                   catalog=self.admin.catalog_steps, may_act=self.leadership.may_act)
         self.loop_lag = LoopLagMonitor("nexus_scheduler_loop_lag_seconds")
         self.heap = HeapFreezer()       # full collections of the fleet's state held the loop 150-200 ms
         self._tasks: list[asyncio.Task] = []

@@ -35,6 +35,7 @@ from common.pb import control
 from common.emulated_gpus import OUT_OF_MEMORY
 from common.profile import Profile, ProfileError
 from common.late_requests import LateRequests
+from common.loop_slices import Steps, drain
 from common.query_def import ModelIO, QueryError, parse_query, validate_query
 from common.version_policy import VersionError, from_pb as policy_from_pb, to_pb as policy_to_pb, version_key
 from common.warmup_spec import WarmupError, from_pb as warmup_from_pb
@@ -221,9 +222,16 @@ class ModelAdmin:
         """Every stored version's description (:meth:`desc`) by version key, read in one pass: what the
         cluster's nodes and sessions are is read once, not once per model (a catalog of thousands of
         models is built at every plan)."""
+        return drain(self._descs_steps())
+
+    def _descs_steps(self) -> Steps[dict[str, control.ModelDesc]]:
         loaded = {s.model for s in self.db.sessions()}
         present = self._backends_by_type()
-        return {m.key: self.desc(m.key, loaded=loaded, present=present) for m in self.db.models()}
+        descs = {}
+        for m in self.db.models():
+            descs[m.key] = self.desc(m.key, loaded=loaded, present=present)
+            yield
+        return descs
 
     def desc(self, key: str, *, loaded: AbstractSet[str] | None = None,
              present: Mapping[str, int] | None = None) -> control.ModelDesc:
@@ -362,10 +370,16 @@ class ModelAdmin:
 
     def catalog(self, plan: ClusterPlan) -> Catalog:
         """The descriptions and profiles ``plan``'s tables carry, read now (globalsched/state/catalog.py)."""
-        descs = self.descs()
+        return drain(self.catalog_steps(plan))
+
+    def catalog_steps(self, plan: ClusterPlan) -> Steps[Catalog]:
+        """:meth:`catalog` in steps, one per model and per placed session (common/loop_slices.py: at
+        2,400 models, 150-200 ms of the scheduler's loop in one piece at every plan)."""
+        descs = yield from self._descs_steps()
         profiles, emulated = {}, {}
         for device_type, placement in plan.placements.items():
             for b in placement.backends:
+                yield
                 for s in b.sessions:
                     model = plan.model_of(s.model)
                     if (model, device_type) in profiles or model not in descs:

@@ -192,8 +192,11 @@ def test_a_plan_made_while_models_are_profiled_warns_of_nothing_until_profiling_
         world = Busy()
         world.backends = world.backends[:1]
         trigger = ReplanTrigger()
-        loop = ControlLoop(PlannerSettings(), trigger, world.read_view, [world],
-                           catalog=lambda plan: Catalog(profiling=frozenset(profiling)))
+        def catalog(plan):             # in steps, as the model administration reads it
+            yield
+            return Catalog(profiling=frozenset(profiling))
+
+        loop = ControlLoop(PlannerSettings(), trigger, world.read_view, [world], catalog=catalog)
         task = asyncio.create_task(loop.run())
         while not world.applied:
             await asyncio.sleep(0.01)

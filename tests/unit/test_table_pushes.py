@@ -13,6 +13,7 @@ from globalsched.planning.cluster_values import ClusterPlan, PlannedSession
 from globalsched.planning.placement import BackendAssignment, PlacedSession, Placement
 from globalsched.state.catalog import Catalog
 from globalsched.state.membership import Node
+from tests.loop_turns import with_turns
 
 
 class Backend:
@@ -136,31 +137,19 @@ class Frontend:
 def test_building_a_plans_tables_hands_the_loop_back_and_sends_the_same(monkeypatch):
     """With every slice used up at once, the loop runs other work between two model tables and
     between two routes; what is sent is what one unbroken piece of work sends."""
-    import globalsched.actuators.distribution as distribution
+    import common.loop_slices as loop_slices
 
     async def push(slice_s: float) -> tuple[list, list, int]:
-        monkeypatch.setattr(distribution, "BUILD_SLICE_S", slice_s)
+        monkeypatch.setattr(loop_slices, "SLICE_S", slice_s)
         nodes, stubs = {}, {}
         for i in range(1, 5):
             nodes[f"be-{i}"], stubs[f"be-{i}"] = _node(f"be-{i}")
         frontend = Frontend()
         nodes["fe-1"] = Node("fe-1", control.NODE_KIND_FRONTEND, "127.0.0.1:2", "", "", 0.0, stub=frontend)
-        ticks = 0
-
-        async def ticker():
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0)
-
-        task = asyncio.create_task(ticker())
-        await asyncio.sleep(0)
-        start = ticks
-        await Distribution(nodes, Events(), NoRates()).apply(
-            _plan({"be-1": (("a", 2),), "be-2": (("b", 4),), "be-3": (("c", 1),), "be-4": (("d", 1),)}), 1)
-        task.cancel()
+        _, turns = await with_turns(Distribution(nodes, Events(), NoRates()).apply(
+            _plan({"be-1": (("a", 2),), "be-2": (("b", 4),), "be-3": (("c", 1),), "be-4": (("d", 1),)}), 1))
         return [[t.SerializeToString() for t in s.tables] for s in stubs.values()], \
-            [t.SerializeToString() for t in frontend.tables], ticks - start
+            [t.SerializeToString() for t in frontend.tables], turns
 
     async def main():
         whole = await push(60.0)

@@ -60,7 +60,7 @@ from globalsched.state.rate_reports import Workload
 
 log = logging.getLogger("nexus.scheduler")
 
-SWITCH_INTERVAL_S = 0.0005
+SWITCH_INTERVAL_S = 0.0001
 
 ADOPTION_GRACE_S = 5.0      # how long a new leader waits for the adopted plan's backends before planning
 
@@ -299,7 +299,10 @@ async def serve(config: SchedulerConfig, ready=None) -> None:
     elected; it exits with status 3 when it loses the leadership."""
     # The planner runs in a worker thread and holds the interpreter while it plans (seconds at a
     # thousand devices); the event loop that answers heartbeats waits for it at every wake-up, for up
-    # to the switch interval (default 5 ms), and a loop that wakes often fell seconds behind.
+    # to the switch interval (default 5 ms), and a loop that wakes often fell seconds behind. numpy
+    # hands the interpreter over inside each operation on a few thousand elements (the rates' running
+    # sums), and the loop waits a switch interval to take it back: at 0.5 ms, the rates of 2,400 sessions
+    # took 90-170 ms of the loop while a plan ran (benchmarks/elastic.md).
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         db = ModelDatabase(config.data_dir, int(config.max_upload_mb * 1024 * 1024), database_url=config.database)

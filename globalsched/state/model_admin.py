@@ -373,8 +373,10 @@ class ModelAdmin:
         return drain(self.catalog_steps(plan))
 
     def catalog_steps(self, plan: ClusterPlan) -> Steps[Catalog]:
-        """:meth:`catalog` in steps, one per model and per placed session (common/loop_slices.py: at
-        2,400 models, 150-200 ms of the scheduler's loop in one piece at every plan)."""
+        """:meth:`catalog` in steps, one per model and per placed backend (common/loop_slices.py: at
+        2,400 models, 150-200 ms of the scheduler's loop in one piece at every plan). Run in slices, what
+        changes between two steps (an upload, a node) shows only in what is read after it, as it would
+        in the next plan's catalog."""
         descs = yield from self._descs_steps()
         profiles, emulated = {}, {}
         for device_type, placement in plan.placements.items():

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Iterator, Mapping
+from typing import AbstractSet, Awaitable, Callable, Iterator, Mapping
 
 import grpc
 
@@ -32,6 +32,7 @@ from common.version_policy import version_key
 from globalsched.rpc import convert
 from globalsched.state.catalog import Catalog, DistributionEvents
 from globalsched.planning.cluster_values import ClusterPlan
+from globalsched.actuators.early_routes import EARLY_ROUTES_INTERVAL_S, EarlyRoutes
 from globalsched.actuators.handover import backend_tables, handover
 from globalsched.state.membership import Node
 from globalsched.planning.placement import PlacedSession
@@ -89,6 +90,7 @@ class Distribution:
         # failure; a plan whose table for it says the same sends it nothing (:func:`_table_key`).
         self.held: dict[str, tuple[Node, tuple]] = {}
         self.releasing: dict[str, int] = {}         # backends with a release step to come: how many
+        self.sent: control.RoutingTable | None = None   # the routing table last pushed to the frontends
 
     async def apply(self, plan: ClusterPlan, epoch: int) -> None:
         """Make before break (globalsched/actuators/handover.py): model tables that load the plan's sessions and
@@ -97,7 +99,12 @@ class Distribution:
         need not wait; a backend ignores a release older than a table it has). A frontend is never
         routed to a backend before it loaded the model, nor left with routes to one that dropped it."""
         steps = handover(self.in_force, plan)
-        failed = await self.push_model_tables(plan, epoch, steps.make)
+        early = _EarlyPush(EarlyRoutes(self.in_force if self.sent is not None else None, plan, steps.make))
+        pusher = asyncio.create_task(self._push_early_routes(plan, epoch, early))
+        try:
+            failed = await self.push_model_tables(plan, epoch, steps.make, early)
+        finally:
+            await early.stop(pusher)
         await self.push_routing_tables(plan, epoch, failed)
         self.in_force = plan
         if steps.release:
@@ -130,7 +137,7 @@ class Distribution:
 
     async def push_model_tables(self, plan: ClusterPlan, epoch: int,
                                 tables: Mapping[str, tuple[PlacedSession, ...]] | None = None,
-                                release: bool = False) -> dict[str, str]:
+                                early: "_EarlyPush | None" = None, release: bool = False) -> dict[str, str]:
         """Send each backend its table (``tables`` by node; default: the plan's own); return models
         that failed to load, with reasons.
 
@@ -139,8 +146,9 @@ class Distribution:
         nothing: a plan of a thousand backends that moved a few sessions sent a thousand tables. Not
         skipped: a backend with a release step to come (the release would drop what the plan keeps
         there unless a newer table overtakes it), and the release step itself (``release``), after
-        which the backend's next table is always sent."""
-        failed: dict[str, str] = {}
+        which the backend's next table is always sent. ``early``: the make step's early routes, told of
+        each backend as it answers (or needs no table)."""
+        failed: dict[str, str] = {} if early is None else early.failed
         if not self.may_act():
             log.warning("epoch %d: model tables not pushed: this scheduler no longer leads", epoch)
             return failed
@@ -152,6 +160,8 @@ class Distribution:
             await slices.due()
             node = self.nodes.get(node_id)
             if node is None or node_id not in duty_cycles:
+                if early is not None:
+                    early.answered(node_id)
                 continue
             says = []
             for s in sessions:
@@ -167,10 +177,15 @@ class Distribution:
             held = self.held.get(node_id)
             if not release and node_id not in self.releasing and held is not None and held[0] is node \
                     and held[1] == what:
+                if early is not None:
+                    early.answered(node_id)
                 continue
             self.held.pop(node_id, None)
             table = convert.model_table(epoch, duty_cycles[node_id], [convert.session_entry(*x) for x in says])
-            calls.append((node, what, node.stub.UpdateModelTable(table, timeout=MODEL_TABLE_TIMEOUT_S)))
+            call = node.stub.UpdateModelTable(table, timeout=MODEL_TABLE_TIMEOUT_S)
+            if early is not None:
+                call = early.answer_of(node, call)
+            calls.append((node, what, call))
         answers = await _answers([(node, call) for node, _, call in calls])
         for (node, reply, error), (_, what, _) in zip(answers, calls):
             if error:
@@ -179,11 +194,40 @@ class Distribution:
             if not reply.failed and not release and self.nodes.get(node.node_id) is node:
                 self.held[node.node_id] = (node, what)
             self.events.loaded(plan.model_of(name) for name in reply.loaded)
-            for f in reply.failed:
-                name, _, reason = f.partition(": ")
-                failed[name] = f"failed to load on {node.node_id}: {reason}"
-                self.events.load_failed(plan.model_of(name), name, node.node_id, node.device_type, reason)
+            for name, reason in _failures(node, reply).items():
+                failed[name] = reason
+                self.events.load_failed(plan.model_of(name), name, node.node_id, node.device_type,
+                                        reason.partition(": ")[2])
         return failed
+
+    async def _push_early_routes(self, plan: ClusterPlan, epoch: int, early: "_EarlyPush") -> None:
+        """While the make step runs: each time sessions are ready to go live (:mod:`early_routes`), the
+        routing table last pushed with their routes replaced, at most every EARLY_ROUTES_INTERVAL_S."""
+        while True:
+            await early.wake.wait()
+            early.wake.clear()
+            live = early.routes.due()
+            if early.done or not live or self.sent is None or not self.may_act():
+                continue
+            early.pushing = True
+            try:
+                routes = {r.session or r.model.name: r for r in self._routes(plan, early.failed, live)}
+                base = self.sent
+                table = control.RoutingTable(
+                    epoch=epoch, routes=[routes.pop(r.session or r.model.name, r) for r in base.routes],
+                    stored=base.stored, queries=base.queries, planned_devices=base.planned_devices,
+                    lower_bound=base.lower_bound, lower_bound_throughput_only=base.lower_bound_throughput_only)
+                table.routes.extend(routes.values())
+                log.info("epoch %d: %d session(s) live on their new routes before every backend answered",
+                         epoch, len(live))
+                await self._send_routing_table(table)
+                early.routes.sent(live)
+            finally:
+                early.pushing = False
+            if early.done:
+                return
+            await asyncio.sleep(EARLY_ROUTES_INTERVAL_S)
+            early.wake.set()
 
     async def push_routing_tables(self, plan: ClusterPlan, epoch: int, failed: dict[str, str]) -> None:
         if not self.may_act():
@@ -194,6 +238,13 @@ class Distribution:
             routes.append(route)
             await slices.due()
         table = self._table(plan, epoch, routes)
+        await self._send_routing_table(table)
+        self.sent = table
+        routed = [key for r in table.routes      # versions' own routes, not query stages'
+                  if r.backends and (key := version_key(r.model.name, r.model.version)) == (r.session or r.model.name)]
+        self.events.routed(routed)
+
+    async def _send_routing_table(self, table: control.RoutingTable) -> None:
         calls = [(n, n.stub.UpdateRoutingTable(table, timeout=ROUTING_TABLE_TIMEOUT_S)) for n in self.nodes.values()
                  if n.kind == control.NODE_KIND_FRONTEND]
         for node, _, error in await _answers(calls):
@@ -201,9 +252,6 @@ class Distribution:
                 log.info("routing table push to %s ended: %s", node.node_id, error)     # it is gone: nothing to do
             elif error:
                 log.warning("routing table push to %s failed: %s", node.node_id, error)
-        routed = [key for r in table.routes      # versions' own routes, not query stages'
-                  if r.backends and (key := version_key(r.model.name, r.model.version)) == (r.session or r.model.name)]
-        self.events.routed(routed)
 
     def routing_table(self, plan: ClusterPlan, epoch: int, failed: dict[str, str] | None = None
                       ) -> control.RoutingTable:
@@ -211,12 +259,16 @@ class Distribution:
         or why a model has none; ``failed``: models that failed to load in this push."""
         return self._table(plan, epoch, list(self._routes(plan, failed or {})))
 
-    def _routes(self, plan: ClusterPlan, failed: Mapping[str, str]) -> Iterator[control.ModelRoute]:
-        """The routing table's routes, one at a time (so that a push can hand the loop back between them)."""
+    def _routes(self, plan: ClusterPlan, failed: Mapping[str, str], only: AbstractSet[str] | None = None
+                ) -> Iterator[control.ModelRoute]:
+        """The routing table's routes, one at a time (so that a push can hand the loop back between them);
+        ``only``: the routes of these sessions alone."""
         catalog = plan.catalog or Catalog()
         measured = self.workload.current_rates(time.monotonic())
         placed = plan.routes()
         for session, planned in plan.sessions.items():
+            if only is not None and session not in only:
+                continue
             model = planned.model
             desc = catalog.descs.get(model)
             if desc is None:
@@ -234,6 +286,8 @@ class Distribution:
                                       planned.rate_rps, measured.get(session, 0.0),
                                       cold=not backends and (session in plan.cold and model not in failed
                                                              or OUT_OF_MEMORY in failed.get(model, "")))
+        if only is not None:
+            return
         for route in catalog.unplanned:          # served versions the plan could not place, and why
             if route.key in catalog.descs:
                 yield convert.model_route(catalog.descs[route.key], route.slo_ms, route.key, reason=route.reason)
@@ -257,3 +311,50 @@ class Distribution:
             infos.append(convert.query_info(name, text, query_plan, plan.planned_query_rates.get(name, 0.0)
                                             if plan is not None else 0.0, devices))
         return infos
+
+
+def _failures(node: Node, reply: control.ModelTableReply) -> dict[str, str]:
+    """The models a backend's answer says failed to load, with the reason routes give."""
+    out = {}
+    for f in reply.failed:
+        name, _, reason = f.partition(": ")
+        out[name] = f"failed to load on {node.node_id}: {reason}"
+    return out
+
+
+class _EarlyPush:
+    """One make step's early routes (globalsched/actuators/early_routes.py) and its pushing task's state."""
+
+    def __init__(self, routes: EarlyRoutes) -> None:
+        self.routes = routes
+        self.failed: dict[str, str] = {}     # models that failed to load so far in this make step
+        self.wake = asyncio.Event()
+        self.done = False
+        self.pushing = False
+
+    def answered(self, node_id: str) -> None:
+        self.routes.answered(node_id)
+        if self.routes.due():
+            self.wake.set()
+
+    async def answer_of(self, node: Node, call: Awaitable) -> object:
+        """``call``'s reply, noted as soon as it comes (its failures first, so no route names them)."""
+        try:
+            reply = await call
+        except BaseException:
+            self.answered(node.node_id)
+            raise
+        self.failed.update(_failures(node, reply))
+        self.answered(node.node_id)
+        return reply
+
+    async def stop(self, pusher: asyncio.Task) -> None:
+        """The make step ended: a push under way finishes (the routing tables must follow it), none
+        starts."""
+        self.done = True
+        if self.pushing:
+            await asyncio.wait([pusher])
+        pusher.cancel()
+        for outcome in await asyncio.gather(pusher, return_exceptions=True):
+            if isinstance(outcome, Exception):      # the plan's own routing tables follow regardless
+                log.error("early routes failed: %s", outcome, exc_info=outcome)

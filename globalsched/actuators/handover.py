@@ -1,8 +1,10 @@
 """Make before break: how a plan's model tables replace those in force without a moment in which a
 moved session has no backend that serves it.
 
-Frontends route by the routing table they hold; it changes only after every backend answered its
-model table (globalsched/actuators/distribution.py). A backend that dropped a session as soon as its new table
+Frontends route by the routing table they hold. A session's routes change only once every backend
+they name has answered its model table (globalsched/actuators/early_routes.py), and the plan's whole
+routing table once every backend has (globalsched/actuators/distribution.py). A backend that dropped
+a session as soon as its new table
 arrived would leave the frontends' routes to it pointing at nothing until the routing table came,
 and that waits for the slowest backend's loads and warm-ups: every request of the session in between
 would wait for the new table, then fail (benchmarks/sim_fidelity.md measured every real UNAVAILABLE

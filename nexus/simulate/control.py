@@ -12,8 +12,9 @@ decision code on the virtual clock. Nothing here decides what the real system de
 * failure detection: :func:`globalsched.state.failure_detector.detect` on the reaper's tick.
 
 What is modelled here is time: a plan is applied as the distribution applies it (the handover of
-globalsched/actuators/handover.py: model tables to the backends, each loading and warming its new models, then
-routing tables to the frontends, then the tables that release what the plan moved away), hops of
+globalsched/actuators/handover.py: model tables to the backends, each loading and warming its new models, the
+sessions whose backends are ready sent live (globalsched/actuators/early_routes.py), then routing tables to the
+frontends, then the tables that release what the plan moved away), hops of
 ``control_hop_ms``, ``planning_ms`` per plan, heartbeats at the production pacing for the cluster's
 size (globalsched/state/heartbeat_pacing.py), and a
 scheduler stalled by a fault answers nothing until the stall ends: its timers and the reports sent
@@ -31,6 +32,7 @@ from globalsched.planning.cluster_values import ClusterPlan, ClusterView, ModelV
 from globalsched.planning.control_loop import COALESCE_S, REPAIR_COALESCE_S
 from globalsched.actuators.device_scaler import TICK_S, DeviceScaler
 from globalsched.state.failure_detector import DetectorConfig, DetectorState, detect
+from globalsched.actuators.early_routes import EARLY_ROUTES_INTERVAL_S, EarlyRoutes
 from globalsched.actuators.handover import handover
 from globalsched.state.membership import Node
 from globalsched.planning.placement import BackendSlot
@@ -79,6 +81,7 @@ class SimScheduler:
         self.slos = {m.name: m.slo_ms for m in sim.models}
         self.hop_s = sim.config.control_hop_ms / 1000.0
         self.decisions: dict[str, tuple[int, int, str]] = {}
+        self.sent_table: dict[str, SimRoute] = {}   # the routing table last sent to the frontends
 
     def start(self, now: float) -> None:
         """The scheduler's timers, each on its own phase (real processes start them at unrelated times;
@@ -248,18 +251,50 @@ class SimScheduler:
 
     def _push_model_tables(self, now: float, plan: ClusterPlan, epoch: int, leaving: list[str]) -> None:
         """As globalsched/actuators/distribution.py applies a plan: the handover's make tables to the backends,
-        the routing tables once every backend answered, then the release tables."""
+        sessions live on their new routes as soon as their backends are made (early routes), the
+        routing tables once every backend answered, then the release tables."""
         steps = handover(self.plan, plan)
-        self._push_tables(now, plan, epoch, steps.make,
-                          lambda at: self._push_routing_tables(at, plan, epoch, leaving, steps))
+        early = EarlyRoutes(self.plan if self.sent_table else None, plan,
+                            [n for n in steps.make if n in self.nodes and n in self.sim.backends])
+        making = {"done": False, "next_s": now, "armed": False}
+
+        def made(at: float, node_id: str) -> None:
+            early.answered(node_id)
+            if early.due() and not making["armed"] and not making["done"]:
+                making["armed"] = True
+                self.sim.at(max(at, making["next_s"]), self._push_early_routes, plan, epoch, early, making)
+
+        def all_made(at: float) -> None:
+            making["done"] = True
+            self._push_routing_tables(at, plan, epoch, leaving, steps)
+
+        self._push_tables(now, plan, epoch, steps.make, all_made, made)
+
+    def _push_early_routes(self, now: float, plan: ClusterPlan, epoch: int, early: EarlyRoutes,
+                           making: dict) -> None:
+        making["armed"] = False
+        if making["done"]:
+            return
+        live = early.due()
+        early.sent(live)
+        making["next_s"] = now + EARLY_ROUTES_INTERVAL_S
+        table = dict(self.sent_table)
+        table.update(self._routes(plan, live))
+        self.sim.log(now, "routes", f"epoch {epoch}: {len(live)} session(s) live before the make step ended",
+                     sessions=len(live))
+        for f in self.sim.frontends:
+            self.sim.at(now + self.hop_s, f.set_table, epoch, table)
 
     def _push_tables(self, now: float, plan: ClusterPlan, epoch: int, tables: dict,
-                     then: Callable[[float], None]) -> None:
-        """Model tables to the backends named; ``then(at)`` once every one answered."""
+                     then: Callable[[float], None], each: Callable[[float, str], None] | None = None) -> None:
+        """Model tables to the backends named; ``each(at, node_id)`` as each answers (or at once for one
+        that is gone), ``then(at)`` once every one answered."""
         pending = [0]
 
-        def answered(at: float) -> None:
+        def answered(at: float, node_id: str) -> None:
             pending[0] -= 1
+            if each is not None:
+                each(at, node_id)
             if pending[0] == 0:
                 then(at)
 
@@ -271,7 +306,8 @@ class SimScheduler:
                                  else self.slos[s.model], self.profiles[plan.model_of(s.model)])
                        for s in sessions}
             pending[0] += 1
-            self.sim.at(now + self.hop_s, self._load, backend, entries, answered, epoch, plan.cold)
+            self.sim.at(now + self.hop_s, self._load, backend, entries,
+                        lambda at, node_id=node_id: answered(at, node_id), epoch, plan.cold)
         if pending[0] == 0:
             then(now)
 
@@ -279,18 +315,26 @@ class SimScheduler:
               cold: frozenset[str]) -> None:
         backend.update_table(now, entries, lambda at: self.sim.at(at + self.hop_s, answered), epoch, cold)
 
-    def _push_routing_tables(self, now: float, plan: ClusterPlan, epoch: int, leaving: list[str],
-                             steps) -> None:
+    def _routes(self, plan: ClusterPlan, sessions=None) -> dict[str, SimRoute]:
+        """The frontends' routes of ``plan`` (of ``sessions`` only, when given)."""
         table = {}
         for session, routes in plan.routes().items():
+            if sessions is not None and session not in sessions:
+                continue
             planned = plan.sessions.get(session)
             table[session] = SimRoute(tuple(Route(node, node, share, batch, duty) for node, share, batch, duty
                                             in routes if node in self.nodes),
                                       planned.rate_rps if planned is not None else 0.0)
+        return table
+
+    def _push_routing_tables(self, now: float, plan: ClusterPlan, epoch: int, leaving: list[str],
+                             steps) -> None:
+        table = self._routes(plan)
         for session in plan.sessions:
             table.setdefault(session, SimRoute((), plan.sessions[session].rate_rps))
         for session in plan.cold:
             table[session] = SimRoute((), 0.0, cold=True)
+        self.sent_table = table
         for f in self.sim.frontends:
             self.sim.at(now + self.hop_s, f.set_table, epoch, table)
         self.sim.at(now + 2 * self.hop_s, self._applied, plan, leaving)

@@ -173,6 +173,28 @@ def test_changing_the_production_planner_changes_the_simulated_plans(monkeypatch
     assert calls and dumps(after) == dumps(before)     # the very function the scheduler plans with
 
 
+def test_sessions_go_live_on_their_new_backends_before_the_slowest_backend_answers(monkeypatch):
+    """globalsched/actuators/early_routes.py as the distribution drives it: after a kill, the replicas
+    that replace the lost ones take load as soon as they are warm, not when the last of the plan's
+    backends has loaded its models; without it (the production rule changed) more requests fail."""
+    import globalsched.actuators.early_routes as early_routes
+
+    models = linear_models(16, 200.0, 8.0, 20.0, 32, memory_mb=500)
+
+    def failed_after_kill():
+        sim, _ = run(models, schedule="0:200", duration_s=30.0, backends=8, model_load_s=0.5,
+                     faults=(Fault(FaultKind.KILL_BACKENDS, 15.0, count=1),))
+        live = [e for e in sim.events if e["kind"] == "routes" and e["time_s"] > 15.0]
+        after = sim.arrivals.times_s > 14.9
+        return int(np.sum(sim.outcomes.status[after] != Status.ON_TIME)), live
+
+    failed, live = failed_after_kill()
+    assert live and all(e["sessions"] > 0 for e in live)
+    monkeypatch.setattr(early_routes.EarlyRoutes, "due", lambda self: frozenset())
+    failed_without, live_without = failed_after_kill()
+    assert not live_without and failed < failed_without
+
+
 # ---- the command ---------------------------------------------------------------------------------
 
 

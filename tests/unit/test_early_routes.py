@@ -1,0 +1,145 @@
+"""globalsched/actuators/early_routes.py: a session goes live on the plan's routes once every backend
+they name has answered its make table; and the distribution sends the frontends those routes while
+a slow backend still loads, before the plan's own routing table."""
+
+from __future__ import annotations
+
+import asyncio
+
+from common.pb import control
+from globalsched.actuators.distribution import Distribution
+from globalsched.actuators.early_routes import EARLY_ROUTES_INTERVAL_S, EarlyRoutes
+from globalsched.state.membership import Node
+from tests.unit.test_handover import plan
+from tests.unit.test_table_pushes import Backend, Events, Frontend, NoRates, _node, _plan
+
+
+def test_a_session_goes_live_when_every_backend_of_its_new_routes_answered():
+    old = plan({"be-1": (("a", 2), ("b", 2)), "be-2": (("a", 2),), "be-3": (("c", 1),)})
+    # be-1 died: a gains be-4 and be-5, b moves to be-6; c stays as it was
+    new = plan({"be-2": (("a", 2),), "be-3": (("c", 1),), "be-4": (("a", 2),), "be-5": (("a", 2),),
+                "be-6": (("b", 2),)})
+    early = EarlyRoutes(old, new, ["be-2", "be-3", "be-4", "be-5", "be-6"])
+    assert early.due() == frozenset()
+    early.answered("be-4")
+    early.answered("be-2")
+    assert early.due() == frozenset()             # a still waits on be-5
+    early.answered("be-5")
+    assert early.due() == {"a"}
+    early.sent({"a"})
+    assert early.due() == frozenset()
+    early.answered("be-6")
+    assert early.due() == {"b"}
+    early.answered("be-3")                        # c's routes did not change: it never goes early
+    assert early.due() == frozenset()             # and once every backend answered, nothing goes early
+
+
+def test_a_reweighted_session_goes_early_and_one_that_lost_its_routes_does_not():
+    old = plan({"be-1": (("a", 2), ("b", 2)), "be-2": (), "be-3": (("d", 1),)})
+    # a: re-batched where it was (its route changes); b: unplaced; d: as it was
+    new = plan({"be-1": (("a", 4),), "be-2": (), "be-3": (("d", 1),)}, served=("a", "b", "d"))
+    early = EarlyRoutes(old, new, ["be-1", "be-2"])
+    assert early.due() == frozenset()
+    early.answered("be-1")
+    assert early.due() == {"a"}                   # b has no route to go live on, d none that changed
+    assert EarlyRoutes(old, new, ["be-2"]).due() == {"a"}      # be-1 was sent nothing: a is ready at once
+
+
+def test_the_first_plan_waits_for_its_routing_tables():
+    new = plan({"be-1": (("a", 2),)})
+    early = EarlyRoutes(None, new, ["be-1"])
+    early.answered("be-1")
+    assert early.due() == frozenset()
+
+
+class SlowBackend(Backend):
+    """Answers a table only once ``go`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = asyncio.Event()
+
+    async def UpdateModelTable(self, table, timeout=None):
+        await self.go.wait()
+        return await super().UpdateModelTable(table, timeout)
+
+
+def _routes(table: control.RoutingTable) -> dict[str, list[str]]:
+    return {r.session or r.model.name: sorted(b.node_id for b in r.backends) for r in table.routes}
+
+
+class Cluster:
+    """be-1 to be-3 answer at once, be-4 (``slow``) when told; one frontend; the first plan applied:
+    a on be-1, b on be-2."""
+
+    async def start(self) -> "Cluster":
+        self.nodes, self.stubs = {}, {}
+        for i in range(1, 4):
+            self.nodes[f"be-{i}"], self.stubs[f"be-{i}"] = _node(f"be-{i}")
+        self.slow = SlowBackend()
+        self.nodes["be-4"] = Node("be-4", control.NODE_KIND_BACKEND, "127.0.0.1:1", "emulated:t4", "t4", 16000.0,
+                                  stub=self.slow)
+        self.frontend = Frontend()
+        self.nodes["fe-1"] = Node("fe-1", control.NODE_KIND_FRONTEND, "127.0.0.1:2", "", "", 0.0,
+                                  stub=self.frontend)
+        self.dist = Distribution(self.nodes, Events(), NoRates())
+        self.slow.go.set()
+        await self.dist.apply(_plan({"be-1": (("a", 2),), "be-2": (("b", 2),), "be-3": (), "be-4": ()}), 1)
+        assert len(self.frontend.tables) == 1     # a make step that ends at once sends no early table
+        self.slow.go.clear()
+        return self
+
+    async def apply_slowly(self, tables: dict) -> None:
+        """Apply epoch 2; be-4 answers once an early table had its time to go out."""
+        apply = asyncio.create_task(self.dist.apply(_plan(tables), 2))
+        await asyncio.sleep(EARLY_ROUTES_INTERVAL_S + 0.2)
+        self.early = self.frontend.tables[1:]
+        assert not apply.done()
+        self.slow.go.set()
+        await apply
+
+
+def test_the_distribution_routes_a_ready_session_while_a_slow_backend_still_loads():
+    async def main():
+        c = await Cluster().start()
+        # a gains be-3 (quick); b moves to be-4, which takes its time
+        await c.apply_slowly({"be-1": (("a", 2),), "be-2": (), "be-3": (("a", 2),), "be-4": (("b", 2),)})
+        [early] = c.early
+        assert early.epoch == 2
+        assert _routes(early) == {"a": ["be-1", "be-3"], "b": ["be-2"]}     # b keeps its route in force
+        assert len(c.frontend.tables) == 3
+        assert _routes(c.frontend.tables[2]) == {"a": ["be-1", "be-3"], "b": ["be-4"]}
+
+    asyncio.run(main())
+
+
+def test_a_load_that_failed_is_not_routed_early():
+    async def main():
+        c = await Cluster().start()
+        c.stubs["be-3"].fail.add("a")
+        await c.apply_slowly({"be-1": (), "be-2": (("b", 2),), "be-3": (("a", 2),), "be-4": (("b", 2),)})
+        # a's only new backend failed to load it: its early route has none, with the reason
+        [early] = c.early
+        route = next(r for r in early.routes if r.model.name == "a")
+        assert not route.backends and "failed to load on be-3" in route.reason
+
+    asyncio.run(main())
+
+
+def test_early_routes_that_fail_are_logged_and_the_plans_routing_table_still_goes(caplog):
+    async def main():
+        c = await Cluster().start()
+        routes = c.dist._routes
+
+        def broken(plan, failed, only=None):
+            if only is not None:
+                raise RuntimeError("broken early table")
+            return routes(plan, failed, only)
+
+        c.dist._routes = broken
+        await c.apply_slowly({"be-1": (("a", 2),), "be-2": (), "be-3": (("a", 2),), "be-4": (("b", 2),)})
+        assert c.early == [] and len(c.frontend.tables) == 2 and c.frontend.tables[-1].epoch == 2
+        assert _routes(c.frontend.tables[-1]) == {"a": ["be-1", "be-3"], "b": ["be-4"]}
+
+    asyncio.run(main())
+    assert "early routes failed: broken early table" in caplog.text

@@ -206,11 +206,12 @@ class Distribution:
         while True:
             await early.wake.wait()
             early.wake.clear()
-            live = early.routes.due()
-            if early.done or not live or self.sent is None or not self.may_act():
+            due = early.routes.due()
+            if early.done or not due or self.sent is None or not self.may_act():
                 continue
             early.pushing = True
             try:
+                live = early.routes.live | due
                 routes = {r.session or r.model.name: r for r in self._routes(plan, early.failed, live)}
                 base = self.sent
                 table = control.RoutingTable(
@@ -221,7 +222,7 @@ class Distribution:
                 log.info("epoch %d: %d session(s) live on their new routes before every backend answered",
                          epoch, len(live))
                 await self._send_routing_table(table)
-                early.routes.sent(live)
+                early.routes.sent(due)
             finally:
                 early.pushing = False
             if early.done:

@@ -275,13 +275,13 @@ class SimScheduler:
         making["armed"] = False
         if making["done"]:
             return
-        live = early.due()
-        early.sent(live)
+        due = early.due()
+        early.sent(due)
         making["next_s"] = now + EARLY_ROUTES_INTERVAL_S
         table = dict(self.sent_table)
-        table.update(self._routes(plan, live))
-        self.sim.log(now, "routes", f"epoch {epoch}: {len(live)} session(s) live before the make step ended",
-                     sessions=len(live))
+        table.update(self._routes(plan, early.live))
+        self.sim.log(now, "routes", f"epoch {epoch}: {len(due)} session(s) live before the make step ended",
+                     sessions=len(due))
         for f in self.sim.frontends:
             self.sim.at(now + self.hop_s, f.set_table, epoch, table)
 

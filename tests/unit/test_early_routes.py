@@ -143,3 +143,26 @@ def test_early_routes_that_fail_are_logged_and_the_plans_routing_table_still_goe
 
     asyncio.run(main())
     assert "early routes failed: broken early table" in caplog.text
+
+
+def test_a_later_early_table_keeps_the_sessions_an_earlier_one_sent_live():
+    async def main():
+        c = await Cluster().start()
+        later = SlowBackend()
+        c.nodes["be-5"] = Node("be-5", control.NODE_KIND_BACKEND, "127.0.0.1:1", "emulated:t4", "t4", 16000.0,
+                               stub=later)
+        # a gains be-3 (at once), b moves to be-4 (when told), c is new on be-5 (later still)
+        apply = asyncio.create_task(c.dist.apply(_plan(
+            {"be-1": (("a", 2),), "be-2": (), "be-3": (("a", 2),), "be-4": (("b", 2),), "be-5": (("c", 1),)}), 2))
+        await asyncio.sleep(0.1)
+        c.slow.go.set()
+        await asyncio.sleep(EARLY_ROUTES_INTERVAL_S + 0.2)
+        assert not apply.done()
+        later.go.set()
+        await apply
+        first, second, final = c.frontend.tables[1:]
+        assert _routes(first) == {"a": ["be-1", "be-3"], "b": ["be-2"]}
+        assert _routes(second) == {"a": ["be-1", "be-3"], "b": ["be-4"]}
+        assert _routes(final) == {"a": ["be-1", "be-3"], "b": ["be-4"], "c": ["be-5"]}
+
+    asyncio.run(main())

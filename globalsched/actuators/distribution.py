@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import AbstractSet, Awaitable, Callable, Iterator, Mapping
+from typing import AbstractSet, Awaitable, Callable, Iterator, Mapping, Sequence
 
 import grpc
 
@@ -211,8 +211,8 @@ class Distribution:
                 continue
             early.pushing = True
             try:
-                live = early.routes.live | due
-                routes = {r.session or r.model.name: r for r in self._routes(plan, early.failed, live)}
+                live = early.routes.live()
+                routes = {r.session or r.model.name: r for r in self._routes(plan, early.failed, live.keys(), live)}
                 base = self.sent
                 table = control.RoutingTable(
                     epoch=epoch, routes=[routes.pop(r.session or r.model.name, r) for r in base.routes],
@@ -260,13 +260,15 @@ class Distribution:
         or why a model has none; ``failed``: models that failed to load in this push."""
         return self._table(plan, epoch, list(self._routes(plan, failed or {})))
 
-    def _routes(self, plan: ClusterPlan, failed: Mapping[str, str], only: AbstractSet[str] | None = None
+    def _routes(self, plan: ClusterPlan, failed: Mapping[str, str], only: AbstractSet[str] | None = None,
+                placed: Mapping[str, Sequence[tuple[str, float, int, float]]] | None = None
                 ) -> Iterator[control.ModelRoute]:
         """The routing table's routes, one at a time (so that a push can hand the loop back between them);
-        ``only``: the routes of these sessions alone."""
+        ``only``: the routes of these sessions alone; ``placed``: where they go, if not where the plan
+        places them."""
         catalog = plan.catalog or Catalog()
         measured = self.workload.current_rates(time.monotonic())
-        placed = plan.routes()
+        placed = plan.routes() if placed is None else placed
         for session, planned in plan.sessions.items():
             if only is not None and session not in only:
                 continue

@@ -279,7 +279,7 @@ class SimScheduler:
         early.sent(due)
         making["next_s"] = now + EARLY_ROUTES_INTERVAL_S
         table = dict(self.sent_table)
-        table.update(self._routes(plan, early.live))
+        table.update(self._routes(plan, placed=early.live()))
         self.sim.log(now, "routes", f"epoch {epoch}: {len(due)} session(s) live before the make step ended",
                      sessions=len(due))
         for f in self.sim.frontends:
@@ -315,10 +315,11 @@ class SimScheduler:
               cold: frozenset[str]) -> None:
         backend.update_table(now, entries, lambda at: self.sim.at(at + self.hop_s, answered), epoch, cold)
 
-    def _routes(self, plan: ClusterPlan, sessions=None) -> dict[str, SimRoute]:
-        """The frontends' routes of ``plan`` (of ``sessions`` only, when given)."""
+    def _routes(self, plan: ClusterPlan, sessions=None, placed=None) -> dict[str, SimRoute]:
+        """The frontends' routes of ``plan`` (of ``sessions`` only, when given; by ``placed``, where
+        given, rather than the plan's routes)."""
         table = {}
-        for session, routes in plan.routes().items():
+        for session, routes in (plan.routes() if placed is None else placed).items():
             if sessions is not None and session not in sessions:
                 continue
             planned = plan.sessions.get(session)

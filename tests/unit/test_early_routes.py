@@ -1,6 +1,7 @@
-"""globalsched/actuators/early_routes.py: a session goes live on the plan's routes once every backend
-they name has answered its make table; and the distribution sends the frontends those routes while
-a slow backend still loads, before the plan's own routing table."""
+"""globalsched/actuators/early_routes.py: a session goes live on each backend the plan gives it as
+soon as that backend has answered its make table, beside the routes in force; and the distribution
+sends the frontends those routes while a slow backend still loads, before the plan's own routing
+table."""
 
 from __future__ import annotations
 
@@ -14,42 +15,55 @@ from tests.unit.test_handover import plan
 from tests.unit.test_table_pushes import Backend, Events, Frontend, NoRates, _node, _plan
 
 
-def test_a_session_goes_live_when_every_backend_of_its_new_routes_answered():
+def nodes(routes) -> list[str]:
+    return sorted(node for node, _, _, _ in routes)
+
+
+def test_a_session_goes_live_on_each_new_backend_as_it_answers_beside_its_routes_in_force():
     old = plan({"be-1": (("a", 2), ("b", 2)), "be-2": (("a", 2),), "be-3": (("c", 1),)})
     # be-1 died: a gains be-4 and be-5, b moves to be-6; c stays as it was
     new = plan({"be-2": (("a", 2),), "be-3": (("c", 1),), "be-4": (("a", 2),), "be-5": (("a", 2),),
                 "be-6": (("b", 2),)})
     early = EarlyRoutes(old, new, ["be-2", "be-3", "be-4", "be-5", "be-6"])
-    assert early.due() == frozenset()
-    early.answered("be-4")
+    assert early.due() == frozenset() and early.live() == {}
     early.answered("be-2")
-    assert early.due() == frozenset()             # a still waits on be-5
-    early.answered("be-5")
+    assert early.due() == frozenset()             # be-2 brings a no new backend
+    early.answered("be-4")
     assert early.due() == {"a"}
+    # the plan's route on be-4; those in force on be-1 (dead: the actuator drops it) and be-2
+    assert {s: nodes(r) for s, r in early.live().items()} == {"a": ["be-1", "be-2", "be-4"]}
     early.sent({"a"})
     assert early.due() == frozenset()
+    early.answered("be-5")
+    assert early.due() == {"a"} and nodes(early.routes("a")) == ["be-1", "be-2", "be-4", "be-5"]
+    early.sent({"a"})
     early.answered("be-6")
-    assert early.due() == {"b"}
+    assert early.due() == {"b"} and nodes(early.live()["b"]) == ["be-1", "be-6"]
+    assert set(early.live()) == {"a", "b"}        # a stays live in every later table
     early.answered("be-3")                        # c's routes did not change: it never goes early
     assert early.due() == frozenset()             # and once every backend answered, nothing goes early
 
 
-def test_a_reweighted_session_goes_early_and_one_that_lost_its_routes_does_not():
-    old = plan({"be-1": (("a", 2), ("b", 2)), "be-2": (), "be-3": (("d", 1),)})
-    # a: re-batched where it was (its route changes); b: unplaced; d: as it was
-    new = plan({"be-1": (("a", 4),), "be-2": (), "be-3": (("d", 1),)}, served=("a", "b", "d"))
-    early = EarlyRoutes(old, new, ["be-1", "be-2"])
-    assert early.due() == frozenset()
-    early.answered("be-1")
-    assert early.due() == {"a"}                   # b has no route to go live on, d none that changed
-    assert EarlyRoutes(old, new, ["be-2"]).due() == {"a"}      # be-1 was sent nothing: a is ready at once
+def test_a_rebatched_or_unplaced_session_waits_and_a_backend_still_making_keeps_its_route_in_force():
+    old = plan({"be-1": (("a", 2), ("b", 2), ("c", 2)), "be-2": (), "be-3": (("d", 1),)})
+    # a: re-batched where it was; b: unplaced; c: moves from be-1 to be-2 and gains be-3; d: as it was
+    new = plan({"be-1": (("a", 4),), "be-2": (("c", 2),), "be-3": (("c", 4), ("d", 1))},
+               served=("a", "b", "c", "d"))
+    early = EarlyRoutes(old, new, ["be-1", "be-2", "be-3"])
+    assert set(early.new) == {"c"}
+    early.answered("be-3")
+    assert early.due() == {"c"}
+    routes = {node: batch for node, _, batch, _ in early.routes("c")}
+    assert routes == {"be-3": 4, "be-1": 2}      # be-2 still loading; be-1 keeps c until release
+    early.answered("be-2")
+    assert {node: batch for node, _, batch, _ in early.routes("c")} == {"be-2": 2, "be-3": 4, "be-1": 2}
 
 
 def test_the_first_plan_waits_for_its_routing_tables():
-    new = plan({"be-1": (("a", 2),)})
-    early = EarlyRoutes(None, new, ["be-1"])
+    new = plan({"be-1": (("a", 2),), "be-2": (("a", 2),)})
+    early = EarlyRoutes(None, new, ["be-1", "be-2"])
     early.answered("be-1")
-    assert early.due() == frozenset()
+    assert early.due() == frozenset() and early.live() == {}
 
 
 class SlowBackend(Backend):
@@ -131,10 +145,10 @@ def test_early_routes_that_fail_are_logged_and_the_plans_routing_table_still_goe
         c = await Cluster().start()
         routes = c.dist._routes
 
-        def broken(plan, failed, only=None):
+        def broken(plan, failed, only=None, placed=None):
             if only is not None:
                 raise RuntimeError("broken early table")
-            return routes(plan, failed, only)
+            return routes(plan, failed, only, placed)
 
         c.dist._routes = broken
         await c.apply_slowly({"be-1": (("a", 2),), "be-2": (), "be-3": (("a", 2),), "be-4": (("b", 2),)})
@@ -162,7 +176,7 @@ def test_a_later_early_table_keeps_the_sessions_an_earlier_one_sent_live():
         await apply
         first, second, final = c.frontend.tables[1:]
         assert _routes(first) == {"a": ["be-1", "be-3"], "b": ["be-2"]}
-        assert _routes(second) == {"a": ["be-1", "be-3"], "b": ["be-4"]}
+        assert _routes(second) == {"a": ["be-1", "be-3"], "b": ["be-2", "be-4"]}    # be-2 keeps b until release
         assert _routes(final) == {"a": ["be-1", "be-3"], "b": ["be-4"], "c": ["be-5"]}
 
     asyncio.run(main())

@@ -350,6 +350,9 @@ class SchedulerConfig:
                 "far apart (a Kubernetes HPA on nexus_desired_devices must use the same)"})
     device_headroom: float = field(default=0.0, metadata={
         "help": "ask for this fraction more devices than the plan uses (spares that absorb a step at once)"})
+    scale_down_tolerance: float = field(default=0.05, metadata={
+        "help": "keep a surplus of up to this fraction of the devices needed (rounded down) rather than remove "
+                "it: a plan whose device count wavers by one under a constant load does not flap"})
     measured_profiles: bool = field(default=True, metadata={
         "help": "plan with the profiles backends measure while serving once enough samples count (off: "
                 "measurements are kept and shown, tables and predictions plan; a pinned table always plans)"})
@@ -380,6 +383,8 @@ class SchedulerConfig:
         _check_positive("scale_down_cooldown_s", self.scale_down_cooldown_s)
         if self.device_headroom < 0:
             raise ConfigError(f"--device-headroom: must not be negative, got {self.device_headroom}")
+        if not 0 <= self.scale_down_tolerance < 1:
+            raise ConfigError(f"--scale-down-tolerance: expected at least 0 and below 1, got {self.scale_down_tolerance}")
         self.security.validate()
         _check_positive("min_replicas", self.min_replicas)
         if self.latency_split not in ("dp", "even", "proportional"):

@@ -23,7 +23,11 @@ The rules (an operator's expectations: no flapping, nothing lost, no idle device
   that need is the plan's devices with demand and headroom counted, so the survivors absorb the
   load (the N/(N-1) check, for any number removed). Once surplus has lasted a whole cool-down, the
   desired count drops to that need at once, however many devices that removes, and holds there
-  for the next cool-down (one step per cool-down: no flapping). Removing one device per cool-down
+  for the next cool-down (one step per cool-down: no flapping). A surplus within
+  ``down_tolerance`` of that need (rounded down: none below 1/tolerance devices) is kept, as
+  Kubernetes' HPA keeps a count within its tolerance: a plan whose count wavers by one under a
+  constant load reversed the device count 2-6 times in 30 minutes in the simulator
+  (benchmarks/elastic.md). Removing one device per cool-down
   took 120 devices 110 cool-downs to shrink (benchmarks/simulator.md). The device drained is the
   one whose sessions move most cheaply (an idle one first; then the fewest planned requests per
   second), and scaling down goes through the backend's drain (SIGTERM, then ``Leave``), so no
@@ -49,10 +53,12 @@ class ScalingConfig:
     headroom: float = 0.0           # devices beyond the plan's, as a fraction of it
     outrun_ratio: float = 1.1       # demand / capacity above which demand, not the plan, sets the need
     bounds: DeviceBounds = field(default_factory=DeviceBounds)
+    down_tolerance: float = 0.05    # surplus kept: this fraction of the window's need, rounded down
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> ScalingConfig:
-        return cls(config.scale_down_cooldown_s, config.device_headroom, bounds=config.device_bounds)
+        return cls(config.scale_down_cooldown_s, config.device_headroom, bounds=config.device_bounds,
+                   down_tolerance=config.scale_down_tolerance)
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,7 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
         need, why = low, why + f"; --min-devices {low}"
     needs = tuple((t, n) for t, n in history.needs if now_s - t < config.cooldown_s) + ((now_s, need),)
     window_max = max(n for _, n in needs)
+    kept = window_max + math.floor(config.down_tolerance * window_max + 1e-9)    # what a removal leaves
     registered = d.registered
     # A type seen for the first time (a scheduler that just started, whose backends re-register
     # before its first plan) waits a whole cool-down before anything goes, as after a removal.
@@ -146,21 +153,27 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
         desired = registered
         if need < registered:
             why = f"{why}; {registered - need} surplus, held for the {config.cooldown_s:g} s cool-down"
+    elif kept >= registered:
+        desired = registered
+        why = (f"{why}; {registered - window_max} surplus over the window's {window_max}, within the "
+               f"{config.down_tolerance:.0%} tolerance: kept")
     elif last_down is not None and now_s - last_down < config.cooldown_s:
         # the removal in progress goes on to its aim; a lower count left from when fewer were
         # registered (backends that missed heartbeats and came back) is no licence to remove any
         aim = history.down_to if history.down_to is not None and history.desired is not None \
             and history.desired < registered else registered
-        desired = max(aim, window_max)
+        desired = max(aim, kept)
         why = f"{why}; surplus, next removal {config.cooldown_s - (now_s - last_down):.0f} s after the last"
         if desired < registered:
             why = f"{why}; removing {registered - desired} more to {desired}"
     else:
-        desired = window_max
+        desired = kept
         down_to = desired
         last_down = now_s
         why = (f"{why}; surplus for {config.cooldown_s:g} s: remove {registered - desired} "
-               f"(the most needed within it: {window_max})")
+               f"(the most needed within it: {window_max}"
+               + (f", and {kept - window_max} within the {config.down_tolerance:.0%} tolerance)" if kept > window_max
+                  else ")"))
     desired = max(min(desired, max(high, low)), low)
     drain = ""
     if desired < registered and d.move_cost:

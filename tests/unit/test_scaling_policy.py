@@ -138,6 +138,36 @@ def test_a_need_that_comes_back_within_the_window_cancels_the_scale_down():
     assert policy.at(101.0, needed=1, registered=3).desired == 1
 
 
+def test_a_surplus_within_the_tolerance_is_kept_so_a_count_that_wavers_by_one_does_not_flap():
+    policy = Policy(cooldown_s=10)                        # 5% of the need, rounded down
+    policy.at(0.0, needed=33, registered=33)
+    kept = policy.at(11.0, needed=32, registered=33)
+    assert kept.desired == 33 and "1 surplus over the window's 32, within the 5% tolerance: kept" in kept.reason
+    assert policy.at(30.0, needed=33, registered=33).desired == 33                 # and no device to add
+    # a real drop goes, down to the need and its tolerance (30 + 1), which the wavering then stays within
+    policy.at(40.0, needed=30, registered=33)
+    down = policy.at(51.0, needed=30, registered=33)
+    assert down.desired == 31 and "remove 2 (the most needed within it: 30, and 1 within the 5% tolerance)" \
+        in down.reason
+    assert policy.at(70.0, needed=31, registered=31).desired == 31
+    assert policy.at(90.0, needed=30, registered=31).desired == 31
+    # below 20 devices the tolerance keeps nothing; none at all is the old rule
+    small = Policy(cooldown_s=10)
+    small.at(0.0, needed=19, registered=19)
+    assert small.at(11.0, needed=18, registered=19).desired == 18
+    exact = Policy(cooldown_s=10, down_tolerance=0.0)
+    exact.at(0.0, needed=33, registered=33)
+    assert exact.at(11.0, needed=32, registered=33).desired == 32
+
+
+@pytest.mark.parametrize("tolerance", [-0.1, 1.0, 2.5])
+def test_a_tolerance_outside_0_to_1_is_refused_naming_the_flag(tolerance):
+    with pytest.raises(ConfigError) as refused:
+        SchedulerConfig(scale_down_tolerance=tolerance).validate()
+    assert str(refused.value) == f"--scale-down-tolerance: expected at least 0 and below 1, got {tolerance}"
+    assert ScalingConfig.from_config(SchedulerConfig(scale_down_tolerance=0.1)).down_tolerance == 0.1
+
+
 def test_bounds_cap_and_floor_the_desired_count_and_say_so():
     policy = Policy(bounds=DeviceBounds.parse("t4=2", "t4=3"))
     capped = policy.at(0.0, needed=6, registered=3, folded=3)

@@ -350,9 +350,9 @@ class SchedulerConfig:
                 "far apart (a Kubernetes HPA on nexus_desired_devices must use the same)"})
     device_headroom: float = field(default=0.0, metadata={
         "help": "ask for this fraction more devices than the plan uses (spares that absorb a step at once)"})
-    scale_down_tolerance: float = field(default=0.05, metadata={
+    scale_down_tolerance: float = field(default=0.1, metadata={
         "help": "keep a surplus of up to this fraction of the devices needed (rounded down) rather than remove "
-                "it: a plan whose device count wavers by one under a constant load does not flap"})
+                "it (Kubernetes' HPA keeps 10%% too): a plan whose device count wavers under a constant load does not flap"})
     measured_profiles: bool = field(default=True, metadata={
         "help": "plan with the profiles backends measure while serving once enough samples count (off: "
                 "measurements are kept and shown, tables and predictions plan; a pinned table always plans)"})

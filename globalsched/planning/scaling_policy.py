@@ -24,9 +24,9 @@ The rules (an operator's expectations: no flapping, nothing lost, no idle device
   load (the N/(N-1) check, for any number removed). Once surplus has lasted a whole cool-down, the
   desired count drops to that need at once, however many devices that removes, and holds there
   for the next cool-down (one step per cool-down: no flapping). A surplus within
-  ``down_tolerance`` of that need (rounded down: none below 1/tolerance devices) is kept, as
-  Kubernetes' HPA keeps a count within its tolerance: a plan whose count wavers by one under a
-  constant load reversed the device count 2-6 times in 30 minutes in the simulator
+  ``down_tolerance`` of that need (10%, rounded down: none below 10 devices) is kept, as Kubernetes'
+  HPA keeps a count within its 10% tolerance: a plan whose count wavers by one or two under a
+  constant load reversed the device count up to 6 times in 30 minutes in the simulator
   (benchmarks/elastic.md). Removing one device per cool-down
   took 120 devices 110 cool-downs to shrink (benchmarks/simulator.md). The device drained is the
   one whose sessions move most cheaply (an idle one first; then the fewest planned requests per
@@ -53,7 +53,7 @@ class ScalingConfig:
     headroom: float = 0.0           # devices beyond the plan's, as a fraction of it
     outrun_ratio: float = 1.1       # demand / capacity above which demand, not the plan, sets the need
     bounds: DeviceBounds = field(default_factory=DeviceBounds)
-    down_tolerance: float = 0.05    # surplus kept: this fraction of the window's need, rounded down
+    down_tolerance: float = 0.1     # surplus kept: this fraction of the window's need, rounded down
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> ScalingConfig:
@@ -150,8 +150,12 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
         else:
             why = f"{why}: add {need - registered}"
     elif window_max >= registered:
-        desired = registered
-        if need < registered:
+        # never below the window's largest need: a device asked for a moment ago and still starting
+        # is not given up (a gauge that dipped would have an HPA remove the pod it is starting)
+        desired = window_max
+        if window_max > registered:
+            why = f"{why}; {window_max} needed within the {config.cooldown_s:g} s window: {window_max - registered} to come"
+        elif need < registered:
             why = f"{why}; {registered - need} surplus, held for the {config.cooldown_s:g} s cool-down"
     elif kept >= registered:
         desired = registered

@@ -138,26 +138,38 @@ def test_a_need_that_comes_back_within_the_window_cancels_the_scale_down():
     assert policy.at(101.0, needed=1, registered=3).desired == 1
 
 
-def test_a_surplus_within_the_tolerance_is_kept_so_a_count_that_wavers_by_one_does_not_flap():
-    policy = Policy(cooldown_s=10)                        # 5% of the need, rounded down
-    policy.at(0.0, needed=33, registered=33)
-    kept = policy.at(11.0, needed=32, registered=33)
-    assert kept.desired == 33 and "1 surplus over the window's 32, within the 5% tolerance: kept" in kept.reason
-    assert policy.at(30.0, needed=33, registered=33).desired == 33                 # and no device to add
-    # a real drop goes, down to the need and its tolerance (30 + 1), which the wavering then stays within
-    policy.at(40.0, needed=30, registered=33)
-    down = policy.at(51.0, needed=30, registered=33)
-    assert down.desired == 31 and "remove 2 (the most needed within it: 30, and 1 within the 5% tolerance)" \
+def test_a_surplus_within_the_tolerance_is_kept_so_a_count_that_wavers_does_not_flap():
+    policy = Policy(cooldown_s=10)                        # 10% of the need, rounded down
+    policy.at(0.0, needed=35, registered=35)
+    kept = policy.at(11.0, needed=32, registered=35)
+    assert kept.desired == 35 and "3 surplus over the window's 32, within the 10% tolerance: kept" in kept.reason
+    assert policy.at(30.0, needed=35, registered=35).desired == 35                 # and no device to add
+    # a real drop goes, down to the need and its tolerance (25 + 2), which the wavering then stays within
+    policy.at(40.0, needed=25, registered=35)
+    down = policy.at(51.0, needed=25, registered=35)
+    assert down.desired == 27 and "remove 8 (the most needed within it: 25, and 2 within the 10% tolerance)" \
         in down.reason
-    assert policy.at(70.0, needed=31, registered=31).desired == 31
-    assert policy.at(90.0, needed=30, registered=31).desired == 31
-    # below 20 devices the tolerance keeps nothing; none at all is the old rule
+    assert policy.at(70.0, needed=27, registered=27).desired == 27
+    assert policy.at(90.0, needed=25, registered=27).desired == 27
+    # below 10 devices the tolerance keeps nothing; none at all is the old rule
     small = Policy(cooldown_s=10)
-    small.at(0.0, needed=19, registered=19)
-    assert small.at(11.0, needed=18, registered=19).desired == 18
+    small.at(0.0, needed=10, registered=10)
+    assert small.at(11.0, needed=9, registered=10).desired == 9
     exact = Policy(cooldown_s=10, down_tolerance=0.0)
     exact.at(0.0, needed=33, registered=33)
     assert exact.at(11.0, needed=32, registered=33).desired == 32
+
+
+def test_a_device_asked_for_is_still_desired_while_it_starts_though_the_need_fell_back():
+    """The window's largest need holds the desired count up as well as down: a gauge that dipped
+    while the device it asked for was starting would have an HPA remove that pod."""
+    policy = Policy(cooldown_s=10)
+    policy.at(0.0, needed=25, registered=25)
+    assert policy.at(1.0, needed=26, registered=25).desired == 26
+    starting = policy.at(2.0, needed=25, registered=25)
+    assert starting.desired == 26 and "26 needed within the 10 s window: 1 to come" in starting.reason
+    assert policy.at(3.0, needed=25, registered=26).desired == 26
+    assert policy.at(12.0, needed=25, registered=26).desired == 26               # within the tolerance
 
 
 @pytest.mark.parametrize("tolerance", [-0.1, 1.0, 2.5])

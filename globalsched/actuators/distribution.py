@@ -194,10 +194,9 @@ class Distribution:
             if not reply.failed and not release and self.nodes.get(node.node_id) is node:
                 self.held[node.node_id] = (node, what)
             self.events.loaded(plan.model_of(name) for name in reply.loaded)
-            for name, reason in _failures(node, reply).items():
-                failed[name] = reason
-                self.events.load_failed(plan.model_of(name), name, node.node_id, node.device_type,
-                                        reason.partition(": ")[2])
+            for name, reason in _failed_loads(reply):
+                failed[name] = _not_loaded(node, reason)
+                self.events.load_failed(plan.model_of(name), name, node.node_id, node.device_type, reason)
         return failed
 
     async def _push_early_routes(self, plan: ClusterPlan, epoch: int, early: "_EarlyPush") -> None:
@@ -316,13 +315,16 @@ class Distribution:
         return infos
 
 
-def _failures(node: Node, reply: control.ModelTableReply) -> dict[str, str]:
-    """The models a backend's answer says failed to load, with the reason routes give."""
-    out = {}
+def _failed_loads(reply: control.ModelTableReply) -> Iterator[tuple[str, str]]:
+    """(model, the backend's reason) for each model a backend's answer says failed to load."""
     for f in reply.failed:
         name, _, reason = f.partition(": ")
-        out[name] = f"failed to load on {node.node_id}: {reason}"
-    return out
+        yield name, reason
+
+
+def _not_loaded(node: Node, reason: str) -> str:
+    """Why a route has no backend for a model that failed to load on ``node``."""
+    return f"failed to load on {node.node_id}: {reason}"
 
 
 class _EarlyPush:
@@ -347,7 +349,7 @@ class _EarlyPush:
         except BaseException:
             self.answered(node.node_id)
             raise
-        self.failed.update(_failures(node, reply))
+        self.failed.update((name, _not_loaded(node, reason)) for name, reason in _failed_loads(reply))
         self.answered(node.node_id)
         return reply
 

@@ -1,14 +1,14 @@
 """Make before break: how a plan's model tables replace those in force without a moment in which a
 moved session has no backend that serves it.
 
-Frontends route by the routing table they hold. A session's routes change only once every backend
-they name has answered its model table (globalsched/actuators/early_routes.py), and the plan's whole
-routing table once every backend has (globalsched/actuators/distribution.py). A backend that dropped
-a session as soon as its new table
-arrived would leave the frontends' routes to it pointing at nothing until the routing table came,
-and that waits for the slowest backend's loads and warm-ups: every request of the session in between
-would wait for the new table, then fail (benchmarks/sim_fidelity.md measured every real UNAVAILABLE
-of a 5x step in those windows). So a plan is pushed in two steps:
+Frontends route by the routing table they hold. A session is routed to a new backend only once
+that backend has answered its model table (globalsched/actuators/early_routes.py), and the plan's
+whole routing table goes once every backend has (globalsched/actuators/distribution.py). A backend
+that dropped a session as soon as its new table arrived would leave the frontends' routes to it
+pointing at nothing until the routing table came, and that waits for the slowest backend's loads and
+warm-ups: every request of the session in between would wait for the new table, then fail
+(benchmarks/sim_fidelity.md measured every real UNAVAILABLE of a 5x step in those windows). So a
+plan is pushed in two steps:
 
 1. **make**: every backend of the plan gets the plan's sessions *and keeps* those the plan moves
    away from it, at the batch they had, while a session it keeps is still in the plan;

@@ -24,6 +24,7 @@ meanwhile run when it resumes, and the heartbeats sent meanwhile are lost (the n
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 from common.pb import control as pb
@@ -256,30 +257,30 @@ class SimScheduler:
         steps = handover(self.plan, plan)
         early = EarlyRoutes(self.plan if self.sent_table else None, plan,
                             [n for n in steps.make if n in self.nodes and n in self.sim.backends])
-        making = {"done": False, "next_s": now, "armed": False}
+        making = _MakeStep(next_s=now)
 
         def made(at: float, node_id: str) -> None:
             early.answered(node_id)
-            if early.due() and not making["armed"] and not making["done"]:
-                making["armed"] = True
-                self.sim.at(max(at, making["next_s"]), self._push_early_routes, plan, epoch, early, making)
+            if early.due() and not making.armed and not making.done:
+                making.armed = True
+                self.sim.at(max(at, making.next_s), self._push_early_routes, plan, epoch, early, making)
 
         def all_made(at: float) -> None:
-            making["done"] = True
+            making.done = True
             self._push_routing_tables(at, plan, epoch, leaving, steps)
 
         self._push_tables(now, plan, epoch, steps.make, all_made, made)
 
     def _push_early_routes(self, now: float, plan: ClusterPlan, epoch: int, early: EarlyRoutes,
-                           making: dict) -> None:
-        making["armed"] = False
-        if making["done"]:
+                           making: _MakeStep) -> None:
+        making.armed = False
+        if making.done:
             return
         due = early.due()
         early.sent(due)
-        making["next_s"] = now + EARLY_ROUTES_INTERVAL_S
+        making.next_s = now + EARLY_ROUTES_INTERVAL_S
         table = dict(self.sent_table)
-        table.update(self._routes(plan, placed=early.live()))
+        table.update(self._routes(plan, early.live()))
         self.sim.log(now, "routes", f"epoch {epoch}: {len(due)} session(s) live before the make step ended",
                      sessions=len(due))
         for f in self.sim.frontends:
@@ -315,13 +316,11 @@ class SimScheduler:
               cold: frozenset[str]) -> None:
         backend.update_table(now, entries, lambda at: self.sim.at(at + self.hop_s, answered), epoch, cold)
 
-    def _routes(self, plan: ClusterPlan, sessions=None, placed=None) -> dict[str, SimRoute]:
-        """The frontends' routes of ``plan`` (of ``sessions`` only, when given; by ``placed``, where
-        given, rather than the plan's routes)."""
+    def _routes(self, plan: ClusterPlan, placed=None) -> dict[str, SimRoute]:
+        """The frontends' routes of ``plan``'s sessions (of those in ``placed``, routed as it says,
+        where given)."""
         table = {}
         for session, routes in (plan.routes() if placed is None else placed).items():
-            if sessions is not None and session not in sessions:
-                continue
             planned = plan.sessions.get(session)
             table[session] = SimRoute(tuple(Route(node, node, share, batch, duty) for node, share, batch, duty
                                             in routes if node in self.nodes),
@@ -352,6 +351,15 @@ class SimScheduler:
             self._answer_leave(now, node_id)
         self.planning = False
         self._arm(now)
+
+
+@dataclass
+class _MakeStep:
+    """One plan's make step, while the simulated distribution pushes early routes."""
+
+    next_s: float               # the earliest time for the next early table
+    armed: bool = False         # an early table is scheduled
+    done: bool = False          # every backend answered: the plan's routing tables went
 
 
 class SimActuator:

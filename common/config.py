@@ -279,6 +279,13 @@ def companion_listen(listen: str, value: str, default: str) -> str:
     return value
 
 
+class PlannerHostKind(str, enum.Enum):
+    """Where the scheduler's planner runs (globalsched/planning/planner_host.py)."""
+
+    PROCESS = "process"          # its own process: the event loop's interpreter never plans
+    THREAD = "thread"            # a worker thread of the scheduler's process
+
+
 class LeaderElection(str, enum.Enum):
     """How the schedulers sharing one database choose their leader."""
 
@@ -316,6 +323,10 @@ class SchedulerConfig:
     default_rate_rps: float = field(default=1.0, metadata={
         "help": "rate planned for a session before any report (low: batches start eager, then follow the load)"})
     solver: str = field(default="squishy", metadata={"help": "placement solver"})
+    planner: PlannerHostKind = field(default=PlannerHostKind.PROCESS, metadata={
+        "help": "where plans are made: process (a planner process beside the scheduler's; its event loop, which "
+                "answers heartbeats, spends nothing on planning) or thread (a worker thread, sharing the loop's "
+                "interpreter)"})
     latency_split: str = field(default="dp", metadata={"help": "query latency split: dp | even | proportional"})
     rate_headroom: float = field(default=0.0, metadata={
         "help": "plan every session for its measured rate times (1 + this): room for Poisson bursts and for "

@@ -3,8 +3,9 @@
 One task plans. It waits on the :class:`globalsched.planning.replan_trigger.ReplanTrigger` (a forced change:
 a node joined or left, a model was uploaded, loaded or unloaded, a profile arrived; or an
 evaluation: a workload report, the epoch timer), lets a burst of triggers coalesce, reads the view
-(``read_view``), calls the pure planner (globalsched/planning/planner.py) in a worker thread, so that the
-event loop goes on answering heartbeats and reports while it plans, and, when the planner returns a new
+(``read_view``), calls the pure planner (globalsched/planning/planner.py) off the event loop (its own
+process, or a worker thread: globalsched/planning/planner_host.py), so that the loop goes on answering
+heartbeats and reports while it plans, and, when the planner returns a new
 plan, numbers it with the next epoch and hands it to each actuator in turn: whatever profiles the
 models it needs profiled, then the table distribution (model tables to backends, then routing
 tables to frontends). A lost node is planned for without delay, and a Leave waits until the plan
@@ -26,7 +27,8 @@ from globalsched.planning.algorithms.replan import ReplanReason
 from globalsched.planning.cluster_values import ClusterPlan, ClusterView
 from common.loop_slices import Steps, run_in_slices
 from globalsched.state.catalog import Catalog
-from globalsched.planning.planner import PlannerSettings, PlannerState, plan_cluster
+from globalsched.planning.planner import PlannerSettings, PlannerState
+from globalsched.planning.planner_host import InThreadPlanner, PlannerHost
 from globalsched.planning.replan_trigger import ReplanTrigger
 
 log = logging.getLogger("nexus.scheduler")
@@ -46,11 +48,12 @@ ReadView = Callable[[float, "ReplanReason | None", "tuple[str, ...]"], ClusterVi
 class ControlLoop:
     def __init__(self, settings: PlannerSettings, trigger: ReplanTrigger, read_view: ReadView,
                  actuators: Sequence[Actuator], clock: Callable[[], float] = time.monotonic,
-                 persist: Callable[[PlannerState], Awaitable[None]] | None = None,
+                 persist: Callable[[bytes], Awaitable[None]] | None = None,
                  catalog: Callable[[ClusterPlan], Steps[Catalog]] | None = None,
-                 may_act: Callable[[], bool] = lambda: True) -> None:
-        """``persist(state)``: keep each new plan's state before it is applied (a shared database, for
-        the standby that may take over: globalsched/state/database/plan_store.py). ``catalog(plan)``: what the
+                 may_act: Callable[[], bool] = lambda: True, planner: PlannerHost | None = None) -> None:
+        """``planner``: where the planner runs (default: a worker thread). ``persist(state)``: keep each
+        new plan's state, pickled, before it is applied (a shared database, for the standby that may take
+        over: globalsched/state/database/plan_store.py). ``catalog(plan)``: what the
         plan's tables say about its models, read when the plan is made and attached to it, so that the
         actuators act on a complete value (globalsched/state/catalog.py); in steps, run in slices of the
         loop (common/loop_slices.py). ``may_act()``: False once this
@@ -64,7 +67,7 @@ class ControlLoop:
         self.read_view = read_view
         self.actuators = list(actuators)
         self.clock = clock
-        self.state = PlannerState()
+        self.planner = planner if planner is not None else InThreadPlanner(settings)
         self.begin_epochs(0)
         self.last_plan_time = 0.0
         self.plan: ClusterPlan | None = None      # the plan in force: the last one applied
@@ -74,7 +77,7 @@ class ControlLoop:
     def adopt(self, state: PlannerState) -> None:
         """Continue from a plan in force another process made (a standby that took over): the planner
         repairs it as its own, so that nothing placed moves."""
-        self.state = state
+        self.planner.adopt(state)
         self.plan = self.planned = state.plan
         self.last_plan_time = self.clock()
 
@@ -110,7 +113,7 @@ class ControlLoop:
         view = self.read_view(now, force, why)
         # Off the event loop: a plan of a thousand devices takes a second or more of CPU, and the loop
         # answers heartbeats and reports meanwhile (a stalled loop looked like a dead cluster).
-        plan, self.state = await asyncio.to_thread(plan_cluster, view, self.state, self.settings)
+        plan = await self.planner.plan(view)
         if plan is self.planned:
             return self.plan
         planned = plan
@@ -122,7 +125,7 @@ class ControlLoop:
         self.last_plan_time = now
         self._log(plan)
         if self.persist is not None:          # write-ahead: stored before any node holds it
-            await self.persist(self.state)
+            await self.persist(await self.planner.pickled_state())
         for actuator in self.actuators:
             await actuator.apply(plan, self.epoch)
         self.plan, self.planned = plan, planned

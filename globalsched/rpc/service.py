@@ -30,7 +30,7 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from common import grpc_util
-from common.config import LeaderElection, SchedulerConfig
+from common.config import LeaderElection, PlannerHostKind, SchedulerConfig
 from common.health import Health
 from common.heap_freezer import HeapFreezer
 from common.loop_lag import LoopLagMonitor
@@ -48,6 +48,7 @@ from globalsched.state.membership import Membership
 from globalsched.state.model_admin import ModelAdmin
 from globalsched.state.modeldb import ModelDatabase
 from globalsched.planning.planner import PlannerSettings, adopted_state
+from globalsched.planning.planner_host import InThreadPlanner, PlannerProcess
 from globalsched.planning.prefix_groups import assign_prefix_group
 from globalsched.rpc.profile_metrics import ProfileCollector
 from globalsched.refusal import Refused
@@ -82,9 +83,13 @@ class SchedulerService(control_grpc.SchedulerServicer):
                                    self.membership.backends, self.workload.window_rates,
                                    persist=self._persist_scaling)
         self.plan_store: PlanStore | None = None      # a shared database: the plan in force, for a standby
-        self.control = ControlLoop(PlannerSettings.from_config(config), self.trigger, self.read_view,
+        settings = PlannerSettings.from_config(config)
+        self.planner = (PlannerProcess(settings) if config.planner is PlannerHostKind.PROCESS
+                        else InThreadPlanner(settings))
+        self.control = ControlLoop(settings, self.trigger, self.read_view,
                                    [self.admin, self.admin.profiling, self.distribution, self.scaler], persist=self._persist,
-                                   catalog=self.admin.catalog_steps, may_act=self.leadership.may_act)
+                                   catalog=self.admin.catalog_steps, may_act=self.leadership.may_act,
+                                   planner=self.planner)
         self.loop_lag = LoopLagMonitor("nexus_scheduler_loop_lag_seconds")
         self.heap = HeapFreezer()       # full collections of the fleet's state held the loop 150-200 ms
         self._tasks: list[asyncio.Task] = []
@@ -124,11 +129,11 @@ class SchedulerService(control_grpc.SchedulerServicer):
                 f"{t} desired {h.desired}" for t, h in sorted(history.types.items())) or "no device type yet")
         self.start(lease_epoch, hold)
 
-    async def _persist(self, state) -> None:
+    async def _persist(self, state: bytes) -> None:
         if self.plan_store is None:
             return
         try:
-            landed = await asyncio.to_thread(self.plan_store.save, state, self.leadership.lease_epoch)
+            landed = await asyncio.to_thread(self.plan_store.save_pickled, state, self.leadership.lease_epoch)
         except Exception as exc:
             log.warning("could not store the plan in force (a standby taking over would plan afresh): %s", exc)
             return
@@ -165,7 +170,8 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.admin.db.keep_reads = True
         self._tasks = [asyncio.create_task(self._plan_when_registered(set(hold))), asyncio.create_task(self.membership.reaper()),
                        asyncio.create_task(self.control.epoch_timer()), asyncio.create_task(self.scaler.run()),
-                       asyncio.create_task(self.loop_lag.run()), asyncio.create_task(self.heap.run())]
+                       asyncio.create_task(self.loop_lag.run()), asyncio.create_task(self.heap.run()),
+                       asyncio.create_task(self.planner.start())]
 
     async def stop(self) -> None:
         self.membership.stopping = True     # streams that end from now on are the shutdown's
@@ -173,6 +179,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
             t.cancel()
         self.distribution.close()
         await self.membership.close()
+        await self.planner.close()
 
     def close(self) -> None:
         self.admin.close()
@@ -297,9 +304,10 @@ async def serve(config: SchedulerConfig, ready=None) -> None:
     """Run the scheduler until cancelled; ``ready(address, metrics=URL, role=ROLE)`` is called once it
     listens. With ``--database`` it may start as a standby (globalsched/leadership/leader.py) and leads once
     elected; it exits with status 3 when it loses the leadership."""
-    # The planner runs in a worker thread and holds the interpreter while it plans (seconds at a
-    # thousand devices); the event loop that answers heartbeats waits for it at every wake-up, for up
-    # to the switch interval (default 5 ms), and a loop that wakes often fell seconds behind. numpy
+    # A worker thread holds the interpreter while it runs (the planner itself with --planner thread:
+    # seconds at a thousand devices; database writes, the metrics text); the event loop that answers
+    # heartbeats waits for it at every wake-up, for up to the switch interval (default 5 ms), and a
+    # loop that wakes often fell seconds behind. numpy
     # hands the interpreter over inside each operation on a few thousand elements (the rates' running
     # sums), and the loop waits a switch interval to take it back: at 0.5 ms, the rates of 2,400 sessions
     # took 90-170 ms of the loop while a plan ran (benchmarks/elastic.md).

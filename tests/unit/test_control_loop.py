@@ -126,15 +126,15 @@ def test_the_event_loop_runs_on_while_a_plan_is_made(monkeypatch):
     """Planning runs in a worker thread: a slow plan leaves the loop answering (heartbeats, reports)."""
     import time
 
-    import globalsched.planning.control_loop as control_loop
+    import globalsched.planning.planner_host as planner_host
 
-    real = control_loop.plan_cluster
+    real = planner_host.plan_cluster
 
     def slow(*args, **kwargs):
         time.sleep(1.0)             # a plan of a thousand devices, without holding the GIL
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(control_loop, "plan_cluster", slow)
+    monkeypatch.setattr(planner_host, "plan_cluster", slow)
 
     async def main():
         world = World()

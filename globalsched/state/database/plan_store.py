@@ -87,7 +87,11 @@ class PlanStore:
         self.release = release_tag()
 
     def save(self, state: PlannerState, lease_epoch: int) -> bool:
-        blob = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        return self.save_pickled(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), lease_epoch)
+
+    def save_pickled(self, blob: bytes, lease_epoch: int) -> bool:
+        """:meth:`save` of a state pickled already (the planner's process pickles the states it makes).
+        False: fenced (``lease_epoch`` no longer holds the lease), nothing written."""
         row = self.db.execute(_SAVE, (lease_epoch, self.release, int(time.time() * 1000), blob, lease_epoch)).fetchone()
         return row is not None
 

@@ -1,0 +1,227 @@
+"""Where the pure planner runs for the scheduler's planning task (globalsched/planning/control_loop.py):
+off the event loop that answers heartbeats, reports and table acknowledgements.
+
+Both hosts keep the planner's state between calls, and give back the plan object itself when the
+planner made no new one (the planning task compares plans by identity):
+
+- :class:`PlannerProcess` (the scheduler's default, ``--planner process``): its own process
+  (globalsched/planning/planner_worker.py). The loop's interpreter spends nothing on planning: it
+  sends the view's fields that changed and reads a plan back only when one is made. A process that
+  ends is started again from the state of the last plan, and the call is tried once more.
+- :class:`InThreadPlanner` (``--planner thread``): a worker thread, which shares the interpreter with
+  the loop; at 1,000 devices each of the loop's steps then took up to twice as long while a plan ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import operator
+import pickle
+import sys
+from typing import Mapping, Protocol
+
+from globalsched.planning.cluster_values import ClusterPlan, ClusterView, ModelView
+from globalsched.planning.planner import PlannerSettings, PlannerState, plan_cluster
+from globalsched.planning.planner_worker import FAILED, LENGTH, NEW, PLAN, SAME, SETTINGS, STATE, ModelsDelta, frame
+
+log = logging.getLogger("nexus.scheduler")
+
+# The view's fields that change with membership and models, not with every report: sent only when
+# they differ from what the process last received; the models, model by model (ModelsDelta).
+SLOW_FIELDS = frozenset({"backends", "queries"})
+MODEL_FIELDS = frozenset({"models", "stage_models"})
+_model_data = operator.attrgetter(*(f.name for f in dataclasses.fields(ModelView) if f.name != "profiles"))
+CLOSE_WAIT_S = 2.0
+
+
+class PlannerFailed(RuntimeError):
+    """The planner raised (its traceback, from the process, is the message), or its process ended twice
+    in one call."""
+
+
+class PlannerHost(Protocol):
+    async def start(self) -> None:
+        """Be ready for the first plan (which otherwise starts what it needs)."""
+
+    async def plan(self, view: ClusterView) -> ClusterPlan | None:
+        """The planner's plan for ``view`` from the state the last call left (the previous plan itself
+        when it made none)."""
+
+    def adopt(self, state: PlannerState) -> None:
+        """Plan on from ``state`` (a plan in force another process made)."""
+
+    async def pickled_state(self) -> bytes:
+        """The state the last call left, pickled (what the plan store keeps for a standby)."""
+
+    async def close(self) -> None:
+        """Stop; a later :meth:`plan` may start again."""
+
+
+class InThreadPlanner:
+    def __init__(self, settings: PlannerSettings) -> None:
+        self.settings = settings
+        self.state = PlannerState()
+
+    async def plan(self, view: ClusterView) -> ClusterPlan | None:
+        plan, self.state = await asyncio.to_thread(plan_cluster, view, self.state, self.settings)
+        return plan
+
+    def adopt(self, state: PlannerState) -> None:
+        self.state = state
+
+    async def start(self) -> None:
+        return None
+
+    async def pickled_state(self) -> bytes:
+        return await asyncio.to_thread(pickle.dumps, self.state, pickle.HIGHEST_PROTOCOL)
+
+    async def close(self) -> None:
+        return None
+
+
+class PlannerProcess:
+    def __init__(self, settings: PlannerSettings, command: tuple[str, ...] = ()) -> None:
+        """``command``: what starts the worker (default: this interpreter running
+        globalsched/planning/planner_worker.py)."""
+        self.settings = settings
+        self.command = command or (sys.executable, "-m", "globalsched.planning.planner_worker")
+        self._proc: asyncio.subprocess.Process | None = None
+        self._lock = asyncio.Lock()
+        self._plan: ClusterPlan | None = None       # the plan of the process's state, as this side holds it
+        self._state: bytes | None = None            # that state, pickled: what a restarted process starts from
+        self._state_due = False                     # adopted since the process last received a state
+        self._sent: dict[str, object] = {}          # the slow fields as the process holds them
+        self._models: dict[str, dict[str, ModelView]] = {}      # the model fields, as the process holds them
+        self.starts = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
+
+    async def start(self) -> None:
+        """Start the process now, if it is not running (otherwise the first plan starts it)."""
+        async with self._lock:
+            if self.pid is None:
+                await self._start()
+
+    async def plan(self, view: ClusterView) -> ClusterPlan | None:
+        async with self._lock:
+            for attempt in range(2):
+                if self._proc is not None and self._proc.returncode is not None:
+                    self._ended(f"exit status {(await self._end())}")
+                if self._proc is None:
+                    await self._start()
+                try:
+                    return await self._call(view)
+                except asyncio.CancelledError:
+                    self._abandon()         # its answer would be read as the next call's
+                    raise
+                except (ConnectionError, asyncio.IncompleteReadError) as exc:
+                    self._ended(f"{type(exc).__name__}, exit status {await self._end()}")
+            raise PlannerFailed("the planner process ended twice in one call")
+
+    def _ended(self, how: str) -> None:
+        log.warning("the planner process ended (%s); starting another from the state of the last plan", how)
+
+    def adopt(self, state: PlannerState) -> None:
+        self._plan = state.plan
+        self._state = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        self._state_due = True
+
+    async def pickled_state(self) -> bytes:
+        if self._state is None:
+            return pickle.dumps(PlannerState(), protocol=pickle.HIGHEST_PROTOCOL)
+        return self._state
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._end()
+
+    async def _start(self) -> None:
+        self._proc = await asyncio.create_subprocess_exec(*self.command, stdin=asyncio.subprocess.PIPE,
+                                                          stdout=asyncio.subprocess.PIPE)
+        self.starts += 1
+        self._sent, self._models = {}, {}
+        self._proc.stdin.write(frame((SETTINGS, self.settings)))
+        self._state_due = self._state is not None
+
+    async def _call(self, view: ClusterView) -> ClusterPlan | None:
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        if self._state_due:
+            proc.stdin.write(frame((STATE, self._state)))
+            self._state_due = False
+        fields: dict[str, object] = {}
+        models: dict[str, dict[str, ModelView]] = {}
+        for f in dataclasses.fields(ClusterView):
+            value = getattr(view, f.name)
+            if f.name in MODEL_FIELDS:
+                value, models[f.name] = _models_delta(value, self._models.get(f.name, {}))
+            elif f.name in SLOW_FIELDS and f.name in self._sent:
+                held = self._sent[f.name]
+                if held is value or held == value:
+                    continue
+            fields[f.name] = value
+        proc.stdin.write(frame((PLAN, fields)))
+        await proc.stdin.drain()
+        head = await proc.stdout.readexactly(LENGTH.size)
+        answer = pickle.loads(await proc.stdout.readexactly(LENGTH.unpack(head)[0]))
+        self._sent.update((name, value) for name, value in fields.items() if name in SLOW_FIELDS)
+        self._models.update(models)
+        if answer[0] == SAME:
+            return self._plan
+        if answer[0] == NEW:
+            _, self._plan, self._state = answer
+            return self._plan
+        if answer[0] == FAILED:
+            raise PlannerFailed(f"the planner raised, in its process:\n{answer[1]}")
+        raise PlannerFailed(f"the planner process answered {answer[0]!r}")
+
+    def _abandon(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+
+    async def _end(self) -> int | None:
+        """Stop the process (its input closed, then killed if it does not exit); its exit status."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return None
+        if proc.returncode is None:
+            try:
+                proc.stdin.close()
+            except Exception:
+                pass
+            try:
+                await asyncio.wait_for(proc.wait(), CLOSE_WAIT_S)
+            except asyncio.TimeoutError:
+                proc.kill()
+                await proc.wait()
+        return proc.returncode
+
+
+def _models_delta(value, held: dict[str, ModelView]):
+    """``value`` (a tuple of models, or a mapping by name) as a :class:`ModelsDelta` from ``held``, and
+    what the receiver holds after it; a tuple that names a model twice goes whole. A model is unchanged
+    when its profiles are the very objects held (the scheduler keeps a profile's object while its
+    table stands) and the rest of it is equal: comparing profiles row by row cost 80 ms a call at
+    2,400 models."""
+    mapping = isinstance(value, Mapping)
+    pairs = list(value.items()) if mapping else [(m.name, m) for m in value]
+    now = dict(pairs)
+    if len(now) != len(pairs):
+        return value, {}
+    changed = {key: m for key, m in pairs if not _same_model(held.get(key), m)}
+    return ModelsDelta(tuple(now), changed, mapping), now
+
+
+def _same_model(held: ModelView | None, model: ModelView) -> bool:
+    if held is model:
+        return True
+    if held is None or held.profiles.keys() != model.profiles.keys():
+        return False
+    if not all(map(operator.is_, map(held.profiles.__getitem__, model.profiles), model.profiles.values())):
+        return False
+    return _model_data(held) == _model_data(model)

@@ -17,6 +17,10 @@ made and pushed, the scheduler's CPU (cores; its planner process's apart), the n
 (a stand-in process that falls behind would delay heartbeats: the figure says whether it kept up).
 Target (issue 24): the loop lag's p99 under 50 ms at 1,000 devices.
 
+``--pin-scheduler`` puts the scheduler's process on CPU 0 and everything else (the stand-ins of this
+process, the scheduler's planner process) on the other CPUs: on a machine of two cores the stand-ins
+take one core, and the scheduler's loop otherwise waits for the CPU as well as for its own work.
+
 Uploading a fleet's models takes minutes; ``--models-cache DIR`` keeps the scheduler's database as it
 is once they are uploaded (under DIR, by devices and seed) and starts the next run from a copy. ``--py-spy
 BIN`` records the scheduler during one phase (``--py-spy-phase``, the step by default), every thread,
@@ -29,9 +33,11 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import pathlib
 import re
 import shutil
+import subprocess
 import tempfile
 import time
 
@@ -43,6 +49,7 @@ from common.pb import control, control_grpc
 from common.sample_models import mlp_small, model_bytes
 from harness.cluster import Node
 from harness.fleet import Fleet
+from nexus.launcher import nexus_command
 from harness import pyspy
 from harness.meters import cpu_seconds, loadavg
 from harness.prometheus import bucket_quantile, buckets, parse, scrape
@@ -52,6 +59,7 @@ LAG_METRIC = "nexus_scheduler_loop_lag_seconds"
 STEP = 5.0
 EVICTED, STREAM_ENDED = "missed heartbeats", "Attach stream ended"     # the scheduler's log, per node removed
 UPLOADS_IN_FLIGHT = 8
+OTHER_CPUS = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)) if c != 0)     # with --pin-scheduler
 
 
 def lag_buckets(metrics_url: str) -> dict[float, float]:
@@ -87,11 +95,26 @@ def plans_in(log_text: str) -> int:
     return len(re.findall(r"epoch \d+: re-planned", log_text))
 
 
-def start_scheduler(work: pathlib.Path) -> Node:
+def start_scheduler(work: pathlib.Path, pin: bool = False) -> Node:
+    """``pin``: the scheduler's process on CPU 0 (its planner process is moved off it: :func:`pin_planner`)."""
+    command = ["taskset", "-c", "0", *nexus_command()] if pin else None
     sched = Node("scheduler", ["scheduler", "--listen", "127.0.0.1:0", "--data-dir", str(work / "db"),
-                               "--metrics-listen", "127.0.0.1:0"], log_path=work / "scheduler.log", log_level="INFO")
+                               "--metrics-listen", "127.0.0.1:0"], log_path=work / "scheduler.log", log_level="INFO",
+                 command=command)
     sched.wait_ready(60)
     return sched
+
+
+async def pin_planner(sched: Node, others: str) -> None:
+    """The scheduler's planner process (started once the scheduler is ready) and every thread of it onto
+    CPUs ``others``."""
+    deadline = time.monotonic() + 30
+    while not _children(sched.pid):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the scheduler started no planner process within 30 s")
+        await asyncio.sleep(0.1)
+    for child in _children(sched.pid):
+        subprocess.run(["taskset", "-a", "-p", "-c", others, str(child)], check=True, stdout=subprocess.DEVNULL)
 
 
 async def run(args) -> dict:
@@ -105,7 +128,7 @@ async def run(args) -> dict:
     if reuse:
         shutil.copytree(cached, work / "db")
         print(f"models from {cached}", flush=True)
-    sched = start_scheduler(work)
+    sched = start_scheduler(work, args.pin_scheduler)
     fleet = None
     try:
         if not reuse:
@@ -116,7 +139,7 @@ async def run(args) -> dict:
             if cached is not None:          # kept as a stopped scheduler leaves it
                 sched.stop()
                 shutil.copytree(work / "db", cached)
-                sched = start_scheduler(work)
+                sched = start_scheduler(work, args.pin_scheduler)
         metrics = sched.info["metrics"]
         fleet = Fleet(sched.address, args.devices, args.frontends, seed=args.seed)
         rates = {m.name: m.share * base_rps for m in trace}
@@ -131,6 +154,8 @@ async def run(args) -> dict:
             text0 = log_path.read_text()
             plans0, evicted0, ended0 = plans_in(text0), text0.count(EVICTED), text0.count(STREAM_ENDED)
             if name == "register":
+                if args.pin_scheduler:
+                    await pin_planner(sched, OTHER_CPUS)
                 await fleet.start()
                 deadline = time.monotonic() + args.register_timeout_s
                 while time.monotonic() < deadline and (fleet.registered() < args.devices + args.frontends
@@ -164,6 +189,7 @@ async def run(args) -> dict:
             rows.append(row)
             print(json.dumps(row), flush=True)
         return {"devices": args.devices, "frontends": args.frontends, "models": len(trace),
+                "pinned": "scheduler on CPU 0, the rest on " + OTHER_CPUS if args.pin_scheduler else "",
                 "models_per_device": MODELS_PER_DEVICE, "base_rps": base_rps,
                 "upload_s": round(uploaded_s, 1) if uploaded_s is not None else None,
                 "phases": rows}
@@ -173,13 +199,16 @@ async def run(args) -> dict:
         sched.stop()
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def _children_cpu(pid: int) -> float:
     """CPU seconds of the scheduler's child processes alive now (its planner process)."""
-    try:
-        children = pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return 0.0
-    return sum(c for c in (cpu_seconds(int(child)) for child in children) if c == c)
+    return sum(c for c in (cpu_seconds(child) for child in _children(pid)) if c == c)
 
 
 def _fleet_buckets(fleet: Fleet) -> dict[float, float]:
@@ -197,8 +226,15 @@ def main(argv=None) -> int:
     p.add_argument("--models-cache", default="", help="keep the uploaded models' database here and reuse it")
     p.add_argument("--py-spy", default="", help="py-spy's binary: record the scheduler in one phase")
     p.add_argument("--py-spy-phase", default="step", choices=("base", "step", "back"))
+    p.add_argument("--pin-scheduler", action="store_true",
+                   help="the scheduler's process on CPU 0, its planner process and this one (the stand-ins) on the "
+                        "other CPUs: the scheduler's loop as on a machine of its own")
     add_smoke(p, devices=10, frontends=2, phase_s=3.0)
     args = parse_args(p, argv)
+    if args.pin_scheduler:
+        if len(os.sched_getaffinity(0)) < 2:
+            p.error("--pin-scheduler: needs at least two CPUs")
+        os.sched_setaffinity(0, {int(c) for c in OTHER_CPUS.split(",")})
     logging.getLogger("nexus.registration").setLevel(logging.ERROR)     # a thousand stand-ins' routine lines
     result = asyncio.run(run(args))
     out = pathlib.Path(args.out)

@@ -54,13 +54,22 @@ async def _answers(calls: list[tuple[Node, object]]) -> list[tuple[Node, object,
     by keepalive) has its channel closed, which cancels the call. That is an answer here, "the
     node left", never a CancelledError escaping into the planner, whose loop it would end.
     """
-    tasks = [asyncio.ensure_future(call) for _, call in calls]
+    tasks = []
     try:
+        slices = LoopSlices()       # a thousand tasks made in one piece held the loop up to 100 ms
+        for _, call in calls:
+            tasks.append(asyncio.ensure_future(call))
+            await slices.due()
         if tasks:
             await asyncio.wait(tasks)
     except asyncio.CancelledError:      # the planner itself is stopping
         for task in tasks:
             task.cancel()
+        for _, call in calls[len(tasks):]:      # not awaited yet
+            if asyncio.iscoroutine(call):
+                call.close()
+            elif hasattr(call, "cancel"):
+                call.cancel()
         raise
     out = []
     for (node, _), task in zip(calls, tasks):

@@ -60,12 +60,12 @@ def backend_tables(plan: ClusterPlan | None) -> dict[str, tuple[PlacedSession, .
 def handover(in_force: ClusterPlan | None, plan: ClusterPlan) -> Handover:
     """How to push ``plan`` over ``in_force`` (the plan the backends and frontends hold; None at the
     first plan, or after a restart: then nothing is kept, as nothing is known to be held)."""
-    before = backend_tables(in_force)
-    placed = {s.model for sessions in backend_tables(plan).values() for s in sessions}
+    before, after = backend_tables(in_force), backend_tables(plan)
+    placed = {s.model for sessions in after.values() for s in sessions}
     make: dict[str, tuple[PlacedSession, ...]] = {}
     release: dict[str, tuple[PlacedSession, ...]] = {}
     kept: dict[str, tuple[str, ...]] = {}
-    for node_id, sessions in backend_tables(plan).items():
+    for node_id, sessions in after.items():
         names = {s.model for s in sessions}
         keep = tuple(s for s in before.get(node_id, ()) if s.model not in names and s.model in placed)
         make[node_id] = sessions + keep

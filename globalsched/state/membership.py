@@ -28,6 +28,7 @@ from common.config import WILDCARD_HOSTS, SchedulerConfig, join_host_port, split
 from common.health import LIVENESS
 from common.pb import control, control_grpc
 from common.security import Credentials
+from globalsched.rpc.frontend_stub import frontend_stub
 from globalsched.state.failure_detector import DetectorConfig, DetectorState, detect
 from globalsched.state.heartbeat_pacing import Pacing, pacing, silence_timeout_s
 from globalsched.refusal import Refused
@@ -147,7 +148,7 @@ class Membership:
         if request.kind == control.NODE_KIND_BACKEND:
             node.stub = control_grpc.BackendStub(node.channel)
         else:
-            node.stub = control_grpc.FrontendStub(node.channel)
+            node.stub = frontend_stub(node.channel)
         self.nodes[node_id] = node
         self.trigger.request(f"{node_id} registered at {node.address}")
         node.period_s = self.pacing().period_s

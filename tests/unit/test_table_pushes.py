@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
+import pytest
+
 from common.pb import control
 from globalsched.actuators.distribution import Distribution
 from globalsched.planning.cluster_values import ClusterPlan, PlannedSession
@@ -158,3 +160,32 @@ def test_building_a_plans_tables_hands_the_loop_back_and_sends_the_same(monkeypa
         assert sliced[2] >= whole[2] + 4 + 4          # once per model table and once per route, at least
 
     asyncio.run(main())
+
+
+def test_a_push_cancelled_while_its_calls_start_leaves_no_call_behind(monkeypatch):
+    """The calls' tasks are made in slices of the loop; the planner stopping in between cancels the
+    started ones and closes the rest (none is left running, none warns that it was never awaited)."""
+    import inspect
+
+    import common.loop_slices as loop_slices
+    from globalsched.actuators.distribution import _answers
+
+    monkeypatch.setattr(loop_slices, "SLICE_S", -1.0)       # hand the loop back after every call
+
+    async def answer():
+        await asyncio.sleep(10)
+        return "reply"
+
+    async def main():
+        calls = [(None, answer()) for _ in range(4)]
+        task = asyncio.create_task(_answers(calls))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return [inspect.getcoroutinestate(c) for _, c in calls]
+
+    states = asyncio.run(main())
+    assert set(states) == {inspect.CORO_CLOSED}
+    assert states.count(inspect.CORO_CLOSED) == 4

@@ -12,7 +12,8 @@ fleet registers. The phases: ``register`` (until every node is registered and th
 pushed), ``base`` (the base rate), ``step`` (5x), ``back`` (the base rate again), ``--phase-s`` each.
 Every count is the phase's own.
 Per phase it reports the scheduler's loop lag (its ``nexus_scheduler_loop_lag_seconds`` histogram, a
-timer due every 0.25 s: the p99 as the bucket bound it falls under, and the worst bucket), the plans
+timer due every 0.25 s: the p99 as the bucket bound it falls under, the worst bucket, and how many
+ticks ran more than 50 ms late: a p99 under 50 ms allows one in a hundred), the plans
 made and pushed, the scheduler's CPU (cores; its planner process's apart), the nodes it removed, and the stand-ins' own loop lag
 (a stand-in process that falls behind would delay heartbeats: the figure says whether it kept up).
 Target (issue 24): the loop lag's p99 under 50 ms at 1,000 devices.
@@ -59,6 +60,7 @@ LAG_METRIC = "nexus_scheduler_loop_lag_seconds"
 STEP = 5.0
 EVICTED, STREAM_ENDED = "missed heartbeats", "Attach stream ended"     # the scheduler's log, per node removed
 UPLOADS_IN_FLIGHT = 8
+TARGET_S = 0.05             # issue 24: the loop lag's p99 under 50 ms (a bucket bound of the histogram)
 OTHER_CPUS = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)) if c != 0)     # with --pin-scheduler
 
 
@@ -178,7 +180,9 @@ async def run(args) -> dict:
             p99, count = bucket_quantile(lag0, lag1, 0.99)
             worst, _ = bucket_quantile(lag0, lag1, 1.0)
             fp99, _ = bucket_quantile(fleet_lag0, _fleet_buckets(fleet), 0.99)
+            over = count - int(lag1.get(TARGET_S, 0.0) - lag0.get(TARGET_S, 0.0))
             row = {"phase": name, "seconds": round(elapsed, 1), "lag_samples": count, "lag_p99_le_s": p99,
+                   "lag_over_50ms": over,
                    "lag_worst_le_s": worst, "plans": plans_in(text) - plans0,
                    "model_tables": fleet.received.model_tables - tables0,
                    "scheduler_cores": round((cpu_seconds(sched.pid) - cpu0) / elapsed, 2),
@@ -242,7 +246,7 @@ def main(argv=None) -> int:
     out.write_text(json.dumps(result, indent=2))
     worst = max(r["lag_p99_le_s"] for r in result["phases"])
     print(f"loop lag p99 at {args.devices} devices: under {worst * 1000:g} ms in every phase "
-          f"(target: under 50 ms): {'met' if worst <= 0.05 else 'MISSED'}")
+          f"(target: under 50 ms): {'met' if worst <= TARGET_S else 'MISSED'}")
     return 0
 
 

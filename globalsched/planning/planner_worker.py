@@ -25,6 +25,8 @@ only writer is the scheduler that started this process.
 
 from __future__ import annotations
 
+import logging
+import os
 import pickle
 import struct
 import sys
@@ -120,6 +122,9 @@ class Worker:
 def main() -> int:
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr          # anything printed goes to the log, not into the frames
+    # the scheduler's log (its stderr, inherited), in the components' format and at their level
+    logging.basicConfig(level=os.environ.get("NEXUS_LOG", "INFO").upper(),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     worker = Worker()
     while (message := read_frame(inp)) is not None:
         answer = worker.handle(message)

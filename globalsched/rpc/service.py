@@ -94,6 +94,12 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.heap = HeapFreezer()       # full collections of the fleet's state held the loop 150-200 ms
         self._tasks: list[asyncio.Task] = []
 
+    def warm(self) -> None:
+        """Parse and fingerprint every stored profile once (a worker thread, before the scheduler
+        answers anything): at 2,400 models the first plan's read of them held the event loop 2 s
+        while a fleet registered (benchmarks/elastic.md). Later reads reuse those objects."""
+        self.admin.in_service.choices()
+
     def read_view(self, now: float, force=None, why: tuple[str, ...] = ()):
         return read_view(now, self.membership.backends(), self.admin, self.workload, force, why)
 
@@ -320,6 +326,8 @@ async def serve(config: SchedulerConfig, ready=None) -> None:
     shared = bool(config.database)
     leadership = Leadership(None, shared=shared, warm=db.warm_blob_cache if shared else None)
     service = SchedulerService(config, db, assign_prefix_group, creds, leadership)
+    # Started before gRPC has threads: a fork beside them has gRPC log a line on the console.
+    await service.planner.start()
     server = grpc_util.server(creds, interceptors=[StandbyGate(leadership)] if shared else None)
     control_grpc.add_SchedulerServicer_to_server(service, server)
     health = await Health.attach(server)
@@ -340,6 +348,7 @@ async def serve(config: SchedulerConfig, ready=None) -> None:
         except (ConnectionError, KubeApiError) as exc:
             db.close()
             raise SystemExit(f"nexus scheduler: error: {exc}") from None
+    await asyncio.to_thread(service.warm)
     await server.start()
     metrics = await _start_metrics(config, service, server)
 

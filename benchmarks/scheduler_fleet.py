@@ -52,7 +52,7 @@ from harness.cluster import Node
 from harness.fleet import Fleet
 from nexus.launcher import nexus_command
 from harness import pyspy
-from harness.meters import cpu_seconds, loadavg
+from harness.meters import cpu_seconds, descendants, loadavg
 from harness.prometheus import bucket_quantile, buckets, parse, scrape
 from harness.smoke import add_smoke, parse_args
 
@@ -111,11 +111,11 @@ async def pin_planner(sched: Node, others: str) -> None:
     """The scheduler's planner process (started once the scheduler is ready) and every thread of it onto
     CPUs ``others``."""
     deadline = time.monotonic() + 30
-    while not _children(sched.pid):
+    while not descendants(sched.pid):
         if time.monotonic() > deadline:
             raise RuntimeError("the scheduler started no planner process within 30 s")
         await asyncio.sleep(0.1)
-    for child in _children(sched.pid):
+    for child in descendants(sched.pid):
         subprocess.run(["taskset", "-a", "-p", "-c", others, str(child)], check=True, stdout=subprocess.DEVNULL)
 
 
@@ -203,16 +203,9 @@ async def run(args) -> dict:
         sched.stop()
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
 def _children_cpu(pid: int) -> float:
     """CPU seconds of the scheduler's child processes alive now (its planner process)."""
-    return sum(c for c in (cpu_seconds(child) for child in _children(pid)) if c == c)
+    return sum(c for c in (cpu_seconds(child) for child in descendants(pid)) if c == c)
 
 
 def _fleet_buckets(fleet: Fleet) -> dict[float, float]:

@@ -13,6 +13,7 @@ from harness.cluster import cmdline
 from harness.meters import descendants
 from tests.components import start_cluster, wait_for
 from tests.e2e.test_failover import DEVICE, FAST, FAST_SLO_MS, _upload
+from tests.e2e.test_serve_lifecycle import _alive
 
 pytestmark = pytest.mark.slow
 
@@ -41,10 +42,3 @@ def test_a_killed_planner_process_is_replaced_and_the_next_change_is_planned(tmp
     finally:
         cluster.stop()
 
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False

@@ -6,8 +6,10 @@ planner made no new one (the planning task compares plans by identity):
 
 - :class:`PlannerProcess` (the scheduler's default, ``--planner process``): its own process
   (globalsched/planning/planner_worker.py). The loop's interpreter spends nothing on planning: it
-  sends the view's fields that changed and reads a plan back only when one is made. A process that
-  ends is started again from the state of the last plan, and the call is tried once more.
+  sends the view's fields that changed and reads a plan back only when one is made; the state comes
+  back only when the plan store asks for it. A process that ends is started again from the last
+  plan (with its state, if that was asked for; else the plan alone, which the planner repairs in
+  place), and the call is tried once more.
 - :class:`InThreadPlanner` (``--planner thread``): a worker thread, which shares the interpreter with
   the loop; at 1,000 devices each of the loop's steps then took up to twice as long while a plan ran.
 """
@@ -24,7 +26,8 @@ from typing import Mapping, Protocol
 
 from globalsched.planning.cluster_values import ClusterPlan, ClusterView, ModelView
 from globalsched.planning.planner import PlannerSettings, PlannerState, plan_cluster
-from globalsched.planning.planner_worker import FAILED, LENGTH, NEW, PLAN, SAME, SETTINGS, STATE, ModelsDelta, frame
+from globalsched.planning.planner_worker import (FAILED, GIVE_STATE, LENGTH, NEW, PLAN, SAME, SETTINGS, STATE,
+                                                 ModelsDelta, frame)
 
 log = logging.getLogger("nexus.scheduler")
 
@@ -90,7 +93,8 @@ class PlannerProcess:
         self._proc: asyncio.subprocess.Process | None = None
         self._lock = asyncio.Lock()
         self._plan: ClusterPlan | None = None       # the plan of the process's state, as this side holds it
-        self._state: bytes | None = None            # that state, pickled: what a restarted process starts from
+        self._state: bytes | None = None            # a state, pickled: adopted, or the last one asked for
+        self._state_of: ClusterPlan | None = None   # ... the plan it holds (it is stale once that is not _plan)
         self._state_due = False                     # adopted since the process last received a state
         self._sent: dict[str, object] = {}          # the slow fields as the process holds them
         self._models: dict[str, dict[str, ModelView]] = {}      # the model fields, as the process holds them
@@ -123,17 +127,42 @@ class PlannerProcess:
             raise PlannerFailed("the planner process ended twice in one call")
 
     def _ended(self, how: str) -> None:
-        log.warning("the planner process ended (%s); starting another from the state of the last plan", how)
+        log.warning("the planner process ended (%s); starting another from the last plan", how)
 
     def adopt(self, state: PlannerState) -> None:
-        self._plan = state.plan
+        self._plan = self._state_of = state.plan
         self._state = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
         self._state_due = True
 
     async def pickled_state(self) -> bytes:
-        if self._state is None:
-            return pickle.dumps(PlannerState(), protocol=pickle.HIGHEST_PROTOCOL)
-        return self._state
+        """Asked of the process (it pickles the state only when asked: 240 ms at 1,000 devices); if it
+        has ended, the state a new one would start from."""
+        async with self._lock:
+            proc = self._proc
+            if proc is not None and proc.returncode is None:
+                try:
+                    proc.stdin.write(frame((GIVE_STATE,)))
+                    await proc.stdin.drain()
+                    answer = await self._read(proc)
+                    if answer[0] == STATE:
+                        self._state, self._state_of = answer[1], self._plan
+                        return self._state
+                    raise PlannerFailed(f"the planner process answered {answer[0]!r}")
+                except asyncio.CancelledError:
+                    self._abandon()
+                    raise
+                except (ConnectionError, asyncio.IncompleteReadError) as exc:
+                    self._ended(f"{type(exc).__name__}, exit status {await self._end()}")
+            return self._restart_state() or pickle.dumps(PlannerState(), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def _restart_state(self) -> bytes | None:
+        """What a new process starts from: the state held, if it is the last plan's; else the last plan
+        alone, which the planner repairs in place (``ReplanReason.RESUMED``: nothing placed moves)."""
+        if self._state is not None and self._state_of is self._plan:
+            return self._state
+        if self._plan is not None:
+            return pickle.dumps(PlannerState(plan=self._plan), protocol=pickle.HIGHEST_PROTOCOL)
+        return None
 
     async def close(self) -> None:
         async with self._lock:
@@ -145,7 +174,10 @@ class PlannerProcess:
         self.starts += 1
         self._sent, self._models = {}, {}
         self._proc.stdin.write(frame((SETTINGS, self.settings)))
-        self._state_due = self._state is not None
+        state = self._restart_state()
+        if state is not None:
+            self._proc.stdin.write(frame((STATE, state)))
+        self._state_due = False
 
     async def _call(self, view: ClusterView) -> ClusterPlan | None:
         proc = self._proc
@@ -166,18 +198,22 @@ class PlannerProcess:
             fields[f.name] = value
         proc.stdin.write(frame((PLAN, fields)))
         await proc.stdin.drain()
-        head = await proc.stdout.readexactly(LENGTH.size)
-        answer = pickle.loads(await proc.stdout.readexactly(LENGTH.unpack(head)[0]))
+        answer = await self._read(proc)
         self._sent.update((name, value) for name, value in fields.items() if name in SLOW_FIELDS)
         self._models.update(models)
         if answer[0] == SAME:
             return self._plan
         if answer[0] == NEW:
-            _, self._plan, self._state = answer
+            self._plan = answer[1]
             return self._plan
         if answer[0] == FAILED:
             raise PlannerFailed(f"the planner raised, in its process:\n{answer[1]}")
         raise PlannerFailed(f"the planner process answered {answer[0]!r}")
+
+    @staticmethod
+    async def _read(proc: asyncio.subprocess.Process):
+        head = await proc.stdout.readexactly(LENGTH.size)
+        return pickle.loads(await proc.stdout.readexactly(LENGTH.unpack(head)[0]))
 
     def _abandon(self) -> None:
         proc, self._proc = self._proc, None

@@ -16,8 +16,10 @@ big-endian length, then a pickle):
   models and the stage models come as a :class:`ModelsDelta` (their names in order, and only the
   models that changed); the view is those fields, the planner's state is this process's;
 - out, for each ``PLAN``: ``(SAME,)`` when the planner returned the plan of its state as it was (no
-  new plan), ``(NEW, plan, state)`` with the pickled state the call left (what a standby adopts and a
-  restart starts from), or ``(FAILED, text)`` with the traceback, the state as it was.
+  new plan), ``(NEW, plan)``, or ``(FAILED, text)`` with the traceback, the state as it was;
+- in: ``(GIVE_STATE,)``, answered with ``(STATE, bytes)``: the state the last call left, pickled (what
+  the plan store keeps for a standby). Only when asked: at 1,000 devices it pickles to 13 MB in
+  240 ms, which every plan would otherwise wait for.
 
 It ends when its input ends (the scheduler exited, even by SIGKILL). The pickles are trusted: the
 only writer is the scheduler that started this process.
@@ -37,7 +39,7 @@ from typing import Any, BinaryIO, Mapping
 from globalsched.planning.cluster_values import ClusterView, ModelView
 from globalsched.planning.planner import PlannerSettings, PlannerState, plan_cluster
 
-SETTINGS, STATE, PLAN = "settings", "state", "plan"
+SETTINGS, STATE, PLAN, GIVE_STATE = "settings", "state", "plan", "give state"
 SAME, NEW, FAILED = "same", "new", "failed"
 LENGTH = struct.Struct(">Q")
 
@@ -102,6 +104,8 @@ class Worker:
         if kind == STATE:
             self.state = pickle.loads(message[1])
             return None
+        if kind == GIVE_STATE:
+            return (STATE, pickle.dumps(self.state, protocol=pickle.HIGHEST_PROTOCOL))
         if kind != PLAN:
             raise ValueError(f"unknown message {kind!r}")
         for name, value in message[1].items():
@@ -116,7 +120,7 @@ class Worker:
         self.state = state
         if same:
             return (SAME,)
-        return (NEW, plan, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+        return (NEW, plan)
 
 
 def main() -> int:

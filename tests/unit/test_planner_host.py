@@ -6,6 +6,7 @@ costs one call at most."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import logging
 import os
@@ -61,6 +62,7 @@ def test_the_process_plans_as_the_thread_does_and_gives_back_an_unchanged_plan_i
     views = [view(0.0, force=ReplanReason.MEMBERSHIP), view(1.0), view(2.0, backends=BACKENDS[:3],
                                                                            force=ReplanReason.MEMBERSHIP)]
     got = asyncio.run(_both(views))
+    assert gc.isenabled()                       # paused while a plan is read, on again after
     for by_process, by_thread in got:
         assert by_process == by_thread
     (first, _), (second, _), (third, _) = got

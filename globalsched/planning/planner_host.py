@@ -113,7 +113,7 @@ class PlannerProcess:
 
     async def plan(self, view: ClusterView) -> ClusterPlan | None:
         async with self._lock:
-            for attempt in range(2):
+            for _ in range(2):
                 if self._proc is not None and self._proc.returncode is not None:
                     self._ended(f"exit status {(await self._end())}")
                 if self._proc is None:

@@ -176,8 +176,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.admin.db.keep_reads = True
         self._tasks = [asyncio.create_task(self._plan_when_registered(set(hold))), asyncio.create_task(self.membership.reaper()),
                        asyncio.create_task(self.control.epoch_timer()), asyncio.create_task(self.scaler.run()),
-                       asyncio.create_task(self.loop_lag.run()), asyncio.create_task(self.heap.run()),
-                       asyncio.create_task(self.planner.start())]
+                       asyncio.create_task(self.loop_lag.run()), asyncio.create_task(self.heap.run())]
 
     async def stop(self) -> None:
         self.membership.stopping = True     # streams that end from now on are the shutdown's
@@ -313,10 +312,10 @@ async def serve(config: SchedulerConfig, ready=None) -> None:
     # A worker thread holds the interpreter while it runs (the planner itself with --planner thread:
     # seconds at a thousand devices; database writes, the metrics text); the event loop that answers
     # heartbeats waits for it at every wake-up, for up to the switch interval (default 5 ms), and a
-    # loop that wakes often fell seconds behind. numpy
-    # hands the interpreter over inside each operation on a few thousand elements (the rates' running
-    # sums), and the loop waits a switch interval to take it back: at 0.5 ms, the rates of 2,400 sessions
-    # took 90-170 ms of the loop while a plan ran (benchmarks/elastic.md).
+    # loop that wakes often fell seconds behind. numpy hands the interpreter over inside each
+    # operation on a few thousand elements (the rates' running sums), and the loop waits a switch
+    # interval to take it back: at 0.5 ms, the rates of 2,400 sessions took 90-170 ms of the loop
+    # while a plan ran in a thread (benchmarks/elastic.md).
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         db = ModelDatabase(config.data_dir, int(config.max_upload_mb * 1024 * 1024), database_url=config.database)

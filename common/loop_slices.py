@@ -6,6 +6,11 @@ ms each. Such work is written as a generator that yields between its items (a st
 result; :func:`run_in_slices` runs it on the loop and hands the loop back once a slice of
 ``SLICE_S`` has run, :func:`drain` runs it in one piece where no loop waits (a status read, a
 test). :class:`LoopSlices` does the same for a coroutine's own loop.
+
+A slice's clock sees only the slicing coroutine's own work. Work that schedules more work for the
+loop's next turn (a gRPC call starts, serializing its request, in a task of its own) also bounds its
+items per slice: the loop runs everything made ready in one turn in one piece, and a 10 ms slice
+that started 200 calls held the next turn 55-125 ms.
 """
 
 from __future__ import annotations
@@ -22,17 +27,25 @@ Steps = Generator[None, None, T]
 
 
 class LoopSlices:
-    """``await slices.due()`` between items: hands the loop back once ``slice_s`` of work has run."""
+    """``await slices.due()`` between items: hands the loop back once ``slice_s`` of work has run, or
+    ``max_items`` items (None: no bound)."""
 
-    def __init__(self, slice_s: float | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, slice_s: float | None = None, clock: Callable[[], float] = time.perf_counter,
+                 max_items: int | None = None) -> None:
+        if max_items is not None and max_items < 1:
+            raise ValueError(f"max_items must be at least 1, not {max_items}")
         self.slice_s = SLICE_S if slice_s is None else slice_s
         self.clock = clock
         self.ends = clock() + self.slice_s
+        self.max_items = max_items
+        self.items = 0
 
     async def due(self) -> None:
-        if self.clock() > self.ends:
+        self.items += 1
+        if self.clock() > self.ends or (self.max_items is not None and self.items >= self.max_items):
             await asyncio.sleep(0)
             self.ends = self.clock() + self.slice_s
+            self.items = 0
 
 
 def drain(steps: Steps[T]) -> T:

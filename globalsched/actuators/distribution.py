@@ -19,6 +19,7 @@ routed successors replace).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import AbstractSet, Awaitable, Callable, Iterator, Mapping, Sequence
@@ -47,29 +48,32 @@ ROUTING_TABLE_TIMEOUT_S = 10
 NODE_LEFT = "the node left while the call was in flight"
 
 
-async def _answers(calls: list[tuple[Node, object]]) -> list[tuple[Node, object, str]]:
-    """Await every call; ``(node, reply, error)`` for each, ``error`` empty on success.
+CALLS_PER_TURN = 8      # calls started per turn of the loop (common/loop_slices.py): 900 at once held it 55-125 ms
+
+
+async def _answers(calls: Sequence[tuple[Node, Callable[[], Awaitable]]]) -> list[tuple[Node, object, str]]:
+    """Start every call (``start()`` makes it), await them all; ``(node, reply, error)`` for each,
+    ``error`` empty on success.
+
+    Calls start a few per turn of the loop: a call serializes its request and starts in a task of
+    its own in the loop's next turn, and a thousand of them in one turn held it for 100 ms.
 
     A node removed while its call is in flight (its Attach stream ended: dead, or hung and caught
     by keepalive) has its channel closed, which cancels the call. That is an answer here, "the
-    node left", never a CancelledError escaping into the planner, whose loop it would end.
+    node left", never a CancelledError escaping into the planner, whose loop it would end. The
+    planner stopping cancels the calls started and starts no more.
     """
     tasks = []
     try:
-        slices = LoopSlices()       # a thousand tasks made in one piece held the loop up to 100 ms
-        for _, call in calls:
-            tasks.append(asyncio.ensure_future(call))
+        slices = LoopSlices(max_items=CALLS_PER_TURN)
+        for _, start in calls:
+            tasks.append(asyncio.ensure_future(start()))
             await slices.due()
         if tasks:
             await asyncio.wait(tasks)
     except asyncio.CancelledError:      # the planner itself is stopping
         for task in tasks:
             task.cancel()
-        for _, call in calls[len(tasks):]:      # not awaited yet
-            if asyncio.iscoroutine(call):
-                call.close()
-            elif hasattr(call, "cancel"):
-                call.cancel()
         raise
     out = []
     for (node, _), task in zip(calls, tasks):
@@ -191,11 +195,8 @@ class Distribution:
                 continue
             self.held.pop(node_id, None)
             table = convert.model_table(epoch, duty_cycles[node_id], [convert.session_entry(*x) for x in says])
-            call = node.stub.UpdateModelTable(table, timeout=MODEL_TABLE_TIMEOUT_S)
-            if early is not None:
-                call = early.answer_of(node, call)
-            calls.append((node, what, call))
-        answers = await _answers([(node, call) for node, _, call in calls])
+            calls.append((node, what, functools.partial(_push_model_table, node, table, early)))
+        answers = await _answers([(node, start) for node, _, start in calls])
         for (node, reply, error), (_, what, _) in zip(answers, calls):
             if error:
                 log.warning("model table push to %s failed: %s", node.node_id, error)
@@ -254,8 +255,8 @@ class Distribution:
         self.events.routed(routed)
 
     async def _send_routing_table(self, table: control.RoutingTable) -> None:
-        calls = [(n, n.stub.UpdateRoutingTable(table, timeout=ROUTING_TABLE_TIMEOUT_S)) for n in self.nodes.values()
-                 if n.kind == control.NODE_KIND_FRONTEND]
+        calls = [(n, functools.partial(n.stub.UpdateRoutingTable, table, timeout=ROUTING_TABLE_TIMEOUT_S))
+                 for n in self.nodes.values() if n.kind == control.NODE_KIND_FRONTEND]
         for node, _, error in await _answers(calls):
             if error == NODE_LEFT:
                 log.info("routing table push to %s ended: %s", node.node_id, error)     # it is gone: nothing to do
@@ -322,6 +323,12 @@ class Distribution:
             infos.append(convert.query_info(name, text, query_plan, plan.planned_query_rates.get(name, 0.0)
                                             if plan is not None else 0.0, devices))
         return infos
+
+
+def _push_model_table(node: Node, table: control.ModelTable, early: "_EarlyPush | None") -> Awaitable:
+    """The call that sends ``node`` its model table (told to the make step's early routes, if any)."""
+    call = node.stub.UpdateModelTable(table, timeout=MODEL_TABLE_TIMEOUT_S)
+    return call if early is None else early.answer_of(node, call)
 
 
 def _failed_loads(reply: control.ModelTableReply) -> Iterator[tuple[str, str]]:

@@ -45,3 +45,24 @@ def test_a_slice_ends_by_the_clock():
         return yielded
 
     assert asyncio.run(main()) == 2       # at 0.011 (a slice to 0.021), then at 0.0215
+
+
+def test_a_slice_ends_after_its_items():
+    slices = LoopSlices(60.0, max_items=3)
+
+    async def main():
+        handed_back = 0
+        for _ in range(7):
+            before = slices.items
+            await slices.due()
+            handed_back += slices.items == 0 and before == 2
+        return handed_back
+
+    assert asyncio.run(main()) == 2      # after the 3rd and the 6th item
+
+
+def test_a_slice_of_no_items_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="max_items must be at least 1, not 0"):
+        LoopSlices(max_items=0)

@@ -5,6 +5,7 @@ load, a re-registered node and a release step to come are always pushed again.""
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import replace
 
 import pytest
@@ -162,30 +163,59 @@ def test_building_a_plans_tables_hands_the_loop_back_and_sends_the_same(monkeypa
     asyncio.run(main())
 
 
-def test_a_push_cancelled_while_its_calls_start_leaves_no_call_behind(monkeypatch):
-    """The calls' tasks are made in slices of the loop; the planner stopping in between cancels the
-    started ones and closes the rest (none is left running, none warns that it was never awaited)."""
-    import inspect
+def test_a_push_cancelled_while_its_calls_start_leaves_no_call_behind():
+    """Calls start a few per turn of the loop; the planner stopping in between cancels the started
+    ones and starts no more."""
+    from globalsched.actuators.distribution import CALLS_PER_TURN, _answers
 
-    import common.loop_slices as loop_slices
-    from globalsched.actuators.distribution import _answers
+    started, ended = [], []
 
-    monkeypatch.setattr(loop_slices, "SLICE_S", -1.0)       # hand the loop back after every call
-
-    async def answer():
-        await asyncio.sleep(10)
+    async def answer(i):
+        started.append(i)
+        try:
+            await asyncio.sleep(10)
+        finally:
+            ended.append(i)
         return "reply"
 
     async def main():
-        calls = [(None, answer()) for _ in range(4)]
+        calls = [(None, functools.partial(answer, i)) for i in range(3 * CALLS_PER_TURN)]
         task = asyncio.create_task(_answers(calls))
         await asyncio.sleep(0)
         await asyncio.sleep(0)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        return [inspect.getcoroutinestate(c) for _, c in calls]
 
-    states = asyncio.run(main())
-    assert set(states) == {inspect.CORO_CLOSED}
-    assert states.count(inspect.CORO_CLOSED) == 4
+    asyncio.run(main())
+    assert 0 < len(started) < 3 * CALLS_PER_TURN
+    assert sorted(ended) == sorted(started)
+
+
+def test_calls_start_a_few_per_turn_of_the_loop():
+    """A call starts (serializes its request) in the loop's next turn: at most CALLS_PER_TURN start
+    between two turns in which other work runs, and every call is answered in order."""
+    from globalsched.actuators.distribution import CALLS_PER_TURN, _answers
+
+    turns, started_by_turn = [0], []
+
+    async def answer(i):
+        started_by_turn.append(turns[0])
+        return i
+
+    async def ticker():
+        while True:
+            await asyncio.sleep(0)
+            turns[0] += 1
+
+    async def main():
+        tick = asyncio.create_task(ticker())
+        try:
+            return await _answers([(f"node-{i}", functools.partial(answer, i)) for i in range(40)])
+        finally:
+            tick.cancel()
+
+    out = asyncio.run(main())
+    assert out == [(f"node-{i}", i, "") for i in range(40)]
+    per_turn = [started_by_turn.count(t) for t in set(started_by_turn)]
+    assert max(per_turn) <= CALLS_PER_TURN and len(per_turn) >= 40 // CALLS_PER_TURN

@@ -18,7 +18,7 @@ import gc
 import time
 from typing import Callable
 
-FREEZE_EVERY_S = 10.0
+FREEZE_EVERY_S = 2.0
 THAW_EVERY_S = 3600.0
 
 

@@ -6,6 +6,7 @@ costs one call at most."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import io
 import logging
@@ -244,3 +245,31 @@ def test_a_models_delta_keeps_the_receivers_models_in_step():
     assert whole is twice and held_here == {}
     delta, held_here = _models_delta(MODELS, held_here)
     assert set(delta.changed) == {"m0", "m1", "m2"} and delta.apply(held_there) == MODELS
+
+
+def test_the_slow_fields_and_the_models_are_compared_in_steps():
+    """The loop gets a turn every SAME_PER_STEP items compared; the answers are those of ``==``."""
+    from common.loop_slices import drain
+    from globalsched.planning.planner_host import SAME_PER_STEP, _models_delta_steps, _same_steps
+
+    def steps_of(gen):
+        n = 0
+        while True:
+            try:
+                next(gen)
+                n += 1
+            except StopIteration as done:
+                return n, done.value
+
+    items = tuple(range(3 * SAME_PER_STEP))
+    assert steps_of(_same_steps(items, tuple(list(items)))) == (3, True)
+    assert steps_of(_same_steps(items, items[:-1] + (-1,)))[1] is False
+    assert steps_of(_same_steps(items, items[:-1])) == (0, False)
+    assert drain(_same_steps({"q": 1}, {"q": 1})) is True and drain(_same_steps({"q": 1}, {"q": 2})) is False
+    assert drain(_same_steps(items, list(items))) is False
+
+    many = tuple(dataclasses.replace(MODELS[0], name=f"m{i}") for i in range(2 * SAME_PER_STEP))
+    steps, (delta, held) = steps_of(_models_delta_steps(many, {}))
+    assert steps == 2 and set(delta.changed) == set(held) == {m.name for m in many}
+    steps, (delta, _) = steps_of(_models_delta_steps(many, held))
+    assert steps == 2 and not delta.changed

@@ -56,7 +56,7 @@ from globalsched.planning.replan_trigger import ReplanTrigger
 from globalsched.planning.residency import requested_while_cold
 from globalsched.planning.scaling_policy import ScalingConfig
 from globalsched.rpc.status import status_reply
-from globalsched.state.read_view import read_view
+from globalsched.state.read_view import read_view, warm_reads
 from globalsched.state.rate_reports import Workload
 
 log = logging.getLogger("nexus.scheduler")
@@ -157,7 +157,9 @@ class SchedulerService(control_grpc.SchedulerServicer):
 
     async def _plan_when_registered(self, backends: set[str]) -> None:
         """Plan once every backend of an adopted plan registered again (or after the grace): planning
-        without them would move their sessions."""
+        without them would move their sessions. The database's reads are cached first, in a worker thread
+        (:func:`~globalsched.state.read_view.warm_reads`)."""
+        await asyncio.to_thread(warm_reads, self.admin)
         deadline = time.monotonic() + ADOPTION_GRACE_S
         while backends - set(self.nodes) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

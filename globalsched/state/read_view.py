@@ -46,6 +46,17 @@ def read_view(now_s: float, backends: Iterable[Node], admin: ModelAdmin, workloa
         **{**measured(workload, now_s), "rates_rps": rates})
 
 
+def warm_reads(admin: ModelAdmin) -> None:
+    """Read what :func:`read_view` reads of the database for every session's selected versions and the
+    queries, so that a scheduler whose reads are cached (globalsched/state/modeldb.py, ``keep_reads``)
+    holds them before its first view: at 2,400 models the first view's statements held the event
+    loop 0.35-0.66 s while a fleet registered (benchmarks/elastic.md)."""
+    for s in admin.db.sessions():
+        for version in admin.selected_versions(s.model):
+            _model_view(admin, version_key(s.model, version), s.slo_ms)
+    admin.queries()
+
+
 def measured(workload: Workload, now_s: float) -> dict:
     """The view's measured fields (rates, surges, their windows, the latest reports, fan-outs) from the
     workload reports at ``now_s``: what ``nexus simulate`` passes the planner as the scheduler does."""

@@ -4,9 +4,10 @@ Frontends (``--metrics-listen``), backends (``--metrics-port``) and the schedule
 ``prometheus_client.CollectorRegistry`` here. The collectors run on the loop, where the state they
 read is changed; the text is written from what they returned in a worker thread, so that the loop
 answers heartbeats meanwhile (a scheduler of 1,000 backends and 2,400 models spent 200-400 ms of
-its loop per scrape writing the text). The library's encoders negotiate OpenMetrics when the
-scraper asks for it, and ``name[]`` parameters select metric families, as the library's own
-handlers do. Any other path is a 404; other methods on ``/metrics`` a 405. aiohttp runs on the loop
+its loop per scrape writing the text). A collector with many samples may have them made there too,
+from what it took on the loop (globalsched/rpc/profile_metrics.py). The library's encoders negotiate
+OpenMetrics when the scraper asks for it, and ``name[]`` parameters select metric families, as the
+library's own handlers do. Any other path is a 404; other methods on ``/metrics`` a 405. aiohttp runs on the loop
 that grpc.aio already uses.
 """
 

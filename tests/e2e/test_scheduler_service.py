@@ -329,3 +329,49 @@ def test_warm_reads_leave_the_first_view_no_statement_to_run(tmp_path):
     warm = svc.read_view(1.0)
     assert statements == []
     assert warm.models == cold.models and warm.queries == cold.queries and [m.name for m in warm.models] == ["m"]
+
+
+def test_the_profiles_samples_are_made_in_the_thread_that_writes_the_text(tmp_path, monkeypatch):
+    """The scheduler's metrics endpoint collects on the loop and writes the text in a worker thread: the
+    profile collector takes its reports on the loop and makes its 26,000 samples (at 2,400 models)
+    only when the text is written; the text is what an eager build writes."""
+    import threading
+
+    from prometheus_client import generate_latest
+
+    from globalsched.rpc import profile_metrics
+
+    svc = _service(tmp_path)
+    svc.warm()
+    made_in: list[str] = []
+    families = profile_metrics._families
+
+    def counted(reports, invalid):
+        if reports:
+            made_in.append(threading.current_thread().name)
+        return families(reports, invalid)
+
+    monkeypatch.setattr(profile_metrics, "_families", counted)
+
+    class Collected:
+        def __init__(self, collector):
+            self.families = list(collector.collect())       # on "the loop": this thread
+
+        def collect(self):
+            return iter(self.families)
+
+    collected = Collected(profile_metrics.ProfileCollector(svc.admin))
+    assert made_in == []
+    texts = []
+    writer = threading.Thread(target=lambda: texts.append(generate_latest(collected)), name="writer")
+    writer.start()
+    writer.join()
+    assert made_in == ["writer"]
+    eager = families(svc.admin.in_service.profile_reports(), svc.admin.in_service.invalid_samples)
+
+    class Eager:
+        def collect(self):
+            return iter(eager)
+
+    assert texts[0] == generate_latest(Eager())
+    assert b'nexus_profile_latency_seconds{batch="1",device_type="cpu",model="m",source="table"}' in texts[0]

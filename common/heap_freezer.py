@@ -18,7 +18,7 @@ import gc
 import time
 from typing import Callable
 
-FREEZE_EVERY_S = 2.0
+FREEZE_EVERY_S = 2.0       # every 10 s left full collections of 22-65 ms at 1,000 devices; every 2 s, 5-14 ms
 THAW_EVERY_S = 3600.0
 
 

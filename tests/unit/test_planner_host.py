@@ -273,3 +273,44 @@ def test_the_slow_fields_and_the_models_are_compared_in_steps():
     assert steps == 2 and set(delta.changed) == set(held) == {m.name for m in many}
     steps, (delta, _) = steps_of(_models_delta_steps(many, held))
     assert steps == 2 and not delta.changed
+
+
+def test_many_changed_models_go_ahead_of_the_plan_a_part_at_a_time(monkeypatch):
+    """More changed models than a frame holds go in MODELS frames before the plan, which then names
+    them only; the process plans as the thread does, and a changed model later goes in the plan."""
+    from globalsched.planning.planner_worker import MODELS as MODELS_KIND
+
+    sent: list[tuple] = []
+    real = planner_host.frame
+
+    def spy(message):
+        sent.append(message)
+        return real(message)
+
+    monkeypatch.setattr(planner_host, "frame", spy)
+    monkeypatch.setattr(planner_host, "MODELS_PER_FRAME", 2)
+    many = tuple(ModelView(f"m{i}", 100.0, {"gpu": PROFILE}) for i in range(5))
+    slower = Profile.linear(4.0, 20.0, 32, device_type="gpu")
+    changed = (many[0], ModelView("m1", 100.0, {"gpu": slower}), *many[2:])
+
+    def of(now, models, force=None):
+        return ClusterView(now, BACKENDS, models, rates_rps={m.name: 10.0 for m in models}, force=force)
+
+    async def main():
+        host, thread = PlannerProcess(PlannerSettings()), InThreadPlanner(PlannerSettings())
+        try:
+            return [(await host.plan(v), await thread.plan(v))
+                    for v in (of(0.0, many, ReplanReason.MEMBERSHIP), of(1.0, changed, ReplanReason.MEMBERSHIP))]
+        finally:
+            await host.close()
+
+    plans = asyncio.run(main())
+    kinds = [m[0] for m in sent]
+    first_plan = kinds.index(PLAN)
+    parts = [m for m in sent[:first_plan] if m[0] == MODELS_KIND]
+    assert [sorted(m[2]) for m in parts] == [["m0", "m1"], ["m2", "m3"], ["m4"]] and {m[1] for m in parts} == {"models"}
+    assert not sent[first_plan][1]["models"].changed and len(sent[first_plan][1]["models"].names) == 5
+    assert MODELS_KIND not in kinds[first_plan:]                       # one model changed: in the plan
+    assert set(sent[-1][1]["models"].changed) == {"m1"}
+    for by_process, by_thread in plans:
+        assert by_process == by_thread

@@ -160,6 +160,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         without them would move their sessions. The database's reads are cached first, in a worker thread
         (:func:`~globalsched.state.read_view.warm_reads`)."""
         await asyncio.to_thread(warm_reads, self.admin)
+        self.heap.tick()        # the reads are long-lived: full collections while a fleet registers skip them
         deadline = time.monotonic() + ADOPTION_GRACE_S
         while backends - set(self.nodes) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

@@ -375,3 +375,30 @@ def test_the_profiles_samples_are_made_in_the_thread_that_writes_the_text(tmp_pa
 
     assert texts[0] == generate_latest(Eager())
     assert b'nexus_profile_latency_seconds{batch="1",device_type="cpu",model="m",source="table"}' in texts[0]
+
+
+def test_a_new_set_of_device_types_recomputes_only_the_predictions(tmp_path, monkeypatch):
+    """The first backend of a type changes the types present: the models' tables' choices are kept (the
+    same objects, nothing chosen again); only predictions are made for a type with no table (none
+    here: one model's profile predicts nothing)."""
+    svc = _service(tmp_path)
+    in_service = svc.admin.in_service
+    present = [()]
+    monkeypatch.setattr(in_service, "present_types", lambda: present[0])
+    chosen: list[tuple] = []
+    choose = in_service.book.choose
+
+    def counted(model, t, table, predicted):
+        chosen.append((model, t, table is not None))
+        return choose(model, t, table, predicted)
+
+    monkeypatch.setattr(in_service.book, "choose", counted)
+    before = in_service.choices()
+    assert list(before) == ["m"] and list(before["m"]) == ["cpu"] and chosen == [("m", "cpu", True)]
+    present[0] = ("cpu",)
+    again = in_service.choices()
+    assert again["m"]["cpu"] is before["m"]["cpu"] and len(chosen) == 1        # nothing chosen again
+    present[0] = ("cpu", "t4")
+    with_t4 = in_service.choices()
+    assert with_t4["m"]["cpu"] is before["m"]["cpu"] and len(chosen) == 1 and "t4" not in with_t4["m"]
+    assert in_service.choices() is with_t4

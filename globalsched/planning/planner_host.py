@@ -25,7 +25,7 @@ import pickle
 import sys
 from typing import Mapping, Protocol
 
-from common.loop_slices import Steps, drain, run_in_slices
+from common.loop_slices import Steps, run_in_slices
 from globalsched.planning.cluster_values import ClusterPlan, ClusterView, ModelView
 from globalsched.planning.planner import PlannerSettings, PlannerState, plan_cluster
 from globalsched.planning.planner_worker import (FAILED, GIVE_STATE, LENGTH, MODELS, NEW, PLAN, SAME, SETTINGS,
@@ -267,17 +267,12 @@ SAME_PER_STEP = 100     # models or items compared between two steps (common/loo
 MODELS_PER_FRAME = 200  # changed models per frame ahead of a plan: 1 MB, 13 ms to pickle (12 MB in one: 160 ms)
 
 
-def _models_delta(value, held: dict[str, ModelView]):
+def _models_delta_steps(value, held: dict[str, ModelView]) -> Steps[tuple[object, dict[str, ModelView]]]:
     """``value`` (a tuple of models, or a mapping by name) as a :class:`ModelsDelta` from ``held``, and
     what the receiver holds after it; a tuple that names a model twice goes whole. A model is unchanged
     when its profiles are the very objects held (the scheduler keeps a profile's object while its
     table stands) and the rest of it is equal: comparing profiles row by row cost 80 ms a call at
-    2,400 models."""
-    return drain(_models_delta_steps(value, held))
-
-
-def _models_delta_steps(value, held: dict[str, ModelView]) -> Steps[tuple[object, dict[str, ModelView]]]:
-    """:func:`_models_delta` as steps."""
+    2,400 models. In steps of SAME_PER_STEP models (common/loop_slices.py)."""
     mapping = isinstance(value, Mapping)
     pairs = list(value.items()) if mapping else [(m.name, m) for m in value]
     now = dict(pairs)

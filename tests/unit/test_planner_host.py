@@ -230,7 +230,11 @@ def test_a_frame_cut_short_reads_as_the_end():
 
 
 def test_a_models_delta_keeps_the_receivers_models_in_step():
-    from globalsched.planning.planner_host import _models_delta
+    from common.loop_slices import drain
+    from globalsched.planning.planner_host import _models_delta_steps
+
+    def _models_delta(value, held):
+        return drain(_models_delta_steps(value, held))
 
     held_here: dict = {}
     held_there: dict = {}

@@ -318,3 +318,20 @@ def test_many_changed_models_go_ahead_of_the_plan_a_part_at_a_time(monkeypatch):
     assert set(sent[-1][1]["models"].changed) == {"m1"}
     for by_process, by_thread in plans:
         assert by_process == by_thread
+
+
+def test_the_worker_refuses_a_message_it_does_not_know_and_keeps_models_sent_ahead():
+    """A message of no known kind (a scheduler of another release) is refused by name; MODELS frames
+    are held for the PLAN that names them."""
+    from globalsched.planning.planner_worker import MODELS as MODELS_KIND
+    from globalsched.planning.planner_worker import NEW, ModelsDelta, Worker
+
+    worker = Worker()
+    with pytest.raises(ValueError, match="unknown message 'nonsense'"):
+        worker.handle(("nonsense",))
+    assert worker.handle((MODELS_KIND, "models", {m.name: m for m in MODELS})) is None
+    answer = worker.handle((PLAN, {"now_s": 0.0, "backends": BACKENDS, "force": ReplanReason.MEMBERSHIP,
+                                   "models": ModelsDelta(tuple(m.name for m in MODELS), {}),
+                                   "rates_rps": {m.name: 40.0 for m in MODELS}}))
+    assert answer[0] == NEW
+    assert {s for s in answer[1].sessions} == {m.name for m in MODELS}

@@ -151,11 +151,16 @@ class KServeApi:
             for entry in entries:
                 self._add_counts(reply, entry, self.state.counters.get(entry.session, {}))
             return reply
+        # This worker's rows are read before the backends are asked: a backend counts a batch before it
+        # answers its rows, so every row read here is in the batches its stats give. Read after them,
+        # a reply that came in meanwhile showed a row without its batch, and the execution count
+        # (never more executions than rows between two reports) then lagged one behind for good.
+        local = {entry.session: dict(self.state.counters.get(entry.session, {})) for entry in entries}
         siblings = await self.siblings.read(request) if self.siblings is not None else {}
         backend_stats = await self._backend_stats()
         for entry in entries:
             session = entry.session
-            c = dict(self.state.counters.get(session, {}))
+            c = local[session]
             for name, value in siblings.get((entry.name, str(entry.version)), {}).items():
                 c[name] = c.get(name, 0) + value
             stats = self._add_counts(reply, entry, c)

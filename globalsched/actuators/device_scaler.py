@@ -1,6 +1,7 @@
 """The device scaler, an actuator: from each plan (and, between plans, the measured rates and the
 clock) to the number of devices each device type should have, by the pure policy in
-globalsched/planning/scaling_policy.py.
+globalsched/planning/scaling_policy.py. A plan that needs more devices counts as soon as it is made;
+one that needs fewer, once it is applied.
 
 It changes nothing itself: the decision is published, with its reason, as the Prometheus gauge
 ``nexus_desired_devices{device_type}`` on the scheduler's metrics port (a Kubernetes HPA scales the
@@ -87,7 +88,8 @@ class DeviceScaler:
         self.backends = backends
         self.measured = measured
         self.clock = clock
-        self.plan: ClusterPlan | None = None
+        self.plan: ClusterPlan | None = None      # the plan in force: the last one applied
+        self.coming: ClusterPlan | None = None    # a plan made and being applied (:meth:`made`)
         self.state = ScalingState()
         self.decisions: dict[str, ScalingDecision] = {}
 
@@ -101,12 +103,28 @@ class DeviceScaler:
 
     async def apply(self, plan: ClusterPlan, epoch: int) -> None:
         self.plan = plan
+        self.coming = None
+        self.evaluate()
+
+    def made(self, plan: ClusterPlan) -> None:
+        """``plan`` was just made and its tables are about to go out (globalsched/planning/control_loop.py):
+        the devices it needs beyond the plan in force are asked for now, not once every node has
+        answered. At a step that push took 3-4 s, the plan's own warm-ups on busy backends included,
+        while the devices it had folded waited to be started (benchmarks/elastic.md)."""
+        self.coming = plan
         self.evaluate()
 
     def evaluate(self) -> dict[str, ScalingDecision]:
         now = self.clock()
-        wanted = demands(self.plan, self.backends(), self.measured(now),
-                         [t for t, _ in self.config.bounds.low + self.config.bounds.high])
+        backends, measured = self.backends(), self.measured(now)
+        bounded = [t for t, _ in self.config.bounds.low + self.config.bounds.high]
+        wanted = demands(self.plan, backends, measured, bounded)
+        if self.coming is not None:
+            # Up only: a backend the coming plan leaves idle still serves the plan in force until the
+            # frontends' tables change, so it is judged for removal once that plan is applied.
+            for t, d in demands(self.coming, backends, measured, bounded).items():
+                if t not in wanted or d.needed > wanted[t].needed:
+                    wanted[t] = d
         decisions, self.state = desired_devices(wanted, self.state, self.config, now)
         for t, d in decisions.items():
             old = self.decisions.get(t)

@@ -6,7 +6,8 @@ evaluation: a workload report, the epoch timer), lets a burst of triggers coales
 (``read_view``), calls the pure planner (globalsched/planning/planner.py) off the event loop (its own
 process, or a worker thread: globalsched/planning/planner_host.py), so that the loop goes on answering
 heartbeats and reports while it plans, and, when the planner returns a new
-plan, numbers it with the next epoch and hands it to each actuator in turn: whatever profiles the
+plan, numbers it with the next epoch, tells those who act ahead of it (the device scaler), and hands
+it to each actuator in turn: whatever profiles the
 models it needs profiled, then the table distribution (model tables to backends, then routing
 tables to frontends). A lost node is planned for without delay, and a Leave waits until the plan
 without its node has been applied.
@@ -50,14 +51,17 @@ class ControlLoop:
                  actuators: Sequence[Actuator], clock: Callable[[], float] = time.monotonic,
                  persist: Callable[[bytes], Awaitable[None]] | None = None,
                  catalog: Callable[[ClusterPlan], Steps[Catalog]] | None = None,
-                 may_act: Callable[[], bool] = lambda: True, planner: PlannerHost | None = None) -> None:
+                 may_act: Callable[[], bool] = lambda: True, planner: PlannerHost | None = None,
+                 ahead: Sequence[Callable[[ClusterPlan], None]] = ()) -> None:
         """``planner``: where the planner runs (default: a worker thread). ``persist(state)``: keep each
         new plan's state, pickled, before it is applied (a shared database, for the standby that may take
         over: globalsched/state/database/plan_store.py). ``catalog(plan)``: what the
         plan's tables say about its models, read when the plan is made and attached to it, so that the
         actuators act on a complete value (globalsched/state/catalog.py); in steps, run in slices of the
         loop (common/loop_slices.py). ``may_act()``: False once this
-        scheduler no longer leads (globalsched/leadership/leader.py): it plans nothing from then on."""
+        scheduler no longer leads (globalsched/leadership/leader.py): it plans nothing from then on.
+        ``ahead``: told of each new plan as soon as it is made, before it is stored and applied (the
+        device scaler starts the devices a step needs while the plan's tables go out)."""
         self.may_act = may_act
         self.settings = settings
         self.persist = persist
@@ -68,6 +72,7 @@ class ControlLoop:
         self.actuators = list(actuators)
         self.clock = clock
         self.planner = planner if planner is not None else InThreadPlanner(settings)
+        self.ahead = list(ahead)
         self.begin_epochs(0)
         self.last_plan_time = 0.0
         self.plan: ClusterPlan | None = None      # the plan in force: the last one applied
@@ -124,6 +129,8 @@ class ControlLoop:
         self.trigger.epoch = self.epoch
         self.last_plan_time = now
         self._log(plan)
+        for told in self.ahead:
+            told(plan)
         if self.persist is not None:          # write-ahead: stored before any node holds it
             await self.persist(await self.planner.pickled_state())
         for actuator in self.actuators:

@@ -89,7 +89,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.control = ControlLoop(settings, self.trigger, self.read_view,
                                    [self.admin, self.admin.profiling, self.distribution, self.scaler], persist=self._persist,
                                    catalog=self.admin.catalog_steps, may_act=self.leadership.may_act,
-                                   planner=self.planner)
+                                   planner=self.planner, ahead=[self.scaler.made])
         self.loop_lag = LoopLagMonitor("nexus_scheduler_loop_lag_seconds")
         self.heap = HeapFreezer()       # full collections of the fleet's state held the loop 150-200 ms
         self._tasks: list[asyncio.Task] = []

@@ -253,7 +253,10 @@ class SimScheduler:
     def _push_model_tables(self, now: float, plan: ClusterPlan, epoch: int, leaving: list[str]) -> None:
         """As globalsched/actuators/distribution.py applies a plan: the handover's make tables to the backends,
         sessions live on their new routes as soon as their backends are made (early routes), the
-        routing tables once every backend answered, then the release tables."""
+        routing tables once every backend answered, then the release tables. The device scaler is
+        told first: the devices the plan needs beyond the plan in force are asked for now."""
+        self.scaler.coming = plan
+        self._scale(now)
         steps = handover(self.plan, plan)
         early = EarlyRoutes(self.plan if self.sent_table else None, plan,
                             [n for n in steps.make if n in self.nodes and n in self.sim.backends])
@@ -345,7 +348,7 @@ class SimScheduler:
     def _applied(self, now: float, plan: ClusterPlan, leaving: list[str]) -> None:
         if plan is not self.plan:
             self.plan = plan
-            self.scaler.plan = plan
+            self.scaler.plan, self.scaler.coming = plan, None
             self._scale(now)
         for node_id in leaving:
             self._answer_leave(now, node_id)

@@ -71,6 +71,31 @@ def test_a_burst_of_triggers_is_one_plan_and_an_unchanged_plan_is_not_applied_ag
     asyncio.run(main())
 
 
+def test_those_told_ahead_get_each_new_plan_before_any_actuator_applies_it():
+    """The device scaler starts a step's devices while the plan's tables go out."""
+    async def main():
+        world = World()
+        told: list[tuple[int, int]] = []         # (plans applied when told, the plan's epoch-to-be)
+        trigger = ReplanTrigger()
+        loop = ControlLoop(PlannerSettings(), trigger, world.read_view, [world],
+                           ahead=[lambda plan: told.append((len(world.applied), loop.epoch))])
+        task = asyncio.create_task(loop.run())
+        while not world.applied:
+            await asyncio.sleep(0.01)
+        assert told == [(0, world.applied[0][0])]
+        world.backends.append(BackendSlot("c", "gpu", 16000.0))
+        trigger.request("c registered")
+        while len(world.applied) < 2:
+            await asyncio.sleep(0.01)
+        assert told[1] == (1, world.applied[1][0])
+        trigger.evaluate()                       # nothing changed: no new plan, nobody told
+        await asyncio.sleep(0.3)
+        assert len(told) == 2
+        task.cancel()
+
+    asyncio.run(main())
+
+
 def test_a_leave_returns_once_the_plan_without_the_node_is_applied():
     async def main():
         world = World()

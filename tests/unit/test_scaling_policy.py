@@ -97,6 +97,38 @@ def test_a_single_burst_report_adds_no_device_the_plan_does_not_use():
     assert outrunning_rps(None, 100.0) is None
 
 
+def test_a_plan_that_needs_more_devices_is_asked_for_when_made_and_one_that_needs_fewer_once_applied():
+    """At a step the plan's push took 3-4 s while the devices it folded onto busy backends waited
+    (benchmarks/elastic.md). A plan that needs fewer must not drain a backend the plan in force still
+    routes to."""
+    import asyncio
+    from dataclasses import replace
+
+    from globalsched.actuators.device_scaler import DeviceScaler
+    from globalsched.state.membership import Node
+
+    plan, _ = _one_backend_plan()
+    nodes = [Node("be-1", 2, "127.0.0.1:1", "emulated:t4", "t4")]
+    clock = [0.0]
+    scaler = DeviceScaler(ScalingConfig(cooldown_s=10), lambda: list(nodes), lambda now: {}, clock=lambda: clock[0])
+    asyncio.run(scaler.apply(plan, 1))
+    assert scaler.decisions["t4"].desired == 1
+    bigger = replace(plan, devices_needed={"t4": 3})
+    scaler.made(bigger)                                   # not applied yet: its devices are asked for now
+    assert scaler.decisions["t4"].desired == 3 and "the plan uses 3" in scaler.decisions["t4"].reason
+    assert scaler.plan is plan and scaler.coming is bigger
+    nodes += [Node(f"be-{i}", 2, f"127.0.0.1:{i}", "emulated:t4", "t4") for i in (2, 3)]
+    asyncio.run(scaler.apply(bigger, 2))
+    assert scaler.coming is None and scaler.decisions["t4"].desired == 3
+    clock[0] = 20.0
+    scaler.made(plan)                                     # needs 1: the plan in force still needs 3
+    assert scaler.decisions["t4"].desired == 3 and scaler.decisions["t4"].drain == ""
+    asyncio.run(scaler.apply(plan, 3))
+    clock[0] = 31.0                                       # a cool-down after the plan needing 1 was applied
+    down = scaler.evaluate()["t4"]
+    assert down.desired == 1 and down.drain in ("be-2", "be-3")
+
+
 def test_surplus_goes_at_once_to_the_windows_largest_need_after_the_cool_down():
     policy = Policy(cooldown_s=60)
     cost = {"be-a": 30.0, "be-b": 0.0, "be-c": 12.0, "be-d": 0.0, "be-e": 5.0}

@@ -14,7 +14,8 @@ plan is pushed in two steps:
    away from it, at the batch they had, while a session it keeps is still in the plan;
 2. the routing tables go to the frontends;
 3. **release**, :attr:`Handover.release_after_s` after the routing tables went out: the backends that
-   kept sessions get the plan's own table, and drop them. No request is routed to a kept session
+   kept sessions get the plan's own table, and drop them. A plan pushed before an earlier plan's
+   release keeps what that release was to drop, and its own release drops it. No request is routed to a kept session
    once the frontends hold the new routing table, and every one routed there before has met its
    deadline by then (the longest SLO of the kept sessions), so the release fails nothing; what a
    backend might still hold is answered NOT_FOUND, which the frontend retries on its new routes.
@@ -57,10 +58,16 @@ def backend_tables(plan: ClusterPlan | None) -> dict[str, tuple[PlacedSession, .
     return {b.node_id: b.sessions for placement in plan.placements.values() for b in placement.backends}
 
 
-def handover(in_force: ClusterPlan | None, plan: ClusterPlan) -> Handover:
+def handover(in_force: ClusterPlan | None, plan: ClusterPlan,
+             unreleased: Mapping[str, tuple[PlacedSession, ...]] = {}) -> Handover:
     """How to push ``plan`` over ``in_force`` (the plan the backends and frontends hold; None at the
-    first plan, or after a restart: then nothing is kept, as nothing is known to be held)."""
-    before, after = backend_tables(in_force), backend_tables(plan)
+    first plan, or after a restart: then nothing is kept, as nothing is known to be held).
+    ``unreleased``: the backends whose release step has not come yet, with the make table they hold
+    (the plan in force's sessions and those it kept). Those kept sessions are kept again, and the new
+    release drops them, when its own wait is over: a plan made before the release dropped them at
+    once, with the requests routed there before the frontends' tables changed (17 of one session at a
+    simulated 5x step, benchmarks/elastic.md)."""
+    before, after = {**backend_tables(in_force), **unreleased}, backend_tables(plan)
     placed = {s.model for sessions in after.values() for s in sessions}
     make: dict[str, tuple[PlacedSession, ...]] = {}
     release: dict[str, tuple[PlacedSession, ...]] = {}

@@ -60,3 +60,23 @@ def test_an_unchanged_plan_keeps_nothing():
     steps = handover(plan(tables), plan(tables))
     assert steps.release == {} and {n: names(t) for n, t in steps.make.items()} == {"be-1": [("a", 2)],
                                                                                      "be-2": [("b", 4)]}
+
+
+def test_a_plan_pushed_before_the_last_release_keeps_what_that_release_was_to_drop():
+    """Plan 2 moved a from be-1 to be-2; be-1 keeps it until plan 2's release. Plan 3 comes first
+    and also leaves be-1 without a: its make table must not drop a at once, with the requests routed
+    there before the frontends' tables changed; its own release drops it, after its own wait."""
+    one = plan({"be-1": (("a", 2), ("b", 4)), "be-2": ()})
+    two = plan({"be-1": (("b", 4),), "be-2": (("a", 3),)})
+    second = handover(one, two)
+    assert names(second.make["be-1"]) == [("a", 2), ("b", 4)]
+    three = plan({"be-1": (("b", 6),), "be-2": (("a", 3),), "be-3": (("a", 2),)})
+    without = handover(two, three)
+    assert names(without.make["be-1"]) == [("b", 6)]                    # what plan 3 alone would send
+    third = handover(two, three, {"be-1": second.make["be-1"]})
+    assert names(third.make["be-1"]) == [("a", 2), ("b", 6)] and third.kept == {"be-1": ("a",)}
+    assert {n: names(t) for n, t in third.release.items()} == {"be-1": [("b", 6)]}
+    assert third.release_after_s == 0.1
+    # A session no longer served is dropped at once, held for a release or not.
+    four = plan({"be-1": (("b", 6),), "be-2": ()}, served=("b",))
+    assert names(handover(three, four, {"be-1": third.make["be-1"]}).make["be-1"]) == [("b", 6)]

@@ -128,6 +128,31 @@ def test_a_backend_with_a_release_to_come_is_sent_its_table_so_the_release_canno
 
 
 
+def test_a_plan_pushed_before_a_release_keeps_what_the_release_was_to_drop_until_its_own():
+    """A make table that dropped a kept session at once failed the requests queued on it, routed
+    there before the frontends' tables changed (benchmarks/elastic.md)."""
+    async def main():
+        nodes, stubs = {}, {}
+        for i in (1, 2, 3):
+            nodes[f"be-{i}"], stubs[f"be-{i}"] = _node(f"be-{i}")
+        dist = Distribution(nodes, Events(), NoRates())
+        await dist.apply(_plan({"be-1": (("a", 2),), "be-2": (("b", 2),), "be-3": ()}), 1)
+        await dist.apply(_plan({"be-1": (), "be-2": (("b", 2), ("a", 2))}), 2)     # a moves: be-1 keeps it
+        assert [e.model.name for e in stubs["be-1"].tables[-1].sessions] == ["a"]
+        assert dist.unreleased["be-1"][0] == 2
+        # before that release, a plan gives be-1 c and a a third backend: be-1 still keeps a
+        await dist.apply(_plan({"be-1": (("c", 1),), "be-2": (("b", 2), ("a", 2)), "be-3": (("a", 1),)}), 3)
+        assert stubs["be-1"].tables[-1].epoch == 3
+        assert [e.model.name for e in stubs["be-1"].tables[-1].sessions] == ["c", "a"]
+        assert dist.unreleased["be-1"][0] == 3
+        await asyncio.sleep(0.3)                # both releases run; epoch 3's drops a from be-1
+        assert dist.unreleased == {} and dist.releasing == {}
+        last = [t for t in stubs["be-1"].tables if t.epoch == 3][-1]
+        assert [e.model.name for e in last.sessions] == ["c"]
+
+    asyncio.run(main())
+
+
 class Frontend:
     def __init__(self) -> None:
         self.tables: list[control.RoutingTable] = []

@@ -103,8 +103,8 @@ class Distribution:
         # failure; a plan whose table for it says the same sends it nothing (:func:`_table_key`).
         self.held: dict[str, tuple[Node, tuple]] = {}
         self.releasing: dict[str, int] = {}         # backends with a release step to come: how many
-        # backends with a release step to come: (its epoch, the make table they hold until then)
-        self.unreleased: dict[str, tuple[int, tuple[PlacedSession, ...]]] = {}
+        # backends with a release step to come: (its epoch, the node, the make table it holds until then)
+        self.unreleased: dict[str, tuple[int, Node, tuple[PlacedSession, ...]]] = {}
         self.sent: control.RoutingTable | None = None   # the routing table last pushed to the frontends
 
     async def apply(self, plan: ClusterPlan, epoch: int) -> None:
@@ -113,7 +113,9 @@ class Distribution:
         sessions has met its deadline, the tables that drop them (in the background: the next plan
         need not wait; a backend ignores a release older than a table it has). A frontend is never
         routed to a backend before it loaded the model, nor left with routes to one that dropped it."""
-        steps = handover(self.in_force, plan, {node_id: table for node_id, (_, table) in self.unreleased.items()})
+        # A node that registered again (a new process under the same id) holds none of it.
+        steps = handover(self.in_force, plan, {node_id: table for node_id, (_, node, table) in self.unreleased.items()
+                                               if self.nodes.get(node_id) is node})
         early = _EarlyPush(EarlyRoutes(self.in_force if self.sent is not None else None, plan, steps.make))
         pusher = asyncio.create_task(self._push_early_routes(plan, epoch, early))
         try:
@@ -128,7 +130,7 @@ class Distribution:
         if steps.release:
             for node_id in steps.release:
                 self.releasing[node_id] = self.releasing.get(node_id, 0) + 1
-                self.unreleased[node_id] = (epoch, steps.make[node_id])
+                self.unreleased[node_id] = (epoch, self.nodes.get(node_id), steps.make[node_id])
             task = asyncio.create_task(self._release(plan, epoch, steps.release, steps.release_after_s))
             self.releases.add(task)
             task.add_done_callback(self.releases.discard)

@@ -149,6 +149,12 @@ def test_a_plan_pushed_before_a_release_keeps_what_the_release_was_to_drop_until
         assert dist.unreleased == {} and dist.releasing == {}
         last = [t for t in stubs["be-1"].tables if t.epoch == 3][-1]
         assert [e.model.name for e in last.sessions] == ["c"]
+        # a backend that registered again before the release holds nothing of what was kept there
+        await dist.apply(_plan({"be-1": (), "be-2": (("b", 2), ("a", 2), ("c", 1)), "be-3": (("a", 1),)}), 4)
+        assert [e.model.name for e in stubs["be-1"].tables[-1].sessions] == ["c"]      # c kept
+        nodes["be-1"], stubs["be-1"] = _node("be-1")
+        await dist.apply(_plan({"be-1": (("d", 1),), "be-2": (("b", 2), ("a", 2), ("c", 1)), "be-3": (("a", 1),)}), 5)
+        assert [e.model.name for e in stubs["be-1"].tables[-1].sessions] == ["d"]
 
     asyncio.run(main())
 

@@ -14,11 +14,12 @@ plan is pushed in two steps:
    away from it, at the batch they had, while a session it keeps is still in the plan;
 2. the routing tables go to the frontends;
 3. **release**, :attr:`Handover.release_after_s` after the routing tables went out: the backends that
-   kept sessions get the plan's own table, and drop them. A plan pushed before an earlier plan's
-   release keeps what that release was to drop, and its own release drops it. No request is routed to a kept session
+   kept sessions get the plan's own table, and drop them. No request is routed to a kept session
    once the frontends hold the new routing table, and every one routed there before has met its
    deadline by then (the longest SLO of the kept sessions), so the release fails nothing; what a
    backend might still hold is answered NOT_FOUND, which the frontend retries on its new routes.
+   A plan pushed before an earlier plan's release keeps what that release was to drop, and its own
+   release drops it.
 
 A session the plan places on no backend is dropped at once: it has nowhere to go, and one that went
 cold (globalsched/planning/residency.py) frees its memory for the session paged in in its place, which a

@@ -34,7 +34,7 @@ from globalsched.rpc import convert
 from globalsched.state.catalog import Catalog, DistributionEvents
 from globalsched.planning.cluster_values import ClusterPlan
 from globalsched.actuators.early_routes import EARLY_ROUTES_INTERVAL_S, EarlyRoutes
-from globalsched.actuators.handover import backend_tables, handover
+from globalsched.actuators.handover import Unreleased, backend_tables, handover, pushed, released, unreleased_tables
 from globalsched.state.membership import Node
 from globalsched.planning.placement import PlacedSession
 from globalsched.state.rate_reports import Workload
@@ -103,8 +103,7 @@ class Distribution:
         # failure; a plan whose table for it says the same sends it nothing (:func:`_table_key`).
         self.held: dict[str, tuple[Node, tuple]] = {}
         self.releasing: dict[str, int] = {}         # backends with a release step to come: how many
-        # backends with a release step to come: (its epoch, the node, the make table it holds until then)
-        self.unreleased: dict[str, tuple[int, Node, tuple[PlacedSession, ...]]] = {}
+        self.unreleased: Unreleased = {}            # backends with a release step to come (handover.py)
         self.sent: control.RoutingTable | None = None   # the routing table last pushed to the frontends
 
     async def apply(self, plan: ClusterPlan, epoch: int) -> None:
@@ -113,9 +112,7 @@ class Distribution:
         sessions has met its deadline, the tables that drop them (in the background: the next plan
         need not wait; a backend ignores a release older than a table it has). A frontend is never
         routed to a backend before it loaded the model, nor left with routes to one that dropped it."""
-        # A node that registered again (a new process under the same id) holds none of it.
-        steps = handover(self.in_force, plan, {node_id: table for node_id, (_, node, table) in self.unreleased.items()
-                                               if self.nodes.get(node_id) is node})
+        steps = handover(self.in_force, plan, unreleased_tables(self.unreleased, self.nodes.get))
         early = _EarlyPush(EarlyRoutes(self.in_force if self.sent is not None else None, plan, steps.make))
         pusher = asyncio.create_task(self._push_early_routes(plan, epoch, early))
         try:
@@ -124,13 +121,10 @@ class Distribution:
             await early.stop(pusher)
         await self.push_routing_tables(plan, epoch, failed)
         self.in_force = plan
-        for node_id in steps.make:
-            if node_id not in steps.release:
-                self.unreleased.pop(node_id, None)     # its make table kept nothing: it holds the plan's
+        pushed(self.unreleased, steps, epoch, self.nodes.get)
         if steps.release:
             for node_id in steps.release:
                 self.releasing[node_id] = self.releasing.get(node_id, 0) + 1
-                self.unreleased[node_id] = (epoch, self.nodes.get(node_id), steps.make[node_id])
             task = asyncio.create_task(self._release(plan, epoch, steps.release, steps.release_after_s))
             self.releases.add(task)
             task.add_done_callback(self.releases.discard)
@@ -144,9 +138,8 @@ class Distribution:
             await asyncio.sleep(after_s)
             await self.push_model_tables(plan, epoch, tables, release=True)
         finally:
+            released(self.unreleased, tables, epoch)
             for node_id in tables:
-                if self.unreleased.get(node_id, (None,))[0] == epoch:
-                    del self.unreleased[node_id]
                 left = self.releasing.get(node_id, 0) - 1
                 if left > 0:
                     self.releasing[node_id] = left

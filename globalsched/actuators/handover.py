@@ -34,7 +34,7 @@ duration: on a device whose plan already fills its memory, the move briefly hold
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Iterable, Mapping
 
 from globalsched.planning.cluster_values import ClusterPlan
 from globalsched.planning.placement import PlacedSession
@@ -82,3 +82,35 @@ def handover(in_force: ClusterPlan | None, plan: ClusterPlan,
             kept[node_id] = tuple(s.model for s in keep)
     slos = [plan.sessions[name].slo_ms for names in kept.values() for name in names]
     return Handover(make, release, kept, max(slos, default=0.0) / 1000.0)
+
+
+# The backends with a release step to come: node id -> (the release's epoch, the node that holds it,
+# the make table it holds until then). What the distribution and the simulator keep between pushes,
+# by the functions below, and pass to :func:`handover` as ``unreleased``.
+Unreleased = dict[str, tuple[int, object, tuple[PlacedSession, ...]]]
+
+
+def unreleased_tables(unreleased: Unreleased, holder: Callable[[str], object] = lambda node_id: None
+                      ) -> dict[str, tuple[PlacedSession, ...]]:
+    """The make tables still held, of the backends whose node is still the one that took them
+    (``holder(node_id)``: a node that registered again, a new process under the same id, holds none)."""
+    return {node_id: table for node_id, (_, node, table) in unreleased.items() if holder(node_id) is node}
+
+
+def pushed(unreleased: Unreleased, steps: Handover, epoch: int,
+           holder: Callable[[str], object] = lambda node_id: None) -> None:
+    """``steps`` of the plan numbered ``epoch`` went out: a backend whose make table kept nothing holds
+    the plan's; one that kept sessions holds its make table until this release."""
+    for node_id in steps.make:
+        if node_id not in steps.release:
+            unreleased.pop(node_id, None)
+    for node_id in steps.release:
+        unreleased[node_id] = (epoch, holder(node_id), steps.make[node_id])
+
+
+def released(unreleased: Unreleased, node_ids: Iterable[str], epoch: int) -> None:
+    """The release of ``epoch`` went to ``node_ids``; a backend a later plan kept sessions on waits
+    for that plan's release."""
+    for node_id in node_ids:
+        if unreleased.get(node_id, (None,))[0] == epoch:
+            del unreleased[node_id]

@@ -34,7 +34,7 @@ from globalsched.planning.control_loop import COALESCE_S, REPAIR_COALESCE_S
 from globalsched.actuators.device_scaler import TICK_S, DeviceScaler
 from globalsched.state.failure_detector import DetectorConfig, DetectorState, detect
 from globalsched.actuators.early_routes import EARLY_ROUTES_INTERVAL_S, EarlyRoutes
-from globalsched.actuators.handover import handover
+from globalsched.actuators.handover import Unreleased, handover, pushed, released, unreleased_tables
 from globalsched.state.membership import Node
 from globalsched.planning.placement import BackendSlot
 from globalsched.planning.planner import PlannerSettings, PlannerState, plan_cluster
@@ -83,8 +83,7 @@ class SimScheduler:
         self.hop_s = sim.config.control_hop_ms / 1000.0
         self.decisions: dict[str, tuple[int, int, str]] = {}
         self.sent_table: dict[str, SimRoute] = {}   # the routing table last sent to the frontends
-        # backends with a release step to come: (its epoch, the make table they hold until then)
-        self.unreleased: dict[str, tuple[int, tuple]] = {}
+        self.unreleased: Unreleased = {}            # backends with a release step to come (handover.py)
 
     def start(self, now: float) -> None:
         """The scheduler's timers, each on its own phase (real processes start them at unrelated times;
@@ -259,7 +258,7 @@ class SimScheduler:
         told first: the devices the plan needs beyond the plan in force are asked for now."""
         self.scaler.coming = plan
         self._scale(now)
-        steps = handover(self.plan, plan, {node_id: table for node_id, (_, table) in self.unreleased.items()})
+        steps = handover(self.plan, plan, unreleased_tables(self.unreleased))
         early = EarlyRoutes(self.plan if self.sent_table else None, plan,
                             [n for n in steps.make if n in self.nodes and n in self.sim.backends])
         making = _MakeStep(next_s=now)
@@ -343,19 +342,10 @@ class SimScheduler:
         for f in self.sim.frontends:
             self.sim.at(now + self.hop_s, f.set_table, epoch, table)
         self.sim.at(now + 2 * self.hop_s, self._applied, plan, leaving)
-        for node_id in steps.make:
-            if node_id not in steps.release:
-                self.unreleased.pop(node_id, None)
-        for node_id in steps.release:
-            self.unreleased[node_id] = (epoch, steps.make[node_id])
+        pushed(self.unreleased, steps, epoch)
         if steps.release:             # in the background, as the distribution releases
             self.sim.at(now + self.hop_s + steps.release_after_s, self._push_tables, plan, epoch, steps.release,
-                        lambda at: self._released(epoch, steps.release))
-
-    def _released(self, epoch: int, tables: dict) -> None:
-        for node_id in tables:
-            if self.unreleased.get(node_id, (None,))[0] == epoch:
-                del self.unreleased[node_id]
+                        lambda at: released(self.unreleased, steps.release, epoch))
 
     def _applied(self, now: float, plan: ClusterPlan, leaving: list[str]) -> None:
         if plan is not self.plan:

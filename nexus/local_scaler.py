@@ -6,10 +6,11 @@ makes the backend processes of ``nexus serve`` follow that decision for the one 
 run:
 
 * **More desired than backends running** (those starting included): start the difference at once.
-* **Fewer desired than registered**: SIGTERM the backend the policy names (``drain_node_id``,
-  matched to a child by the address it registered), which drains (the scheduler moves its sessions
-  first, ``Leave``; it answers what it holds, then exits). One at a time: no other stop while one
-  drains, and none while a backend is still starting. The supervisor never restarts it.
+* **Fewer desired than registered**: SIGTERM the backends the policy names (``drain_node_ids``,
+  the cheapest to move first, matched to children by the addresses they registered), which drain
+  (the scheduler moves their sessions first, ``Leave``; each answers what it holds, then exits).
+  They drain together, as many as the surplus; none while a backend is still starting. The
+  supervisor never restarts them.
 * **Bounds.** ``--min-backends``/``--max-backends`` are the scheduler's ``--min-devices``/
   ``--max-devices`` for the type, so the policy keeps within them; the actuator holds them too.
 
@@ -23,7 +24,7 @@ count towards the total, and the policy's choice of one of them to drain is left
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 from nexus.launcher import Child, Supervisor
@@ -59,7 +60,10 @@ class Drain:
 def next_step(decision: ScalingStatus | None, backends: Sequence[LocalBackend], registered: Mapping[str, str],
               bounds: tuple[int, int]) -> Start | Drain | None:
     """What to do now. ``registered``: node id -> address of the backends of the type registered with
-    the scheduler (this process's and any other); ``bounds``: (--min-backends, --max-backends)."""
+    the scheduler (this process's and any other); ``bounds``: (--min-backends, --max-backends).
+
+    A :class:`Drain` is one backend: the caller marks it retiring and asks again, until the drains
+    under way cover the surplus (:func:`drains`)."""
     if decision is None:
         return None
     low, high = bounds
@@ -69,19 +73,31 @@ def next_step(decision: ScalingStatus | None, backends: Sequence[LocalBackend], 
     want = max(low, min(decision.desired, high))
     if want > len(live) + others:
         return Start(min(want - len(live) - others, high - len(live)), decision.reason)
-    if decision.desired >= decision.registered or not decision.drain_node_id or len(live) <= low:
+    if decision.desired >= decision.registered or not decision.drain_node_ids or len(live) <= low:
         return None
     if any(b.address not in registered.values() for b in live):
         return None          # one is still starting: counts are settled once it registered
     if len(live) + others <= want:
         return None          # the drains under way reach the desired count
-    # Several drains may run at once (the policy removes a whole surplus in one step; each drain takes
-    # a re-plan and the backend's exit, a second or more): the backend named next is drained now.
-    address = registered.get(decision.drain_node_id, "")
-    target = next((b for b in live if address and b.address == address), None)
-    if target is None:
-        return None          # not one of ours
-    return Drain(target.name, decision.drain_node_id, address, decision.reason)
+    # The policy removes a whole surplus in one step and each drain takes a re-plan and the backend's
+    # exit, a second or more: the first named backend that is ours and not yet draining goes now.
+    by_address = {b.address: b for b in live if b.address}
+    for node_id in decision.drain_node_ids:
+        target = by_address.get(registered.get(node_id, ""))
+        if target is not None:
+            return Drain(target.name, node_id, target.address, decision.reason)
+    return None              # none of ours, or all draining already
+
+
+def drains(decision: ScalingStatus | None, backends: Sequence[LocalBackend], registered: Mapping[str, str],
+           bounds: tuple[int, int]) -> list[Drain]:
+    """Every backend to drain now: :func:`next_step`'s drains, one after another, each marked retiring."""
+    out: list[Drain] = []
+    backends = list(backends)
+    while isinstance(step := next_step(decision, backends, registered, bounds), Drain):
+        out.append(step)
+        backends = [replace(b, retiring=True) if b.name == step.name else b for b in backends]
+    return out
 
 
 class LocalScaler:
@@ -152,7 +168,8 @@ class LocalScaler:
                 self._announce.append(child)
                 self.log(f"adding {child.name} (pid {child.proc.pid}): {action.reason}")
         elif isinstance(action, Drain):
-            child = next(c for c in self.backends if c.name == action.name)
-            self.log(f"removing {child.name} ({action.node_id} at {action.address}): {action.reason}; "
-                     f"draining it (SIGTERM)")
-            self.supervisor.retire(child, self.drain_timeout_s)
+            for drain in drains(decision, local, registered, self.bounds):
+                child = next(c for c in self.backends if c.name == drain.name)
+                self.log(f"removing {child.name} ({drain.node_id} at {drain.address}): {drain.reason}; "
+                         f"draining it (SIGTERM)")
+                self.supervisor.retire(child, self.drain_timeout_s)

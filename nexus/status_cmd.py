@@ -35,7 +35,8 @@ def render_text(st: ClusterStatus) -> str:
              f"{st.planned_devices} · lower bound {st.lower_bound} "
              f"(throughput alone: {st.lower_bound_throughput_only})"]
     for sc in st.scaling:
-        drain = f" · drain {sc.drain_node_id}" if sc.drain_node_id else ""
+        more = len(sc.drain_node_ids) - 1
+        drain = f" · drain {sc.drain_node_id}" + (f" and {more} more" if more else "") if sc.drain_node_id else ""
         lines.append(f"scaling {sc.device_type}: {sc.desired} desired · {sc.registered} registered · plan uses "
                      f"{sc.plan_devices}{drain}: {sc.reason}")
     lines.append("")

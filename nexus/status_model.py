@@ -76,7 +76,12 @@ class ScalingStatus:
     needed: int                  # the raw need now: the plan's devices, demand and headroom, within the bounds
     plan_devices: int            # devices the plan in force uses
     reason: str
-    drain_node_id: str = ""      # the backend to drain first when desired < registered
+    drain_node_ids: tuple[str, ...] = ()   # when desired < registered: the backends to drain, cheapest first
+
+    @property
+    def drain_node_id(self) -> str:
+        """The backend to drain first ('' when none)."""
+        return self.drain_node_ids[0] if self.drain_node_ids else ""
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,8 @@ class ClusterStatus:
         for d, dev in zip(obj["devices"], self.devices):
             d["occupancy"] = round(dev.occupancy, 4)
             d["memory_used_mb"] = round(dev.memory_used_mb, 2)
+        for s, scaling in zip(obj["scaling"], self.scaling):
+            s["drain_node_id"] = scaling.drain_node_id      # the first, as before the list was added
         obj["devices_in_use"] = self.devices_in_use
         return obj
 
@@ -165,7 +172,8 @@ def from_reply(reply: control.StatusReply) -> ClusterStatus:
                                    _paths(definition) if definition else ()))
     unplaced = {name: r.reason for name, r in routes.items() if not r.backends}
     scaling = tuple(ScalingStatus(s.device_type, s.desired, s.registered, s.needed, s.plan_devices, s.reason,
-                                  s.drain_node_id) for s in reply.scaling)
+                                  tuple(s.drain_node_ids) or ((s.drain_node_id,) if s.drain_node_id else ()))
+                    for s in reply.scaling)       # a scheduler of before drain_node_ids names only the first
     return ClusterStatus(routing.epoch, reply.solver, reply.plan_age_s, routing.planned_devices, routing.lower_bound,
                          reply.frontends, tuple(devices), tuple(queries), unplaced, dict(reply.best_effort),
                          tuple(reply.notes), scaling, tuple(_profile(p) for p in reply.profiles),

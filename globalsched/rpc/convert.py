@@ -129,7 +129,8 @@ def scaling_decision(decision: ScalingDecision, plan: ClusterPlan | None) -> con
     return control.ScalingDecision(device_type=decision.device_type, desired=decision.desired,
                                    registered=decision.registered, needed=decision.needed,
                                    plan_devices=plan.devices_needed.get(decision.device_type, 0) if plan else 0,
-                                   reason=decision.reason, drain_node_id=decision.drain)
+                                   reason=decision.reason, drain_node_id=decision.drain,
+                                   drain_node_ids=decision.drains)
 
 
 def profile_curve(profile: Profile) -> control.ProfileCurve:

@@ -44,7 +44,7 @@ from globalsched.planning.scaling_policy import ScalingConfig
 from globalsched.state.heartbeat_pacing import pacing
 from globalsched.state.read_view import measured
 from globalsched.state.rate_reports import Workload
-from nexus.local_scaler import POLL_S, Drain, LocalBackend, Start, next_step
+from nexus.local_scaler import POLL_S, Drain, LocalBackend, Start, drains, next_step
 from nexus.simulate.frontends import SimRoute
 from nexus.status_model import ScalingStatus
 
@@ -391,7 +391,7 @@ class SimActuator:
             return
         plan = scheduler.plan
         decision = ScalingStatus(device_type, d.desired, d.registered, d.needed,
-                                 plan.devices_needed.get(device_type, 0) if plan else 0, d.reason, d.drain)
+                                 plan.devices_needed.get(device_type, 0) if plan else 0, d.reason, d.drains)
         registered = {n.node_id: n.node_id for n in scheduler.backends()}
         local = [LocalBackend(b.node_id, b.node_id if b.node_id in registered else "", b.life.value == "draining")
                  for b in sim.backends.values() if b.alive]
@@ -401,5 +401,6 @@ class SimActuator:
                 backend = sim.start_backend(now)
                 sim.log(now, "actuator", f"adding {backend.node_id}: {action.reason}")
         elif isinstance(action, Drain):
-            sim.log(now, "actuator", f"removing {action.node_id}: {action.reason}; draining it")
-            sim.backends[action.node_id].drain(now)
+            for drain in drains(decision, local, registered, self.bounds):
+                sim.log(now, "actuator", f"removing {drain.node_id}: {drain.reason}; draining it")
+                sim.backends[drain.node_id].drain(now)

@@ -13,13 +13,15 @@ import pytest
 from common.config import ConfigError
 from nexus import serve_cmd
 from nexus.launcher import Child, Supervisor
-from nexus.local_scaler import Drain, LocalBackend, LocalScaler, Start, next_step
+from nexus.local_scaler import Drain, LocalBackend, LocalScaler, Start, drains, next_step
 from nexus.scheduler_client import AdminCallError
 from nexus.status_model import ClusterStatus, DeviceStatus, ScalingStatus
 
 
-def _decision(desired: int, registered: int, drain: str = "", reason: str = "the plan uses 2") -> ScalingStatus:
-    return ScalingStatus("t4", desired, registered, desired, desired, reason, drain)
+def _decision(desired: int, registered: int, drain: str | tuple[str, ...] = "",
+              reason: str = "the plan uses 2") -> ScalingStatus:
+    drains = (drain,) if isinstance(drain, str) and drain else tuple(drain)
+    return ScalingStatus("t4", desired, registered, desired, desired, reason, drains)
 
 
 def _ours(*addresses: str) -> list[LocalBackend]:
@@ -62,6 +64,27 @@ def test_fewer_desired_drains_the_backends_the_policy_names_while_others_drain()
     assert next_step(_decision(2, 3, drain="be-b"), [*ours, LocalBackend("backend-3")], REG, (1, 8)) is None
     assert next_step(_decision(2, 3, drain="be-b"), ours, REG, (3, 8)) is None
     assert next_step(_decision(2, 3), ours, REG, (1, 8)) is None
+
+
+def test_the_whole_surplus_drains_together_in_the_policys_order():
+    ours = _ours("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
+    decision = _decision(1, 3, drain=("be-c", "be-a"), reason="surplus")
+    assert drains(decision, ours, REG, (1, 8)) == [Drain("backend-2", "be-c", "127.0.0.1:3", "surplus"),
+                                                   Drain("backend-0", "be-a", "127.0.0.1:1", "surplus")]
+    # one of them draining already: the other goes; both: nothing more
+    one_draining = [ours[0], ours[1], LocalBackend("backend-2", "127.0.0.1:3", retiring=True)]
+    assert drains(decision, one_draining, REG, (1, 8)) == [Drain("backend-0", "be-a", "127.0.0.1:1", "surplus")]
+    both = [LocalBackend("backend-0", "127.0.0.1:1", retiring=True), ours[1], one_draining[2]]
+    assert drains(decision, both, REG, (1, 8)) == []
+    # never below the minimum, and none while a backend is still starting
+    assert drains(decision, ours, REG, (2, 8)) == [Drain("backend-2", "be-c", "127.0.0.1:3", "surplus")]
+    assert drains(decision, [*ours, LocalBackend("backend-3")], REG, (1, 8)) == []
+    # a named backend of another process is left to it; the next named one of ours goes in its place
+    # only while the count still needs it
+    registered = {**REG, "be-x": "10.0.0.9:1"}
+    assert drains(_decision(2, 4, drain=("be-x", "be-b")), ours, registered, (1, 8)) == \
+        [Drain("backend-1", "be-b", "127.0.0.1:2", "the plan uses 2")]
+    assert drains(_decision(3, 4, drain=("be-x",)), ours, registered, (1, 8)) == []
 
 
 def test_a_backend_this_process_did_not_start_is_never_drained():

@@ -44,7 +44,7 @@ def test_status_shows_the_scaling_decision_occupancy_and_batch_cap():
     obj = json.loads(json.dumps(st.to_json_obj()))
     assert obj["scaling"] == [{"device_type": "t4", "desired": 3, "registered": 2, "needed": 3, "plan_devices": 3,
                                "reason": "the plan uses 3; 1 plan devices folded onto busy backends: add 1",
-                               "drain_node_id": ""}]
+                               "drain_node_ids": [], "drain_node_id": ""}]
     assert next(d for d in obj["devices"] if d["node_id"] == "be-1")["occupancy"] == 0.5
 
 
@@ -53,4 +53,10 @@ def test_a_drain_is_named():
     reply.scaling[0].desired, reply.scaling[0].drain_node_id = 1, "be-2"
     reply.scaling[0].reason = "the plan uses 1; surplus for 60 s: remove one (be-2: idle)"
     assert "scaling t4: 1 desired · 2 registered · plan uses 3 · drain be-2: the plan uses 1" in \
-        render_text(from_reply(reply))
+        render_text(from_reply(reply))          # a scheduler of before the list names only the first
+    reply.scaling[0].drain_node_ids.extend(["be-2", "be-1"])
+    reply.scaling[0].desired = 0
+    st = from_reply(reply)
+    assert st.decision("t4").drain_node_ids == ("be-2", "be-1")
+    assert "· drain be-2 and 1 more:" in render_text(st)
+    assert json.loads(json.dumps(st.to_json_obj()))["scaling"][0]["drain_node_ids"] == ["be-2", "be-1"]

@@ -362,8 +362,9 @@ class SchedulerConfig:
     device_headroom: float = field(default=0.0, metadata={
         "help": "ask for this fraction more devices than the plan uses (spares that absorb a step at once)"})
     scale_down_tolerance: float = field(default=0.1, metadata={
-        "help": "keep a surplus of up to this fraction of the devices needed (rounded down) rather than remove "
-                "it (Kubernetes' HPA keeps 10%% too): a plan whose device count wavers under a constant load does not flap"})
+        "help": "keep the devices while the most needed within the cool-down is within this fraction of their "
+                "count, and keep this fraction of the need (rounded down) after a removal (Kubernetes' HPA "
+                "keeps 10%% too): a plan whose device count wavers under a constant load does not flap"})
     measured_profiles: bool = field(default=True, metadata={
         "help": "plan with the profiles backends measure while serving once enough samples count (off: "
                 "measurements are kept and shown, tables and predictions plan; a pinned table always plans)"})

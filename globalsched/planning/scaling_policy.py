@@ -23,11 +23,13 @@ The rules (an operator's expectations: no flapping, nothing lost, no idle device
   that need is the plan's devices with demand and headroom counted, so the survivors absorb the
   load (the N/(N-1) check, for any number removed). Once surplus has lasted a whole cool-down, the
   desired count drops to that need at once, however many devices that removes, and holds there
-  for the next cool-down (one step per cool-down: no flapping). A surplus within
-  ``down_tolerance`` of that need (10%, rounded down: none below 10 devices) is kept, as Kubernetes'
-  HPA keeps a count within its 10% tolerance: a plan whose count wavers by one or two under a
-  constant load reversed the device count up to 6 times in 30 minutes in the simulator
-  (benchmarks/elastic.md). Removing one device per cool-down
+  for the next cool-down (one step per cool-down: no flapping). A count whose need is within
+  ``down_tolerance`` of it (the need at least 90% of the count) is kept, as Kubernetes' HPA keeps a
+  count whose metric ratio is within its 10% tolerance: a plan whose count wavers by one or two
+  under a constant load reversed the device count up to 6 times in 30 minutes in the simulator
+  (benchmarks/elastic.md). A removal leaves the need and its tolerance (10% of it, rounded down).
+  The tolerance was first taken of the need alone: a plan that wavered between 31 and 28 devices
+  then removed one (28 + 2 < 31) and asked for it again 45 s later. Removing one device per cool-down
   took 120 devices 110 cool-downs to shrink (benchmarks/simulator.md). The device drained is the
   one whose sessions move most cheaply (an idle one first; then the fewest planned requests per
   second), and scaling down goes through the backend's drain (SIGTERM, then ``Leave``), so no
@@ -55,7 +57,7 @@ class ScalingConfig:
     headroom: float = 0.0           # devices beyond the plan's, as a fraction of it
     outrun_ratio: float = 1.1       # demand / capacity above which demand, not the plan, sets the need
     bounds: DeviceBounds = field(default_factory=DeviceBounds)
-    down_tolerance: float = 0.1     # surplus kept: this fraction of the window's need, rounded down
+    down_tolerance: float = 0.1     # a count is kept while the window's need is within this fraction of it
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> ScalingConfig:
@@ -146,6 +148,7 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
     window_max = max(n for _, n in needs)
     kept = window_max + math.floor(config.down_tolerance * window_max + 1e-9)    # what a removal leaves
     registered = d.registered
+    within = window_max >= (1 - config.down_tolerance) * registered - 1e-9     # the HPA's ratio: need / count
     # A type seen for the first time (a scheduler that just started, whose backends re-register
     # before its first plan) waits a whole cool-down before anything goes, as after a removal.
     last_down = now_s if not history.needs else history.last_down_s
@@ -164,7 +167,7 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
             why = f"{why}; {window_max} needed within the {config.cooldown_s:g} s window: {window_max - registered} to come"
         elif need < registered:
             why = f"{why}; {registered - need} surplus, held for the {config.cooldown_s:g} s cool-down"
-    elif kept >= registered:
+    elif within:
         desired = registered
         why = (f"{why}; {registered - window_max} surplus over the window's {window_max}, within the "
                f"{config.down_tolerance:.0%} tolerance: kept")

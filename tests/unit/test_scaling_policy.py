@@ -174,7 +174,7 @@ def test_a_need_that_comes_back_within_the_window_cancels_the_scale_down():
 
 
 def test_a_surplus_within_the_tolerance_is_kept_so_a_count_that_wavers_does_not_flap():
-    policy = Policy(cooldown_s=10)                        # 10% of the need, rounded down
+    policy = Policy(cooldown_s=10)                        # kept while the need is 90% of the count
     policy.at(0.0, needed=35, registered=35)
     kept = policy.at(11.0, needed=32, registered=35)
     assert kept.desired == 35 and "3 surplus over the window's 32, within the 10% tolerance: kept" in kept.reason
@@ -186,10 +186,19 @@ def test_a_surplus_within_the_tolerance_is_kept_so_a_count_that_wavers_does_not_
         in down.reason
     assert policy.at(70.0, needed=27, registered=27).desired == 27
     assert policy.at(90.0, needed=25, registered=27).desired == 27
-    # below 10 devices the tolerance keeps nothing; none at all is the old rule
+    # the tolerance is of the count, as the HPA's ratio: a plan wavering between 31 and 28 devices keeps
+    # 31 (28 + 10% of 28, rounded down, is 30: the rule of the need alone removed one, and the plan asked
+    # for it again 45 s later, two reversals in the simulator's constant load)
+    waver = Policy(cooldown_s=10)
+    waver.at(0.0, needed=31, registered=31)
+    assert waver.at(12.0, needed=28, registered=31).desired == 31
+    lower = Policy(cooldown_s=10)
+    lower.at(0.0, needed=31, registered=31)
+    assert lower.at(12.0, needed=27, registered=31).desired == 29               # 27 < 27.9: 27 + 2
     small = Policy(cooldown_s=10)
     small.at(0.0, needed=10, registered=10)
-    assert small.at(11.0, needed=9, registered=10).desired == 9
+    assert small.at(11.0, needed=9, registered=10).desired == 10                # 9 of 10: within 10%
+    assert small.at(22.0, needed=8, registered=10).desired == 8
     exact = Policy(cooldown_s=10, down_tolerance=0.0)
     exact.at(0.0, needed=33, registered=33)
     assert exact.at(11.0, needed=32, registered=33).desired == 32

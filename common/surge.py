@@ -4,8 +4,9 @@ surge. The one rule of the scheduler and of the frontends:
 - the scheduler's workload (globalsched/state/rate_reports.py) finds a frontend's latest report a surge against
   the mean of its earlier ones;
 - the planner (globalsched/planning/planner.py) keeps a measured rate within noise of the rate planned at the
-  planned rate (:func:`within_noise`), and takes a surge only if it is a surge against the rate
-  planned too (:func:`is_surge`);
+  planned rate (:func:`within_noise`), takes a surge only if it is a surge against the rate
+  planned too (:func:`is_surge`), and a session's latest report as its rate when it is a drop, the
+  mirror of a surge, against the window's mean (:func:`is_drop`);
 - the device scaling policy (globalsched/actuators/device_scaler.py) takes a session's measured rate as
   outrunning its planned capacity only beyond the noise of its window's counts, bursts included
   (:func:`dispersion`);
@@ -77,6 +78,13 @@ def is_surge(count: float, expected: float) -> bool:
     it and SURGE_RATIO times it."""
     expected = max(expected, 0.0)
     return count > expected + noise_margin(expected) and count > SURGE_RATIO * expected
+
+
+def is_drop(count: float, expected: float) -> bool:
+    """Whether ``count`` arrivals, where ``expected`` were expected, are a drop: beyond noise below it
+    and below it by SURGE_RATIO (a surge's mirror). Where a handful is expected, nothing is a drop."""
+    expected = max(expected, 0.0)
+    return count < expected - noise_margin(expected) and count * SURGE_RATIO < expected
 
 
 def surges_of(counts: np.ndarray, expected: np.ndarray) -> np.ndarray:

@@ -14,7 +14,8 @@ What it does, in order:
    of every query, whose SLOs are the latency split's budgets (globalsched/planning/query_sessions.py); all
    rates times 1 + ``rate_headroom``. A measured rate within Poisson noise of the rate the plan in
    force was made for is that planned rate (:func:`settled_rates`): noise neither re-plans nor
-   resizes batches. Models whose load attempts are spent on every present device
+   resizes batches. A session whose latest report is a drop beyond noise against its window's mean
+   is planned for that latest rate (:func:`dropped_rates`): the mean lags a step down. Models whose load attempts are spent on every present device
    type are left out (routed UNAVAILABLE with the reason by the distribution);
 2. whether to re-plan at all is :func:`globalsched.planning.replan_policy.should_replan`'s (a change forced, a
    demand surge at once, the cooldown, a query's fan-out drift); a surging session's rate stays the
@@ -38,7 +39,7 @@ from typing import AbstractSet, Mapping, Sequence
 
 from common.config import SchedulerConfig
 from globalsched.planning.plan import GpuSpec, SessionSpec
-from common.surge import NOISE_SIGMAS, is_surge, within_noise
+from common.surge import NOISE_SIGMAS, is_drop, is_surge, within_noise
 from globalsched.planning.algorithms.config import PlannerConfig
 from globalsched.planning.algorithms.replan import ReplanConfig, ReplanReason
 from globalsched.planning.cluster_values import (MIN_PLANNED_RATE_RPS, UNBOUNDED_MEMORY_MB, ClusterPlan, ClusterView, PlannedSession,
@@ -180,6 +181,24 @@ def settled_rates(measured: Mapping[str, float], windows_s: Mapping[str, float],
     return out
 
 
+def dropped_rates(latest: Mapping[str, tuple[float, float]], measured_rps: Mapping[str, float],
+                  surging: AbstractSet[str] = frozenset()) -> dict[str, float]:
+    """The sessions whose ``latest`` report (rate summed over frontends, its shortest window's seconds)
+    is a drop against their window's mean (common/surge.py, :func:`is_drop`): session -> that latest
+    rate, which the plan is made for instead of the mean.
+
+    The window's mean lags a step down as it lags a step up: after a 5x step down in the simulator
+    the plan came down over 8-20 s, one re-plan at a time as the mean fell, and the devices went
+    a cool-down after that (benchmarks/elastic.md). The latest report of a busy session tells within
+    seconds; a session expecting a handful of requests in it is never judged, its noise is too wide."""
+    out = {}
+    for name, (rate, seconds) in latest.items():
+        mean = measured_rps.get(name)
+        if mean and seconds > 0 and name not in surging and is_drop(rate * seconds, mean * seconds):
+            out[name] = rate
+    return out
+
+
 def real_surges(surges_rps: Mapping[str, float], windows_s: Mapping[str, float],
                 planned: Mapping[str, float]) -> dict[str, float]:
     """The surges that are surges against the rate planned too (common/surge.py, the frontends' rule
@@ -247,6 +266,8 @@ def session_inputs(view: ClusterView, settings: PlannerSettings, planned_rps: Ma
     headroom = 1.0 + settings.rate_headroom
     surging = frozenset(view.surges_rps if surges_rps is None else surges_rps)
     measured = settled_rates(view.rates_rps, view.rate_windows_s, planned_rps, surging)
+    for name, rate in dropped_rates(view.latest_reports, view.rates_rps, surging).items():
+        measured[name] = min(measured.get(name, rate), rate)
     rates = {k: max(v, floors_rps.get(k, 0.0)) * headroom for k, v in measured.items()}
     default_rate = settings.default_rate_rps * headroom
     present = view.device_types()

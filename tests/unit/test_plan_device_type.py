@@ -14,8 +14,8 @@ from globalsched.planning.algorithms.config import PlannerConfig
 from globalsched.planning.algorithms.replan import ReplanConfig, ReplanReason
 from globalsched.planning.cluster_values import MIN_PLANNED_RATE_RPS, ClusterView, ModelView, SessionInput
 from globalsched.planning.placement import BackendSlot
-from globalsched.planning.planner import (PlannerSettings, PlannerState, plan_cluster, real_surges, same_tables,
-                                 settled_rates)
+from globalsched.planning.planner import (PlannerSettings, PlannerState, dropped_rates, plan_cluster, real_surges,
+                                 same_tables, settled_rates)
 from globalsched.planning.replicas import _SpareRoom, _with, add_replicas, add_spares
 from globalsched.planning.prefix_groups import planning_groups
 
@@ -323,6 +323,36 @@ def test_a_surge_is_held_until_the_windows_mean_catches_up_or_a_window_has_passe
     assert loop.state.surge_floors == {"m": (1000.0, 45.0)}
     assert at(450.0, 47.0, latest=300.0).sessions["m"].rate_rps == 450.0 and loop.state.surge_floors == {}
     assert before.sessions["m"].rate_rps == 60.0
+
+
+def test_a_step_down_is_planned_for_from_the_latest_report_not_the_lagging_mean():
+    """The window's mean lags a step down: at 5x down it came down over 8-20 s in the simulator. A
+    latest report beyond noise below the mean and below it by the surge ratio is planned for."""
+    # 2 s of 60 rps where the mean says 300: 120 counted where 600 were expected: a drop
+    assert dropped_rates({"m": (60.0, 2.0)}, {"m": 300.0}) == {"m": 60.0}
+    # within noise (540 where 600), or beyond it but not by the ratio (450 where 600: 1.33x): none
+    assert dropped_rates({"m": (270.0, 2.0)}, {"m": 300.0}) == {}
+    assert dropped_rates({"m": (225.0, 2.0)}, {"m": 300.0}) == {}
+    # a small session's silence is within its noise (0 where 6 were expected); a surging one is not
+    # judged; one without a mean or a window known is left as measured
+    assert dropped_rates({"s": (0.0, 2.0)}, {"s": 3.0}) == {}
+    assert dropped_rates({"m": (60.0, 2.0)}, {"m": 300.0}, surging=frozenset({"m"})) == {}
+    assert dropped_rates({"m": (60.0, 2.0)}, {}) == {} and dropped_rates({"m": (60.0, 0.0)}, {"m": 300.0}) == {}
+    loop = _loop(cooldown_s=1.0, epoch_s=300.0)
+    slots = _slots(*"abcdefgh")
+
+    def at(rate: float, now: float, latest: float | None = None):
+        return loop.plan([SessionInput("m", 100.0, rate, {"gpu": PROFILE})], slots, now, window_s=10.0,
+                         latest={"m": (latest, 2.0)} if latest else None)
+
+    high = at(300.0, 0.0, latest=300.0)
+    assert high.sessions["m"].rate_rps == 300.0
+    # two seconds after a step to 60 the mean still says 252 (out of the re-planner's band): the plan
+    # is made for the 60 of the latest report, not for 252
+    down = at(252.0, 3.0, latest=60.0)
+    assert loop.changed and down.sessions["m"].rate_rps == 60.0
+    # without the latest report, or with one within noise of the mean, the mean is planned
+    assert at(252.0, 5.0, latest=250.0).sessions["m"].rate_rps == 252.0
 
 
 def test_a_lower_surge_leaves_the_held_one_and_a_higher_one_replaces_it():

@@ -15,8 +15,9 @@ What it does, in order:
    rates times 1 + ``rate_headroom``. A measured rate within Poisson noise of the rate the plan in
    force was made for is that planned rate (:func:`settled_rates`): noise neither re-plans nor
    resizes batches. A session whose latest report is a drop beyond noise against its window's mean
-   is planned for that latest rate (:func:`dropped_rates`): the mean lags a step down. Models whose load attempts are spent on every present device
-   type are left out (routed UNAVAILABLE with the reason by the distribution);
+   is planned for that latest rate (:func:`dropped_rates`): the mean lags a step down. Models whose
+   load attempts are spent on every present device type are left out (routed UNAVAILABLE with the
+   reason by the distribution);
 2. whether to re-plan at all is :func:`globalsched.planning.replan_policy.should_replan`'s (a change forced, a
    demand surge at once, the cooldown, a query's fan-out drift); a surging session's rate stays the
    floor of its planned rate until the window's mean catches up (:func:`held_surges`);

@@ -102,17 +102,22 @@ class DeviceScaler:
             self.state = state
 
     async def apply(self, plan: ClusterPlan, epoch: int) -> None:
+        self.applied(plan)
+
+    def applied(self, plan: ClusterPlan) -> dict[str, ScalingDecision]:
+        """``plan`` is in force now (every node holds its tables): the decisions it gives."""
         self.plan = plan
         self.coming = None
-        self.evaluate()
+        return self.evaluate()
 
-    def made(self, plan: ClusterPlan) -> None:
+    def made(self, plan: ClusterPlan) -> dict[str, ScalingDecision]:
         """``plan`` was just made and its tables are about to go out (globalsched/planning/control_loop.py):
         the devices it needs beyond the plan in force are asked for now, not once every node has
         answered. At a step that push took 3-4 s, the plan's own warm-ups on busy backends included,
-        while the devices it had folded waited to be started (benchmarks/elastic.md)."""
+        while the devices it had folded waited to be started (benchmarks/elastic.md). Returns the
+        decisions."""
         self.coming = plan
-        self.evaluate()
+        return self.evaluate()
 
     def evaluate(self) -> dict[str, ScalingDecision]:
         now = self.clock()

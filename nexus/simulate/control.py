@@ -214,7 +214,10 @@ class SimScheduler:
         self._scale(now)
 
     def _scale(self, now: float) -> None:
-        for t, d in self.scaler.evaluate().items():
+        self._decided(now, self.scaler.evaluate())
+
+    def _decided(self, now: float, decisions: dict) -> None:
+        for t, d in decisions.items():
             key = (d.desired, d.registered, d.drain)
             if self.decisions.get(t) != key:
                 self.decisions[t] = key
@@ -256,8 +259,7 @@ class SimScheduler:
         sessions live on their new routes as soon as their backends are made (early routes), the
         routing tables once every backend answered, then the release tables. The device scaler is
         told first: the devices the plan needs beyond the plan in force are asked for now."""
-        self.scaler.coming = plan
-        self._scale(now)
+        self._decided(now, self.scaler.made(plan))
         steps = handover(self.plan, plan, unreleased_tables(self.unreleased))
         early = EarlyRoutes(self.plan if self.sent_table else None, plan,
                             [n for n in steps.make if n in self.nodes and n in self.sim.backends])
@@ -350,8 +352,7 @@ class SimScheduler:
     def _applied(self, now: float, plan: ClusterPlan, leaving: list[str]) -> None:
         if plan is not self.plan:
             self.plan = plan
-            self.scaler.plan, self.scaler.coming = plan, None
-            self._scale(now)
+            self._decided(now, self.scaler.applied(plan))
         for node_id in leaving:
             self._answer_leave(now, node_id)
         self.planning = False

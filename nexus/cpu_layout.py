@@ -15,15 +15,20 @@ Which one serves more is a property of the models' profiles and their rates, so 
 them: each layout's *load* is the tight lower bound on its devices
 (:func:`globalsched.planning.algorithms.lower_bound.lower_bound_gpus`, the planner's own bound: the
 throughput every session needs and the fixed cost of one batch per duty cycle, at the session's SLO)
-over the devices the layout has. The layout with the lower load has the more room; a layout
-where some session cannot meet its SLO at all is out. The profiles of both layouts are measured on
-the running backend (``ProfileModel`` with ``threads``), the rates and SLOs are the scheduler's.
+over the devices the layout has. Its *room* is how far every session's rate may grow at once before
+that bound fills the layout's devices. The layout with the more room serves more of this mix. Room,
+not the load at today's rates, decides: at a low rate the bound is the fixed cost of a batch-1 run
+in each duty cycle, tens of microseconds of a small model, where one noisy measurement would pick
+the layout. A layout where some session cannot meet its SLO at all is out. The profiles of both
+layouts are measured on the running backend (``ProfileModel`` with ``threads``), the rates and SLOs
+are the scheduler's.
 
 The rules, so that a switch (which starts the other layout's backends before the running ones
 drain: :mod:`nexus.cpu_layout_switch`) is worth its cost and never flaps:
 
-* the other layout must have a load at least ``margin`` lower than the running one (or the running
-  one cannot serve a session the other can);
+* the running layout's room must be at most ``1 - margin`` of the other's (or the running one
+  cannot serve a session the other can; while no session has a rate, neither has more room; when
+  neither has room, the other's load must be ``margin`` lower);
 * that must hold for ``hold_s`` without a break (not when the running layout cannot serve a
   session: a session is then failing);
 * and no switch within ``cooldown_s`` of the last one.
@@ -86,12 +91,14 @@ class SessionDemand:
 @dataclass(frozen=True)
 class LayoutLoad:
     """One layout's load: the lower bound's devices over the layout's (None: it cannot serve
-    ``blocked``, with why)."""
+    ``blocked``, with why), and ``room_x``: the largest multiple of every session's rate at once
+    that the bound still fits in the layout's devices (inf: any, when no session has a rate)."""
 
     layout: CpuLayout
     devices_needed: float | None
     devices: int
     blocked: str = ""
+    room_x: float = 0.0
 
     @property
     def load(self) -> float:
@@ -100,12 +107,13 @@ class LayoutLoad:
     def describe(self) -> str:
         if self.devices_needed is None:
             return f"{self.layout.value}: cannot serve {self.blocked}"
-        return f"{self.layout.value}: {self.devices_needed:.2f} of {self.devices} devices ({self.load:.0%})"
+        room = "any rate" if math.isinf(self.room_x) else f"{self.room_x:.3g}x the rates"
+        return f"{self.layout.value}: {self.devices_needed:.2f} of {self.devices} devices ({self.load:.0%}), room for {room}"
 
 
 @dataclass(frozen=True)
 class LayoutConfig:
-    margin: float = 0.15            # the other layout's load must be this fraction lower
+    margin: float = 0.15            # the running layout's room must be this fraction smaller
     hold_s: float = 10.0            # ... for this long without a break
     cooldown_s: float = 60.0        # and the last switch this long ago
 
@@ -126,9 +134,12 @@ class LayoutDecision:
     reason: str
 
 
+ROOM_X_MAX = 1e6            # rates this many times the present are "any rate"
+
+
 def layout_load(demands: Sequence[SessionDemand], shape: LayoutShape,
                 config: PlannerConfig = PlannerConfig()) -> LayoutLoad | None:
-    """The load of ``shape`` for ``demands``; None while a profile of it is not measured."""
+    """The load of ``shape`` for ``demands`` and its room; None while a profile of it is not measured."""
     specs = []
     for d in demands:
         profile = d.profiles.get(shape.layout)
@@ -139,7 +150,27 @@ def layout_load(demands: Sequence[SessionDemand], shape: LayoutShape,
         needed = lower_bound_gpus(specs, None, config)
     except PlanningError as exc:
         return LayoutLoad(shape.layout, None, shape.devices, str(exc))
-    return LayoutLoad(shape.layout, needed, shape.devices)
+    return LayoutLoad(shape.layout, needed, shape.devices, room_x=_room_x(specs, shape.devices, config))
+
+
+def _room_x(specs: Sequence[SessionSpec], devices: int, config: PlannerConfig) -> float:
+    """The largest k with ``lower_bound_gpus(rates * k) <= devices`` (the bound grows with every
+    rate), to 0.1%: 0 when the sessions' fixed costs alone exceed the devices, inf past ROOM_X_MAX."""
+    def fits(k: float) -> bool:
+        scaled = [replace(s, rate_rps=s.rate_rps * k) for s in specs]
+        return lower_bound_gpus(scaled, None, config) <= devices
+
+    if not fits(0.0):
+        return 0.0
+    low, high = 0.0, 1.0
+    while fits(high):
+        low, high = high, high * 4.0
+        if high > ROOM_X_MAX:
+            return math.inf
+    while high - low > 1e-3 * high:
+        middle = (low + high) / 2.0
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
 
 
 def decide(demands: Sequence[SessionDemand], shapes: Mapping[CpuLayout, LayoutShape], state: LayoutState,
@@ -159,8 +190,12 @@ def decide(demands: Sequence[SessionDemand], shapes: Mapping[CpuLayout, LayoutSh
         better = False
     elif running.devices_needed is None:
         better = True
+    elif math.isinf(candidate.room_x):
+        better = False                         # no rates: nothing to serve more of
+    elif candidate.room_x == 0.0 == running.room_x:
+        better = candidate.load <= running.load * (1.0 - config.margin)     # both short of devices
     else:
-        better = candidate.load <= running.load * (1.0 - config.margin)
+        better = running.room_x <= candidate.room_x * (1.0 - config.margin) and candidate.room_x > 0.0
     if not better:
         return LayoutDecision(None, loads, f"stay {state.running.value}: {numbers}"), replace(state, better_since=None)
     since = now if state.better_since is None else state.better_since

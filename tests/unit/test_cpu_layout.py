@@ -45,7 +45,60 @@ def test_the_load_is_the_lower_bound_over_the_layouts_devices():
     # one thread is 1.4x slower per batch, but there are two: per-core has the more room
     assert per_core.load < machine.load
     assert per_core.devices_needed > machine.devices_needed
-    assert "of 2 devices" in per_core.describe()
+    assert per_core.room_x > machine.room_x
+    assert "of 2 devices" in per_core.describe() and "x the rates" in per_core.describe()
+
+
+def test_the_room_is_the_largest_multiple_of_the_rates_the_bound_fits():
+    demands = [_demand(300.0), _demand(40.0, name="small")]
+    for layout in CpuLayout:
+        load = layout_load(demands, SHAPES[layout])
+        grown = [_demand(300.0 * load.room_x), _demand(40.0 * load.room_x, name="small")]
+        assert layout_load(grown, SHAPES[layout]).devices_needed <= SHAPES[layout].devices
+        beyond = [_demand(300.0 * load.room_x * 1.01), _demand(40.0 * load.room_x * 1.01, name="small")]
+        assert layout_load(beyond, SHAPES[layout]).devices_needed > SHAPES[layout].devices
+    # no rates: room for any; fixed costs beyond the devices: none
+    idle = layout_load([_demand(0.0)], SHAPES[CpuLayout.MACHINE])
+    assert idle.room_x == float("inf") and "room for any rate" in idle.describe()
+    crowded = [_demand(0.0, slo_ms=6.0, name=f"m{i}") for i in range(3)]     # each needs 2/(6-2) of a device
+    assert layout_load(crowded, SHAPES[CpuLayout.MACHINE]).room_x == 0.0
+
+
+def test_at_a_low_rate_the_room_not_a_noisy_batch_1_time_decides():
+    # CI, 2026-12-05: a 38 KB MLP sent at most 50 rps measured l(1) 0.01 ms on the machine and 0.07 ms
+    # on one thread (noise at that scale), and 0.4 against 0.1 ms at batch 32. At 30 rps the loads
+    # are batch-1 costs (machine 0.0003, per-core 0.00037 a device), and the loads kept the machine.
+    def between(l1_ms: float, l32_ms: float) -> Profile:
+        return Profile(tuple(BatchLatency(b, l1_ms + (l32_ms - l1_ms) * (b - 1) / 31) for b in range(1, 33)))
+
+    machine, one_thread = between(0.01, 0.4), between(0.07, 0.1)
+    demands = [_demand(30.0, machine=machine, per_core=one_thread)]
+    loads = [layout_load(demands, SHAPES[layout]) for layout in CpuLayout]
+    assert loads[1].load > loads[0].load
+    assert loads[1].room_x > 4 * loads[0].room_x
+    state = LayoutState(CpuLayout.MACHINE)
+    _, state = decide(demands, SHAPES, state, 0.0, CONFIG)
+    decision, _ = decide(demands, SHAPES, state, 10.0, CONFIG)
+    assert decision.switch_to is CpuLayout.PER_CORE
+
+
+def test_when_neither_layout_has_room_the_lower_load_by_the_margin_decides():
+    # 100 sessions whose batch-1 fixed costs alone exceed both layouts' devices
+    many = [_demand(5.0, name=f"m{i}") for i in range(100)]
+    loads = [layout_load(many, SHAPES[layout]) for layout in CpuLayout]
+    assert loads[0].room_x == 0.0 == loads[1].room_x and loads[1].load < 0.85 * loads[0].load
+    decision, _ = decide(many, SHAPES, LayoutState(CpuLayout.MACHINE, better_since=0.0), 10.0, CONFIG)
+    assert decision.switch_to is CpuLayout.PER_CORE
+    # and per-core running stays: machine's load is higher
+    decision, _ = decide(many, SHAPES, LayoutState(CpuLayout.PER_CORE, better_since=0.0), 10.0, CONFIG)
+    assert decision.switch_to is None
+
+
+def test_without_rates_neither_layout_has_more_room():
+    state = LayoutState(CpuLayout.MACHINE)
+    for now in (0.0, 100.0):
+        decision, state = decide([_demand(0.0)], SHAPES, state, now, CONFIG)
+        assert decision.switch_to is None and decision.reason.startswith("stay machine: ")
 
 
 def test_per_core_is_chosen_once_better_by_the_margin_for_the_hold():
@@ -76,11 +129,11 @@ def test_a_break_in_the_preference_starts_the_hold_again():
 
 
 def test_within_the_margin_nothing_switches():
-    # one thread 1.8x slower: per-core's load is 0.9 of machine's, inside the 15% margin
+    # one thread 1.8x slower: machine's room is 0.9 of per-core's, inside the 15% margin
     demands = [_demand(300.0, per_core=Profile.linear(3.6, 1.8, 32))]
     machine = layout_load(demands, SHAPES[CpuLayout.MACHINE])
     per_core = layout_load(demands, SHAPES[CpuLayout.PER_CORE])
-    assert 0.85 * machine.load < per_core.load < machine.load
+    assert 0.85 * per_core.room_x < machine.room_x < per_core.room_x
     state = LayoutState(CpuLayout.MACHINE)
     for now in (0.0, 30.0, 100.0):
         decision, state = decide(demands, SHAPES, state, now, CONFIG)

@@ -47,6 +47,7 @@ class BatchLatency:
     mean_ms: float | None = None
     std_ms: float | None = None
     p99_ms: float | None = None
+    median_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class Profile:
             return None if x is None else x * factor
 
         return Profile(tuple(BatchLatency(r.batch, r.latency_ms * factor, r.memory_mb, scale(r.mean_ms),
-                                          scale(r.std_ms), scale(r.p99_ms)) for r in self.rows),
+                                          scale(r.std_ms), scale(r.p99_ms), scale(r.median_ms)) for r in self.rows),
                        self.device_type, dict(self.meta))
 
     def validate(self, where: str = "profile") -> None:
@@ -165,7 +166,8 @@ class Profile:
         running = 0.0
         for row in rows:
             running = max(running, row.latency_ms)
-            fixed.append(BatchLatency(row.batch, running, row.memory_mb, row.mean_ms, row.std_ms, row.p99_ms))
+            fixed.append(BatchLatency(row.batch, running, row.memory_mb, row.mean_ms, row.std_ms, row.p99_ms,
+                                      row.median_ms))
         return Profile(tuple(fixed), device_type, dict(meta or {}))
 
     # ---- JSON -----------------------------------------------------------------------------------
@@ -175,7 +177,7 @@ class Profile:
         for r in self.rows:
             row: dict[str, Any] = {"batch": r.batch, "latency_ms": round(r.latency_ms, 6),
                                    "memory_mb": round(r.memory_mb, 6)}
-            for key in ("mean_ms", "std_ms", "p99_ms"):
+            for key in ("mean_ms", "std_ms", "p99_ms", "median_ms"):
                 value = getattr(r, key)
                 if value is not None:
                     row[key] = round(value, 6)
@@ -222,7 +224,7 @@ class Profile:
         if not isinstance(rows_obj, list):
             raise ProfileError(f"{where}: must be a list of {{batch, latency_ms, memory_mb}} rows")
         rows = []
-        allowed = {"batch", "latency_ms", "memory_mb", "mean_ms", "std_ms", "p99_ms"}
+        allowed = {"batch", "latency_ms", "memory_mb", "mean_ms", "std_ms", "p99_ms", "median_ms"}
         for i, row in enumerate(rows_obj):
             if not isinstance(row, dict):
                 raise ProfileError(f"{where}[{i}]: must be an object")
@@ -236,14 +238,15 @@ class Profile:
             if isinstance(batch, bool) or not isinstance(batch, int):
                 raise ProfileError(f"{where}[{i}].batch: must be an integer, got {batch!r}")
             values = {}
-            for key in ("latency_ms", "memory_mb", "mean_ms", "std_ms", "p99_ms"):
+            for key in ("latency_ms", "memory_mb", "mean_ms", "std_ms", "p99_ms", "median_ms"):
                 if key in row:
                     v = row[key]
                     if isinstance(v, bool) or not isinstance(v, (int, float)):
                         raise ProfileError(f"{where}[{i}].{key}: must be a number, got {v!r}")
                     values[key] = float(v)
             rows.append(BatchLatency(batch, values["latency_ms"], values.get("memory_mb", 0.0),
-                                     values.get("mean_ms"), values.get("std_ms"), values.get("p99_ms")))
+                                     values.get("mean_ms"), values.get("std_ms"), values.get("p99_ms"),
+                                     values.get("median_ms")))
         profile = object.__new__(Profile)
         object.__setattr__(profile, "rows", tuple(rows))
         object.__setattr__(profile, "device_type", device_type)

@@ -5,13 +5,16 @@ What it does, from ``nexus serve``'s supervision loop (:meth:`CpuLayoutSwitch.st
 it: measurements run in a worker thread):
 
 * **Measures.** Every model the scheduler serves is profiled once per version in both layouts on a
-  backend of the running one (``Backend.ProfileModel`` with the layout's intra-op threads: the
-  scheduler's quick batch sizes, extended to its batch cap), at the moment it is first seen. The
-  layouts are measured in turn, twice (machine, per-core, per-core, machine), and each batch size
-  keeps the faster of its two figures: other work on the cores only ever adds time, and a model of
-  microseconds is otherwise judged by whichever run a preemption hit.
-* **Decides** with :func:`nexus.cpu_layout.decide` from those profiles and the sessions' rates and
-  SLOs (``GetStatus``), and logs each change of its verdict with the numbers behind it.
+  backend of the running one (``Backend.ProfileModel`` with the layout's intra-op threads, batch
+  sizes 1 to 32, each within a time budget: a size the budget cuts off is extrapolated), at the
+  moment it is first seen. The layouts are measured in turn, twice (machine, per-core, per-core,
+  machine), and each batch size keeps the faster of its two figures: other work on the cores only
+  ever adds time, and a model of microseconds is otherwise judged by whichever run a preemption hit.
+* **Decides** with :func:`nexus.cpu_layout.decide` from the sessions' rates and SLOs
+  (``GetStatus``) and the layouts' *typical* profiles: each size's median run times the planning
+  margin (:func:`typical`). A profile's own figure is a tail (the larger of a margin over mean plus
+  deviation, and the p99 of ten runs), which one preempted run sets; the medians of two layouts
+  compare their batches, not their bad luck. Each change of verdict is logged with the numbers.
 * **Switches make-before-break.** The scheduler is given the measured profile of every served model
   for the other layout's device type where it holds none (``AddProfile``: a table its serving
   measurements then correct; the scheduler profiles a model only for a type none of its profiles
@@ -35,7 +38,7 @@ from typing import Callable, Mapping, Sequence
 
 from common import grpc_util
 from common.security import Credentials
-from common.profile import Profile
+from common.profile import LATENCY_MARGIN, BatchLatency, Profile
 from common.pb import control, control_grpc
 from nexus.cpu_layout import CpuLayout, LayoutConfig, LayoutShape, LayoutState, SessionDemand, decide
 from nexus.launcher import Child, Supervisor
@@ -46,8 +49,10 @@ POLL_S = 2.0
 SWITCH_TIMEOUT_S = 180.0        # new backends registered and profiled within this, or the switch is off
 RETRY_MEASURE_S = 60.0          # a model whose measurement failed is measured again after this
 
-# the scheduler's quick profile (globalsched/actuators/profiling.py), so both layouts are measured alike
-MEASURE_BATCH_SIZES = (1, 2, 4, 8)
+# measured, not extrapolated from the quick profile's 4 and 8 (globalsched/actuators/profiling.py): the
+# room a layout leaves is its large batches' per-item time, which an extrapolation of two noisy small
+# sizes got wrong by several times on a model of microseconds
+MEASURE_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 MEASURE_EXTEND_TO_BATCH = 32
 MEASURE_BUDGET_S = 20.0
 MEASURE_ORDER = (CpuLayout.MACHINE, CpuLayout.PER_CORE, CpuLayout.PER_CORE, CpuLayout.MACHINE)
@@ -79,6 +84,20 @@ def session_demands(status: ClusterStatus, profiles: Mapping[str, Mapping[CpuLay
                                             s.measured_rate_rps or s.planned_rate_rps,
                                             {layout: capped.get(layout) for layout in CpuLayout})
     return list(seen.values())
+
+
+def typical(profile: Profile) -> Profile:
+    """``profile`` with each measured size's median run times the planning margin as its latency (never
+    below a smaller size's), extended past the last size with a median as :meth:`Profile.extended`
+    does; ``profile`` itself when no row has a median (a backend of an earlier release)."""
+    rows = []
+    for r in profile.rows:
+        if r.median_ms is None:
+            break
+        rows.append(BatchLatency(r.batch, r.median_ms * LATENCY_MARGIN, r.memory_mb, median_ms=r.median_ms))
+    if not rows:
+        return profile
+    return Profile.monotone_from_measurements(rows, profile.device_type, profile.meta).extended(profile.max_batch)
 
 
 def faster_rows(profiles: Sequence[Profile]) -> Profile:
@@ -127,6 +146,7 @@ class CpuLayoutSwitch:
         self.backends: list[Child] = list(first)
         self.started = len(first)
         self.profiles: dict[str, dict[CpuLayout, Profile]] = {}      # model -> layout -> profile
+        self.typical: dict[str, dict[CpuLayout, Profile]] = {}       # the same, typical (what decides)
         self._measured_version: dict[str, int] = {}
         self._failed_at: dict[str, float] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cpu-layout-measure")
@@ -156,7 +176,7 @@ class CpuLayoutSwitch:
             self._follow_switch(status, now)
             return
         self._measure_next(status, now)
-        decision, self.state = decide(session_demands(status, self.profiles), self.shapes, self.state, now,
+        decision, self.state = decide(session_demands(status, self.typical), self.shapes, self.state, now,
                                       self.config)
         verdict = decision.reason.split(":", 1)[0].split(" (", 1)[0]      # stay/switch, not the seconds held
         if verdict != self._verdict:
@@ -176,12 +196,15 @@ class CpuLayoutSwitch:
         name, version, future = self._measuring
         self._measuring = None
         try:
-            self.profiles[name] = future.result()
+            runs = future.result()
+            self.profiles[name] = {layout: faster_rows(profiles) for layout, profiles in runs.items()}
+            self.typical[name] = {layout: faster_rows([typical(p) for p in profiles])
+                                  for layout, profiles in runs.items()}
             self._measured_version[name] = version
             self._failed_at.pop(name, None)
-            curves = "; ".join(f"{layout.value} l(1)={p.latency_ms(1):.2f} ms, l({p.max_batch})="
-                               f"{p.latency_ms(p.max_batch):.1f} ms" for layout, p in self.profiles[name].items())
-            self.log(f"cpu layout: measured {name}: {curves}")
+            curves = "; ".join(f"{layout.value} l(1)={p.latency_ms(1):.3g} ms, l({p.max_batch})="
+                               f"{p.latency_ms(p.max_batch):.3g} ms" for layout, p in self.typical[name].items())
+            self.log(f"cpu layout: measured {name} (typical): {curves}")
         except Exception as exc:     # an RPC error, or the backend's own: said once, tried again later
             self._failed_at[name] = now
             self.log(f"cpu layout: measuring {name} failed ({exc}); again in {RETRY_MEASURE_S:.0f} s")
@@ -205,11 +228,11 @@ class CpuLayoutSwitch:
                 continue
             threads = {layout: self._threads(layout) for layout in CpuLayout}
 
-            def run(desc=desc, threads=threads) -> dict[CpuLayout, Profile]:
+            def run(desc=desc, threads=threads) -> dict[CpuLayout, list[Profile]]:
                 runs: dict[CpuLayout, list[Profile]] = {}
                 for layout in MEASURE_ORDER:
                     runs.setdefault(layout, []).append(self.measure(backend, desc, threads[layout]))
-                return {layout: faster_rows(profiles) for layout, profiles in runs.items()}
+                return runs
 
             self._measuring = (name, desc.version, self._pool.submit(run))
             return

@@ -35,7 +35,7 @@ def fill_rows(measured: Sequence[BatchMeasurement], mode: str = "interpolate") -
         for b in range(lo.batch, stop):
             if b in by_batch:
                 m = by_batch[b]
-                mean, std, p99, mem = m.mean_ms, m.std_ms, m.p99_ms, m.memory_mb
+                mean, std, p99, median, mem = m.mean_ms, m.std_ms, m.p99_ms, m.median_ms, m.memory_mb
                 center, spread, floor = m.planning_terms()
             else:
                 t = (b - lo.batch) / (hi.batch - lo.batch) if mode == "interpolate" else 1.0
@@ -45,11 +45,12 @@ def fill_rows(measured: Sequence[BatchMeasurement], mode: str = "interpolate") -
 
                 mean, std = between(lo.mean_ms, hi.mean_ms), between(lo.std_ms, hi.std_ms)
                 p99, mem = between(lo.p99_ms, hi.p99_ms), between(lo.memory_mb, hi.memory_mb)
+                median = between(lo.median_ms, hi.median_ms)
                 (c0, s0, f0), (c1, s1, f1) = lo.planning_terms(), hi.planning_terms()
                 # a contended neighbour has no p99 floor: nor has the size between
                 center, spread = between(c0, c1), between(s0, s1)
                 floor = between(f0, f1) if f0 is not None and f1 is not None else None
             lat_max = max(lat_max, conservative_latency_ms(center, spread, floor))
             mem_max = max(mem_max, mem)
-            rows.append(BatchLatency(b, lat_max, mem_max, mean, std, p99))
+            rows.append(BatchLatency(b, lat_max, mem_max, mean, std, p99, median))
     return rows

@@ -95,7 +95,8 @@ class BatchMeasurement:
                                 self.contended or other.contended)
 
     def to_row(self) -> BatchLatency:
-        return BatchLatency(self.batch, self.latency_ms, self.memory_mb, self.mean_ms, self.std_ms, self.p99_ms)
+        return BatchLatency(self.batch, self.latency_ms, self.memory_mb, self.mean_ms, self.std_ms, self.p99_ms,
+                            self.median_ms)
 
 
 def _reason(exc: BaseException) -> str:

@@ -86,7 +86,7 @@ def test_the_default_auto_switches_to_one_backend_per_core_without_failing_a_req
         client.halt.set()
         client.join(15)
         text = cluster.logs()
-        assert f"cpu layout: measured {MODEL}: machine l(1)=" in text and "; per-core l(1)=" in text
+        assert f"cpu layout: measured {MODEL} (typical): machine l(1)=" in text and "; per-core l(1)=" in text
         assert "cpu layout: switch to per-core: machine: " in text
         assert "backend-0 (pid" in text and "stopped, exit status 0" in text
         assert _device_types(cluster) == [PER_CORE_DEVICE_TYPE, PER_CORE_DEVICE_TYPE]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import sys
+from dataclasses import replace
 
 from common.pb import control
 from common.profile import Profile
@@ -101,7 +102,7 @@ def test_it_measures_stores_the_new_profiles_starts_the_new_layout_and_drains_th
         rig.scheduler.profiled("cpu")
         rig.tick()
         assert rig.measured == [("m", 1, 2), ("m", 1, 1), ("m", 1, 1), ("m", 1, 2)]     # in turn, twice
-        assert any(line.startswith("cpu layout: measured m: machine l(1)=3.00 ms") for line in rig.lines)
+        assert any(line.startswith("cpu layout: measured m (typical): machine l(1)=3 ms") for line in rig.lines)
         rig.tick()
         # the per-core profile went to the scheduler, for its device type, before its backends started
         [(name, version, stored)] = rig.scheduler.stored
@@ -190,5 +191,48 @@ def test_a_failed_measurement_is_said_once_and_tried_again_later():
         rig.tick(31.0)
         assert calls == [2, 2]
         assert len(rig.started) == 1
+    finally:
+        rig.close()
+
+
+def _with_medians(profile: Profile, median_per_item_ms: float, median_fixed_ms: float) -> Profile:
+    return Profile(tuple(replace(r, median_ms=median_fixed_ms + median_per_item_ms * r.batch) for r in profile.rows),
+                   profile.device_type)
+
+
+def test_the_typical_runs_decide_and_the_scheduler_is_given_the_conservative_profile():
+    # per-core's tails (the conservative figure takes a preempted run in ten) leave it 1.11x machine's
+    # room, inside the margin; its medians, one thread 1.4x slower on two cores, 1.45x
+    tails = {2: _with_medians(Profile.linear(2.0, 1.0, 32), 1.6, 0.4),
+             1: _with_medians(Profile.linear(3.6, 2.0, 32), 2.2, 0.8)}
+
+    def measure(address: str, desc: control.ModelDesc, threads: int) -> Profile:
+        return tails[threads]
+
+    rig = _Rig(measure=measure)
+    try:
+        rig.scheduler.serving(rig.first, "cpu")
+        rig.scheduler.profiled("cpu")
+        rig.tick()
+        assert any(line.startswith("cpu layout: measured m (typical): machine l(1)=2.3 ms, l(32)=59.3 ms; "
+                                   "per-core l(1)=3.45 ms") for line in rig.lines), rig.lines
+        rig.tick()
+        assert any(line.startswith("cpu layout: switch to per-core: ") for line in rig.lines), rig.lines
+        [(_, _, stored)] = rig.scheduler.stored
+        assert [r.latency_ms for r in stored.rows] == [r.latency_ms for r in tails[1].rows]
+    finally:
+        rig.close()
+
+
+def test_with_the_tails_alone_it_stays():
+    tails = {2: Profile.linear(2.0, 1.0, 32), 1: Profile.linear(3.6, 2.0, 32)}
+    rig = _Rig(measure=lambda address, desc, threads: tails[threads])
+    try:
+        rig.scheduler.serving(rig.first, "cpu")
+        rig.scheduler.profiled("cpu")
+        rig.tick()
+        rig.tick()
+        assert any(line.startswith("cpu layout: stay machine: ") for line in rig.lines), rig.lines
+        assert not rig.scheduler.stored and len(rig.started) == 1
     finally:
         rig.close()

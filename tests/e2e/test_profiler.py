@@ -70,6 +70,7 @@ def assert_valid_profile(profile: Profile, max_batch: int | None = None) -> None
     assert again.device_type == profile.device_type and again.max_batch == profile.max_batch
     for a, b in zip(again.rows, profile.rows):
         assert a.latency_ms == pytest.approx(b.latency_ms, abs=1e-6) and a.mean_ms == pytest.approx(b.mean_ms, abs=1e-6)
+        assert a.median_ms == pytest.approx(b.median_ms, abs=1e-6) and a.median_ms is not None
 
 
 def assert_means_nondecreasing_within_noise(profile: Profile) -> None:
@@ -138,6 +139,7 @@ def test_fill_interpolates_unmeasured_sizes_with_the_one_latency_rule():
     rows = fill_rows([measurement(1, 1.0, 0.1), measurement(4, 4.0, 0.1, mem=40.0)])
     assert [r.batch for r in rows] == [1, 2, 3, 4]
     assert rows[1].mean_ms == pytest.approx(2.0) and rows[2].memory_mb == pytest.approx(30.0)
+    assert [r.median_ms for r in rows] == pytest.approx([1.0, 2.0, 3.0, 4.0])      # measured, and between
     for r in rows:
         assert r.latency_ms == pytest.approx(conservative_latency_ms(r.mean_ms, r.std_ms, r.p99_ms))
     step = fill_rows([measurement(1, 1.0), measurement(4, 4.0)], "step")

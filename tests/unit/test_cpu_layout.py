@@ -9,11 +9,11 @@ import argparse
 import pytest
 
 from common.config import BackendConfig, ConfigError
-from common.profile import BatchLatency, Profile
+from common.profile import BatchLatency, Profile, ProfileError
 from nexus import serve_cmd
 from nexus.cpu_layout import (PER_CORE_DEVICE_TYPE, CpuLayout, LayoutConfig, LayoutState, SessionDemand, decide,
                               layout_load, layout_shapes)
-from nexus.cpu_layout_switch import faster_rows, session_demands
+from nexus.cpu_layout_switch import faster_rows, session_demands, typical
 from nexus.status_model import ClusterStatus, DeviceStatus, SessionStatus
 
 SHAPES = layout_shapes(2)
@@ -239,3 +239,23 @@ def test_faster_rows_keeps_each_batch_sizes_fastest_measurement_up_to_the_shorte
     assert faster_rows([quiet]).rows == quiet.rows
     with pytest.raises(ValueError, match="no profile to take rows from"):
         faster_rows([])
+
+
+def test_the_typical_profile_is_the_medians_times_the_margin_extended_past_them():
+    # medians for batches 1-4 (a dip at 3, lifted), none beyond: extended by the last step
+    medians = {1: 1.0, 2: 1.5, 3: 1.4, 4: 2.0}
+    rows = tuple(BatchLatency(b, 10.0 * b, 5.0, median_ms=medians.get(b)) for b in range(1, 9))
+    t = typical(Profile(rows, "cpu-1t", {"source": "x"}))
+    assert [round(t.latency_ms(b), 6) for b in range(1, 9)] == [1.15, 1.725, 1.725, 2.3, 2.875, 3.45, 4.025, 4.6]
+    assert t.device_type == "cpu-1t" and t.max_batch == 8 and t.meta["extrapolated_from_batch"] == 4
+    # a profile without medians (a backend of an earlier release) is compared as it is
+    plain = Profile.linear(2.0, 1.0, 8)
+    assert typical(plain) is plain
+
+
+def test_a_profiles_medians_survive_its_json():
+    rows = (BatchLatency(1, 2.0, 1.0, 1.5, 0.2, 1.9, 1.4), BatchLatency(2, 3.0, 1.0))
+    again = Profile.from_json(Profile(rows).to_json())
+    assert [r.median_ms for r in again.rows] == [1.4, None]
+    with pytest.raises(ProfileError, match=r"profile\[0\]\.median_ms: must be a number, got 'fast'"):
+        Profile.from_json('[{"batch": 1, "latency_ms": 2.0, "median_ms": "fast"}]')

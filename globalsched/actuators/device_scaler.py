@@ -70,11 +70,22 @@ def outrunning_rps(measured: WindowRate | None, capacity_rps: float) -> float | 
     read 290-470 requests/s where 200 were offered, and the policy added 2-3 devices the plan never
     used. The window's mean with its own dispersion tells a burst (or a step the planner is already
     re-planning for: the plan's devices follow it) from a rate the plan's batches cannot serve. A rate
-    of unknown noise (fewer than two counts) is left to the plan."""
+    of unknown noise (fewer than two counts) is left to the plan.
+
+    Nor does a mean outrun the plan while the latest report is within what the plan serves: after a
+    step down the mean holds the counts from before it, and the planner plans for the latest report's
+    drop (globalsched/planning/planner.py, ``held_drops``). Taken as demand, that mean asked for the
+    device the drop had let go (``nexus serve``, from 110 to 8 requests/s: 2, 1, 2, 1 devices)."""
     if measured is None or measured.dispersion is None or measured.window_s <= 0:
         return None
     count, expected = measured.rate_rps * measured.window_s, capacity_rps * measured.window_s
-    return measured.rate_rps if count > expected + noise_margin(expected, dispersion=measured.dispersion) else None
+    if count <= expected + noise_margin(expected, dispersion=measured.dispersion):
+        return None
+    if measured.latest_s > 0:
+        latest, served = measured.latest_rps * measured.latest_s, capacity_rps * measured.latest_s
+        if latest <= served + noise_margin(served, dispersion=measured.dispersion):
+            return None
+    return measured.rate_rps
 
 
 class DeviceScaler:

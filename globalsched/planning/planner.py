@@ -15,7 +15,8 @@ What it does, in order:
    rates times 1 + ``rate_headroom``. A measured rate within Poisson noise of the rate the plan in
    force was made for is that planned rate (:func:`settled_rates`): noise neither re-plans nor
    resizes batches. A session whose latest report is a drop beyond noise against its window's mean
-   is planned for that latest rate (:func:`dropped_rates`): the mean lags a step down. Models whose
+   is planned for that latest rate (:func:`dropped_rates`): the mean lags a step down; the drop is
+   held as a ceiling until the mean comes down to it (:func:`held_drops`). Models whose
    load attempts are spent on every present device type are left out (routed UNAVAILABLE with the
    reason by the distribution);
 2. whether to re-plan at all is :func:`globalsched.planning.replan_policy.should_replan`'s (a change forced, a
@@ -89,6 +90,8 @@ class PlannerState:
     first_requests_s: Mapping[str, float] = field(default_factory=dict)
     # session -> (surging rate, when it surged): held as the planned floor (see held_surges)
     surge_floors: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    # session -> (dropped rate, when it dropped): held as the planned ceiling (see held_drops)
+    drop_ceilings: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettings = PlannerSettings()
@@ -105,13 +108,18 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
                          view.latest_reports)
     if floors != state.surge_floors:
         state = replace(state, surge_floors=floors)
+    ceilings = held_drops(state.drop_ceilings, dropped_rates(view.latest_reports, view.rates_rps, frozenset(surges)),
+                          view.rates_rps, view.rate_windows_s, view.now_s, view.latest_reports, frozenset(surges))
+    if ceilings != state.drop_ceilings:
+        state = replace(state, drop_ceilings=ceilings)
     call = should_replan(view, state.plan, state.last_plan_s, state.backends, surges, settings.replan,
                          settings.rate_headroom)
     if call.hold:
         return state.plan, state            # the re-planner's cooldown: nothing unforced changes yet
     force, why = call.force, call.why
     sessions, planned, queries = session_inputs(view, settings, planned_rps, first, surges,
-                                                {name: rate for name, (rate, _) in floors.items()})
+                                                {name: rate for name, (rate, _) in floors.items()},
+                                                {name: rate for name, (rate, _) in ceilings.items()})
     placed, types = place_sessions(sessions, view.backends, state, view.now_s, force, settings,
                                    {m.name: m.min_replicas for m in view.models}, view.rates_rps, view.last_requested_s)
     changed = any(r is not ReplanReason.NONE for r in placed.reasons.values())
@@ -129,7 +137,7 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
 def adopted_state(state: PlannerState, now_s: float) -> PlannerState:
     """The state of a plan in force taken over by another process (a standby that now leads): its
     times, read on the old leader's monotonic clock, become ``now_s``. Cool-downs start again, so
-    nothing moves at once; a surge floor is held for a whole hold again; a model's first requests are
+    nothing moves at once; a surge floor or a drop ceiling is held for a whole hold again; a model's first requests are
     measured anew, as they are, by the new leader."""
     types = {}
     for device_type, ts in state.types.items():
@@ -138,7 +146,8 @@ def adopted_state(state: PlannerState, now_s: float) -> PlannerState:
         types[device_type] = replace(ts, replan=replan)
     return replace(state, types=types, last_plan_s=None if state.last_plan_s is None else now_s,
                    first_requests_s={m: now_s for m in state.first_requests_s},
-                   surge_floors={s: (rate, now_s) for s, (rate, _) in state.surge_floors.items()})
+                   surge_floors={s: (rate, now_s) for s, (rate, _) in state.surge_floors.items()},
+                   drop_ceilings={s: (rate, now_s) for s, (rate, _) in state.drop_ceilings.items()})
 
 
 def same_tables(new: ClusterPlan, old: ClusterPlan) -> bool:
@@ -200,6 +209,35 @@ def dropped_rates(latest: Mapping[str, tuple[float, float]], measured_rps: Mappi
     return out
 
 
+def held_drops(ceilings: Mapping[str, tuple[float, float]], drops_rps: Mapping[str, float],
+               measured_rps: Mapping[str, float], windows_s: Mapping[str, float], now_s: float,
+               latest: Mapping[str, tuple[float, float]] = {}, surging: AbstractSet[str] = frozenset()
+               ) -> dict[str, tuple[float, float]]:
+    """The drops held as planned ceilings: session -> (rate, when it dropped); :func:`held_surges`'s
+    mirror. A drop (:func:`dropped_rates`) is the latest report only, and the next report, by noise,
+    may not be a drop against a mean that still lags: the plan then went back up to the mean and asked
+    again for the device the drop had let go (``nexus serve`` with reports every 0.5 s, after a step
+    from 110 to 8 requests/s: 2, 1, 2, 1 devices within 10 s). So a drop's rate is the ceiling of the
+    session's planned rate until the window's mean comes down to it (below it, or within Poisson noise
+    of it), a whole rate window has passed, the session surges, or its ``latest`` report (rate,
+    seconds) is beyond noise above it: the traffic came back. A lower drop replaces a held one."""
+    out: dict[str, tuple[float, float]] = {}
+    for name, (rate, since) in ceilings.items():
+        mean, window = measured_rps.get(name), windows_s.get(name, 0.0)
+        if now_s - since >= PLAN_RATE_WINDOW_S or mean is None or name in surging:
+            continue
+        if window > 0 and (mean <= rate or within_noise(mean * window, rate * window)):
+            continue                        # the window came down
+        latest_rps, latest_s = latest.get(name, (0.0, 0.0))
+        if latest_s > 0 and latest_rps > rate and not within_noise(latest_rps * latest_s, rate * latest_s):
+            continue                        # the traffic came back
+        out[name] = (rate, since)
+    for name, rate in drops_rps.items():
+        if name not in out or rate <= out[name][0]:
+            out[name] = (rate, now_s)
+    return out
+
+
 def real_surges(surges_rps: Mapping[str, float], windows_s: Mapping[str, float],
                 planned: Mapping[str, float]) -> dict[str, float]:
     """The surges that are surges against the rate planned too (common/surge.py, the frontends' rule
@@ -250,14 +288,15 @@ def held_surges(floors: Mapping[str, tuple[float, float]], surges_rps: Mapping[s
 
 def session_inputs(view: ClusterView, settings: PlannerSettings, planned_rps: Mapping[str, float] = {},
                    first_requests_s: Mapping[str, float] = {}, surges_rps: Mapping[str, float] | None = None,
-                   floors_rps: Mapping[str, float] = {}
+                   floors_rps: Mapping[str, float] = {}, ceilings_rps: Mapping[str, float] | None = None
                    ) -> tuple[list[SessionInput], dict[str, PlannedSession], tuple[dict, dict, dict]]:
     """The sessions to place (model sessions and query stages, rates with headroom), every planned
     session by name, and the queries' (plans, planned rates, planned gammas). ``planned_rps``: the
     rates the plan in force was made for (:func:`planned_rates`), which measurements within noise
     of them keep (:func:`settled_rates`); ``surges_rps``: the surges beyond noise (:func:`real_surges`;
     default: the view's); ``floors_rps``: the surges held (:func:`held_surges`), below which no
-    session's measured rate is planned.
+    session's measured rate is planned; ``ceilings_rps``: the drops held (:func:`held_drops`; default:
+    the view's latest drops, :func:`dropped_rates`), above which none is, but for a floor.
 
     A model uploaded with an expected rate is planned for it until its requests have been measured
     for a whole rate window (``first_requests_s``: when each model's first ones were), and for the
@@ -267,7 +306,9 @@ def session_inputs(view: ClusterView, settings: PlannerSettings, planned_rps: Ma
     headroom = 1.0 + settings.rate_headroom
     surging = frozenset(view.surges_rps if surges_rps is None else surges_rps)
     measured = settled_rates(view.rates_rps, view.rate_windows_s, planned_rps, surging)
-    for name, rate in dropped_rates(view.latest_reports, view.rates_rps, surging).items():
+    if ceilings_rps is None:
+        ceilings_rps = dropped_rates(view.latest_reports, view.rates_rps, surging)
+    for name, rate in ceilings_rps.items():
         measured[name] = min(measured.get(name, rate), rate)
     rates = {k: max(v, floors_rps.get(k, 0.0)) * headroom for k, v in measured.items()}
     default_rate = settings.default_rate_rps * headroom

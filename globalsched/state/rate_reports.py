@@ -38,6 +38,8 @@ class WindowRate:
     rate_rps: float             # the window's mean (no surge substituted)
     window_s: float             # the shortest window of any frontend reporting it
     dispersion: float | None    # the largest index of dispersion of a frontend's counts; None: not known
+    latest_rps: float = 0.0     # the latest reports' rates, summed over frontends
+    latest_s: float = 0.0       # the shortest of their windows (0: not known)
 
 
 class _Readings:
@@ -156,9 +158,10 @@ class _Sums:
         cols = np.flatnonzero(counted)
         keys = [names[i] for i in cols]
         self.latest = dict(zip(keys, zip(latest[cols].tolist(), latest_s[cols].tolist())))
-        self.window_rates = {k: WindowRate(m, s, None if u else d) for k, m, s, u, d in
+        known_s = np.where(np.isfinite(latest_s[cols]), latest_s[cols], 0.0)
+        self.window_rates = {k: WindowRate(m, s, None if u else d, lr, ls) for k, m, s, u, d, lr, ls in
                              zip(keys, means[cols].tolist(), counted_s[cols].tolist(), unknown[cols].tolist(),
-                                 dispersion[cols].tolist())}
+                                 dispersion[cols].tolist(), latest[cols].tolist(), known_s.tolist())}
 
 
 class Workload:

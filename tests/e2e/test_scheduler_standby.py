@@ -105,10 +105,10 @@ def test_an_adopted_plan_starts_its_cooldowns_again(pg_url):
     from globalsched.planning.plan_device_type import TypeState
 
     old = PlannerState(last_plan_s=5.0, first_requests_s={"m": 1.0}, surge_floors={"m": (40.0, 4.0)},
-                       types={"t4": TypeState(replan=ReplanState(last_replan_s=5.0, moved_at_s=(("m", 3.0),)))})
+                       drop_ceilings={"q": (3.0, 4.5)}, types={"t4": TypeState(replan=ReplanState(last_replan_s=5.0, moved_at_s=(("m", 3.0),)))})
     new = adopted_state(old, 1000.0)
     assert new.last_plan_s == 1000.0 and new.first_requests_s == {"m": 1000.0}
-    assert new.surge_floors == {"m": (40.0, 1000.0)}
+    assert new.surge_floors == {"m": (40.0, 1000.0)} and new.drop_ceilings == {"q": (3.0, 1000.0)}
     assert new.types["t4"].replan.last_replan_s == 1000.0 and new.types["t4"].replan.moved_at_s == (("m", 1000.0),)
     assert adopted_state(PlannerState(), 7.0) == PlannerState()
     # the store: fenced by the lease epoch

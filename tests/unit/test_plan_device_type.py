@@ -355,6 +355,45 @@ def test_a_step_down_is_planned_for_from_the_latest_report_not_the_lagging_mean(
     assert at(252.0, 5.0, latest=250.0).sessions["m"].rate_rps == 252.0
 
 
+def test_a_drop_is_held_as_a_ceiling_until_the_mean_comes_down_or_the_traffic_comes_back():
+    """``nexus serve`` (reports every 0.5 s) after a step from 110 to 8 requests/s: the next latest
+    report, by noise no drop against the lagging mean, planned the mean again: 2, 1, 2, 1 devices."""
+    loop = _loop(cooldown_s=0.5, epoch_s=300.0)
+    slots = _slots(*"abcdefgh")
+
+    def at(mean: float, now: float, latest: float):
+        return loop.plan([SessionInput("m", 100.0, mean, {"gpu": PROFILE})], slots, now, window_s=10.0,
+                         latest={"m": (latest, 0.5)})
+
+    assert at(110.0, 0.0, latest=110.0).sessions["m"].rate_rps == 110.0
+    # 4 counted in 0.5 s where 55 were expected: a drop, held
+    assert at(100.0, 1.0, latest=8.0).sessions["m"].rate_rps == 8.0
+    assert loop.state.drop_ceilings == {"m": (8.0, 1.0)}
+    # 5 where 25: not a drop against a mean of 50 by itself, but the mean (500 counted where the
+    # ceiling gives 80) has not come down to it, and 10 rps is within noise of 8: held
+    assert at(50.0, 2.0, latest=10.0).sessions["m"].rate_rps == 8.0
+    # the mean came down within noise of it (110 where 80): the ceiling goes, and the plan made for 8
+    # stands, as any within noise of its rate does
+    assert at(11.0, 6.0, latest=9.0).sessions["m"].rate_rps == 8.0 and loop.state.drop_ceilings == {}
+    # the traffic came back (50 counted where the ceiling gives 4): the ceiling goes, the mean is planned
+    at(110.0, 20.0, latest=110.0)
+    at(100.0, 21.0, latest=8.0)
+    assert loop.state.drop_ceilings == {"m": (8.0, 21.0)}
+    assert at(60.0, 22.0, latest=100.0).sessions["m"].rate_rps == 60.0 and loop.state.drop_ceilings == {}
+
+
+def test_held_drops_go_after_a_window_or_a_surge_and_a_lower_drop_replaces_one():
+    from globalsched.planning.planner import held_drops
+    ceilings = held_drops({}, {"m": 60.0}, {"m": 300.0}, {"m": 10.0}, 0.0)
+    assert ceilings == {"m": (60.0, 0.0)}
+    assert held_drops(ceilings, {"m": 80.0}, {"m": 250.0}, {"m": 10.0}, 2.0) == ceilings
+    assert held_drops(ceilings, {"m": 40.0}, {"m": 250.0}, {"m": 10.0}, 2.0) == {"m": (40.0, 2.0)}
+    assert held_drops(ceilings, {}, {"m": 250.0}, {"m": 10.0}, 9.9) == ceilings
+    assert held_drops(ceilings, {}, {"m": 250.0}, {"m": 10.0}, 10.0) == {}              # a window passed
+    assert held_drops(ceilings, {}, {"m": 250.0}, {"m": 10.0}, 2.0, surging=frozenset({"m"})) == {}
+    assert held_drops(ceilings, {}, {}, {}, 2.0) == {}                                    # no longer reported
+
+
 def test_a_lower_surge_leaves_the_held_one_and_a_higher_one_replaces_it():
     from globalsched.planning.planner import held_surges
     floors = held_surges({}, {"m": 300.0}, {"m": 300.0}, {"m": 10.0}, 0.0)

@@ -95,6 +95,12 @@ def test_a_single_burst_report_adds_no_device_the_plan_does_not_use():
     assert outrunning_rps(WindowRate(150.0, 10.0, 16.0), 100.0) is None        # CV 4: a margin 4x wider
     assert outrunning_rps(WindowRate(150.0, 10.0, None), 100.0) is None        # one count: left to the plan
     assert outrunning_rps(None, 100.0) is None
+    # after a step down the mean still outruns, but the latest report is within what the plan serves
+    # (10 counted in 0.5 s where the plan's 8 rps give 4, within 4 * 2 + 3): not demand; a latest
+    # report beyond it is (300 where 50)
+    assert outrunning_rps(WindowRate(30.0, 10.0, 1.0, latest_rps=10.0, latest_s=0.5), 8.0) is None
+    assert outrunning_rps(WindowRate(150.0, 10.0, 1.0, latest_rps=150.0, latest_s=2.0), 100.0) == 150.0
+    assert outrunning_rps(WindowRate(150.0, 10.0, 1.0, latest_rps=100.0, latest_s=2.0), 100.0) is None
 
 
 def test_a_plan_that_needs_more_devices_is_asked_for_when_made_and_one_that_needs_fewer_once_applied():

@@ -61,9 +61,9 @@ class FromScratch:
                     if model in window_rates:
                         old = window_rates[model]
                         d = None if d is None or old[2] is None else max(d, old[2])
-                        window_rates[model] = (old[0] + mean, min(old[1], seconds), d)
+                        window_rates[model] = (old[0] + mean, min(old[1], seconds), d, *latest[model])
                     else:
-                        window_rates[model] = (mean, seconds, d)
+                        window_rates[model] = (mean, seconds, d, *latest[model])
                 rates[model] = rates.get(model, 0.0) + rate
                 windows[model] = min(windows.get(model, seconds), seconds)
         return {"rates": rates, "windows": windows, "surging": surging, "latest": latest,
@@ -74,7 +74,7 @@ def _incremental(w: Workload, now: float) -> dict:
     wr = w.window_rates(now)
     return {"rates": w.planning_rates(now), "windows": w.rate_windows_s(now), "surging": w.surge_windows_s(now),
             "latest": w.latest_reports(now),
-            "window_rates": {m: (r.rate_rps, r.window_s, r.dispersion) for m, r in wr.items()}}
+            "window_rates": {m: (r.rate_rps, r.window_s, r.dispersion, r.latest_rps, r.latest_s) for m, r in wr.items()}}
 
 
 def _close(a, b) -> bool:

@@ -6,8 +6,8 @@ it: measurements run in a worker thread):
 
 * **Measures.** Every model the scheduler serves is profiled once per version in both layouts on a
   backend of the running one (``Backend.ProfileModel`` with the layout's intra-op threads, batch
-  sizes 1 to 32, each within a time budget: a size the budget cuts off is extrapolated), at the
-  moment it is first seen. The layouts are measured in turn, twice (machine, per-core, per-core,
+  sizes 1 to 32, each within a time budget of runs; a profile that stops short, on a failure or a
+  memory limit, is extrapolated), at the moment it is first seen. The layouts are measured in turn, twice (machine, per-core, per-core,
   machine), and each batch size keeps the faster of its two figures: other work on the cores only
   ever adds time, and a model of microseconds is otherwise judged by whichever run a preemption hit.
 * **Decides** with :func:`nexus.cpu_layout.decide` from the sessions' rates and SLOs

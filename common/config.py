@@ -347,6 +347,11 @@ class SchedulerConfig:
         "help": "fill the backends a plan leaves idle with extra replicas of the busiest sessions: they absorb "
                 "bursts and steps at once and a lost backend without an outage, and go first when devices are "
                 "removed"})
+    surge_floors: bool = field(default=True, metadata={
+        "help": "hold a session's surge as the floor of its planned rate until its rate window's mean catches up "
+                "(off: a surge is planned for while it is the latest report, and bursts are left to the spare "
+                "replicas on --device-headroom's devices, pooled over every session: with many bursty models, "
+                "more requests within SLO for a few percent more devices, benchmarks/elastic.md)"})
     metrics_listen: str = field(default=DEFAULT_SCHEDULER_METRICS_LISTEN, metadata={
         "help": "HOST:PORT of the Prometheus endpoint /metrics: nexus_desired_devices{device_type} and the plan "
                 "(port 0: any free port; empty: off; left at its default while --listen has port 0, it takes "

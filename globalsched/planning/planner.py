@@ -21,7 +21,8 @@ What it does, in order:
    reason by the distribution);
 2. whether to re-plan at all is :func:`globalsched.planning.replan_policy.should_replan`'s (a change forced, a
    demand surge at once, the cooldown, a query's fan-out drift); a surging session's rate stays the
-   floor of its planned rate until the window's mean catches up (:func:`held_surges`);
+   floor of its planned rate until the window's mean catches up (:func:`held_surges`), unless
+   ``surge_floors`` is off: bursts are then left to the spare replicas pooled on idle devices;
 3. each session goes to the device type of the most backends it has a profile for; one with no
    profile for any present type is listed in ``need_profile``; one whose SLO less the path allowance
    is below 2*l(1) on every type is served best effort at batch 1;
@@ -65,13 +66,15 @@ class PlannerSettings:
     rate_headroom: float = 0.0          # plan for measured rates times 1 + this
     default_min_replicas: int = 1
     spare_replicas: bool = True         # idle backends hold replicas of the busiest sessions (plan_device_type.py)
+    surge_floors: bool = True           # a surge is held as its session's floor (held_surges); off: never held
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> PlannerSettings:
         # The path allowance is the planner's network margin: spent outside the device on every hop.
         planner = PlannerConfig(network_ms=config.path_allowance_ms, burst_sigma=config.burst_sigma)
         return cls(ReplanConfig(epoch_s=config.epoch_s, planner=planner), config.solver, config.latency_split,
-                   config.default_rate_rps, config.rate_headroom, max(1, config.min_replicas), config.spare_replicas)
+                   config.default_rate_rps, config.rate_headroom, max(1, config.min_replicas), config.spare_replicas,
+                   config.surge_floors)
 
     @property
     def planner(self) -> PlannerConfig:
@@ -106,6 +109,8 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
     surges = real_surges(view.surges_rps, view.surge_windows_s, planned_rps)
     floors = held_surges(state.surge_floors, surges, view.rates_rps, view.rate_windows_s, view.now_s,
                          view.latest_reports)
+    if not settings.surge_floors:           # planned for while it is the latest report, never held
+        floors = {name: held for name, held in floors.items() if name in surges}
     if floors != state.surge_floors:
         state = replace(state, surge_floors=floors)
     ceilings = held_drops(state.drop_ceilings, dropped_rates(view.latest_reports, view.rates_rps, frozenset(surges)),

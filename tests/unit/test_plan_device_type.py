@@ -394,6 +394,35 @@ def test_held_drops_go_after_a_window_or_a_surge_and_a_lower_drop_replaces_one()
     assert held_drops(ceilings, {}, {}, {}, 2.0) == {}                                    # no longer reported
 
 
+def test_without_surge_floors_a_surge_is_planned_for_while_it_is_the_latest_report_and_never_held():
+    """``--no-surge-floors``: the step's surge re-plans at once, as with floors; once its report is no
+    longer the latest, the window's mean is planned (the spares on --device-headroom's devices, pooled
+    over every session, absorb what it leaves)."""
+    loop = Loop(PlannerSettings(ReplanConfig(cooldown_s=1.0, epoch_s=300.0), spare_replicas=False,
+                                surge_floors=False))
+    slots = _slots(*"abcdefgh")
+
+    def at(rate: float, now: float, surge: float | None = None, latest: float | None = None):
+        return loop.plan([SessionInput("m", 100.0, rate, {"gpu": PROFILE})], slots, now, window_s=10.0,
+                         surges={"m": surge} if surge else None, surge_window_s=2.0,
+                         latest={"m": (latest, 2.0)} if latest else None)
+
+    at(60.0, 0.0)
+    stepped = at(300.0, 2.0, surge=300.0)
+    assert loop.changed and stepped.sessions["m"].rate_rps == 300.0
+    assert loop.state.surge_floors == {"m": (300.0, 2.0)}      # while it is the latest report
+    # The surge aged out, the latest reports go on at the step's rate: with floors the plan stayed
+    # (the test above); without, the lagging mean is planned.
+    lagging = at(108.0, 4.0, latest=280.0)
+    assert loop.state.surge_floors == {} and lagging.sessions["m"].rate_rps == 108.0
+
+
+def test_surge_floors_are_on_by_default_and_a_flag_turns_them_off():
+    from common.config import SchedulerConfig
+    assert SchedulerConfig().surge_floors and PlannerSettings.from_config(SchedulerConfig()).surge_floors
+    assert not PlannerSettings.from_config(SchedulerConfig(surge_floors=False)).surge_floors
+
+
 def test_a_lower_surge_leaves_the_held_one_and_a_higher_one_replaces_it():
     from globalsched.planning.planner import held_surges
     floors = held_surges({}, {"m": 300.0}, {"m": 300.0}, {"m": 10.0}, 0.0)

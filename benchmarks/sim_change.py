@@ -38,7 +38,7 @@ import os
 import pathlib
 import time
 
-from benchmarks.elastic import FIXED_MS, PER_ITEM_MS, SLOS_MS
+from benchmarks.elastic import FIXED_MS, PER_ITEM_MS, POOLED_HEADROOM, SLOS_MS
 from common.config import SchedulerConfig
 from harness.elastic import zipf_models
 from harness.smoke import add_smoke, parse_args
@@ -53,7 +53,6 @@ STEP_UP_S, STEP_DOWN_S, END_S = 40.0, 80.0, 140.0
 COOLDOWN_S = 10.0
 RAMP_S = 20.0
 MODELS_PER_DEVICE = 2.4
-POOLED_HEADROOM = 0.3           # --pooled's --device-headroom (benchmarks/elastic.md: 0.2-0.4 measured)
 RPS_PER_DEVICE = 4.0            # the base rate per device: the step's peak (5x) needs about half the devices
 
 

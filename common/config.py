@@ -347,11 +347,12 @@ class SchedulerConfig:
         "help": "fill the backends a plan leaves idle with extra replicas of the busiest sessions: they absorb "
                 "bursts and steps at once and a lost backend without an outage, and go first when devices are "
                 "removed"})
-    surge_floors: bool = field(default=True, metadata={
+    surge_floors: bool = field(default=False, metadata={
         "help": "hold a session's surge as the floor of its planned rate until its rate window's mean catches up "
                 "(off: a surge is planned for while it is the latest report, and bursts are left to the spare "
-                "replicas on --device-headroom's devices, pooled over every session: with many bursty models, "
-                "more requests within SLO for a few percent more devices, benchmarks/elastic.md)"})
+                "replicas on --device-headroom's devices, pooled over every session; the floors, held for each "
+                "session on its own, served fewer requests within SLO for about as many devices, "
+                "benchmarks/elastic.md)"})
     metrics_listen: str = field(default=DEFAULT_SCHEDULER_METRICS_LISTEN, metadata={
         "help": "HOST:PORT of the Prometheus endpoint /metrics: nexus_desired_devices{device_type} and the plan "
                 "(port 0: any free port; empty: off; left at its default while --listen has port 0, it takes "
@@ -364,8 +365,9 @@ class SchedulerConfig:
     scale_down_cooldown_s: float = field(default=60.0, metadata={
         "help": "a device surplus must last this long before one device is removed, and removals are this "
                 "far apart (a Kubernetes HPA on nexus_desired_devices must use the same)"})
-    device_headroom: float = field(default=0.0, metadata={
-        "help": "ask for this fraction more devices than the plan uses (spares that absorb a step at once)"})
+    device_headroom: float = field(default=0.3, metadata={
+        "help": "ask for this fraction more devices than the plan uses, rounded to the nearest device: they hold "
+                "spare replicas of the busiest sessions, capacity for bursts and steps pooled over every session"})
     scale_down_tolerance: float = field(default=0.1, metadata={
         "help": "keep the devices while the most needed within the cool-down is within this fraction of their "
                 "count, and keep this fraction of the need (rounded down) after a removal (Kubernetes' HPA "

@@ -21,8 +21,9 @@ What it does, in order:
    reason by the distribution);
 2. whether to re-plan at all is :func:`globalsched.planning.replan_policy.should_replan`'s (a change forced, a
    demand surge at once, the cooldown, a query's fan-out drift); a surging session's rate stays the
-   floor of its planned rate until the window's mean catches up (:func:`held_surges`), unless
-   ``surge_floors`` is off: bursts are then left to the spare replicas pooled on idle devices;
+   floor of its planned rate until the window's mean catches up (:func:`held_surges`) if
+   ``surge_floors`` is on; off (the default), a surge is planned for while it is the latest report,
+   and bursts are left to the spare replicas pooled on the device headroom;
 3. each session goes to the device type of the most backends it has a profile for; one with no
    profile for any present type is listed in ``need_profile``; one whose SLO less the path allowance
    is below 2*l(1) on every type is served best effort at batch 1;
@@ -66,7 +67,7 @@ class PlannerSettings:
     rate_headroom: float = 0.0          # plan for measured rates times 1 + this
     default_min_replicas: int = 1
     spare_replicas: bool = True         # idle backends hold replicas of the busiest sessions (plan_device_type.py)
-    surge_floors: bool = True           # a surge is held as its session's floor (held_surges); off: never held
+    surge_floors: bool = False          # a surge is held as its session's floor (held_surges); off: never held
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> PlannerSettings:

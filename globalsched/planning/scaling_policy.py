@@ -15,8 +15,9 @@ The rules (an operator's expectations: no flapping, nothing lost, no idle device
   planner already re-plans for, adds only the devices the plan uses); an idle session's room does
   not absorb another's excess, and the capacity is the throughput of its planned batches, not the
   rate it was planned for: a plan for a few requests per second on a device that serves hundreds
-  needs no device more when they come. Then times 1 + ``headroom``,
-  rounded up, within the bounds. When it exceeds the registered count the desired count is that
+  needs no device more when they come. Then ``headroom`` times it more, rounded to the nearest
+  device (spares pooled over every session; at 0.3 a plan of one device gets none, rounded up it
+  got a second), within the bounds. When it exceeds the registered count the desired count is that
   need, at once: this covers a plan that folds sessions onto busy devices.
 * **Down after a cool-down, to what the window needed.** The desired count never drops below the
   largest raw need seen over the last ``cooldown_s`` (the stabilization window of Kubernetes' HPA):
@@ -133,8 +134,9 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
         need = math.ceil(d.needed * ratio - 1e-9)
         why = (f"demand {d.demand_rps:.0f} rps outruns the {d.capacity_rps:.0f} rps the plan's batches serve "
                f"(x{ratio:.2f}): {need} for the plan's {d.needed}")
-    if config.headroom > 0 and need > 0:
-        need = math.ceil(need * (1 + config.headroom) - 1e-9)
+    extra = math.floor(need * config.headroom + 0.5) if need > 0 else 0
+    if extra > 0:
+        need += extra
         why += f", {config.headroom:.0%} headroom: {need}"
     raw = need
     if need > high:

@@ -216,13 +216,14 @@ def test_losing_the_leader_under_load_fails_nothing_moves_nothing_and_the_next_u
     a, b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     both = f"{b},{a}"
     cluster = Cluster(tmp_path / "cluster", backends=2, device=DEVICE,
-                      scheduler={"listen": a, "database": pg_url, "spare_replicas": False, "metrics_listen": ""},
+                      scheduler={"listen": a, "database": pg_url, "spare_replicas": False, "metrics_listen": "",
+                                 "device_headroom": 0.0},   # desired = the plan's 2 devices, as adopted below
                       backend={"scheduler": both}, frontend={"scheduler": both, "report_interval_s": 0.5}).start()
     standby = None
     try:
         standby = NexusProcess(tmp_path / "standby.log", "scheduler", "--listen", b, "--database", pg_url,
                                "--data-dir", str(tmp_path / "standby"), "--metrics-listen", "",
-                               "--no-spare-replicas")
+                               "--no-spare-replicas", "--device-headroom", "0")
         assert _role(standby) == "standby"
         cluster.scheduler.address = both                      # admin calls follow the leader too
         _upload(cluster, tmp_path, "steady", FAST, FAST_SLO_MS, "--min-replicas", "2")

@@ -292,8 +292,8 @@ def test_a_surge_within_noise_of_the_planned_rate_is_no_surge():
 def test_a_surge_is_held_until_the_windows_mean_catches_up_or_a_window_has_passed():
     """A 5x step: the surge re-plans at once; when the surging report ages out the window's mean,
     still holding counts from before the step, does not take the capacity back. A burst (the next
-    report back down) is not held."""
-    loop = _loop(cooldown_s=1.0, epoch_s=300.0)
+    report back down) is not held. (With ``--surge-floors``; off by default.)"""
+    loop = Loop(PlannerSettings(ReplanConfig(cooldown_s=1.0, epoch_s=300.0), spare_replicas=False, surge_floors=True))
     slots = _slots(*"abcdefgh")
 
     def at(rate: float, now: float, surge: float | None = None, latest: float | None = None):
@@ -395,9 +395,9 @@ def test_held_drops_go_after_a_window_or_a_surge_and_a_lower_drop_replaces_one()
 
 
 def test_without_surge_floors_a_surge_is_planned_for_while_it_is_the_latest_report_and_never_held():
-    """``--no-surge-floors``: the step's surge re-plans at once, as with floors; once its report is no
-    longer the latest, the window's mean is planned (the spares on --device-headroom's devices, pooled
-    over every session, absorb what it leaves)."""
+    """``--no-surge-floors`` (the default): the step's surge re-plans at once, as with floors; once its
+    report is no longer the latest, the window's mean is planned (the spares on --device-headroom's
+    devices, pooled over every session, absorb what it leaves)."""
     loop = Loop(PlannerSettings(ReplanConfig(cooldown_s=1.0, epoch_s=300.0), spare_replicas=False,
                                 surge_floors=False))
     slots = _slots(*"abcdefgh")
@@ -417,10 +417,16 @@ def test_without_surge_floors_a_surge_is_planned_for_while_it_is_the_latest_repo
     assert loop.state.surge_floors == {} and lagging.sessions["m"].rate_rps == 108.0
 
 
-def test_surge_floors_are_on_by_default_and_a_flag_turns_them_off():
-    from common.config import SchedulerConfig
-    assert SchedulerConfig().surge_floors and PlannerSettings.from_config(SchedulerConfig()).surge_floors
-    assert not PlannerSettings.from_config(SchedulerConfig(surge_floors=False)).surge_floors
+def test_surge_floors_are_off_by_default_and_a_flag_turns_them_on():
+    import argparse
+
+    from common.config import SchedulerConfig, add_arguments, from_args
+    assert not SchedulerConfig().surge_floors and not PlannerSettings.from_config(SchedulerConfig()).surge_floors
+    assert not PlannerSettings().surge_floors
+    p = argparse.ArgumentParser()
+    add_arguments(p, SchedulerConfig)
+    on = from_args(SchedulerConfig, p.parse_args(["--surge-floors"]))
+    assert on.surge_floors and PlannerSettings.from_config(on).surge_floors
 
 
 def test_a_lower_surge_leaves_the_held_one_and_a_higher_one_replaces_it():

@@ -242,6 +242,14 @@ def test_headroom_adds_spare_devices():
     assert Policy(headroom=0.5).at(0.0, needed=4, registered=4).desired == 6
 
 
+@pytest.mark.parametrize("needed, desired", [(1, 1), (2, 3), (3, 4), (4, 5), (5, 7), (10, 13), (82, 107)])
+def test_the_headroom_is_rounded_to_the_nearest_device_so_one_device_gets_none_more(needed, desired):
+    """30% of a plan of one device is less than half a device: a single device is not doubled."""
+    decision = Policy(headroom=0.3).at(0.0, needed=needed, registered=needed)
+    assert decision.desired == desired
+    assert ("30% headroom" in decision.reason) == (desired > needed), decision.reason
+
+
 @pytest.mark.parametrize("low, high, message", [
     ("two", "", "--min-devices: expected N or TYPE=N[,TYPE=N...], got 'two'"),
     ("", "t4=-1", "--max-devices: expected a device type and a count of at least 0, got 't4=-1'"),

@@ -47,7 +47,6 @@ from nexus.bench.report import OK, write_json
 from nexus.scheduler_client import fetch_status
 
 STEP = 5.0
-POOLED_HEADROOM = 0.3           # --pooled's --device-headroom (benchmarks/elastic.md: 0.2-0.4 measured)
 # l(b) = 2-6 ms + 10-20 ms per item, SLOs of 300-500 ms: at 40 requests/s the planner's lower bound
 # is 2-3 devices, at 200 it is 4-6 (the plan used 9-10 with the trace's bursts), and the processes stay
 # light enough for this machine (nexus serve and its children: 0.3-0.45 cores, benchmarks/elastic.md).
@@ -245,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet-cores", type=float, default=0.5, help="... until they keep at most this many cores busy")
     p.add_argument("--runs", default="started,idle",
                    help="which runs: started, idle, cpu (the CPU device model; comma-separated)")
-    p.add_argument("--pooled", action="store_true",
-                   help=f"the started and idle runs with --no-surge-floors --device-headroom {POOLED_HEADROOM:g} "
-                        "(benchmarks/sim_change.py --pooled)")
+    p.add_argument("--floors", action="store_true",
+                   help="the started and idle runs as the scheduler ran before 2026-12-05: --surge-floors "
+                        "--device-headroom 0 (benchmarks/sim_change.py --floors)")
     p.add_argument("--out", default="benchmarks/out/elastic", help="work folder: model database, logs, samples")
     p.add_argument("--plot-dir", default="benchmarks", help="where elastic.<run>.png goes")
     add_smoke(p, outputs=("plot_dir",), runs="started", models=2, base_rps=4.0, warm_s=1.0, high_s=1.0, low_s=1.0,
@@ -258,17 +257,17 @@ def main(argv: list[str] | None = None) -> int:
     models = zipf_models(args.models, zipf_s=args.zipf, seed=args.seed, per_item_ms=PER_ITEM_MS, fixed_ms=FIXED_MS,
                          slo_ms=SLOS_MS)
     base = args.base_rps
-    pooled = ("--no-surge-floors", "--device-headroom", str(POOLED_HEADROOM)) if args.pooled else ()
+    floors = ("--surge-floors", "--device-headroom", "0") if args.floors else ()
     results = []
     for run in args.runs.split(","):
         if run == "started":
             steps = [(args.warm_s, base), (args.high_s, STEP * base), (args.low_s, base)]
             results.append(_trace_run("started", out / "started", models, steps, args, "--min-backends", "1",
-                                      *pooled))
+                                      *floors))
         elif run == "idle":
             steps = [(20.0, base), (25.0, STEP * base), (10.0, base)]
             results.append(_trace_run("idle", out / "idle", models, steps, args, "--min-backends",
-                                      str(args.idle_backends), *pooled,
+                                      str(args.idle_backends), *floors,
                                       after=lambda cluster, workdir: _cold_start(cluster, workdir, args.cold_rps)))
         elif run == "cpu":
             results.append(_cpu_device_model(out, args))

@@ -1,7 +1,7 @@
 """Issue 24's targets, measured in ``nexus simulate``: the SLO while the cluster changes.
 
     python -m benchmarks.sim_change [--devices 100] [--cases step_auto,step_idle,ramp_auto,steady,kill,stall]
-                                    [--seed N] [--pooled]
+                                    [--seed N] [--floors]
 
 ``--devices`` sets the cluster's size (100 or 1,000: the models, the rates and the bounds scale with
 it). Every trace starts after ``LEAD_S`` of silence while the cluster registers and plans. The cases:
@@ -38,7 +38,7 @@ import os
 import pathlib
 import time
 
-from benchmarks.elastic import FIXED_MS, PER_ITEM_MS, POOLED_HEADROOM, SLOS_MS
+from benchmarks.elastic import FIXED_MS, PER_ITEM_MS, SLOS_MS
 from common.config import SchedulerConfig
 from harness.elastic import zipf_models
 from harness.smoke import add_smoke, parse_args
@@ -69,13 +69,14 @@ def arrivals(trace, schedule: str, duration_s: float, seed: int, cv: bool = True
     return Arrivals(a.times_s + LEAD_S, a.models, a.names, a.duration_s + LEAD_S)
 
 
-def config(devices: int, seed: int, fixed: bool, faults=(), pooled: bool = False) -> SimConfig:
-    """``pooled``: bursts left to spares pooled on idle devices (``--no-surge-floors --device-headroom
-    POOLED_HEADROOM``) instead of held as each session's floor."""
+def config(devices: int, seed: int, fixed: bool, faults=(), floors: bool = False) -> SimConfig:
+    """``floors``: the scheduler as before 2026-12-05, surges held as each session's floor and no device
+    headroom (``--surge-floors --device-headroom 0``), against the defaults' spares pooled on the
+    headroom."""
     low = max(1, devices // 10)
     scheduler = SchedulerConfig(scale_down_cooldown_s=COOLDOWN_S, min_devices=f"t4={devices if fixed else low}",
-                                max_devices=f"t4={devices}", surge_floors=not pooled,
-                                device_headroom=POOLED_HEADROOM if pooled else 0.0)
+                                max_devices=f"t4={devices}",
+                                **({"surge_floors": True, "device_headroom": 0.0} if floors else {}))
     return SimConfig(backends=devices if fixed else None, min_backends=low, max_backends=devices, seed=seed,
                      faults=tuple(faults), scheduler=scheduler)
 
@@ -146,9 +147,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steady-s", type=float, default=1800.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default="benchmarks/out/sim_change")
-    p.add_argument("--pooled", action="store_true",
-                   help=f"every case with --no-surge-floors --device-headroom {POOLED_HEADROOM:g}: bursts left to "
-                        "spares pooled on idle devices, not held as each session's floor")
+    p.add_argument("--floors", action="store_true",
+                   help="every case as the scheduler ran before 2026-12-05: --surge-floors --device-headroom 0 "
+                        "(surges held as each session's floor, no spares pooled on a headroom)")
     add_smoke(p, devices=4, steady_s=60.0)
     args = parse_args(p, argv)
     out = pathlib.Path(args.out) / f"d{args.devices}"
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
           f"CPU {_cpu()}, load average {os.getloadavg()[0]:.2f}", flush=True)
     if "step_auto" in cases:
         sim, r = run("step_auto", models, arrivals(trace, step, END_S, args.seed),
-                     config(n, args.seed, False, pooled=args.pooled), steps, out)
+                     config(n, args.seed, False, floors=args.floors), steps, out)
         trace_targets(rows, "step_auto", r)
         after = windows(r, LEAD_S + STEP_UP_S + start_s + 2, LEAD_S + STEP_DOWN_S)
         target(rows, "step_auto", f"worst 1 s window from S + 2 s after the step (S = {start_s:g} s)",
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
         ramp = (f"0:{base},{STEP_UP_S}:{base},{STEP_UP_S + RAMP_S}~{5 * base},{STEP_DOWN_S}:{5 * base},"
                 f"{STEP_DOWN_S + RAMP_S}~{base}")
         sim, r = run("ramp_auto", models, arrivals(trace, ramp, END_S, args.seed),
-                     config(n, args.seed, False, pooled=args.pooled), [], out)
+                     config(n, args.seed, False, floors=args.floors), [], out)
         trace_targets(rows, "ramp_auto", r)
         w = windows(r, LEAD_S + STEP_UP_S, LEAD_S + STEP_DOWN_S)
         target(rows, "ramp_auto", "worst 1 s window from the ramp up to the ramp down", min(w), ">= 0.99",
@@ -190,13 +191,13 @@ def main(argv: list[str] | None = None) -> None:
         lost_targets(rows, "ramp_auto", r)
     if "step_idle" in cases:
         sim, r = run("step_idle", models, arrivals(trace, step, END_S, args.seed),
-                     config(n, args.seed, True, pooled=args.pooled), steps, out)
+                     config(n, args.seed, True, floors=args.floors), steps, out)
         w = windows(r, LEAD_S, LEAD_S + END_S)
         target(rows, "step_idle", "worst 1 s window, every device registered", min(w), ">= 0.99", min(w) >= 0.99)
         target(rows, "step_idle", "within SLO over the trace", r["within_slo"], ">= 0.999", r["within_slo"] >= 0.999)
     if "steady" in cases:
         sim, r = run("steady", models, arrivals(trace, f"0:{2.5 * base}", args.steady_s, args.seed, cv=False),
-                     config(n, args.seed, False, pooled=args.pooled), [], out)
+                     config(n, args.seed, False, floors=args.floors), [], out)
         turns = reversals(sim)
         per10 = max([sum(1 for t in turns if w <= t < w + 600) for w in range(0, int(args.steady_s), 60)] or [0])
         target(rows, "steady", "scale reversals in any 10 minutes (Poisson, constant)", per10, "<= 1", per10 <= 1)
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         at = LEAD_S + 30.0
         fault = Fault(FaultKind.KILL_BACKENDS, at, count=max(1, n // 10))
         sim, r = run("kill", models, arrivals(trace, f"0:{5 * base}", 60.0, args.seed, cv=False),
-                     config(n, args.seed, True, [fault], pooled=args.pooled), [], out)
+                     config(n, args.seed, True, [fault], floors=args.floors), [], out)
         failed = missed_share(r, at - 10, LEAD_S + 60.0)
         target(rows, "kill", "requests not within SLO from 10 s before the kill (10% of devices killed at peak)",
                round(failed, 5), "<= 0.001", failed <= 0.001)
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
         at = LEAD_S + 30.0
         fault = Fault(FaultKind.STALL_SCHEDULER, at, duration_s=10.0)
         sim, r = run("stall", models, arrivals(trace, f"0:{5 * base}", 60.0, args.seed, cv=False),
-                     config(n, args.seed, True, [fault], pooled=args.pooled), [], out)
+                     config(n, args.seed, True, [fault], floors=args.floors), [], out)
         evicted = [e for e in sim.events if "missed heartbeats" in e["text"]]
         target(rows, "stall", "nodes evicted by a 10 s scheduler stall", len(evicted), "0", not evicted)
         before, during = windows(r, at - 10, at), windows(r, at, at + 10)

@@ -175,3 +175,15 @@ def test_loads_round_trip_through_json() -> None:
     obj = plan.to_json_obj()
     assert all("load_rps" in a for g in obj["gpus"] for a in g["sessions"])
     assert Plan.from_json_obj(obj).gpus == plan.gpus
+
+
+def test_a_residual_whose_duty_cycle_sits_on_the_rules_edge_gets_a_gpu_of_its_own() -> None:
+    """At 1,000 devices in the simulator a residual of 31.8 requests/s (l(b) = 19.33b + 2.65 ms, SLO
+    budget 395 ms) fit only by the exact lone quantile, at a duty cycle whose d + l + H was the SLO
+    plus the validator's slack: the packer's own check, summed in another order, refused it an empty
+    GPU and the planner failed. The duty cycle now keeps the rules with no slack."""
+    spec = SessionSpec("m331", "m331", 400.0, 65.0, Profile.linear(19.33, 2.65, 32))
+    config = PlannerConfig(network_ms=5.0, burst_sigma=Z)
+    plan = solve([spec], BIG, Solver.SQUISHY, config)
+    assert not validate_plan(plan, [spec], BIG, burst_sigma=Z, margins_ms=5.0)
+    assert sum(a.planned_load_rps for g in plan.gpus for a in g.sessions) >= 65.0 - 1e-6

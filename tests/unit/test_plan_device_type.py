@@ -6,9 +6,12 @@ backends and expect the rest idle."""
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 
 from globalsched.planning.plan import GpuPlan, GpuSpec, Plan, PrefixGroup, SessionAlloc, SessionSpec, validate_plan
+from common.config import SchedulerConfig, add_arguments, from_args
 from common.profile import Profile
 from globalsched.planning.algorithms.config import PlannerConfig
 from globalsched.planning.algorithms.replan import ReplanConfig, ReplanReason
@@ -50,8 +53,8 @@ class Loop:
         return plan
 
 
-def _loop(**replan) -> Loop:
-    return Loop(PlannerSettings(ReplanConfig(**replan), spare_replicas=False))
+def _loop(surge_floors: bool = False, **replan) -> Loop:
+    return Loop(PlannerSettings(ReplanConfig(**replan), spare_replicas=False, surge_floors=surge_floors))
 
 
 def _where(plan) -> dict[str, set[str]]:
@@ -293,7 +296,7 @@ def test_a_surge_is_held_until_the_windows_mean_catches_up_or_a_window_has_passe
     """A 5x step: the surge re-plans at once; when the surging report ages out the window's mean,
     still holding counts from before the step, does not take the capacity back. A burst (the next
     report back down) is not held. (With ``--surge-floors``; off by default.)"""
-    loop = Loop(PlannerSettings(ReplanConfig(cooldown_s=1.0, epoch_s=300.0), spare_replicas=False, surge_floors=True))
+    loop = _loop(surge_floors=True, cooldown_s=1.0, epoch_s=300.0)
     slots = _slots(*"abcdefgh")
 
     def at(rate: float, now: float, surge: float | None = None, latest: float | None = None):
@@ -398,8 +401,7 @@ def test_without_surge_floors_a_surge_is_planned_for_while_it_is_the_latest_repo
     """``--no-surge-floors`` (the default): the step's surge re-plans at once, as with floors; once its
     report is no longer the latest, the window's mean is planned (the spares on --device-headroom's
     devices, pooled over every session, absorb what it leaves)."""
-    loop = Loop(PlannerSettings(ReplanConfig(cooldown_s=1.0, epoch_s=300.0), spare_replicas=False,
-                                surge_floors=False))
+    loop = _loop(cooldown_s=1.0, epoch_s=300.0)
     slots = _slots(*"abcdefgh")
 
     def at(rate: float, now: float, surge: float | None = None, latest: float | None = None):
@@ -418,9 +420,6 @@ def test_without_surge_floors_a_surge_is_planned_for_while_it_is_the_latest_repo
 
 
 def test_surge_floors_are_off_by_default_and_a_flag_turns_them_on():
-    import argparse
-
-    from common.config import SchedulerConfig, add_arguments, from_args
     assert not SchedulerConfig().surge_floors and not PlannerSettings.from_config(SchedulerConfig()).surge_floors
     assert not PlannerSettings().surge_floors
     p = argparse.ArgumentParser()

@@ -20,8 +20,10 @@ not (deadline 504, shed under overload 429, unauthenticated 401). Error bodies a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
+from dataclasses import dataclass
 
 import grpc
 from aiohttp import web
@@ -36,6 +38,10 @@ from frontend.rest_codec import (HEADER_LENGTH, HttpError, invalid, load_json, j
                                  decode_infer_request, encode_infer_response, message_to_json)
 
 log = logging.getLogger("nexus.frontend.http")
+
+# How long a drain keeps idle keep-alive connections open, answering what comes on them with
+# ``Connection: close``, before it closes those still open.
+KEEP_ALIVE_CLOSE_GRACE_S = 2.0
 
 HTTP_STATUS: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -283,20 +289,60 @@ def tls_context(cert_path: str, key_path: str) -> ssl.SSLContext:
     return context
 
 
+class _Draining:
+    """Once set, every response closes its connection after it (``Connection: close``)."""
+
+    def __init__(self) -> None:
+        self.is_set = False
+
+    async def on_response_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
+        if self.is_set:                   # the headers are made: say it, and close after the response
+            response.headers["Connection"] = "close"
+            response.force_close()
+
+
+@dataclass
+class HttpServer:
+    """A started HTTP/REST server; :meth:`stop` drains it."""
+    runner: web.AppRunner
+    site: web.TCPSite
+    address: str                  # the bound HOST:PORT
+    close_grace_s: float
+    draining: _Draining
+
+    async def stop(self) -> None:
+        """Stop accepting connections, then give the open keep-alive connections ``close_grace_s`` to
+        close by themselves: each answers what comes on it with ``Connection: close`` and closes (an
+        idle connection closed under a client that is sending on it would lose that request, since
+        HTTP/1.1 has no way to say it was not taken). Then close what is still open, and wait for the
+        requests in flight (at most the drain's time)."""
+        await self.site.stop()
+        self.draining.is_set = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.close_grace_s
+        while self.runner.server is not None and self.runner.server.connections and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        await self.runner.cleanup()
+
+
 async def start(core: KServeApi, listen: str, max_body_bytes: int,
                 ssl_context: ssl.SSLContext | None = None, drain_s: float = 20.0,
-                reuse_port: bool = False) -> tuple[web.AppRunner, str]:
+                reuse_port: bool = False) -> HttpServer:
     """Serve HTTP/REST (HTTPS with ``ssl_context``) on ``listen`` (port 0: any free port) in the running
-    event loop; return the runner and the bound HOST:PORT. ``await runner.cleanup()`` stops accepting
-    and waits at most ``drain_s`` for the requests in flight. ``reuse_port``: the port is shared with
-    the other workers of the frontend (SO_REUSEPORT)."""
+    event loop. ``HttpServer.stop()`` drains it: it waits at most ``drain_s`` for the requests in
+    flight. ``reuse_port``: the port is shared with the other workers of the frontend (SO_REUSEPORT)."""
     host, port = split_host_port(listen)
-    runner = web.AppRunner(build_app(core, max_body_bytes), access_log=None, shutdown_timeout=drain_s,
+    app = build_app(core, max_body_bytes)
+    draining = _Draining()
+    app.on_response_prepare.append(draining.on_response_prepare)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain_s,
                            logger=_ServerLog(server_logger, {}))
     await runner.setup()
+    site = web.TCPSite(runner, host or None, port, ssl_context=ssl_context, reuse_port=reuse_port or None)
     try:
-        await web.TCPSite(runner, host or None, port, ssl_context=ssl_context, reuse_port=reuse_port or None).start()
+        await site.start()
     except OSError as exc:
         await runner.cleanup()
         raise OSError(f"could not bind HTTP {listen}: {exc.strerror or exc}") from exc
-    return runner, join_host_port(host, runner.addresses[0][1])
+    return HttpServer(runner, site, join_host_port(host, runner.addresses[0][1]),
+                      min(drain_s, KEEP_ALIVE_CLOSE_GRACE_S), draining)

@@ -133,11 +133,11 @@ async def serve(config: FrontendConfig, ready=None) -> None:
     # A worker of several shares --listen; the scheduler pushes its routing tables to its own port.
     own_address = grpc_util.bind(server, config.worker_control_listen, creds) if config.is_worker else address
     await server.start()
-    http_runner, http_address = None, ""
+    http_server = None
     if config.resolved_http_listen:
         tls = rest.tls_context(config.security.tls_cert, config.security.tls_key) if creds.tls else None
         try:
-            http_runner, http_address = await rest.start(kserve_service.api, config.resolved_http_listen,
+            http_server = await rest.start(kserve_service.api, config.resolved_http_listen,
                                                          int(config.http_max_body_mb * 2**20), tls,
                                                          config.drain_grace_s, reuse_port=config.is_worker)
         except OSError:
@@ -150,7 +150,7 @@ async def serve(config: FrontendConfig, ready=None) -> None:
     reporter = asyncio.create_task(_report_loop(state, scheduler, node, config.report_interval_s))
     checker = asyncio.create_task(readiness.keep_evaluating(state))
     if ready:
-        extra = {"http": http_address} if http_address else {}
+        extra = {"http": http_server.address} if http_server is not None else {}
         if metrics:
             extra["metrics"] = metrics.url
         if config.is_worker:
@@ -164,7 +164,7 @@ async def serve(config: FrontendConfig, ready=None) -> None:
             state.tracer.flush()
         checker.cancel()
         await drain(state, server, scheduler, node, config.drain_grace_s,
-                    http_runner.cleanup if http_runner is not None else None)
+                    http_server.stop if http_server is not None else None)
         if metrics is not None:
             await metrics.close()
         await state.pool.close()

@@ -239,3 +239,34 @@ def test_a_stream_request_in_flight_at_sigterm_is_answered_before_the_frontend_e
         assert frontend.proc.wait(timeout=60) == 0
     finally:
         stream.close()
+
+
+def refuses_connections(address: str) -> bool:
+    try:
+        socket.create_connection(split_host_port(address), timeout=5).close()
+        return False
+    except ConnectionRefusedError:
+        return True
+
+
+def test_a_request_on_an_idle_keep_alive_connection_as_the_frontend_drains_is_answered_and_closes_it(nodes):
+    # A drain that closed idle keep-alive connections at once would lose a request the client was
+    # sending on one just then; the drain answers it instead, and says the connection closes.
+    _, _, _, start_frontend = nodes
+    frontend = start_frontend()
+    wait_ready(frontend.address, MODEL)
+    body = json.dumps({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]})
+    conn = http.client.HTTPConnection(frontend.info["http"], timeout=60)
+    try:
+        for when in ("before", "draining"):
+            if when == "draining":
+                frontend.signal(signal.SIGTERM)
+                wait_for(lambda: refuses_connections(frontend.info["http"]), 30, "the HTTP port closed")
+            conn.request("POST", f"/v2/models/{MODEL}/infer", body=body, headers={"Content-Type": "application/json"})
+            reply = conn.getresponse()
+            assert reply.status == 200, (when, reply.read())
+            assert json.loads(reply.read())["outputs"][0]["shape"] == [1, 10]
+            assert (reply.getheader("Connection") == "close") == (when == "draining"), reply.getheaders()
+    finally:
+        conn.close()
+    assert frontend.proc.wait(timeout=60) == 0

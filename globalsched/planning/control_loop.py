@@ -24,6 +24,8 @@ import time
 from dataclasses import replace
 from typing import Awaitable, Callable, Protocol, Sequence
 
+from prometheus_client import Histogram
+
 from globalsched.planning.algorithms.replan import ReplanReason
 from globalsched.planning.cluster_values import ClusterPlan, ClusterView
 from common.loop_slices import Steps, run_in_slices
@@ -35,6 +37,9 @@ from globalsched.planning.replan_trigger import ReplanTrigger
 log = logging.getLogger("nexus.scheduler")
 
 COALESCE_S = 0.05               # bursts of changes become one plan
+# Applying a plan (its make step, then its routing tables) holds the next plan back: at 1,000 devices
+# in the simulator it took 2-3.6 s after a step (benchmarks/elastic.md).
+APPLY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 REPAIR_COALESCE_S = 0.005       # a lost node is repaired without delay
 
 
@@ -78,6 +83,11 @@ class ControlLoop:
         self.plan: ClusterPlan | None = None      # the plan in force: the last one applied
         self._warned: set[str] = set()            # the plan notes logged as warnings, while they hold
         self.latest: ClusterPlan | None = None    # the last plan made, also while it is being applied
+        # The actuators' time per new plan; the next plan waits for it (served on the metrics port).
+        self.apply_seconds = Histogram("nexus_scheduler_plan_apply_seconds",
+                                       "how long the actuators took to apply a new plan, its make step and "
+                                       "routing tables (seconds); the next plan waits for it",
+                                       buckets=APPLY_BUCKETS_S, registry=None)
 
     def adopt(self, state: PlannerState) -> None:
         """Continue from a plan in force another process made (a standby that took over): the planner
@@ -133,8 +143,12 @@ class ControlLoop:
             told(plan)
         if self.persist is not None:          # write-ahead: stored before any node holds it
             await self.persist(await self.planner.pickled_state())
+        started = self.clock()
         for actuator in self.actuators:
             await actuator.apply(plan, self.epoch)
+        took_s = max(0.0, self.clock() - started)
+        self.apply_seconds.observe(took_s)
+        log.info("epoch %d: applied in %.2f s", self.epoch, took_s)
         self.plan, self.planned = plan, planned
         return plan
 

@@ -410,6 +410,7 @@ async def _start_metrics(config: SchedulerConfig, service: SchedulerService, ser
     registry.register(ScalerCollector(service.scaler))
     registry.register(ProfileCollector(service.admin))
     registry.register(service.loop_lag.histogram)
+    registry.register(service.control.apply_seconds)
     try:
         metrics = await serve_metrics("scheduler", config.metrics_listen, config.resolved_metrics_listen, registry)
     except SystemExit:

@@ -1,5 +1,6 @@
 """The scheduler's metrics port: nexus_desired_devices and nexus_registered_devices per device type,
-and the same decision with its reason in GetStatus, on a live scheduler with emulated backends."""
+the time its plans took to apply, and the same decision with its reason in GetStatus, on a live
+scheduler with emulated backends."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ def test_desired_and_registered_devices_are_served_and_follow_the_policy(tmp_pat
         # Nothing to serve: one device is surplus, and goes after the (1 s) cool-down; one is the floor.
         metrics = wait_for(lambda: (m := _scrape(url)).get(("nexus_desired_devices", "t4")) == 1 and m, 30, "one t4 desired")
         assert metrics[("nexus_plan_devices", "t4")] == 0
+        # each backend's registration was planned for and applied, and the apply timed
+        assert metrics[("nexus_scheduler_plan_apply_seconds_count", "")] >= 1
         with grpc.insecure_channel(scheduler.address) as channel:
             status = control_grpc.SchedulerStub(channel).GetStatus(control.StatusRequest(), timeout=10)
         [decision] = status.scaling

@@ -63,9 +63,15 @@ def test_a_burst_of_triggers_is_one_plan_and_an_unchanged_plan_is_not_applied_ag
         assert world.reads == reads + 1 and len(world.applied) == applied + 1
         assert world.applied[-1][0] == loop.epoch == trigger.epoch
         assert f"epoch {loop.epoch}: re-planned: gpu sessions-changed (change 0; change 1" in caplog.text  # and why
+        assert f"epoch {loop.epoch}: applied in " in caplog.text
         trigger.evaluate()                                 # nothing changed: planned, not applied
         await asyncio.sleep(0.3)
         assert world.reads == reads + 2 and len(world.applied) == applied + 1
+        # every plan applied, and none that was not, in the apply-time histogram
+        count = loop.apply_seconds.collect()[0]
+        observed = {s.name: s.value for s in count.samples}
+        assert observed["nexus_scheduler_plan_apply_seconds_count"] == len(world.applied)
+        assert observed["nexus_scheduler_plan_apply_seconds_sum"] > 0
         task.cancel()
 
     asyncio.run(main())

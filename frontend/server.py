@@ -138,8 +138,8 @@ async def serve(config: FrontendConfig, ready=None) -> None:
         tls = rest.tls_context(config.security.tls_cert, config.security.tls_key) if creds.tls else None
         try:
             http_server = await rest.start(kserve_service.api, config.resolved_http_listen,
-                                                         int(config.http_max_body_mb * 2**20), tls,
-                                                         config.drain_grace_s, reuse_port=config.is_worker)
+                                           int(config.http_max_body_mb * 2**20), tls,
+                                           config.drain_grace_s, reuse_port=config.is_worker)
         except OSError:
             await server.stop(None)
             await scheduler.close()

@@ -65,7 +65,8 @@ class Warmer:
                 return None
             todo, sizes = samples, frozenset({CONFIGURED})
         else:
-            todo = tuple(s for s in default_samples(session.inputs, session.planned_batch) if s.batch_size not in warm)
+            todo = tuple(s for s in default_samples(session.inputs, session.planned_batch, session.runtime.kind)
+                         if s.batch_size not in warm)
             if not todo:
                 return None
             sizes = frozenset(s.batch_size for s in todo)

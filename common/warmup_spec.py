@@ -12,13 +12,19 @@ warm-up and the arrays a sample feeds; the backend decides when the batches run.
   exactly once, its data type, concrete dims that fit the model's, one data source, a file's bytes
   the size of one row; ``batch_size`` >= 1 and within ``max_batch_size`` when the config sets one;
   ``count`` 0 means once, as in Triton. Each sample runs ``count`` batches of ``batch_size`` rows.
-- **Default** (a model without ``model_warmup``, :func:`default_samples`): two batches at each of
+- **Default** (a model without ``model_warmup``, :func:`default_samples`): batches at each of
   batch 1 and the session's planned batch, random data of the model's input shapes (a variable
   dimension as 1). Batch 1 is what a lone request after a quiet spell runs; the planned batch is what
   the plan expects under load; eager batching runs every size in between, whose first runs cost
-  ONNX Runtime on CPU little (benchmarks/warmup.md). Two runs each, because some runtimes finish
-  their work only on the second call (TorchScript's profiling executor optimises the graph it
-  recorded in the first), and a GPU's first run also loads kernels and chooses algorithms per shape.
+  ONNX Runtime on CPU little (benchmarks/warmup.md). Each size runs as many times as the runtime
+  needs before that shape runs at its steady time (:func:`default_runs`): ONNX Runtime once (its
+  session creation optimises the graph and plans memory; on a GPU its first run at a shape loads
+  the kernels and searches cuDNN's convolution algorithms, and later runs reuse them), TorchScript
+  twice (its profiling executor optimises the graph it recorded in the first call), an emulated
+  device once (it stands for a GPU under ONNX Runtime). Every warm-up batch holds the backend's
+  answer to the table push, and with it a plan's make step (globalsched/actuators/distribution.py):
+  a run more than the runtime needs delays the capacity a load step waits for
+  (benchmarks/elastic.md).
 - **Data**: ``zero_data`` zeros; ``random_data`` uniform [0, 1) for floating types and 0 or 1 for
   integer and boolean ones (an index any embedding table has); ``input_data_file`` one row of raw
   row-major bytes, repeated to fill the batch. The default uses random data: zeros take fast paths
@@ -36,13 +42,15 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from common.pb import control
+from common.runtimes.base import RuntimeKind
 from common.tensors import TensorSpec, numpy_dtype
 
 MAX_SAMPLES = 64               # samples per model
 MAX_COUNT = 1000               # executions of one sample
 MAX_BATCH_SIZE = 1024          # rows of one warm-up batch
 MAX_DATA_BYTES = 16 * 1024 * 1024   # input_data_file bytes per model, all samples together
-DEFAULT_RUNS = 2               # default warm-up: batches at each size
+# Default warm-up: batches at each size, by runtime (module docstring); a runtime not named, the most.
+DEFAULT_RUNS = {RuntimeKind.ONNXRUNTIME: 1, RuntimeKind.TORCH: 2, RuntimeKind.EMULATED: 1}
 
 
 class WarmupError(ValueError):
@@ -145,11 +153,18 @@ def default_batch_sizes(planned_batch: int) -> tuple[int, ...]:
     return tuple(sorted({1, max(1, planned_batch)}))
 
 
-def default_samples(inputs: Sequence[TensorSpec], planned_batch: int) -> tuple[WarmupSample, ...]:
-    """The default warm-up of a session (module docstring): random data, batch 1 and the planned batch."""
+def default_runs(kind: RuntimeKind) -> int:
+    """Batches of the default warm-up at each size on a runtime of ``kind`` (module docstring)."""
+    return DEFAULT_RUNS.get(kind, max(DEFAULT_RUNS.values()))
+
+
+def default_samples(inputs: Sequence[TensorSpec], planned_batch: int, kind: RuntimeKind) -> tuple[WarmupSample, ...]:
+    """The default warm-up of a session on a runtime of ``kind`` (module docstring): random data, batch 1
+    and the planned batch, each :func:`default_runs` times."""
     row = tuple(WarmupInput(s.name, s.datatype, tuple(d if d > 0 else 1 for d in s.shape), WarmupData.RANDOM)
                 for s in inputs)
-    return tuple(WarmupSample(f"default batch {b}", b, row, DEFAULT_RUNS) for b in default_batch_sizes(planned_batch))
+    runs = default_runs(kind)
+    return tuple(WarmupSample(f"default batch {b}", b, row, runs) for b in default_batch_sizes(planned_batch))
 
 
 def feeds(sample: WarmupSample, rng: np.random.Generator) -> dict[str, np.ndarray]:

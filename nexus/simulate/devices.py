@@ -7,7 +7,8 @@ Its life: STARTING (the process starts; it registers ``backend_start_s`` later),
 to stop: it leaves the plan, answers what it holds, then exits) and GONE (exited, or killed). A
 model table is applied as the backend's ``UpdateModelTable`` applies it: one table at a time, each
 taking ``table_update_ms``; its new models load (``model_load_s`` each, off the device), then their warm-up batches
-(:func:`common.warmup_spec.default_batch_sizes`, each run twice) take the device between serving
+(:func:`common.warmup_spec.default_batch_sizes`, each run as often as the emulated runtime's
+default warm-up runs it, :func:`common.warmup_spec.default_runs`) take the device between serving
 batches by the engine's rule (:func:`backend.engine.warmup_turn`), and only then does the table
 take effect and the push get its answer. A session the table drops answers its queue NOT_FOUND,
 which the frontend retries elsewhere.
@@ -28,8 +29,11 @@ from backend.engine import next_warmup_turn_s, warmup_turn
 from backend.sessions import session_max_batch
 from common.batch_decision import Pending, Queue, make_policy, remove_taken, schedule
 from common.profile import Profile
-from common.warmup_spec import DEFAULT_RUNS, default_batch_sizes
+from common.runtimes.base import RuntimeKind
+from common.warmup_spec import default_batch_sizes, default_runs
 from nexus.simulate.outcomes import Loss
+
+WARMUP_RUNS = default_runs(RuntimeKind.EMULATED)    # the simulated devices are emulated GPUs
 
 
 class Life(enum.Enum):
@@ -242,7 +246,7 @@ class SimBackend:
             times = self.sim.device_times(profile)
             for b in default_batch_sizes(batch):
                 mean_ms, sigma = times[min(b, len(times)) - 1]
-                self.warmups.extend(mean_ms / 1000.0 * self.sim.jitter(sigma) for _ in range(DEFAULT_RUNS))
+                self.warmups.extend(mean_ms / 1000.0 * self.sim.jitter(sigma) for _ in range(WARMUP_RUNS))
         self.warming = True
         if not self.warmups:
             self._update_done(now)

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from common.config import SchedulerConfig
+from common.runtimes.base import RuntimeKind
+from common.warmup_spec import default_runs
 from nexus.cli import main
 from nexus.simulate.config import Fault, FaultKind, SimConfig
 from nexus.simulate.models import linear_models, shares
@@ -93,23 +95,25 @@ def test_killed_backends_lose_only_what_no_other_backend_could_take_and_the_plan
 
 def test_a_new_sessions_warm_up_runs_on_the_device_before_its_table_takes_effect():
     """As backend/model_table.py's table update: load, then the engine's warm-up batches (batch 1 and the
-    planned batch, twice each), then the table; the device's busy time counts them."""
+    planned batch, as often as the emulated runtime's default warm-up runs them), then the table; the
+    device's busy time counts them."""
     models = linear_models(1, 200.0, 8.0, 20.0, 32)     # l(1) = 28 ms; planned at batch 1 for 1 rps
     sim, result = run(models, arrivals=evenly("m0000", 1.0, 3.0, start_s=2.0), backends=1, jitter_cv=0.0,
                       path_ms=1.0)
     [backend] = sim.backends.values()
     assert result["outcomes"]["on_time"] == 1
-    assert backend.busy_s == pytest.approx(3 * 0.028)    # two warm-up batches at b = 1, then the request
+    warm_s = default_runs(RuntimeKind.EMULATED) * 0.028      # the warm-up batches at b = 1
+    assert backend.busy_s == pytest.approx(warm_s + 0.028)    # then the request
     slow, _ = run(models, arrivals=evenly("m0000", 1.0, 3.0, start_s=2.0), backends=1, jitter_cv=0.0,
                   table_update_ms=500.0)
-    assert [b.busy_s for b in slow.backends.values()] == [pytest.approx(3 * 0.028)]
+    assert [b.busy_s for b in slow.backends.values()] == [pytest.approx(warm_s + 0.028)]
     # the first request waits for the first table: coalescing, planning, the table's fixed time, the
     # load, the warm-up, and the hops; a longer table update makes it wait longer
     patient = linear_models(1, 2000.0, 8.0, 20.0, 32)
     early = dataclasses.replace(evenly("m0000", 1.0, 1.0), duration_s=3.0)
     latency_ms = [run(patient, arrivals=early, backends=1, jitter_cv=0.0, path_ms=1.0, table_update_ms=ms)[0]
                   .outcomes.latency_ms[0] for ms in (100.0, 400.0)]
-    assert latency_ms[0] > 100.0 + 2 * 28.0 + 28.0
+    assert latency_ms[0] > 100.0 + warm_s * 1000.0 + 28.0
     assert latency_ms[1] == pytest.approx(latency_ms[0] + 300.0, abs=1.0)
 
 

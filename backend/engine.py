@@ -46,6 +46,9 @@ does), but they never stall the sessions already serving: a warm-up batch runs w
 is ready, or, while serving work keeps the device busy, after a serving batch once the executor has
 served at least as long as the last warm-up batch took (so warm-up takes at most half of a saturated
 device, and a request waits at most one warm-up batch, as it would behind any co-located session).
+A *deferred* warm-up job (the sizes a session's requests may meet later, run after its table took
+effect: backend/model_table.py) runs only when no serving batch is ready, and after every job that
+holds a table's answer: it fills the device's idle moments and never holds a plan back.
 Warm-up batches count nowhere in the serving statistics, nor in utilisation: their number and time
 come back in the job's :class:`WarmupResult`.
 
@@ -109,6 +112,7 @@ class _WarmupJob:
     batches: list[WarmupBatch]
     deadline_s: float
     future: concurrent.futures.Future
+    deferred: bool = False         # runs only on an idle device, after every job that is not
     done: int = 0
     ns: int = 0
 
@@ -117,10 +121,11 @@ def _order(p: Pending) -> tuple[float, int]:
     return p.deadline_s, p.request_id
 
 
-def warmup_turn(served: bool, now: float, turn_s: float) -> bool:
+def warmup_turn(served: bool, now: float, turn_s: float, deferred: bool = False) -> bool:
     """Whether a waiting warm-up batch runs in this executor turn: when the turn's serving step ran
-    nothing (``served`` False), or once ``turn_s`` (:func:`next_warmup_turn_s`) has come."""
-    return not served or now >= turn_s
+    nothing (``served`` False), or once ``turn_s`` (:func:`next_warmup_turn_s`) has come; a
+    ``deferred`` one only in the first case."""
+    return not served or (not deferred and now >= turn_s)
 
 
 def next_warmup_turn_s(start_s: float, end_s: float) -> float:
@@ -159,7 +164,8 @@ class Engine:
         self._started = clock()
         self._solo: list[Session] = []
         self.groups: list[SharedPrefix] = []
-        self._warmups: collections.deque[_WarmupJob] = collections.deque()   # appended by the loop, run here
+        self._warmups: collections.deque[_WarmupJob] = collections.deque()   # put by the loop, run here
+        self._warmups_lock = threading.Lock()    # puts and removals (the executor reads the head without it)
         self._warmup_turn_s = 0.0     # while serving keeps the device busy, the next warm-up batch waits for this
         # Latency samples of the serving batches (backend/latency_samples.py; None: not recorded), and
         # whether the host's CPU is contended now (a CPU device's backend sets it; the default: never).
@@ -227,17 +233,23 @@ class Engine:
             job = self._warmups.popleft()
             _finish(job, skipped="the backend is stopping")
 
-    def warm_up(self, batches: "list[WarmupBatch]", budget_s: float) -> concurrent.futures.Future:
+    def warm_up(self, batches: "list[WarmupBatch]", budget_s: float, deferred: bool = False
+                ) -> concurrent.futures.Future:
         """Run ``batches`` on the executor as warm-up (module docstring); the future's result is a
         :class:`WarmupResult`. The batches run in order and stop at the first failure; those not
-        started within ``budget_s`` are skipped. Call it from any thread; it never blocks."""
-        job = _WarmupJob(list(batches), self.clock() + budget_s, concurrent.futures.Future())
+        started within ``budget_s`` are skipped. ``deferred``: only on an idle device, after the jobs
+        that are not. Call it from any thread; it never blocks."""
+        job = _WarmupJob(list(batches), self.clock() + budget_s, concurrent.futures.Future(), deferred)
         if not job.batches:
             job.future.set_result(WarmupResult(0, 0))
             return job.future
-        if not self._warmups:
-            self._warmup_turn_s = self.clock()     # the first batch may follow the serving batch running now
-        self._warmups.append(job)
+        with self._warmups_lock:
+            if not deferred and all(j.deferred for j in self._warmups):
+                self._warmup_turn_s = self.clock()     # the first batch may follow the serving batch running now
+            # before the deferred jobs (the executor takes the head between two batches of a job)
+            at = len(self._warmups) if deferred else next(
+                (i for i, j in enumerate(self._warmups) if j.deferred), len(self._warmups))
+            self._warmups.insert(at, job)
         self._wake.set()
         return job.future
 
@@ -463,16 +475,17 @@ class Engine:
         ran nothing or warm-up's turn has come (module docstring). Returns the step's decision and
         whether a warm-up batch ran."""
         decision = self.step()
-        if not self._warmups or not warmup_turn(decision.queue is not None, self.clock(), self._warmup_turn_s):
+        head = self._warmups[0] if self._warmups else None
+        if head is None or not warmup_turn(decision.queue is not None, self.clock(), self._warmup_turn_s,
+                                           head.deferred):
             return decision, False
-        self._warm_one()
+        self._warm_one(head)
         return decision, True
 
-    def _warm_one(self) -> None:
-        job = self._warmups[0]
+    def _warm_one(self, job: _WarmupJob) -> None:
         start = self.clock()
         if start > job.deadline_s:
-            self._warmups.popleft()
+            self._warmed(job)
             _finish(job, skipped="its time budget ran out")
             return
         batch = job.batches[job.done]
@@ -486,8 +499,12 @@ class Engine:
         job.ns += max(int((end - start) * 1e9), 0)
         job.done += 1
         if error or job.done == len(job.batches):
-            self._warmups.popleft()
+            self._warmed(job)
             _finish(job, error=error)
+
+    def _warmed(self, job: _WarmupJob) -> None:
+        with self._warmups_lock:        # a job may have been put in front of it meanwhile
+            self._warmups.remove(job)
 
     def _loop(self) -> None:
         if self.executor_cpus:

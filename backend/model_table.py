@@ -18,10 +18,13 @@ models whole (their profile is the whole model's). The split runs under the prof
 never disturbs a measurement.
 
 Warm-up (backend/warmup_runner.py, common/warmup_spec.py): a model table is answered only once the sessions
-it brings (or whose runtime it renews) are loaded and have run their warm-up batches, on the
-executor between the serving batches of the sessions already here, which keep serving from the old
-table meanwhile; only then does the new table replace the old one. The scheduler routes frontends
-to a backend only after its answer, so traffic reaches warm sessions only. A session whose model's
+it brings (or whose runtime it renews) are loaded and have run the warm-up batches that hold the
+answer (the model's own samples, or the default's planned batch), on the executor between the
+serving batches of the sessions already here, which keep serving from the old table meanwhile; only
+then does the new table replace the old one. The scheduler routes frontends to a backend only after
+its answer, so traffic reaches warm sessions only. The deferred rest (the default's other sizes)
+runs after the table took effect, on an idle device; its batches count in the session's warm-up
+statistics when they finish. A session whose model's
 own warm-up fails is reported failed, like a load error. The warm-up of one table has
 ``WARMUP_BUDGET_S`` (half the scheduler's wait for the answer); batches left then are skipped, with
 a warning. ``--no-warmup`` turns it off.
@@ -41,7 +44,7 @@ from backend.device_probe import detect_memory_mb
 from backend.engine import Engine, WarmupResult
 from backend.sessions import Session, SharedPrefix
 from backend.work import Outcome
-from backend.warmup_runner import Warmer
+from backend.warmup_runner import Warmer, WarmupPlan
 from backend.wire import io_specs, model_key
 from common.config import BackendConfig, BatchStart
 from common.emulated_gpus import OUT_OF_MEMORY
@@ -243,7 +246,7 @@ class ModelTables:
                 profile = Profile.from_json(entry.profile_json) if entry.profile_json else None
                 sessions[name] = Session(name, runtime, entry.slo_ms, entry.batch, profile, entry.model.sha256,
                                          self.config.max_queue, serve_late=_serves_late(entry.model))
-            warmed = await self._warm_up(request.sessions, sessions, failed)
+            warmed, deferred = await self._warm_up(request.sessions, sessions, failed)
             groups = _without_failed(groups, sessions)
             # Eager by default: measured against duty-cycle waiting in benchmarks/query_split.md.
             eager = self.config.batch_start is BatchStart.EAGER
@@ -256,6 +259,9 @@ class ModelTables:
             for s in removed:
                 if s.name not in sessions:
                     self._fail_queue(s, "model unloaded from this backend")
+            for plan in deferred:
+                if plan.session in sessions:
+                    self._start_deferred(plan)
             # Runtimes no longer used are closed; a batch still running on one keeps its own reference.
             in_use = {s.runtime for s in sessions.values()}
             for name in list(self._loaded):
@@ -274,11 +280,13 @@ class ModelTables:
                          ", ".join(m.name for m in g.members), g.prefix_id[:12], g.max_batch)
             return control.ModelTableReply(loaded=list(sessions), failed=failed), True
 
-    async def _warm_up(self, entries, sessions: dict[str, Session], failed: list[str]) -> dict[str, WarmupResult]:
-        """Run the warm-up of every session in ``sessions`` that needs it (module docstring); those
-        whose model's own warm-up fails leave ``sessions`` for ``failed``. Returns the results by session."""
+    async def _warm_up(self, entries, sessions: dict[str, Session], failed: list[str]
+                       ) -> tuple[dict[str, WarmupResult], list[WarmupPlan]]:
+        """Run the warm-up that holds the answer of every session in ``sessions`` that needs one
+        (module docstring); those whose model's own warm-up fails leave ``sessions`` for ``failed``.
+        Returns the results by session, and the deferred warm-ups to start once the table took effect."""
         if not self.config.warmup:
-            return {}
+            return {}, []
         own = {}
         for entry in entries:
             name = entry.session or entry.model.name
@@ -286,15 +294,15 @@ class ModelTables:
                 own[name] = warmup_from_pb(entry.model.warmup)
             except WarmupError as exc:
                 own[name] = exc
-        plans = []
+        plans, deferred = [], []
+        serving = {s.runtime for s in self.engine.sessions.values()}
         for name, session in sessions.items():
             samples = own.get(name, ())
             if isinstance(samples, WarmupError):
                 failed.append(f"{name}: warm-up: {samples}")
                 continue
-            plan = self.warmer.plan(session, samples)
-            if plan is not None:
-                plans.append(plan)
+            for plan in self.warmer.plan(session, samples, serving=session.runtime in serving):
+                (deferred if plan.deferred else plans).append(plan)
         for entry in failed:
             sessions.pop(entry.partition(": ")[0], None)
         self.warming = {p.session for p in plans}
@@ -320,7 +328,28 @@ class ModelTables:
         if plans:
             log.info("warmed up %s", ", ".join(f"{p.session} ({r.batches} batches, {r.ns / 1e6:.0f} ms)"
                                                for p, r in zip(plans, results)))
-        return out
+        return out, deferred
+
+    def _start_deferred(self, plan: WarmupPlan) -> None:
+        """Run a deferred warm-up on the engine (module docstring); when it ends, its sizes are warm
+        and its batches count in the session's statistics."""
+        self.warmer.started(plan)
+        job = asyncio.wrap_future(self.engine.warm_up(list(plan.batches), WARMUP_BUDGET_S, deferred=True))
+
+        def ended(job: asyncio.Future) -> None:
+            if job.cancelled():
+                return
+            result = job.result()
+            closed = getattr(plan.runtime, "closed", False)
+            if result.error and not closed:
+                log.warning("deferred warm-up of %s stopped: %s", plan.session, result.error)
+            self.warmer.done(plan, ok=not result.error and not result.skipped)
+            session = self.engine.sessions.get(plan.session)
+            if session is not None and session.runtime is plan.runtime:
+                with self.engine.stats_lock:
+                    session.stats.warmup_count += result.batches
+                    session.stats.warmup_ns += result.ns
+        job.add_done_callback(ended)
 
     def _fail_queue(self, session: Session, why: str) -> None:
         self.engine.fail_queued(session, Outcome(ExecStatus.NOT_FOUND, why))

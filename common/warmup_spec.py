@@ -21,10 +21,11 @@ warm-up and the arrays a sample feeds; the backend decides when the batches run.
   session creation optimises the graph and plans memory; on a GPU its first run at a shape loads
   the kernels and searches cuDNN's convolution algorithms, and later runs reuse them), TorchScript
   twice (its profiling executor optimises the graph it recorded in the first call), an emulated
-  device once (it stands for a GPU under ONNX Runtime). Every warm-up batch holds the backend's
-  answer to the table push, and with it a plan's make step (globalsched/actuators/distribution.py):
-  a run more than the runtime needs delays the capacity a load step waits for
-  (benchmarks/elastic.md).
+  device once (it stands for a GPU under ONNX Runtime). A warm-up batch that holds the backend's
+  answer to the table push holds a plan's make step too (globalsched/actuators/distribution.py): a
+  run more than the runtime needs delays the capacity a load step waits for (benchmarks/elastic.md).
+  Which batches hold the answer and which run after it, the backend decides
+  (backend/warmup_runner.py).
 - **Data**: ``zero_data`` zeros; ``random_data`` uniform [0, 1) for floating types and 0 or 1 for
   integer and boolean ones (an index any embedding table has); ``input_data_file`` one row of raw
   row-major bytes, repeated to fill the batch. The default uses random data: zeros take fast paths

@@ -6,11 +6,13 @@ times a lognormal jitter of mean 1.
 Its life: STARTING (the process starts; it registers ``backend_start_s`` later), UP, DRAINING (told
 to stop: it leaves the plan, answers what it holds, then exits) and GONE (exited, or killed). A
 model table is applied as the backend's ``UpdateModelTable`` applies it: one table at a time, each
-taking ``table_update_ms``; its new models load (``model_load_s`` each, off the device), then their warm-up batches
-(:func:`common.warmup_spec.default_batch_sizes`, each run as often as the emulated runtime's
-default warm-up runs it, :func:`common.warmup_spec.default_runs`) take the device between serving
-batches by the engine's rule (:func:`backend.engine.warmup_turn`), and only then does the table
-take effect and the push get its answer. A session the table drops answers its queue NOT_FOUND,
+taking ``table_update_ms``; its new models load (``model_load_s`` each, off the device), then the warm-up
+batches that hold the answer (the planned batch, as often as the emulated runtime's default warm-up
+runs it, :func:`common.warmup_spec.default_runs`) take the device between serving batches by the
+engine's rule (:func:`backend.engine.warmup_turn`), and only then does the table take effect and
+the push get its answer. The deferred rest (the other sizes of
+:func:`common.warmup_spec.default_batch_sizes`, backend/warmup_runner.py) runs afterwards when the
+device is idle. A session the table drops answers its queue NOT_FOUND,
 which the frontend retries elsewhere.
 
 ``sim`` is the simulation (nexus/simulate/run.py): its clock (``now``, ``at``), random numbers, the
@@ -90,6 +92,8 @@ class SimBackend:
         # (entries, answered, epoch, cold sessions)
         self.table_updates: collections.deque[tuple] = collections.deque()
         self.warmups: collections.deque[float] = collections.deque()   # seconds of each warm-up batch to run
+        # deferred warm-up batches (session, seconds): on an idle device, after self.warmups
+        self.deferred_warmups: collections.deque[tuple[str, float]] = collections.deque()
         self.warmup_turn_s = 0.0
         self.warming = False                   # the head update's models loaded; its warm-ups run
         self.epoch = 0                         # of the table applied (or being applied)
@@ -130,11 +134,11 @@ class SimBackend:
         while self.running is None and self.life is not Life.GONE:
             queues = [Queue(s.name, tuple(s.queue), s.max_batch, s.latency_ms, s.planned_batch)
                       for s in self.sessions.values() if s.queue]
-            if not queues and not self.warmups:
+            if not queues and not self.warmups and not self.deferred_warmups:
                 break
             decision = schedule(queues, now, policy=self.policy) if queues else None
             if decision is None or decision.queue is None:
-                if self.warmups:
+                if self.warmups or self._next_deferred():
                     self._warm_one(now)
                 elif decision is not None and decision.wake_s is not None:
                     sim.at(decision.wake_s, self.kick)
@@ -166,8 +170,14 @@ class SimBackend:
             return
         self.kick(now)
 
+    def _next_deferred(self) -> bool:
+        """Whether a deferred warm-up batch waits (those of sessions dropped since are let go)."""
+        while self.deferred_warmups and self.deferred_warmups[0][0] not in self.sessions:
+            self.deferred_warmups.popleft()
+        return bool(self.deferred_warmups)
+
     def _warm_one(self, now: float) -> None:
-        duration_s = self.warmups.popleft()
+        duration_s = self.warmups.popleft() if self.warmups else self.deferred_warmups.popleft()[1]
         self.token += 1
         self.running = (self.token, ())
         self.busy_s += duration_s
@@ -246,7 +256,11 @@ class SimBackend:
             times = self.sim.device_times(profile)
             for b in default_batch_sizes(batch):
                 mean_ms, sigma = times[min(b, len(times)) - 1]
-                self.warmups.extend(mean_ms / 1000.0 * self.sim.jitter(sigma) for _ in range(WARMUP_RUNS))
+                runs = [mean_ms / 1000.0 * self.sim.jitter(sigma) for _ in range(WARMUP_RUNS)]
+                if b == max(1, batch):
+                    self.warmups.extend(runs)
+                else:
+                    self.deferred_warmups.extend((name, s) for s in runs)
         self.warming = True
         if not self.warmups:
             self._update_done(now)
@@ -295,6 +309,7 @@ class SimBackend:
         """The process is gone: the table pushes it had not answered fail (the channel closed)."""
         updates, self.table_updates = self.table_updates, collections.deque()
         self.warmups.clear()
+        self.deferred_warmups.clear()
         self.warming = False
         for _, answered, _, _ in updates:
             answered(now)

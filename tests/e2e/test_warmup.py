@@ -283,6 +283,28 @@ def test_an_idle_device_runs_warm_up_at_once():
     assert future.result().batches == 2 and engine.warming == 0
 
 
+def test_a_deferred_warm_up_waits_for_an_idle_device_and_for_the_jobs_that_hold_an_answer():
+    engine, clock = _serving_engine(batch_s=0.01)
+    outcomes, log = [], []
+    later = engine.warm_up(_timed_batches(clock, 2, 0.03, log), budget_s=60, deferred=True)
+    for _ in range(5):                          # saturated: a deferred batch never takes a serving turn
+        _request(engine, clock, outcomes)
+        decision, warmed = engine.turn()
+        assert decision.queue is not None and not warmed
+    assert log == [] and not later.done()
+    now = engine.warm_up([WarmupBatch("now", lambda: log.append("now"))], budget_s=60)
+    _request(engine, clock, outcomes)
+    decision, warmed = engine.turn()            # a job that holds an answer goes first, in a serving turn
+    assert decision.queue is not None and warmed and log == ["now"] and now.done()
+    _request(engine, clock, outcomes)
+    assert engine.turn()[1] is False            # the deferred one still waits while requests do
+    for _ in range(2):
+        decision, warmed = engine.turn()        # idle now: it runs
+        assert decision.queue is None and warmed
+    assert log == ["now", 0, 1] and later.result().batches == 2 and engine.warming == 0
+    assert len(outcomes) == 7 and all(o.status == ExecStatus.OK for o in outcomes)
+
+
 def test_a_failing_warm_up_batch_stops_its_job_and_says_which():
     engine, clock = _serving_engine()
 
@@ -309,28 +331,45 @@ def test_warm_up_past_its_budget_is_skipped_and_a_stopping_engine_answers_every_
     assert pending.result().skipped == 2
 
 
-def test_the_warmer_warms_a_runtime_once_per_sample_set_and_each_new_planned_batch():
+def _labels(plan) -> list[str]:
+    return [b.label for b in plan.batches]
+
+
+def test_the_warmer_holds_the_answer_for_the_planned_batch_and_defers_the_rest():
     clock = FakeClock()
-    runtime = TimedRuntime(clock, 0.0)
+    runtime = TimedRuntime(clock, 0.0)               # TorchScript: two runs at each size
     warmer = Warmer()
     session = Session("a", runtime, 1000.0, 4, None)
-    plan = warmer.plan(session, ())
-    assert [b.label for b in plan.batches] == ["a: warm-up sample 'default batch 1' (batch 1)"] * 2 + \
-        ["a: warm-up sample 'default batch 4' (batch 4)"] * 2
-    for b in plan.batches:
+    now, later = warmer.plan(session, ())
+    assert (now.deferred, later.deferred) == (False, True)
+    assert _labels(now) == ["a: warm-up sample 'default batch 4' (batch 4)"] * 2
+    assert _labels(later) == ["a: warm-up sample 'default batch 1' (batch 1)"] * 2
+    for b in (*now.batches, *later.batches):
         b.run()
-    assert runtime.rows == [1, 1, 4, 4]
-    warmer.done(plan)
-    assert warmer.plan(session, ()) is None                                   # the same runtime, already warm
-    bigger = warmer.plan(Session("a", runtime, 1000.0, 8, None), ())
-    assert [b.label for b in bigger.batches] == ["a: warm-up sample 'default batch 8' (batch 8)"] * 2
+    assert runtime.rows == [4, 4, 1, 1]
+    warmer.done(now)
+    warmer.started(later)
+    assert warmer.plan(session, ()) == ()                                     # batch 1 is under way
+    warmer.done(later, ok=False)                                              # ... and was skipped: again
+    assert [(p.deferred, p.sizes) for p in warmer.plan(session, ())] == [(True, frozenset({1}))]
+    warmer.started(later)
+    warmer.done(later)
+    assert warmer.plan(session, ()) == ()                                     # the same runtime, already warm
+    # A new planned batch of a runtime that serves here already: deferred, its requests ran many sizes.
+    [bigger] = warmer.plan(Session("a", runtime, 1000.0, 8, None), (), serving=True)
+    assert bigger.deferred and _labels(bigger) == ["a: warm-up sample 'default batch 8' (batch 8)"] * 2
+    [fresh] = warmer.plan(Session("a", runtime, 1000.0, 8, None), ())
+    assert not fresh.deferred and fresh.sizes == frozenset({8})
     own = (WarmupSample("one", 3, (WarmupInput("input", "FP32", (4,), WarmupData.ZERO),), count=2),)
-    configured = warmer.plan(session, own)
-    assert configured.configured and len(configured.batches) == 2
+    [configured] = warmer.plan(session, own, serving=True)                   # the model's own: always first
+    assert configured.configured and not configured.deferred and len(configured.batches) == 2
     warmer.done(configured)
-    assert warmer.plan(session, own) is None
+    assert warmer.plan(session, own) == ()
     warmer.forget(runtime)
-    assert warmer.plan(session, own) is not None                              # a closed runtime is forgotten
+    assert warmer.plan(session, own) != ()                                    # a closed runtime is forgotten
+    runtime.closed = True
+    warmer.done(fresh)                                                        # ended after its runtime closed
+    assert warmer.plan(session, own) != () and len(warmer.plan(session, ())) == 2
 
 
 # ---- real processes ----------------------------------------------------------------------------------

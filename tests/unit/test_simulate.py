@@ -14,6 +14,7 @@ from common.runtimes.base import RuntimeKind
 from common.warmup_spec import default_runs
 from nexus.cli import main
 from nexus.simulate.config import Fault, FaultKind, SimConfig
+from nexus.simulate.devices import SimBackend
 from nexus.simulate.models import linear_models, shares
 from nexus.simulate.outcomes import Status
 from nexus.simulate.report import dumps, summarize
@@ -115,6 +116,29 @@ def test_a_new_sessions_warm_up_runs_on_the_device_before_its_table_takes_effect
                   .outcomes.latency_ms[0] for ms in (100.0, 400.0)]
     assert latency_ms[0] > 100.0 + warm_s * 1000.0 + 28.0
     assert latency_ms[1] == pytest.approx(latency_ms[0] + 300.0, abs=1.0)
+
+
+def test_a_backend_added_under_load_holds_its_answer_for_the_planned_batch_and_warms_batch_1_when_idle(
+        monkeypatch):
+    """backend/warmup_runner.py: the planned batch's warm-up holds the table's answer; batch 1's is
+    deferred until the table took effect, and runs on an idle device."""
+    models = linear_models(1, 200.0, 8.0, 20.0, 32)      # about 100 rps a device: 150 rps needs a second
+    seen = []
+    warm_one = SimBackend._warm_one
+
+    def observed(self, now):
+        seen.append((self.node_id, len(self.warmups), len(self.deferred_warmups), self.warming,
+                     sum(len(s.queue) for s in self.sessions.values()), self.sessions.get("m0000")))
+        warm_one(self, now)
+    monkeypatch.setattr(SimBackend, "_warm_one", observed)
+    sim, _ = run(models, arrivals=evenly("m0000", 150.0, 8.0, start_s=2.0), backends=None, max_backends=3,
+                 jitter_cv=0.0, path_ms=1.0)
+    added = [s for s in seen if s[0] != "be-0"]
+    holding = [s for s in added if s[3]]                  # while the table waits for its warm-up
+    deferred = [s for s in added if not s[3]]
+    assert holding and deferred
+    assert all(s[1] == 1 and s[2] == 1 and s[5] is None for s in holding)    # the planned batch; not serving yet
+    assert all(s[1] == 0 and s[4] == 0 and s[5] is not None and s[5].planned_batch > 1 for s in deferred)
 
 
 def test_a_request_that_waits_out_its_deadline_for_a_lost_route_is_unavailable():

@@ -504,7 +504,8 @@ class Engine:
 
     def _warmed(self, job: _WarmupJob) -> None:
         with self._warmups_lock:        # a job may have been put in front of it meanwhile
-            self._warmups.remove(job)
+            if job in self._warmups:    # (not if stop() gave up waiting for this thread and answered it)
+                self._warmups.remove(job)
 
     def _loop(self) -> None:
         if self.executor_cpus:

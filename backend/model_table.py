@@ -22,9 +22,9 @@ it brings (or whose runtime it renews) are loaded and have run the warm-up batch
 answer (the model's own samples, or the default's planned batch), on the executor between the
 serving batches of the sessions already here, which keep serving from the old table meanwhile; only
 then does the new table replace the old one. The scheduler routes frontends to a backend only after
-its answer, so traffic reaches warm sessions only. The deferred rest (the default's other sizes)
-runs after the table took effect, on an idle device; its batches count in the session's warm-up
-statistics when they finish. A session whose model's
+its answer, so traffic reaches warm sessions only. The deferred rest (the default's batch 1, and
+the new planned batch of a session already serving here) runs after the table took effect, on an
+idle device; its batches count in the session's warm-up statistics when they finish. A session whose model's
 own warm-up fails is reported failed, like a load error. The warm-up of one table has
 ``WARMUP_BUDGET_S`` (half the scheduler's wait for the answer); batches left then are skipped, with
 a warning. ``--no-warmup`` turns it off.

@@ -95,9 +95,9 @@ def test_killed_backends_lose_only_what_no_other_backend_could_take_and_the_plan
 
 
 def test_a_new_sessions_warm_up_runs_on_the_device_before_its_table_takes_effect():
-    """As backend/model_table.py's table update: load, then the engine's warm-up batches (batch 1 and the
-    planned batch, as often as the emulated runtime's default warm-up runs them), then the table; the
-    device's busy time counts them."""
+    """As backend/model_table.py's table update: load, then the engine's warm-up batches that hold the
+    answer (the planned batch, here 1, as often as the emulated runtime's default warm-up runs it),
+    then the table; the device's busy time counts them."""
     models = linear_models(1, 200.0, 8.0, 20.0, 32)     # l(1) = 28 ms; planned at batch 1 for 1 rps
     sim, result = run(models, arrivals=evenly("m0000", 1.0, 3.0, start_s=2.0), backends=1, jitter_cv=0.0,
                       path_ms=1.0)

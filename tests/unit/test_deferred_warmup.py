@@ -6,7 +6,10 @@ already serving holds nothing. Real ONNX Runtime sessions on a real engine threa
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+
+import backend.model_table as model_table
 
 from backend.engine import Engine
 from backend.server import BackendService
@@ -18,6 +21,24 @@ from globalsched.rpc.convert import model_desc
 from globalsched.state.modeldb import ModelDatabase
 
 
+def _mlp(tmp_path) -> tuple[bytes, control.ModelDesc]:
+    data = model_bytes(mlp_small(hidden=32))
+    db = ModelDatabase(tmp_path)
+    db.add_model("mlp", [data])
+    desc = model_desc(db.model("mlp"), {}, True)
+    db.close()
+    return data, desc
+
+
+def _service(data: bytes) -> BackendService:
+    service = BackendService(BackendConfig(), Engine(SlidingWindowEarlyDrop()))
+
+    async def fetch(sha256: str) -> bytes:
+        return data
+    service.tables._fetch = fetch
+    return service
+
+
 def _table(desc: control.ModelDesc, epoch: int, batch: int) -> control.ModelTable:
     return control.ModelTable(epoch=epoch, sessions=[control.SessionEntry(model=desc, slo_ms=100.0, batch=batch)])
 
@@ -27,20 +48,11 @@ def _warmups(service: BackendService) -> int:
 
 
 def test_batch_1_warms_after_the_answer_and_a_new_planned_batch_of_a_serving_session_holds_nothing(tmp_path):
-    data = model_bytes(mlp_small(hidden=32))
-    db = ModelDatabase(tmp_path)
-    db.add_model("mlp", [data])
-    desc = model_desc(db.model("mlp"), {}, True)
-    db.close()
+    data, desc = _mlp(tmp_path)
 
     async def main() -> list[tuple[int, int]]:
-        engine = Engine(SlidingWindowEarlyDrop())
-        service = BackendService(BackendConfig(), engine)
-
-        async def fetch(sha256: str) -> bytes:
-            assert sha256 == desc.sha256
-            return data
-        service.tables._fetch = fetch
+        service = _service(data)
+        engine = service.engine
         seen = []
         try:
             reply = await service.UpdateModelTable(_table(desc, 1, 4), None)
@@ -63,3 +75,47 @@ def test_batch_1_warms_after_the_answer_and_a_new_planned_batch_of_a_serving_ses
 
     # ONNX Runtime: one run a size. (warm-up batches counted, deferred sizes under way)
     assert asyncio.run(main()) == [(1, 1), (2, 0), (2, 1), (3, 0)]
+
+
+class _FailsAtBatch1:
+    """A runtime whose batches of one row fail (the rest run on the real one)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def run(self, feeds):
+        if next(iter(feeds.values())).shape[0] == 1:
+            raise RuntimeError("no kernel for this shape")
+        return self.inner.run(feeds)
+
+
+def test_a_failed_deferred_warm_up_is_logged_and_tried_again_by_the_next_table(tmp_path, monkeypatch, caplog):
+    data, desc = _mlp(tmp_path)
+    load = model_table.load_runtime
+    monkeypatch.setattr(model_table, "load_runtime", lambda *a, **k: _FailsAtBatch1(load(*a, **k)))
+
+    async def main() -> tuple[int, set, set]:
+        service = _service(data)
+        try:
+            reply = await service.UpdateModelTable(_table(desc, 1, 4), None)
+            assert list(reply.loaded) == ["mlp"] and not reply.failed      # a default warm-up's failure fails nothing
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                if not service.tables.warmer._deferred:
+                    break
+            after_failure = set(service.tables.warmer._deferred)
+            await service.UpdateModelTable(_table(desc, 2, 4), None)    # the same table again: batch 1 once more
+            again = {size for sizes in service.tables.warmer._deferred.values() for size in sizes}
+            return service.engine.sessions["mlp"].stats.warmup_count, after_failure, again
+        finally:
+            service.engine.stop()
+
+    with caplog.at_level(logging.WARNING, logger="nexus.backend"):
+        count, after_failure, again = asyncio.run(main())
+    assert "deferred warm-up of mlp stopped: mlp: warm-up sample 'default batch 1' (batch 1): RuntimeError: " \
+           "no kernel for this shape" in caplog.text
+    assert after_failure == set() and again == {1}
+    assert count == 2               # batch 4's, and the batch 1 that ran and failed

@@ -6,7 +6,8 @@ surge. The one rule of the scheduler and of the frontends:
 - the planner (globalsched/planning/planner.py) keeps a measured rate within noise of the rate planned at the
   planned rate (:func:`within_noise`), takes a surge only if it is a surge against the rate
   planned too (:func:`is_surge`), and a session's latest report as its rate when it is a drop, the
-  mirror of a surge, against the window's mean (:func:`is_drop`);
+  mirror of a surge, against the window's mean, beyond the noise of the session's own counts
+  (:func:`is_drop`, with its :func:`dispersion`);
 - the device scaling policy (globalsched/actuators/device_scaler.py) takes a session's measured rate as
   outrunning its planned capacity only beyond the noise of its window's counts, bursts included
   (:func:`dispersion`);
@@ -80,11 +81,12 @@ def is_surge(count: float, expected: float) -> bool:
     return count > expected + noise_margin(expected) and count > SURGE_RATIO * expected
 
 
-def is_drop(count: float, expected: float) -> bool:
+def is_drop(count: float, expected: float, dispersion: float = 1.0) -> bool:
     """Whether ``count`` arrivals, where ``expected`` were expected, are a drop: beyond noise below it
-    and below it by SURGE_RATIO (a surge's mirror). Where a handful is expected, nothing is a drop."""
+    (of counts whose variance is ``dispersion`` times their mean: :func:`dispersion`) and below it by
+    SURGE_RATIO (a surge's mirror). Where a handful is expected, nothing is a drop."""
     expected = max(expected, 0.0)
-    return count < expected - noise_margin(expected) and count * SURGE_RATIO < expected
+    return count < expected - noise_margin(expected, dispersion=dispersion) and count * SURGE_RATIO < expected
 
 
 def surges_of(counts: np.ndarray, expected: np.ndarray) -> np.ndarray:

@@ -79,6 +79,9 @@ class ClusterView:
     surge_windows_s: Mapping[str, float] = field(default_factory=dict)   # seconds of each surging report
     # the latest reports per session: (rate summed over frontends, the shortest window's seconds)
     latest_reports: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    # per session, the index of dispersion of its reports' counts (common/surge.py, the largest of its
+    # frontends'); one not known is taken as Poisson's, 1
+    rate_dispersions: Mapping[str, float] = field(default_factory=dict)
     gammas: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
     last_requested_s: Mapping[str, float] = field(default_factory=dict)   # session -> its last reported request
     force: ReplanReason | None = None

@@ -114,7 +114,8 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
         floors = {name: held for name, held in floors.items() if name in surges}
     if floors != state.surge_floors:
         state = replace(state, surge_floors=floors)
-    ceilings = held_drops(state.drop_ceilings, dropped_rates(view.latest_reports, view.rates_rps, frozenset(surges)),
+    ceilings = held_drops(state.drop_ceilings, dropped_rates(view.latest_reports, view.rates_rps, frozenset(surges),
+                                                             view.rate_dispersions),
                           view.rates_rps, view.rate_windows_s, view.now_s, view.latest_reports, frozenset(surges))
     if ceilings != state.drop_ceilings:
         state = replace(state, drop_ceilings=ceilings)
@@ -198,19 +199,27 @@ def settled_rates(measured: Mapping[str, float], windows_s: Mapping[str, float],
 
 
 def dropped_rates(latest: Mapping[str, tuple[float, float]], measured_rps: Mapping[str, float],
-                  surging: AbstractSet[str] = frozenset()) -> dict[str, float]:
+                  surging: AbstractSet[str] = frozenset(), dispersions: Mapping[str, float] = {}
+                  ) -> dict[str, float]:
     """The sessions whose ``latest`` report (rate summed over frontends, its shortest window's seconds)
-    is a drop against their window's mean (common/surge.py, :func:`is_drop`): session -> that latest
-    rate, which the plan is made for instead of the mean.
+    is a drop against their window's mean (common/surge.py, :func:`is_drop`, beyond the noise of counts
+    of the session's index of ``dispersions``: bursts included; 1 where not known): session -> that
+    latest rate, which the plan is made for instead of the mean.
 
     The window's mean lags a step down as it lags a step up: after a 5x step down in the simulator
     the plan came down over 8-20 s, one re-plan at a time as the mean fell, and the devices went
     a cool-down after that (benchmarks/elastic.md). The latest report of a busy session tells within
-    seconds; a session expecting a handful of requests in it is never judged, its noise is too wide."""
+    seconds; a session expecting a handful of requests in it is never judged, its noise is too wide.
+
+    Judged with Poisson noise alone, a bursty session's lull was a drop: at 115 requests/s with Gamma
+    arrivals one fifth of a second counted none (23 expected, a margin of 22), the session was planned
+    for 1 request/s, and its next report, a surge against that, placed it again on backends that had
+    to load and warm it (benchmarks/elastic.md)."""
     out = {}
     for name, (rate, seconds) in latest.items():
         mean = measured_rps.get(name)
-        if mean and seconds > 0 and name not in surging and is_drop(rate * seconds, mean * seconds):
+        if mean and seconds > 0 and name not in surging and \
+                is_drop(rate * seconds, mean * seconds, dispersions.get(name, 1.0)):
             out[name] = rate
     return out
 
@@ -313,7 +322,7 @@ def session_inputs(view: ClusterView, settings: PlannerSettings, planned_rps: Ma
     surging = frozenset(view.surges_rps if surges_rps is None else surges_rps)
     measured = settled_rates(view.rates_rps, view.rate_windows_s, planned_rps, surging)
     if ceilings_rps is None:
-        ceilings_rps = dropped_rates(view.latest_reports, view.rates_rps, surging)
+        ceilings_rps = dropped_rates(view.latest_reports, view.rates_rps, surging, view.rate_dispersions)
     for name, rate in ceilings_rps.items():
         measured[name] = min(measured.get(name, rate), rate)
     rates = {k: max(v, floors_rps.get(k, 0.0)) * headroom for k, v in measured.items()}

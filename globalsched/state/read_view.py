@@ -58,11 +58,14 @@ def warm_reads(admin: ModelAdmin) -> None:
 
 
 def measured(workload: Workload, now_s: float) -> dict:
-    """The view's measured fields (rates, surges, their windows, the latest reports, fan-outs) from the
-    workload reports at ``now_s``: what ``nexus simulate`` passes the planner as the scheduler does."""
+    """The view's measured fields (rates, surges, their windows, the latest reports, the counts'
+    dispersions, fan-outs) from the workload reports at ``now_s``: what ``nexus simulate`` passes the
+    planner as the scheduler does."""
     return dict(rates_rps=workload.planning_rates(now_s), surges_rps=workload.surges(now_s),
                 rate_windows_s=workload.rate_windows_s(now_s), surge_windows_s=workload.surge_windows_s(now_s),
                 latest_reports=workload.latest_reports(now_s), gammas=workload.current_gammas(now_s),
+                rate_dispersions={name: r.dispersion for name, r in workload.window_rates(now_s).items()
+                                  if r.dispersion is not None},
                 last_requested_s=workload.last_requested_s())
 
 

@@ -38,7 +38,7 @@ class Loop:
         self.changed = False
 
     def plan(self, sessions: list[SessionInput], slots, now: float, min_replicas=None, force=None, surges=None,
-             window_s: float = 0.0, expected=None, surge_window_s: float = 0.0, latest=None):
+             window_s: float = 0.0, expected=None, surge_window_s: float = 0.0, latest=None, dispersions=None):
         view = ClusterView(now, tuple(slots),
                            tuple(ModelView(s.model, s.slo_ms, s.profiles, min_replicas=(min_replicas or {}).get(s.model, 0),
                                            expected_rate_rps=(expected or {}).get(s.model, 0.0))
@@ -46,7 +46,7 @@ class Loop:
                            rates_rps={s.model: s.rate_rps for s in sessions}, surges_rps=surges or {}, force=force,
                            rate_windows_s={s.model: window_s for s in sessions} if window_s else {},
                            surge_windows_s={m: surge_window_s for m in surges or {}} if surge_window_s else {},
-                           latest_reports=latest or {})
+                           latest_reports=latest or {}, rate_dispersions=dispersions or {})
         before = self.state.plan
         plan, self.state = plan_cluster(view, self.state, self.settings)
         self.changed = plan is not before
@@ -356,6 +356,26 @@ def test_a_step_down_is_planned_for_from_the_latest_report_not_the_lagging_mean(
     assert loop.changed and down.sessions["m"].rate_rps == 60.0
     # without the latest report, or with one within noise of the mean, the mean is planned
     assert at(252.0, 5.0, latest=250.0).sessions["m"].rate_rps == 252.0
+
+
+def test_a_bursty_sessions_lull_is_no_drop_but_its_step_down_is():
+    """A session of 115 requests/s with Gamma arrivals counted none in one 0.2 s report: beyond
+    Poisson noise (23 expected, a margin of 22), so it was planned for 0 (the planned minimum) and
+    placed again a report later. A drop is judged beyond the noise of the session's own counts."""
+    assert dropped_rates({"m": (0.0, 0.2)}, {"m": 115.0}) == {"m": 0.0}               # Poisson's noise
+    assert dropped_rates({"m": (0.0, 0.2)}, {"m": 115.0}, dispersions={"m": 9.0}) == {}   # its own
+    assert dropped_rates({"m": (0.0, 0.2)}, {"m": 115.0}, dispersions={"n": 9.0}) == {"m": 0.0}
+    # a 5x step down over 2 s is beyond a dispersion of 4 (46 counted where 230, a margin of 124)
+    assert dropped_rates({"m": (23.0, 2.0)}, {"m": 115.0}, dispersions={"m": 4.0}) == {"m": 23.0}
+    loop = _loop(cooldown_s=1.0, epoch_s=300.0)
+    slots = _slots(*"abcdefgh")
+
+    def at(now: float, dispersion: float | None):
+        return loop.plan([SessionInput("m", 100.0, 115.0, {"gpu": PROFILE})], slots, now, window_s=10.0,
+                         latest={"m": (0.0, 0.2)}, dispersions={"m": dispersion} if dispersion else None)
+
+    assert at(0.0, 9.0).sessions["m"].rate_rps == 115.0 and loop.state.drop_ceilings == {}
+    assert at(3.0, None).sessions["m"].rate_rps < 115.0 and "m" in loop.state.drop_ceilings
 
 
 def test_a_drop_is_held_as_a_ceiling_until_the_mean_comes_down_or_the_traffic_comes_back():

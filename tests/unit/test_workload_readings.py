@@ -128,3 +128,19 @@ def test_the_column_rules_are_the_scalar_rules():
     for g, args in zip(got.tolist(), zip(requests, seconds, squares, k)):
         want = dispersion_of_sums(*args)
         assert (math.isnan(g) and want is None) or math.isclose(g, want)
+
+
+def test_the_planners_view_carries_each_sessions_dispersion_where_known():
+    """The planner judges a drop beyond the noise of the session's own counts (planner.dropped_rates):
+    the view it reads carries each session's index of dispersion, as the device scaler reads it."""
+    from globalsched.state.read_view import measured
+    w = Workload()
+    for i, n in enumerate([0, 40, 2, 0, 35, 1, 0, 44]):          # bursty: variance far above the mean
+        report = control.WorkloadReport(node_id="fe")
+        report.rates.add(model="bursty", requests=n, window_ms=500, rate_rps=n * 2.0)
+        if i == 7:
+            report.rates.add(model="new", requests=5, window_ms=500, rate_rps=10.0)   # one count: not known
+        w.report(report, 0.5 * (i + 1))
+    view = measured(w, 4.0)
+    assert view["rate_dispersions"] == {"bursty": w.window_rates(4.0)["bursty"].dispersion}
+    assert view["rate_dispersions"]["bursty"] > 10

@@ -202,9 +202,10 @@ def dropped_rates(latest: Mapping[str, tuple[float, float]], measured_rps: Mappi
                   surging: AbstractSet[str] = frozenset(), dispersions: Mapping[str, float] = {}
                   ) -> dict[str, float]:
     """The sessions whose ``latest`` report (rate summed over frontends, its shortest window's seconds)
-    is a drop against their window's mean (common/surge.py, :func:`is_drop`, beyond the noise of counts
-    of the session's index of ``dispersions``: bursts included; 1 where not known): session -> that
-    latest rate, which the plan is made for instead of the mean.
+    is a drop against their window's mean (common/surge.py, :func:`is_drop`), beyond the noise of
+    counts as dispersed as the session's own (``dispersions``: its index of dispersion, bursts
+    included; 1 where not known): session -> that latest rate, which the plan is made for instead of
+    the mean.
 
     The window's mean lags a step down as it lags a step up: after a 5x step down in the simulator
     the plan came down over 8-20 s, one re-plan at a time as the mean fell, and the devices went

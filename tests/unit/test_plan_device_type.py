@@ -360,8 +360,8 @@ def test_a_step_down_is_planned_for_from_the_latest_report_not_the_lagging_mean(
 
 def test_a_bursty_sessions_lull_is_no_drop_but_its_step_down_is():
     """A session of 115 requests/s with Gamma arrivals counted none in one 0.2 s report: beyond
-    Poisson noise (23 expected, a margin of 22), so it was planned for 0 (the planned minimum) and
-    placed again a report later. A drop is judged beyond the noise of the session's own counts."""
+    Poisson noise (23 expected, a margin of 22), so it was planned for that report's 0 (1 request/s,
+    the planned minimum) and placed again a report later. A drop is judged beyond the noise of the session's own counts."""
     assert dropped_rates({"m": (0.0, 0.2)}, {"m": 115.0}) == {"m": 0.0}               # Poisson's noise
     assert dropped_rates({"m": (0.0, 0.2)}, {"m": 115.0}, dispersions={"m": 9.0}) == {}   # its own
     assert dropped_rates({"m": (0.0, 0.2)}, {"m": 115.0}, dispersions={"n": 9.0}) == {"m": 0.0}

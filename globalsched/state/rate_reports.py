@@ -162,6 +162,7 @@ class _Sums:
         self.window_rates = {k: WindowRate(m, s, None if u else d, lr, ls) for k, m, s, u, d, lr, ls in
                              zip(keys, means[cols].tolist(), counted_s[cols].tolist(), unknown[cols].tolist(),
                                  dispersion[cols].tolist(), latest[cols].tolist(), known_s.tolist())}
+        self.dispersions = {k: r.dispersion for k, r in self.window_rates.items() if r.dispersion is not None}
 
 
 class Workload:
@@ -311,6 +312,11 @@ class Workload:
         :func:`dispersion`): what the device scaling policy judges an outrun plan by. Sessions a
         frontend reported without counts are left out."""
         return dict(self._summed(now).window_rates)
+
+    def rate_dispersions(self, now: float) -> dict[str, float]:
+        """Per session, the index of dispersion of its counts (:meth:`window_rates`), where known: the
+        noise the planner judges a drop beyond (globalsched/planning/planner.py, :func:`dropped_rates`)."""
+        return dict(self._summed(now).dispersions)
 
     def current_rates(self, now: float) -> dict[str, float]:
         """The smoothed rate per session, summed over frontends."""

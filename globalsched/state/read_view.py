@@ -64,8 +64,7 @@ def measured(workload: Workload, now_s: float) -> dict:
     return dict(rates_rps=workload.planning_rates(now_s), surges_rps=workload.surges(now_s),
                 rate_windows_s=workload.rate_windows_s(now_s), surge_windows_s=workload.surge_windows_s(now_s),
                 latest_reports=workload.latest_reports(now_s), gammas=workload.current_gammas(now_s),
-                rate_dispersions={name: r.dispersion for name, r in workload.window_rates(now_s).items()
-                                  if r.dispersion is not None},
+                rate_dispersions=workload.rate_dispersions(now_s),
                 last_requested_s=workload.last_requested_s())
 
 

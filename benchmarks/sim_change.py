@@ -1,7 +1,7 @@
 """Issue 24's targets, measured in ``nexus simulate``: the SLO while the cluster changes.
 
     python -m benchmarks.sim_change [--devices 100] [--cases step_auto,step_idle,ramp_auto,steady,kill,stall]
-                                    [--seed N] [--floors]
+                                    [--seed N] [--floors] [--device-headroom H] [--known-rates-ahead-s S]
 
 ``--devices`` sets the cluster's size (100 or 1,000: the models, the rates and the bounds scale with
 it). Every trace starts after ``LEAD_S`` of silence while the cluster registers and plans. The cases:
@@ -26,6 +26,11 @@ it). Every trace starts after ``LEAD_S`` of silence while the cluster registers 
 * ``stall``: the peak load (Poisson) on every device, the scheduler stalled for 10 s: no node
   evicted, and the stall's seconds as good as the ten before it.
 
+``--known-rates-ahead-s S`` gives the planner the trace's true mean rates, known ``S`` seconds ahead,
+instead of the ones it measures (nexus/simulate/known_rates.py; the trace's cases, ``step_auto``,
+``step_idle`` and ``ramp_auto``): what the same planner, scaler and data plane reach when the rates
+are known. With ``--device-headroom`` it draws the trade between the SLO and the devices.
+
 Prints one line per target with the number measured and met / missed, and writes
 ``<out>/<case>.json`` (the simulator's result) and ``targets.json``.
 """
@@ -43,6 +48,7 @@ from common.config import SchedulerConfig
 from harness.elastic import zipf_models
 from harness.smoke import add_smoke, parse_args
 from nexus.simulate.config import Fault, FaultKind, SimConfig
+from nexus.simulate.known_rates import KnownRates
 from nexus.simulate.models import SimModel
 from nexus.simulate.report import dumps, summarize
 from nexus.simulate.run import Simulation
@@ -69,21 +75,38 @@ def arrivals(trace, schedule: str, duration_s: float, seed: int, cv: bool = True
     return Arrivals(a.times_s + LEAD_S, a.models, a.names, a.duration_s + LEAD_S)
 
 
-def config(devices: int, seed: int, fixed: bool, faults=(), floors: bool = False) -> SimConfig:
+def known_rates(trace, schedule: str, ahead_s: float | None) -> KnownRates | None:
+    """The trace's true mean rates, on the simulation's clock (silent for ``LEAD_S``), known ``ahead_s``
+    ahead; each model's dispersion its CV squared. None: the planner measures them."""
+    if ahead_s is None:
+        return None
+    rates = parse_schedule(schedule)
+
+    def total_rps(t_s: float) -> float:
+        return rates.rate_at(t_s - LEAD_S) if t_s >= LEAD_S else 0.0
+
+    return KnownRates(total_rps, {m.name: m.share for m in trace}, ahead_s, {m.name: m.cv ** 2 for m in trace})
+
+
+def config(devices: int, seed: int, fixed: bool, faults=(), floors: bool = False,
+           device_headroom: float | None = None) -> SimConfig:
     """``floors``: the scheduler as before 2026-12-05, surges held as each session's floor and no device
     headroom (``--surge-floors --device-headroom 0``), against the defaults' spares pooled on the
-    headroom."""
+    headroom. ``device_headroom``: that setting, where given."""
     low = max(1, devices // 10)
+    extra = {"surge_floors": True, "device_headroom": 0.0} if floors else {}
+    if device_headroom is not None:
+        extra["device_headroom"] = device_headroom
     scheduler = SchedulerConfig(scale_down_cooldown_s=COOLDOWN_S, min_devices=f"t4={devices if fixed else low}",
-                                max_devices=f"t4={devices}",
-                                **({"surge_floors": True, "device_headroom": 0.0} if floors else {}))
+                                max_devices=f"t4={devices}", **extra)
     return SimConfig(backends=devices if fixed else None, min_backends=low, max_backends=devices, seed=seed,
                      faults=tuple(faults), scheduler=scheduler)
 
 
-def run(name: str, models, arr: Arrivals, cfg: SimConfig, steps, out: pathlib.Path) -> tuple:
+def run(name: str, models, arr: Arrivals, cfg: SimConfig, steps, out: pathlib.Path,
+        known: KnownRates | None = None) -> tuple:
     started = time.process_time()
-    sim = Simulation(models, arr, cfg)
+    sim = Simulation(models, arr, cfg, known)
     sim.run()
     result = summarize(sim, steps, {"case": name})
     (out / f"{name}.json").write_text(dumps(result))
@@ -150,6 +173,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--floors", action="store_true",
                    help="every case as the scheduler ran before 2026-12-05: --surge-floors --device-headroom 0 "
                         "(surges held as each session's floor, no spares pooled on a headroom)")
+    p.add_argument("--device-headroom", type=float, metavar="H",
+                   help="the scheduler's --device-headroom in every case (default: its own default)")
+    p.add_argument("--known-rates-ahead-s", type=float, metavar="S",
+                   help="the trace's cases plan for the trace's true mean rates, known S seconds ahead, "
+                        "instead of the measured ones (what measuring them costs)")
     add_smoke(p, devices=4, steady_s=60.0)
     args = parse_args(p, argv)
     out = pathlib.Path(args.out) / f"d{args.devices}"
@@ -166,7 +194,8 @@ def main(argv: list[str] | None = None) -> None:
           f"CPU {_cpu()}, load average {os.getloadavg()[0]:.2f}", flush=True)
     if "step_auto" in cases:
         sim, r = run("step_auto", models, arrivals(trace, step, END_S, args.seed),
-                     config(n, args.seed, False, floors=args.floors), steps, out)
+                     config(n, args.seed, False, floors=args.floors, device_headroom=args.device_headroom), steps, out,
+                     known_rates(trace, step, args.known_rates_ahead_s))
         trace_targets(rows, "step_auto", r)
         after = windows(r, LEAD_S + STEP_UP_S + start_s + 2, LEAD_S + STEP_DOWN_S)
         target(rows, "step_auto", f"worst 1 s window from S + 2 s after the step (S = {start_s:g} s)",
@@ -183,7 +212,8 @@ def main(argv: list[str] | None = None) -> None:
         ramp = (f"0:{base},{STEP_UP_S}:{base},{STEP_UP_S + RAMP_S}~{5 * base},{STEP_DOWN_S}:{5 * base},"
                 f"{STEP_DOWN_S + RAMP_S}~{base}")
         sim, r = run("ramp_auto", models, arrivals(trace, ramp, END_S, args.seed),
-                     config(n, args.seed, False, floors=args.floors), [], out)
+                     config(n, args.seed, False, floors=args.floors, device_headroom=args.device_headroom), [], out,
+                     known_rates(trace, ramp, args.known_rates_ahead_s))
         trace_targets(rows, "ramp_auto", r)
         w = windows(r, LEAD_S + STEP_UP_S, LEAD_S + STEP_DOWN_S)
         target(rows, "ramp_auto", "worst 1 s window from the ramp up to the ramp down", min(w), ">= 0.99",
@@ -191,13 +221,14 @@ def main(argv: list[str] | None = None) -> None:
         lost_targets(rows, "ramp_auto", r)
     if "step_idle" in cases:
         sim, r = run("step_idle", models, arrivals(trace, step, END_S, args.seed),
-                     config(n, args.seed, True, floors=args.floors), steps, out)
+                     config(n, args.seed, True, floors=args.floors, device_headroom=args.device_headroom), steps, out,
+                     known_rates(trace, step, args.known_rates_ahead_s))
         w = windows(r, LEAD_S, LEAD_S + END_S)
         target(rows, "step_idle", "worst 1 s window, every device registered", min(w), ">= 0.99", min(w) >= 0.99)
         target(rows, "step_idle", "within SLO over the trace", r["within_slo"], ">= 0.999", r["within_slo"] >= 0.999)
     if "steady" in cases:
         sim, r = run("steady", models, arrivals(trace, f"0:{2.5 * base}", args.steady_s, args.seed, cv=False),
-                     config(n, args.seed, False, floors=args.floors), [], out)
+                     config(n, args.seed, False, floors=args.floors, device_headroom=args.device_headroom), [], out)
         turns = reversals(sim)
         per10 = max([sum(1 for t in turns if w <= t < w + 600) for w in range(0, int(args.steady_s), 60)] or [0])
         target(rows, "steady", "scale reversals in any 10 minutes (Poisson, constant)", per10, "<= 1", per10 <= 1)
@@ -205,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
         at = LEAD_S + 30.0
         fault = Fault(FaultKind.KILL_BACKENDS, at, count=max(1, n // 10))
         sim, r = run("kill", models, arrivals(trace, f"0:{5 * base}", 60.0, args.seed, cv=False),
-                     config(n, args.seed, True, [fault], floors=args.floors), [], out)
+                     config(n, args.seed, True, [fault], floors=args.floors, device_headroom=args.device_headroom), [], out)
         failed = missed_share(r, at - 10, LEAD_S + 60.0)
         target(rows, "kill", "requests not within SLO from 10 s before the kill (10% of devices killed at peak)",
                round(failed, 5), "<= 0.001", failed <= 0.001)
@@ -218,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
         at = LEAD_S + 30.0
         fault = Fault(FaultKind.STALL_SCHEDULER, at, duration_s=10.0)
         sim, r = run("stall", models, arrivals(trace, f"0:{5 * base}", 60.0, args.seed, cv=False),
-                     config(n, args.seed, True, [fault], floors=args.floors), [], out)
+                     config(n, args.seed, True, [fault], floors=args.floors, device_headroom=args.device_headroom), [], out)
         evicted = [e for e in sim.events if "missed heartbeats" in e["text"]]
         target(rows, "stall", "nodes evicted by a 10 s scheduler stall", len(evicted), "0", not evicted)
         before, during = windows(r, at - 10, at), windows(r, at, at + 10)

@@ -241,7 +241,7 @@ class SimScheduler:
         view = ClusterView(now_s=now, backends=tuple(BackendSlot(n.node_id, n.device_type, n.memory_mb)
                                                      for n in self.backends()),
                            models=self.models, force=requests.force, why=requests.why,
-                           **measured(self.workload, now))
+                           **self._measured(now))
         plan, self.state = plan_cluster(view, self.state, self.settings)
         self.planning = True
         if plan is self.plan:
@@ -253,6 +253,14 @@ class SimScheduler:
                      + (f" ({'; '.join(plan.why)})" if plan.why else ""),
                      devices=plan.num_devices_planned, lower_bound=plan.lower_bound)
         self.sim.at(now + self.sim.config.planning_ms / 1000.0, self._push_model_tables, plan, self.epoch, leaving)
+
+    def _measured(self, now: float) -> dict:
+        """The view's measured fields: from the workload reports, or the rates the simulation was told
+        to plan for (nexus/simulate/known_rates.py); the fan-outs and last requests are measured still."""
+        fields = measured(self.workload, now)
+        if self.sim.known_rates is not None:
+            fields.update(self.sim.known_rates.view_fields(now))
+        return fields
 
     def _push_model_tables(self, now: float, plan: ClusterPlan, epoch: int, leaving: list[str]) -> None:
         """As globalsched/actuators/distribution.py applies a plan: the handover's make tables to the backends,

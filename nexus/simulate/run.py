@@ -29,6 +29,7 @@ from nexus.simulate.config import DeviceTime, FaultKind, SimConfig
 from nexus.simulate.control import SimActuator, SimScheduler
 from nexus.simulate.devices import Life, SimBackend, device_times
 from nexus.simulate.frontends import SimFrontend
+from nexus.simulate.known_rates import KnownRates
 from nexus.simulate.models import SimModel
 from nexus.simulate.outcomes import Loss, Outcomes, Status
 from nexus.simulate.workload import Arrivals
@@ -54,7 +55,10 @@ class Sample:
 
 
 class Simulation:
-    def __init__(self, models: tuple[SimModel, ...], arrivals: Arrivals, config: SimConfig) -> None:
+    def __init__(self, models: tuple[SimModel, ...], arrivals: Arrivals, config: SimConfig,
+                 known_rates: KnownRates | None = None) -> None:
+        """``known_rates``: the planner is given these rates instead of the ones it measures
+        (nexus/simulate/known_rates.py)."""
         config.validate()
         known = {m.name for m in models}
         unknown = [name for name in arrivals.names if name not in known]
@@ -62,6 +66,7 @@ class Simulation:
             raise ValueError(f"the arrivals name models the models file does not have: {', '.join(unknown[:5])}"
                              + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""))
         self.config = config
+        self.known_rates = known_rates
         self.models = models
         self.arrivals = arrivals
         self.now = 0.0

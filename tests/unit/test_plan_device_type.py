@@ -560,6 +560,24 @@ def test_idle_backends_hold_a_spare_of_every_session_then_more_where_the_load_is
     assert validate_plan(Plan("spares", tuple(out), 0, 0.0), specs, GpuSpec("gpu", 16000.0)) == []
 
 
+def test_a_session_on_several_gpus_gains_its_spare_before_the_single_gpu_sessions_fill_the_room():
+    # On a 100 ms cycle: "big" runs on two GPUs (150 rps each, batch 15: 40 ms), six tail sessions on
+    # one each (10 rps, batch 1: 12 ms). One idle backend. Every session gains one spare, busiest
+    # first: big's (40 ms), then the tails' beside it while they fit. Spares for the single-GPU
+    # sessions first left big, the busiest, none: its bursts then overflowed its two GPUs (issue 24's
+    # trace with every device registered: a CV-4 session of 82 rps on two GPUs, no spare, at the peak).
+    tails = {f"t{i}": 10.0 for i in range(6)}
+    gpus, specs = _primaries(tails)
+    for gid in (6, 7):
+        gpus.append(GpuPlan(gid, 100.0, (SessionAlloc("big", 15, 150.0, 150.0),)))
+    specs.append(SessionSpec("big", "big", 300.0, 300.0, PROFILE))
+    out, added, spares = add_spares(gpus, specs, GpuSpec("gpu", 16000.0), 1, PlannerConfig())
+    with_spare = {name for _, name in added}
+    assert "big" in with_spare and len(spares) == 1
+    assert 3 <= len(with_spare & set(tails)) < len(tails)          # the tails take the room left
+    assert validate_plan(Plan("spares", tuple(out), 0, 0.0), specs, GpuSpec("gpu", 16000.0)) == []
+
+
 def test_filling_the_idle_room_judges_a_bounded_number_of_spare_gpus_per_spare(monkeypatch):
     # b1's second spare (74 ms) fits only beside m's spare, on a 200 ms cycle, the last of the spare
     # GPUs (the others run b2, b3 and x alone, 64-74 ms of 100): found within FILL_CHECKS judged

@@ -186,6 +186,10 @@ def main(argv: list[str] | None = None) -> None:
     trace, models = workload(n, args.seed)
     base = RPS_PER_DEVICE * n
     step = f"0:{base},{STEP_UP_S}:{5 * base},{STEP_DOWN_S}:{base}"
+
+    def cfg(fixed: bool, faults=()) -> SimConfig:
+        return config(n, args.seed, fixed, faults, floors=args.floors, device_headroom=args.device_headroom)
+
     steps = [(LEAD_S + STEP_UP_S, base, 5 * base), (LEAD_S + STEP_DOWN_S, 5 * base, base)]
     cases = args.cases.split(",")
     rows: list[dict] = []
@@ -194,8 +198,7 @@ def main(argv: list[str] | None = None) -> None:
           f"CPU {_cpu()}, load average {os.getloadavg()[0]:.2f}", flush=True)
     if "step_auto" in cases:
         sim, r = run("step_auto", models, arrivals(trace, step, END_S, args.seed),
-                     config(n, args.seed, False, floors=args.floors, device_headroom=args.device_headroom), steps, out,
-                     known_rates(trace, step, args.known_rates_ahead_s))
+                     cfg(False), steps, out, known_rates(trace, step, args.known_rates_ahead_s))
         trace_targets(rows, "step_auto", r)
         after = windows(r, LEAD_S + STEP_UP_S + start_s + 2, LEAD_S + STEP_DOWN_S)
         target(rows, "step_auto", f"worst 1 s window from S + 2 s after the step (S = {start_s:g} s)",
@@ -212,8 +215,7 @@ def main(argv: list[str] | None = None) -> None:
         ramp = (f"0:{base},{STEP_UP_S}:{base},{STEP_UP_S + RAMP_S}~{5 * base},{STEP_DOWN_S}:{5 * base},"
                 f"{STEP_DOWN_S + RAMP_S}~{base}")
         sim, r = run("ramp_auto", models, arrivals(trace, ramp, END_S, args.seed),
-                     config(n, args.seed, False, floors=args.floors, device_headroom=args.device_headroom), [], out,
-                     known_rates(trace, ramp, args.known_rates_ahead_s))
+                     cfg(False), [], out, known_rates(trace, ramp, args.known_rates_ahead_s))
         trace_targets(rows, "ramp_auto", r)
         w = windows(r, LEAD_S + STEP_UP_S, LEAD_S + STEP_DOWN_S)
         target(rows, "ramp_auto", "worst 1 s window from the ramp up to the ramp down", min(w), ">= 0.99",
@@ -221,14 +223,13 @@ def main(argv: list[str] | None = None) -> None:
         lost_targets(rows, "ramp_auto", r)
     if "step_idle" in cases:
         sim, r = run("step_idle", models, arrivals(trace, step, END_S, args.seed),
-                     config(n, args.seed, True, floors=args.floors, device_headroom=args.device_headroom), steps, out,
-                     known_rates(trace, step, args.known_rates_ahead_s))
+                     cfg(True), steps, out, known_rates(trace, step, args.known_rates_ahead_s))
         w = windows(r, LEAD_S, LEAD_S + END_S)
         target(rows, "step_idle", "worst 1 s window, every device registered", min(w), ">= 0.99", min(w) >= 0.99)
         target(rows, "step_idle", "within SLO over the trace", r["within_slo"], ">= 0.999", r["within_slo"] >= 0.999)
     if "steady" in cases:
         sim, r = run("steady", models, arrivals(trace, f"0:{2.5 * base}", args.steady_s, args.seed, cv=False),
-                     config(n, args.seed, False, floors=args.floors, device_headroom=args.device_headroom), [], out)
+                     cfg(False), [], out)
         turns = reversals(sim)
         per10 = max([sum(1 for t in turns if w <= t < w + 600) for w in range(0, int(args.steady_s), 60)] or [0])
         target(rows, "steady", "scale reversals in any 10 minutes (Poisson, constant)", per10, "<= 1", per10 <= 1)
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
         at = LEAD_S + 30.0
         fault = Fault(FaultKind.KILL_BACKENDS, at, count=max(1, n // 10))
         sim, r = run("kill", models, arrivals(trace, f"0:{5 * base}", 60.0, args.seed, cv=False),
-                     config(n, args.seed, True, [fault], floors=args.floors, device_headroom=args.device_headroom), [], out)
+                     cfg(True, [fault]), [], out)
         failed = missed_share(r, at - 10, LEAD_S + 60.0)
         target(rows, "kill", "requests not within SLO from 10 s before the kill (10% of devices killed at peak)",
                round(failed, 5), "<= 0.001", failed <= 0.001)
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         at = LEAD_S + 30.0
         fault = Fault(FaultKind.STALL_SCHEDULER, at, duration_s=10.0)
         sim, r = run("stall", models, arrivals(trace, f"0:{5 * base}", 60.0, args.seed, cv=False),
-                     config(n, args.seed, True, [fault], floors=args.floors, device_headroom=args.device_headroom), [], out)
+                     cfg(True, [fault]), [], out)
         evicted = [e for e in sim.events if "missed heartbeats" in e["text"]]
         target(rows, "stall", "nodes evicted by a 10 s scheduler stall", len(evicted), "0", not evicted)
         before, during = windows(r, at - 10, at), windows(r, at, at + 10)

@@ -47,8 +47,8 @@ from globalsched.planning.plan import (EPS_MS, GpuPlan, GpuSpec, Plan, PlanningE
 # at the peak: 232 of them filled the 50 idle backends, and a CV-4 session of 82 requests/s on two
 # GPUs had no spare; its bursts were most of the step's failures with every device registered. Every
 # session's first spare, busiest first, over seeds 1-8 (benchmarks/elastic.md, "2026-12-05,
-# 18:30-19:40 UTC"): that step 99.835% -> 99.951% within SLO (worst second 97.78% -> 99.08%, means), the kill
-# 0.022% -> 0.021% not within SLO.
+# 18:30-19:40 UTC"): that step 99.835% -> 99.951% within SLO (worst second 97.78% -> 99.08%,
+# means), the kill 0.022% -> 0.021% not within SLO.
 MAX_GPUS_WITH_SPARES = 16
 # Filling the idle room judges at most this many spare GPUs per spare (then a new one, or none): at
 # 1,000 devices (benchmarks/simulator_speed.py big), a full first-fit scan for every spare doubled

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import Awaitable, Callable, Iterable, Mapping
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from common.surge import noise_margin
+from common.surge import NOISE_MIN_EXTRA, NOISE_SIGMAS, noise_margin
 from globalsched.planning.cluster_values import ClusterPlan
 from globalsched.state.membership import Node
 from globalsched.planning.scaling_policy import ScalingConfig, ScalingDecision, ScalingState, TypeDemand, desired_devices
@@ -36,7 +37,8 @@ def demands(plan: ClusterPlan | None, backends: Iterable[Node], measured: Mappin
     """The policy's input per device type: every type registered, planned for, or given a bound.
 
     A session's demand is its planned capacity, or its measured rate where that outruns the capacity
-    (:func:`outrunning_rps`)."""
+    (:func:`outrunning_rps`); a type's latest reports together may outrun its plan sooner
+    (:func:`latest_ratio`)."""
     registered: dict[str, list[str]] = {}
     for n in backends:
         registered.setdefault(n.device_type, []).append(n.node_id)
@@ -57,9 +59,39 @@ def demands(plan: ClusterPlan | None, backends: Iterable[Node], measured: Mappin
                     if b.node_id in cost and not b.spare:     # a spare's session runs elsewhere too
                         cost[b.node_id] += s.load_rps or s.throughput_rps
         demand = sum(outrunning_rps(measured.get(s), c) or c for s, c in capacity.items())
+        planned = {s: p.rate_rps for s in capacity if plan is not None and (p := plan.sessions.get(s)) is not None}
         out[t] = TypeDemand(t, plan.devices_needed.get(t, 0) if plan is not None else 0, len(registered.get(t, [])),
-                            sum(capacity.values()), demand, folded, cost)
+                            sum(capacity.values()), demand, folded, cost, latest_ratio(planned, measured))
     return out
+
+
+def latest_ratio(planned_rps: Mapping[str, float], measured: Mapping[str, WindowRate]) -> float:
+    """The ratio of the sessions' latest reports, summed, to the rates the plan was made for
+    (``planned_rps``: session -> rate) or, where higher, their windows' means, when the sum is beyond
+    the noise of their counts, each session's dispersed as its own (common/surge.py); else 1.
+
+    A step across the cluster shows in the latest reports seconds before any window's mean: the
+    means lag it for a window, and the plan, made from them, followed a 5x step over 10-15 s, each
+    re-plan asking for a few more devices (benchmarks/elastic.md). One session's burst, or a handful
+    of them, is noise in the sum; a step that moves every session is far beyond it, even while each
+    session's own report is within its noise. The plan's capacity is no measure of a step: a session
+    planned for a few requests per second on a device that serves hundreds has room that no other
+    session's excess can use, and summed with the rest it hid a 5x step. Nor is the plan alone: a plan
+    made from the first seconds' counts lagged a constant load, and scaling for it added devices
+    that went again a cool-down later (two or three scale reversals in the constant-load trace). A step
+    outruns the windows' means too."""
+    count = expected = variance = 0.0
+    for session, planned in planned_rps.items():
+        m = measured.get(session)
+        if m is None or m.latest_s <= 0 or planned <= 0:
+            continue
+        e = max(planned, m.rate_rps) * m.latest_s
+        count += m.latest_rps * m.latest_s
+        expected += e
+        variance += e * max(m.dispersion or 1.0, 1.0)
+    if expected <= 0 or count <= expected + NOISE_SIGMAS * math.sqrt(variance) + NOISE_MIN_EXTRA:
+        return 1.0
+    return count / expected
 
 
 def outrunning_rps(measured: WindowRate | None, capacity_rps: float) -> float | None:

@@ -15,10 +15,16 @@ The rules (an operator's expectations: no flapping, nothing lost, no idle device
   planner already re-plans for, adds only the devices the plan uses); an idle session's room does
   not absorb another's excess, and the capacity is the throughput of its planned batches, not the
   rate it was planned for: a plan for a few requests per second on a device that serves hundreds
-  needs no device more when they come. Then ``headroom`` times it more, rounded to the nearest
-  device (spares pooled over every session; at 0.3 a plan of one device gets none, rounded up it
-  got a second), within the bounds. When it exceeds the registered count the desired count is that
-  need, at once: this covers a plan that folds sessions onto busy devices.
+  needs no device more when they come. A step across the cluster counts sooner: when the sessions'
+  latest reports, summed, outrun the rates planned (and the windows' means) beyond the noise of
+  their counts (``latest_ratio``, :func:`globalsched.actuators.device_scaler.latest_ratio`), the
+  raw need is the plan's devices times that ratio, from the first reports after the step rather than
+  a device or a few per re-plan as the means follow it. That is more than a fresh plan at the new
+  rates would use (batches grow with the rate); the spares pooled on the surplus take the step's
+  bursts until the cool-down gives it back (benchmarks/elastic.md). Then ``headroom`` times it more,
+  rounded to the nearest device (spares pooled over every session; at 0.3 a plan of one device gets
+  none, rounded up it got a second), within the bounds. When it exceeds the registered count the
+  desired count is that need, at once: this covers a plan that folds sessions onto busy devices.
 * **Down after a cool-down, to what the window needed.** The desired count never drops below the
   largest raw need seen over the last ``cooldown_s`` (the stabilization window of Kubernetes' HPA):
   that need is the plan's devices with demand and headroom counted, so the survivors absorb the
@@ -77,6 +83,7 @@ class TypeDemand:
     demand_rps: float = 0.0          # each such session at its capacity or, beyond noise above it, its measured rate
     folded: int = 0                  # plan devices folded onto busy backends
     move_cost: Mapping[str, float] = field(default_factory=dict)   # backend -> planned rps of its sessions
+    latest_ratio: float = 1.0        # the latest reports summed over the rates planned, where beyond noise (else 1)
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,10 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
         need = math.ceil(d.needed * ratio - 1e-9)
         why = (f"demand {d.demand_rps:.0f} rps outruns the {d.capacity_rps:.0f} rps the plan's batches serve "
                f"(x{ratio:.2f}): {need} for the plan's {d.needed}")
+    if d.latest_ratio > config.outrun_ratio and math.ceil(d.needed * d.latest_ratio - 1e-9) > need:
+        need = math.ceil(d.needed * d.latest_ratio - 1e-9)
+        why = (f"the latest reports are x{d.latest_ratio:.2f} the rates planned (a step): {need} for the plan's "
+               f"{d.needed}")
     extra = math.floor(need * config.headroom + 0.5) if need > 0 else 0
     if extra > 0:
         need += extra
@@ -158,9 +169,9 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
     if need > registered:
         desired = need
         if d.folded and raw <= high:
-            why = f"{why}; {d.folded} plan devices folded onto busy backends: add {need - registered}"
+            why = f"{why}; {d.folded} plan devices folded onto busy backends: add {desired - registered}"
         else:
-            why = f"{why}: add {need - registered}"
+            why = f"{why}: add {desired - registered}"
     elif window_max >= registered:
         # never below the window's largest need: a device asked for a moment ago and still starting
         # is not given up (a gauge that dipped would have an HPA remove the pod it is starting)

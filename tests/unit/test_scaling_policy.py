@@ -103,6 +103,67 @@ def test_a_single_burst_report_adds_no_device_the_plan_does_not_use():
     assert outrunning_rps(WindowRate(150.0, 10.0, 1.0, latest_rps=100.0, latest_s=2.0), 100.0) is None
 
 
+def _many_sessions_plan(n: int, rate_rps: float):
+    """A plan of ``n`` sessions, each planned for ``rate_rps`` and served at that on a backend of its own."""
+    from globalsched.planning.cluster_values import ClusterPlan, PlannedSession
+    from globalsched.state.membership import Node
+    from globalsched.planning.placement import BackendAssignment, PlacedSession, Placement
+
+    names = [f"m{i}" for i in range(n)]
+    backends = tuple(BackendAssignment(f"be-{m}", 20.0, (PlacedSession(m, 2, rate_rps, rate_rps),)) for m in names)
+    plan = ClusterPlan({"t4": Placement(backends, 0, 0)}, {}, {}, devices_needed={"t4": n},
+                       sessions={m: PlannedSession(m, m, 100.0, rate_rps) for m in names})
+    return plan, [Node(f"be-{m}", 2, "127.0.0.1:1", "emulated:t4", "t4") for m in names], names
+
+
+def test_a_step_across_every_session_scales_up_though_no_session_is_beyond_its_own_noise():
+    """A 2x step over 40 sessions planned for 10 rps: each one's latest 2 s report counts 40 where its
+    plan expects 20 (within its noise, 4 * sqrt(20) + 3), and its window's mean still holds the counts
+    from before. Summed, 1,600 against 800 is far beyond noise: the devices for the step start now,
+    not as the plan follows the means."""
+    from globalsched.actuators.device_scaler import demands
+    from globalsched.state.rate_reports import WindowRate
+
+    plan, backends, names = _many_sessions_plan(40, 10.0)
+    stepped = {m: WindowRate(10.0, 10.0, 1.0, latest_rps=20.0, latest_s=2.0) for m in names}
+    t4 = demands(plan, backends, stepped)["t4"]
+    assert t4.demand_rps == 400.0                 # no session outruns its capacity on its own
+    assert t4.latest_ratio == pytest.approx(2.0)
+    d = Policy(cooldown_s=10).at(0.0, needed=40, registered=40, capacity_rps=t4.capacity_rps,
+                                 demand_rps=t4.demand_rps, latest_ratio=t4.latest_ratio)
+    assert d.desired == 80 and "the latest reports are x2.00 the rates planned (a step): 80 for the plan's 40" in d.reason
+    # Held like any need for the cool-down: the step's devices are not given back as the plan catches up.
+    assert Policy(cooldown_s=10).at(0.0, needed=40, registered=40, latest_ratio=1.05).desired == 40   # within 1.1
+
+
+def test_one_sessions_burst_or_a_steady_load_in_the_latest_reports_is_no_step():
+    """One bursty session's report at 10x its plan among 39 quiet ones, dispersed as CV 3 counts are:
+    noise in the sum. A load within the plan, or within the windows' means above it, latest reports of
+    unknown seconds, and sessions the plan has no rate for, are none."""
+    from globalsched.actuators.device_scaler import demands, latest_ratio
+    from globalsched.state.rate_reports import WindowRate
+
+    plan, backends, names = _many_sessions_plan(40, 10.0)
+    quiet = {m: WindowRate(8.0, 10.0, 9.0, latest_rps=8.0, latest_s=2.0) for m in names}
+    assert demands(plan, backends, quiet)["t4"].latest_ratio == 1.0
+    burst = dict(quiet, m0=WindowRate(12.0, 10.0, 9.0, latest_rps=100.0, latest_s=2.0))
+    assert demands(plan, backends, burst)["t4"].latest_ratio == 1.0
+    # Every session a little above its plan, in Poisson noise, is a step: 960 counted against
+    # 800 + 4 * sqrt(800) + 3.
+    planned = {m: 10.0 for m in names}
+    assert latest_ratio(planned, {m: WindowRate(8.0, 10.0, 1.0, latest_rps=12.0, latest_s=2.0) for m in names}) \
+        == pytest.approx(1.2)
+    assert latest_ratio(planned, {m: WindowRate(8.0, 10.0, 1.0) for m in names}) == 1.0
+    # A plan that lags a constant load (made from the first seconds' counts) is no step: the latest
+    # reports do not outrun the windows' means.
+    assert latest_ratio(planned, {m: WindowRate(20.0, 10.0, 1.0, latest_rps=20.0, latest_s=2.0) for m in names}) \
+        == 1.0
+    # Only sessions with a planned rate and a report count: an unplanned one's 1,000 rps is not a step.
+    rates = {m: WindowRate(8.0, 10.0, 1.0, latest_rps=10.0, latest_s=2.0) for m in names}
+    rates["new"] = WindowRate(1000.0, 10.0, 1.0, latest_rps=1000.0, latest_s=2.0)
+    assert latest_ratio(dict(planned, new=0.0), rates) == 1.0
+
+
 def test_a_plan_that_needs_more_devices_is_asked_for_when_made_and_one_that_needs_fewer_once_applied():
     """At a step the plan's push took 3-4 s while the devices it folded onto busy backends waited
     (benchmarks/elastic.md). A plan that needs fewer must not drain a backend the plan in force still
@@ -220,6 +281,7 @@ def test_a_device_asked_for_is_still_desired_while_it_starts_though_the_need_fel
     assert starting.desired == 26 and "26 needed within the 10 s window: 1 to come" in starting.reason
     assert policy.at(3.0, needed=25, registered=26).desired == 26
     assert policy.at(12.0, needed=25, registered=26).desired == 26               # within the tolerance
+
 
 
 @pytest.mark.parametrize("tolerance", [-0.1, 1.0, 2.5])

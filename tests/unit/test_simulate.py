@@ -177,6 +177,27 @@ def test_changing_the_production_scaling_policy_changes_the_simulated_devices(mo
     assert max(before["per_second"]["backends"]) > 1 and max(after["per_second"]["backends"]) == 1
 
 
+def test_a_step_across_many_models_starts_its_devices_from_the_first_reports_after_it(monkeypatch):
+    """40 models, 100 -> 300 requests/s at 20 s: each model's 2 s report is within its own noise, and
+    the plan followed the windows' means, a device or a few per re-plan (16 devices by 33 s). Summed,
+    the first reports after the step are far beyond noise, and the scaler asks for the step's devices
+    at once; with the rule off (the ratio always 1) it does not."""
+    import globalsched.actuators.device_scaler as scaler
+
+    models = linear_models(40, 200.0, 8.0, 20.0, 32, memory_mb=500)
+
+    def step(**config):
+        sim, result = run(models=models, schedule="0:100,20:300,60:100", max_backends=20, **config)
+        first = next(e for e in sim.events if e["kind"] == "scaling" and e["time_s"] >= 20.0)
+        return first, result["per_second"]["backends"]
+    first, backends = step()
+    assert first["time_s"] < 21.0 and "the latest reports are x" in first["text"] and first["desired"] >= 16
+    assert backends[23] >= 16
+    monkeypatch.setattr(scaler, "latest_ratio", lambda planned, measured: 1.0)
+    first, backends = step()
+    assert "the latest reports" not in first["text"] and max(backends[:30]) < 16
+
+
 def test_changing_the_production_batching_policy_changes_the_simulated_outcomes(monkeypatch):
     from common.batch_decision import Selection, SlidingWindowEarlyDrop
 

@@ -208,7 +208,7 @@ def persist_due(state: ScalingState, saved: ScalingState | None, since_saved_s: 
 
 
 def _decisions(state: ScalingState) -> dict[str, tuple]:
-    return {t: (h.desired, h.last_down_s, h.down_to) for t, h in state.types.items()}
+    return {t: (h.desired, h.last_down_s, h.down_to, h.up_to) for t, h in state.types.items()}
 
 
 class ScalerCollector(Collector):

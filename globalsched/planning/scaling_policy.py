@@ -24,7 +24,9 @@ The rules (an operator's expectations: no flapping, nothing lost, no idle device
   bursts until the cool-down gives it back (benchmarks/elastic.md). Then ``headroom`` times it more,
   rounded to the nearest device (spares pooled over every session; at 0.3 a plan of one device gets
   none, rounded up it got a second), within the bounds. When it exceeds the registered count the
-  desired count is that need, at once: this covers a plan that folds sessions onto busy devices.
+  desired count is that need, at once: this covers a plan that folds sessions onto busy devices. A scale-up under way keeps
+  the count it asked for while that need is within the cool-down's window, so a need that wavers
+  while the devices start does not start them a poll at a time.
 * **Down after a cool-down, to what the window needed.** The desired count never drops below the
   largest raw need seen over the last ``cooldown_s`` (the stabilization window of Kubernetes' HPA):
   that need is the plan's devices with demand and headroom counted, so the survivors absorb the
@@ -107,6 +109,7 @@ class TypeHistory:
     last_down_s: float | None = None              # when the desired count last dropped
     desired: int | None = None
     down_to: int | None = None                    # the count the last drop aimed at
+    up_to: int | None = None                      # the count a scale-up under way aims at
 
 
 @dataclass(frozen=True)
@@ -167,11 +170,18 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
     last_down = now_s if not history.needs else history.last_down_s
     down_to: int | None = None
     if need > registered:
-        desired = need
+        # a scale-up under way keeps its count while the need that asked for it is in the window: a
+        # need that wavered while devices started (a step's reports, a plan that folds and the next
+        # one that does not) asked for 25, 21, 25 and 21 devices within 2 s, and the actuator started
+        # them a poll at a time
+        rising = history.up_to is not None and history.up_to > registered
+        desired = max(need, min(history.up_to, window_max)) if rising else need
         if d.folded and raw <= high:
             why = f"{why}; {d.folded} plan devices folded onto busy backends: add {desired - registered}"
         else:
             why = f"{why}: add {desired - registered}"
+        if desired > need:
+            why = f"{why} ({desired} asked for within the {config.cooldown_s:g} s window)"
     elif window_max >= registered:
         # never below the window's largest need: a device asked for a moment ago and still starting
         # is not given up (a gauge that dipped would have an HPA remove the pod it is starting)
@@ -212,4 +222,5 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
         why = f"{why}: steady"
     decision = ScalingDecision(d.device_type, desired, registered, need, why, drains)
     return decision, replace(history, needs=needs, last_down_s=last_down, desired=desired,
-                             down_to=down_to if down_to is not None else history.down_to)
+                             down_to=down_to if down_to is not None else history.down_to,
+                             up_to=desired if desired > registered else None)

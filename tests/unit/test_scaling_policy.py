@@ -283,6 +283,19 @@ def test_a_device_asked_for_is_still_desired_while_it_starts_though_the_need_fel
     assert policy.at(12.0, needed=25, registered=26).desired == 26               # within the tolerance
 
 
+def test_a_scale_up_under_way_keeps_its_count_while_the_need_wavers():
+    """A step's reports and its plans asked for 25, 21, 25 and 21 devices within 2 s while they started,
+    and the actuator started them a poll at a time. The count asked for stands while its need is in
+    the window; after it, the need of now is what is asked."""
+    policy = Policy(cooldown_s=10)
+    assert policy.at(0.0, needed=25, registered=10).desired == 25
+    wavered = policy.at(0.5, needed=21, registered=10)
+    assert wavered.desired == 25 and "add 15 (25 asked for within the 10 s window)" in wavered.reason
+    assert policy.at(1.0, needed=20, registered=20).desired == 25      # 20 came; 5 more to come
+    assert policy.at(1.5, needed=21, registered=20).desired == 25
+    assert policy.at(12.0, needed=21, registered=20).desired == 21     # the 25 left the window
+
+
 
 @pytest.mark.parametrize("tolerance", [-0.1, 1.0, 2.5])
 def test_a_tolerance_outside_0_to_1_is_refused_naming_the_flag(tolerance):

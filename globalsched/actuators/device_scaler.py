@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from typing import Awaitable, Callable, Iterable, Mapping
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from common.surge import NOISE_MIN_EXTRA, NOISE_SIGMAS, noise_margin
+from common.surge import noise_margin
 from globalsched.planning.cluster_values import ClusterPlan
 from globalsched.state.membership import Node
 from globalsched.planning.scaling_policy import ScalingConfig, ScalingDecision, ScalingState, TypeDemand, desired_devices
@@ -59,7 +58,7 @@ def demands(plan: ClusterPlan | None, backends: Iterable[Node], measured: Mappin
                     if b.node_id in cost and not b.spare:     # a spare's session runs elsewhere too
                         cost[b.node_id] += s.load_rps or s.throughput_rps
         demand = sum(outrunning_rps(measured.get(s), c) or c for s, c in capacity.items())
-        planned = {s: p.rate_rps for s in capacity if plan is not None and (p := plan.sessions.get(s)) is not None}
+        planned = {s: plan.sessions[s].rate_rps for s in capacity if s in plan.sessions}   # none without a plan
         out[t] = TypeDemand(t, plan.devices_needed.get(t, 0) if plan is not None else 0, len(registered.get(t, [])),
                             sum(capacity.values()), demand, folded, cost, latest_ratio(planned, measured))
     return out
@@ -89,7 +88,7 @@ def latest_ratio(planned_rps: Mapping[str, float], measured: Mapping[str, Window
         count += m.latest_rps * m.latest_s
         expected += e
         variance += e * max(m.dispersion or 1.0, 1.0)
-    if expected <= 0 or count <= expected + NOISE_SIGMAS * math.sqrt(variance) + NOISE_MIN_EXTRA:
+    if expected <= 0 or count <= expected + noise_margin(expected, dispersion=variance / expected):
         return 1.0
     return count / expected
 

@@ -24,9 +24,9 @@ The rules (an operator's expectations: no flapping, nothing lost, no idle device
   bursts until the cool-down gives it back (benchmarks/elastic.md). Then ``headroom`` times it more,
   rounded to the nearest device (spares pooled over every session; at 0.3 a plan of one device gets
   none, rounded up it got a second), within the bounds. When it exceeds the registered count the
-  desired count is that need, at once: this covers a plan that folds sessions onto busy devices. A scale-up under way keeps
-  the count it asked for while that need is within the cool-down's window, so a need that wavers
-  while the devices start does not start them a poll at a time.
+  desired count is that need, at once: this covers a plan that folds sessions onto busy devices. A
+  scale-up under way keeps the count it asked for while that need is within the cool-down's window,
+  so a need that wavers while the devices start does not start them a poll at a time.
 * **Down after a cool-down, to what the window needed.** The desired count never drops below the
   largest raw need seen over the last ``cooldown_s`` (the stabilization window of Kubernetes' HPA):
   that need is the plan's devices with demand and headroom counted, so the survivors absorb the
@@ -144,10 +144,10 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
         need = math.ceil(d.needed * ratio - 1e-9)
         why = (f"demand {d.demand_rps:.0f} rps outruns the {d.capacity_rps:.0f} rps the plan's batches serve "
                f"(x{ratio:.2f}): {need} for the plan's {d.needed}")
-    if d.latest_ratio > config.outrun_ratio and math.ceil(d.needed * d.latest_ratio - 1e-9) > need:
-        need = math.ceil(d.needed * d.latest_ratio - 1e-9)
-        why = (f"the latest reports are x{d.latest_ratio:.2f} the rates planned (a step): {need} for the plan's "
-               f"{d.needed}")
+    stepped = math.ceil(d.needed * d.latest_ratio - 1e-9)
+    if d.latest_ratio > config.outrun_ratio and stepped > need:
+        need = stepped
+        why = f"the latest reports are x{d.latest_ratio:.2f} the rates planned (a step): {need} for the plan's {d.needed}"
     extra = math.floor(need * config.headroom + 0.5) if need > 0 else 0
     if extra > 0:
         need += extra

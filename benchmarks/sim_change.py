@@ -44,6 +44,7 @@ import pathlib
 import time
 
 from benchmarks.elastic import FIXED_MS, PER_ITEM_MS, SLOS_MS
+from common.cli_types import non_negative_seconds
 from common.config import SchedulerConfig
 from harness.elastic import zipf_models
 from harness.smoke import add_smoke, parse_args
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
                         "(surges held as each session's floor, no spares pooled on a headroom)")
     p.add_argument("--device-headroom", type=float, metavar="H",
                    help="the scheduler's --device-headroom in every case (default: its own default)")
-    p.add_argument("--known-rates-ahead-s", type=float, metavar="S",
+    p.add_argument("--known-rates-ahead-s", type=non_negative_seconds, metavar="S",
                    help="the trace's cases plan for the trace's true mean rates, known S seconds ahead, "
                         "instead of the measured ones (what measuring them costs)")
     add_smoke(p, devices=4, steady_s=60.0)

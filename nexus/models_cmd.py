@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 
+from common.cli_types import non_negative_seconds
 from common.late_requests import LateRequests
 from common.pb import control
 from common.version_policy import DEFAULT_POLICY, VersionError, from_pb as policy_from_pb
@@ -139,16 +140,6 @@ def _run_list(args) -> int:
     return 0
 
 
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, 0 or more, got {text!r}")
-    return value
-
-
 def _positive_version(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
@@ -176,7 +167,7 @@ def register(sub) -> None:
                     help="return once it is stored, without waiting until it is ready to serve (by default the "
                          "command waits, prints how long that took, and fails with the reason when it cannot be "
                          "served)")
-    up.add_argument("--wait-timeout-s", type=_non_negative, default=120.0, metavar="S",
+    up.add_argument("--wait-timeout-s", type=non_negative_seconds, default=120.0, metavar="S",
                     help="how long to wait for it to be ready (default 120)")
     up.add_argument("--min-replicas", type=int, default=0,
                     help="backends its session keeps at least, so losing one needs no re-plan "

@@ -63,9 +63,14 @@ def measured(workload: Workload, now_s: float) -> dict:
     planner as the scheduler does."""
     return dict(rates_rps=workload.planning_rates(now_s), surges_rps=workload.surges(now_s),
                 rate_windows_s=workload.rate_windows_s(now_s), surge_windows_s=workload.surge_windows_s(now_s),
-                latest_reports=workload.latest_reports(now_s), gammas=workload.current_gammas(now_s),
-                rate_dispersions=workload.rate_dispersions(now_s),
-                last_requested_s=workload.last_requested_s())
+                latest_reports=workload.latest_reports(now_s), rate_dispersions=workload.rate_dispersions(now_s),
+                **measured_apart_from_rates(workload, now_s))
+
+
+def measured_apart_from_rates(workload: Workload, now_s: float) -> dict:
+    """The measured fields that are not the sessions' rates and their noise: the fan-outs and the last
+    requests (what ``nexus simulate`` still measures when told the rates, nexus/simulate/known_rates.py)."""
+    return dict(gammas=workload.current_gammas(now_s), last_requested_s=workload.last_requested_s())
 
 
 def _model_view(admin: ModelAdmin, key: str, slo_ms: float) -> ModelView:

@@ -42,7 +42,7 @@ from globalsched.planning.replan_trigger import ReplanTrigger
 from globalsched.planning.residency import requested_while_cold
 from globalsched.planning.scaling_policy import ScalingConfig
 from globalsched.state.heartbeat_pacing import pacing
-from globalsched.state.read_view import measured
+from globalsched.state.read_view import measured, measured_apart_from_rates
 from globalsched.state.rate_reports import Workload
 from nexus.local_scaler import POLL_S, Drain, LocalBackend, Start, drains, next_step
 from nexus.simulate.frontends import SimRoute
@@ -256,11 +256,11 @@ class SimScheduler:
 
     def _measured(self, now: float) -> dict:
         """The view's measured fields: from the workload reports, or the rates the simulation was told
-        to plan for (nexus/simulate/known_rates.py); the fan-outs and last requests are measured still."""
-        fields = measured(self.workload, now)
-        if self.sim.known_rates is not None:
-            fields.update(self.sim.known_rates.view_fields(now))
-        return fields
+        to plan for (nexus/simulate/known_rates.py); the fan-outs and last requests are measured still
+        (the reports' rates are then not read at all)."""
+        if self.sim.known_rates is None:
+            return measured(self.workload, now)
+        return {**self.sim.known_rates.view_fields(now), **measured_apart_from_rates(self.workload, now)}
 
     def _push_model_tables(self, now: float, plan: ClusterPlan, epoch: int, leaving: list[str]) -> None:
         """As globalsched/actuators/distribution.py applies a plan: the handover's make tables to the backends,

@@ -35,6 +35,18 @@ def test_the_view_reads_each_models_share_of_the_rate_known_ahead_with_no_surge_
     assert now_only.view_fields(19.9)["rate_dispersions"] == {}
 
 
+def test_the_known_view_has_every_field_of_the_measured_one_and_reads_no_reported_rate():
+    """The simulated scheduler with known rates takes the fan-outs and last requests from the reports,
+    and every other field from the known rates: together, the fields a measured view has."""
+    from globalsched.state.read_view import measured, measured_apart_from_rates
+    from globalsched.state.rate_reports import Workload
+
+    known = KnownRates(STEP.rate_at, {"a": 1.0}).view_fields(0.0)
+    apart = measured_apart_from_rates(Workload(), 0.0)
+    assert not set(known) & set(apart)
+    assert set(known) | set(apart) == set(measured(Workload(), 0.0))
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"ahead_s": -1.0}, "ahead_s must be a number of seconds >= 0, not -1.0"),
     ({"ahead_s": math.nan}, "ahead_s must be a number of seconds >= 0, not nan"),

@@ -69,9 +69,10 @@ def dispersion_of_sums(requests: float, seconds: float, squares: float, counts: 
     return max(chi2 / (counts - 1), 1.0)
 
 
-def within_noise(count: float, expected: float, sigmas: float = NOISE_SIGMAS) -> bool:
-    """Whether ``count`` arrivals may be Poisson noise around ``expected`` (either way)."""
-    return abs(count - expected) <= noise_margin(expected, sigmas)
+def within_noise(count: float, expected: float, sigmas: float = NOISE_SIGMAS, dispersion: float = 1.0) -> bool:
+    """Whether ``count`` arrivals may be noise around ``expected`` (either way): Poisson noise, or that of
+    counts whose variance is ``dispersion`` times their mean."""
+    return abs(count - expected) <= noise_margin(expected, sigmas, dispersion)
 
 
 def is_surge(count: float, expected: float) -> bool:

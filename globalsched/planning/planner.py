@@ -109,14 +109,15 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
     planned_rps = planned_rates(state.plan, settings)
     surges = real_surges(view.surges_rps, view.surge_windows_s, planned_rps)
     floors = held_surges(state.surge_floors, surges, view.rates_rps, view.rate_windows_s, view.now_s,
-                         view.latest_reports)
+                         view.latest_reports, view.rate_dispersions)
     if not settings.surge_floors:           # planned for while it is the latest report, never held
         floors = {name: held for name, held in floors.items() if name in surges}
     if floors != state.surge_floors:
         state = replace(state, surge_floors=floors)
     ceilings = held_drops(state.drop_ceilings, dropped_rates(view.latest_reports, view.rates_rps, frozenset(surges),
                                                              view.rate_dispersions),
-                          view.rates_rps, view.rate_windows_s, view.now_s, view.latest_reports, frozenset(surges))
+                          view.rates_rps, view.rate_windows_s, view.now_s, view.latest_reports, frozenset(surges),
+                          view.rate_dispersions)
     if ceilings != state.drop_ceilings:
         state = replace(state, drop_ceilings=ceilings)
     call = should_replan(view, state.plan, state.last_plan_s, state.backends, surges, settings.replan,
@@ -227,25 +228,29 @@ def dropped_rates(latest: Mapping[str, tuple[float, float]], measured_rps: Mappi
 
 def held_drops(ceilings: Mapping[str, tuple[float, float]], drops_rps: Mapping[str, float],
                measured_rps: Mapping[str, float], windows_s: Mapping[str, float], now_s: float,
-               latest: Mapping[str, tuple[float, float]] = {}, surging: AbstractSet[str] = frozenset()
-               ) -> dict[str, tuple[float, float]]:
+               latest: Mapping[str, tuple[float, float]] = {}, surging: AbstractSet[str] = frozenset(),
+               dispersions: Mapping[str, float] = {}) -> dict[str, tuple[float, float]]:
     """The drops held as planned ceilings: session -> (rate, when it dropped); :func:`held_surges`'s
     mirror. A drop (:func:`dropped_rates`) is the latest report only, and the next report, by noise,
     may not be a drop against a mean that still lags: the plan then went back up to the mean and asked
     again for the device the drop had let go (``nexus serve`` with reports every 0.5 s, after a step
     from 110 to 8 requests/s: 2, 1, 2, 1 devices within 10 s). So a drop's rate is the ceiling of the
-    session's planned rate until the window's mean comes down to it (below it, or within Poisson noise
-    of it), a whole rate window has passed, the session surges, or its ``latest`` report (rate,
-    seconds) is beyond noise above it: the traffic came back. A lower drop replaces a held one."""
+    session's planned rate until the window's mean comes down to it (below it, or within noise of it),
+    a whole rate window has passed, the session surges, or its ``latest`` report (rate, seconds) is
+    beyond noise above it: the traffic came back. The noise is that of counts as dispersed as the
+    session's own (``dispersions``, 1 where not known), as the drop itself was judged
+    (:func:`dropped_rates`). A lower drop replaces a held one."""
     out: dict[str, tuple[float, float]] = {}
     for name, (rate, since) in ceilings.items():
         mean, window = measured_rps.get(name), windows_s.get(name, 0.0)
         if now_s - since >= PLAN_RATE_WINDOW_S or mean is None or name in surging:
             continue
-        if window > 0 and (mean <= rate or within_noise(mean * window, rate * window)):
+        spread = dispersions.get(name, 1.0)
+        if window > 0 and (mean <= rate or within_noise(mean * window, rate * window, dispersion=spread)):
             continue                        # the window came down
         latest_rps, latest_s = latest.get(name, (0.0, 0.0))
-        if latest_s > 0 and latest_rps > rate and not within_noise(latest_rps * latest_s, rate * latest_s):
+        if latest_s > 0 and latest_rps > rate and \
+                not within_noise(latest_rps * latest_s, rate * latest_s, dispersion=spread):
             continue                        # the traffic came back
         out[name] = (rate, since)
     for name, rate in drops_rps.items():
@@ -272,16 +277,18 @@ def real_surges(surges_rps: Mapping[str, float], windows_s: Mapping[str, float],
 
 def held_surges(floors: Mapping[str, tuple[float, float]], surges_rps: Mapping[str, float],
                 measured_rps: Mapping[str, float], windows_s: Mapping[str, float], now_s: float,
-                latest: Mapping[str, tuple[float, float]] = {}) -> dict[str, tuple[float, float]]:
+                latest: Mapping[str, tuple[float, float]] = {}, dispersions: Mapping[str, float] = {}
+                ) -> dict[str, tuple[float, float]]:
     """The surges held as planned floors: session -> (rate, when it surged). A surge (of
     :func:`real_surges`) is planned for at once, but it is the latest report only: a few seconds on,
     the workload's planning rate is the window's mean again, which after a step still holds the counts
     from before it, and a plan made for it gave back the capacity the surge had added (a 5x step
     re-planned from 3 to 8 devices, then fell back to 5-6 until the window filled). So a surge's rate is
-    held, as an expected rate is, until the window's mean catches up with it (within Poisson noise
-    below it or above: :func:`settled_rates` then keeps the plan) or a whole rate window of counts has
-    been measured since it surged, or the session's ``latest`` report (rate, seconds) is beyond
-    Poisson noise below it: a burst, not a step (with Gamma arrivals of CV 3-4 one model or another
+    held, as an expected rate is, until the window's mean catches up with it (within noise below it or
+    above: :func:`settled_rates` then keeps the plan) or a whole rate window of counts has been
+    measured since it surged, or the session's ``latest`` report (rate, seconds) is beyond noise below
+    it: a burst, not a step. The noise is that of counts as dispersed as the session's own
+    (``dispersions``, 1 where not known): a bursty session's lull is no end of its surge (with Gamma arrivals of CV 3-4 one model or another
     bursts every few seconds, and holding each burst for a window planned 14 devices where 8-11 served
     the step). A higher surge replaces a held one; a lower one leaves it."""
     out: dict[str, tuple[float, float]] = {}
@@ -290,10 +297,12 @@ def held_surges(floors: Mapping[str, tuple[float, float]], surges_rps: Mapping[s
         if now_s - since >= PLAN_RATE_WINDOW_S or mean is None:
             continue
         if name not in surges_rps:
-            if window > 0 and (mean >= rate or within_noise(mean * window, rate * window)):
+            spread = dispersions.get(name, 1.0)
+            if window > 0 and (mean >= rate or within_noise(mean * window, rate * window, dispersion=spread)):
                 continue                    # the window caught up
             latest_rps, latest_s = latest.get(name, (0.0, 0.0))
-            if latest_s > 0 and latest_rps < rate and not within_noise(latest_rps * latest_s, rate * latest_s):
+            if latest_s > 0 and latest_rps < rate and \
+                    not within_noise(latest_rps * latest_s, rate * latest_s, dispersion=spread):
                 continue                    # the surge's traffic is gone
         out[name] = (rate, since)
     for name, rate in surges_rps.items():

@@ -417,6 +417,19 @@ def test_held_drops_go_after_a_window_or_a_surge_and_a_lower_drop_replaces_one()
     assert held_drops(ceilings, {}, {}, {}, 2.0) == {}                                    # no longer reported
 
 
+def test_a_held_drop_is_judged_by_the_noise_of_the_sessions_own_counts():
+    """A bursty session's drop is judged beyond the noise of counts as dispersed as its own
+    (dropped_rates); its release is too: a burst within that noise is no return of the traffic."""
+    from globalsched.planning.planner import held_drops
+    ceilings = {"m": (60.0, 0.0)}
+    came_back = {"m": (100.0, 2.0)}        # 200 counted where the ceiling gives 120
+    assert held_drops(ceilings, {}, {"m": 250.0}, {"m": 10.0}, 2.0, came_back) == {}
+    assert held_drops(ceilings, {}, {"m": 250.0}, {"m": 10.0}, 2.0, came_back, dispersions={"m": 16.0}) == ceilings
+    # The window's mean (1,000 counted where the ceiling gives 600) came down within that noise.
+    assert held_drops(ceilings, {}, {"m": 100.0}, {"m": 10.0}, 2.0) == ceilings
+    assert held_drops(ceilings, {}, {"m": 100.0}, {"m": 10.0}, 2.0, dispersions={"m": 25.0}) == {}
+
+
 def test_without_surge_floors_a_surge_is_planned_for_while_it_is_the_latest_report_and_never_held():
     """``--no-surge-floors`` (the default): the step's surge re-plans at once, as with floors; once its
     report is no longer the latest, the window's mean is planned (the spares on --device-headroom's
@@ -460,6 +473,10 @@ def test_a_lower_surge_leaves_the_held_one_and_a_higher_one_replaces_it():
     # The latest report within noise of the held rate (540 where 600): held; far below it: a burst, gone.
     assert held_surges(floors, {}, {"m": 150.0}, {"m": 10.0}, 4.0, {"m": (270.0, 2.0)}) == floors
     assert held_surges(floors, {}, {"m": 150.0}, {"m": 10.0}, 4.0, {"m": (100.0, 2.0)}) == {}
+    # A bursty session's lull (300 where 600, Gamma arrivals of CV 4): within its own noise, held.
+    lull = {"m": (150.0, 2.0)}
+    assert held_surges(floors, {}, {"m": 150.0}, {"m": 10.0}, 4.0, lull) == {}
+    assert held_surges(floors, {}, {"m": 150.0}, {"m": 10.0}, 4.0, lull, {"m": 16.0}) == floors
 
 
 # ---- spare replicas on idle backends --------------------------------------------------------------

@@ -49,6 +49,13 @@ from globalsched.planning.plan import (EPS_MS, GpuPlan, GpuSpec, Plan, PlanningE
 # session's first spare, busiest first, over seeds 1-8 (benchmarks/elastic.md, "2026-12-05,
 # 18:30-19:40 UTC"): that step 99.835% -> 99.951% within SLO (worst second 97.78% -> 99.08%,
 # means), the kill 0.022% -> 0.021% not within SLO.
+#
+# At that trace's peak the first phase takes all the idle room, and the second places nothing.
+# Three other orders were measured ("2026-12-05, 23:00-00:10 UTC"), and none was better on both
+# counts:
+# - the second phase by a burst's peak per GPU (load plus 1-2 sigma of the session's own dispersed
+#   counts): the step under auto lost 0.14 points;
+# - no first phase, or a first phase on half the room: the kill missed its 0.1% target.
 MAX_GPUS_WITH_SPARES = 16
 # Filling the idle room judges at most this many spare GPUs per spare (then a new one, or none): at
 # 1,000 devices (benchmarks/simulator_speed.py big), a full first-fit scan for every spare doubled

@@ -287,10 +287,11 @@ def held_surges(floors: Mapping[str, tuple[float, float]], surges_rps: Mapping[s
     held, as an expected rate is, until the window's mean catches up with it (within noise below it or
     above: :func:`settled_rates` then keeps the plan) or a whole rate window of counts has been
     measured since it surged, or the session's ``latest`` report (rate, seconds) is beyond noise below
-    it: a burst, not a step. The noise is that of counts as dispersed as the session's own
-    (``dispersions``, 1 where not known): a bursty session's lull is no end of its surge (with Gamma arrivals of CV 3-4 one model or another
-    bursts every few seconds, and holding each burst for a window planned 14 devices where 8-11 served
-    the step). A higher surge replaces a held one; a lower one leaves it."""
+    it: a burst, not a step (with Gamma arrivals of CV 3-4 one model or another bursts every few
+    seconds, and holding each burst for a window planned 14 devices where 8-11 served the step). The
+    noise is that of counts as dispersed as the session's own (``dispersions``, 1 where not known): a
+    bursty session's lull is no end of its surge. A higher surge replaces a held one; a lower one
+    leaves it."""
     out: dict[str, tuple[float, float]] = {}
     for name, (rate, since) in floors.items():
         mean, window = measured_rps.get(name), windows_s.get(name, 0.0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import math
 import os
 import pathlib
 import types
@@ -347,6 +348,11 @@ class SchedulerConfig:
         "help": "fill the backends a plan leaves idle with extra replicas of the busiest sessions: they absorb "
                 "bursts and steps at once and a lost backend without an outage, and go first when devices are "
                 "removed"})
+    spare_overbook: float = field(default=2.0, metadata={
+        "help": "a backend holding only spare replicas may be given this many times its duty cycle of their "
+                "batches: the frontends split each session's arrivals over its replicas, so a spare runs a "
+                "fraction of its batch but in its own session's burst, and the bursts of the sessions sharing it "
+                "rarely coincide (1: every spare's batch fits the duty cycle at once)"})
     surge_floors: bool = field(default=False, metadata={
         "help": "hold a session's surge as the floor of its planned rate until its rate window's mean catches up "
                 "(off: a surge is planned for while it is the latest report, and bursts are left to the spare "
@@ -402,6 +408,8 @@ class SchedulerConfig:
         _check_positive("scale_down_cooldown_s", self.scale_down_cooldown_s)
         if self.device_headroom < 0:
             raise ConfigError(f"--device-headroom: must not be negative, got {self.device_headroom}")
+        if not (math.isfinite(self.spare_overbook) and self.spare_overbook >= 1):
+            raise ConfigError(f"--spare-overbook: expected a number at least 1, got {self.spare_overbook}")
         if not 0 <= self.scale_down_tolerance < 1:
             raise ConfigError(f"--scale-down-tolerance: expected at least 0 and below 1, got {self.scale_down_tolerance}")
         self.security.validate()

@@ -26,6 +26,12 @@ gives the latency and memory of the shared prefix alone. A session's own profile
 present run the prefix once on their combined batch ``B = sum b_i`` and then their suffixes:
 ``exec = l_p(B) + sum (l_i(b_i) - l_p(b_i))`` and ``memory = m_p(B) + sum (m_i(b_i) - m_p(b_i))``;
 every member's request sees that whole group execution time.
+
+Spare GPUs (issue 24, globalsched/planning/replicas.py): a GPU that holds only spare replicas may be
+given ``spare_overbook`` times its duty cycle for its executions (the other rules are unchanged).
+The frontends split each session's arrivals over all its replicas, so a spare runs a fraction of its
+batch but for its own session's burst, and the bursts of the sessions sharing a spare GPU rarely
+coincide: the spare GPU's room is pooled over them, not reserved for each at its full batch.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field, replace as _replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import AbstractSet, Any, Callable, Iterable, Mapping, Sequence
 
 from common.batch_decision import saturated_batch
 from globalsched.planning.headroom import BurstTerm, burst_excess_ms, marginal_ms_per_item
@@ -427,11 +433,14 @@ def burst_term(alloc: SessionAlloc, spec: SessionSpec, margins_ms: float) -> Bur
 
 
 def validate_plan(plan: Plan, sessions: Sequence[SessionSpec], gpu: GpuSpec, margins_ms: float = 0.0,
-                  prefix_groups: Iterable[PrefixGroup] = (), burst_sigma: float = 0.0) -> list[Violation]:
+                  prefix_groups: Iterable[PrefixGroup] = (), burst_sigma: float = 0.0,
+                  spare_gpus: AbstractSet[int] = frozenset(), spare_overbook: float = 1.0) -> list[Violation]:
     """Every way ``plan`` breaks the validity rules (docs/planning.md) for ``sessions`` on ``gpu``; [] if valid.
 
     ``margins_ms`` is the network + pre + post processing time taken from every SLO before checking;
-    ``burst_sigma`` > 0 adds the burst headroom rule of the module docstring.
+    ``burst_sigma`` > 0 adds the burst headroom rule of the module docstring; the GPUs of
+    ``spare_gpus`` may take ``spare_overbook`` times their duty cycle for their executions (the
+    module docstring's spare GPUs).
     """
     specs = {s.name: s for s in sessions}
     groups = {g.name: g for g in prefix_groups}
@@ -493,9 +502,12 @@ def validate_plan(plan: Plan, sessions: Sequence[SessionSpec], gpu: GpuSpec, mar
         total_ms, memory, seen_ms = gpu_exec_breakdown(g, specs, groups)
         burst_ms = gpu_burst_excess_ms(g, specs, margins_ms, burst_sigma)
         plus = f" + burst headroom {burst_ms:.6g} ms" if burst_ms > 0 else ""
-        if total_ms + burst_ms > d + EPS_MS:
+        spare = g.id in spare_gpus
+        room_ms, pooled = (d * spare_overbook, f" x {spare_overbook:g} (a spare GPU)") if spare else (d, "")
+        if total_ms + burst_ms > room_ms + EPS_MS:
             out.append(Violation(ViolationKind.DUTY_CYCLE,
-                                 f"gpu {g.id}: executions take {total_ms:.6g} ms{plus} > duty cycle {d:.6g} ms", g.id))
+                                 f"gpu {g.id}: executions take {total_ms:.6g} ms{plus} > duty cycle {d:.6g} ms{pooled}",
+                                 g.id))
         for name, exec_ms in seen_ms.items():
             budget = slo_budget_ms(specs[name].slo_ms, margins_ms)
             if d + exec_ms + burst_ms > budget + EPS_MS:

@@ -78,13 +78,15 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
               shares: Mapping[str, float | None], st: TypeState, *, now_s: float,
               min_replicas: Mapping[str, int], force: ReplanReason | None = None,
               previous: Mapping[str, frozenset[str]] = {}, config: ReplanConfig = ReplanConfig(),
-              solver: str = "squishy", spares: bool = False) -> TypeResult:
+              solver: str = "squishy", spares: bool = False, spare_overbook: float = 1.0) -> TypeResult:
     """The next placement of one device type's sessions (see the module docstring), and its state.
 
     ``min_replicas`` gives every session's replica count (at least 1); ``previous`` maps a backend to
     the sessions it ran (new GPUs go to the free backend that ran most of theirs); ``solver`` makes
     the first plan of the type, with prefix groups or without, whichever needs fewer devices
-    (repairs are the re-planner's); ``spares``: fill idle backends with spare replicas.
+    (repairs are the re-planner's); ``spares``: fill idle backends with spare replicas, their
+    executions up to ``spare_overbook`` times a spare GPU's duty cycle (globalsched/planning/plan.py,
+    "Spare GPUs").
     """
     alive = frozenset(b.node_id for b in slots)
     grouped, groups = planning_groups(specs, shares)
@@ -132,9 +134,11 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
     wanted = {s.name: min_replicas.get(s.name, 1) for s in specs}
     plan, replicas = _with_replicas(plan, current, st, grouped, groups, gpu, wanted, len(slots), config.planner)
     free = len(slots) if spares else 0
-    plan, replicas, spare_ids = _with_spares(plan, replicas, st, grouped, groups, gpu, free, config.planner)
+    plan, replicas, spare_ids = _with_spares(plan, replicas, st, grouped, groups, gpu, free, config.planner,
+                                             spare_overbook)
     notes: tuple[str, ...] = ()
-    broken = validate_plan(plan, grouped, gpu, config.planner.margins_ms, groups, config.planner.burst_sigma)
+    broken = validate_plan(plan, grouped, gpu, config.planner.margins_ms, groups, config.planner.burst_sigma,
+                           spare_ids, spare_overbook)
     if broken:
         # A plan that breaks the validity rules is never distributed: a fresh one replaces it, and when
         # that one breaks them too, planning fails (the plan in force stays).
@@ -142,8 +146,10 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
         fresh = replace(fresh, gpus=tuple(match_ids(fresh.gpus, current)) if current is not None else fresh.gpus)
         fresh, replicas = _with_replicas(fresh, current, st, grouped, groups, gpu, wanted, len(slots),
                                           config.planner)
-        fresh, replicas, spare_ids = _with_spares(fresh, replicas, st, grouped, groups, gpu, free, config.planner)
-        still = validate_plan(fresh, grouped, gpu, config.planner.margins_ms, groups, config.planner.burst_sigma)
+        fresh, replicas, spare_ids = _with_spares(fresh, replicas, st, grouped, groups, gpu, free, config.planner,
+                                                  spare_overbook)
+        still = validate_plan(fresh, grouped, gpu, config.planner.margins_ms, groups, config.planner.burst_sigma,
+                              spare_ids, spare_overbook)
         if still:
             raise PlanningError(f"{gpu.name}: every plan made breaks the validity rules, none is distributed: "
                                 f"{'; '.join(v.message for v in still[:3])}")
@@ -227,11 +233,11 @@ def _devices_needed(plan: Plan, specs: Sequence[SessionSpec], min_replicas: Mapp
 
 
 def _with_spares(plan: Plan, replicas: set[tuple[int, str]], st: TypeState, specs: Sequence[SessionSpec],
-                 groups: Sequence[PrefixGroup], gpu: GpuSpec, slots: int, planner: PlannerConfig
+                 groups: Sequence[PrefixGroup], gpu: GpuSpec, slots: int, planner: PlannerConfig, overbook: float
                  ) -> tuple[Plan, set[tuple[int, str]], frozenset[int]]:
     """``plan`` with spare replicas on the ``slots`` backends it leaves idle (0: none)."""
     gpus, added, spares = add_spares(plan.gpus, specs, gpu, slots - len(plan.gpus), planner, st.plan, st.replicas,
-                                     st.spares, groups)
+                                     st.spares, groups, overbook)
     return replace(plan, gpus=tuple(gpus)), replicas | added, spares
 
 
@@ -278,10 +284,10 @@ def _strip_replicas(plan: Plan, replicas: AbstractSet[tuple[int, str]]) -> Plan:
 def _assign(gpus: Sequence[GpuPlan], slots: Sequence[BackendSlot], nodes_before: Mapping[int, str],
             previous: Mapping[str, frozenset[str]], exec_ms: Callable[[GpuPlan], float],
             spares: AbstractSet[int] = frozenset()) -> tuple[Placement, dict[int, str]]:
-    """GPUs onto backends: each GPU stays on the backend that ran it; new GPUs take the free backend
-    that ran most of their sessions before (``previous``), else the first free one; the rest fold
-    onto the least-loaded backends. ``exec_ms`` gives a GPU's execution per duty cycle; a backend
-    that runs only ``spares`` is marked spare."""
+    """GPUs onto backends: each GPU stays on the backend that ran it; new GPUs (spare GPUs last) take
+    the free backend that ran most of their sessions before (``previous``), else the first free one;
+    the rest fold onto the least-loaded backends. ``exec_ms`` gives a GPU's execution per duty cycle;
+    a backend that runs only ``spares`` is marked spare."""
     alive = [b.node_id for b in slots]
     nodes: dict[int, str] = {}
     used: set[str] = set()
@@ -293,7 +299,8 @@ def _assign(gpus: Sequence[GpuPlan], slots: Sequence[BackendSlot], nodes_before:
     free = [n for n in alive if n not in used]
     folded: dict[str, list[GpuPlan]] = {n: [] for n in alive}
     overcommitted = 0
-    for g in sorted((g for g in gpus if g.id not in nodes), key=lambda g: -len(g.sessions)):
+    # The plan's own GPUs first, the most sessions first; spare GPUs (several spares each) after them.
+    for g in sorted((g for g in gpus if g.id not in nodes), key=lambda g: (g.id in spares, -len(g.sessions))):
         if free:
             names = g.session_names()
             best = max(free, key=lambda n: (len(names & previous.get(n, frozenset())), -free.index(n)))

@@ -68,6 +68,7 @@ class PlannerSettings:
     default_min_replicas: int = 1
     spare_replicas: bool = True         # idle backends hold replicas of the busiest sessions (plan_device_type.py)
     surge_floors: bool = False          # a surge is held as its session's floor (held_surges); off: never held
+    spare_overbook: float = 2.0         # a spare GPU's executions may take this times its duty cycle (plan.py)
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> PlannerSettings:
@@ -75,7 +76,7 @@ class PlannerSettings:
         planner = PlannerConfig(network_ms=config.path_allowance_ms, burst_sigma=config.burst_sigma)
         return cls(ReplanConfig(epoch_s=config.epoch_s, planner=planner), config.solver, config.latency_split,
                    config.default_rate_rps, config.rate_headroom, max(1, config.min_replicas), config.spare_replicas,
-                   config.surge_floors)
+                   config.surge_floors, spare_overbook=config.spare_overbook)
 
     @property
     def planner(self) -> PlannerConfig:
@@ -437,7 +438,7 @@ def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendS
         result = plan_type(specs, gpu, slots, {s.model: s.prefix_share for s in group},
                            state.types.get(device_type, TypeState()), now_s=now_s, min_replicas=replicas,
                            force=force, previous=previous, config=settings.replan, solver=settings.solver,
-                           spares=settings.spare_replicas)
+                           spares=settings.spare_replicas, spare_overbook=settings.spare_overbook)
         types[device_type] = result.state
         needed[device_type], bounds[device_type] = result.devices, result.lower_bound
         throughput_bound += result.lower_bound_throughput_only

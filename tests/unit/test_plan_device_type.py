@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+import pytest
 
 from globalsched.planning.plan import GpuPlan, GpuSpec, Plan, PrefixGroup, SessionAlloc, SessionSpec, validate_plan
 from common.config import SchedulerConfig, add_arguments, from_args
@@ -482,8 +483,8 @@ def test_a_lower_surge_leaves_the_held_one_and_a_higher_one_replaces_it():
 # ---- spare replicas on idle backends --------------------------------------------------------------
 
 
-def _spare_loop(**replan) -> Loop:
-    return Loop(PlannerSettings(ReplanConfig(**replan), spare_replicas=True))
+def _spare_loop(overbook: float = PlannerSettings.spare_overbook, **replan) -> Loop:
+    return Loop(PlannerSettings(ReplanConfig(**replan), spare_replicas=True, spare_overbook=overbook))
 
 
 def _spare_backends(plan) -> set[str]:
@@ -514,7 +515,7 @@ def test_idle_backends_hold_spares_of_the_busiest_sessions_and_count_as_neither_
 
 
 def test_a_lost_primary_leaves_its_spare_serving_and_a_spare_stays_put_across_re_plans():
-    loop = _spare_loop(cooldown_s=5.0, epoch_s=30.0)
+    loop = _spare_loop(1.0, cooldown_s=5.0, epoch_s=30.0)      # a spare GPU holds one batch: one spare each
     sessions = [SessionInput(f"m{i}", 100.0, 300.0, {"gpu": PROFILE}) for i in range(2)]
     slots = _slots("a", "b", "c", "d")
     first = _where(loop.plan(sessions, slots, 0.0))
@@ -558,6 +559,50 @@ def test_spares_share_the_first_spare_gpu_with_room_not_only_the_last_one_filled
     assert set(holder) == {"a", "b", "c", "d"} and len(spares) == 2
     assert holder["d"] == holder["a"] != holder["b"] == holder["c"]
     assert validate_plan(Plan("spares", tuple(out), 0, 0.0), specs, GpuSpec("gpu", 16000.0)) == []
+
+
+def test_a_spare_gpu_pools_its_room_over_its_spares_up_to_the_overbook():
+    # l(b) = 2b + 10 ms on a 100 ms cycle: a (70 ms), b (40), c (38), d (28). One idle backend. Each
+    # spare's batch in full at once: a and d (98 ms). Pooled at twice the cycle: all four (176 ms).
+    from common.config import ConfigError
+
+    gpus, specs = _primaries({"a": 300.0, "b": 150.0, "c": 140.0, "d": 90.0})
+    gpu = GpuSpec("gpu", 16000.0)
+    _, strict, _ = add_spares(gpus, specs, gpu, 1, PlannerConfig())
+    assert sorted(name for _, name in strict) == ["a", "d"]
+    out, pooled, spares = add_spares(gpus, specs, gpu, 1, PlannerConfig(), overbook=2.0)
+    assert sorted(name for _, name in pooled) == ["a", "b", "c", "d"] and len(spares) == 1
+    plan = Plan("spares", tuple(out), 0, 0.0)
+    assert [g for g in out if g.id not in spares] == gpus                  # the busy GPUs as they were
+    assert validate_plan(plan, specs, gpu, spare_gpus=spares, spare_overbook=2.0) == []
+    [spare] = spares
+    [tight] = validate_plan(plan, specs, gpu, spare_gpus=spares, spare_overbook=1.5)
+    assert tight.gpu_id == spare and tight.message == (f"gpu {spare}: executions take 176 ms > duty cycle 100 ms x 1.5 "
+                                                       f"(a spare GPU)")
+    [busy] = validate_plan(plan, specs, gpu)                                # judged as a busy GPU, it overflows
+    assert busy.gpu_id == spare and busy.kind.value == "duty-cycle"
+    # The scheduler's setting: at least 1, finite; the flag reaches the planner.
+    for bad in (0.5, float("nan"), float("inf")):
+        with pytest.raises(ConfigError) as refused:
+            SchedulerConfig(spare_overbook=bad).validate()
+        assert str(refused.value) == f"--spare-overbook: expected a number at least 1, got {bad}"
+    p = argparse.ArgumentParser()
+    add_arguments(p, SchedulerConfig)
+    assert PlannerSettings.from_config(from_args(SchedulerConfig, p.parse_args(["--spare-overbook", "1.5"]))
+                                       ).spare_overbook == 1.5
+
+
+def test_a_pooled_spare_gpu_holds_a_spare_of_each_session_beside_the_plans_own_gpus():
+    # Two sessions alone on a GPU each, two idle backends: with spare GPUs of one batch, one spare
+    # each; pooled at twice the cycle, both spare GPUs hold a spare of both (88 ms of 56). The plan's
+    # own GPUs keep the backends they would take without spares; the spare GPUs take the rest.
+    sessions = [SessionInput(f"m{i}", 100.0, 300.0, {"gpu": PROFILE}) for i in range(2)]
+    slots = _slots("a", "b", "c", "d")
+    plain = _where(Loop().plan(sessions, slots, 0.0))
+    assert _where(_spare_loop(1.0).plan(sessions, slots, 0.0)) == {"m0": {"a", "c"}, "m1": {"b", "d"}}
+    plan = _spare_loop(2.0).plan(sessions, slots, 0.0)
+    assert _where(plan) == {"m0": plain["m0"] | {"c", "d"}, "m1": plain["m1"] | {"c", "d"}}
+    assert _spare_backends(plan) == {"c", "d"}
 
 
 def test_idle_backends_hold_a_spare_of_every_session_then_more_where_the_load_is():
@@ -626,6 +671,7 @@ def test_a_spare_gpu_is_judged_by_its_running_sums_as_the_full_rule_check_judges
     verdicts = {True: 0, False: 0, None: 0}
     for _ in range(3000):
         planner = PlannerConfig(network_ms=float(rng.choice([0.0, 5.0])), burst_sigma=float(rng.choice([0.0, 2.0])))
+        overbook = float(rng.choice([1.0, 1.5, 2.0]))
         duty_ms = float(rng.uniform(20.0, 200.0))
         specs = {}
         for i in range(int(rng.integers(1, 5))):
@@ -641,8 +687,8 @@ def test_a_spare_gpu_is_judged_by_its_running_sums_as_the_full_rule_check_judges
                                          memory_base_mb=float(rng.uniform(0, 1500)), memory_per_item_mb=2.0))
         rate = float(rng.uniform(1.0, 300.0))
         room = _SpareRoom.of(g, specs, {}, planner, {})
-        verdict = room.fits(new, rate, gpu, planner, {})
-        grown = _with(g, new, rate, gpu, planner, {**specs, "new": new}, ())
+        verdict = room.fits(new, rate, gpu, planner, {}, overbook)
+        grown = _with(g, new, rate, gpu, planner, {**specs, "new": new}, (), overbook)
         assert verdict is None or verdict == (grown is not None), (g, new, rate, planner)
         verdicts[verdict] += 1
         if grown is not None:

@@ -247,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--floors", action="store_true",
                    help="the started and idle runs as the scheduler ran before 2026-12-05: --surge-floors "
                         "--device-headroom 0 (benchmarks/sim_change.py --floors)")
+    p.add_argument("--spare-overbook", type=float, default=None,
+                   help="the scheduler's --spare-overbook in the started and idle runs (default: its own)")
     p.add_argument("--out", default="benchmarks/out/elastic", help="work folder: model database, logs, samples")
     p.add_argument("--plot-dir", default="benchmarks", help="where elastic.<run>.png goes")
     add_smoke(p, outputs=("plot_dir",), runs="started", models=2, base_rps=4.0, warm_s=1.0, high_s=1.0, low_s=1.0,
@@ -257,17 +259,19 @@ def main(argv: list[str] | None = None) -> int:
     models = zipf_models(args.models, zipf_s=args.zipf, seed=args.seed, per_item_ms=PER_ITEM_MS, fixed_ms=FIXED_MS,
                          slo_ms=SLOS_MS)
     base = args.base_rps
-    floors = ("--surge-floors", "--device-headroom", "0") if args.floors else ()
+    scheduler_flags = ("--surge-floors", "--device-headroom", "0") if args.floors else ()
+    if args.spare_overbook is not None:
+        scheduler_flags += ("--spare-overbook", str(args.spare_overbook))
     results = []
     for run in args.runs.split(","):
         if run == "started":
             steps = [(args.warm_s, base), (args.high_s, STEP * base), (args.low_s, base)]
             results.append(_trace_run("started", out / "started", models, steps, args, "--min-backends", "1",
-                                      *floors))
+                                      *scheduler_flags))
         elif run == "idle":
             steps = [(20.0, base), (25.0, STEP * base), (10.0, base)]
             results.append(_trace_run("idle", out / "idle", models, steps, args, "--min-backends",
-                                      str(args.idle_backends), *floors,
+                                      str(args.idle_backends), *scheduler_flags,
                                       after=lambda cluster, workdir: _cold_start(cluster, workdir, args.cold_rps)))
         elif run == "cpu":
             results.append(_cpu_device_model(out, args))

@@ -12,8 +12,9 @@ minimum replicas, with burst headroom off and on and with a path allowance. Afte
   within its band, or the cooldown);
 * no plan needed the fallback of ``plan_type`` (a plan breaking the rules replaced by a fresh one:
   a safety net, never a path a correct re-planner takes);
-* a backend's batches fit its duty cycle unless the plan is overcommitted or it serves a session
-  best effort; a plan never uses fewer devices than its lower bound.
+* a backend's batches fit its duty cycle (a spare backend's, ``spare_overbook`` times it) unless the
+  plan is overcommitted or it serves a session best effort; a plan never uses fewer devices than its
+  lower bound.
 
 Examples are derandomized (a fixed set, the same in CI) and the steps short, so that it runs in
 seconds; ``PLANNER_PROPERTY_EXAMPLES`` raises the count, and ``PLANNER_PROPERTY_SEED`` explores
@@ -175,7 +176,9 @@ def check(cluster: Cluster, plan, where: str) -> None:
     gpu = GpuSpec(DEVICE, min(b.memory_mb for b in cluster.backends))
     planned = dict(ts.replan.planned_rates)
     grouped, groups = planning_groups(cluster.specs(planned, plan.cold), {})
-    broken = validate_plan(ts.plan, grouped, gpu, cluster.planner.margins_ms, groups, cluster.planner.burst_sigma)
+    overbook = cluster.settings.spare_overbook
+    broken = validate_plan(ts.plan, grouped, gpu, cluster.planner.margins_ms, groups, cluster.planner.burst_sigma,
+                           ts.spares, overbook)
     assert not broken, f"{where}: the plan breaks the rules for its planned rates: {[v.message for v in broken[:4]]}"
     assert ts.plan.num_gpus >= ts.plan.lower_bound
     kept = ts.replan.last_replan_s != cluster.now_s      # the re-planner kept its plan: band or cooldown
@@ -187,7 +190,8 @@ def check(cluster: Cluster, plan, where: str) -> None:
     if placement.overcommitted or plan.best_effort:
         return
     for b in placement.backends:
-        assert b.exec_ms <= b.duty_cycle_ms + EPS_MS or not b.sessions, \
+        room_ms = b.duty_cycle_ms * (overbook if b.spare else 1.0)
+        assert b.exec_ms <= room_ms + EPS_MS or not b.sessions, \
             f"{where}: backend {b.node_id} runs {b.exec_ms} ms of batches in a {b.duty_cycle_ms} ms duty cycle"
 
 

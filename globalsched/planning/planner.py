@@ -68,7 +68,7 @@ class PlannerSettings:
     default_min_replicas: int = 1
     spare_replicas: bool = True         # idle backends hold replicas of the busiest sessions (plan_device_type.py)
     surge_floors: bool = False          # a surge is held as its session's floor (held_surges); off: never held
-    spare_overbook: float = 2.0         # a spare GPU's executions may take this times its duty cycle (plan.py)
+    spare_overbook: float = SchedulerConfig.spare_overbook   # a spare GPU may take this times its duty cycle (plan.py)
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> PlannerSettings:

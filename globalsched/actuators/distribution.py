@@ -22,6 +22,7 @@ import asyncio
 import functools
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import AbstractSet, Awaitable, Callable, Iterator, Mapping, Sequence
 
 import grpc
@@ -34,7 +35,8 @@ from globalsched.rpc import convert
 from globalsched.state.catalog import Catalog, DistributionEvents
 from globalsched.planning.cluster_values import ClusterPlan
 from globalsched.actuators.early_routes import EARLY_ROUTES_INTERVAL_S, EarlyRoutes
-from globalsched.actuators.handover import Unreleased, backend_tables, handover, pushed, released, unreleased_tables
+from globalsched.actuators.handover import (Unreleased, backend_tables, handover, pushed, released, superseded,
+                                           unreleased_tables)
 from globalsched.state.membership import Node
 from globalsched.planning.placement import PlacedSession
 from globalsched.state.rate_reports import Workload
@@ -53,39 +55,62 @@ CALLS_PER_TURN = 8      # calls started per turn of the loop (common/loop_slices
 
 async def _answers(calls: Sequence[tuple[Node, Callable[[], Awaitable]]]) -> list[tuple[Node, object, str]]:
     """Start every call (``start()`` makes it), await them all; ``(node, reply, error)`` for each,
-    ``error`` empty on success.
+    ``error`` empty on success (:func:`_outcome`)."""
+    tasks = await _start([start for _, start in calls])
+    if tasks:
+        await asyncio.wait(tasks)
+    return [(node, *_outcome(task)) for (node, _), task in zip(calls, tasks)]
 
-    Calls start a few per turn of the loop: a call serializes its request and starts in a task of
-    its own in the loop's next turn, and a thousand of them in one turn held it for 100 ms.
 
-    A node removed while its call is in flight (its Attach stream ended: dead, or hung and caught
-    by keepalive) has its channel closed, which cancels the call. That is an answer here, "the
-    node left", never a CancelledError escaping into the planner, whose loop it would end. The
-    planner stopping cancels the calls started and starts no more.
-    """
-    tasks = []
+async def _start(starts: Sequence[Callable[[], Awaitable]]) -> list[asyncio.Task]:
+    """Start every call, a few per turn of the loop: a call serializes its request and starts in a
+    task of its own in the loop's next turn, and a thousand of them in one turn held it for 100 ms.
+    The planner stopping cancels the calls started and starts no more."""
+    tasks: list[asyncio.Task] = []
     try:
         slices = LoopSlices(max_items=CALLS_PER_TURN)
-        for _, start in calls:
+        for start in starts:
             tasks.append(asyncio.ensure_future(start()))
             await slices.due()
-        if tasks:
-            await asyncio.wait(tasks)
     except asyncio.CancelledError:      # the planner itself is stopping
         for task in tasks:
             task.cancel()
         raise
-    out = []
-    for (node, _), task in zip(calls, tasks):
-        if task.cancelled():
-            out.append((node, None, NODE_LEFT))
-        elif isinstance(task.exception(), grpc.aio.AioRpcError):
-            out.append((node, None, task.exception().details() or task.exception().code().name))
-        elif task.exception() is not None:
-            raise task.exception()
-        else:
-            out.append((node, task.result(), ""))
-    return out
+    return tasks
+
+
+async def _all_or_cut(tasks: Sequence[asyncio.Task], cut: asyncio.Event) -> bool:
+    """Wait for every task, or until ``cut`` is set; whether every task is done. The planner stopping
+    cancels the calls."""
+    if not tasks or cut.is_set():
+        return all(task.done() for task in tasks)
+    everything = asyncio.ensure_future(asyncio.wait(tasks))
+    cutter = asyncio.ensure_future(cut.wait())
+    try:
+        await asyncio.wait([everything, cutter], return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        for task in tasks:
+            task.cancel()
+        raise
+    finally:
+        everything.cancel()
+        cutter.cancel()
+    return all(task.done() for task in tasks)
+
+
+def _outcome(task: asyncio.Task) -> tuple[object, str]:
+    """A call's ``(reply, error)``. A node removed while its call is in flight (its Attach stream ended:
+    dead, or hung and caught by keepalive) has its channel closed, which cancels the call. That is an
+    answer here, "the node left", never a CancelledError escaping into the planner, whose loop it
+    would end."""
+    if task.cancelled():
+        return None, NODE_LEFT
+    exc = task.exception()
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return None, exc.details() or exc.code().name
+    if exc is not None:
+        raise exc
+    return task.result(), ""
 
 
 class Distribution:
@@ -105,20 +130,37 @@ class Distribution:
         self.releasing: dict[str, int] = {}         # backends with a release step to come: how many
         self.unreleased: Unreleased = {}            # backends with a release step to come (handover.py)
         self.sent: control.RoutingTable | None = None   # the routing table last pushed to the frontends
+        # Sent early since ``sent``, by session: the routes (early_routes.py), and as plan routes (what a
+        # plan that supersedes a make step hands over from).
+        self.early_sent: dict[str, control.ModelRoute] = {}
+        self.live_routes: dict[str, tuple] = {}
+        self.making: _Making | None = None          # the make step under way
+        self.pushing: dict[str, int] = {}           # backend -> the epoch of the last table sent to it
+        self.late: set[asyncio.Task] = set()        # answers of a make step cut short, still to come
 
     async def apply(self, plan: ClusterPlan, epoch: int) -> None:
         """Make before break (globalsched/actuators/handover.py): model tables that load the plan's sessions and
         keep the ones it moves away, then the routing tables, then, once what was routed to the kept
         sessions has met its deadline, the tables that drop them (in the background: the next plan
         need not wait; a backend ignores a release older than a table it has). A frontend is never
-        routed to a backend before it loaded the model, nor left with routes to one that dropped it."""
+        routed to a backend before it loaded the model, nor left with routes to one that dropped it.
+
+        A newer plan may cut the make step short (:meth:`supersede`): then no routing table goes, the
+        calls under way are answered in the background, and the newer plan hands over from what the
+        backends were sent and the frontends were sent early (handover.py, ``superseded``)."""
         steps = handover(self.in_force, plan, unreleased_tables(self.unreleased, self.nodes.get))
-        early = _EarlyPush(EarlyRoutes(self.in_force if self.sent is not None else None, plan, steps.make))
+        early = _EarlyPush(EarlyRoutes(self.in_force if self.sent is not None else None, plan, steps.make,
+                                       self.live_routes))
+        making = self.making = _Making(time.monotonic())
         pusher = asyncio.create_task(self._push_early_routes(plan, epoch, early))
         try:
-            failed = await self.push_model_tables(plan, epoch, steps.make, early)
+            failed = await self.push_model_tables(plan, epoch, steps.make, early, cut=making.cut)
         finally:
+            self.making = None
             await early.stop(pusher)
+        if making.cut.is_set():
+            superseded(self.unreleased, steps, epoch, self.nodes.get)
+            return
         await self.push_routing_tables(plan, epoch, failed)
         self.in_force = plan
         pushed(self.unreleased, steps, epoch, self.nodes.get)
@@ -128,6 +170,16 @@ class Distribution:
             task = asyncio.create_task(self._release(plan, epoch, steps.release, steps.release_after_s))
             self.releases.add(task)
             task.add_done_callback(self.releases.discard)
+
+    def making_for_s(self) -> float | None:
+        """How long the make step under way has run (None: none is, or it was cut short)."""
+        making = self.making
+        return None if making is None or making.cut.is_set() else time.monotonic() - making.started
+
+    def supersede(self) -> None:
+        """A newer plan was made: the make step under way ends now, without its routing tables."""
+        if self.making is not None:
+            self.making.cut.set()
 
     def adopt(self, plan: ClusterPlan) -> None:
         """``plan`` is what the nodes hold (another scheduler pushed it): the next push hands over from it."""
@@ -147,13 +199,14 @@ class Distribution:
                     self.releasing.pop(node_id, None)
 
     def close(self) -> None:
-        """Cancel the releases still waiting (the scheduler stops)."""
-        for task in list(self.releases):
+        """Cancel the releases still waiting and the calls still answering (the scheduler stops)."""
+        for task in list(self.releases) + list(self.late):
             task.cancel()
 
     async def push_model_tables(self, plan: ClusterPlan, epoch: int,
                                 tables: Mapping[str, tuple[PlacedSession, ...]] | None = None,
-                                early: "_EarlyPush | None" = None, release: bool = False) -> dict[str, str]:
+                                early: "_EarlyPush | None" = None, release: bool = False,
+                                cut: asyncio.Event | None = None) -> dict[str, str]:
         """Send each backend its table (``tables`` by node; default: the plan's own); return models
         that failed to load, with reasons.
 
@@ -163,7 +216,8 @@ class Distribution:
         skipped: a backend with a release step to come (the release would drop what the plan keeps
         there unless a newer table overtakes it), and the release step itself (``release``), after
         which the backend's next table is always sent. ``early``: the make step's early routes, told of
-        each backend as it answers (or needs no table)."""
+        each backend as it answers (or needs no table). ``cut``: set when a newer plan supersedes the
+        make step; then this returns with the answers so far, and the rest are taken as they come."""
         failed: dict[str, str] = {} if early is None else early.failed
         if not self.may_act():
             log.warning("epoch %d: model tables not pushed: this scheduler no longer leads", epoch)
@@ -197,20 +251,54 @@ class Distribution:
                     early.answered(node_id)
                 continue
             self.held.pop(node_id, None)
+            self.pushing[node_id] = max(epoch, self.pushing.get(node_id, epoch))
             table = convert.model_table(epoch, duty_cycles[node_id], [convert.session_entry(*x) for x in says])
             calls.append((node, what, functools.partial(_push_model_table, node, table, early)))
-        answers = await _answers([(node, start) for node, _, start in calls])
-        for (node, reply, error), (_, what, _) in zip(answers, calls):
-            if error:
-                log.warning("model table push to %s failed: %s", node.node_id, error)
-                continue
-            if not reply.failed and not release and self.nodes.get(node.node_id) is node:
-                self.held[node.node_id] = (node, what)
-            self.events.loaded(plan.model_of(name) for name in reply.loaded)
-            for name, reason in _failed_loads(reply):
-                failed[name] = _not_loaded(node, reason)
-                self.events.load_failed(plan.model_of(name), name, node.node_id, node.device_type, reason)
+        tasks = await _start([start for _, _, start in calls])
+        if cut is None:
+            if tasks:
+                await asyncio.wait(tasks)
+        elif not await _all_or_cut(tasks, cut):
+            late = [(call, task) for call, task in zip(calls, tasks) if not task.done()]
+            answering = asyncio.create_task(self._late_answers(plan, epoch, late, failed))
+            self.late.add(answering)
+            answering.add_done_callback(self.late.discard)
+        for (node, what, _), task in zip(calls, tasks):
+            if task.done():
+                self._answered(plan, epoch, node, what, task, failed, release)
         return failed
+
+    def _answered(self, plan: ClusterPlan, epoch: int, node: Node, what: tuple, task: asyncio.Task,
+                  failed: dict[str, str], release: bool) -> None:
+        """Take a backend's answer to its model table of plan ``epoch``: what it holds, what it loaded and
+        what failed to load. An answer that a newer table sent to it overtook says nothing of what it holds."""
+        reply, error = _outcome(task)
+        if error:
+            log.warning("model table push to %s failed: %s", node.node_id, error)
+            return
+        if not reply.failed and not release and self.nodes.get(node.node_id) is node \
+                and self.pushing.get(node.node_id) == epoch:
+            self.held[node.node_id] = (node, what)
+        self.events.loaded(plan.model_of(name) for name in reply.loaded)
+        for name, reason in _failed_loads(reply):
+            failed[name] = _not_loaded(node, reason)
+            self.events.load_failed(plan.model_of(name), name, node.node_id, node.device_type, reason)
+
+    async def _late_answers(self, plan: ClusterPlan, epoch: int, late: list[tuple[tuple, asyncio.Task]],
+                            failed: dict[str, str]) -> None:
+        """The answers of a make step cut short, taken as they come (the scheduler stopping cancels the
+        calls)."""
+        try:
+            await asyncio.wait([task for _, task in late])
+        except asyncio.CancelledError:
+            for _, task in late:
+                task.cancel()
+            raise
+        for (node, what, _), task in late:
+            try:
+                self._answered(plan, epoch, node, what, task, failed, release=False)
+            except Exception:        # nothing waits for these answers to raise it to
+                log.exception("model table push to %s of a superseded plan", node.node_id)
 
     async def _push_early_routes(self, plan: ClusterPlan, epoch: int, early: "_EarlyPush") -> None:
         """While the make step runs: each time sessions are ready to go live (:mod:`early_routes`), the
@@ -224,17 +312,20 @@ class Distribution:
             early.pushing = True
             try:
                 live = early.routes.live()
-                routes = {r.session or r.model.name: r for r in self._routes(plan, early.failed, live.keys(), live)}
-                base = self.sent
+                routes = {**self.early_sent, **{r.session or r.model.name: r
+                                                for r in self._routes(plan, early.failed, live.keys(), live)}}
+                base, extra = self.sent, dict(routes)
                 table = control.RoutingTable(
-                    epoch=epoch, routes=[routes.pop(r.session or r.model.name, r) for r in base.routes],
+                    epoch=epoch, routes=[extra.pop(r.session or r.model.name, r) for r in base.routes],
                     stored=base.stored, queries=base.queries, planned_devices=base.planned_devices,
                     lower_bound=base.lower_bound, lower_bound_throughput_only=base.lower_bound_throughput_only)
-                table.routes.extend(routes.values())
+                table.routes.extend(extra.values())
                 log.info("epoch %d: %d session(s) live on their new routes before every backend answered",
                          epoch, len(live))
                 await self._send_routing_table(table)
                 early.routes.sent(due)
+                self.early_sent = routes
+                self.live_routes.update(live)
             finally:
                 early.pushing = False
             if early.done:
@@ -253,6 +344,7 @@ class Distribution:
         table = self._table(plan, epoch, routes)
         await self._send_routing_table(table)
         self.sent = table
+        self.early_sent, self.live_routes = {}, {}
         routed = [key for r in table.routes      # versions' own routes, not query stages'
                   if r.backends and (key := version_key(r.model.name, r.model.version)) == (r.session or r.model.name)]
         self.events.routed(routed)
@@ -344,6 +436,14 @@ def _failed_loads(reply: control.ModelTableReply) -> Iterator[tuple[str, str]]:
 def _not_loaded(node: Node, reason: str) -> str:
     """Why a route has no backend for a model that failed to load on ``node``."""
     return f"failed to load on {node.node_id}: {reason}"
+
+
+@dataclass
+class _Making:
+    """A make step under way."""
+
+    started: float                                           # time.monotonic()
+    cut: asyncio.Event = field(default_factory=asyncio.Event)   # set: a newer plan superseded it
 
 
 class _EarlyPush:

@@ -33,7 +33,7 @@ Pure bookkeeping: the distribution (globalsched/actuators/distribution.py) and t
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Mapping, Sequence
 
 from globalsched.planning.cluster_values import ClusterPlan
 
@@ -45,8 +45,11 @@ Route = tuple[str, float, int, float]      # (node id, share in requests/s, batc
 
 
 class EarlyRoutes:
-    def __init__(self, in_force: ClusterPlan | None, plan: ClusterPlan, making: Iterable[str]) -> None:
-        """``making``: the backends sent a make table that have not answered it yet."""
+    def __init__(self, in_force: ClusterPlan | None, plan: ClusterPlan, making: Iterable[str],
+                 live: Mapping[str, Sequence[Route]] = {}) -> None:
+        """``making``: the backends sent a make table that have not answered it yet. ``live``: the
+        routes the frontends hold in place of ``in_force``'s, of the sessions that a make step this plan
+        superseded sent live (globalsched/planning/control_loop.py, "A plan that supersedes")."""
         self.pending = set(making)
         self.new: dict[str, list[Route]] = {}           # a session that gains backends: its routes in the plan
         self.held: dict[str, list[Route]] = {}          # ... and in force
@@ -54,7 +57,7 @@ class EarlyRoutes:
         self.changed: set[str] = set()                  # sessions with a new backend ready, not yet sent
         if in_force is None:
             return
-        before = in_force.routes()
+        before = {**in_force.routes(), **live}
         for session, routes in plan.routes().items():
             held = before.get(session, [])
             gained = {node for node, _, _, _ in routes} - {node for node, _, _, _ in held}

@@ -114,3 +114,13 @@ def released(unreleased: Unreleased, node_ids: Iterable[str], epoch: int) -> Non
     for node_id in node_ids:
         if unreleased.get(node_id, (None,))[0] == epoch:
             del unreleased[node_id]
+
+
+def superseded(unreleased: Unreleased, steps: Handover, epoch: int,
+               holder: Callable[[str], object] = lambda node_id: None) -> None:
+    """The make step of the plan numbered ``epoch`` was cut short by a newer plan (its routing tables
+    never go): every backend sent its make table holds it, or will once it has loaded it, and the
+    frontends may route there (its early routes). The newer plan keeps what those tables hold as it
+    keeps an unreleased table's sessions, and its own release drops them."""
+    for node_id, table in steps.make.items():
+        unreleased[node_id] = (epoch, holder(node_id), table)

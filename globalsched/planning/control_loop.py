@@ -12,6 +12,12 @@ models it needs profiled, then the table distribution (model tables to backends,
 tables to frontends). A lost node is planned for without delay, and a Leave waits until the plan
 without its node has been applied.
 
+A plan is applied in a task of its own. The next plan waits for it, except in its make step (the
+backends loading and warming their new sessions): a change the plan depends on (a node joined or
+left) is planned for at once, and the newer plan supersedes the make step under way; anything else
+does so only after a long make step (:func:`may_supersede`). Whoever waits for a superseded plan (a
+Leave) is answered once the plan that superseded it is applied.
+
 Epochs start from the wall clock in milliseconds: nodes ignore tables older than the last one they
 applied, so a restarted scheduler's epochs must be newer than its previous life's.
 """
@@ -21,8 +27,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import replace
-from typing import Awaitable, Callable, Protocol, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Awaitable, Callable, Iterable, Protocol, Sequence, runtime_checkable
 
 from prometheus_client import Histogram
 
@@ -41,11 +47,44 @@ COALESCE_S = 0.05               # bursts of changes become one plan
 # in the simulator it took 2-3.6 s after a step (benchmarks/elastic.md).
 APPLY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 REPAIR_COALESCE_S = 0.005       # a lost node is repaired without delay
+# A plan may cut short the make step of the one before it (see ``may_supersede``) once that has run
+# this long: at once for a node that joined or left, and after a long make step for anything else.
+SUPERSEDE_NODES_AFTER_S = 0.0
+SUPERSEDE_AFTER_S = 3.0
+SUPERSEDE_POLL_S = 0.05         # a plan waiting for a make step looks this often whether it may supersede it
+
+
+def may_supersede(make_step_s: float, nodes_changed: bool) -> bool:
+    """Whether a plan may be made now, over one whose make step has run ``make_step_s`` and goes on
+    (``nodes_changed``: a node joined or left since; else the rates moved, or a model changed).
+
+    A make step waits for every backend to load and warm its new sessions, and on a backend a step
+    overloads the warm-ups get a share of a busy device. Made one after the other, the plans then
+    stood still: at a step in the simulator no plan was made for 25 s while one make step waited, the
+    step's devices registered and idle meanwhile, and the device scaler judged them surplus by the plan
+    in force (benchmarks/elastic.md). The newer plan hands over from what the backends and frontends
+    hold (globalsched/actuators/handover.py, :func:`~globalsched.actuators.handover.superseded`); the
+    older plan's routing tables never go. Anything but a node's change cuts a make step short only when
+    it is long, so that plans made one after another still reach their routing tables: cold models
+    paged in by every report, each plan superseding the last one's page-in, left their requests
+    waiting for routing tables that never went (tests/unit/test_simulate_cold.py)."""
+    return make_step_s >= (SUPERSEDE_NODES_AFTER_S if nodes_changed else SUPERSEDE_AFTER_S)
 
 
 class Actuator(Protocol):
     async def apply(self, plan: ClusterPlan, epoch: int) -> None:
         """Make the world follow ``plan`` (numbered ``epoch``); failures are logged, not raised."""
+
+
+@runtime_checkable
+class Supersedable(Protocol):
+    """An actuator whose apply has a make step that a newer plan may cut short (the distribution)."""
+
+    def making_for_s(self) -> float | None:
+        """How long the make step under way has run, or None when none is."""
+
+    def supersede(self) -> None:
+        """End the make step under way: its apply returns without its routing tables."""
 
 
 ReadView = Callable[[float, "ReplanReason | None", "tuple[str, ...]"], ClusterView]
@@ -83,6 +122,8 @@ class ControlLoop:
         self.plan: ClusterPlan | None = None      # the plan in force: the last one applied
         self._warned: set[str] = set()            # the plan notes logged as warnings, while they hold
         self.latest: ClusterPlan | None = None    # the last plan made, also while it is being applied
+        self._made: ClusterPlan | None = None     # the planner's own value of the latest plan
+        self._applying: _Applying | None = None   # the latest plan's apply
         # The actuators' time per new plan; the next plan waits for it (served on the metrics port).
         self.apply_seconds = Histogram("nexus_scheduler_plan_apply_seconds",
                                        "how long the actuators took to apply a new plan, its make step and "
@@ -93,7 +134,7 @@ class ControlLoop:
         """Continue from a plan in force another process made (a standby that took over): the planner
         repairs it as its own, so that nothing placed moves."""
         self.planner.adopt(state)
-        self.plan = self.planned = state.plan
+        self.plan = self.planned = self._made = state.plan
         self.last_plan_time = self.clock()
 
     def begin_epochs(self, base: int) -> None:
@@ -103,37 +144,66 @@ class ControlLoop:
         self.trigger.epoch = self.epoch
 
     async def run(self) -> None:
-        """The planning task: one plan per burst of triggers."""
+        """The planning task: one plan per burst of triggers. A plan is applied in a task of its own,
+        so that a newer plan may supersede its make step (:func:`may_supersede`); otherwise the next
+        plan waits for it."""
         self.trigger.evaluate()
         while True:
             await self.trigger.wait()
             await asyncio.sleep(REPAIR_COALESCE_S if self.trigger.urgent else COALESCE_S)
+            await self._until_plannable()
             requests = self.trigger.take()
             try:
-                await self.plan_once(requests.force, requests.why)
+                await self._plan(requests.force, requests.why, list(requests.waiters))
             except Exception as exc:  # keep the scheduler alive; the next trigger tries again
                 log.exception("re-planning failed")
-                for waiter in requests.waiters:
-                    if not waiter.done():
-                        waiter.set_exception(exc)
-                continue
-            for waiter in requests.waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
+                _settle(requests.waiters, exc)
 
     async def plan_once(self, force: ReplanReason | None = None, why: tuple[str, ...] = ()) -> ClusterPlan | None:
+        """Plan now, after the apply under way, and apply a new plan; returns the plan in force then."""
+        while self._applying is not None and not self._applying.task.done():
+            await asyncio.wait([self._applying.task])
+        await self._plan(force, why, [])
+        if self._applying is not None:
+            await asyncio.wait([self._applying.task])
+        return self.plan
+
+    async def _until_plannable(self) -> None:
+        """Return once no plan is being applied, or once the one being applied is in a make step that a
+        new plan may cut short."""
+        while (applying := self._applying) is not None and not applying.task.done():
+            making_s = self._making_for_s()
+            if making_s is not None and may_supersede(making_s, self.trigger.nodes_changed):
+                return
+            await asyncio.wait([applying.task], timeout=SUPERSEDE_POLL_S)
+
+    def _making_for_s(self) -> float | None:
+        return max((s for a in self.actuators if isinstance(a, Supersedable)
+                    if (s := a.making_for_s()) is not None), default=None)
+
+    async def _plan(self, force: ReplanReason | None, why: tuple[str, ...], waiters: list[asyncio.Future]) -> None:
+        """Make a plan; a new one starts being applied (superseding the make step under way, if any),
+        and ``waiters`` are settled once it is applied. An unchanged plan settles them at once, or with
+        the plan being applied."""
         if not self.may_act():
-            return self.plan
+            _settle(waiters)
+            return
         now = self.clock()
         view = self.read_view(now, force, why)
         # Off the event loop: a plan of a thousand devices takes a second or more of CPU, and the loop
         # answers heartbeats and reports meanwhile (a stalled loop looked like a dead cluster).
         plan = await self.planner.plan(view)
-        if plan is self.planned:
-            return self.plan
+        before = self._applying if self._applying is not None and not self._applying.task.done() else None
+        if plan is self._made:
+            if before is not None:
+                before.waiters.extend(waiters)
+            else:
+                _settle(waiters)
+            return
         planned = plan
         if self.catalog is not None:
             plan = replace(plan, catalog=await run_in_slices(self.catalog(plan)))
+        self._made = planned
         self.latest = plan
         self.epoch += 1
         self.trigger.epoch = self.epoch
@@ -143,14 +213,44 @@ class ControlLoop:
             told(plan)
         if self.persist is not None:          # write-ahead: stored before any node holds it
             await self.persist(await self.planner.pickled_state())
-        started = self.clock()
-        for actuator in self.actuators:
-            await actuator.apply(plan, self.epoch)
-        took_s = max(0.0, self.clock() - started)
+        if before is not None and not before.task.done():
+            if self._making_for_s() is not None:
+                before.superseded = True
+                for actuator in self.actuators:
+                    if isinstance(actuator, Supersedable):
+                        actuator.supersede()
+            await asyncio.wait([before.task])
+            if before.superseded:
+                log.info("epoch %d supersedes epoch %d's make step after %.2f s", self.epoch, before.epoch,
+                         self.clock() - before.started)
+                waiters = before.waiters + waiters
+        applying = _Applying(plan, planned, self.epoch, waiters, self.clock())
+        applying.task = asyncio.create_task(self._apply(applying))
+        self._applying = applying
+
+    async def _apply(self, applying: _Applying) -> None:
+        """Hand ``applying``'s plan to each actuator in turn; settle its waiters once it is in force.
+        Superseded (its make step cut short by a newer plan), it stops: the newer plan's apply settles
+        them."""
+        try:
+            for actuator in self.actuators:
+                await actuator.apply(applying.plan, applying.epoch)
+                if applying.superseded:
+                    return
+        except Exception as exc:   # the actuators log their failures; anything else ends this apply only
+            log.exception("applying epoch %d failed", applying.epoch)
+            _settle(applying.waiters, exc)
+            return
+        took_s = max(0.0, self.clock() - applying.started)
         self.apply_seconds.observe(took_s)
-        log.info("epoch %d: applied in %.2f s", self.epoch, took_s)
-        self.plan, self.planned = plan, planned
-        return plan
+        log.info("epoch %d: applied in %.2f s", applying.epoch, took_s)
+        self.plan, self.planned = applying.plan, applying.planned
+        _settle(applying.waiters)
+
+    def close(self) -> None:
+        """Cancel the apply under way (the scheduler stops)."""
+        if self._applying is not None:
+            self._applying.task.cancel()
 
     def _log(self, plan: ClusterPlan) -> None:
         reasons = ", ".join(f"{t} {r.value}" for t, r in sorted(plan.reasons.items()) if r is not ReplanReason.NONE)
@@ -193,3 +293,25 @@ class ControlLoop:
         while True:
             await asyncio.sleep(min(replan.epoch_s, replan.cooldown_s))
             self.trigger.evaluate()
+
+
+@dataclass
+class _Applying:
+    """A plan being applied, in its own task."""
+
+    plan: ClusterPlan
+    planned: ClusterPlan             # the planner's own value of it
+    epoch: int
+    waiters: list[asyncio.Future]    # settled once it is in force
+    started: float                   # on the loop's clock
+    superseded: bool = False
+    task: asyncio.Task = field(default=None)    # type: ignore[assignment]
+
+
+def _settle(waiters: Iterable[asyncio.Future], exc: BaseException | None = None) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            if exc is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(exc)

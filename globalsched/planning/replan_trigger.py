@@ -37,13 +37,16 @@ class ReplanTrigger:
         self._why: list[str] = []
         self._waiters: list[asyncio.Future] = []
         self._waiting_requests = False     # requests wait for this plan (a cold model's page-in)
+        self._nodes_changed = False        # a node joined or left
 
-    def request(self, why: str, membership: bool = False, requests_wait: bool = False) -> None:
+    def request(self, why: str, membership: bool = False, requests_wait: bool = False, joined: bool = False) -> None:
         """Re-plan now: ``membership`` when devices were lost or added (repair in place, at once);
         ``requests_wait`` when requests are held until the plan is in force (a cold model paged in):
-        planned without delay too."""
+        planned without delay too; ``joined`` when a node registered. A lost or joined node's plan may
+        supersede a make step under way (globalsched/planning/control_loop.py, ``may_supersede``)."""
         log.info("re-plan requested: %s", why)
         self._waiting_requests = self._waiting_requests or requests_wait
+        self._nodes_changed = self._nodes_changed or membership or joined
         if membership or self._force is ReplanReason.MEMBERSHIP:
             self._force = ReplanReason.MEMBERSHIP
         else:
@@ -69,6 +72,16 @@ class ReplanTrigger:
         """Whether the pending request is a membership repair or a page-in (planned without delay)."""
         return self._force is ReplanReason.MEMBERSHIP or self._waiting_requests
 
+    @property
+    def nodes_changed(self) -> bool:
+        """Whether a node joined or left since the last take."""
+        return self._nodes_changed
+
+    @property
+    def pending(self) -> bool:
+        """Whether anything was asked for since the last take."""
+        return self._event.is_set()
+
     async def wait(self) -> None:
         await self._event.wait()
 
@@ -77,5 +90,5 @@ class ReplanTrigger:
         self._event.clear()
         taken = Requests(self._force, tuple(self._why), tuple(self._waiters))
         self._force, self._why, self._waiters = None, [], []
-        self._waiting_requests = False
+        self._waiting_requests = self._nodes_changed = False
         return taken

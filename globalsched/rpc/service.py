@@ -185,6 +185,7 @@ class SchedulerService(control_grpc.SchedulerServicer):
         self.membership.stopping = True     # streams that end from now on are the shutdown's
         for t in self._tasks:
             t.cancel()
+        self.control.close()
         self.distribution.close()
         await self.membership.close()
         await self.planner.close()

@@ -150,7 +150,7 @@ class Membership:
         else:
             node.stub = frontend_stub(node.channel)
         self.nodes[node_id] = node
-        self.trigger.request(f"{node_id} registered at {node.address}")
+        self.trigger.request(f"{node_id} registered at {node.address}", joined=True)
         node.period_s = self.pacing().period_s
         return control.RegisterReply(node_id=node_id, heartbeat_interval_ms=round(node.period_s * 1000),
                                      address=address)

@@ -30,11 +30,13 @@ from typing import Callable
 from common.pb import control as pb
 from frontend.routing import Route
 from globalsched.planning.cluster_values import ClusterPlan, ClusterView, ModelView
-from globalsched.planning.control_loop import COALESCE_S, REPAIR_COALESCE_S
+from globalsched.planning.control_loop import (COALESCE_S, REPAIR_COALESCE_S, SUPERSEDE_AFTER_S,
+                                               SUPERSEDE_NODES_AFTER_S, may_supersede)
 from globalsched.actuators.device_scaler import TICK_S, DeviceScaler
 from globalsched.state.failure_detector import DetectorConfig, DetectorState, detect
 from globalsched.actuators.early_routes import EARLY_ROUTES_INTERVAL_S, EarlyRoutes
-from globalsched.actuators.handover import Unreleased, handover, pushed, released, unreleased_tables
+from globalsched.actuators.handover import (Handover, Unreleased, handover, pushed, released, superseded,
+                                           unreleased_tables)
 from globalsched.state.membership import Node
 from globalsched.planning.placement import BackendSlot
 from globalsched.planning.planner import PlannerSettings, PlannerState, plan_cluster
@@ -61,7 +63,9 @@ class SimScheduler:
         self.epoch = 0
         self.nodes: dict[str, Node] = {}
         self.seen: dict[str, float] = {}            # node -> when it registered (its heartbeats follow)
-        self.planning = False                       # a plan is being made or applied
+        self.made: ClusterPlan | None = None       # the last plan made (in force, or being applied)
+        self.making_plan = False                    # a plan is being made (planning_ms)
+        self.applying: _Apply | None = None         # the plan being applied
         self.armed = False                          # a planning turn is scheduled
         self.leaving: list[str] = []                # Leave calls waiting for the next plan
         self.left_nodes: set[str] = set()
@@ -84,6 +88,10 @@ class SimScheduler:
         self.decisions: dict[str, tuple[int, int, str]] = {}
         self.sent_table: dict[str, SimRoute] = {}   # the routing table last sent to the frontends
         self.unreleased: Unreleased = {}            # backends with a release step to come (handover.py)
+        # What the frontends were sent early beyond sent_table, since it went: as SimRoutes, and as the
+        # plan's routes (for the early routes of a plan that supersedes a make step).
+        self.live_table: dict[str, SimRoute] = {}
+        self.live_routes: dict[str, tuple] = {}
 
     def start(self, now: float) -> None:
         """The scheduler's timers, each on its own phase (real processes start them at unrelated times;
@@ -121,7 +129,7 @@ class SimScheduler:
                                    last_seen=now)
         self.seen[node_id] = now
         self.sim.log(now, "membership", f"{node_id} registered")
-        self.trigger.request(f"{node_id} registered at {node_id}")
+        self.trigger.request(f"{node_id} registered at {node_id}", joined=True)
         self._arm(now)
 
     def remove(self, now: float, node_id: str, why: str) -> None:
@@ -227,10 +235,26 @@ class SimScheduler:
     # ---- planning and distribution ---------------------------------------------------------------
 
     def _arm(self, now: float) -> None:
-        if self.planning or self.armed or not self.trigger._event.is_set():
+        if self.armed or self.making_plan or not self.trigger.pending:
             return
+        applying = self.applying
+        if applying is not None:
+            if applying.making.done:
+                return                  # its routing tables are out: the next plan follows it
+            waited = now - applying.started_s + 1e-9        # at the time looked for, not a rounding before
+            if not may_supersede(waited, self.trigger.nodes_changed):
+                after_s = SUPERSEDE_NODES_AFTER_S if self.trigger.nodes_changed else SUPERSEDE_AFTER_S
+                if after_s > waited and not applying.recheck:
+                    applying.recheck = True
+                    self.sim.at(applying.started_s + after_s, self._recheck, applying)
+                return
         self.armed = True
         self.sim.at(now + (REPAIR_COALESCE_S if self.trigger.urgent else COALESCE_S), self._plan)
+
+    def _recheck(self, now: float, applying: _Apply) -> None:
+        applying.recheck = False
+        if applying is self.applying:
+            self._arm(now)
 
     def _plan(self, now: float) -> None:
         if self._stalled(now, self._plan):
@@ -243,10 +267,14 @@ class SimScheduler:
                            models=self.models, force=requests.force, why=requests.why,
                            **self._measured(now))
         plan, self.state = plan_cluster(view, self.state, self.settings)
-        self.planning = True
-        if plan is self.plan:
+        if plan is self.made:
+            if self.applying is not None:
+                self.applying.leaving += leaving
+                return
             self._applied(now, plan, leaving)
             return
+        self.made = plan
+        self.making_plan = True
         self.epoch += 1
         reasons = ", ".join(f"{t} {r.value}" for t, r in sorted(plan.reasons.items()) if r.value != "none")
         self.sim.log(now, "plan", f"epoch {self.epoch}: {reasons or 'no device type changed'}"
@@ -266,22 +294,40 @@ class SimScheduler:
         """As globalsched/actuators/distribution.py applies a plan: the handover's make tables to the backends,
         sessions live on their new routes as soon as their backends are made (early routes), the
         routing tables once every backend answered, then the release tables. The device scaler is
-        told first: the devices the plan needs beyond the plan in force are asked for now."""
+        told first: the devices the plan needs beyond the plan in force are asked for now. A plan made
+        while another's make step ran supersedes it (globalsched/planning/control_loop.py); one made
+        while another's routing tables went follows it."""
+        self.making_plan = False
+        old = self.applying
+        if old is not None:
+            if old.making.done:
+                old.then = lambda at: self._push_model_tables(at, plan, epoch, leaving)
+                return
+            old.making.done = True
+            superseded(self.unreleased, old.steps, old.epoch)
+            leaving = old.leaving + leaving
+            self.sim.log(now, "plan", f"epoch {epoch} supersedes epoch {old.epoch}'s make step "
+                         f"after {now - old.started_s:.2f} s")
         self._decided(now, self.scaler.made(plan))
         steps = handover(self.plan, plan, unreleased_tables(self.unreleased))
         early = EarlyRoutes(self.plan if self.sent_table else None, plan,
-                            [n for n in steps.make if n in self.nodes and n in self.sim.backends])
-        making = _MakeStep(next_s=now)
+                            [n for n in steps.make if n in self.nodes and n in self.sim.backends], self.live_routes)
+        applying = self.applying = _Apply(plan, epoch, leaving, steps, early, _MakeStep(next_s=now), now)
+        making = applying.making
 
         def made(at: float, node_id: str) -> None:
+            if making.done:
+                return
             early.answered(node_id)
-            if early.due() and not making.armed and not making.done:
+            if early.due() and not making.armed:
                 making.armed = True
                 self.sim.at(max(at, making.next_s), self._push_early_routes, plan, epoch, early, making)
 
         def all_made(at: float) -> None:
+            if making.done:
+                return
             making.done = True
-            self._push_routing_tables(at, plan, epoch, leaving, steps)
+            self._push_routing_tables(at, applying)
 
         self._push_tables(now, plan, epoch, steps.make, all_made, made)
 
@@ -293,8 +339,10 @@ class SimScheduler:
         due = early.due()
         early.sent(due)
         making.next_s = now + EARLY_ROUTES_INTERVAL_S
-        table = dict(self.sent_table)
-        table.update(self._routes(plan, early.live()))
+        live = early.live()
+        self.live_routes.update(live)
+        self.live_table.update(self._routes(plan, live))
+        table = {**self.sent_table, **self.live_table}
         self.sim.log(now, "routes", f"epoch {epoch}: {len(due)} session(s) live before the make step ended",
                      sessions=len(due))
         for f in self.sim.frontends:
@@ -341,29 +389,34 @@ class SimScheduler:
                                       planned.rate_rps if planned is not None else 0.0)
         return table
 
-    def _push_routing_tables(self, now: float, plan: ClusterPlan, epoch: int, leaving: list[str],
-                             steps) -> None:
+    def _push_routing_tables(self, now: float, applying: _Apply) -> None:
+        plan, epoch, steps = applying.plan, applying.epoch, applying.steps
         table = self._routes(plan)
         for session in plan.sessions:
             table.setdefault(session, SimRoute((), plan.sessions[session].rate_rps))
         for session in plan.cold:
             table[session] = SimRoute((), 0.0, cold=True)
         self.sent_table = table
+        self.live_table, self.live_routes = {}, {}
         for f in self.sim.frontends:
             self.sim.at(now + self.hop_s, f.set_table, epoch, table)
-        self.sim.at(now + 2 * self.hop_s, self._applied, plan, leaving)
+        self.sim.at(now + 2 * self.hop_s, self._applied, plan, applying.leaving, applying)
         pushed(self.unreleased, steps, epoch)
         if steps.release:             # in the background, as the distribution releases
             self.sim.at(now + self.hop_s + steps.release_after_s, self._push_tables, plan, epoch, steps.release,
                         lambda at: released(self.unreleased, steps.release, epoch))
 
-    def _applied(self, now: float, plan: ClusterPlan, leaving: list[str]) -> None:
+    def _applied(self, now: float, plan: ClusterPlan, leaving: list[str], applying: _Apply | None = None) -> None:
         if plan is not self.plan:
             self.plan = plan
             self._decided(now, self.scaler.applied(plan))
         for node_id in leaving:
             self._answer_leave(now, node_id)
-        self.planning = False
+        if applying is not None and applying is self.applying:
+            self.applying = None
+            if applying.then is not None:
+                applying.then(now)
+                return
         self._arm(now)
 
 
@@ -373,7 +426,22 @@ class _MakeStep:
 
     next_s: float               # the earliest time for the next early table
     armed: bool = False         # an early table is scheduled
-    done: bool = False          # every backend answered: the plan's routing tables went
+    done: bool = False          # every backend answered (the plan's routing tables went), or a newer plan superseded it
+
+
+@dataclass
+class _Apply:
+    """A plan being applied: its make step, then its routing tables."""
+
+    plan: ClusterPlan
+    epoch: int
+    leaving: list[str]          # Leave calls answered once it is applied
+    steps: Handover
+    early: EarlyRoutes
+    making: _MakeStep
+    started_s: float
+    recheck: bool = False       # a look at whether a newer plan may supersede it is scheduled
+    then: Callable[[float], None] | None = None     # the next plan's push, made while its routing tables went
 
 
 class SimActuator:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import pytest
 
@@ -283,5 +284,116 @@ def test_a_plan_logs_the_backends_whose_assignment_changed_and_counts_the_others
         kept = len(now) - len(changed)
         assert (f"epoch {loop.epoch}: {kept} backend(s) as before" in caplog.text) == (kept > 0)
         task.cancel()
+
+    asyncio.run(main())
+
+
+class Making(World):
+    """An actuator with a make step (as the distribution's): it waits until ``release`` is set, and a
+    newer plan may cut it short (control_loop.Supersedable)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.release.set()
+        self.cut = asyncio.Event()
+        self.started: float | None = None
+        self.superseded: list[int] = []
+
+    def making_for_s(self):
+        return None if self.started is None or self.cut.is_set() else time.monotonic() - self.started
+
+    def supersede(self):
+        self.cut.set()
+
+    async def apply(self, plan, epoch):
+        self.cut, self.started = asyncio.Event(), time.monotonic()
+        released, cut = asyncio.ensure_future(self.release.wait()), asyncio.ensure_future(self.cut.wait())
+        try:
+            await asyncio.wait([released, cut], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            released.cancel()
+            cut.cancel()
+            self.started = None
+        if self.cut.is_set():
+            self.superseded.append(epoch)
+            return
+        await super().apply(plan, epoch)
+
+
+class After:
+    """An actuator after the make step's (the device scaler): the plans it was given."""
+
+    def __init__(self) -> None:
+        self.epochs: list[int] = []
+
+    async def apply(self, plan, epoch):
+        self.epochs.append(epoch)
+
+
+async def _until(condition, timeout_s: float = 5.0) -> None:
+    async def wait():
+        while not condition():
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(wait(), timeout_s)
+
+
+async def _making_loop(world: Making, after: After):
+    trigger = ReplanTrigger()
+    loop = ControlLoop(PlannerSettings(), trigger, world.read_view, [world, after])
+    task = asyncio.create_task(loop.run())
+    while not world.applied:
+        await asyncio.sleep(0.01)
+    return trigger, loop, task
+
+
+def test_a_node_that_joins_during_a_make_step_is_planned_for_at_once_and_the_older_plan_never_applies():
+    """A plan waits no longer for a make step to end (globalsched/planning/control_loop.py,
+    may_supersede): the step's devices registered while a make step waited, and no plan used them."""
+    async def main():
+        world, after = Making(), After()
+        trigger, loop, task = await _making_loop(world, after)
+        first = world.applied[0][0]
+        world.release.clear()                           # the next make step waits for a slow backend
+        world.backends.append(BackendSlot("c", "gpu", 16000.0))
+        joined = asyncio.ensure_future(trigger.replan_now("c registered"))
+        await _until(lambda: world.started is not None)
+        second = loop.epoch
+        world.backends.append(BackendSlot("d", "gpu", 16000.0))
+        again = asyncio.ensure_future(trigger.replan_now("d registered"))
+        await _until(lambda: world.superseded == [second])
+        assert loop.epoch == second + 1 and loop.latest.placements["gpu"].backends[-1].node_id == "d"
+        assert not joined.done() and not again.done()   # settled once a plan with c is in force
+        world.release.set()
+        await asyncio.wait_for(asyncio.gather(joined, again), 2.0)
+        assert [e for e, _ in world.applied] == [first, second + 1] and after.epochs == [first, second + 1]
+        assert loop.plan is loop.latest
+        task.cancel()
+        loop.close()
+
+    asyncio.run(main())
+
+
+def test_a_make_step_is_superseded_only_once_it_has_run_long_enough(monkeypatch):
+    import globalsched.planning.control_loop as control_loop
+
+    monkeypatch.setattr(control_loop, "SUPERSEDE_NODES_AFTER_S", 60.0)
+
+    async def main():
+        world, after = Making(), After()
+        trigger, loop, task = await _making_loop(world, after)
+        world.release.clear()
+        world.backends.append(BackendSlot("c", "gpu", 16000.0))
+        trigger.request("c registered", joined=True)
+        await _until(lambda: world.started is not None)
+        world.backends.append(BackendSlot("d", "gpu", 16000.0))
+        trigger.request("d registered", joined=True)
+        await asyncio.sleep(0.3)
+        assert loop.latest.placements["gpu"].backends[-1].node_id == "c"     # d waits for c's plan
+        world.release.set()
+        await _until(lambda: len(world.applied) == 3)
+        assert world.superseded == [] and after.epochs == [e for e, _ in world.applied]
+        task.cancel()
+        loop.close()
 
     asyncio.run(main())

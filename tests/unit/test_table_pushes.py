@@ -250,3 +250,65 @@ def test_calls_start_a_few_per_turn_of_the_loop():
     assert out == [(f"node-{i}", i, "") for i in range(40)]
     per_turn = [started_by_turn.count(t) for t in set(started_by_turn)]
     assert max(per_turn) <= CALLS_PER_TURN and len(per_turn) >= 40 // CALLS_PER_TURN
+
+
+class GatedBackend(Backend):
+    """A backend whose answer to a table of a gated epoch waits until the test opens the gate (its
+    new sessions still warming up)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gates: dict[int, asyncio.Event] = {}
+
+    async def UpdateModelTable(self, table, timeout=None):
+        gate = self.gates.get(table.epoch)
+        if gate is not None:
+            await gate.wait()
+        return await super().UpdateModelTable(table, timeout)
+
+
+def test_a_superseded_make_step_sends_no_routing_table_and_the_next_plan_keeps_what_it_sent():
+    """A newer plan cuts a make step short (globalsched/planning/control_loop.py, may_supersede): its
+    routing tables never go; what its make tables gave the backends is kept by the next plan until
+    that plan's own release, the routes it sent live stay live, and its late answers say nothing of
+    what a backend holds once a newer table went to it."""
+    from globalsched.actuators.distribution import Distribution
+
+    async def main():
+        nodes = {"be-1": _node("be-1")[0]}
+        slow = GatedBackend()
+        nodes["be-2"] = Node("be-2", control.NODE_KIND_BACKEND, "127.0.0.1:1", "emulated:t4", "t4", 16000.0, stub=slow)
+        frontend = Frontend()
+        nodes["fe-1"] = Node("fe-1", control.NODE_KIND_FRONTEND, "127.0.0.1:2", "", "", 0.0, stub=frontend)
+        dist = Distribution(nodes, Events(), NoRates())
+        first = _plan({"be-1": (("a", 2),), "be-2": (("b", 2),)})
+        await dist.apply(first, 1)
+        assert dist.making_for_s() is None and [t.epoch for t in frontend.tables] == [1]
+
+        slow.gates[2] = asyncio.Event()
+        applying = asyncio.create_task(dist.apply(_plan({"be-1": (("a", 2), ("c", 1)),
+                                                         "be-2": (("b", 2), ("d", 1))}), 2))
+        while not frontend.tables[-1].epoch == 2:       # c goes live on be-1, which answered
+            await asyncio.sleep(0.01)
+        live = {r.model.name: [b.node_id for b in r.backends] for r in frontend.tables[-1].routes}
+        assert live["c"] == ["be-1"] and "d" not in live
+        assert dist.making_for_s() is not None and not applying.done()
+        dist.supersede()
+        await asyncio.wait_for(applying, 1.0)            # without be-2's answer
+        assert dist.making_for_s() is None and dist.in_force is first
+        assert len(frontend.tables) == 2                # no routing table of epoch 2 went
+        assert {n: e for n, (e, _, _) in dist.unreleased.items()} == {"be-1": 2, "be-2": 2}
+
+        # the next plan moves c to be-2 and d's batch: be-1 keeps c until its release
+        await dist.apply(_plan({"be-1": (("a", 2),), "be-2": (("b", 4), ("d", 1), ("c", 1))}), 3)
+        assert [e.model.name for e in nodes["be-1"].stub.tables[-1].sessions] == ["a", "c"]
+        assert frontend.tables[-1].epoch == 3 and dist.in_force.sessions.keys() == {"a", "b", "c", "d"}
+        slow.gates[2].set()                              # epoch 2's answer comes last
+        await asyncio.sleep(0.05)
+        assert [said[1].batch for said in dist.held["be-2"][1][1]] == [4, 1, 1]     # epoch 3's, not 2's
+        before = len(slow.tables)
+        # be-2 holds epoch 3's table (b at 4): a plan that says what epoch 2 said is sent to it
+        await dist.apply(_plan({"be-1": (("a", 2),), "be-2": (("b", 2), ("d", 1))}), 4)
+        assert [t.epoch for t in slow.tables[before:]] == [4]
+
+    asyncio.run(main())

@@ -68,7 +68,12 @@ def may_supersede(make_step_s: float, nodes_changed: bool) -> bool:
     it is long, so that plans made one after another still reach their routing tables: cold models
     paged in by every report, each plan superseding the last one's page-in, left their requests
     waiting for routing tables that never went (tests/unit/test_simulate_cold.py)."""
-    return make_step_s >= (SUPERSEDE_NODES_AFTER_S if nodes_changed else SUPERSEDE_AFTER_S)
+    return make_step_s >= supersede_after_s(nodes_changed)
+
+
+def supersede_after_s(nodes_changed: bool) -> float:
+    """How long a make step runs before a plan may supersede it (:func:`may_supersede`)."""
+    return SUPERSEDE_NODES_AFTER_S if nodes_changed else SUPERSEDE_AFTER_S
 
 
 class Actuator(Protocol):

@@ -30,8 +30,7 @@ from typing import Callable
 from common.pb import control as pb
 from frontend.routing import Route
 from globalsched.planning.cluster_values import ClusterPlan, ClusterView, ModelView
-from globalsched.planning.control_loop import (COALESCE_S, REPAIR_COALESCE_S, SUPERSEDE_AFTER_S,
-                                               SUPERSEDE_NODES_AFTER_S, may_supersede)
+from globalsched.planning.control_loop import COALESCE_S, REPAIR_COALESCE_S, may_supersede, supersede_after_s
 from globalsched.actuators.device_scaler import TICK_S, DeviceScaler
 from globalsched.state.failure_detector import DetectorConfig, DetectorState, detect
 from globalsched.actuators.early_routes import EARLY_ROUTES_INTERVAL_S, EarlyRoutes
@@ -243,7 +242,7 @@ class SimScheduler:
                 return                  # its routing tables are out: the next plan follows it
             waited = now - applying.started_s + 1e-9        # at the time looked for, not a rounding before
             if not may_supersede(waited, self.trigger.nodes_changed):
-                after_s = SUPERSEDE_NODES_AFTER_S if self.trigger.nodes_changed else SUPERSEDE_AFTER_S
+                after_s = supersede_after_s(self.trigger.nodes_changed)
                 if after_s > waited and not applying.recheck:
                     applying.recheck = True
                     self.sim.at(applying.started_s + after_s, self._recheck, applying)

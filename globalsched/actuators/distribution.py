@@ -222,6 +222,7 @@ class Distribution:
         if not self.may_act():
             log.warning("epoch %d: model tables not pushed: this scheduler no longer leads", epoch)
             return failed
+        self._forget_departed()
         calls = []
         catalog = plan.catalog or Catalog()
         duty_cycles = {b.node_id: b for placement in plan.placements.values() for b in placement.backends}
@@ -267,6 +268,15 @@ class Distribution:
             if task.done():
                 self._answered(plan, epoch, node, what, task, failed, release)
         return failed
+
+    def _forget_departed(self) -> None:
+        """Drop what is kept of backends no longer registered: a fleet whose backends come and go (a
+        scale-down, a restart under a new id) kept an entry per id ever seen. A late answer from one
+        records nothing (:meth:`_answered` checks the node is still registered), and a backend that
+        registers again under the same id holds nothing yet, so its next table is sent."""
+        for kept in (self.held, self.pushing):
+            for node_id in [n for n in kept if n not in self.nodes]:
+                del kept[node_id]
 
     def _answered(self, plan: ClusterPlan, epoch: int, node: Node, what: tuple, task: asyncio.Task,
                   failed: dict[str, str], release: bool) -> None:

@@ -100,6 +100,27 @@ def test_only_the_tables_that_changed_are_sent_and_a_failure_is_sent_again():
     asyncio.run(main())
 
 
+def test_what_is_kept_of_a_backend_goes_when_it_leaves_and_it_is_sent_its_table_when_it_returns():
+    async def main():
+        nodes, stubs = {}, {}
+        for i in (1, 2, 3):
+            nodes[f"be-{i}"], stubs[f"be-{i}"] = _node(f"be-{i}")
+        dist = Distribution(nodes, Events(), NoRates())
+        tables = {"be-1": (("a", 2),), "be-2": (("b", 2),), "be-3": (("c", 2),)}
+        await dist.apply(_plan(tables), 1)
+        assert set(dist.held) == set(dist.pushing) == {"be-1", "be-2", "be-3"}
+        # be-3 leaves (drained); the next plan forgets it
+        returning = nodes.pop("be-3")
+        await dist.apply(_plan({"be-1": (("a", 2),), "be-2": (("b", 2), ("c", 2))}), 2)
+        assert set(dist.held) == set(dist.pushing) == {"be-1", "be-2"}
+        # the same node object comes back under its id: it is sent its table, not taken to hold it
+        nodes["be-3"] = returning
+        await dist.apply(_plan(tables), 3)
+        assert [t.epoch for t in stubs["be-3"].tables] == [1, 3]
+
+    asyncio.run(main())
+
+
 def test_a_backend_with_a_release_to_come_is_sent_its_table_so_the_release_cannot_undo_it():
     async def main():
         nodes, stubs = {}, {}

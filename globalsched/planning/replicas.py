@@ -74,7 +74,7 @@ from globalsched.planning.plan import (EPS_MS, GpuPlan, GpuSpec, Plan, PlanningE
 # registered 99.985% -> 99.986% within SLO, under auto 99.41% -> 99.43%).
 # Filling the idle room judges at most this many spare GPUs per spare (then a new one, or none): at
 # 1,000 devices (benchmarks/simulator_speed.py big), a full first-fit scan for every spare doubled
-# the planner's CPU; with the cap it is 20-40% above one spare per session.
+# the planner's CPU; judging at most 32 it is 20-40% above one spare per session.
 FILL_CHECKS = 32
 
 

@@ -311,7 +311,7 @@ class SimScheduler:
         steps = handover(self.plan, plan, unreleased_tables(self.unreleased))
         early = EarlyRoutes(self.plan if self.sent_table else None, plan,
                             [n for n in steps.make if n in self.nodes and n in self.sim.backends], self.live_routes)
-        applying = self.applying = _Apply(plan, epoch, leaving, steps, early, _MakeStep(next_s=now), now)
+        applying = self.applying = _Apply(plan, epoch, leaving, steps, _MakeStep(next_s=now), now)
         making = applying.making
 
         def made(at: float, node_id: str) -> None:
@@ -436,7 +436,6 @@ class _Apply:
     epoch: int
     leaving: list[str]          # Leave calls answered once it is applied
     steps: Handover
-    early: EarlyRoutes
     making: _MakeStep
     started_s: float
     recheck: bool = False       # a look at whether a newer plan may supersede it is scheduled

@@ -29,6 +29,7 @@ class World:
         self.reads = 0
         self.applied: list[tuple[int, frozenset[str]]] = []
         self.fail = False
+        self.apply_fails = 0                 # the next applies that raise
 
     def read_view(self, now, force, why):
         self.reads += 1
@@ -38,6 +39,9 @@ class World:
 
     async def apply(self, plan, epoch):
         await asyncio.sleep(0.01)            # a push takes time; a Leave must wait for it
+        if self.apply_fails:
+            self.apply_fails -= 1
+            raise RuntimeError("the actuator broke")
         nodes = frozenset(b.node_id for p in plan.placements.values() for b in p.backends if b.sessions)
         self.applied.append((epoch, nodes))
 
@@ -114,6 +118,26 @@ def test_a_leave_returns_once_the_plan_without_the_node_is_applied():
         await trigger.replan_now(f"{node} leaves")
         assert node not in world.applied[-1][1] and world.applied[-1][1]
         assert loop.plan.sessions_on(node) == 0
+        task.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_failed_apply_reaches_the_waiter_and_the_plan_is_applied_at_the_next_trigger():
+    async def main():
+        world = World()
+        trigger, loop, task = await _started(world)
+        applied = len(world.applied)
+        world.backends = [b for b in world.backends if b.node_id != "b"]
+        world.apply_fails = 1
+        with pytest.raises(RuntimeError, match="the actuator broke"):
+            await asyncio.wait_for(trigger.replan_now("b leaves"), 10)
+        assert len(world.applied) == applied and loop.plan.sessions_on("b") > 0     # still the old plan
+        # nothing changed since: the next trigger plans the same placement, and it is applied this time
+        await asyncio.wait_for(trigger.replan_now("b leaves, asked again"), 10)
+        assert len(world.applied) == applied + 1 and world.applied[-1][1] == {"a"}
+        assert loop.plan.sessions_on("b") == 0
+        assert not task.done()
         task.cancel()
 
     asyncio.run(main())

@@ -333,3 +333,44 @@ def test_a_superseded_make_step_sends_no_routing_table_and_the_next_plan_keeps_w
         assert [t.epoch for t in slow.tables[before:]] == [4]
 
     asyncio.run(main())
+
+
+class BrokenLateBackend(GatedBackend):
+    """A gated backend whose stub raises an unexpected error once its gate opens (not a gRPC error:
+    nothing waits for a superseded make step's answers to raise it to)."""
+
+    async def UpdateModelTable(self, table, timeout=None):
+        gate = self.gates.get(table.epoch)
+        if gate is not None:
+            await gate.wait()
+            raise ValueError("a broken stub")
+        return await Backend.UpdateModelTable(self, table, timeout)
+
+
+def test_an_unexpected_error_in_a_superseded_make_steps_late_answer_is_logged_and_nothing_else_stops(caplog):
+    from globalsched.actuators.distribution import Distribution
+
+    async def main():
+        broken = BrokenLateBackend()
+        nodes = {"be-1": _node("be-1")[0],
+                 "be-2": Node("be-2", control.NODE_KIND_BACKEND, "127.0.0.1:1", "emulated:t4", "t4", 16000.0,
+                              stub=broken)}
+        dist = Distribution(nodes, Events(), NoRates())
+        await dist.apply(_plan({"be-1": (("a", 2),), "be-2": (("b", 2),)}), 1)
+        broken.gates[2] = asyncio.Event()
+        applying = asyncio.create_task(dist.apply(_plan({"be-1": (("a", 2),), "be-2": (("b", 2), ("c", 1))}), 2))
+        while dist.making_for_s() is None:
+            await asyncio.sleep(0.01)
+        dist.supersede()
+        await asyncio.wait_for(applying, 1.0)
+        await dist.apply(_plan({"be-1": (("a", 2), ("c", 1)), "be-2": (("b", 2),)}), 3)
+        broken.gates[2].set()                            # the late answer raises
+        while dist.late:
+            await asyncio.sleep(0.01)
+        assert "model table push to be-2 of a superseded plan" in caplog.text and "a broken stub" in caplog.text
+        # the distribution goes on: the next plan is applied in full
+        last = _plan({"be-1": (("a", 2),), "be-2": (("b", 2), ("c", 1))})
+        await asyncio.wait_for(dist.apply(last, 4), 5.0)
+        assert dist.in_force is last and broken.tables[-1].epoch == 4
+
+    asyncio.run(main())

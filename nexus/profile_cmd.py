@@ -157,14 +157,16 @@ def _opt(args: argparse.Namespace, name: str, default):
     return default if value is None else value
 
 
-def _int_list(text: str, what: str) -> list[int]:
+def _int_list(text: str, what: str, positive: bool = True) -> list[int]:
+    """Comma-separated integers; ``positive`` (batch sizes) refuses any below 1 (CPU ids are checked by
+    ``pin_cpus``)."""
     try:
         values = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
     except ValueError:
         raise _UsageError(f"{what}: expected comma-separated integers, got {text!r}") from None
     if not values:
         raise _UsageError(f"{what}: empty list")
-    bad = [v for v in values if v < 1]
+    bad = [v for v in values if v < 1] if positive else []
     if bad:
         raise _UsageError(f"{what}: batch sizes must be positive, got {', '.join(map(str, bad))}")
     return values
@@ -225,7 +227,7 @@ def _setup(args: argparse.Namespace):
     if args.threads is not None and args.threads < 1:
         raise _UsageError(f"--threads: must be >= 1, got {args.threads}")
     if args.cpus:
-        pin_cpus(_int_list_allow_zero(args.cpus, "--cpus"))
+        pin_cpus(_int_list(args.cpus, "--cpus", positive=False))
     return device, parse_input_shapes(args.input_shape)
 
 
@@ -271,16 +273,6 @@ def _measure_options(args: argparse.Namespace, iters: int, budget: float) -> dic
         raise _UsageError("--iters and --min-iters must be >= 1, --warmup >= 0")
     budget = _positive(_opt(args, "time_budget_s", budget), "--time-budget-s")
     return {"iters": iters, "warmup": warmup, "min_iters": min_iters, "time_budget_s": budget}
-
-
-def _int_list_allow_zero(text: str, what: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
-    except ValueError:
-        raise _UsageError(f"{what}: expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise _UsageError(f"{what}: empty list")
-    return values
 
 
 # ---- nexus profile MODEL ----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The device scaler, an actuator: from each plan (and, between plans, the measured rates and the
 clock) to the number of devices each device type should have, by the pure policy in
 globalsched/planning/scaling_policy.py. A plan that needs more devices counts as soon as it is made;
-one that needs fewer, once it is applied.
+one that needs fewer, once it is applied (the policy's window remembers its need when it is made).
 
 It changes nothing itself: the decision is published, with its reason, as the Prometheus gauge
 ``nexus_desired_devices{device_type}`` on the scheduler's metrics port (a Kubernetes HPA scales the
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Awaitable, Callable, Iterable, Mapping
 
 from prometheus_client.core import GaugeMetricFamily
@@ -167,11 +168,15 @@ class DeviceScaler:
         bounded = [t for t, _ in self.config.bounds.low + self.config.bounds.high]
         wanted = demands(self.plan, backends, measured, bounded)
         if self.coming is not None:
-            # Up only: a backend the coming plan leaves idle still serves the plan in force until the
-            # frontends' tables change, so it is judged for removal once that plan is applied.
+            # Up at once. Down only once applied: a backend the coming plan leaves idle still serves
+            # the plan in force until the frontends' tables change. But the policy's window remembers
+            # the coming plan's need, not the plan in force's: after a step down, plans superseding
+            # each other for seconds had left the window a need a cool-down older than the plans made.
             for t, d in demands(self.coming, backends, measured, bounded).items():
                 if t not in wanted or d.needed > wanted[t].needed:
                     wanted[t] = d
+                else:
+                    wanted[t] = replace(wanted[t], coming=d)
         decisions, self.state = desired_devices(wanted, self.state, self.config, now)
         for t, d in decisions.items():
             old = self.decisions.get(t)

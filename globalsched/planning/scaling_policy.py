@@ -32,7 +32,11 @@ The rules (an operator's expectations: no flapping, nothing lost, no idle device
   that need is the plan's devices with demand and headroom counted, so the survivors absorb the
   load (the N/(N-1) check, for any number removed). Once surplus has lasted a whole cool-down, the
   desired count drops to that need at once, however many devices that removes, and holds there
-  for the next cool-down (one step per cool-down: no flapping). A count whose need is within
+  for the next cool-down (one step per cool-down: no flapping). While a plan that needs fewer devices
+  is being applied, the plan in force holds its devices, but the window remembers the coming plan's
+  need (``TypeDemand.coming``): after a step down, plans that superseded each other for seconds
+  left the window the need of a plan older than the plans made, and the next removal stopped there
+  (benchmarks/elastic.md). A count whose need is within
   ``down_tolerance`` of it (the need at least 90% of the count) is kept, as Kubernetes' HPA keeps a
   count whose metric ratio is within its 10% tolerance: a plan whose count wavers by one or two
   under a constant load reversed the device count up to 6 times in 30 minutes in the simulator
@@ -86,6 +90,9 @@ class TypeDemand:
     folded: int = 0                  # plan devices folded onto busy backends
     move_cost: Mapping[str, float] = field(default_factory=dict)   # backend -> planned rps of its sessions
     latest_ratio: float = 1.0        # the latest reports summed over the rates planned, where beyond noise (else 1)
+    # A plan made and being applied that needs fewer devices than this one, the plan in force: this
+    # demand holds the devices now, and the window remembers the coming plan's need (module docstring).
+    coming: TypeDemand | None = None
 
 
 @dataclass(frozen=True)
@@ -135,9 +142,9 @@ def desired_devices(demands: Mapping[str, TypeDemand], state: ScalingState, conf
     return decisions, ScalingState(types)
 
 
-def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: float
-            ) -> tuple[ScalingDecision, TypeHistory]:
-    low, high = config.bounds.of(d.device_type)
+def _need(d: TypeDemand, config: ScalingConfig, low: int, high: int) -> tuple[int, int, str]:
+    """(the need within the bounds, before them, why) of one demand: its plan's devices, demand and
+    steps counted, headroom added."""
     need, why = d.needed, f"the plan uses {d.needed}"
     if d.capacity_rps > 0 and d.demand_rps > config.outrun_ratio * d.capacity_rps:
         ratio = d.demand_rps / d.capacity_rps
@@ -160,8 +167,20 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
         need = high
     if need < low:
         need, why = low, why + f"; --min-devices {low}"
-    needs = tuple((t, n) for t, n in history.needs if now_s - t < config.cooldown_s) + ((now_s, need),)
-    window_max = max(n for _, n in needs)
+    return need, raw, why
+
+
+def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: float
+            ) -> tuple[ScalingDecision, TypeHistory]:
+    low, high = config.bounds.of(d.device_type)
+    need, raw, why = _need(d, config, low, high)
+    remembered = need
+    if d.coming is not None:
+        remembered, _, coming_why = _need(d.coming, config, low, high)
+        if remembered < need:
+            why = f"{why} (the plan being applied: {coming_why})"
+    needs = tuple((t, n) for t, n in history.needs if now_s - t < config.cooldown_s) + ((now_s, min(need, remembered)),)
+    window_max = max(max(n for _, n in needs), need)
     kept = window_max + math.floor(config.down_tolerance * window_max + 1e-9)    # what a removal leaves
     registered = d.registered
     within = window_max >= (1 - config.down_tolerance) * registered - 1e-9     # the HPA's ratio: need / count

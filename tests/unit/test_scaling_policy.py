@@ -197,6 +197,46 @@ def test_a_plan_that_needs_more_devices_is_asked_for_when_made_and_one_that_need
     assert down.desired == 1 and down.drain in ("be-2", "be-3")
 
 
+def test_the_window_remembers_the_need_of_a_plan_being_applied_while_the_plan_in_force_holds_the_devices():
+    """After a step down in the simulator, plans superseded each other for seconds while the plan in
+    force still needed the peak's devices; the window remembered that need, and the removal a
+    cool-down later stopped there (67 devices kept for a plan using 26: benchmarks/elastic.md)."""
+    policy = Policy(cooldown_s=10)
+    assert policy.at(0.0, needed=10, registered=10).desired == 10
+    coming = TypeDemand("t4", needed=4, registered=10)
+    cost = {f"be-{i}": float(i) for i in range(10)}
+    held = policy.at(1.0, needed=10, registered=10, coming=coming, move_cost=cost)
+    assert held.desired == 10 and held.needed == 10 and held.drains == ()
+    assert "(the plan being applied: the plan uses 4)" in held.reason
+    # Past the cool-down, a coming plan not yet applied still removes nothing the plan in force uses.
+    assert policy.at(10.5, needed=10, registered=10, coming=coming, move_cost=cost).desired == 10
+    policy.at(11.0, needed=4, registered=10, move_cost=cost)       # applied
+    down = policy.at(20.5, needed=4, registered=10, move_cost=cost)
+    assert down.desired == 4 and down.drains == tuple(f"be-{i}" for i in range(6))
+
+
+def test_the_scalers_window_holds_what_the_coming_plan_needs_once_it_is_applied():
+    import asyncio
+    from dataclasses import replace
+
+    from globalsched.actuators.device_scaler import DeviceScaler
+    from globalsched.state.membership import Node
+
+    plan, _ = _one_backend_plan()
+    big = replace(plan, devices_needed={"t4": 3})
+    nodes = [Node(f"be-{i}", 2, f"127.0.0.1:{i}", "emulated:t4", "t4") for i in (1, 2, 3)]
+    clock = [0.0]
+    scaler = DeviceScaler(ScalingConfig(cooldown_s=10), lambda: list(nodes), lambda now: {}, clock=lambda: clock[0])
+    asyncio.run(scaler.apply(big, 1))
+    clock[0] = 5.0
+    assert scaler.made(plan)["t4"].desired == 3            # the plan in force still needs 3
+    clock[0] = 8.0
+    asyncio.run(scaler.apply(plan, 2))
+    clock[0] = 10.5                                         # a cool-down after the first decision
+    down = scaler.evaluate()["t4"]
+    assert down.desired == 1 and len(down.drains) == 2
+
+
 def test_surplus_goes_at_once_to_the_windows_largest_need_after_the_cool_down():
     policy = Policy(cooldown_s=60)
     cost = {"be-a": 30.0, "be-b": 0.0, "be-c": 12.0, "be-d": 0.0, "be-e": 5.0}

@@ -36,7 +36,11 @@ The rules (an operator's expectations: no flapping, nothing lost, no idle device
   is being applied, the plan in force holds its devices, but the window remembers the coming plan's
   need (``TypeDemand.coming``): after a step down, plans that superseded each other for seconds
   left the window the need of a plan older than the plans made, and the next removal stopped there
-  (benchmarks/elastic.md). A count whose need is within
+  (benchmarks/elastic.md). Nothing goes while the plan lags the load: when the sessions' windows'
+  means and their latest reports alike, summed, outrun the rates it was made for beyond the noise of
+  their counts (``lag_ratio``, :func:`globalsched.actuators.device_scaler.lag_ratio`), its need
+  understates; a removal on it, as the windows filled after the load began, was followed 0.2 s later
+  by the next plan's four devices more (a scale reversal under constant load). A count whose need is within
   ``down_tolerance`` of it (the need at least 90% of the count) is kept, as Kubernetes' HPA keeps a
   count whose metric ratio is within its 10% tolerance: a plan whose count wavers by one or two
   under a constant load reversed the device count up to 6 times in 30 minutes in the simulator
@@ -90,6 +94,7 @@ class TypeDemand:
     folded: int = 0                  # plan devices folded onto busy backends
     move_cost: Mapping[str, float] = field(default_factory=dict)   # backend -> planned rps of its sessions
     latest_ratio: float = 1.0        # the latest reports summed over the rates planned, where beyond noise (else 1)
+    lag_ratio: float = 1.0           # the load over the rates planned, in the means and the latest reports alike
     # A plan made and being applied that needs fewer devices than this one, the plan in force: this
     # demand holds the devices now, and the window remembers the coming plan's need (module docstring).
     coming: TypeDemand | None = None
@@ -184,6 +189,7 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
     kept = window_max + math.floor(config.down_tolerance * window_max + 1e-9)    # what a removal leaves
     registered = d.registered
     within = window_max >= (1 - config.down_tolerance) * registered - 1e-9     # the HPA's ratio: need / count
+    lagging = d.lag_ratio > config.outrun_ratio         # the plan lags the load: its need is no ground to remove
     # A type seen for the first time (a scheduler that just started, whose backends re-register
     # before its first plan) waits a whole cool-down before anything goes, as after a removal.
     last_down = now_s if not history.needs else history.last_down_s
@@ -213,6 +219,10 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
         desired = registered
         why = (f"{why}; {registered - window_max} surplus over the window's {window_max}, within the "
                f"{config.down_tolerance:.0%} tolerance: kept")
+    elif lagging:
+        desired = registered
+        why = (f"{why}; {registered - window_max} surplus over the window's {window_max}, but the load is "
+               f"x{d.lag_ratio:.2f} the rates planned (the plan lags it): kept")
     elif last_down is not None and now_s - last_down < config.cooldown_s:
         # the removal in progress goes on to its aim; a lower count left from when fewer were
         # registered (backends that missed heartbeats and came back) is no licence to remove any

@@ -165,6 +165,38 @@ def test_one_sessions_burst_or_a_steady_load_in_the_latest_reports_is_no_step():
     assert latest_ratio(dict(planned, new=0.0), rates) == 1.0
 
 
+def test_a_plan_that_lags_the_load_in_the_means_and_the_latest_reports_alike_removes_nothing():
+    """The constant-load trace, seed 3: the plan in force was made for 675 rps while the windows still
+    filled, the means and the latest reports said 1,000; a removal on its need was followed 0.2 s
+    later by four devices more (benchmarks/elastic.md)."""
+    from globalsched.actuators.device_scaler import demands, lag_ratio
+    from globalsched.state.rate_reports import WindowRate
+
+    plan, backends, names = _many_sessions_plan(40, 10.0)
+    lagged = {m: WindowRate(15.0, 10.0, 1.0, latest_rps=15.0, latest_s=2.0) for m in names}
+    assert demands(plan, backends, lagged)["t4"].lag_ratio == pytest.approx(1.5)
+    policy = Policy(cooldown_s=10)
+    policy.at(0.0, needed=36, registered=36)
+    kept = policy.at(11.0, needed=24, registered=36, lag_ratio=1.5)
+    assert kept.desired == 36 and kept.drains == ()
+    assert "12 surplus over the window's 24, but the load is x1.50 the rates planned (the plan lags it): kept" \
+        in kept.reason
+    # Once a plan has caught up, its need goes as any other's.
+    assert policy.at(11.5, needed=24, registered=36, lag_ratio=1.0).desired == 26
+    # It only keeps: a lagging plan adds no device.
+    assert Policy(cooldown_s=10).at(0.0, needed=24, registered=24, lag_ratio=1.5).desired == 24
+    planned = {m: 10.0 for m in names}
+    # After a step down the means lag above a plan made from the latest reports: that plan is followed.
+    assert lag_ratio(planned, {m: WindowRate(30.0, 10.0, 1.0, latest_rps=10.0, latest_s=2.0) for m in names}) == 1.0
+    # Within the noise of the counts (4,400 against 4,000 over the windows, dispersed as CV 3 counts
+    # are), or with no latest report, it is no lag.
+    assert lag_ratio(planned, {m: WindowRate(11.0, 10.0, 9.0, latest_rps=11.0, latest_s=2.0) for m in names}) == 1.0
+    assert lag_ratio(planned, {m: WindowRate(15.0, 10.0, 1.0) for m in names}) == 1.0
+    # Sessions the plan has no rate for do not count.
+    assert lag_ratio(dict(planned, new=0.0), {"new": WindowRate(900.0, 10.0, 1.0, latest_rps=900.0, latest_s=2.0)}) \
+        == 1.0
+
+
 def test_a_plan_that_needs_more_devices_is_asked_for_when_made_and_one_that_needs_fewer_once_applied():
     """At a step the plan's push took 3-4 s while the devices it folded onto busy backends waited
     (benchmarks/elastic.md). A plan that needs fewer must not drain a backend the plan in force still

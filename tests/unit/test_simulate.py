@@ -193,7 +193,8 @@ def test_a_step_across_many_models_starts_its_devices_from_the_first_reports_aft
     first, backends = step()
     assert first["time_s"] < 21.0 and "the latest reports are x" in first["text"] and first["desired"] >= 16
     assert backends[23] >= 16
-    monkeypatch.setattr(scaler, "latest_ratio", lambda planned, measured: 1.0)
+    ratios = scaler.report_ratios
+    monkeypatch.setattr(scaler, "report_ratios", lambda planned, measured: (1.0, ratios(planned, measured)[1]))
     first, backends = step()
     assert "the latest reports" not in first["text"] and max(backends[:30]) < 16
 

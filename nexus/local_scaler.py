@@ -18,7 +18,7 @@ Backends of the same type that this process did not start (registered with its s
 count towards the total, and the policy's choice of one of them to drain is left alone.
 
 :func:`next_step` is the pure part (what to do, from the decision and the backends);
-:class:`LocalScaler` polls ``GetStatus`` with the cluster token and does it.
+:class:`LocalScaler` polls ``GetStatus`` with the cluster token (every ``POLL_S``) and does it.
 """
 
 from __future__ import annotations
@@ -31,7 +31,12 @@ from nexus.launcher import Child, Supervisor
 from nexus.scheduler_client import AdminCallError
 from nexus.status_model import ClusterStatus, ScalingStatus
 
-POLL_S = 0.5            # how often the scheduler's decision is read
+# How often the scheduler's decision is read (on a kept channel: nexus/scheduler_client.py,
+# StatusReader). A step's devices start up to this much after the scaler asked for them. In the
+# simulated 5x step under auto (100 devices, seeds 1-24; benchmarks/elastic.md, "2026-12-06,
+# 12:00-13:30 UTC"), read every 0.5 s: 99.40% within SLO, 623 requests failed in the step's first
+# 3 s on average; every 0.1 s: 99.47%, 529.
+POLL_S = 0.1
 
 
 @dataclass(frozen=True)

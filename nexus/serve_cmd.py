@@ -57,8 +57,8 @@ from nexus.launcher import Child, Supervisor, launch, pin_listen
 from nexus.local_scaler import LocalScaler
 from nexus.process import READY_PREFIX
 from nexus.repository_cmd import read_checked, upload_repository
-from nexus.scheduler_client import AdminCallError, add_profile, fetch_status, list_models, list_queries, register_query, \
-    upload_model
+from nexus.scheduler_client import AdminCallError, StatusReader, add_profile, fetch_status, list_models, list_queries, \
+    register_query, upload_model
 
 __all__ = ["Child", "wait_models_ready", "register", "run"]
 
@@ -70,6 +70,7 @@ FRONTEND_OWN = ("scheduler", "listen", "advertise", "security", "metrics_listen"
                 "worker_control_listen", "worker_siblings")
 FRONTEND_PREFIX = "frontend"
 DRAIN_KILL_MARGIN_S = 10.0      # a backend removed by --backends auto is killed this long after its drain grace
+SUPERVISE_S = 0.2               # how often the children are checked (and the scaler, at most its own poll apart)
 
 
 def wait_models_ready(frontend: str, names: list[str], timeout_s: float,
@@ -383,7 +384,7 @@ def run(args) -> int:
                 drain_timeout_s=backend_cfg.drain_grace_s + DRAIN_KILL_MARGIN_S, stop_after=frontend)
         if auto is not None:
             scaler = LocalScaler(supervisor, functools.partial(start, backend_cfg), auto.device_type,
-                                 (auto.low, auto.high), functools.partial(fetch_status, sched_addr, 5.0, creds), _log,
+                                 (auto.low, auto.high), StatusReader(sched_addr, 5.0, creds), _log,
                                  drain_timeout_s=backend_cfg.drain_grace_s + DRAIN_KILL_MARGIN_S, stop_after=frontend)
             for child in first:
                 scaler.add(child)
@@ -437,7 +438,7 @@ def run(args) -> int:
                 scaler.step()
             if layout_switch is not None:
                 layout_switch.step()
-            time.sleep(0.2)
+            time.sleep(min(SUPERVISE_S, scaler.poll_s) if scaler is not None else SUPERVISE_S)
     except KeyboardInterrupt:
         status = 0
     except (RuntimeError, AdminCallError) as exc:

@@ -175,27 +175,30 @@ class StatusReader:
     read, against 0.3 ms on a kept channel (2026-12-06, AMD EPYC). Any failure closes the channel. An
     UNAVAILABLE one (the scheduler gone, or a standby) is tried again at once as :func:`fetch_status`
     tries, and the channel is then kept to the scheduler that answered; any other raises
-    :class:`AdminCallError`, and the next read dials afresh."""
+    :class:`AdminCallError`, and the next read dials afresh. ``scaling_only``: the scaling decisions
+    and the devices' identities, no sessions, routes or profiles (globalsched/rpc/status.py,
+    ``scaling_reply``)."""
 
     def __init__(self, scheduler: str, timeout_s: float = 30.0,
-                 creds: Credentials = grpc_util.NO_CREDENTIALS) -> None:
+                 creds: Credentials = grpc_util.NO_CREDENTIALS, scaling_only: bool = False) -> None:
         self.scheduler = scheduler
         self.timeout_s = timeout_s
         self.creds = creds
+        self.request = control.StatusRequest(scaling_only=scaling_only)
         self.address = ""                       # the scheduler the kept channel dials ('': none kept)
         self._channel: grpc.Channel | None = None
 
     def __call__(self) -> ClusterStatus:
         if self._channel is not None:
             try:
-                return from_reply(control_grpc.SchedulerStub(self._channel).GetStatus(control.StatusRequest(),
+                return from_reply(control_grpc.SchedulerStub(self._channel).GetStatus(self.request,
                                                                                        timeout=self.timeout_s))
             except grpc.RpcError as exc:
                 address = self.address
                 self.close()
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise AdminCallError(rpc_error_message(exc, address)) from None
-        reply, address = _call_at(self.scheduler, self.creds, "GetStatus", control.StatusRequest(), self.timeout_s)
+        reply, address = _call_at(self.scheduler, self.creds, "GetStatus", self.request, self.timeout_s)
         self._channel, self.address = grpc_util.channel(address, self.creds), address
         return from_reply(reply)
 

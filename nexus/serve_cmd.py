@@ -383,8 +383,9 @@ def run(args) -> int:
                 lambda name, version, profile: add_profile(sched_addr, name, profile, version, creds), _log, cores=cores,
                 drain_timeout_s=backend_cfg.drain_grace_s + DRAIN_KILL_MARGIN_S, stop_after=frontend)
         if auto is not None:
+            decisions = StatusReader(sched_addr, 5.0, creds, scaling_only=True)
             scaler = LocalScaler(supervisor, functools.partial(start, backend_cfg), auto.device_type,
-                                 (auto.low, auto.high), StatusReader(sched_addr, 5.0, creds), _log,
+                                 (auto.low, auto.high), decisions, _log,
                                  drain_timeout_s=backend_cfg.drain_grace_s + DRAIN_KILL_MARGIN_S, stop_after=frontend)
             for child in first:
                 scaler.add(child)

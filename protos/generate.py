@@ -1,7 +1,7 @@
 """Regenerate the Python stubs in common/pb/ from the .proto files in protos/.
 
 Run: ``python protos/generate.py`` (needs grpcio-tools, the ``dev`` extra). The output is committed;
-``tests/test_protos_fresh.py`` fails when it is stale.
+``tests/e2e/test_protos.py`` fails when it is stale.
 
 Two rewrites make the stubs importable from the ``common.pb`` package and safe to load beside
 ``tritonclient`` in one process:

@@ -55,7 +55,7 @@ from globalsched.refusal import Refused
 from globalsched.planning.replan_trigger import ReplanTrigger
 from globalsched.planning.residency import requested_while_cold
 from globalsched.planning.scaling_policy import ScalingConfig
-from globalsched.rpc.status import status_reply
+from globalsched.rpc.status import scaling_reply, status_reply
 from globalsched.state.read_view import read_view, warm_reads
 from globalsched.state.rate_reports import Workload
 
@@ -300,6 +300,10 @@ class SchedulerService(control_grpc.SchedulerServicer):
 
     async def GetStatus(self, request, context):
         plan, epoch = self.control.plan, self.control.epoch
+        if request.scaling_only:
+            reply = scaling_reply(plan, self.membership.backends(), self.scaler.decisions.values())
+            reply.leader = self.leadership.leader_address
+            return reply
         routing = control.RoutingTable(epoch=epoch) if plan is None else \
             self.distribution.routing_table(replace(plan, catalog=self.admin.catalog(plan)), epoch)     # as of now
         reply = status_reply(plan, routing, self.membership.backends(), len(self.membership.frontends()), self.admin,

@@ -1,5 +1,6 @@
 """The scheduler's metrics port: nexus_desired_devices and nexus_registered_devices per device type,
-the time its plans took to apply, and the same decision with its reason in GetStatus, on a live
+the time its plans took to apply, and the same decision with its reason in GetStatus (in full, and the
+scaling part alone that `nexus serve --backends auto` reads), on a live
 scheduler with emulated backends."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from tests.components import wait_for
 
 from common.pb import control, control_grpc
 from nexus.launcher import Child
+from nexus.scheduler_client import StatusReader
 
 
 def _scrape(url: str) -> dict[tuple[str, str], float]:
@@ -48,6 +50,21 @@ def test_desired_and_registered_devices_are_served_and_follow_the_policy(tmp_pat
         assert (decision.device_type, decision.desired, decision.registered) == ("t4", 1, 2)
         assert "--min-devices 1" in decision.reason and decision.drain_node_id.startswith("be-")
         assert decision.drain_node_id in {d.node_id for d in status.devices}
+        # What nexus serve's actuator reads ten times a second: the same decision and devices, and none
+        # of the rest (the routing table is built for the full reply only).
+        with grpc.insecure_channel(scheduler.address) as channel:
+            scaling = control_grpc.SchedulerStub(channel).GetStatus(control.StatusRequest(scaling_only=True),
+                                                                   timeout=10)
+        assert status.HasField("routing") and status.routing.epoch >= 1 and status.solver
+        assert not scaling.HasField("routing") and not scaling.solver and not scaling.profiles
+        assert [(d.device_type, d.desired, d.registered, d.reason) for d in scaling.scaling] == \
+            [("t4", 1, 2, decision.reason)]
+        assert sorted((d.node_id, d.address, d.device_type) for d in scaling.devices) == \
+            sorted((d.node_id, d.address, d.device_type) for d in status.devices)
+        reader = StatusReader(scheduler.address, 10.0, scaling_only=True)
+        read = reader()
+        reader.close()
+        assert read.decision("t4").desired == 1 and len(read.devices) == 2
     finally:
         for c in reversed(children):
             c.stop(timeout_s=20)

@@ -32,10 +32,10 @@ from nexus.scheduler_client import AdminCallError
 from nexus.status_model import ClusterStatus, ScalingStatus
 
 # How often the scheduler's decision is read (its scaling part alone, on a kept channel:
-# nexus/scheduler_client.py, StatusReader). A step's devices start up to this much after the scaler asked for them. In the
-# simulated 5x step under auto (100 devices, seeds 1-24; benchmarks/elastic.md, "2026-12-06,
-# 12:00-13:30 UTC"), read every 0.5 s: 99.40% within SLO, 623 requests failed in the step's first
-# 3 s on average; every 0.1 s: 99.47%, 529.
+# nexus/scheduler_client.py, StatusReader). A step's devices start up to this much after the scaler
+# asked for them. In the simulated 5x step under auto (100 devices, seeds 1-24; benchmarks/elastic.md,
+# "2026-12-06, 12:00-13:30 UTC"), read every 0.5 s: 99.40% within SLO, 623 requests failed in the
+# step's first 3 s on average; every 0.1 s: 99.47%, 529.
 POLL_S = 0.1
 
 

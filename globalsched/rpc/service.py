@@ -302,13 +302,12 @@ class SchedulerService(control_grpc.SchedulerServicer):
         plan, epoch = self.control.plan, self.control.epoch
         if request.scaling_only:
             reply = scaling_reply(plan, self.membership.backends(), self.scaler.decisions.values())
-            reply.leader = self.leadership.leader_address
-            return reply
-        routing = control.RoutingTable(epoch=epoch) if plan is None else \
-            self.distribution.routing_table(replace(plan, catalog=self.admin.catalog(plan)), epoch)     # as of now
-        reply = status_reply(plan, routing, self.membership.backends(), len(self.membership.frontends()), self.admin,
-                             max(time.monotonic() - self.control.last_plan_time, 0.0),
-                             self.scaler.decisions.values())
+        else:
+            routing = control.RoutingTable(epoch=epoch) if plan is None else \
+                self.distribution.routing_table(replace(plan, catalog=self.admin.catalog(plan)), epoch)   # as of now
+            reply = status_reply(plan, routing, self.membership.backends(), len(self.membership.frontends()),
+                                 self.admin, max(time.monotonic() - self.control.last_plan_time, 0.0),
+                                 self.scaler.decisions.values())
         reply.leader = self.leadership.leader_address
         return reply
 

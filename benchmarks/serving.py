@@ -120,6 +120,14 @@ def low_load(cluster: SampleCluster, model: str, rate: float, duration_s: float,
         return lat, ort, reports, cpu_total, {"stats": stats_delta(after, before), "external_cores": busy}
 
     lat, ort, reports, cpu_total, extra = asyncio.run(served())
+    if not lat:
+        statuses: dict[str, int] = {}
+        for r in reports:
+            for k, v in r.samples.status_counts().items():
+                statuses[k] = statuses.get(k, 0) + v
+        raise SystemExit(f"serving: no request of the low-load phase ({rate:g} rps for {duration_s:g} s) was "
+                         f"answered within its measurement window: sent {sum(r.sent for r in reports)}, "
+                         f"statuses {statuses}")
     d = extra["stats"]
     sent = sum(r.sent for r in reports)
     n = max(d["success_count"], 1)
@@ -312,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="wait up to this long before each repeat for the machine's other load to drop")
     p.add_argument("--out", default=str(OUT / "serving.json"))
     add_smoke(p, repeats=1, threads=1, pin=True, slo_ms=30.0, step_s=1.0, warmup_s=0.5, ramp_start=0.1, ramp_factor=20.0, ort_repeats=3,
-              low_rate=10.0, low_s=1.0, quiet_wait_s=0.0)
+              low_rate=10.0, low_s=3.0, quiet_wait_s=0.0)
     args = parse_args(p, argv)
     exit_on_sigterm()
     if args.pin:

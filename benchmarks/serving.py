@@ -52,7 +52,8 @@ import sys
 
 import numpy as np
 
-from harness.experiments import PIN_OTHER, SampleCluster, exit_on_sigterm, max_rate, on_exec_cpus, ramp_rate
+from harness.experiments import (PIN_OTHER, SampleCluster, exit_on_sigterm, max_rate, on_exec_cpus, ramp_rate,
+                                 require_answers)
 from harness.meters import CpuMeter, uptime, wait_quiet
 from harness.smoke import add_smoke, parse_args
 from harness.ort_direct import ort_limit as direct_limit
@@ -120,14 +121,7 @@ def low_load(cluster: SampleCluster, model: str, rate: float, duration_s: float,
         return lat, ort, reports, cpu_total, {"stats": stats_delta(after, before), "external_cores": busy}
 
     lat, ort, reports, cpu_total, extra = asyncio.run(served())
-    if not lat:
-        statuses: dict[str, int] = {}
-        for r in reports:
-            for k, v in r.samples.status_counts().items():
-                statuses[k] = statuses.get(k, 0) + v
-        raise SystemExit(f"serving: no request of the low-load phase ({rate:g} rps for {duration_s:g} s) was "
-                         f"answered within its measurement window: sent {sum(r.sent for r in reports)}, "
-                         f"statuses {statuses}")
+    require_answers(lat, reports, f"serving: the low-load phase ({rate:g} rps for {duration_s:g} s)")
     d = extra["stats"]
     sent = sum(r.sent for r in reports)
     n = max(d["success_count"], 1)

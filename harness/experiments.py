@@ -123,6 +123,20 @@ class SampleCluster(Cluster):
 
 # ---- the per-request path benchmarks (hotpath.py, frontend_path.py) -----------------------------
 
+def require_answers(latencies_ms: list, reports: list, what: str) -> None:
+    """SystemExit saying what ``reports`` sent and how each request ended, when none was answered
+    within its measurement window (``latencies_ms`` empty): such a phase has no percentile to report.
+    ``what`` names the phase in the message."""
+    if latencies_ms:
+        return
+    statuses: dict[str, int] = {}
+    for r in reports:
+        for k, v in r.samples.status_counts().items():
+            statuses[k] = statuses.get(k, 0) + v
+    raise SystemExit(f"{what}: no request was answered within its measurement window: "
+                     f"sent {sum(r.sent for r in reports)}, statuses {statuses}")
+
+
 def add_path_arguments(p, *, cap_s: float) -> None:
     """The flags of the per-request path benchmarks: a low-rate run, a CPU run and an overload
     (capacity) run of one model."""

@@ -1,32 +1,47 @@
-"""benchmarks/serving.py's low-load phase on a real cluster whose backend never answers: it says what
+"""The serving benchmarks' phase with no answer (harness/experiments.py, ``require_answers``, which
+benchmarks/serving.py's low-load phase calls): on a real cluster whose backend is stopped, it says what
 was sent and how each request ended, instead of failing on an empty list of latencies."""
 
 from __future__ import annotations
 
 import ast
+import asyncio
 import os
 import signal
 
+import numpy as np
 import pytest
 
-from benchmarks.serving import low_load
-from harness.experiments import SampleCluster
+from harness.experiments import SampleCluster, require_answers
+from nexus.bench import LoadClient
+
+
+async def _phase(address: str) -> tuple[list, list]:
+    async with LoadClient(address, "mlp_small") as client:
+        r = await client.run(20.0, 1.0, 30.0, seed=1)
+    s = r.samples
+    ok = s.measured & np.isfinite(s.latency_ms)
+    return s.latency_ms[ok].tolist(), [r]
 
 
 @pytest.mark.slow
-def test_a_low_load_phase_with_no_answer_reports_what_was_sent_and_how_it_ended():
-    with SampleCluster(["mlp_small"], threads=1, tag="lowload") as cluster:
+def test_a_phase_with_no_answer_exits_with_what_was_sent_and_how_it_ended():
+    with SampleCluster(["mlp_small"], threads=1, tag="noanswer") as cluster:
+        answered, reports = asyncio.run(_phase(cluster.frontend.address))
+        require_answers(answered, reports, "the phase")            # served: returns
+        assert answered
         backend = cluster.backends[0].pid
         os.kill(backend, signal.SIGSTOP)
         try:
-            with pytest.raises(SystemExit) as exited:
-                low_load(cluster, "mlp_small", rate=20.0, duration_s=1.0, slo_ms=30.0, threads=1, rounds=1)
+            latencies, reports = asyncio.run(_phase(cluster.frontend.address))
         finally:
             os.kill(backend, signal.SIGCONT)
+    assert latencies == []
+    with pytest.raises(SystemExit) as exited:
+        require_answers(latencies, reports, "the phase")
     message = str(exited.value)
-    assert message.startswith("serving: no request of the low-load phase (20 rps for 1 s) was answered"), message
+    assert message.startswith("the phase: no request was answered within its measurement window: sent "), message
     sent = int(message.split("sent ")[1].split(",")[0])
-    assert sent > 0
+    assert sent == reports[0].sent > 0
     statuses = ast.literal_eval(message.split("statuses ")[1])     # status name -> count, as printed
-    assert sum(statuses.values()) == sent, message
-    assert "OK" not in statuses, message
+    assert sum(statuses.values()) == sent and "OK" not in statuses, message

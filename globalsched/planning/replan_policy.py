@@ -44,13 +44,13 @@ def should_replan(view: ClusterView, plan: ClusterPlan | None, last_plan_s: floa
     force, why = view.force, view.why
     surge = demand_surge(surges_rps, plan, replan.band_high, rate_headroom)
     if surge and force is None:
-        force, why = ReplanReason.SESSIONS_CHANGED, (*why, surge)
+        force, why = ReplanReason.DEMAND_SURGE, (*why, surge)
     if force is None and plan is not None and last_plan_s is not None and view.backends == planned_backends \
             and view.now_s - last_plan_s < replan.cooldown_s:
         return ReplanCall(hold=True)
     drift = gamma_drift(view.gammas, plan.planned_gammas if plan else {}, (replan.band_low, replan.band_high))
     if drift and force is None and plan is not None and (last_plan_s is None or view.now_s - last_plan_s >= replan.cooldown_s):
-        force, why = ReplanReason.SESSIONS_CHANGED, (*why, drift)
+        force, why = ReplanReason.FAN_OUT_DRIFT, (*why, drift)
     return ReplanCall(force, why)
 
 

@@ -23,13 +23,13 @@ def test_within_the_cooldown_the_plan_stands_unless_forced_or_surging():
     forced = call(12.0, force=ReplanReason.MEMBERSHIP)
     assert not forced.hold and forced.force is ReplanReason.MEMBERSHIP and forced.why == ("why",)
     surge = call(12.0, surges={"m": 200.0})
-    assert surge.force is ReplanReason.SESSIONS_CHANGED and "demand surge: m at 200 rps, planned for 50" in surge.why
+    assert surge.force is ReplanReason.DEMAND_SURGE and "demand surge: m at 200 rps, planned for 50" in surge.why
 
 
 def test_past_the_cooldown_the_re_planner_judges_and_a_fan_out_drift_forces():
     assert call(16.0) == type(call(16.0))()                  # nothing forced: the bands and the epoch decide
     drift = call(16.0, gammas={("q", "a", "b"): 3.0})
-    assert drift.force is ReplanReason.SESSIONS_CHANGED and "gamma of q: a->b is 3.00, planned 2.0" in drift.why
+    assert drift.force is ReplanReason.FAN_OUT_DRIFT and "gamma of q: a->b is 3.00, planned 2.0" in drift.why
     assert call(12.0, gammas={("q", "a", "b"): 3.0}).hold    # not within the cooldown
 
 

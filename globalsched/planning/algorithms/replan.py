@@ -57,7 +57,9 @@ class ReplanReason(str, enum.Enum):
     NONE = "none"                  # nothing to do: the current plan is returned unchanged
     INITIAL = "initial"            # no current plan: plan from scratch
     RESUMED = "resumed"            # a current plan but no state (scheduler restart): repair it in place
-    SESSIONS_CHANGED = "sessions-changed"
+    SESSIONS_CHANGED = "sessions-changed"   # sessions, their replicas or profiles changed (model administration)
+    DEMAND_SURGE = "demand-surge"           # a session's demand outran its planned rate at once (replan_policy.py)
+    FAN_OUT_DRIFT = "fan-out-drift"         # a query's measured fan-out left the band of the one planned for
     EPOCH = "epoch"
     RATE_BAND = "rate-band"
     OVERLOAD = "overload"

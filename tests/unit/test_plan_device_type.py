@@ -19,7 +19,7 @@ from globalsched.planning.algorithms.replan import ReplanConfig, ReplanReason
 from globalsched.planning.cluster_values import MIN_PLANNED_RATE_RPS, ClusterView, ModelView, SessionInput
 from globalsched.planning.placement import BackendSlot
 from globalsched.planning.planner import (PlannerSettings, PlannerState, dropped_rates, plan_cluster, real_surges,
-                                 same_tables, settled_rates)
+                                 same_tables, settled_rates, unabsorbed_surges)
 from globalsched.planning.replicas import _SpareRoom, _with, add_replicas, add_spares
 from globalsched.planning.prefix_groups import planning_groups
 
@@ -512,6 +512,39 @@ def test_idle_backends_hold_spares_of_the_busiest_sessions_and_count_as_neither_
     [t4] = demands(plan, [_node(n) for n in "abcde"], {}).values()
     assert all(t4.move_cost[n] == 0.0 for n in spares)   # drained first, as an idle one
     assert all(t4.move_cost[n] > 0.0 for n in used)
+
+
+def test_a_surge_its_routes_serve_spares_at_the_overbook_is_left_to_them_and_a_larger_one_is_planned():
+    """A burst goes to the replica with the least work outstanding, spares included: a surge within the
+    session's routes (a spare's throughput counted at 1/overbook, its room being overbooked) forces no
+    plan, which would move the spares; beyond them, it is planned at once."""
+    sessions = [SessionInput("m", 100.0, 60.0, {"gpu": PROFILE})]
+    slots = _slots("a", "b", "c", "d")
+    loop = _spare_loop(2.0, cooldown_s=5.0, epoch_s=30.0)
+    plan = loop.plan(sessions, slots, 0.0)
+    own = sum(s.throughput_rps for p in plan.placements.values() for b in p.backends if not b.spare
+              for s in b.sessions if s.model == "m")
+    spare = sum(s.throughput_rps for p in plan.placements.values() for b in p.backends if b.spare
+                for s in b.sessions if s.model == "m")
+    assert own > 0 and spare > 0
+    routes = own + spare / 2.0
+    assert 0.95 * routes > 1.1 * 60.0                     # a demand surge by the re-planner's band
+    within = loop.plan(sessions, slots, 1.0, surges={"m": 0.95 * routes})
+    assert not loop.changed and within.why == ()
+    beyond = loop.plan(sessions, slots, 1.5, surges={"m": 1.05 * routes})
+    assert loop.changed and beyond.why[0].startswith("demand surge: m at")
+    # Without spares the same surge is beyond the routes: planned.
+    plain = _loop(cooldown_s=5.0, epoch_s=30.0)
+    plain.plan(sessions, slots, 0.0)
+    plain.plan(sessions, slots, 1.0, surges={"m": 0.95 * routes})
+    assert plain.changed
+
+
+def test_a_surge_of_a_session_with_no_plan_or_no_route_is_unabsorbed():
+    assert unabsorbed_surges({"m": 5.0}, None, 2.0) == {"m": 5.0}
+    plan = Loop().plan([SessionInput("m", 100.0, 60.0, {"gpu": PROFILE})], _slots("a"), 0.0)
+    assert unabsorbed_surges({"new": 1.0, "m": 1.0}, plan, 2.0) == {"new": 1.0}
+    assert unabsorbed_surges({}, plan, 2.0) == {}
 
 
 def test_a_lost_primary_leaves_its_spare_serving_and_a_spare_stays_put_across_re_plans():

@@ -121,8 +121,6 @@ class SampleCluster(Cluster):
         return pids
 
 
-# ---- the per-request path benchmarks (hotpath.py, frontend_path.py) -----------------------------
-
 def require_answers(latencies_ms: list, reports: list, what: str) -> None:
     """SystemExit saying what ``reports`` sent and how each request ended, when none was answered
     within its measurement window (``latencies_ms`` empty): such a phase has no percentile to report.
@@ -136,6 +134,8 @@ def require_answers(latencies_ms: list, reports: list, what: str) -> None:
     raise SystemExit(f"{what}: no request was answered within its measurement window: "
                      f"sent {sum(r.sent for r in reports)}, statuses {statuses}")
 
+
+# ---- the per-request path benchmarks (hotpath.py, frontend_path.py) -----------------------------
 
 def add_path_arguments(p, *, cap_s: float) -> None:
     """The flags of the per-request path benchmarks: a low-rate run, a CPU run and an overload

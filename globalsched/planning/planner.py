@@ -288,8 +288,8 @@ def unabsorbed_surges(surges_rps: Mapping[str, float], plan: ClusterPlan | None,
     plan, and a plan made for it moves the spares that absorb it. A session not in ``plan`` surges.
 
     Issue 24's step with every device registered (benchmarks/elastic.md, "2026-12-06, 15:05-16:10
-    UTC"): planning every surge left a second below 99% within SLO at 3 seeds of 16, this at 1; under
-    auto the step is met as before, since a step outruns the routes."""
+    UTC"): planning every surge left a second below 99% within SLO at 3 seeds of 16, this at 1 (within
+    the seeds' spread); under auto the step is met as before, since a step outruns the routes."""
     if plan is None or not surges_rps:
         return dict(surges_rps)
     capacity: dict[str, float] = {}

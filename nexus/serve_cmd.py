@@ -332,6 +332,7 @@ def run(args) -> int:
     start = functools.partial(launch, env=env, start_new_session=True)
     phases = StartPhases()
     layout_switch = None
+    decisions: StatusReader | None = None       # the scaler's reads of GetStatus, on a kept channel
     try:
         scheduler = supervisor.add(start(sched_cfg))
         # built while the scheduler starts (each takes about a second on a small machine)
@@ -448,6 +449,8 @@ def run(args) -> int:
     finally:
         if layout_switch is not None:
             layout_switch.close()
+        if decisions is not None:
+            decisions.close()
         _stop(supervisor, handlers)
     return status
 

@@ -369,8 +369,9 @@ class SchedulerConfig:
         "help": "most devices to ask for: N for every device type, or TYPE=N[,TYPE=N...] (empty: no limit); "
                 "beyond it the plan folds sessions onto busy devices and says so"})
     scale_down_cooldown_s: float = field(default=60.0, metadata={
-        "help": "a device surplus must last this long before one device is removed, and removals are this "
-                "far apart (a Kubernetes HPA on nexus_desired_devices must use the same)"})
+        "help": "a device surplus must last this long before devices are removed, and removals are this far "
+                "apart unless the need falls beyond --scale-down-tolerance again (a Kubernetes HPA on "
+                "nexus_desired_devices must use the same)"})
     device_headroom: float = field(default=0.3, metadata={
         "help": "ask for this fraction more devices than the plan uses, rounded to the nearest device: they hold "
                 "spare replicas of the busiest sessions, capacity for bursts and steps pooled over every session"})

@@ -32,7 +32,12 @@ The rules (an operator's expectations: no flapping, nothing lost, no idle device
   that need is the plan's devices with demand and headroom counted, so the survivors absorb the
   load (the N/(N-1) check, for any number removed). Once surplus has lasted a whole cool-down, the
   desired count drops to that need at once, however many devices that removes, and holds there
-  for the next cool-down (one step per cool-down: no flapping). While a plan that needs fewer devices
+  for the next cool-down (one step per cool-down: no flapping), unless the window's need falls so far
+  that the next removal takes more than the tolerance of the count: the window then held nothing above
+  it for a whole cool-down. After a step down in the simulator, the first removal took 2 of 86 devices
+  while the window still held the step's need (77); the window's need fell to 60 within 4 s and to 43
+  within 8 s, and 84 devices waited for the cool-down's end. Removals of the tolerance or less still
+  wait for it (benchmarks/elastic.md). While a plan that needs fewer devices
   is being applied, the plan in force holds its devices, but the window remembers the coming plan's
   need (``TypeDemand.coming``): after a step down, plans that superseded each other for seconds
   left the window the need of a plan older than the plans made, and the next removal stopped there
@@ -70,7 +75,7 @@ from common.config import DeviceBounds, SchedulerConfig
 
 @dataclass(frozen=True)
 class ScalingConfig:
-    cooldown_s: float = 60.0        # surplus must last this long, and removals are this far apart
+    cooldown_s: float = 60.0        # surplus must last this long; removals this far apart (see _falls_beyond_tolerance)
     headroom: float = 0.0           # devices beyond the plan's, as a fraction of it
     outrun_ratio: float = 1.1       # demand / capacity above which demand, not the plan, sets the need
     bounds: DeviceBounds = field(default_factory=DeviceBounds)
@@ -175,6 +180,14 @@ def _need(d: TypeDemand, config: ScalingConfig, low: int, high: int) -> tuple[in
     return need, raw, why
 
 
+def _falls_beyond_tolerance(history: TypeHistory, registered: int, kept: int, config: ScalingConfig) -> bool:
+    """Whether a removal may follow the last one before the cool-down ends: the last one is done (no
+    more registered than it aimed at), and what the window now needs would remove more than the
+    tolerance of the count again (the window's every need is then below it for a whole cool-down)."""
+    return (history.down_to is not None and registered <= history.down_to
+            and kept <= (1 - config.down_tolerance) * registered + 1e-9)
+
+
 def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: float
             ) -> tuple[ScalingDecision, TypeHistory]:
     low, high = config.bounds.of(d.device_type)
@@ -223,7 +236,8 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
         desired = registered
         why = (f"{why}; {registered - window_max} surplus over the window's {window_max}, but the load is "
                f"x{d.lag_ratio:.2f} the rates planned (the plan lags it): kept")
-    elif last_down is not None and now_s - last_down < config.cooldown_s:
+    elif last_down is not None and now_s - last_down < config.cooldown_s and not _falls_beyond_tolerance(
+            history, registered, kept, config):
         # the removal in progress goes on to its aim; a lower count left from when fewer were
         # registered (backends that missed heartbeats and came back) is no licence to remove any
         aim = history.down_to if history.down_to is not None and history.desired is not None \

@@ -295,6 +295,31 @@ def test_surplus_goes_at_once_to_the_windows_largest_need_after_the_cool_down():
     assert policy.at(301.0, needed=3, registered=2, move_cost=cost).desired == 3     # up again at once
 
 
+def test_a_need_that_falls_beyond_the_tolerance_after_a_removal_goes_before_the_next_cool_down():
+    """After a step down, the first removal came while the window still held the step's need; the
+    devices that the window let go seconds later waited for a whole cool-down (the simulator)."""
+    def removed_once() -> Policy:
+        policy = Policy(cooldown_s=10)
+        policy.at(0.0, needed=50, registered=60)        # first seen: a cool-down before anything goes
+        policy.at(5.0, needed=48, registered=60)
+        first = policy.at(10.5, needed=30, registered=60)   # the window holds 48: 48 + 4
+        assert first.desired == 52 and "remove 8" in first.reason
+        assert policy.at(11.0, needed=30, registered=52).desired == 52      # the window still holds 48
+        return policy
+
+    early = removed_once().at(15.6, needed=30, registered=52)     # 48 left the window: 30 + 3
+    assert early.desired == 33 and "remove 19 (the most needed within it: 30" in early.reason
+    # 45 is below 90% of 52, but its removal (to 45 + 4) is within the tolerance: it waits
+    policy = removed_once()
+    small = policy.at(15.6, needed=45, registered=52)
+    assert small.desired == 52 and "next removal" in small.reason
+    assert policy.at(20.6, needed=45, registered=52).desired == 49     # a cool-down after the last
+    # nor does a removal under way let another one come early
+    going = removed_once()
+    assert going.at(11.5, needed=30, registered=58).desired == 52
+    assert going.at(15.6, needed=30, registered=55).desired == 52
+
+
 def test_the_survivors_absorb_the_largest_need_of_the_window():
     """The N/(N-1) check for any number removed: never below what the window needed, headroom included."""
     policy = Policy(cooldown_s=60, headroom=0.5)

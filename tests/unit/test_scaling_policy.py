@@ -1,5 +1,5 @@
 """The device scaling policy (globalsched/planning/scaling_policy.py) on a fake clock: up at once, down after a
-cool-down one device at a time, the cheapest device drained first, bounds, no flapping."""
+cool-down to the window's need, the cheapest devices drained first, bounds, no flapping."""
 
 from __future__ import annotations
 

@@ -29,8 +29,13 @@ own warm-up fails is reported failed, like a load error. The warm-up of one tabl
 ``WARMUP_BUDGET_S`` (half the scheduler's wait for the answer); batches left then are skipped, with
 a warning. ``--no-warmup`` turns it off.
 
-Loads, splits and warm-ups take the profile lock the backend measures profiles under: they would
-disturb each other's timings.
+The table's loads and warm-ups overlap: the models' bytes are fetched from the scheduler ahead of
+the loads (at most ``FETCHES_AHEAD`` models' bytes held and not loaded yet), the runtimes load one
+after another in the table's order, and each session's warm-up starts on the executor as soon as its
+runtime is loaded, while the next one loads. A backend given many models at once (a new one at a
+load step) answers after about its loads plus the last warm-up, not its loads plus every warm-up
+(benchmarks/warmup.md). Loads, splits and warm-ups take the profile lock the backend measures
+profiles under: they would disturb each other's timings.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ from common.late_requests import LateRequests
 from common.pb import control
 from common.profile import Profile
 from common.runtimes import load_runtime
-from common.warmup_spec import WarmupError, from_pb as warmup_from_pb
+from common.warmup_spec import WarmupError, WarmupSample, from_pb as warmup_from_pb
 from common.exec_status import ExecStatus
 
 log = logging.getLogger("nexus.backend")
@@ -60,6 +65,7 @@ log = logging.getLogger("nexus.backend")
 MIN_SHARED_PREFIX_BYTES = 64 * 1024
 SMALL_HEAD_RATIO = 4
 WARMUP_BUDGET_S = 60.0   # per model table; the scheduler waits 120 s for the answer (globalsched/actuators/distribution.py)
+FETCHES_AHEAD = 4        # a table's models fetched from the scheduler and not yet loaded, at most
 
 
 class ModelTables:
@@ -85,28 +91,48 @@ class ModelTables:
         self.memory_limit_mb = ((config.memory_mb or detect_memory_mb(config.device))
                                 if config.device.startswith("emulated:") else 0.0)
 
-    async def _runtime_for(self, entry: control.SessionEntry):
+    def _runtime_key(self, entry: control.SessionEntry) -> tuple[str, str, object | None]:
+        """``(runtime kind, key, the runtime loaded under that key or None)`` for ``entry``'s model."""
         model = entry.model
         runtime_kind = "emulated" if self.config.device.startswith("emulated:") else model.runtime
         key = f"{model.sha256}/{runtime_kind}"
         cached = self._loaded.get(model_key(model))
         if cached and cached[0] == key:
-            return cached[1]
-        profile_json = entry.profile_json
+            return runtime_kind, key, cached[1]
         if runtime_kind == "emulated":     # the device waits its table's latencies, never a measured profile's
             profile_json = entry.emulated_profile_json or entry.profile_json
             key += f"/{hashlib.sha256(profile_json.encode()).hexdigest()[:16]}"
             cached = self._loaded.get(model.name)
             if cached and cached[0] == key:
-                return cached[1]
-        data = await self._fetch(model.sha256)
+                return runtime_kind, key, cached[1]
+        return runtime_kind, key, None
+
+    def _start_fetches(self, entries) -> "_Fetches":
+        """The bytes of every model in ``entries`` that needs a load, fetched from the scheduler ahead of
+        the loads (module docstring)."""
+        fetches = _Fetches(self._fetch, FETCHES_AHEAD)
+        for entry in entries:
+            if self._runtime_key(entry)[2] is None:
+                fetches.start(entry.model.sha256)
+        return fetches
+
+    async def _runtime_for(self, entry: control.SessionEntry, fetches: "_Fetches") -> object:
+        """``entry``'s runtime: the one loaded, else a new one from the bytes its fetch brings. The
+        caller holds the profile lock (loading is CPU-heavy: never while a profile is measured)."""
+        model = entry.model
+        runtime_kind, key, cached = self._runtime_key(entry)
+        if cached is not None:
+            return cached
+        profile_json = entry.profile_json
+        if runtime_kind == "emulated":
+            profile_json = entry.emulated_profile_json or entry.profile_json
+        data = await fetches.take(model.sha256)
         profile = Profile.from_json(profile_json) if profile_json else None
         if profile is not None and runtime_kind == "emulated" and self.config.emulated_latency_factor != 1.0:
             profile = profile.scaled(self.config.emulated_latency_factor)
-        async with self._profile_lock:      # loading is CPU-heavy: never while a profile is measured
-            runtime = await asyncio.to_thread(
-                load_runtime, runtime_kind, data, self.config.device, profile=profile,
-                intra_op_threads=self.threads, io=io_specs(model))
+        runtime = await asyncio.to_thread(
+            load_runtime, runtime_kind, data, self.config.device, profile=profile,
+            intra_op_threads=self.threads, io=io_specs(model))
         self._loaded[model_key(model)] = (key, runtime)
         return runtime
 
@@ -224,29 +250,31 @@ class ModelTables:
                     sessions.update(members)
                     groups.append(shared)
                     grouped.update(members)
-            for entry in request.sessions:
-                name = entry.session or entry.model.name   # a query stage runs under its own name
-                if name in grouped:
-                    continue
-                try:
-                    runtime = await self._runtime_for(entry)
-                except Exception as exc:
-                    log.warning("cannot load %s: %s", name, exc)
-                    failed.append(f"{name}: {exc.__class__.__name__}: {exc}")
-                    continue
-                if self.memory_limit_mb:
-                    held = {id(s.runtime): s.runtime.memory_mb() for s in sessions.values()}
-                    need, used = runtime.memory_mb(), sum(held.values())
-                    if id(runtime) not in held and used + need > self.memory_limit_mb:
-                        log.warning("cannot load %s: out of memory (%.0f MB needed, %.0f of %.0f MB in use)",
-                                    name, need, used, self.memory_limit_mb)
-                        failed.append(f"{name}: {OUT_OF_MEMORY} CUDA out of memory: {need:,.0f} MB needed, {used:,.0f} "
-                                      f"of {self.memory_limit_mb:,.0f} MB in use by the table's other models")
-                        continue
-                profile = Profile.from_json(entry.profile_json) if entry.profile_json else None
-                sessions[name] = Session(name, runtime, entry.slo_ms, entry.batch, profile, entry.model.sha256,
-                                         self.config.max_queue, serve_late=_serves_late(entry.model))
-            warmed, deferred = await self._warm_up(request.sessions, sessions, failed)
+            own = self._warmup_samples(request.sessions)
+            serving = {s.runtime for s in self.engine.sessions.values()}
+            warming: list[tuple[WarmupPlan, asyncio.Future]] = []
+            deferred: list[WarmupPlan] = []
+            fetches = self._start_fetches(e for e in request.sessions if (e.session or e.model.name) not in grouped)
+            try:
+                # Loads and warm-ups are CPU-heavy, and warm-up batches would time a profile's: never
+                # while a profile is measured here. A session's warm-up starts once it is loaded, while
+                # the next one loads.
+                async with self._profile_lock:
+                    for name, session in list(sessions.items()):      # the prefix groups' members
+                        if not self._start_warm_up(name, session, own, serving, failed, warming, deferred):
+                            sessions.pop(name)
+                    for entry in request.sessions:
+                        name = entry.session or entry.model.name   # a query stage runs under its own name
+                        if name in grouped:
+                            continue
+                        session = await self._session_for(entry, name, sessions, failed, fetches)
+                        if session is not None and self._start_warm_up(name, session, own, serving, failed,
+                                                                       warming, deferred):
+                            sessions[name] = session
+                    warmed = await self._warmed(warming, sessions, failed)
+            finally:
+                self.warming = set()
+                fetches.cancel()
             groups = _without_failed(groups, sessions)
             # Eager by default: measured against duty-cycle waiting in benchmarks/query_split.md.
             eager = self.config.batch_start is BatchStart.EAGER
@@ -280,41 +308,66 @@ class ModelTables:
                          ", ".join(m.name for m in g.members), g.prefix_id[:12], g.max_batch)
             return control.ModelTableReply(loaded=list(sessions), failed=failed), True
 
-    async def _warm_up(self, entries, sessions: dict[str, Session], failed: list[str]
-                       ) -> tuple[dict[str, WarmupResult], list[WarmupPlan]]:
-        """Run the warm-up that holds the answer of every session in ``sessions`` that needs one
-        (module docstring); those whose model's own warm-up fails leave ``sessions`` for ``failed``.
-        Returns the results by session, and the deferred warm-ups to start once the table took effect."""
-        if not self.config.warmup:
-            return {}, []
-        own = {}
-        for entry in entries:
-            name = entry.session or entry.model.name
-            try:
-                own[name] = warmup_from_pb(entry.model.warmup)
-            except WarmupError as exc:
-                own[name] = exc
-        plans, deferred = [], []
-        serving = {s.runtime for s in self.engine.sessions.values()}
-        for name, session in sessions.items():
-            samples = own.get(name, ())
-            if isinstance(samples, WarmupError):
-                failed.append(f"{name}: warm-up: {samples}")
-                continue
-            for plan in self.warmer.plan(session, samples, serving=session.runtime in serving):
-                (deferred if plan.deferred else plans).append(plan)
-        for entry in failed:
-            sessions.pop(entry.partition(": ")[0], None)
-        self.warming = {p.session for p in plans}
+    async def _session_for(self, entry: control.SessionEntry, name: str, sessions: dict[str, Session],
+                           failed: list[str], fetches: "_Fetches") -> Session | None:
+        """The session ``entry`` brings, its runtime loaded; None, with the reason in ``failed``, when
+        it cannot load or does not fit beside ``sessions`` on an emulated device's memory."""
         try:
-            # warm-up batches and a profile's batches would time each other: one at a time
-            async with self._profile_lock:
-                results = await asyncio.gather(*[asyncio.wrap_future(
-                    self.engine.warm_up(list(plan.batches), WARMUP_BUDGET_S)) for plan in plans])
-        finally:
-            self.warming = set()
+            runtime = await self._runtime_for(entry, fetches)
+        except Exception as exc:
+            log.warning("cannot load %s: %s", name, exc)
+            failed.append(f"{name}: {exc.__class__.__name__}: {exc}")
+            return None
+        if self.memory_limit_mb:
+            held = {id(s.runtime): s.runtime.memory_mb() for s in sessions.values()}
+            need, used = runtime.memory_mb(), sum(held.values())
+            if id(runtime) not in held and used + need > self.memory_limit_mb:
+                log.warning("cannot load %s: out of memory (%.0f MB needed, %.0f of %.0f MB in use)",
+                            name, need, used, self.memory_limit_mb)
+                failed.append(f"{name}: {OUT_OF_MEMORY} CUDA out of memory: {need:,.0f} MB needed, {used:,.0f} "
+                              f"of {self.memory_limit_mb:,.0f} MB in use by the table's other models")
+                return None
+        profile = Profile.from_json(entry.profile_json) if entry.profile_json else None
+        return Session(name, runtime, entry.slo_ms, entry.batch, profile, entry.model.sha256,
+                       self.config.max_queue, serve_late=_serves_late(entry.model))
+
+    @staticmethod
+    def _warmup_samples(entries) -> dict[str, tuple[WarmupSample, ...] | WarmupError]:
+        """Each session's own warm-up samples (none: the default), or why they cannot run."""
+        own: dict[str, tuple[WarmupSample, ...] | WarmupError] = {}
+        for entry in entries:
+            try:
+                own[entry.session or entry.model.name] = warmup_from_pb(entry.model.warmup)
+            except WarmupError as exc:
+                own[entry.session or entry.model.name] = exc
+        return own
+
+    def _start_warm_up(self, name: str, session: Session, own, serving: set, failed: list[str],
+                       warming: list[tuple[WarmupPlan, asyncio.Future]], deferred: list[WarmupPlan]) -> bool:
+        """Start the warm-up that holds the answer for ``session`` on the engine (module docstring),
+        into ``warming``, and note its deferred rest in ``deferred``; False, with the reason in
+        ``failed``, when its model's own samples cannot run."""
+        if not self.config.warmup:
+            return True
+        samples = own.get(name, ())
+        if isinstance(samples, WarmupError):
+            failed.append(f"{name}: warm-up: {samples}")
+            return False
+        for plan in self.warmer.plan(session, samples, serving=session.runtime in serving):
+            if plan.deferred:
+                deferred.append(plan)
+                continue
+            self.warming.add(plan.session)
+            warming.append((plan, asyncio.wrap_future(self.engine.warm_up(list(plan.batches), WARMUP_BUDGET_S))))
+        return True
+
+    async def _warmed(self, warming: list[tuple[WarmupPlan, asyncio.Future]], sessions: dict[str, Session],
+                      failed: list[str]) -> dict[str, WarmupResult]:
+        """Wait for the warm-ups started; those whose model's own warm-up failed leave ``sessions`` for
+        ``failed``. Returns the results by session."""
+        results = await asyncio.gather(*[job for _, job in warming])
         out = {}
-        for plan, result in zip(plans, results):
+        for (plan, _), result in zip(warming, results):
             if result.error and plan.configured:
                 log.warning("cannot serve %s: its warm-up failed: %s", plan.session, result.error)
                 failed.append(f"{plan.session}: warm-up failed: {result.error}")
@@ -325,10 +378,10 @@ class ModelTables:
             elif not result.skipped:
                 self.warmer.done(plan)
             out[plan.session] = result
-        if plans:
+        if warming:
             log.info("warmed up %s", ", ".join(f"{p.session} ({r.batches} batches, {r.ns / 1e6:.0f} ms)"
-                                               for p, r in zip(plans, results)))
-        return out, deferred
+                                               for (p, _), r in zip(warming, results)))
+        return out
 
     def _start_deferred(self, plan: WarmupPlan) -> None:
         """Run a deferred warm-up on the engine (module docstring); when it ends, its sizes are warm
@@ -353,6 +406,43 @@ class ModelTables:
 
     def _fail_queue(self, session: Session, why: str) -> None:
         self.engine.fail_queued(session, Outcome(ExecStatus.NOT_FOUND, why))
+
+
+class _Fetches:
+    """A table's model downloads from the scheduler, ahead of its loads: at most ``ahead`` models' bytes
+    fetched and not taken yet, so a table of many large models never holds them all at once."""
+
+    def __init__(self, fetch: Callable[[str], Awaitable[bytes]], ahead: int) -> None:
+        self._fetch = fetch
+        self._gate = asyncio.Semaphore(ahead)
+        self._tasks: dict[str, asyncio.Task] = {}
+
+    def start(self, sha256: str) -> None:
+        if sha256 not in self._tasks:
+            task = self._tasks[sha256] = asyncio.ensure_future(self._one(sha256))
+            # a failure is raised to the load that takes it; one that no load took is let go
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _one(self, sha256: str) -> bytes:
+        await self._gate.acquire()          # released when the bytes are taken
+        return await self._fetch(sha256)
+
+    async def take(self, sha256: str) -> bytes:
+        """The model's bytes: from its fetch under way, else fetched now."""
+        task = self._tasks.pop(sha256, None)
+        if task is None:
+            return await self._fetch(sha256)
+        try:
+            return await task
+        finally:
+            if task.done() and not task.cancelled():
+                self._gate.release()
+
+    def cancel(self) -> None:
+        """Let go the fetches that no load took (the table failed or ended)."""
+        for task in self._tasks.values():
+            task.cancel()
+        self._tasks.clear()
 
 
 def _without_failed(groups: list[SharedPrefix], sessions: dict[str, Session]) -> list[SharedPrefix]:

@@ -6,14 +6,15 @@ times a lognormal jitter of mean 1.
 Its life: STARTING (the process starts; it registers ``backend_start_s`` later), UP, DRAINING (told
 to stop: it leaves the plan, answers what it holds, then exits) and GONE (exited, or killed). A
 model table is applied as the backend's ``UpdateModelTable`` applies it: one table at a time, each
-taking ``table_update_ms``; its new models load (``model_load_s`` each, off the device), then the warm-up
-batches that hold the answer (the planned batch, as often as the emulated runtime's default warm-up
-runs it, :func:`common.warmup_spec.default_runs`) take the device between serving batches by the
-engine's rule (:func:`backend.engine.warmup_turn`), and only then does the table take effect and
-the push get its answer. The deferred rest (the other sizes of
-:func:`common.warmup_spec.default_batch_sizes`, backend/warmup_runner.py) runs afterwards when the
-device is idle. A session the table drops answers its queue NOT_FOUND,
-which the frontend retries elsewhere.
+taking ``table_update_ms``; its new models load one after another (``model_load_s`` each, off the
+device), and each one's warm-up batches that hold the answer (the planned batch, as often as the
+emulated runtime's default warm-up runs it, :func:`common.warmup_spec.default_runs`) join the device's
+queue as soon as it is loaded, while the next loads (backend/model_table.py). They take the device
+between serving batches by the engine's rule (:func:`backend.engine.warmup_turn`); once every model
+is loaded and every such batch has run, the table takes effect and the push gets its answer. The
+deferred rest (the other sizes of :func:`common.warmup_spec.default_batch_sizes`,
+backend/warmup_runner.py) runs afterwards when the device is idle. A session the table drops answers
+its queue NOT_FOUND, which the frontend retries elsewhere.
 
 ``sim`` is the simulation (nexus/simulate/run.py): its clock (``now``, ``at``), random numbers, the
 requests' deadlines, and where answers go.
@@ -96,6 +97,9 @@ class SimBackend:
         self.deferred_warmups: collections.deque[tuple[str, float]] = collections.deque()
         self.warmup_turn_s = 0.0
         self.warming = False                   # the head update's models loaded; its warm-ups run
+        self.update_token = 0                  # the head update's loads (a later one makes them stale)
+        self.holding_warmup_runs = False       # the device runs a warm-up batch that holds the answer
+        self.loaded_deferred: list[tuple[str, float]] = []     # the head update's deferred warm-ups so far
         self.epoch = 0                         # of the table applied (or being applied)
         self.busy_s = 0.0                      # device time spent on batches
         self.why_gone = Loss.NONE
@@ -177,6 +181,7 @@ class SimBackend:
         return bool(self.deferred_warmups)
 
     def _warm_one(self, now: float) -> None:
+        self.holding_warmup_runs = bool(self.warmups)
         duration_s = self.warmups.popleft() if self.warmups else self.deferred_warmups.popleft()[1]
         self.token += 1
         self.running = (self.token, ())
@@ -188,6 +193,7 @@ class SimBackend:
         if self.running is None or self.running[0] != token or self.life is Life.GONE:
             return
         self.running = None
+        self.holding_warmup_runs = False
         if not self.warmups and self.warming:
             self._update_done(now)
         self.kick(now)
@@ -242,27 +248,42 @@ class SimBackend:
         if not self.table_updates:
             return
         entries, _, self.epoch, _ = self.table_updates[0]
-        new = sum(1 for name in entries if name not in self.sessions)
+        new = [name for name in entries if name not in self.sessions]
         config = self.sim.config
-        self.sim.at(now + config.table_update_ms / 1000.0 + new * config.model_load_s, self._loaded)
+        self.update_token += 1
+        start_s = now + config.table_update_ms / 1000.0
+        if not new:
+            self.sim.at(start_s, self._all_loaded, self.update_token)
+        # one model loads after another; each one's warm-up joins the device's queue once it is loaded
+        for i, name in enumerate(new):
+            last = i == len(new) - 1
+            self.sim.at(start_s + (i + 1) * config.model_load_s, self._loaded, self.update_token, name, last)
 
-    def _loaded(self, now: float) -> None:
-        if self.life is Life.GONE or not self.table_updates:
+    def _loaded(self, now: float, token: int, name: str, last: bool) -> None:
+        if self.life is Life.GONE or not self.table_updates or token != self.update_token:
             return
-        entries, _, _, _ = self.table_updates[0]
-        for name, (batch, _, profile) in entries.items():
-            if name in self.sessions:
-                continue
-            times = self.sim.device_times(profile)
-            for b in default_batch_sizes(batch):
-                mean_ms, sigma = times[min(b, len(times)) - 1]
-                runs = [mean_ms / 1000.0 * self.sim.jitter(sigma) for _ in range(WARMUP_RUNS)]
-                if b == max(1, batch):
-                    self.warmups.extend(runs)
-                else:
-                    self.deferred_warmups.extend((name, s) for s in runs)
+        batch, _, profile = self.table_updates[0][0][name]
+        times = self.sim.device_times(profile)
+        for b in default_batch_sizes(batch):
+            mean_ms, sigma = times[min(b, len(times)) - 1]
+            runs = [mean_ms / 1000.0 * self.sim.jitter(sigma) for _ in range(WARMUP_RUNS)]
+            if b == max(1, batch):
+                self.warmups.extend(runs)
+            else:       # queued once the table takes effect: the device lets go those of sessions it lacks
+                self.loaded_deferred.extend((name, s) for s in runs)
+        if last:
+            self._all_loaded(now, token)
+        elif self.running is None:
+            self.kick(now)
+
+    def _all_loaded(self, now: float, token: int) -> None:
+        """The head update's models are all loaded: it is done once its warm-ups are."""
+        if self.life is Life.GONE or not self.table_updates or token != self.update_token:
+            return
         self.warming = True
-        if not self.warmups:
+        self.deferred_warmups.extend(self.loaded_deferred)
+        self.loaded_deferred.clear()
+        if not self.warmups and not self.holding_warmup_runs:
             self._update_done(now)
         elif self.running is None:
             self.kick(now)
@@ -311,6 +332,8 @@ class SimBackend:
         self.warmups.clear()
         self.deferred_warmups.clear()
         self.warming = False
+        self.holding_warmup_runs = False
+        self.loaded_deferred.clear()
         for _, answered, _, _ in updates:
             answered(now)
 

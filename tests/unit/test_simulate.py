@@ -191,7 +191,7 @@ def test_a_step_across_many_models_starts_its_devices_from_the_first_reports_aft
         first = next(e for e in sim.events if e["kind"] == "scaling" and e["time_s"] >= 20.0)
         return first, result["per_second"]["backends"]
     first, backends = step()
-    assert first["time_s"] < 21.0 and "the latest reports are x" in first["text"] and first["desired"] >= 16
+    assert first["time_s"] < 21.5 and "the latest reports are x" in first["text"] and first["desired"] >= 16
     assert backends[23] >= 16
     ratios = scaler.report_ratios
     monkeypatch.setattr(scaler, "report_ratios", lambda planned, measured: (1.0, ratios(planned, measured)[1]))
@@ -223,15 +223,20 @@ def test_changing_the_production_planner_changes_the_simulated_plans(monkeypatch
     assert calls and dumps(after) == dumps(before)     # the very function the scheduler plans with
 
 
+KILLED_AT_S = 13.0
+
+
 def _failed_after_kill(seed: int) -> tuple[int, Simulation]:
-    """Requests not on time from just before one of 8 backends is killed at 15 s, models that take 2 s to
+    """Requests not on time from just before one of 8 backends is killed at 13 s, models that take 2 s to
     load (the make step after the kill is long), spare GPUs of one batch each: pooled ones (the
     default) hold a spare of most sessions of the killed backend elsewhere, and the replacements'
-    routes then matter little."""
+    routes then matter little. The kill meets the make step of the plan that the first surges force
+    (about 10.5 s), which runs until about 15 s."""
     models = linear_models(16, 200.0, 8.0, 20.0, 32, memory_mb=500)
     sim, _ = run(models, schedule="0:200", duration_s=30.0, backends=8, model_load_s=2.0, seed=seed,
-                 faults=(Fault(FaultKind.KILL_BACKENDS, 15.0, count=1),), scheduler=SchedulerConfig(spare_overbook=1.0))
-    after = sim.arrivals.times_s > 14.9
+                 faults=(Fault(FaultKind.KILL_BACKENDS, KILLED_AT_S, count=1),),
+                 scheduler=SchedulerConfig(spare_overbook=1.0))
+    after = sim.arrivals.times_s > KILLED_AT_S - 0.1
     return int(np.sum(sim.outcomes.status[after] != Status.ON_TIME)), sim
 
 
@@ -239,7 +244,7 @@ def test_sessions_go_live_on_their_new_backends_before_the_slowest_backend_answe
     """globalsched/actuators/early_routes.py as the distribution drives it: after a kill, the replicas
     that replace the lost ones take load as soon as they are warm, not when the last of the plan's
     backends has loaded its models; without it (the production rule changed) more requests fail
-    (seeds 1-3: 5 failed with it, 63 without)."""
+    (seeds 1-3: 50 failed with it, 84 without)."""
     import globalsched.actuators.early_routes as early_routes
 
     def failed_after_kill():
@@ -247,7 +252,7 @@ def test_sessions_go_live_on_their_new_backends_before_the_slowest_backend_answe
         for seed in (1, 2, 3):
             n, sim = _failed_after_kill(seed)
             failed += n
-            live += [e for e in sim.events if e["kind"] == "routes" and e["time_s"] > 15.0]
+            live += [e for e in sim.events if e["kind"] == "routes" and e["time_s"] > KILLED_AT_S]
         return failed, live
 
     failed, live = failed_after_kill()
@@ -260,7 +265,7 @@ def test_sessions_go_live_on_their_new_backends_before_the_slowest_backend_answe
 def test_the_repair_after_a_kill_supersedes_the_make_step_under_way(monkeypatch):
     """globalsched/planning/control_loop.py's may_supersede, as the simulated scheduler plans: the
     repair plan goes out at once, not when the make step under way has warmed its last session; with
-    the production rule changed to wait, more requests fail (seeds 1-3: 5 failed, 67 waiting)."""
+    the production rule changed to wait, more requests fail (seeds 1-3: 50 failed, 109 waiting)."""
     import nexus.simulate.control as control
 
     failed, sims = zip(*(_failed_after_kill(seed) for seed in (1, 2, 3)))

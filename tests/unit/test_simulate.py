@@ -454,6 +454,29 @@ def _backend_alone(tables: list[tuple[str, int]]) -> tuple[list[float], list[lis
     return answers, applied, set(backend.sessions)
 
 
+def test_a_tables_warm_ups_run_while_its_next_models_load_as_the_backend_runs_them():
+    """backend/model_table.py: each new session's warm-up starts once its model is loaded, while the
+    next loads; the answer comes after the loads and the last warm-up, not after every warm-up."""
+    import heapq
+
+    from nexus.simulate.devices import SimBackend
+
+    models = linear_models(3, 200.0, 8.0, 20.0, 32)        # l(8) = 84 ms, shorter than a load
+    sim = Simulation(models, evenly("m0000", 1.0, 2.0), SimConfig(backends=1, seed=1, jitter_cv=0.0,
+                                                                   model_load_s=0.1, table_update_ms=200.0))
+    backend = SimBackend(sim, "be-x", 0.0)
+    answers: list[float] = []
+    backend.update_table(0.0, {m.name: (8, 200.0, m.profile) for m in models}, answers.append, epoch=1)
+    while sim._heap:                                 # only the backend's events are queued
+        t, _, fn, args = heapq.heappop(sim._heap)
+        sim.now = t
+        fn(t, *args)
+    runs = default_runs(RuntimeKind.EMULATED)
+    assert set(backend.sessions) == {m.name for m in models}
+    assert backend.busy_s == pytest.approx(3 * runs * (0.084 + 0.028))      # and batch 1's, deferred
+    assert answers == [pytest.approx(0.2 + 3 * 0.1 + runs * 0.084)]      # in turn: 0.2 + 0.3 + 3 * 0.084
+
+
 def test_a_release_older_than_the_table_in_place_is_ignored_as_the_backend_ignores_it():
     """The release step of a plan comes after its routing tables and a delay; by then a newer plan's
     table may be in place, and the backend must not apply the older one over it."""

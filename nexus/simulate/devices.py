@@ -97,7 +97,6 @@ class SimBackend:
         self.deferred_warmups: collections.deque[tuple[str, float]] = collections.deque()
         self.warmup_turn_s = 0.0
         self.warming = False                   # the head update's models loaded; its warm-ups run
-        self.update_token = 0                  # the head update's loads (a later one makes them stale)
         self.holding_warmup_runs = False       # the device runs a warm-up batch that holds the answer
         self.loaded_deferred: list[tuple[str, float]] = []     # the head update's deferred warm-ups so far
         self.epoch = 0                         # of the table applied (or being applied)
@@ -250,17 +249,17 @@ class SimBackend:
         entries, _, self.epoch, _ = self.table_updates[0]
         new = [name for name in entries if name not in self.sessions]
         config = self.sim.config
-        self.update_token += 1
         start_s = now + config.table_update_ms / 1000.0
         if not new:
-            self.sim.at(start_s, self._all_loaded, self.update_token)
+            self.sim.at(start_s, self._all_loaded)
         # one model loads after another; each one's warm-up joins the device's queue once it is loaded
         for i, name in enumerate(new):
             last = i == len(new) - 1
-            self.sim.at(start_s + (i + 1) * config.model_load_s, self._loaded, self.update_token, name, last)
+            self.sim.at(start_s + (i + 1) * config.model_load_s, self._loaded, name, last)
 
-    def _loaded(self, now: float, token: int, name: str, last: bool) -> None:
-        if self.life is Life.GONE or not self.table_updates or token != self.update_token:
+    def _loaded(self, now: float, name: str, last: bool) -> None:
+        # one update at a time: the next starts once this one is done, so only a gone backend has stale loads
+        if self.life is Life.GONE or not self.table_updates:
             return
         batch, _, profile = self.table_updates[0][0][name]
         times = self.sim.device_times(profile)
@@ -272,13 +271,13 @@ class SimBackend:
             else:       # queued once the table takes effect: the device lets go those of sessions it lacks
                 self.loaded_deferred.extend((name, s) for s in runs)
         if last:
-            self._all_loaded(now, token)
+            self._all_loaded(now)
         elif self.running is None:
             self.kick(now)
 
-    def _all_loaded(self, now: float, token: int) -> None:
+    def _all_loaded(self, now: float) -> None:
         """The head update's models are all loaded: it is done once its warm-ups are."""
-        if self.life is Life.GONE or not self.table_updates or token != self.update_token:
+        if self.life is Life.GONE or not self.table_updates:
             return
         self.warming = True
         self.deferred_warmups.extend(self.loaded_deferred)

@@ -46,3 +46,14 @@ def test_a_driver_runs_its_smoke_mode_to_the_end(driver, tmp_path):
         # the one failure CI saw (serving, 2026-12-04) lost its traceback that way
         pytest.fail(f"exit status {proc.returncode}\n--- stdout (tail) ---\n{proc.stdout[-2000:]}\n"
                     f"--- stderr (tail) ---\n{proc.stderr[-3000:]}", pytrace=False)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--models", "0"], "--models, --batch and --repeats must be at least 1, and --fetch-ms at least 0"),
+    (["--fetch-ms", "-1"], "--models, --batch and --repeats must be at least 1, and --fetch-ms at least 0"),
+    (["--before", "/nonexistent"], "--before /nonexistent: no backend/model_table.py there"),
+])
+def test_table_loads_refuses_bad_arguments_before_measuring(args, message):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.table_loads", *args], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and message in proc.stderr and not proc.stdout

@@ -129,7 +129,7 @@ def _read(path: str) -> str:
 CLUSTER_PID_ENV = "NEXUS_CLUSTER_PID"       # set by `nexus serve` for its children: its own pid
 
 
-def _stat_cpu(read: Callable[[str], str], pid: int, ticks_per_s: float) -> tuple[str, float] | None:
+def stat_cpu(read: Callable[[str], str], pid: int, ticks_per_s: float) -> tuple[str, float] | None:
     """(name, CPU seconds) of process ``pid`` from ``/proc/<pid>/stat``; None when it cannot be read."""
     try:
         text = read(f"/proc/{pid}/stat")
@@ -147,7 +147,7 @@ def _process_cpu(read: Callable[[str], str], ticks_per_s: float) -> dict[int, tu
     """pid -> (name, CPU seconds) of every process readable in /proc."""
     out = {}
     for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and (cpu := _stat_cpu(read, int(entry.name), ticks_per_s)) is not None:
+        if entry.name.isdigit() and (cpu := stat_cpu(read, int(entry.name), ticks_per_s)) is not None:
             out[int(entry.name)] = cpu
     return out
 
@@ -205,7 +205,7 @@ class HostLoadMeter:
         procs = _process_cpu(self.read, self.ticks_per_s) if self.processes else {}
         family = {}
         for pid in self.family():
-            cpu = procs.get(pid) or _stat_cpu(self.read, pid, self.ticks_per_s)
+            cpu = procs.get(pid) or stat_cpu(self.read, pid, self.ticks_per_s)
             if cpu is not None:
                 family[pid] = cpu
         return self.clock(), times, self.own_cpu(), procs, family

@@ -15,13 +15,32 @@ Which one serves more is a property of the models' profiles and their rates, so 
 them: each layout's *load* is the tight lower bound on its devices
 (:func:`globalsched.planning.algorithms.lower_bound.lower_bound_gpus`, the planner's own bound: the
 throughput every session needs and the fixed cost of one batch per duty cycle, at the session's SLO)
-over the devices the layout has. Its *room* is how far every session's rate may grow at once before
-that bound fills the layout's devices. The layout with the more room serves more of this mix. Room,
-not the load at today's rates, decides: at a low rate the bound is the fixed cost of a batch-1 run
-in each duty cycle, tens of microseconds of a small model, where one noisy measurement would pick
-the layout. A layout where some session cannot meet its SLO at all is out. The profiles of both
-layouts are measured on the running backend (``ProfileModel`` with ``threads``), the rates and SLOs
-are the scheduler's.
+over the devices the layout has left once the serving path has its share (below). Its *room* is how far
+every session's rate may grow at once before that bound fills those devices. The layout with the more
+room serves more of this mix. Room, not the load at today's rates, decides: at a low rate the bound is
+the fixed cost of a batch-1 run in each duty cycle, tens of microseconds of a small model, where one
+noisy measurement would pick the layout. A layout where some session cannot meet its SLO at all is
+out. The profiles of both layouts are measured on the running backend (``ProfileModel`` with
+``threads``), beside whatever it serves at the time (a model is measured when it is first placed);
+the rates and SLOs are the scheduler's.
+
+**The serving path's share** (:class:`ServingPath`: the CPU the frontend, the scheduler, the clients
+and everything else outside the backends take at today's rates, measured by
+:mod:`nexus.serving_path_cpu`; the frontends' part grows with the rates, the rest is taken as it is,
+so that an idle machine's other work is not multiplied by the room's large k). The path runs on the
+same cores as the models. A device whose batches span ``d`` of the machine's ``C`` cores waits while
+any of them runs the path: its intra-op threads meet at the end of every operator, so one preempted
+thread holds the batch. With the path's ``P`` cores spread over the cores, each device is held ``P * d / C`` of the
+time, and over the layout's ``C / d`` devices that is ``P`` devices, whichever the layout: so a
+layout has ``devices - P`` devices left, and the one machine-wide device loses ``P`` of its one
+while one device per core loses ``P`` of ``C``. Measured on two cores (``python -m
+benchmarks.layout_path_share``: ResNet-18 at 3x64x64, one 2-thread session at batch 16 against two
+1-thread sessions at batch 8, beside a process taking 0.2 or 0.4 of a core in 0.5 ms bursts;
+benchmarks/vs_triton.md): the machine-wide layout kept 82% and 66% of its items per second, one
+per core 90% and 82%, where the rule says 80%, 60%, 90% and 80%. Without the path's share, the
+layouts' profiles, measured on an idle machine whose two threads ran a batch 1.9x faster than one,
+tied (room for 4.99x against 5.18x the rates, inside the margin), where one backend per core then
+served 15% more within the SLO (349.8 against 304.2 requests/s, benchmarks/vs_triton.md).
 
 The rules, so that a switch (which starts the other layout's backends before the running ones
 drain: :mod:`nexus.cpu_layout_switch`) is worth its cost and never flaps:
@@ -40,7 +59,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from common.profile import Profile
@@ -89,26 +108,56 @@ class SessionDemand:
 
 
 @dataclass(frozen=True)
+class ServingPath:
+    """The serving path's CPU at today's rates, in cores: ``fixed_cores`` taken as it is (other work,
+    clients) and ``rate_cores`` that grows with the rates (the frontends'); module docstring."""
+
+    fixed_cores: float = 0.0
+    rate_cores: float = 0.0
+
+    def cores(self, rates_x: float = 1.0) -> float:
+        """The path's cores at ``rates_x`` times today's rates."""
+        return self.fixed_cores + rates_x * self.rate_cores
+
+
+@dataclass(frozen=True)
 class LayoutLoad:
-    """One layout's load: the lower bound's devices over the layout's (None: it cannot serve
-    ``blocked``, with why), and ``room_x``: the largest multiple of every session's rate at once
-    that the bound still fits in the layout's devices (inf: any, when no session has a rate)."""
+    """One layout's load: the lower bound's devices over the layout's left to the models (None: it
+    cannot serve ``blocked``, with why), and ``room_x``: the largest multiple of every session's rate
+    at once that the bound still fits in the devices left (inf: any, when no session has a rate).
+    ``path``: the serving path's share (module docstring)."""
 
     layout: CpuLayout
     devices_needed: float | None
     devices: int
     blocked: str = ""
     room_x: float = 0.0
+    path: ServingPath = field(default_factory=ServingPath)
+
+    @property
+    def devices_left(self) -> float:
+        return left_devices(self.devices, self.path.cores())
 
     @property
     def load(self) -> float:
-        return math.inf if self.devices_needed is None else self.devices_needed / self.devices
+        if self.devices_needed is None:
+            return math.inf
+        return self.devices_needed / self.devices_left if self.devices_left > 0 else math.inf
 
     def describe(self) -> str:
         if self.devices_needed is None:
             return f"{self.layout.value}: cannot serve {self.blocked}"
         room = "any rate" if math.isinf(self.room_x) else f"{self.room_x:.3g}x the rates"
-        return f"{self.layout.value}: {self.devices_needed:.2f} of {self.devices} devices ({self.load:.0%}), room for {room}"
+        path = self.path.cores()
+        left = f", {self.devices_left:.2f} left beside the path's {path:.2f} cores" if path else ""
+        return (f"{self.layout.value}: {self.devices_needed:.2f} of {self.devices} devices{left} ({self.load:.0%}), "
+                f"room for {room}")
+
+
+def left_devices(devices: int, path_cores: float) -> float:
+    """The devices of a layout of ``devices`` left to the models while the serving path takes
+    ``path_cores`` of the machine's cores (module docstring): ``devices - path_cores``, at least 0."""
+    return max(0.0, devices - path_cores)
 
 
 @dataclass(frozen=True)
@@ -138,8 +187,9 @@ ROOM_X_MAX = 1e6            # rates this many times the present are "any rate"
 
 
 def layout_load(demands: Sequence[SessionDemand], shape: LayoutShape,
-                config: PlannerConfig = PlannerConfig()) -> LayoutLoad | None:
-    """The load of ``shape`` for ``demands`` and its room; None while a profile of it is not measured."""
+                config: PlannerConfig = PlannerConfig(), path: ServingPath = ServingPath()) -> LayoutLoad | None:
+    """The load of ``shape`` for ``demands`` and its room beside the serving ``path``; None while a
+    profile of it is not measured."""
     specs = []
     for d in demands:
         profile = d.profiles.get(shape.layout)
@@ -149,16 +199,19 @@ def layout_load(demands: Sequence[SessionDemand], shape: LayoutShape,
     try:
         needed = lower_bound_gpus(specs, None, config)
     except PlanningError as exc:
-        return LayoutLoad(shape.layout, None, shape.devices, str(exc))
-    return LayoutLoad(shape.layout, needed, shape.devices, room_x=_room_x(specs, shape.devices, config))
+        return LayoutLoad(shape.layout, None, shape.devices, str(exc), path=path)
+    return LayoutLoad(shape.layout, needed, shape.devices, room_x=_room_x(specs, shape.devices, config, path),
+                      path=path)
 
 
-def _room_x(specs: Sequence[SessionSpec], devices: int, config: PlannerConfig) -> float:
-    """The largest k with ``lower_bound_gpus(rates * k) <= devices`` (the bound grows with every
-    rate), to 0.1%: 0 when the sessions' fixed costs alone exceed the devices, inf past ROOM_X_MAX."""
+def _room_x(specs: Sequence[SessionSpec], devices: int, config: PlannerConfig, path: ServingPath = ServingPath()
+            ) -> float:
+    """The largest k with ``lower_bound_gpus(rates * k) <= left_devices(devices, path.cores(k))``
+    (the bound grows with every rate, the devices left shrink), to 0.1%: 0 when the sessions' fixed
+    costs alone exceed the devices, inf past ROOM_X_MAX."""
     def fits(k: float) -> bool:
         scaled = [replace(s, rate_rps=s.rate_rps * k) for s in specs]
-        return lower_bound_gpus(scaled, None, config) <= devices
+        return lower_bound_gpus(scaled, None, config) <= left_devices(devices, path.cores(k))
 
     if not fits(0.0):
         return 0.0
@@ -175,13 +228,15 @@ def _room_x(specs: Sequence[SessionSpec], devices: int, config: PlannerConfig) -
 
 def decide(demands: Sequence[SessionDemand], shapes: Mapping[CpuLayout, LayoutShape], state: LayoutState,
            now: float, config: LayoutConfig = LayoutConfig(),
-           planner: PlannerConfig = PlannerConfig()) -> tuple[LayoutDecision, LayoutState]:
-    """Whether to switch from ``state.running`` now, and the next state (see the module's rules)."""
+           planner: PlannerConfig = PlannerConfig(), path: ServingPath = ServingPath()
+           ) -> tuple[LayoutDecision, LayoutState]:
+    """Whether to switch from ``state.running`` now, and the next state (see the module's rules);
+    ``path``: the serving path's CPU beside the models."""
     other = CpuLayout.PER_CORE if state.running is CpuLayout.MACHINE else CpuLayout.MACHINE
     if not demands:
         return LayoutDecision(None, (), "no sessions to serve"), replace(state, better_since=None)
-    running = layout_load(demands, shapes[state.running], planner)
-    candidate = layout_load(demands, shapes[other], planner)
+    running = layout_load(demands, shapes[state.running], planner, path)
+    candidate = layout_load(demands, shapes[other], planner, path)
     if running is None or candidate is None:
         return LayoutDecision(None, (), "profiles of both layouts not measured yet"), replace(state, better_since=None)
     loads = (running, candidate)
@@ -193,7 +248,8 @@ def decide(demands: Sequence[SessionDemand], shapes: Mapping[CpuLayout, LayoutSh
     elif math.isinf(candidate.room_x):
         better = False                         # no rates: nothing to serve more of
     elif candidate.room_x == 0.0 == running.room_x:
-        better = candidate.load <= running.load * (1.0 - config.margin)     # both short of devices
+        # both short of devices: the lower load by the margin (none, when the path leaves the other none)
+        better = math.isfinite(candidate.load) and candidate.load <= running.load * (1.0 - config.margin)
     else:
         better = running.room_x <= candidate.room_x * (1.0 - config.margin) and candidate.room_x > 0.0
     if not better:

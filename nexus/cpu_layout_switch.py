@@ -11,7 +11,9 @@ it: measurements run in a worker thread):
   machine), and each batch size keeps the faster of its two figures: other work on the cores only
   ever adds time, and a model of microseconds is otherwise judged by whichever run a preemption hit.
 * **Decides** with :func:`nexus.cpu_layout.decide` from the sessions' rates and SLOs
-  (``GetStatus``) and the layouts' *typical* profiles: each size's median run times the planning
+  (``GetStatus``), the layouts' *typical* profiles, and the serving path's CPU on the backends'
+  cores over the last 10 s (:mod:`nexus.serving_path_cpu`; its readings restart when the backends
+  change). A typical profile is each size's median run times the planning
   margin (:func:`typical`). A profile's own figure is a tail (the larger of a margin over mean plus
   deviation, and the p99 of ten runs), which one preempted run sets; the medians of two layouts
   compare their batches, not their bad luck. Each change of verdict is logged with the numbers.
@@ -40,9 +42,10 @@ from common import grpc_util
 from common.security import Credentials
 from common.profile import LATENCY_MARGIN, BatchLatency, Profile
 from common.pb import control, control_grpc
-from nexus.cpu_layout import CpuLayout, LayoutConfig, LayoutShape, LayoutState, SessionDemand, decide
+from nexus.cpu_layout import CpuLayout, LayoutConfig, LayoutShape, LayoutState, ServingPath, SessionDemand, decide
 from nexus.launcher import Child, Supervisor
 from nexus.scheduler_client import AdminCallError
+from nexus.serving_path_cpu import ServingPathMeter
 from nexus.status_model import ClusterStatus
 
 POLL_S = 2.0
@@ -117,7 +120,9 @@ class CpuLayoutSwitch:
     ``start_backend(shape, name)`` starts one backend of a layout (not yet supervised);
     ``fetch_status()`` is ``GetStatus`` (AdminCallError while the scheduler does not answer);
     ``models()`` the scheduler's served models; ``measure`` profiles one on a backend;
-    ``add_profile(model, version, profile)`` stores a table with the scheduler (AdminCallError).
+    ``add_profile(model, version, profile)`` stores a table with the scheduler (AdminCallError);
+    ``path_meter`` meters the serving path's CPU (default: a :class:`ServingPathMeter` of this machine),
+    of which ``frontends``' grows with the rates.
     """
 
     def __init__(self, supervisor: Supervisor, start_backend: Callable[[LayoutShape, str], Child],
@@ -126,7 +131,8 @@ class CpuLayoutSwitch:
                  measure: Measure, add_profile: Callable[[str, int, Profile], None], log: Callable[[str], None],
                  *, cores: int, drain_timeout_s: float,
                  stop_after: Child | None = None, config: LayoutConfig = LayoutConfig(), poll_s: float = POLL_S,
-                 switch_timeout_s: float = SWITCH_TIMEOUT_S, clock: Callable[[], float] = time.monotonic) -> None:
+                 switch_timeout_s: float = SWITCH_TIMEOUT_S, clock: Callable[[], float] = time.monotonic,
+                 path_meter: ServingPathMeter | None = None, frontends: Sequence[Child] = ()) -> None:
         self.supervisor = supervisor
         self.start_backend = start_backend
         self.shapes = shapes
@@ -142,6 +148,9 @@ class CpuLayoutSwitch:
         self.poll_s = poll_s
         self.switch_timeout_s = switch_timeout_s
         self.clock = clock
+        self.path_meter = path_meter if path_meter is not None else ServingPathMeter()
+        self.path = ServingPath()
+        self.frontends = list(frontends)
         self.state = LayoutState(running)
         self.backends: list[Child] = list(first)
         self.started = len(first)
@@ -176,8 +185,10 @@ class CpuLayoutSwitch:
             self._follow_switch(status, now)
             return
         self._measure_next(status, now)
+        self.path = self.path_meter.sample([c.proc.pid for c in self.backends if c.proc is not None],
+                                           [c.proc.pid for c in self.frontends if c.proc is not None])
         decision, self.state = decide(session_demands(status, self.typical), self.shapes, self.state, now,
-                                      self.config)
+                                      self.config, path=self.path)
         verdict = decision.reason.split(":", 1)[0].split(" (", 1)[0]      # stay/switch, not the seconds held
         if verdict != self._verdict:
             self._verdict = verdict
@@ -262,6 +273,7 @@ class CpuLayoutSwitch:
             new.append(child)
         old = [c for c in self.backends if c in self.supervisor.children]
         self._switch = _Switch(target, new, old, now)
+        self.path_meter.reset()
         self.log(f"cpu layout: starting {len(new)} {target.value} backend(s) ({shape.threads or self.cores} "
                  f"intra-op thread(s) each, device type {shape.device_type}) beside the running "
                  f"{len(old)}; those drain once the new ones are registered and profiled")
@@ -278,6 +290,7 @@ class CpuLayoutSwitch:
                 self.supervisor.retire(child, self.drain_timeout_s)
             self.backends = list(sw.new)
             self._switch = None
+            self.path_meter.reset()
             self.log(f"cpu layout: now {sw.target.value} ({len(sw.new)} backend(s) registered, every served "
                      f"model profiled for {shape.device_type}, after {now - sw.started_at:.0f} s); draining "
                      f"the {len(sw.old)} {self._other(sw.target).value} backend(s)")
@@ -286,6 +299,7 @@ class CpuLayoutSwitch:
             for child in sw.new:
                 self.supervisor.retire(child, self.drain_timeout_s)
             self._switch = None
+            self.path_meter.reset()
             self.state = LayoutState(self._other(sw.target), None, now)
             missing = sorted(served - profiled)
             self.log(f"cpu layout: switch to {sw.target.value} called off after {self.switch_timeout_s:.0f} s "

@@ -382,7 +382,8 @@ def run(args) -> int:
                 supervisor, start_shape, shapes, running, first, functools.partial(fetch_status, sched_addr, 5.0, creds),
                 functools.partial(list_models, sched_addr, creds), measure_on_backend(creds),
                 lambda name, version, profile: add_profile(sched_addr, name, profile, version, creds), _log, cores=cores,
-                drain_timeout_s=backend_cfg.drain_grace_s + DRAIN_KILL_MARGIN_S, stop_after=frontend)
+                drain_timeout_s=backend_cfg.drain_grace_s + DRAIN_KILL_MARGIN_S, stop_after=frontend,
+                frontends=[frontend])
         if auto is not None:
             decisions = StatusReader(sched_addr, 5.0, creds, scaling_only=True)
             scaler = LocalScaler(supervisor, functools.partial(start, backend_cfg), auto.device_type,

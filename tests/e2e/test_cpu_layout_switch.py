@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from common.pb import control
 from common.profile import Profile
-from nexus.cpu_layout import PER_CORE_DEVICE_TYPE, CpuLayout, LayoutConfig, LayoutShape, layout_shapes
+from nexus.cpu_layout import PER_CORE_DEVICE_TYPE, CpuLayout, LayoutConfig, LayoutShape, ServingPath, layout_shapes
 from nexus.cpu_layout_switch import CpuLayoutSwitch
 from nexus.launcher import Child, Supervisor
 from nexus.scheduler_client import AdminCallError
@@ -55,6 +55,22 @@ class _Scheduler:
         self.profiles = (*self.profiles, ProfileStatus("m", device_type, "table", False, (), (), (), "", 0, 0, 0.0, ""))
 
 
+class _Path:
+    """The serving path as the actuator reads it: set by the test; which backends and frontends it named."""
+
+    def __init__(self) -> None:
+        self.path = ServingPath()
+        self.pids: list[tuple[list[int], list[int]]] = []
+        self.resets = 0
+
+    def sample(self, backend_pids, frontend_pids) -> ServingPath:
+        self.pids.append((sorted(backend_pids), sorted(frontend_pids)))
+        return self.path
+
+    def reset(self) -> None:
+        self.resets += 1
+
+
 class _Rig:
     def __init__(self, running: CpuLayout = CpuLayout.MACHINE, measure=None) -> None:
         self.lines: list[str] = []
@@ -64,14 +80,18 @@ class _Rig:
         self.scheduler = _Scheduler()
         self.measured: list[tuple[str, int, int]] = []
         self.started: list[tuple[str, LayoutShape]] = []
+        self.path = _Path()
         first = [self.supervisor.add(self.start(SHAPES[running], f"backend-{i}"))
                  for i in range(SHAPES[running].devices)]
-        for c in first:
+        self.frontend = self.supervisor.add(Child("frontend", ["-c", _ANNOUNCE, str(next(self.ports))],
+                                                  command=[sys.executable]))
+        for c in (*first, self.frontend):
             c.wait_ready(30)
         self.switch = CpuLayoutSwitch(self.supervisor, self.start, SHAPES, running, first, self.scheduler.status,
                                       self.scheduler.models, measure or self.measure, self.scheduler.add_profile,
                                       self.lines.append, cores=2, drain_timeout_s=30, config=FAST, poll_s=1.0,
-                                      switch_timeout_s=30.0, clock=lambda: self.now[0])
+                                      switch_timeout_s=30.0, clock=lambda: self.now[0], path_meter=self.path,
+                                      frontends=[self.frontend])
         self.first = first
 
     def start(self, shape: LayoutShape, name: str) -> Child:
@@ -143,7 +163,7 @@ def test_a_switch_whose_backends_are_not_ready_in_time_is_called_off_and_cooled_
         rig.scheduler.profiled("cpu")
         rig.tick()
         rig.tick()
-        new = [c for c in rig.supervisor.children if c not in rig.first]
+        new = [c for c in rig.supervisor.children if c not in (*rig.first, rig.frontend)]
         assert len(new) == 2
         rig.tick(31.0)                 # never registered
         assert set(rig.supervisor.retiring) == set(new)
@@ -234,5 +254,26 @@ def test_with_the_tails_alone_it_stays():
         rig.tick()
         assert any(line.startswith("cpu layout: stay machine: ") for line in rig.lines), rig.lines
         assert not rig.scheduler.stored and len(rig.started) == 1
+    finally:
+        rig.close()
+
+
+def test_the_serving_paths_cpu_takes_its_share_and_its_readings_restart_with_the_backends():
+    # the tails of the test above: inside the margin on the profiles alone; a path of 0.5 cores at
+    # these rates leaves machine 0.5 of its device and per-core 1.5 of its 2
+    tails = {2: Profile.linear(2.0, 1.0, 32), 1: Profile.linear(3.6, 2.0, 32)}
+    rig = _Rig(measure=lambda address, desc, threads: tails[threads])
+    try:
+        rig.path.path = ServingPath(fixed_cores=0.1, rate_cores=0.4)
+        rig.scheduler.serving(rig.first, "cpu")
+        rig.scheduler.profiled("cpu")
+        rig.tick()
+        rig.tick()
+        line = next(line for line in rig.lines if line.startswith("cpu layout: switch to per-core: "))
+        assert "of 1 devices, 0.50 left beside the path's 0.50 cores (" in line, line
+        assert "of 2 devices, 1.50 left beside the path's 0.50 cores (" in line, line
+        # the running backends are not the path; the frontends' part of it grows with the rates
+        assert rig.path.pids[-1] == ([rig.first[0].proc.pid], [rig.frontend.proc.pid])
+        assert rig.path.resets == 1                                # the switch started: new readings
     finally:
         rig.close()

@@ -11,8 +11,8 @@ import pytest
 from common.config import BackendConfig, ConfigError
 from common.profile import BatchLatency, Profile, ProfileError
 from nexus import serve_cmd
-from nexus.cpu_layout import (PER_CORE_DEVICE_TYPE, CpuLayout, LayoutConfig, LayoutState, SessionDemand, decide,
-                              layout_load, layout_shapes)
+from nexus.cpu_layout import (PER_CORE_DEVICE_TYPE, CpuLayout, LayoutConfig, LayoutState, ServingPath, SessionDemand,
+                              decide, layout_load, layout_shapes, left_devices)
 from nexus.cpu_layout_switch import faster_rows, session_demands, typical
 from nexus.status_model import ClusterStatus, DeviceStatus, SessionStatus
 
@@ -92,6 +92,66 @@ def test_when_neither_layout_has_room_the_lower_load_by_the_margin_decides():
     # and per-core running stays: machine's load is higher
     decision, _ = decide(many, SHAPES, LayoutState(CpuLayout.PER_CORE, better_since=0.0), 10.0, CONFIG)
     assert decision.switch_to is None
+
+
+# ResNet-18 at 3x64x64 as a backend measured it on an Intel Xeon, 2026-12-06: two threads make a batch
+# 1.9x faster (l(32) 63.7 against 122.1 ms), so the layouts tie on the profiles alone
+SCALING = Profile.linear(1.955, 1.165, 32)
+SCALING_ONE_THREAD = Profile.linear(3.789, 0.831, 32)
+
+
+def test_the_serving_paths_cores_come_off_every_layouts_devices():
+    assert left_devices(1, 0.25) == 0.75 and left_devices(2, 0.25) == 1.75 and left_devices(1, 1.5) == 0.0
+    demands = [_demand(100.0, machine=SCALING, per_core=SCALING_ONE_THREAD)]
+    alone = [layout_load(demands, SHAPES[layout]) for layout in CpuLayout]
+    assert 0.85 * alone[1].room_x < alone[0].room_x < alone[1].room_x     # inside the margin: it stays
+    # 0.13 cores of path at these rates (1.3 ms of CPU a request at 100 requests/s), the frontend's 0.1
+    path = ServingPath(fixed_cores=0.03, rate_cores=0.1)
+    assert path.cores() == pytest.approx(0.13) and path.cores(3.0) == pytest.approx(0.33)
+    shared = [layout_load(demands, SHAPES[layout], path=path) for layout in CpuLayout]
+    assert shared[0].devices_left == pytest.approx(0.87) and shared[1].devices_left == pytest.approx(1.87)
+    assert shared[0].load == pytest.approx(alone[0].devices_needed / 0.87)
+    assert shared[0].room_x < 0.85 * shared[1].room_x
+    assert "of 1 devices, 0.87 left beside the path's 0.13 cores (" in shared[0].describe()
+    # the room: the bound at k times the rates fits the devices that the path at k times the rates leaves
+    for load, layout in zip(shared, CpuLayout):
+        k = load.room_x
+        grown = [_demand(100.0 * k, machine=SCALING, per_core=SCALING_ONE_THREAD)]
+        assert layout_load(grown, SHAPES[layout]).devices_needed <= left_devices(SHAPES[layout].devices, path.cores(k))
+        grown = [_demand(100.0 * k * 1.01, machine=SCALING, per_core=SCALING_ONE_THREAD)]
+        assert layout_load(grown, SHAPES[layout]).devices_needed > left_devices(SHAPES[layout].devices,
+                                                                                path.cores(k * 1.01))
+    state = LayoutState(CpuLayout.MACHINE)
+    for now in (0.0, 10.0):
+        decision, state = decide(demands, SHAPES, state, now, CONFIG)
+    assert decision.switch_to is None                                   # the profiles alone
+    state = LayoutState(CpuLayout.MACHINE)
+    _, state = decide(demands, SHAPES, state, 0.0, CONFIG, path=path)
+    decision, _ = decide(demands, SHAPES, state, 10.0, CONFIG, path=path)
+    assert decision.switch_to is CpuLayout.PER_CORE
+    # and per-core running stays so
+    decision, _ = decide(demands, SHAPES, LayoutState(CpuLayout.PER_CORE), 0.0, CONFIG, path=path)
+    assert decision.switch_to is None
+
+
+def test_other_work_on_an_idle_machine_is_not_multiplied_by_the_rooms_rates():
+    # a session at 2 requests/s has room for hundreds of times its rate; 0.15 cores of other work,
+    # grown with the rates as a frontend's would be, would leave the machine none long before that
+    demands = [_demand(2.0, machine=SCALING, per_core=SCALING_ONE_THREAD)]
+    fixed = [layout_load(demands, SHAPES[layout], path=ServingPath(fixed_cores=0.15)) for layout in CpuLayout]
+    grown = [layout_load(demands, SHAPES[layout], path=ServingPath(rate_cores=0.15)) for layout in CpuLayout]
+    assert fixed[0].room_x > 20 * grown[0].room_x
+    assert fixed[0].room_x > 0.85 * fixed[1].room_x                     # the profiles still decide: no switch
+    assert grown[0].room_x < 0.6 * grown[1].room_x
+
+
+def test_a_path_that_leaves_neither_layout_a_device_switches_nothing():
+    many = [_demand(5.0, name=f"m{i}") for i in range(100)]      # fixed costs beyond both layouts' devices
+    path = ServingPath(fixed_cores=2.5)
+    loads = [layout_load(many, SHAPES[layout], path=path) for layout in CpuLayout]
+    assert all(load.room_x == 0.0 and load.load == float("inf") for load in loads)
+    decision, _ = decide(many, SHAPES, LayoutState(CpuLayout.MACHINE, better_since=0.0), 10.0, CONFIG, path=path)
+    assert decision.switch_to is None and decision.reason.startswith("stay machine: ")
 
 
 def test_without_rates_neither_layout_has_more_room():

@@ -83,6 +83,7 @@ import numpy as np
 
 from common.late_requests import LateRequests
 from harness import perf_analyzer as pa
+from harness.background_load import BackgroundLoad
 from harness.cluster import ServeCluster, Upload, descendants, live_profiles
 from harness.ladder import paired_ladder
 from harness.meters import CpuMeter, LoadSampler, favour, favour_tree, loadavg
@@ -265,7 +266,8 @@ def start_nexus(args, scenario: str, paths, flags: tuple[str, ...], label: str, 
         for name in names:
             srv.upload(Upload(paths[name], name, slo_ms=MODELS[name].slo_ms, late_requests=late), wait=False)
         srv.wait_models_ready(list(names), 600)
-        layout = settle_cpu_layout(srv) if "--cpu-layout auto" in " ".join(flags) else ""
+        warm = shares(args.start_rps or START_RPS[scenario], names)
+        layout = settle_cpu_layout(srv, warm) if "--cpu-layout auto" in " ".join(flags) else ""
     except BaseException:
         srv.stop()
         raise
@@ -279,22 +281,38 @@ def start_nexus(args, scenario: str, paths, flags: tuple[str, ...], label: str, 
 
 
 CPU_LAYOUT_SETTLE_S = 120.0
+# the warm-up's load before a verdict to stay counts: the serving path's 10 s window, the policy's 10 s
+# hold, and its polls (nexus/cpu_layout_switch.py)
+CPU_LAYOUT_WARM_S = 40.0
 
 
-def settle_cpu_layout(srv: ServeCluster) -> str:
-    """With ``--cpu-layout auto``: wait until its first verdict on the measured models has been carried
-    out (a switch done and the old backends gone, or a verdict to stay), as a user's warm-up would;
+def settle_cpu_layout(srv: ServeCluster, rates: dict[str, float]) -> str:
+    """With ``--cpu-layout auto``: once every model has been measured in both layouts (idle, as when a
+    deployment is ready before its traffic comes), send the models ``rates`` (the ladder's first
+    level), as a user's warm-up would, until the policy's verdict at that load has been carried out
+    (a switch done and the old backends gone, or no switch begun in ``CPU_LAYOUT_WARM_S`` of load);
     return the layout in force, as '; LAYOUT' words."""
     deadline = time.monotonic() + CPU_LAYOUT_SETTLE_S
-    while time.monotonic() < deadline:
-        text = srv.logs()
-        done = text.split("cpu layout: now ", 1)
-        if len(done) == 2 and "stopped, exit status" in done[1]:
-            srv.wait_models_ready(list(live_names(srv)), 120)
-            return f"; cpu layout {done[1].split(' ', 1)[0]} (switched)"
-        if "cpu layout: stay machine: " in text and "cpu layout: switch to" not in text:
-            return "; cpu layout machine (stayed)"
+    while srv.logs().count("cpu layout: measured ") < len(rates):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"nexus serve --cpu-layout auto: models not measured within {CPU_LAYOUT_SETTLE_S:.0f} s")
         time.sleep(0.5)
+    loads = [BackgroundLoad(srv.frontend, name, rps, slo_ms=MODELS[name].slo_ms, seed=i).start()
+             for i, (name, rps) in enumerate(rates.items())]
+    try:
+        start = time.monotonic()
+        while time.monotonic() < start + CPU_LAYOUT_SETTLE_S:
+            text = srv.logs()
+            done = text.split("cpu layout: now ", 1)
+            if len(done) == 2 and "stopped, exit status" in done[1]:
+                srv.wait_models_ready(list(live_names(srv)), 120)
+                return f"; cpu layout {done[1].split(' ', 1)[0]} (switched)"
+            if time.monotonic() - start >= CPU_LAYOUT_WARM_S and "cpu layout: switch to" not in text:
+                return "; cpu layout machine (stayed)"
+            time.sleep(0.5)
+    finally:
+        for load in loads:
+            load.stop()
     raise RuntimeError(f"nexus serve --cpu-layout auto: no verdict carried out within {CPU_LAYOUT_SETTLE_S:.0f} s")
 
 

@@ -254,9 +254,10 @@ def start_triton(args, scenario: str, candidate: dict, paths, work: pathlib.Path
 # ---- Nexus ----------------------------------------------------------------------------------------------
 
 def start_nexus(args, scenario: str, paths, flags: tuple[str, ...], label: str, work: pathlib.Path,
-                late: LateRequests | None = None) -> Running:
+                late: LateRequests | None = None, warm_rps: float = 0.0) -> Running:
     """``nexus serve --no-samples FLAGS`` with the scenario's models uploaded (profiled by a backend),
-    with ``late`` as their late requests (None: the default, dropped)."""
+    with ``late`` as their late requests (None: the default, dropped); with ``--cpu-layout auto``,
+    warmed up at ``warm_rps`` in all (0: the scenario's first ladder rate) until its layout settles."""
     names = SCENARIOS[scenario]
     data = work / f"nexus-{scenario}-{label}"
     srv = ServeCluster(data, "--no-samples", *flags, timeout_s=240, log_path=work / f"nexus-{scenario}-{label}.log",
@@ -266,8 +267,9 @@ def start_nexus(args, scenario: str, paths, flags: tuple[str, ...], label: str, 
         for name in names:
             srv.upload(Upload(paths[name], name, slo_ms=MODELS[name].slo_ms, late_requests=late), wait=False)
         srv.wait_models_ready(list(names), 600)
-        warm = shares(args.start_rps or START_RPS[scenario], names)
-        layout = settle_cpu_layout(srv, warm) if "--cpu-layout auto" in " ".join(flags) else ""
+        layout = ""
+        if "--cpu-layout auto" in " ".join(flags):
+            layout = settle_cpu_layout(srv, shares(warm_rps or START_RPS[scenario], names))
     except BaseException:
         srv.stop()
         raise
@@ -447,7 +449,7 @@ def run_scenario(args, tool, scenario: str, servers: list[str], configs: dict[st
     nexus: list[Running] = []
     try:
         if "nexus" in servers:
-            nexus = [start_nexus(args, scenario, paths, flags, nexus_label(label, late), work, late)
+            nexus = [start_nexus(args, scenario, paths, flags, nexus_label(label, late), work, late, args.start_rps)
                      for label, flags in configs.items() for late in args.late_requests]
         tritons = triton_candidates(scenario, res["ort_direct"]["before"])[:args.triton_candidates or None] \
             if "triton" in servers else []

@@ -29,7 +29,7 @@ from common.health import LIVENESS
 from common.pb import control, control_grpc
 from common.security import Credentials
 from globalsched.rpc.frontend_stub import frontend_stub
-from globalsched.state.failure_detector import DetectorConfig, DetectorState, detect
+from globalsched.state.failure_detector import DetectorConfig, DetectorState, detect, paused_recently
 from globalsched.state.heartbeat_pacing import Pacing, pacing, silence_timeout_s
 from globalsched.refusal import Refused
 from globalsched.planning.replan_trigger import ReplanTrigger
@@ -116,6 +116,10 @@ class Membership:
         self.trigger = trigger
         self.nodes: NodeTable = NodeTable()
         self.stopping = False
+        # the reaper's failure detector (its config follows the nodes' heartbeat periods): a stream that
+        # ends just after the scheduler's own pause is left to it (failure_detector.paused_recently)
+        self.detector_state = DetectorState()
+        self.detector_config = DetectorConfig(interval_s=config.heartbeat_interval_ms / 1000)
 
     def backends(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.kind == control.NODE_KIND_BACKEND]
@@ -223,7 +227,11 @@ class Membership:
                 await node.gone.wait()
         finally:
             if not self.stopping and self.nodes.get(node_id) is node:
-                await self.remove_node(node.node_id, "its Attach stream ended")
+                if paused_recently(self.detector_state, time.monotonic(), self.detector_config):
+                    log.warning("%s: its Attach stream ended just after this scheduler was paused, which may "
+                                "have ended it; its heartbeats decide", node.node_id)
+                else:
+                    await self.remove_node(node.node_id, "its Attach stream ended")
 
     def _forget(self, node_id: str) -> Node | None:
         """Take ``node_id`` out of the registered nodes (which ends its Attach stream); the node, if it was."""
@@ -247,7 +255,6 @@ class Membership:
         """The backstop: remove nodes whose heartbeats stopped (their stream's end is the fast path), as
         the failure detector judges them (globalsched/state/failure_detector.py)."""
         interval_s = self.config.heartbeat_interval_ms / 1000
-        state = DetectorState()
         note = ""
         while True:
             await asyncio.sleep(interval_s)
@@ -256,8 +263,9 @@ class Membership:
             longest_s = max((n.period_s for n in self.nodes.values()), default=interval_s)
             config = DetectorConfig(timeout_s=silence_timeout_s(longest_s, interval_s, self.config.node_timeout_s),
                                     interval_s=interval_s)
-            verdict, state = detect({n.node_id: n.last_seen for n in self.nodes.values()}, state, time.monotonic(),
-                                    config)
+            self.detector_config = config
+            verdict, self.detector_state = detect({n.node_id: n.last_seen for n in self.nodes.values()},
+                                                  self.detector_state, time.monotonic(), config)
             if verdict.note and not note:
                 log.warning("%s", verdict.note)
             note = verdict.note

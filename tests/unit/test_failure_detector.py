@@ -1,7 +1,7 @@
 """The failure detector (globalsched/state/failure_detector.py): silence counted only while the scheduler ran,
 and a scheduler that finds most nodes silent at once suspects itself before evicting anyone."""
 
-from globalsched.state.failure_detector import DetectorConfig, DetectorState, detect, silence_s
+from globalsched.state.failure_detector import DetectorConfig, DetectorState, detect, paused_recently, silence_s
 
 CONFIG = DetectorConfig(timeout_s=5.0, interval_s=1.0)
 
@@ -66,3 +66,19 @@ def test_one_silent_node_among_many_is_no_reason_for_suspicion():
     seen = lambda now: {"dead": 0.0, **{f"n{i}": now for i in range(5)}}  # noqa: E731
     verdict, _ = run(seen, [float(t) for t in range(1, 7)])
     assert [n for n, _ in verdict.removed] == ["dead"] and not verdict.note
+
+
+def test_a_stream_that_ends_as_the_scheduler_resumes_is_left_to_the_heartbeats():
+    # checks every second up to 10 s: no pause, a stream's end then is the node's
+    _, state = run(lambda now: {"a": now}, [float(t) for t in range(1, 11)])
+    assert not paused_recently(state, 10.2, CONFIG)
+    # nothing since 10 s: at 20 s the scheduler finds itself overdue (a pause its next check has yet to record)
+    assert paused_recently(state, 20.0, CONFIG)
+    # that check records the pause (11-20 s), and keeps its end when the node, heard again at once, leaves no
+    # silence for the pause to count against: a stream that ends within the timeout after it is no evidence...
+    _, state = run(lambda now: {"a": 20.0}, [20.0], state)
+    assert state.pauses == () and state.last_pause_end_s == 20.0
+    assert paused_recently(state, 24.9, CONFIG)
+    # ...and one that ends later is, once the checks ran on time since
+    _, state = run(lambda now: {"a": now}, [21.0, 22.0, 23.0, 24.0, 25.0, 26.0], state)
+    assert not paused_recently(state, 26.1, CONFIG)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import time
 
 from common.pb import control
 from common.profile import Profile
@@ -16,6 +17,7 @@ from common.sample_queries import SAMPLE_QUERIES
 from common.config import SchedulerConfig
 from common import grpc_util
 from globalsched.planning.algorithms.config import PlannerConfig
+from globalsched.state.failure_detector import DetectorState
 from globalsched.state.membership import Membership, Node
 from globalsched.planning.query_sessions import plan_query_sessions, query_split
 from globalsched.planning.replan_trigger import ReplanTrigger
@@ -61,6 +63,28 @@ def test_an_attach_stream_sends_one_event_and_ends_when_the_node_goes():
             raise AssertionError("the stream goes on after its node was removed")
         except StopAsyncIteration:
             pass
+
+    asyncio.run(main())
+
+
+def test_a_stream_that_ends_just_after_the_schedulers_own_pause_removes_nobody():
+    async def main():
+        membership = Membership(SchedulerConfig(), grpc_util.NO_CREDENTIALS, Workload(), ReplanTrigger(epoch=1))
+        for name in ("be-1", "be-2"):
+            membership.nodes[name] = Node(name, control.NODE_KIND_BACKEND, "127.0.0.1:1")
+        # the reaper's last check was 12 s ago: the scheduler was stopped, and its own keepalive may end
+        # the stream of a healthy node as it resumes
+        membership.detector_state = DetectorState(last_check_s=time.monotonic() - 12.0)
+        events = membership.attach("be-1")
+        await events.__anext__()
+        await events.aclose()                       # the stream ends
+        assert "be-1" in membership.nodes
+        # on time: a stream's end is the node's, and removes it at once
+        membership.detector_state = DetectorState(last_check_s=time.monotonic())
+        events = membership.attach("be-2")
+        await events.__anext__()
+        await events.aclose()
+        assert "be-2" not in membership.nodes
 
     asyncio.run(main())
 

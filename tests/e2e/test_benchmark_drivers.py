@@ -57,3 +57,16 @@ def test_table_loads_refuses_bad_arguments_before_measuring(args, message):
     proc = subprocess.run([sys.executable, "-m", "benchmarks.table_loads", *args], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and message in proc.stderr and not proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--path-cores", "0,x"], "--path-cores: expected numbers separated by commas, got '0,x'"),
+    (["--path-cores", "0.2,0"], "--path-cores: 0 first, then shares of a core below 1"),
+    (["--path-cores", "0,1.5"], "--path-cores: 0 first, then shares of a core below 1"),
+    (["--seconds", "0"], "--seconds and --burst-ms must be positive, --repeats and --batch at least 1"),
+    (["--batch", "0"], "--seconds and --burst-ms must be positive, --repeats and --batch at least 1"),
+])
+def test_layout_path_share_refuses_bad_arguments_before_measuring(args, message):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.layout_path_share", *args], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and message in proc.stderr and not proc.stdout

@@ -258,10 +258,11 @@ def main(argv: list[str] | None = None) -> None:
         fault = Fault(FaultKind.STALL_SCHEDULER, at, duration_s=10.0)
         sim, r = run("stall", models, arrivals(trace, f"0:{5 * base}", 60.0, args.seed, cv=False),
                      cfg(True, [fault]), [], out)
-        evicted = [e for e in sim.events if "missed heartbeats" in e["text"]]
+        # missed heartbeats, or a stream its keepalive ended at the resume (nexus/simulate/control.py)
+        evicted = [e for e in sim.events if e["kind"] == "membership" and " removed: " in e["text"]]
         target(rows, "stall", "nodes evicted by a 10 s scheduler stall", len(evicted), "0", not evicted)
-        before, during = windows(r, at - 10, at), windows(r, at, at + 10)
-        target(rows, "stall", "worst second of the stall against the worst of the ten before",
+        before, during = windows(r, at - 10, at), windows(r, at, at + 20)
+        target(rows, "stall", "worst second of the stall and the 10 s after it against the worst of the ten before",
                f"{min(during)} vs {min(before)}", ">= the ten before", min(during) >= min(before))
     (out / "targets.json").write_text(json.dumps(rows, indent=1))
 

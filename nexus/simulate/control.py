@@ -19,6 +19,11 @@ frontends, then the tables that release what the plan moved away), hops of
 size (globalsched/state/heartbeat_pacing.py), and a
 scheduler stalled by a fault answers nothing until the stall ends: its timers and the reports sent
 meanwhile run when it resumes, and the heartbeats sent meanwhile are lost (the nodes' RPCs time out).
+A stall longer than the scheduler's keepalive timeout (common/grpc_util.py) can end the nodes' Attach
+streams as it resumes: its own pings look unanswered (a race with reading the answers, seen on real
+processes). Here every stream ends then, the worst case. Each end is judged by the production rule
+(:func:`globalsched.state.failure_detector.paused_recently`, as globalsched/state/membership.py's
+``attach`` does), and each node registers again, as common/registration.py does when its stream breaks.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from frontend.routing import Route
 from globalsched.planning.cluster_values import ClusterPlan, ClusterView, ModelView
 from globalsched.planning.control_loop import COALESCE_S, REPAIR_COALESCE_S, may_supersede, supersede_after_s
 from globalsched.actuators.device_scaler import TICK_S, DeviceScaler
-from globalsched.state.failure_detector import DetectorConfig, DetectorState, detect
+from common.grpc_util import KEEPALIVE_OPTIONS
+from globalsched.state.failure_detector import DetectorConfig, DetectorState, detect, paused_recently
 from globalsched.actuators.early_routes import EARLY_ROUTES_INTERVAL_S, EarlyRoutes
 from globalsched.actuators.handover import (Handover, Unreleased, handover, pushed, released, superseded,
                                            unreleased_tables)
@@ -48,6 +54,10 @@ from globalsched.state.rate_reports import Workload
 from nexus.local_scaler import POLL_S, Drain, LocalBackend, Start, drains, next_step
 from nexus.simulate.frontends import SimRoute
 from nexus.status_model import ScalingStatus
+
+# the scheduler's server pings each stream this often and gives up on a ping after this long
+KEEPALIVE_TIMEOUT_S = dict(KEEPALIVE_OPTIONS)["grpc.keepalive_timeout_ms"] / 1000.0
+REGISTER_AGAIN_S = 0.2      # a node whose Attach stream broke registers again after this (common/registration.py)
 
 
 class SimScheduler:
@@ -108,6 +118,30 @@ class SimScheduler:
 
     def stall(self, now: float, duration_s: float) -> None:
         self.stalls.append((now, now + duration_s))
+        if duration_s > KEEPALIVE_TIMEOUT_S:
+            self.sim.at(now + duration_s, self._streams_end_at_resume)
+
+    def _streams_end_at_resume(self, now: float) -> None:
+        """The stall's end: every node's Attach stream ends (the keepalive race, at its worst), and each
+        node that still lives registers again."""
+        for node_id, node in list(self.nodes.items()):
+            self.stream_ended(now, node_id)
+            backend = self.sim.backends.get(node_id)
+            if backend is None or backend.life.value == "up":      # a draining node never registers again
+                self.sim.at(now + REGISTER_AGAIN_S + self.hop_s, self.register, node_id, node.kind)
+
+    def stream_ended(self, now: float, node_id: str) -> None:
+        """A node's Attach stream ended: it is removed at once, unless the scheduler itself was just
+        paused, which may have ended it (globalsched/state/membership.py): its heartbeats decide then."""
+        if self._stalled(now, self.stream_ended, node_id):
+            return
+        if node_id not in self.nodes:
+            return
+        if paused_recently(self.detector, now, self.detector_config):
+            self.sim.log(now, "membership", f"{node_id}: its Attach stream ended just after the scheduler was "
+                                            "paused; its heartbeats decide")
+            return
+        self.remove(now, node_id, "its Attach stream ended")
 
     def _stalled(self, now: float, fn: Callable, *args) -> bool:
         """Whether the scheduler is stalled at ``now``; if so ``fn(*args)`` runs when it resumes."""

@@ -160,8 +160,7 @@ class Simulation:
     def backend_exited(self, backend: SimBackend, now: float) -> None:
         if backend.why_gone is Loss.FAULT:        # its Attach stream ends: the scheduler removes it at once
             self.log(now, "fault", f"{backend.node_id} killed")
-            self.at(now + self.config.control_hop_ms / 1000.0, self.scheduler.remove, backend.node_id,
-                    "its Attach stream ended")
+            self.at(now + self.config.control_hop_ms / 1000.0, self.scheduler.stream_ended, backend.node_id)
         else:
             self.log(now, "membership", f"{backend.node_id} drained and exited")
 

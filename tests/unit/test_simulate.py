@@ -150,14 +150,46 @@ def test_a_request_that_waits_out_its_deadline_for_a_lost_route_is_unavailable()
     assert result["outcomes"]["unavailable"] > 0 and result["outcomes"]["expired"] == 0
 
 
+def _stalled_for(seconds: float) -> tuple[Simulation, dict]:
+    return run(schedule="0:100", duration_s=40.0, backends=3,
+               faults=(Fault(FaultKind.STALL_SCHEDULER, 10.0, duration_s=seconds),))
+
+
+def _removed(sim: Simulation) -> list[str]:
+    return [e["text"] for e in sim.events if e["kind"] == "membership" and " removed: " in e["text"]]
+
+
 def test_a_stalled_scheduler_evicts_nobody():
-    sim, result = run(schedule="0:100", duration_s=40.0, backends=3,
-                      faults=(Fault(FaultKind.STALL_SCHEDULER, 10.0, duration_s=8.0),))
-    assert not [e for e in sim.events if "missed heartbeats" in e["text"]]
+    """Its nodes' heartbeats are lost while it stalls, and as it resumes its keepalive ends every
+    node's Attach stream (the worst case of the race on real processes): the production rule leaves
+    each end to the heartbeats, every node registers again, and nothing is removed."""
+    sim, result = _stalled_for(8.0)
+    assert not _removed(sim)
+    ended = [e for e in sim.events if "Attach stream ended just after the scheduler was paused" in e["text"]]
+    assert len(ended) == 4 and all(e["time_s"] == 18.0 for e in ended)     # 3 backends and the frontend
+    again = [e for e in sim.events if e["text"].endswith(" registered") and e["time_s"] > 18.0]
+    assert sorted(e["text"].split()[0] for e in again) == ["be-0", "be-1", "be-2", "fe-0"]
     seconds = result["per_second"]
     # past the cold start (the first second waits for the first tables), the stall costs nothing
     stalled = [w for t, w in zip(seconds["time_s"], seconds["within_slo"]) if t >= 2]
     assert min(stalled) >= 0.99, stalled
+
+
+def test_a_stall_within_the_keepalive_timeout_ends_no_stream():
+    sim, _ = _stalled_for(1.5)
+    assert not [e for e in sim.events if "Attach stream" in e["text"]] and not _removed(sim)
+
+
+def test_without_the_pause_rule_the_streams_ended_at_resume_evict_the_cluster(monkeypatch):
+    """What real processes found (tests/e2e/test_scheduler_stall.py): without
+    globalsched/state/failure_detector.py's ``paused_recently``, a stream that ends as the scheduler
+    resumes removes its node. The simulator finds it too."""
+    import nexus.simulate.control as control
+
+    monkeypatch.setattr(control, "paused_recently", lambda *a, **k: False)
+    sim, _ = _stalled_for(8.0)
+    removed = _removed(sim)
+    assert len(removed) == 4 and all(r.endswith("its Attach stream ended") for r in removed), removed
 
 
 # ---- the production code decides -----------------------------------------------------------------

@@ -32,12 +32,12 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from common.grpc_util import KEEPALIVE_OPTIONS
 from common.pb import control as pb
 from frontend.routing import Route
 from globalsched.planning.cluster_values import ClusterPlan, ClusterView, ModelView
 from globalsched.planning.control_loop import COALESCE_S, REPAIR_COALESCE_S, may_supersede, supersede_after_s
 from globalsched.actuators.device_scaler import TICK_S, DeviceScaler
-from common.grpc_util import KEEPALIVE_OPTIONS
 from globalsched.state.failure_detector import DetectorConfig, DetectorState, detect, paused_recently
 from globalsched.actuators.early_routes import EARLY_ROUTES_INTERVAL_S, EarlyRoutes
 from globalsched.actuators.handover import (Handover, Unreleased, handover, pushed, released, superseded,
@@ -55,7 +55,7 @@ from nexus.local_scaler import POLL_S, Drain, LocalBackend, Start, drains, next_
 from nexus.simulate.frontends import SimRoute
 from nexus.status_model import ScalingStatus
 
-# the scheduler's server pings each stream this often and gives up on a ping after this long
+# the scheduler's server gives up on a keepalive ping after this long: a longer stall can find one overdue
 KEEPALIVE_TIMEOUT_S = dict(KEEPALIVE_OPTIONS)["grpc.keepalive_timeout_ms"] / 1000.0
 REGISTER_AGAIN_S = 0.2      # a node whose Attach stream broke registers again after this (common/registration.py)
 

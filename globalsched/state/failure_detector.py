@@ -61,10 +61,15 @@ def silence_s(last_seen_s: float, now_s: float, pauses: tuple[tuple[float, float
     return max(0.0, now_s - last_seen_s - paused)
 
 
+def _check_overdue(state: DetectorState, now_s: float, config: DetectorConfig) -> bool:
+    """Whether the check at ``now_s`` comes later than the one before it allows: the scheduler was paused."""
+    return state.last_check_s is not None and now_s - state.last_check_s > config.interval_s + config.pause_slack_s
+
+
 def paused_recently(state: DetectorState, now_s: float, config: DetectorConfig = DetectorConfig()) -> bool:
     """Whether the scheduler itself was paused within ``config.timeout_s`` before ``now_s``, or is paused
     now as far as it can tell (its next check is overdue: a pause that check has yet to record)."""
-    if state.last_check_s is not None and now_s - state.last_check_s > config.interval_s + config.pause_slack_s:
+    if _check_overdue(state, now_s, config):
         return True
     return state.last_pause_end_s is not None and state.last_pause_end_s >= now_s - config.timeout_s
 
@@ -74,7 +79,7 @@ def detect(last_seen: Mapping[str, float], state: DetectorState, now_s: float,
     """The nodes to remove now (``last_seen``: node id -> when it was last heard) and the next state."""
     pauses = state.pauses
     last_pause_end_s = state.last_pause_end_s
-    if state.last_check_s is not None and now_s - state.last_check_s > config.interval_s + config.pause_slack_s:
+    if _check_overdue(state, now_s, config):
         pauses = ((state.last_check_s + config.interval_s, now_s),) + pauses
         last_pause_end_s = now_s
     oldest = min(last_seen.values(), default=now_s)

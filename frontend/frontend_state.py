@@ -81,6 +81,7 @@ class FrontendState:
         self.use_stream = use_stream
         self.ready = False
         self.in_flight = 0                               # requests and calls being served now (see admit)
+        self.calls_started = 0                           # ... and since the start (a drain waits for them to stop)
         # Rows per model and query since the last report: a request of n rows counts n, as batches
         # are sized in rows and query stages count their rows (the scheduler plans in rows/s).
         self.requests_window: dict[str, int] = {}
@@ -116,6 +117,7 @@ class FrontendState:
     def counted(self) -> Iterator[None]:
         """Count a call in flight while in the block (the drain on SIGTERM waits for it to end)."""
         self.in_flight += 1
+        self.calls_started += 1
         try:
             yield
         finally:

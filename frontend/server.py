@@ -33,7 +33,10 @@ from frontend.worker_statistics import SiblingCounts
 log = logging.getLogger("nexus.frontend")
 
 KSERVE_SERVICE = "inference.GRPCInferenceService"
-DRAIN_SETTLE_S = 0.2
+DRAIN_SETTLE_S = 0.2            # a drain's waits end after a lull this long, seen by this many checks in a row
+DRAIN_SETTLE_CHECKS = 5         # (a starved loop checks late: time alone would call its backlog a lull)
+DRAIN_CHECK_S = 0.02
+DRAIN_SENDERS_MAX_S = 2.0       # the longest a drain serves on while new calls keep coming
 
 
 class FrontendControl(control_grpc.FrontendServicer):
@@ -176,8 +179,9 @@ async def serve(config: FrontendConfig, ready=None) -> None:
 
 async def drain(state: FrontendState, server, scheduler, node, grace_s: float, stop_http=None) -> None:
     """On SIGTERM: readiness NOT_SERVING first (load balancers stop sending), leave the scheduler's
-    tables, refuse new requests and finish those in flight within ``grace_s`` (gRPC here; HTTP in
-    ``stop_http()``, which stops its own way at the same time); then exit."""
+    tables, serve on while calls keep coming (DRAIN_SENDERS_MAX_S at most), then refuse new requests
+    and finish those in flight, all within ``grace_s`` (gRPC here; HTTP in ``stop_http()``, which
+    stops its own way at the same time as gRPC refuses); then exit."""
     state.ready = False
     if state.health is not None:
         await state.health.start_draining()
@@ -186,26 +190,47 @@ async def drain(state: FrontendState, server, scheduler, node, grace_s: float, s
             await scheduler.Leave(control.LeaveRequest(node_id=node.node_id), timeout=2)
         except grpc.aio.AioRpcError as exc:
             log.info("could not leave the scheduler's tables (%s); draining anyway", exc.code().name)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    # Serve on until the senders have gone: clients that balance on health have seen NOT_SERVING, and
+    # the tables no longer name this frontend, so a call that still arrives is served, not refused.
+    # Refusing at once would also race the calls on their way: one that gRPC has accepted but a busy
+    # loop has not yet handed to a handler is invisible to the wait below, and the last stop cancels it.
+    seen = [state.calls_started]
+
+    def new_calls() -> bool:
+        started, seen[0] = seen[0] != state.calls_started, state.calls_started
+        return started
+
+    await _wait_for_lull(new_calls, min(deadline, loop.time() + min(DRAIN_SENDERS_MAX_S, grace_s / 2)))
     # Refuse new calls from now on; wait for the requests in flight, over every transport (long-lived
     # streams such as health watches never end by themselves, so waiting for every call would take
     # the whole grace).
-    stopping = asyncio.create_task(server.stop(grace=grace_s))
+    stopping = asyncio.create_task(server.stop(grace=max(0.0, deadline - loop.time())))
     http_stopping = asyncio.create_task(stop_http()) if stop_http is not None else None
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + grace_s
-    quiet_since = None                         # calls accepted just before the stop still come in: wait for a lull
-    while loop.time() < deadline:
-        if state.in_flight or any(c.outstanding for c in state.pool.connections.values()):
-            quiet_since = None
-        elif quiet_since is None:
-            quiet_since = loop.time()
-        elif loop.time() - quiet_since >= DRAIN_SETTLE_S:
-            break
-        await asyncio.sleep(0.02)
+    await _wait_for_lull(lambda: bool(state.in_flight or any(c.outstanding for c in state.pool.connections.values())),
+                         deadline)
     await server.stop(grace=0)
     await stopping
     if http_stopping is not None:
         await http_stopping
+
+
+async def _wait_for_lull(busy, until: float) -> None:
+    """Return once ``busy()`` has answered no for DRAIN_SETTLE_S and DRAIN_SETTLE_CHECKS checks in a
+    row, or at loop time ``until``."""
+    loop = asyncio.get_running_loop()
+    quiet_since, quiet_checks = None, 0
+    while loop.time() < until:
+        if busy():
+            quiet_since, quiet_checks = None, 0
+        elif quiet_since is None:
+            quiet_since, quiet_checks = loop.time(), 1
+        else:
+            quiet_checks += 1
+            if loop.time() - quiet_since >= DRAIN_SETTLE_S and quiet_checks >= DRAIN_SETTLE_CHECKS:
+                return
+        await asyncio.sleep(DRAIN_CHECK_S)
 
 
 async def _start_metrics(config: FrontendConfig, state: FrontendState, server):

@@ -184,3 +184,42 @@ def test_sigterm_turns_not_serving_first_and_finishes_requests_in_flight(tmp_pat
         for c in (frontend, backend, scheduler):
             if c is not None:
                 c.stop()
+
+
+def test_a_draining_frontend_serves_the_calls_that_still_come_then_refuses_them(tmp_path):
+    """A client pinned to a frontend (no health-based balancing) keeps sending through its SIGTERM:
+    the calls that come after NOT_SERVING are served while they keep coming, then refused with
+    UNAVAILABLE once the frontend stops; none is cancelled or lost."""
+    scheduler = launch(SchedulerConfig(listen="127.0.0.1:0", data_dir=tmp_path / "db"), env=_env())
+    backend = frontend = None
+    try:
+        s = scheduler.wait_ready(60)
+        upload(tmp_path, s, latency_ms=2.0)
+        backend = launch(BackendConfig(scheduler=s, listen="127.0.0.1:0", device=f"emulated:{DEVICE}"), env=_env())
+        frontend = launch(FrontendConfig(scheduler=s, listen="127.0.0.1:0", drain_grace_s=30), env=_env())
+        backend.wait_ready(60)
+        f = frontend.wait_ready(60)
+        wait_for(lambda: infer_ok(f), 120, what="mlp served")
+        watch = Watch(f)
+        wait_for(lambda: watch.statuses == [SERVING], 120, what="watch sees SERVING")
+        client = grpcclient.InferenceServerClient(f)
+        frontend.signal(15)
+        wait_for(lambda: NOT_SERVING in watch.statuses, 120, what="frontend NOT_SERVING after SIGTERM")
+        served_after, statuses = 0, []
+        while frontend.proc.poll() is None and len(statuses) < 10_000:
+            try:
+                client.infer("mlp", [_input()], client_timeout=30)
+                served_after += 1
+            except InferenceServerException as exc:
+                statuses.append(exc.status())
+                time.sleep(0.01)
+        assert frontend.proc.wait(timeout=60) == 0
+        # Calls came without a pause of 0.2 s for as long as the frontend served on (2 s at most).
+        assert served_after >= 3, (served_after, statuses)
+        assert statuses and set(statuses) <= {"StatusCode.UNAVAILABLE"}, statuses
+        client.close()
+        watch.close()
+    finally:
+        for c in (frontend, backend, scheduler):
+            if c is not None:
+                c.stop()

@@ -181,7 +181,7 @@ async def drain(state: FrontendState, server, scheduler, node, grace_s: float, s
     """On SIGTERM: readiness NOT_SERVING first (load balancers stop sending), leave the scheduler's
     tables, serve on while calls keep coming (DRAIN_SENDERS_MAX_S at most), then refuse new requests
     and finish those in flight, all within ``grace_s`` (gRPC here; HTTP in ``stop_http()``, which
-    stops its own way at the same time as gRPC refuses); then exit."""
+    stops its own way from the Leave on); then exit."""
     state.ready = False
     if state.health is not None:
         await state.health.start_draining()
@@ -192,8 +192,11 @@ async def drain(state: FrontendState, server, scheduler, node, grace_s: float, s
             log.info("could not leave the scheduler's tables (%s); draining anyway", exc.code().name)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace_s
-    # Serve on until the senders have gone: clients that balance on health have seen NOT_SERVING, and
-    # the tables no longer name this frontend, so a call that still arrives is served, not refused.
+    # HTTP stops its own way from now on: a request on an open keep-alive connection is still answered
+    # for a while (frontend/rest.py), and its in-flight requests get the whole grace.
+    http_stopping = asyncio.create_task(stop_http()) if stop_http is not None else None
+    # gRPC serves on until the senders have gone: clients that balance on health have seen NOT_SERVING,
+    # and the tables no longer name this frontend, so a call that still arrives is served, not refused.
     # Refusing at once would also race the calls on their way: one that gRPC has accepted but a busy
     # loop has not yet handed to a handler is invisible to the wait below, and the last stop cancels it.
     seen = [state.calls_started]
@@ -207,7 +210,6 @@ async def drain(state: FrontendState, server, scheduler, node, grace_s: float, s
     # streams such as health watches never end by themselves, so waiting for every call would take
     # the whole grace).
     stopping = asyncio.create_task(server.stop(grace=max(0.0, deadline - loop.time())))
-    http_stopping = asyncio.create_task(stop_http()) if stop_http is not None else None
     await _wait_for_lull(lambda: bool(state.in_flight or any(c.outstanding for c in state.pool.connections.values())),
                          deadline)
     await server.stop(grace=0)

@@ -35,7 +35,3 @@ def redact(url: str) -> str:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
     return parts._replace(netloc=netloc).geturl()
-
-
-def is_postgres_url(value: str) -> bool:
-    return value.startswith(("postgresql://", "postgres://"))

@@ -107,10 +107,6 @@ _GRAPH_CLASSES = {"resnet18_64": "resnet18-64", "vehicle_cls": "backbone-cls", "
                   "detector_64": "detector", "mlp_small": "mlp"}
 
 
-def known_gpus() -> list[str]:
-    return list(GPU_TYPES)
-
-
 def gpu_type(name: str) -> GpuType:
     """The datasheet entry of ``name``; :class:`UnknownGpuError` lists the known names."""
     try:

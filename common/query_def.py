@@ -257,15 +257,6 @@ def _dims_match(got: Sequence[int], want: Sequence[int]) -> bool:
     return len(got) == len(want) and all(w < 0 or g < 0 or g == w for g, w in zip(got, want))
 
 
-def output_specs(q: QueryDef, models: Mapping[str, ModelIO]) -> tuple[TensorSpec, ...]:
-    """The query's outputs as tensors (shape without the leading row dimension)."""
-    out = []
-    for name, src in q.outputs:
-        spec = models[q.stage(src.stage).model].output(src.tensor)
-        out.append(TensorSpec(name, spec.datatype, spec.shape))
-    return tuple(out)
-
-
 def stage_deadlines_ms(q: QueryDef, budgets_ms: Mapping[str, float]) -> dict[str, float]:
     """Finish time of each stage after the query starts: its budget plus its latest parent's."""
     finish: dict[str, float] = {}

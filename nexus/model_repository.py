@@ -30,7 +30,6 @@ policy (common/version_policy.py); the scheduler serves what the policy selects 
 
 from __future__ import annotations
 
-import json
 import pathlib
 import re
 from dataclasses import dataclass
@@ -447,7 +446,3 @@ def describe(model: RepositoryModel) -> dict:
             "late_requests": model.late_requests.value if model.late_requests else None,
             "inputs": [t.to_json_obj() for t in model.inputs], "outputs": [t.to_json_obj() for t in model.outputs],
             "warmup": describe_warmup(model.warmup), "warnings": list(model.warnings)}
-
-
-def describe_json(models: list[RepositoryModel]) -> str:
-    return json.dumps([describe(m) for m in models], indent=2)

@@ -241,11 +241,6 @@ def residual_config_published(sm: SessionModel, rate_rps: float) -> tuple[int, f
     return residual_config(sm, rate_rps)
 
 
-def min_cost_ms_per_request(sm: SessionModel) -> float:
-    """min over usable b with 2*l(b) <= budget of l(b)/b: GPU-milliseconds one request needs at best."""
-    return min((sm.lat(b) / b for b in range(1, usable_batch(sm) + 1)), default=math.inf)
-
-
 def usable_batch(sm: SessionModel) -> int:
     """The saturated batch (:func:`common.batch_decision.saturated_batch`, the rule the backend serves
     with) against the SLO budget, up to the session's max batch; 0 when even batch 1 misses."""

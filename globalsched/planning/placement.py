@@ -43,9 +43,3 @@ class Placement:
     backends: tuple[BackendAssignment, ...]
     overcommitted: int          # plan devices folded onto a backend that already had one
     moved: int                  # sessions that left a backend they were on before
-
-    def models_on(self, node_id: str) -> tuple[PlacedSession, ...]:
-        for b in self.backends:
-            if b.node_id == node_id:
-                return b.sessions
-        return ()

@@ -62,10 +62,6 @@ class GpuLoad:
         self.z = 0.0               # the members' burst_sigma (one planner config: all the same)
         self.room_ms = math.inf    # min over members outside shared groups of budget - l(batch)
 
-    def headroom_ms(self, duty_ms: float | None = None) -> float:
-        """H at ``duty_ms`` (default the current duty cycle) for the current members."""
-        return self.burst.excess_ms(self.duty_ms if duty_ms is None else duty_ms, self.z)
-
     def _headroom_fits(self, burst: BurstSums, z: float, exec_ms: float, room_ms: float,
                        groups: Mapping[str, tuple[int, float, float]]) -> bool:
         """Executions + H within the duty cycle and duty + H within every member's SLO slack."""

@@ -189,7 +189,7 @@ def test_sigterm_turns_not_serving_first_and_finishes_requests_in_flight(tmp_pat
 def test_a_draining_frontend_serves_the_calls_that_still_come_then_refuses_them(tmp_path):
     """A client pinned to a frontend (no health-based balancing) keeps sending through its SIGTERM:
     the calls that come after NOT_SERVING are served while they keep coming, then refused with
-    UNAVAILABLE once the frontend stops; none is cancelled or lost."""
+    UNAVAILABLE once the frontend stops; none is lost."""
     scheduler = launch(SchedulerConfig(listen="127.0.0.1:0", data_dir=tmp_path / "db"), env=_env())
     backend = frontend = None
     try:
@@ -216,7 +216,10 @@ def test_a_draining_frontend_serves_the_calls_that_still_come_then_refuses_them(
         assert frontend.proc.wait(timeout=60) == 0
         # Calls came without a pause of 0.2 s for as long as the frontend served on (2 s at most).
         assert served_after >= 3, (served_after, statuses)
-        assert statuses and set(statuses) <= {"StatusCode.UNAVAILABLE"}, statuses
+        # Then refused. The one call that crosses the stop's instant may be cancelled by gRPC's own stop
+        # (it cancels calls that reach it then): this client has one call in flight at a time.
+        assert statuses and set(statuses) <= {"StatusCode.UNAVAILABLE", "StatusCode.CANCELLED"}, statuses
+        assert statuses.count("StatusCode.CANCELLED") <= 1, statuses
         client.close()
         watch.close()
     finally:

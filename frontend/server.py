@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Callable
 
 import grpc
 
@@ -197,12 +198,13 @@ async def drain(state: FrontendState, server, scheduler, node, grace_s: float, s
     http_stopping = asyncio.create_task(stop_http()) if stop_http is not None else None
     # gRPC serves on until the senders have gone: clients that balance on health have seen NOT_SERVING,
     # and the tables no longer name this frontend, so a call that still arrives is served, not refused.
-    # Refusing at once would also race the calls on their way: one that gRPC has accepted but a busy
-    # loop has not yet handed to a handler is invisible to the wait below, and the last stop cancels it.
-    seen = [state.calls_started]
+    # Stopping at once would also race the calls on their way: gRPC's own stop cancels a call that
+    # reaches it at that instant.
+    seen = state.calls_started
 
     def new_calls() -> bool:
-        started, seen[0] = seen[0] != state.calls_started, state.calls_started
+        nonlocal seen
+        started, seen = seen != state.calls_started, state.calls_started
         return started
 
     await _wait_for_lull(new_calls, min(deadline, loop.time() + min(DRAIN_SENDERS_MAX_S, grace_s / 2)))
@@ -218,7 +220,7 @@ async def drain(state: FrontendState, server, scheduler, node, grace_s: float, s
         await http_stopping
 
 
-async def _wait_for_lull(busy, until: float) -> None:
+async def _wait_for_lull(busy: Callable[[], bool], until: float) -> None:
     """Return once ``busy()`` has answered no for DRAIN_SETTLE_S and DRAIN_SETTLE_CHECKS checks in a
     row, or at loop time ``until``."""
     loop = asyncio.get_running_loop()

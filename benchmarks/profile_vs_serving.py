@@ -130,6 +130,12 @@ def one_repeat(args, i: int) -> dict:
     return res
 
 
+def _cell(value: float | None) -> str:
+    """A table cell: three decimals, or '-' where the run has no figure (a profile row without a
+    mean, a batch the clock timed at 0)."""
+    return "-" if value is None else f"{value:.3f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="resnet18_64,vehicle_cls,face_cls,mlp_small")
@@ -179,9 +185,9 @@ def main(argv: list[str] | None = None) -> int:
                     worst.append(abs(row["ratio_mean"] - 1.0))
                     absdev.append(abs(row["served_mean_ms"] - row["profile_mean_ms"]))
                 mark = "" if ok else " (few)"
-                cells.append(f"{row['count']} | {row['served_mean_ms']:.3f} | {row['profile_mean_ms']:.3f}"
-                             f"{'' if row['measured'] else '*'} | {row['ratio_mean']:.3f}{mark} | "
-                             f"{row['ratio_planning']:.3f}")
+                cells.append(f"{row['count']} | {_cell(row['served_mean_ms'])} | {_cell(row['profile_mean_ms'])}"
+                             f"{'' if row['measured'] else '*'} | {_cell(row['ratio_mean'])}{mark} | "
+                             f"{_cell(row['ratio_planning'])}")
             print(f"| {b} | " + " | ".join(cells) + " |")
         within = sum(1 for w in worst if w <= 0.15)
         within_abs = sum(1 for w, a in zip(worst, absdev) if w <= 0.15 or a <= 0.2)

@@ -249,6 +249,11 @@ def main(argv: list[str] | None = None) -> int:
                         "--device-headroom 0 (benchmarks/sim_change.py --floors)")
     p.add_argument("--spare-overbook", type=float, default=None,
                    help="the scheduler's --spare-overbook in the started and idle runs (default: its own)")
+    p.add_argument("--burst-sigma", type=float, default=None,
+                   help="the scheduler's --burst-sigma in the started and idle runs (default: its own)")
+    p.add_argument("--device-headroom", type=float, default=None,
+                   help="the scheduler's --device-headroom in the started and idle runs (default: its own, or 0 "
+                        "with --floors)")
     p.add_argument("--out", default="benchmarks/out/elastic", help="work folder: model database, logs, samples")
     p.add_argument("--plot-dir", default="benchmarks", help="where elastic.<run>.png goes")
     add_smoke(p, outputs=("plot_dir",), runs="started", models=2, base_rps=4.0, warm_s=1.0, high_s=1.0, low_s=1.0,
@@ -260,8 +265,10 @@ def main(argv: list[str] | None = None) -> int:
                          slo_ms=SLOS_MS)
     base = args.base_rps
     scheduler_flags = ("--surge-floors", "--device-headroom", "0") if args.floors else ()
-    if args.spare_overbook is not None:
-        scheduler_flags += ("--spare-overbook", str(args.spare_overbook))
+    for flag, value in (("--spare-overbook", args.spare_overbook), ("--burst-sigma", args.burst_sigma),
+                        ("--device-headroom", args.device_headroom)):
+        if value is not None:
+            scheduler_flags += (flag, str(value))
     results = []
     for run in args.runs.split(","):
         if run == "started":

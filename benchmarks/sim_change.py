@@ -2,7 +2,7 @@
 
     python -m benchmarks.sim_change [--devices 100] [--cases step_auto,step_idle,ramp_auto,steady,kill,stall]
                                     [--seed N] [--floors] [--device-headroom H] [--spare-overbook F]
-                                    [--known-rates-ahead-s S]
+                                    [--burst-sigma Z] [--known-rates-ahead-s S]
 
 ``--devices`` sets the cluster's size (100 or 1,000: the models, the rates and the bounds scale with
 it). Every trace starts after ``LEAD_S`` of silence while the cluster registers and plans. The cases:
@@ -91,16 +91,19 @@ def known_rates(trace, schedule: str, ahead_s: float | None) -> KnownRates | Non
 
 
 def config(devices: int, seed: int, fixed: bool, faults=(), floors: bool = False,
-           device_headroom: float | None = None, spare_overbook: float | None = None) -> SimConfig:
+           device_headroom: float | None = None, spare_overbook: float | None = None,
+           burst_sigma: float | None = None) -> SimConfig:
     """``floors``: the scheduler as before 2026-12-05, surges held as each session's floor and no device
     headroom (``--surge-floors --device-headroom 0``), against the defaults' spares pooled on the
-    headroom. ``device_headroom``, ``spare_overbook``: those settings, where given."""
+    headroom. ``device_headroom``, ``spare_overbook``, ``burst_sigma``: those settings, where given."""
     low = max(1, devices // 10)
     extra = {"surge_floors": True, "device_headroom": 0.0} if floors else {}
     if device_headroom is not None:
         extra["device_headroom"] = device_headroom
     if spare_overbook is not None:
         extra["spare_overbook"] = spare_overbook
+    if burst_sigma is not None:
+        extra["burst_sigma"] = burst_sigma
     scheduler = SchedulerConfig(scale_down_cooldown_s=COOLDOWN_S, min_devices=f"t4={devices if fixed else low}",
                                 max_devices=f"t4={devices}", **extra)
     return SimConfig(backends=devices if fixed else None, min_backends=low, max_backends=devices, seed=seed,
@@ -181,6 +184,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="the scheduler's --device-headroom in every case (default: its own default)")
     p.add_argument("--spare-overbook", type=float, metavar="F",
                    help="the scheduler's --spare-overbook in every case (default: its own default)")
+    p.add_argument("--burst-sigma", type=float, metavar="Z",
+                   help="the scheduler's --burst-sigma in every case: each GPU's room for its sessions' pooled "
+                        "Poisson burst (default: its own default)")
     p.add_argument("--known-rates-ahead-s", type=non_negative_seconds, metavar="S",
                    help="the trace's cases plan for the trace's true mean rates, known S seconds ahead, "
                         "instead of the measured ones (what measuring them costs)")
@@ -195,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def cfg(fixed: bool, faults=()) -> SimConfig:
         return config(n, args.seed, fixed, faults, floors=args.floors, device_headroom=args.device_headroom,
-                      spare_overbook=args.spare_overbook)
+                      spare_overbook=args.spare_overbook, burst_sigma=args.burst_sigma)
 
     steps = [(LEAD_S + STEP_UP_S, base, 5 * base), (LEAD_S + STEP_DOWN_S, 5 * base, base)]
     cases = args.cases.split(",")

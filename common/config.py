@@ -332,9 +332,10 @@ class SchedulerConfig:
     rate_headroom: float = field(default=0.0, metadata={
         "help": "plan every session for its measured rate times (1 + this): room for Poisson bursts and for "
                 "growth between epochs"})
-    burst_sigma: float = field(default=1.5, metadata={
+    burst_sigma: float = field(default=0.0, metadata={
         "help": "burst headroom Z: every device keeps room for the pooled Poisson burst of its sessions' arrivals, "
-                "so that a duty cycle overflows with probability at most 1 - Phi(Z) (6.7% at 1.5); 0 turns it off"})
+                "so that a duty cycle overflows with probability at most 1 - Phi(Z) (6.7%% at 1.5); 0 (the default) "
+                "leaves bursts to the spares on idle devices and --device-headroom, pooled over every session"})
     path_allowance_ms: float = field(default=5.0, metadata={
         "help": "time a request spends outside the device on each hop (frontend, gRPC, serialisation); plans keep "
                 "duty cycle + batch latency within every SLO, and every query stage's budget, less this"})
@@ -372,8 +373,9 @@ class SchedulerConfig:
         "help": "a device surplus must last this long before devices are removed, and removals are this far "
                 "apart unless the need falls beyond --scale-down-tolerance again (a Kubernetes HPA on "
                 "nexus_desired_devices must use the same)"})
-    device_headroom: float = field(default=0.3, metadata={
-        "help": "ask for this fraction more devices than the plan uses, rounded to the nearest device: they hold "
+    device_headroom: float = field(default=0.6, metadata={
+        "help": "ask for this fraction more devices than the plan uses, rounded to the nearest device (none for a "
+                "plan of one device): they hold "
                 "spare replicas of the busiest sessions, capacity for bursts and steps pooled over every session"})
     scale_down_tolerance: float = field(default=0.1, metadata={
         "help": "keep the devices while the most needed within the cool-down is within this fraction of their "

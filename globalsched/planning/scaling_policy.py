@@ -22,11 +22,13 @@ The rules (an operator's expectations: no flapping, nothing lost, no idle device
   a device or a few per re-plan as the means follow it. That is more than a fresh plan at the new
   rates would use (batches grow with the rate); the spares pooled on the surplus take the step's
   bursts until the cool-down gives it back (benchmarks/elastic.md). Then ``headroom`` times it more,
-  rounded to the nearest device (spares pooled over every session; at 0.3 a plan of one device gets
-  none, rounded up it got a second), within the bounds. When it exceeds the registered count the
-  desired count is that need, at once: this covers a plan that folds sessions onto busy devices. A
-  scale-up under way keeps the count it asked for while that need is within the cool-down's window,
-  so a need that wavers while the devices start does not start them a poll at a time.
+  rounded to the nearest device (spares pooled over every session), within the bounds. A plan of one
+  device gets none: a model served at a trickle would otherwise keep two devices (rounded up, a
+  plan of one got a second, and tests/e2e/test_elastic.py's model never went back to one). When it
+  exceeds the registered count the desired count is that need, at once: this covers a plan that
+  folds sessions onto busy devices. A scale-up under way keeps the count it asked for while that
+  need is within the cool-down's window, so a need that wavers while the devices start does not
+  start them a poll at a time.
 * **Down after a cool-down, to what the window needed.** The desired count never drops below the
   largest raw need seen over the last ``cooldown_s`` (the stabilization window of Kubernetes' HPA):
   that need is the plan's devices with demand and headroom counted, so the survivors absorb the
@@ -165,7 +167,7 @@ def _need(d: TypeDemand, config: ScalingConfig, low: int, high: int) -> tuple[in
     if d.latest_ratio > config.outrun_ratio and stepped > need:
         need = stepped
         why = f"the latest reports are x{d.latest_ratio:.2f} the rates planned (a step): {need} for the plan's {d.needed}"
-    extra = math.floor(need * config.headroom + 0.5) if need > 0 else 0
+    extra = math.floor(need * config.headroom + 0.5) if need > 1 else 0    # one device is not doubled
     if extra > 0:
         need += extra
         why += f", {config.headroom:.0%} headroom: {need}"

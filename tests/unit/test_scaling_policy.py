@@ -325,8 +325,8 @@ def test_the_survivors_absorb_the_largest_need_of_the_window():
     policy = Policy(cooldown_s=60, headroom=0.5)
     policy.at(0.0, needed=6, registered=9)
     policy.at(30.0, needed=2, registered=9)               # 2 with 50% headroom: 3
-    down = policy.at(61.0, needed=1, registered=9)         # 1 with headroom: 2; the window held 3
-    assert down.desired == 3 and down.needed == 2
+    down = policy.at(61.0, needed=1, registered=9)         # 1 (one device gets no headroom); the window held 3
+    assert down.desired == 3 and down.needed == 1
 
 
 def test_a_need_that_comes_back_within_the_window_cancels_the_scale_down():
@@ -414,12 +414,14 @@ def test_headroom_adds_spare_devices():
     assert Policy(headroom=0.5).at(0.0, needed=4, registered=4).desired == 6
 
 
-@pytest.mark.parametrize("needed, desired", [(1, 1), (2, 3), (3, 4), (4, 5), (5, 7), (10, 13), (82, 107)])
-def test_the_headroom_is_rounded_to_the_nearest_device_so_one_device_gets_none_more(needed, desired):
-    """30% of a plan of one device is less than half a device: a single device is not doubled."""
-    decision = Policy(headroom=0.3).at(0.0, needed=needed, registered=needed)
+@pytest.mark.parametrize("headroom, needed, desired", [
+    (0.3, 1, 1), (0.3, 2, 3), (0.3, 3, 4), (0.3, 4, 5), (0.3, 5, 7), (0.3, 10, 13), (0.3, 82, 107),
+    (0.6, 1, 1), (0.6, 2, 3), (0.6, 3, 5), (0.6, 4, 6), (0.6, 10, 16), (0.6, 82, 131)])
+def test_the_headroom_is_rounded_to_the_nearest_device_and_one_device_gets_none(headroom, needed, desired):
+    """A single device is not doubled, even where its headroom rounds to a whole device (0.6 of one)."""
+    decision = Policy(headroom=headroom).at(0.0, needed=needed, registered=needed)
     assert decision.desired == desired
-    assert ("30% headroom" in decision.reason) == (desired > needed), decision.reason
+    assert (f"{headroom:.0%} headroom" in decision.reason) == (desired > needed), decision.reason
 
 
 @pytest.mark.parametrize("low, high, message", [

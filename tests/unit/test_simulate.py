@@ -131,8 +131,10 @@ def test_a_backend_added_under_load_holds_its_answer_for_the_planned_batch_and_w
                      sum(len(s.queue) for s in self.sessions.values()), self.sessions.get("m0000")))
         warm_one(self, now)
     monkeypatch.setattr(SimBackend, "_warm_one", observed)
+    # no device headroom: the backend is added for the plan's own sessions (a spare's may plan batch 1,
+    # which leaves nothing to defer)
     sim, _ = run(models, arrivals=evenly("m0000", 150.0, 8.0, start_s=2.0), backends=None, max_backends=3,
-                 jitter_cv=0.0, path_ms=1.0)
+                 jitter_cv=0.0, path_ms=1.0, scheduler=SchedulerConfig(device_headroom=0.0))
     added = [s for s in seen if s[0] != "be-0"]
     holding = [s for s in added if s[3]]                  # while the table waits for its warm-up
     deferred = [s for s in added if not s[3]]

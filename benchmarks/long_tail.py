@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-expected-rates", action="store_true",
                         help="upload without expected rates: the scheduler plans at its default rate until it "
                              "measures them (a cold start)")
-    parser.add_argument("--burst-sigma", type=float, default=defaults.burst_sigma)
+    parser.add_argument("--burst-sigma", type=float, default=defaults.resolved_burst_sigma)
     parser.add_argument("--path-allowance-ms", type=float, default=defaults.path_allowance_ms)
     parser.add_argument("--epoch-s", type=float, default=defaults.epoch_s)
     parser.add_argument("--status-every-s", type=float, default=5.0)

@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-s", type=float, default=40.0)
     parser.add_argument("--epoch-s", type=float, default=10.0, help="scheduler re-planning period")
     parser.add_argument("--rate-headroom", type=float, default=defaults.rate_headroom)
-    parser.add_argument("--burst-sigma", type=float, default=defaults.burst_sigma)
+    parser.add_argument("--burst-sigma", type=float, default=defaults.resolved_burst_sigma)
     parser.add_argument("--path-allowance-ms", type=float, default=defaults.path_allowance_ms)
     parser.add_argument("--batch-start", default=BatchStart.EAGER.value, choices=[m.value for m in BatchStart])
     parser.add_argument("--methods", default="dp,even,proportional")

@@ -220,6 +220,13 @@ class DeviceBounds:
         low, high = dict(self.low), dict(self.high)
         return low.get(device_type, low.get("*", 0)), high.get(device_type, high.get("*", 1 << 30))
 
+    @property
+    def elastic(self) -> bool:
+        """Whether some device type has a maximum above its minimum: a cluster whose devices an actuator
+        (``nexus serve --backends auto``, a Kubernetes autoscaler) adds and removes. Without a maximum
+        the scheduler cannot tell an elastic cluster from a fixed one, and takes it as fixed."""
+        return any(n > self.of(t)[0] for t, n in self.high)
+
 
 def _parse_counts(name: str, text: str) -> tuple[tuple[str, int], ...]:
     out: dict[str, int] = {}
@@ -270,6 +277,7 @@ class SecurityConfig:
 
 
 DEFAULT_SCHEDULER_METRICS_LISTEN = "127.0.0.1:8102"
+FIXED_BURST_SIGMA = 1.5        # --burst-sigma unset, on a cluster of fixed size (SchedulerConfig.resolved_burst_sigma)
 
 
 def companion_listen(listen: str, value: str, default: str) -> str:
@@ -332,10 +340,11 @@ class SchedulerConfig:
     rate_headroom: float = field(default=0.0, metadata={
         "help": "plan every session for its measured rate times (1 + this): room for Poisson bursts and for "
                 "growth between epochs"})
-    burst_sigma: float = field(default=0.0, metadata={
+    burst_sigma: float | None = field(default=None, metadata={
         "help": "burst headroom Z: every device keeps room for the pooled Poisson burst of its sessions' arrivals, "
-                "so that a duty cycle overflows with probability at most 1 - Phi(Z) (6.7%% at 1.5); 0 (the default) "
-                "leaves bursts to the spares on idle devices and --device-headroom, pooled over every session"})
+                "so that a duty cycle overflows with probability at most 1 - Phi(Z) (6.7%% at 1.5); 0 turns it off. "
+                "Unset: 0 on an elastic cluster (a --max-devices above --min-devices), whose bursts go to the spares "
+                "on --device-headroom's devices, pooled over every session; 1.5 on any other"})
     path_allowance_ms: float = field(default=5.0, metadata={
         "help": "time a request spends outside the device on each hop (frontend, gRPC, serialisation); plans keep "
                 "duty cycle + batch latency within every SLO, and every query stage's budget, less this"})
@@ -423,13 +432,24 @@ class SchedulerConfig:
                      "profile_update_s"):
             _check_positive(name, getattr(self, name))
         for name in ("rate_headroom", "burst_sigma", "path_allowance_ms", "max_heartbeats_per_s"):
-            if getattr(self, name) < 0:
+            if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ConfigError(f"{_flag(name)}: must not be negative, got {getattr(self, name)}")
         _check_positive("heartbeat_interval_ms", self.heartbeat_interval_ms)
 
     @property
     def device_bounds(self) -> DeviceBounds:
         return DeviceBounds.parse(self.min_devices, self.max_devices)
+
+    @property
+    def resolved_burst_sigma(self) -> float:
+        """``burst_sigma``, or where unset the default of the cluster's kind: 0 on an elastic one, whose
+        bursts go to the spares on the device headroom (room pooled over every session: issue 24's trace
+        kept more requests within the SLO on fewer device-seconds so, benchmarks/elastic.md), and
+        FIXED_BURST_SIGMA on a cluster of fixed size, where the plan may leave too few idle devices for
+        spares (a traffic query on two idle devices dropped 3.75% of its queries without the room)."""
+        if self.burst_sigma is not None:
+            return self.burst_sigma
+        return 0.0 if self.device_bounds.elastic else FIXED_BURST_SIGMA
 
     @property
     def resolved_metrics_listen(self) -> str:

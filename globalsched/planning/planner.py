@@ -75,7 +75,7 @@ class PlannerSettings:
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> PlannerSettings:
         # The path allowance is the planner's network margin: spent outside the device on every hop.
-        planner = PlannerConfig(network_ms=config.path_allowance_ms, burst_sigma=config.burst_sigma)
+        planner = PlannerConfig(network_ms=config.path_allowance_ms, burst_sigma=config.resolved_burst_sigma)
         return cls(ReplanConfig(epoch_s=config.epoch_s, planner=planner), config.solver, config.latency_split,
                    config.default_rate_rps, config.rate_headroom, max(1, config.min_replicas), config.spare_replicas,
                    config.surge_floors, spare_overbook=config.spare_overbook)

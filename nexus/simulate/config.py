@@ -29,6 +29,8 @@ benchmarks/simulator.md keeps the measurement):
 
 from __future__ import annotations
 
+import dataclasses
+
 import enum
 import math
 from dataclasses import dataclass, field
@@ -116,6 +118,16 @@ class SimConfig:
     @property
     def auto(self) -> bool:
         return self.backends is None
+
+    def as_served(self) -> "SimConfig":
+        """This configuration as ``nexus serve --backends auto`` runs it: with auto and no maximum of the
+        scheduler's own, the bounds are ``min_backends``/``max_backends`` of the device type, so that the
+        scheduler knows its cluster is elastic (``SchedulerConfig.resolved_burst_sigma``)."""
+        if not self.auto or self.scheduler.device_bounds.high:
+            return self
+        return dataclasses.replace(self, scheduler=dataclasses.replace(
+            self.scheduler, min_devices=f"{self.device_type}={self.min_backends}",
+            max_devices=f"{self.device_type}={self.max_backends}"))
 
     def validate(self) -> None:
         if self.backends is not None and self.backends < 1:

@@ -65,7 +65,7 @@ class Simulation:
         if unknown:
             raise ValueError(f"the arrivals name models the models file does not have: {', '.join(unknown[:5])}"
                              + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""))
-        self.config = config
+        self.config = config = config.as_served()
         self.known_rates = known_rates
         self.models = models
         self.arrivals = arrivals

@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from common.config import SchedulerConfig
 from common.pb import control
 from common.profile import Profile
@@ -120,6 +122,19 @@ def test_path_allowance_and_burst_sigma_reach_the_planner(tmp_path):
     plan, _ = place_sessions(sessions, backends, PlannerState(), 0.0, settings=settings)
     assert plan.best_effort["m"] == ("SLO 50 ms less the 12 ms path allowance is below 2*l(1) = 42.0 ms on cpu; "
                                      "served best effort at batch 1")
+
+
+@pytest.mark.parametrize("config, sigma", [
+    ({}, 1.5),                                                      # no maximum: taken as fixed
+    ({"min_devices": "t4=4", "max_devices": "t4=4"}, 1.5),          # fixed
+    ({"min_devices": "t4=1", "max_devices": "t4=4"}, 0.0),          # elastic: the spares pool the bursts
+    ({"min_devices": "2", "max_devices": "8"}, 0.0),
+    ({"min_devices": "t4=1", "max_devices": "t4=4", "burst_sigma": 1.0}, 1.0),   # given: as given
+    ({"burst_sigma": 0.0}, 0.0),
+])
+def test_an_unset_burst_sigma_is_that_of_the_clusters_kind_and_reaches_the_planner(tmp_path, config, sigma):
+    service = _service(tmp_path, **config)
+    assert service.control.settings.planner.burst_sigma == sigma
 
 
 def test_plans_use_the_windowed_mean_rate_not_the_smoothed_one(tmp_path):

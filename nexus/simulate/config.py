@@ -29,11 +29,9 @@ benchmarks/simulator.md keeps the measurement):
 
 from __future__ import annotations
 
-import dataclasses
-
 import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from common.config import ConfigError, SchedulerConfig
 
@@ -125,7 +123,7 @@ class SimConfig:
         scheduler knows its cluster is elastic (``SchedulerConfig.resolved_burst_sigma``)."""
         if not self.auto or self.scheduler.device_bounds.high:
             return self
-        return dataclasses.replace(self, scheduler=dataclasses.replace(
+        return replace(self, scheduler=replace(
             self.scheduler, min_devices=f"{self.device_type}={self.min_backends}",
             max_devices=f"{self.device_type}={self.max_backends}"))
 

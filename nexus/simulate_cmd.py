@@ -14,7 +14,6 @@ arrivals and prints what the policy's reaction (its cool-down included) costs ag
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 
@@ -140,10 +139,7 @@ def configs(args):
     if memory is None:
         gpu = GPU_TYPES.get(args.device_type)
         memory = gpu.memory_mb if gpu is not None else 0.0
-    scheduler = from_args(SchedulerConfig, args)
-    if args.backends is None:
-        scheduler = dataclasses.replace(scheduler, min_devices=f"{args.device_type}={args.min_backends}",
-                                        max_devices=f"{args.device_type}={args.max_backends}")
+    scheduler = from_args(SchedulerConfig, args)      # auto's bounds: SimConfig.as_served
     config = SimConfig(device_type=args.device_type, memory_mb=memory, backends=args.backends,
                        min_backends=args.min_backends, max_backends=args.max_backends, frontends=args.frontends,
                        **{name: getattr(args, name) for name in TIME_PARAMETERS},

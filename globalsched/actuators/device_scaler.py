@@ -61,7 +61,8 @@ def demands(plan: ClusterPlan | None, backends: Iterable[Node], measured: Mappin
         demand = sum(outrunning_rps(measured.get(s), c) or c for s, c in capacity.items())
         planned = {s: plan.sessions[s].rate_rps for s in capacity if s in plan.sessions}   # none without a plan
         out[t] = TypeDemand(t, plan.devices_needed.get(t, 0) if plan is not None else 0, len(registered.get(t, [])),
-                            sum(capacity.values()), demand, folded, cost, *report_ratios(planned, measured))
+                            sum(capacity.values()), demand, folded, cost, *report_ratios(planned, measured),
+                            bound_gpus=plan.bound_gpus.get(t) if plan is not None else None)
     return out
 
 

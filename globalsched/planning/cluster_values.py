@@ -140,6 +140,8 @@ class ClusterPlan:
     planned_gammas: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
     devices_needed: Mapping[str, int] = field(default_factory=dict)   # device type -> devices the plan uses
     lower_bounds: Mapping[str, int] = field(default_factory=dict)     # device type -> its lower bound
+    # device type -> its (tight, throughput-only) bounds before rounding up, at the rates planned
+    bound_gpus: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     reasons: Mapping[str, ReplanReason] = field(default_factory=dict)  # device type -> why it was re-planned
     why: tuple[str, ...] = ()                                          # what forced this plan, if anything
     # The models' descriptions and profiles the tables carry, read when the plan was made (the control

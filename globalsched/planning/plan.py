@@ -254,6 +254,9 @@ class Plan:
     ``lower_bound`` is the tight bound (throughput and every session's fixed cost per duty cycle);
     ``lower_bound_throughput_only`` the bound of earlier releases (throughput alone), kept for
     comparison; both are certified (globalsched/planning/algorithms/lower_bound.py), None when not computed.
+    ``bound_gpus``: the two bounds before rounding up, (tight, throughput-only), from which the device
+    scaler tells how the plan grows with its rates (globalsched/planning/scaling_policy.py); in memory
+    only, not in the plan's JSON.
     """
 
     solver: str
@@ -264,6 +267,7 @@ class Plan:
     moved: int | None = None
     notes: tuple[str, ...] = ()
     lower_bound_throughput_only: int | None = None
+    bound_gpus: tuple[float, float] | None = None
 
     @property
     def num_gpus(self) -> int:

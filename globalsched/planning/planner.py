@@ -450,6 +450,7 @@ def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendS
     types: dict[str, TypeState] = {}
     needed: dict[str, int] = {}
     bounds: dict[str, int] = {}
+    fractional: dict[str, tuple[float, float]] = {}
     throughput_bound = 0
     reasons: dict[str, ReplanReason] = {}
     notes = []
@@ -467,6 +468,7 @@ def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendS
                            spares=settings.spare_replicas, spare_overbook=settings.spare_overbook)
         types[device_type] = result.state
         needed[device_type], bounds[device_type] = result.devices, result.lower_bound
+        fractional[device_type] = result.bound_gpus
         throughput_bound += result.lower_bound_throughput_only
         reasons[device_type] = result.reason
         notes.extend(result.notes)
@@ -480,7 +482,7 @@ def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendS
                        num_devices_planned=sum(needed.values()), lower_bound=sum(bounds.values()),
                        lower_bound_throughput_only=throughput_bound,
                        solver=settings.solver, notes=tuple(notes), devices_needed=needed, lower_bounds=bounds,
-                       reasons=reasons)
+                       reasons=reasons, bound_gpus=fractional)
     return plan, types
 
 

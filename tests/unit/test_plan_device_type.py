@@ -7,6 +7,7 @@ backends and expect the rest idle."""
 from __future__ import annotations
 
 import argparse
+import math
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from globalsched.planning.plan import GpuPlan, GpuSpec, Plan, PrefixGroup, Sessi
 from common.config import SchedulerConfig, add_arguments, from_args
 from common.profile import Profile
 from globalsched.planning.algorithms.config import PlannerConfig
+from globalsched.planning.algorithms.lower_bound import bounds_gpus
 from globalsched.planning.algorithms.replan import ReplanConfig, ReplanReason
 from globalsched.planning.cluster_values import MIN_PLANNED_RATE_RPS, ClusterView, ModelView, SessionInput
 from globalsched.planning.placement import BackendSlot
@@ -823,3 +825,15 @@ def test_a_backends_routed_load_splits_its_sessions_planned_load_over_their_spar
                 BackendAssignment("c", 100.0, (PlacedSession("m", 9, 90.0, 90.0),), spare=True))
     load = ClusterPlan({"gpu": Placement(backends, 0, 0)}, {}, {}).routed_load_rps()
     assert load == {"a": 45.0, "c": 45.0, "b": 30.0}
+
+
+def test_every_plan_carries_its_types_bounds_before_rounding_at_the_rates_it_planned():
+    # The device scaler tells from them how a plan grows with its rates (a step: scaling_policy.grown),
+    # so they are the bounds of the rates planned.
+    loop = _loop(cooldown_s=5.0, epoch_s=30.0)
+    sessions = [SessionInput(f"m{i}", 100.0, 5.0 * (i + 1), {"gpu": PROFILE}) for i in range(6)]
+    first = loop.plan(sessions, _slots("a", "b", "c"), 0.0)
+    specs = [SessionSpec(p.name, p.model, p.slo_ms, p.rate_rps, PROFILE) for p in first.sessions.values()]
+    tight, per_request = bounds_gpus(specs, GpuSpec("gpu", 16000.0), loop.settings.replan.planner)
+    assert first.bound_gpus["gpu"] == pytest.approx((tight, per_request))
+    assert math.ceil(tight - 1e-9) == first.lower_bounds["gpu"] and 0 < per_request < tight

@@ -3,6 +3,7 @@ cool-down to the window's need, the cheapest devices drained first, bounds, no f
 
 from __future__ import annotations
 
+import math
 import numpy as np
 import pytest
 
@@ -132,9 +133,47 @@ def test_a_step_across_every_session_scales_up_though_no_session_is_beyond_its_o
     d = Policy(cooldown_s=10).at(0.0, needed=40, registered=40, capacity_rps=t4.capacity_rps,
                                  demand_rps=t4.demand_rps, latest_ratio=t4.latest_ratio)
     assert d.desired == 80
-    assert "the latest reports are x2.00 the rates planned (a step): 80 for the plan's 40" in d.reason
+    assert "the latest reports are x2.00 the rates planned (a step), the plan's bound x2.00 at those rates: " \
+        "80 for the plan's 40" in d.reason
     # a ratio within the policy's outrun ratio (1.1) adds nothing
     assert Policy(cooldown_s=10).at(0.0, needed=40, registered=40, latest_ratio=1.05).desired == 40
+
+
+def test_a_step_grows_the_plan_as_its_bound_grows_not_as_its_rates():
+    """A plan made for the default rate, 1 rps a session, is mostly the sessions' fixed costs: 100
+    sessions of 50 ms SLO pay 14 GPUs where their requests alone need 1. The first reports at 3.6x
+    that rate ask for as many devices as the bound grows (its fixed costs are paid), not 3.6x the
+    plan's: a constant load's cold start asked for 85 devices where the next plan used 20."""
+    from dataclasses import replace
+
+    from common.profile import Profile
+    from globalsched.actuators.device_scaler import demands
+    from globalsched.planning.algorithms import lower_bound_gpus, solve
+    from globalsched.planning.plan import GpuSpec, SessionSpec
+    from globalsched.state.rate_reports import WindowRate
+
+    tail = [SessionSpec(f"t{i}", "m", 50.0, 1.0, Profile.linear(1.0, 5.0, 8)) for i in range(100)]
+    made = solve(tail, GpuSpec("g", 1e9))
+    tight, per_request = made.bound_gpus
+    assert (made.lower_bound, made.lower_bound_throughput_only) == (14, 1)
+    for ratio in (1.5, 3.6, 10.0):
+        # the estimate is never below the bound of the plan at those rates
+        assert lower_bound_gpus([replace(s, rate_rps=ratio * s.rate_rps) for s in tail]) \
+            <= tight + (ratio - 1) * per_request + 1e-9
+        d = Policy(cooldown_s=10).at(0.0, needed=made.num_gpus, registered=made.num_gpus, latest_ratio=ratio,
+                                     bound_gpus=made.bound_gpus)
+        assert d.desired == math.ceil(made.num_gpus * (1 + (ratio - 1) * per_request / tight) - 1e-9)
+        assert made.num_gpus < d.desired <= made.num_gpus + 2        # proportionally: 23, 54 and 150
+    d = Policy(cooldown_s=10).at(0.0, needed=made.num_gpus, registered=made.num_gpus, latest_ratio=3.6,
+                                 bound_gpus=made.bound_gpus)
+    assert f"x3.60 the rates planned (a step), the plan's bound x{1 + 2.6 * per_request / tight:.2f}" in d.reason
+    # the cluster plan's bounds of a type reach its demand
+    plan, backends, names = _many_sessions_plan(40, 10.0)
+    plan = replace(plan, bound_gpus={"t4": (40.0, 10.0)})
+    t4 = demands(plan, backends, {m: WindowRate(10.0, 10.0, 1.0, latest_rps=20.0, latest_s=2.0) for m in names})["t4"]
+    assert t4.bound_gpus == (40.0, 10.0) and t4.latest_ratio == pytest.approx(2.0)
+    d = Policy(cooldown_s=10).at(0.0, needed=40, registered=40, latest_ratio=t4.latest_ratio, bound_gpus=t4.bound_gpus)
+    assert d.desired == 50      # 40 * (1 + (2 - 1) * 10 / 40)
 
 
 def test_one_sessions_burst_or_a_steady_load_in_the_latest_reports_is_no_step():

@@ -142,8 +142,12 @@ def _ceil(x: float) -> int:
 def lower_bounds(sessions: Sequence[SessionSpec], gpu: GpuSpec | None = None,
                  config: PlannerConfig = PlannerConfig(), prefix_groups: Iterable[PrefixGroup] = ()) -> tuple[int, int]:
     """(:func:`lower_bound`, :func:`lower_bound_throughput_only`) in one pass."""
-    tight, old = bounds_gpus(sessions, gpu, config, prefix_groups)
-    return _ceil(tight), _ceil(old)
+    return certified(bounds_gpus(sessions, gpu, config, prefix_groups))
+
+
+def certified(bounds: tuple[float, float]) -> tuple[int, int]:
+    """The GPU counts of fractional bounds (:func:`bounds_gpus`): no valid plan uses fewer."""
+    return _ceil(bounds[0]), _ceil(bounds[1])
 
 
 def lower_bound(sessions: Sequence[SessionSpec], gpu: GpuSpec | None = None,

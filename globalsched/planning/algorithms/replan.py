@@ -39,7 +39,7 @@ from globalsched.planning.plan import GpuPlan, GpuSpec, Plan, PlanningError, Pre
 from .batch_sizing import SessionModel, batch_for, residual_config
 from .config import PlannerConfig
 from .gpuload import GpuLoad, Member, best_fit
-from .lower_bound import lower_bounds
+from .lower_bound import bounds_gpus, certified
 from .squishy import prepare_all, saturated_split, squishy
 
 
@@ -134,7 +134,8 @@ def replan(current: Plan | None, sessions: Sequence[SessionSpec], gpu: GpuSpec, 
                                     ReplanReason.NONE, state.replans)
     start = time.perf_counter()
     planner = config.planner
-    lb, lb_old = lower_bounds(sessions, gpu, planner, groups)
+    fractional = bounds_gpus(sessions, gpu, planner, groups)
+    lb, lb_old = certified(fractional)
     if reason is ReplanReason.INITIAL or current is None:
         gpus, notes = squishy(sessions, gpu, planner, groups), ("initial plan",)
     else:
@@ -145,7 +146,7 @@ def replan(current: Plan | None, sessions: Sequence[SessionSpec], gpu: GpuSpec, 
     moved_names = {s.name for s in sessions if before.get(s.name) and after.get(s.name, set()) - before[s.name]}
     plan = Plan("replan", tuple(sorted(gpus, key=lambda g: g.id)), lb, (time.perf_counter() - start) * 1000.0,
                 True if len(gpus) == lb else None, len(moved_names), (f"reason: {reason.value}",) + notes,
-                lb_old)
+                lb_old, fractional)
     names = {s.name for s in sessions}
     moved_at = {n: t for n, t in state.moved_at_s if n in names}
     moved_at.update({n: now_s for n in moved_names})

@@ -9,7 +9,7 @@ from globalsched.planning.plan import GpuPlan, GpuSpec, Plan, PlanningError, Pre
 
 from .baselines import batch_oblivious, nexus_published, one_per_gpu
 from .config import PlannerConfig, Solver
-from .lower_bound import lower_bounds
+from .lower_bound import bounds_gpus, certified
 from .squishy import squishy
 
 
@@ -32,7 +32,8 @@ def solve(sessions: Sequence[SessionSpec], gpu: GpuSpec, solver: Solver | str = 
         raise PlanningError(f"session {dup!r}: listed twice")
     groups = tuple(prefix_groups)
     start = time.perf_counter()
-    lb, lb_old = lower_bounds(sessions, gpu, config, groups)
+    fractional = bounds_gpus(sessions, gpu, config, groups)
+    lb, lb_old = certified(fractional)
     optimal: bool | None = None
     notes: tuple[str, ...] = ()
     gpus: list[GpuPlan]
@@ -51,4 +52,4 @@ def solve(sessions: Sequence[SessionSpec], gpu: GpuSpec, solver: Solver | str = 
     if len(gpus) == lb:
         optimal = True
     solve_ms = (time.perf_counter() - start) * 1000.0
-    return Plan(solver.value, tuple(gpus), lb, solve_ms, optimal, None, notes, lb_old)
+    return Plan(solver.value, tuple(gpus), lb, solve_ms, optimal, None, notes, lb_old, fractional)

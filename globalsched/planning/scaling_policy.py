@@ -44,7 +44,7 @@ The rules (an operator's expectations: no flapping, nothing lost, no idle device
   is being applied, the plan in force holds its devices, but the window remembers the coming plan's
   need (``TypeDemand.coming``): after a step down, plans that superseded each other for seconds
   left the window the need of a plan older than the plans made, and the next removal stopped there
-  (benchmarks/elastic.md). Nothing goes while the plan lags the load: when the sessions' windows'
+  (benchmarks/elastic.md). A scale-up the plan in force asks for is remembered as asked. Nothing goes while the plan lags the load: when the sessions' windows'
   means and their latest reports alike, summed, outrun the rates it was made for beyond the noise of
   their counts (``lag_ratio``, :func:`globalsched.actuators.device_scaler.lag_ratio`), its need
   understates; a removal on it, as the windows filled after the load began, was followed 0.2 s later
@@ -225,7 +225,13 @@ def _decide(d: TypeDemand, history: TypeHistory, config: ScalingConfig, now_s: f
         remembered, _, coming_why = _need(d.coming, config, low, high)
         if remembered < need:
             why = f"{why} (the plan being applied: {coming_why})"
-    needs = tuple((t, n) for t, n in history.needs if now_s - t < config.cooldown_s) + ((now_s, min(need, remembered)),)
+    # A scale-up is remembered at the need that asked for it, though the coming plan needs fewer: the
+    # plan being applied at a constant load's cold start had its own reports' step hidden by one
+    # session planned for its surge, whose window's spread was that surge (22 devices against 40-42).
+    # Remembered at 23, the desired count fell from 42 to 22 when that plan was applied, while 18
+    # devices started, and rose to 35 as they registered (an HPA would have stopped the pods).
+    asked = need if need > d.registered else min(need, remembered)
+    needs = tuple((t, n) for t, n in history.needs if now_s - t < config.cooldown_s) + ((now_s, asked),)
     window_max = max(max(n for _, n in needs), need)
     kept = window_max + math.floor(config.down_tolerance * window_max + 1e-9)    # what a removal leaves
     registered = d.registered

@@ -286,6 +286,20 @@ def test_the_window_remembers_the_need_of_a_plan_being_applied_while_the_plan_in
     assert down.desired == 4 and down.drains == tuple(f"be-{i}" for i in range(6))
 
 
+def test_a_scale_up_under_way_is_remembered_though_the_plan_being_applied_needs_fewer():
+    """The constant load's cold start (seed 2): the first reports asked the plan in force for 40
+    devices; the plan being applied needed 22 by its own reports. The window remembered 22, so when
+    that plan was applied the desired count fell to 22 while 18 devices were starting, and rose again
+    as they registered: two scale reversals, and an HPA would have stopped the pods it was starting."""
+    policy = Policy(cooldown_s=10)
+    assert policy.at(0.0, needed=22, registered=22).desired == 22
+    up = policy.at(0.5, needed=40, registered=22, coming=TypeDemand("t4", needed=22, registered=22))
+    assert up.desired == 40 and "add 18" in up.reason
+    applied = policy.at(1.5, needed=22, registered=22)        # applied; the devices are still starting
+    assert applied.desired == 40 and "40 needed within the 10 s window: 18 to come" in applied.reason
+    assert policy.at(2.0, needed=22, registered=40).desired == 40   # registered: held for the cool-down
+
+
 def test_the_scalers_window_holds_what_the_coming_plan_needs_once_it_is_applied():
     import asyncio
     from dataclasses import replace

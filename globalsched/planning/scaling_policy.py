@@ -44,7 +44,8 @@ The rules (an operator's expectations: no flapping, nothing lost, no idle device
   is being applied, the plan in force holds its devices, but the window remembers the coming plan's
   need (``TypeDemand.coming``): after a step down, plans that superseded each other for seconds
   left the window the need of a plan older than the plans made, and the next removal stopped there
-  (benchmarks/elastic.md). A scale-up the plan in force asks for is remembered as asked. Nothing goes while the plan lags the load: when the sessions' windows'
+  (benchmarks/elastic.md). A scale-up the plan in force asks for is remembered as asked. Nothing
+  goes while the plan lags the load: when the sessions' windows'
   means and their latest reports alike, summed, outrun the rates it was made for beyond the noise of
   their counts (``lag_ratio``, :func:`globalsched.actuators.device_scaler.lag_ratio`), its need
   understates; a removal on it, as the windows filled after the load began, was followed 0.2 s later

@@ -21,8 +21,8 @@ The rules (an operator's expectations: no flapping, nothing lost, no idle device
   raw need is the plan's devices grown as its lower bound grows at that ratio (:func:`grown`: the
   sessions' fixed costs are paid, each request more costs its best time), from the first reports
   after the step rather than a device or a few per re-plan as the means follow it. Times the ratio
-  itself, a plan made for the default rates, mostly fixed costs, asked for four times the devices
-  the next plan used. Then ``headroom`` times it more,
+  itself, a plan made for the default rates, mostly fixed costs, asked for 51 devices where the next
+  plan used 20. Then ``headroom`` times it more,
   rounded to the nearest device (spares pooled over every session), within the bounds. A plan of one
   device gets none: a model served at a trickle would otherwise keep two devices (rounded up, a
   plan of one got a second, and tests/e2e/test_elastic.py's model never went back to one). When it

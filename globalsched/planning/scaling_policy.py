@@ -172,8 +172,9 @@ def _need(d: TypeDemand, config: ScalingConfig, low: int, high: int) -> tuple[in
     stepped = math.ceil(d.needed * growth - 1e-9)
     if d.latest_ratio > config.outrun_ratio and stepped > need:
         need = stepped
-        why = (f"the latest reports are x{d.latest_ratio:.2f} the rates planned (a step), the plan's bound "
-               f"x{growth:.2f} at those rates: {need} for the plan's {d.needed}")
+        bound = f", the plan's bound x{growth:.2f} at those rates" if d.bound_gpus is not None else ""
+        why = (f"the latest reports are x{d.latest_ratio:.2f} the rates planned (a step){bound}: "
+               f"{need} for the plan's {d.needed}")
     extra = math.floor(need * config.headroom + 0.5) if need > 1 else 0    # one device is not doubled
     if extra > 0:
         need += extra

@@ -142,7 +142,7 @@ def test_a_step_grows_the_plan_as_its_bound_grows_not_as_its_rates():
     """A plan made for the default rate, 1 rps a session, is mostly the sessions' fixed costs: 100
     sessions of 50 ms SLO pay 14 GPUs where their requests alone need 1. The first reports at 3.6x
     that rate ask for as many devices as the bound grows (its fixed costs are paid), not 3.6x the
-    plan's: a constant load's cold start asked for 85 devices where the next plan used 20."""
+    plan's: a constant load's cold start asked for 51 (85 with the headroom) where the next plan used 20."""
     from dataclasses import replace
 
     from common.profile import Profile

@@ -83,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="models for the offline prediction check")
     ap.add_argument("--check-max-batch", type=int, default=16)
     ap.add_argument("--out", default="benchmarks/out/multitenant_cost")
+    # The smoke's SLO leaves batch 1 room on a loaded machine: at a load average of 3 one thread ran
+    # vehicle_cls at 31 ms, and 50 ms refused it (below 2 * l(1)).
     add_smoke(ap, duration_s=0.2, refine=1, threads=1, budget_s=0.05,
-              check_models="mlp_small", check_max_batch=4)
+              check_models="mlp_small", check_max_batch=4, slo_ms=200.0)
     args = parse_args(ap, argv)
     os.makedirs(args.out, exist_ok=True)
     names = [n for n in args.models.split(",") if n]

@@ -72,7 +72,7 @@ class TypeResult:
     reason: ReplanReason         # NONE: the previous placement stands
     state: TypeState
     notes: tuple[str, ...] = ()
-    bound_gpus: tuple[float, float] = (0.0, 0.0)    # the plan's fractional bounds (Plan.bound_gpus)
+    bound_gpus: tuple[float, float] | None = None   # the plan's fractional bounds (Plan.bound_gpus)
 
 
 def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[BackendSlot],
@@ -132,7 +132,7 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
         return TypeResult(st.placement, _devices_needed(st.plan, specs, min_replicas, st.spares) if st.plan else 0,
                           st.plan.lower_bound if st.plan else 0,
                           (st.plan.lower_bound_throughput_only or 0) if st.plan else 0, reason, st,
-                          bound_gpus=(st.plan.bound_gpus or (0.0, 0.0)) if st.plan else (0.0, 0.0))
+                          bound_gpus=st.plan.bound_gpus if st.plan else None)
     wanted = {s.name: min_replicas.get(s.name, 1) for s in specs}
     plan, replicas = _with_replicas(plan, current, st, grouped, groups, gpu, wanted, len(slots), config.planner)
     free = len(slots) if spares else 0
@@ -164,7 +164,7 @@ def plan_type(specs: Sequence[SessionSpec], gpu: GpuSpec, slots: Sequence[Backen
     new = TypeState(plan, state, nodes, frozenset(replicas), signature, alive, placement,
                     {s.name: s.profile for s in specs}, spare_ids)
     return TypeResult(placement, _devices_needed(plan, specs, min_replicas, spare_ids), plan.lower_bound,
-                      plan.lower_bound_throughput_only or 0, reason, new, notes, plan.bound_gpus or (0.0, 0.0))
+                      plan.lower_bound_throughput_only or 0, reason, new, notes, plan.bound_gpus)
 
 
 def profile_changes(before: Mapping[str, Profile], specs: Sequence[SessionSpec],

@@ -468,7 +468,8 @@ def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendS
                            spares=settings.spare_replicas, spare_overbook=settings.spare_overbook)
         types[device_type] = result.state
         needed[device_type], bounds[device_type] = result.devices, result.lower_bound
-        fractional[device_type] = result.bound_gpus
+        if result.bound_gpus is not None:
+            fractional[device_type] = result.bound_gpus
         throughput_bound += result.lower_bound_throughput_only
         reasons[device_type] = result.reason
         notes.extend(result.notes)

@@ -98,15 +98,19 @@ class PlanWatch:
 
 
 def run_method(method: str, args, workdir: pathlib.Path) -> dict:
+    # Sized for the room a fixed cluster keeps when its idle devices are too few for spares; the
+    # scheduler itself judges its Z (unset: by the idle devices it has, globalsched/planning/planner.py).
+    sizing_sigma = SchedulerConfig().resolved_burst_sigma if args.burst_sigma is None else args.burst_sigma
     n, budgets = gpus_needed(method, args.rate, args.profile_scale, args.rate_headroom, args.path_allowance_ms,
-                             args.burst_sigma)
+                             sizing_sigma)
+    chosen = [] if args.burst_sigma is None else ["--burst-sigma", str(args.burst_sigma)]
     models = {"det3": detector_64(BOXES), "vehicle": vehicle_cls(), "face": face_cls()}
     # Spare backends: squishy's count is not monotone in the rate, and the scheduler plans for the
     # rate it measures, not the one offered. GPUs needed is what its plan uses.
     cluster = ServeCluster(workdir / method, "--device", f"emulated:{GPU}", "--backends", str(n + SPARE_BACKENDS),
                            "--no-samples",
                            "--latency-split", method, "--epoch-s", str(args.epoch_s),
-                           "--rate-headroom", str(args.rate_headroom), "--burst-sigma", str(args.burst_sigma),
+                           "--rate-headroom", str(args.rate_headroom), *chosen,
                            "--path-allowance-ms", str(args.path_allowance_ms), "--batch-start", args.batch_start)
     try:
         for name, model in models.items():
@@ -148,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-s", type=float, default=40.0)
     parser.add_argument("--epoch-s", type=float, default=10.0, help="scheduler re-planning period")
     parser.add_argument("--rate-headroom", type=float, default=defaults.rate_headroom)
-    parser.add_argument("--burst-sigma", type=float, default=defaults.resolved_burst_sigma)
+    parser.add_argument("--burst-sigma", type=float, default=None,
+                        help="the scheduler's --burst-sigma (default: unset, the scheduler's own choice; the "
+                             "cluster is then sized for its room on a cluster short of idle devices)")
     parser.add_argument("--path-allowance-ms", type=float, default=defaults.path_allowance_ms)
     parser.add_argument("--batch-start", default=BatchStart.EAGER.value, choices=[m.value for m in BatchStart])
     parser.add_argument("--methods", default="dp,even,proportional")

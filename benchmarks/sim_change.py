@@ -46,7 +46,7 @@ import time
 
 from benchmarks.elastic import FIXED_MS, PER_ITEM_MS, SLOS_MS
 from common.cli_types import non_negative_seconds
-from common.config import SchedulerConfig
+from common.config import FIXED_BURST_SIGMA, SchedulerConfig
 from harness.elastic import zipf_models
 from harness.smoke import add_smoke, parse_args
 from nexus.simulate.config import Fault, FaultKind, SimConfig
@@ -95,9 +95,13 @@ def config(devices: int, seed: int, fixed: bool, faults=(), floors: bool = False
            burst_sigma: float | None = None) -> SimConfig:
     """``floors``: the scheduler as before 2026-12-05, surges held as each session's floor and no device
     headroom (``--surge-floors --device-headroom 0``), against the defaults' spares pooled on the
-    headroom. ``device_headroom``, ``spare_overbook``, ``burst_sigma``: those settings, where given."""
+    headroom; a cluster of fixed size keeps burst room on every device then, as it did (with no
+    headroom, one idle device would otherwise take it away). ``device_headroom``, ``spare_overbook``,
+    ``burst_sigma``: those settings, where given."""
     low = max(1, devices // 10)
     extra = {"surge_floors": True, "device_headroom": 0.0} if floors else {}
+    if floors and fixed:
+        extra["burst_sigma"] = FIXED_BURST_SIGMA
     if device_headroom is not None:
         extra["device_headroom"] = device_headroom
     if spare_overbook is not None:

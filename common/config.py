@@ -277,7 +277,9 @@ class SecurityConfig:
 
 
 DEFAULT_SCHEDULER_METRICS_LISTEN = "127.0.0.1:8102"
-FIXED_BURST_SIGMA = 1.5        # --burst-sigma unset, on a cluster of fixed size (SchedulerConfig.resolved_burst_sigma)
+# --burst-sigma unset, on a cluster of fixed size whose idle devices are too few for the spares
+# (SchedulerConfig.resolved_burst_sigma, globalsched/planning/planner.py type_burst_sigma)
+FIXED_BURST_SIGMA = 1.5
 
 
 def companion_listen(listen: str, value: str, default: str) -> str:
@@ -344,7 +346,9 @@ class SchedulerConfig:
         "help": "burst headroom Z: every device keeps room for the pooled Poisson burst of its sessions' arrivals, "
                 "so that a duty cycle overflows with probability at most 1 - Phi(Z) (6.7%% at 1.5); 0 turns it off. "
                 "Unset: 0 on an elastic cluster (a --max-devices above --min-devices), whose bursts go to the spares "
-                "on --device-headroom's devices, pooled over every session; 1.5 on any other"})
+                "on --device-headroom's devices, pooled over every session; on a cluster of fixed size, 0 while a "
+                "device type's backends hold its plan and --device-headroom more (at least one) for the spares, "
+                "1.5 where they are fewer or spare replicas are off"})
     path_allowance_ms: float = field(default=5.0, metadata={
         "help": "time a request spends outside the device on each hop (frontend, gRPC, serialisation); plans keep "
                 "duty cycle + batch latency within every SLO, and every query stage's budget, less this"})
@@ -446,7 +450,9 @@ class SchedulerConfig:
         bursts go to the spares on the device headroom (room pooled over every session: issue 24's trace
         kept more requests within the SLO on fewer device-seconds so, benchmarks/elastic.md), and
         FIXED_BURST_SIGMA on a cluster of fixed size, where the plan may leave too few idle devices for
-        spares (a traffic query on two idle devices dropped 3.75% of its queries without the room)."""
+        spares (a traffic query on two idle devices dropped 3.75% of its queries without the room).
+        The planner takes 0 there too while the idle devices are enough for the spares
+        (globalsched/planning/planner.py, ``type_burst_sigma``); this is the Z where they are not."""
         if self.burst_sigma is not None:
             return self.burst_sigma
         return 0.0 if self.device_bounds.elastic else FIXED_BURST_SIGMA

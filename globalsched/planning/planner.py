@@ -55,6 +55,7 @@ from globalsched.planning.plan_device_type import TypeState, plan_type
 from globalsched.planning.query_sessions import plan_query_sessions
 from globalsched.planning.replan_policy import should_replan
 from globalsched.planning.residency import choose_resident
+from globalsched.planning.scaling_policy import headroom_devices
 from globalsched.state.rate_reports import PLAN_RATE_WINDOW_S
 
 
@@ -71,14 +72,25 @@ class PlannerSettings:
     spare_replicas: bool = True         # idle backends hold replicas of the busiest sessions (plan_device_type.py)
     surge_floors: bool = False          # a surge is held as its session's floor (held_surges); off: never held
     spare_overbook: float = SchedulerConfig.spare_overbook   # a spare GPU may take this times its duty cycle (plan.py)
+    # Z of a device type whose backends cannot hold the plan in force and ``device_headroom`` more
+    # (:func:`type_burst_sigma`); None: always ``planner.burst_sigma``
+    short_burst_sigma: float | None = None
+    device_headroom: float = 0.0
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> PlannerSettings:
         # The path allowance is the planner's network margin: spent outside the device on every hop.
-        planner = PlannerConfig(network_ms=config.path_allowance_ms, burst_sigma=config.resolved_burst_sigma)
+        # --burst-sigma unset on a cluster of fixed size: no room of the devices' own while its idle
+        # devices hold the spares of the device headroom, FIXED_BURST_SIGMA where they are too few
+        # (always, with no spares to hold).
+        adaptive = config.burst_sigma is None and not config.device_bounds.elastic and config.spare_replicas
+        planner = PlannerConfig(network_ms=config.path_allowance_ms,
+                                burst_sigma=0.0 if adaptive else config.resolved_burst_sigma)
         return cls(ReplanConfig(epoch_s=config.epoch_s, planner=planner), config.solver, config.latency_split,
                    config.default_rate_rps, config.rate_headroom, max(1, config.min_replicas), config.spare_replicas,
-                   config.surge_floors, spare_overbook=config.spare_overbook)
+                   config.surge_floors, spare_overbook=config.spare_overbook,
+                   short_burst_sigma=config.resolved_burst_sigma if adaptive else None,
+                   device_headroom=config.device_headroom)
 
     @property
     def planner(self) -> PlannerConfig:
@@ -131,7 +143,8 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
     force, why = call.force, call.why
     sessions, planned, queries = session_inputs(view, settings, planned_rps, first, surges,
                                                 {name: rate for name, (rate, _) in floors.items()},
-                                                {name: rate for name, (rate, _) in ceilings.items()})
+                                                {name: rate for name, (rate, _) in ceilings.items()},
+                                                type_burst_sigmas(settings, state, view.backends))
     placed, types = place_sessions(sessions, view.backends, state, view.now_s, force, settings,
                                    {m.name: m.min_replicas for m in view.models}, view.rates_rps, view.last_requested_s)
     changed = any(r is not ReplanReason.NONE for r in placed.reasons.values())
@@ -341,7 +354,8 @@ def held_surges(floors: Mapping[str, tuple[float, float]], surges_rps: Mapping[s
 
 def session_inputs(view: ClusterView, settings: PlannerSettings, planned_rps: Mapping[str, float] = {},
                    first_requests_s: Mapping[str, float] = {}, surges_rps: Mapping[str, float] | None = None,
-                   floors_rps: Mapping[str, float] = {}, ceilings_rps: Mapping[str, float] | None = None
+                   floors_rps: Mapping[str, float] = {}, ceilings_rps: Mapping[str, float] | None = None,
+                   burst_sigmas: Mapping[str, float] = {}
                    ) -> tuple[list[SessionInput], dict[str, PlannedSession], tuple[dict, dict, dict]]:
     """The sessions to place (model sessions and query stages, rates with headroom), every planned
     session by name, and the queries' (plans, planned rates, planned gammas). ``planned_rps``: the
@@ -349,7 +363,9 @@ def session_inputs(view: ClusterView, settings: PlannerSettings, planned_rps: Ma
     of them keep (:func:`settled_rates`); ``surges_rps``: the surges beyond noise (:func:`real_surges`;
     default: the view's); ``floors_rps``: the surges held (:func:`held_surges`), below which no
     session's measured rate is planned; ``ceilings_rps``: the drops held (:func:`held_drops`; default:
-    the view's latest drops, :func:`dropped_rates`), above which none is, but for a floor.
+    the view's latest drops, :func:`dropped_rates`), above which none is, but for a floor;
+    ``burst_sigmas``: the Z of each device type's next plan (:func:`type_burst_sigmas`), which a
+    query's split on that type prices (``settings.planner``'s where absent).
 
     A model uploaded with an expected rate is planned for it until its requests have been measured
     for a whole rate window (``first_requests_s``: when each model's first ones were), and for the
@@ -378,7 +394,8 @@ def session_inputs(view: ClusterView, settings: PlannerSettings, planned_rps: Ma
         out.append(SessionInput(m.name, m.slo_ms, rate, m.profiles, m.prefix_group, m.prefix_share))
     profiles = {name: m.profiles for name, m in view.stage_models.items()}
     stage_sessions, query_plans = plan_query_sessions(view.queries, rates, view.gammas, profiles, present,
-                                                      settings.latency_split, default_rate, settings.planner)
+                                                      settings.latency_split, default_rate, settings.planner,
+                                                      burst_sigmas)
     stage_model = {q.graph.session_name(st.name): st.model for q in view.queries.values() for st in q.stages}
     planned = {s.model: PlannedSession(s.model, s.model, s.slo_ms, max(s.rate_rps, MIN_PLANNED_RATE_RPS))
                for s in out}
@@ -404,6 +421,7 @@ def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendS
     adds the sessions' and queries' views."""
     config = settings.planner
     margins_ms = config.margins_ms
+    sigmas = type_burst_sigmas(settings, state, backends)
     by_type: dict[str, list[BackendSlot]] = {}
     for b in backends:
         by_type.setdefault(b.device_type, []).append(b)
@@ -462,11 +480,20 @@ def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendS
                              rate_rps=max(s.rate_rps, MIN_PLANNED_RATE_RPS),
                              profile=s.profiles[device_type], prefix_group=s.prefix_group or None)
                  for s in group]
-        result = plan_type(specs, gpu, slots, {s.model: s.prefix_share for s in group},
-                           state.types.get(device_type, TypeState()), now_s=now_s, min_replicas=replicas,
-                           force=force, previous=previous, config=settings.replan, solver=settings.solver,
-                           spares=settings.spare_replicas, spare_overbook=settings.spare_overbook)
+        type_state = state.types.get(device_type, TypeState())
+        sigma = sigmas[device_type]
+        replan_config = settings.replan if sigma == config.burst_sigma else \
+            replace(settings.replan, planner=replace(config, burst_sigma=sigma))
+        result = plan_type(specs, gpu, slots, {s.model: s.prefix_share for s in group}, type_state, now_s=now_s,
+                           min_replicas=replicas, force=force, previous=previous, config=replan_config,
+                           solver=settings.solver, spares=settings.spare_replicas,
+                           spare_overbook=settings.spare_overbook)
         types[device_type] = result.state
+        if sigma != config.burst_sigma:
+            # The same words while it holds, whatever the counts: the control loop logs a note once.
+            notes.append(f"{device_type}: too few backends for the plan's devices and "
+                         f"{settings.device_headroom:.0%} more for spares: its plans keep burst room on every "
+                         f"device (Z = {sigma:g})")
         needed[device_type], bounds[device_type] = result.devices, result.lower_bound
         if result.bound_gpus is not None:
             fractional[device_type] = result.bound_gpus
@@ -485,6 +512,36 @@ def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendS
                        solver=settings.solver, notes=tuple(notes), devices_needed=needed, lower_bounds=bounds,
                        reasons=reasons, bound_gpus=fractional)
     return plan, types
+
+
+def type_burst_sigmas(settings: PlannerSettings, state: PlannerState, backends: Sequence[BackendSlot]
+                      ) -> dict[str, float]:
+    """device type -> :func:`type_burst_sigma` of its next plan, for every type with ``backends``."""
+    registered: dict[str, int] = {}
+    for b in backends:
+        registered[b.device_type] = registered.get(b.device_type, 0) + 1
+    return {t: type_burst_sigma(settings, state.types.get(t, TypeState()), n) for t, n in registered.items()}
+
+
+def type_burst_sigma(settings: PlannerSettings, st: TypeState, registered: int) -> float:
+    """Z, the burst room each device of a type keeps for its own sessions in the next plan.
+
+    ``settings.planner.burst_sigma``, unless ``settings.short_burst_sigma`` is set (``--burst-sigma``
+    unset on a cluster of fixed size) and the ``registered`` backends cannot hold the plan in force,
+    spares aside, with the device headroom an elastic cluster would ask for beside it (rounded as the
+    scaling policy rounds it, and at least one device: a plan of one device on one backend has no
+    spare): then that. Bursts go to the spares on the idle devices while they are
+    enough, as on an elastic cluster; where they are too few, a burst has no spare to go to, and a
+    traffic query's split on two idle devices dropped 3.75% of its queries without room of the
+    devices' own (benchmarks/elastic.md). Judged on the plan in force, whose Z made it: a plan with
+    room needs more devices than one without, so a load between the two thresholds keeps the Z it
+    has, and no re-plan is forced by a change of Z (the next one takes it)."""
+    if settings.short_burst_sigma is None or st.plan is None:
+        return settings.planner.burst_sigma
+    in_force = len(st.plan.gpus) - len(st.spares)
+    if in_force + max(1, headroom_devices(in_force, settings.device_headroom)) <= registered:
+        return settings.planner.burst_sigma
+    return settings.short_burst_sigma
 
 
 def _add_best_effort(placement: Placement, sessions: Sequence[SessionInput], device_type: str) -> Placement:

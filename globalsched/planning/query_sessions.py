@@ -16,6 +16,7 @@ ties: the scheduler's split is never worse than the even split it is compared ag
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Mapping
 
 from globalsched.planning.algorithms import PlannerConfig, even_split, proportional_split, solve, split_latency
@@ -33,13 +34,15 @@ def plan_query_sessions(queries: Mapping[str, QueryDef], rates_rps: Mapping[str,
                         gammas: Mapping[tuple[str, str, str], float],
                         profiles: Mapping[str, Mapping[str, Profile]], device_types: list[str],
                         method: str = "dp", default_rate_rps: float = 1.0,
-                        config: PlannerConfig | None = None,
+                        config: PlannerConfig | None = None, burst_sigmas: Mapping[str, float] = {},
                         ) -> tuple[list[SessionInput], dict[str, QueryPlan]]:
     """Stage sessions of every query and how their budgets were chosen.
 
     ``profiles[model][device_type]``; ``device_types`` in order of preference (most backends first).
     ``config.margins_ms`` (the path allowance) is spent outside the device by every stage: each
     stage's budget covers it, and the packing keeps duty cycle + batch latency within budget less it.
+    ``burst_sigmas``: the burst room Z the plan of each device type keeps (``config.burst_sigma``
+    where absent), which a split made for that type prices.
     """
     config = config or PlannerConfig()
 
@@ -62,7 +65,9 @@ def plan_query_sessions(queries: Mapping[str, QueryDef], rates_rps: Mapping[str,
         spec = QuerySpec(name, q.slo_ms, rate,
                          tuple(QueryStage(s.name, s.model, profiles[s.model][device_type]) for s in q.stages),
                          tuple(QueryEdge(p, c, max(used[f"{p}->{c}"], 1e-3)) for p, c in edges))
-        split_ms, chosen, reason = query_split(spec, method, device_type, config)
+        typed = config if device_type not in burst_sigmas or burst_sigmas[device_type] == config.burst_sigma \
+            else replace(config, burst_sigma=burst_sigmas[device_type])
+        split_ms, chosen, reason = query_split(spec, method, device_type, typed)
         budgets = dict(split_ms) if split_ms is not None else even_budgets_ms(q)
         stage_rates = spec.stage_rates_rps()
         for s in q.stages:

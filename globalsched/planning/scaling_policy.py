@@ -159,6 +159,12 @@ def desired_devices(demands: Mapping[str, TypeDemand], state: ScalingState, conf
     return decisions, ScalingState(types)
 
 
+def headroom_devices(need: int, headroom: float) -> int:
+    """The devices asked for beyond a need of ``need``: ``headroom`` of it, rounded to the nearest
+    device; none beside a need of one device (a model served at a trickle would keep two)."""
+    return math.floor(need * headroom + 0.5) if need > 1 else 0
+
+
 def _need(d: TypeDemand, config: ScalingConfig, low: int, high: int) -> tuple[int, int, str]:
     """(the need within the bounds, before them, why) of one demand: its plan's devices, demand and
     steps counted, headroom added."""
@@ -175,7 +181,7 @@ def _need(d: TypeDemand, config: ScalingConfig, low: int, high: int) -> tuple[in
         bound = f", the plan's bound x{growth:.2f} at those rates" if d.bound_gpus is not None else ""
         why = (f"the latest reports are x{d.latest_ratio:.2f} the rates planned (a step){bound}: "
                f"{need} for the plan's {d.needed}")
-    extra = math.floor(need * config.headroom + 0.5) if need > 1 else 0    # one device is not doubled
+    extra = headroom_devices(need, config.headroom)
     if extra > 0:
         need += extra
         why += f", {config.headroom:.0%} headroom: {need}"

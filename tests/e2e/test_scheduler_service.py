@@ -124,17 +124,23 @@ def test_path_allowance_and_burst_sigma_reach_the_planner(tmp_path):
                                      "served best effort at batch 1")
 
 
-@pytest.mark.parametrize("config, sigma", [
-    ({}, 1.5),                                                      # no maximum: taken as fixed
-    ({"min_devices": "t4=4", "max_devices": "t4=4"}, 1.5),          # fixed
-    ({"min_devices": "t4=1", "max_devices": "t4=4"}, 0.0),          # elastic: the spares pool the bursts
-    ({"min_devices": "2", "max_devices": "8"}, 0.0),
-    ({"min_devices": "t4=1", "max_devices": "t4=4", "burst_sigma": 1.0}, 1.0),   # given: as given
-    ({"burst_sigma": 0.0}, 0.0),
+@pytest.mark.parametrize("config, sigma, short", [
+    # fixed (no maximum is taken as fixed): the spares pool the bursts while the idle devices are
+    # enough for them, each device keeps room of its own where they are too few
+    ({}, 0.0, 1.5),
+    ({"min_devices": "t4=4", "max_devices": "t4=4"}, 0.0, 1.5),
+    ({"min_devices": "t4=1", "max_devices": "t4=4"}, 0.0, None),    # elastic: the spares pool the bursts
+    ({"min_devices": "2", "max_devices": "8"}, 0.0, None),
+    ({"min_devices": "t4=1", "max_devices": "t4=4", "burst_sigma": 1.0}, 1.0, None),   # given: as given
+    ({"burst_sigma": 0.0}, 0.0, None),
+    ({"burst_sigma": 1.5}, 1.5, None),
+    ({"spare_replicas": False}, 1.5, None),                         # fixed with no spares: always the room
 ])
-def test_an_unset_burst_sigma_is_that_of_the_clusters_kind_and_reaches_the_planner(tmp_path, config, sigma):
+def test_an_unset_burst_sigma_is_that_of_the_clusters_kind_and_reaches_the_planner(tmp_path, config, sigma, short):
     service = _service(tmp_path, **config)
-    assert service.control.settings.planner.burst_sigma == sigma
+    settings = service.control.settings
+    assert settings.planner.burst_sigma == sigma and settings.short_burst_sigma == short
+    assert settings.device_headroom == service.config.device_headroom
 
 
 def test_plans_use_the_windowed_mean_rate_not_the_smoothed_one(tmp_path):

@@ -13,15 +13,16 @@ import numpy as np
 import pytest
 
 from globalsched.planning.plan import GpuPlan, GpuSpec, Plan, PrefixGroup, SessionAlloc, SessionSpec, validate_plan
-from common.config import SchedulerConfig, add_arguments, from_args
+from common.config import FIXED_BURST_SIGMA, SchedulerConfig, add_arguments, from_args
 from common.profile import Profile
 from globalsched.planning.algorithms.config import PlannerConfig
 from globalsched.planning.algorithms.lower_bound import bounds_gpus
 from globalsched.planning.algorithms.replan import ReplanConfig, ReplanReason
 from globalsched.planning.cluster_values import MIN_PLANNED_RATE_RPS, ClusterView, ModelView, SessionInput
 from globalsched.planning.placement import BackendSlot
+from globalsched.planning.plan_device_type import TypeState
 from globalsched.planning.planner import (PlannerSettings, PlannerState, dropped_rates, plan_cluster, real_surges,
-                                 same_tables, settled_rates, unabsorbed_surges)
+                                 same_tables, settled_rates, type_burst_sigma, unabsorbed_surges)
 from globalsched.planning.replicas import _SpareRoom, _with, add_replicas, add_spares
 from globalsched.planning.prefix_groups import planning_groups
 
@@ -837,3 +838,50 @@ def test_every_plan_carries_its_types_bounds_before_rounding_at_the_rates_it_pla
     tight, per_request = bounds_gpus(specs, GpuSpec("gpu", 16000.0), loop.settings.replan.planner)
     assert first.bound_gpus["gpu"] == pytest.approx((tight, per_request))
     assert math.ceil(tight - 1e-9) == first.lower_bounds["gpu"] and 0 < per_request < tight
+
+
+def test_a_fixed_cluster_keeps_burst_room_on_its_devices_only_while_its_idle_ones_are_too_few_for_spares():
+    fixed = PlannerSettings.from_config(SchedulerConfig())
+    assert fixed.planner.burst_sigma == 0.0 and fixed.short_burst_sigma == FIXED_BURST_SIGMA
+    elastic = PlannerSettings.from_config(SchedulerConfig(min_devices="1", max_devices="8"))
+    assert elastic.planner.burst_sigma == 0.0 and elastic.short_burst_sigma is None
+    chosen = PlannerSettings.from_config(SchedulerConfig(burst_sigma=2.0))
+    assert chosen.planner.burst_sigma == 2.0 and chosen.short_burst_sigma is None
+    # Eight sessions on 4 devices; 60% more is 2: six backends hold the spares, five do not.
+    sessions = [SessionInput(f"m{i}", 60.0, 30.0, {"gpu": PROFILE}) for i in range(8)]
+    specs = [SessionSpec(s.model, s.model, s.slo_ms, s.rate_rps, PROFILE) for s in sessions]
+
+    def room_kept(loop: Loop) -> bool:
+        ts = loop.state.types["gpu"]
+        return not validate_plan(ts.plan, specs, GpuSpec("gpu", 16000.0), fixed.planner.margins_ms,
+                                 burst_sigma=FIXED_BURST_SIGMA, spare_gpus=ts.spares, spare_overbook=2.0)
+
+    loops = {}
+    for n, short in ((5, True), (6, False)):
+        loop = loops[n] = Loop(fixed)
+        slots = _slots(*(f"b{k}" for k in range(n)))
+        first = loop.plan(sessions, slots, 0.0)          # no plan in force yet: none
+        assert first.devices_needed == {"gpu": 4} and not first.notes and not room_kept(loop)
+        plan = loop.plan(sessions, slots, 1.0, force=ReplanReason.EPOCH)
+        assert room_kept(loop) is short, n
+        assert any("too few backends for the plan's devices and 60% more" in note for note in plan.notes) is short
+    # Two backends more beside the plan with room: the next plan drops it, the spares take the bursts.
+    plan = loops[5].plan(sessions, _slots(*(f"b{k}" for k in range(7))), 2.0, force=ReplanReason.EPOCH)
+    assert not room_kept(loops[5]) and loops[5].state.types["gpu"].spares and not plan.notes
+    # A chosen Z holds whatever the backends.
+    loop = Loop(chosen)
+    loop.plan(sessions, _slots(*(f"b{k}" for k in range(20))), 0.0)
+    assert not validate_plan(loop.state.types["gpu"].plan, specs, GpuSpec("gpu", 16000.0), chosen.planner.margins_ms,
+                             burst_sigma=2.0, spare_gpus=loop.state.types["gpu"].spares, spare_overbook=2.0)
+
+
+def test_a_plan_of_one_device_keeps_burst_room_unless_a_second_backend_holds_its_spare():
+    fixed = PlannerSettings.from_config(SchedulerConfig())
+    one = Plan("replan", (GpuPlan(0, 50.0, (SessionAlloc("m", 4, 80.0, 40.0),)),), 1, 0.0)
+    assert type_burst_sigma(fixed, TypeState(plan=one), 1) == FIXED_BURST_SIGMA
+    assert type_burst_sigma(fixed, TypeState(plan=one), 2) == 0.0
+    assert type_burst_sigma(fixed, TypeState(), 1) == 0.0          # the first plan: nothing in force
+    # A plan's spare GPUs are not its devices: 4 GPUs, one of them spares, need 3 + 2.
+    four = Plan("replan", tuple(GpuPlan(i, 50.0, (SessionAlloc("m", 4, 80.0, 40.0),)) for i in range(4)), 4, 0.0)
+    assert type_burst_sigma(fixed, TypeState(plan=four, spares=frozenset({3})), 5) == 0.0
+    assert type_burst_sigma(fixed, TypeState(plan=four), 5) == FIXED_BURST_SIGMA

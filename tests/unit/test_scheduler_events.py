@@ -44,6 +44,20 @@ def test_the_latency_split_is_computed_once_per_distinct_input():
     assert query_split.cache_info().misses == 2 and other[0] != first[0]
 
 
+def test_a_query_split_prices_the_burst_room_of_its_device_types_plan():
+    queries, profiles = _traffic_inputs()
+    config = PlannerConfig(network_ms=5.0)
+    plain = plan_query_sessions(queries, {"traffic": 20.0}, {}, profiles, ["gpu"], "dp", config=config)
+    typed = plan_query_sessions(queries, {"traffic": 20.0}, {}, profiles, ["gpu"], "dp", config=config,
+                                burst_sigmas={"gpu": 1.5})
+    with_room = plan_query_sessions(queries, {"traffic": 20.0}, {}, profiles, ["gpu"], "dp",
+                                    config=PlannerConfig(network_ms=5.0, burst_sigma=1.5))
+    assert typed == with_room and typed != plain
+    other_type = plan_query_sessions(queries, {"traffic": 20.0}, {}, profiles, ["gpu"], "dp", config=config,
+                                     burst_sigmas={"cpu": 1.5})
+    assert other_type == plain
+
+
 def test_an_attach_stream_sends_one_event_and_ends_when_the_node_goes():
     async def main():
         trigger = ReplanTrigger(epoch=7)

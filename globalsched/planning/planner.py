@@ -489,8 +489,9 @@ def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendS
                            solver=settings.solver, spares=settings.spare_replicas,
                            spare_overbook=settings.spare_overbook)
         types[device_type] = result.state
-        if sigma != config.burst_sigma:
-            # The same words while it holds, whatever the counts: the control loop logs a note once.
+        if sigma != config.burst_sigma and len(slots) > devices_in_force(type_state):
+            # Said where idle backends are there but too few (a cluster sized to its plan keeps the
+            # room as it always did), in the same words while it holds: the control loop logs a note once.
             notes.append(f"{device_type}: too few backends for the plan's devices and "
                          f"{settings.device_headroom:.0%} more for spares: its plans keep burst room on every "
                          f"device (Z = {sigma:g})")
@@ -538,10 +539,15 @@ def type_burst_sigma(settings: PlannerSettings, st: TypeState, registered: int) 
     has, and no re-plan is forced by a change of Z (the next one takes it)."""
     if settings.short_burst_sigma is None or st.plan is None:
         return settings.planner.burst_sigma
-    in_force = len(st.plan.gpus) - len(st.spares)
+    in_force = devices_in_force(st)
     if in_force + max(1, headroom_devices(in_force, settings.device_headroom)) <= registered:
         return settings.planner.burst_sigma
     return settings.short_burst_sigma
+
+
+def devices_in_force(st: TypeState) -> int:
+    """The devices a type's plan in force uses, its spare GPUs aside (0 before its first plan)."""
+    return len(st.plan.gpus) - len(st.spares) if st.plan is not None else 0
 
 
 def _add_best_effort(placement: Placement, sessions: Sequence[SessionInput], device_type: str) -> Placement:

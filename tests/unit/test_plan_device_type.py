@@ -865,6 +865,11 @@ def test_a_fixed_cluster_keeps_burst_room_on_its_devices_only_while_its_idle_one
         plan = loop.plan(sessions, slots, 1.0, force=ReplanReason.EPOCH)
         assert room_kept(loop) is short, n
         assert any("too few backends for the plan's devices and 60% more" in note for note in plan.notes) is short
+    # A cluster sized to its plan keeps the room and says nothing: it has no idle backend to wonder about.
+    loop = Loop(fixed)
+    loop.plan(sessions, _slots(*(f"b{k}" for k in range(4))), 0.0)
+    plan = loop.plan(sessions, _slots(*(f"b{k}" for k in range(4))), 1.0, force=ReplanReason.EPOCH)
+    assert room_kept(loop) and not plan.notes
     # Two backends more beside the plan with room: the next plan drops it, the spares take the bursts.
     plan = loops[5].plan(sessions, _slots(*(f"b{k}" for k in range(7))), 2.0, force=ReplanReason.EPOCH)
     assert not room_kept(loops[5]) and loops[5].state.types["gpu"].spares and not plan.notes

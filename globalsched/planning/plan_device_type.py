@@ -62,6 +62,11 @@ class TypeState:
     profiles: Mapping[str, Profile] = field(default_factory=dict)  # session -> the profile it was planned with
     spares: frozenset[int] = frozenset()                           # GPU ids holding only spare replicas
 
+    @property
+    def devices_in_force(self) -> int:
+        """The devices the plan in force uses, its spare GPUs aside (0 before the first plan)."""
+        return len(self.plan.gpus) - len(self.spares) if self.plan is not None else 0
+
 
 @dataclass(frozen=True)
 class TypeResult:

@@ -141,12 +141,13 @@ def plan_cluster(view: ClusterView, state: PlannerState, settings: PlannerSettin
     if call.hold:
         return state.plan, state            # the re-planner's cooldown: nothing unforced changes yet
     force, why = call.force, call.why
+    sigmas = type_burst_sigmas(settings, state, view.backends)
     sessions, planned, queries = session_inputs(view, settings, planned_rps, first, surges,
                                                 {name: rate for name, (rate, _) in floors.items()},
-                                                {name: rate for name, (rate, _) in ceilings.items()},
-                                                type_burst_sigmas(settings, state, view.backends))
+                                                {name: rate for name, (rate, _) in ceilings.items()}, sigmas)
     placed, types = place_sessions(sessions, view.backends, state, view.now_s, force, settings,
-                                   {m.name: m.min_replicas for m in view.models}, view.rates_rps, view.last_requested_s)
+                                   {m.name: m.min_replicas for m in view.models}, view.rates_rps, view.last_requested_s,
+                                   sigmas)
     changed = any(r is not ReplanReason.NONE for r in placed.reasons.values())
     if force is None and state.plan is not None and not changed:
         return state.plan, replace(state, types=types, backends=view.backends)
@@ -413,15 +414,17 @@ def session_inputs(view: ClusterView, settings: PlannerSettings, planned_rps: Ma
 def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendSlot], state: PlannerState,
                    now_s: float, force: ReplanReason | None = None, settings: PlannerSettings = PlannerSettings(),
                    min_replicas: Mapping[str, int] = {}, demand: Mapping[str, float] = {},
-                   last_requested_s: Mapping[str, float] = {}) -> tuple[ClusterPlan, dict[str, TypeState]]:
+                   last_requested_s: Mapping[str, float] = {}, burst_sigmas: Mapping[str, float] | None = None
+                   ) -> tuple[ClusterPlan, dict[str, TypeState]]:
     """Place ``sessions`` on ``backends``, one device type at a time (steps 3 and 4 of the module
     docstring). ``min_replicas`` per session, 0 or absent for the default. Only the sessions the
     type's memory holds are placed, the most recently requested first (``last_requested_s``; then
     ``demand``, measured rates); the rest are cold (globalsched/planning/residency.py). The plan carries the placement only; :func:`plan_cluster`
-    adds the sessions' and queries' views."""
+    adds the sessions' and queries' views. ``burst_sigmas``: each type's Z (:func:`type_burst_sigmas`,
+    computed here where not given)."""
     config = settings.planner
     margins_ms = config.margins_ms
-    sigmas = type_burst_sigmas(settings, state, backends)
+    sigmas = type_burst_sigmas(settings, state, backends) if burst_sigmas is None else burst_sigmas
     by_type: dict[str, list[BackendSlot]] = {}
     for b in backends:
         by_type.setdefault(b.device_type, []).append(b)
@@ -489,7 +492,7 @@ def place_sessions(sessions: Sequence[SessionInput], backends: Sequence[BackendS
                            solver=settings.solver, spares=settings.spare_replicas,
                            spare_overbook=settings.spare_overbook)
         types[device_type] = result.state
-        if sigma != config.burst_sigma and len(slots) > devices_in_force(type_state):
+        if sigma != config.burst_sigma and len(slots) > type_state.devices_in_force:
             # Said where idle backends are there but too few (a cluster sized to its plan keeps the
             # room as it always did), in the same words while it holds: the control loop logs a note once.
             notes.append(f"{device_type}: too few backends for the plan's devices and "
@@ -539,15 +542,10 @@ def type_burst_sigma(settings: PlannerSettings, st: TypeState, registered: int) 
     has, and no re-plan is forced by a change of Z (the next one takes it)."""
     if settings.short_burst_sigma is None or st.plan is None:
         return settings.planner.burst_sigma
-    in_force = devices_in_force(st)
+    in_force = st.devices_in_force
     if in_force + max(1, headroom_devices(in_force, settings.device_headroom)) <= registered:
         return settings.planner.burst_sigma
     return settings.short_burst_sigma
-
-
-def devices_in_force(st: TypeState) -> int:
-    """The devices a type's plan in force uses, its spare GPUs aside (0 before its first plan)."""
-    return len(st.plan.gpus) - len(st.spares) if st.plan is not None else 0
 
 
 def _add_best_effort(placement: Placement, sessions: Sequence[SessionInput], device_type: str) -> Placement:

@@ -65,8 +65,7 @@ def plan_query_sessions(queries: Mapping[str, QueryDef], rates_rps: Mapping[str,
         spec = QuerySpec(name, q.slo_ms, rate,
                          tuple(QueryStage(s.name, s.model, profiles[s.model][device_type]) for s in q.stages),
                          tuple(QueryEdge(p, c, max(used[f"{p}->{c}"], 1e-3)) for p, c in edges))
-        typed = config if device_type not in burst_sigmas or burst_sigmas[device_type] == config.burst_sigma \
-            else replace(config, burst_sigma=burst_sigmas[device_type])
+        typed = replace(config, burst_sigma=burst_sigmas.get(device_type, config.burst_sigma))
         split_ms, chosen, reason = query_split(spec, method, device_type, typed)
         budgets = dict(split_ms) if split_ms is not None else even_budgets_ms(q)
         stage_rates = spec.stage_rates_rps()

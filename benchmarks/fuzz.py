@@ -16,7 +16,6 @@ import collections
 import json
 import pathlib
 import sys
-import tempfile
 import time
 
 import grpc
@@ -31,6 +30,7 @@ from common.sample_models import mlp_small, model_bytes
 from common.security import token_metadata
 from harness import fuzzing
 from harness.cluster import Node, ServeCluster, Upload
+from harness.scratch import scratch_dir
 from harness.smoke import add_smoke, parse_args
 from nexus.bench.report import write_json
 
@@ -53,7 +53,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--output", default=str(ROOT / "benchmarks" / "out" / "fuzz.json"))
     add_smoke(ap, outputs=("output",), examples=20, check_every=5)
     args = parse_args(ap, argv)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="nexus-fuzz-"))
+    with scratch_dir("nexus-fuzz-") as scratch:
+        report = _fuzz(args, scratch.path)
+        failed = any(report["unexpected"].values()) or report["liveness_failures"]
+        scratch.keep = bool(failed)         # its servers' logs
+    write_json(args.output, report, indent=2)
+    print(json.dumps(report, indent=2))
+    return 1 if failed else 0
+
+
+def _fuzz(args: argparse.Namespace, tmp: pathlib.Path) -> dict:
+    """The fuzzing run's report, its servers' folders and logs in ``tmp``."""
     serve_log = (tmp / "serve.log").open("w")
     cluster = ServeCluster(tmp / "data", "--no-samples", "--cpu-layout", "machine", stderr=serve_log)
     token_file = tmp / "token"
@@ -143,9 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         scheduler.stop()
         cluster.stop()
         serve_log.close()
-    write_json(args.output, report, indent=2)
-    print(json.dumps(report, indent=2))
-    return 0 if not any(report["unexpected"].values()) and not report["liveness_failures"] else 1
+    return report
 
 
 def _model_ready(stub) -> bool:

@@ -24,12 +24,12 @@ import os
 import pathlib
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 import nexus
 from harness.cluster import ServeCluster, Upload
+from harness.scratch import scratch_dir
 from nexus.bench.loadgen import LoadClient
 from harness.smoke import add_smoke, parse_args
 from harness.triton_compare import build_models
@@ -67,12 +67,17 @@ def main(argv: list[str] | None = None) -> None:
     if not 0 <= args.burn_cores < 1:
         ap.error("--burn-cores must be in [0, 1)")
     print("code:", nexus.__file__, flush=True)
-    work = pathlib.Path(tempfile.mkdtemp(prefix="profile-adoption-"))
+    with scratch_dir("profile-adoption-") as scratch:
+        _adopt(args, scratch.path)
+
+
+def _adopt(args: argparse.Namespace, work: pathlib.Path) -> None:
     burner = subprocess.Popen(["nice", "-n", "10", sys.executable, "-c", BURNER, str(args.burn_cores)]) \
         if args.burn_cores else None
     paths = build_models(work, ["r18_64"])
     # one backend for the machine: this follows one backend's profile adoption, not a layout switch
-    srv = ServeCluster(work / "data", "--no-samples", "--cpu-layout", "machine", timeout_s=240, log_path=work / "serve.log", log_level="INFO")
+    srv = ServeCluster(work / "data", "--no-samples", "--cpu-layout", "machine", timeout_s=240,
+                       log_path=work / "serve.log", log_level="INFO")
     try:
         srv.upload(Upload(paths["r18_64"], "r18_64", slo_ms=100.0, profile_path=args.table), wait=False)
         srv.wait_models_ready(["r18_64"], 600)

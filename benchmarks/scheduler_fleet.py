@@ -39,7 +39,6 @@ import pathlib
 import re
 import shutil
 import subprocess
-import tempfile
 import time
 
 import grpc
@@ -54,6 +53,7 @@ from nexus.launcher import nexus_command
 from harness import pyspy
 from harness.meters import cpu_seconds, descendants, loadavg
 from harness.prometheus import bucket_quantile, buckets, parse, scrape
+from harness.scratch import scratch_dir
 from harness.smoke import add_smoke, parse_args
 
 LAG_METRIC = "nexus_scheduler_loop_lag_seconds"
@@ -120,7 +120,11 @@ async def pin_planner(sched: Node, others: str) -> None:
 
 
 async def run(args) -> dict:
-    work = pathlib.Path(tempfile.mkdtemp(prefix="scheduler-fleet-"))
+    with scratch_dir("scheduler-fleet-") as scratch:
+        return await _run(args, scratch.path)
+
+
+async def _run(args, work: pathlib.Path) -> dict:
     log_path = work / "scheduler.log"
     trace, _ = workload(args.devices, args.seed)
     base_rps = RPS_PER_DEVICE * args.devices

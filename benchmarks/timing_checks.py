@@ -34,12 +34,12 @@ import argparse
 import asyncio
 import json
 import pathlib
-import tempfile
 import time
 
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
 from harness.cluster import ServeCluster, Upload
+from harness.scratch import scratch_dir
 from harness.smoke import add_smoke, parse_args
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -56,35 +56,37 @@ def emulated_ratios(rounds: int, step_s: float = 3.0) -> list[dict[int, float]]:
 
     from nexus.bench import run_bench
 
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="timing-checks-"))
-    cluster = ServeCluster(tmp / "cluster", "--no-samples", "--device", f"emulated:{DEVICE_TYPE}")
-    try:
-        (tmp / "mlp.onnx").write_bytes(model_bytes(mlp_small()))
-        (tmp / "profile.json").write_text(PROFILE.to_json())
-        cluster.upload(Upload(tmp / "mlp.onnx", "emu_mlp", str(tmp / "profile.json"), EMU_SLO_MS), timeout_s=60)
-        client = grpcclient.InferenceServerClient(cluster.frontend)
+    with scratch_dir("timing-checks-") as scratch:
+        tmp = scratch.path
+        cluster = ServeCluster(tmp / "cluster", "--no-samples", "--device", f"emulated:{DEVICE_TYPE}")
+        try:
+            (tmp / "mlp.onnx").write_bytes(model_bytes(mlp_small()))
+            (tmp / "profile.json").write_text(PROFILE.to_json())
+            cluster.upload(Upload(tmp / "mlp.onnx", "emu_mlp", str(tmp / "profile.json"), EMU_SLO_MS), timeout_s=60)
+            client = grpcclient.InferenceServerClient(cluster.frontend)
 
-        def batch_stats() -> dict[int, tuple[int, int]]:
-            stats = client.get_inference_statistics("emu_mlp").model_stats[0]
-            return {b.batch_size: (b.compute_infer.count, b.compute_infer.ns) for b in stats.batch_stats}
+            def batch_stats() -> dict[int, tuple[int, int]]:
+                stats = client.get_inference_statistics("emu_mlp").model_stats[0]
+                return {b.batch_size: (b.compute_infer.count, b.compute_infer.ns) for b in stats.batch_stats}
 
-        out = []
-        for attempt in range(rounds):
-            before = batch_stats()
-            for rate in (20, 60, 120, 240):
-                run_bench(cluster.frontend, "emu_mlp", rate, step_s, EMU_SLO_MS, warmup_s=0.5, seed=attempt * 1000 + rate)
-            after = batch_stats()
-            ratios = {}
-            for size, (count, ns) in after.items():
-                count -= before.get(size, (0, 0))[0]
-                ns -= before.get(size, (0, 0))[1]
-                if count >= MIN_BATCHES:
-                    ratios[size] = (ns / count / 1e6) / PROFILE.latency_ms(size)
-            out.append(ratios)
-        client.close()
-        return out
-    finally:
-        cluster.stop()
+            out = []
+            for attempt in range(rounds):
+                before = batch_stats()
+                for rate in (20, 60, 120, 240):
+                    run_bench(cluster.frontend, "emu_mlp", rate, step_s, EMU_SLO_MS, warmup_s=0.5,
+                              seed=attempt * 1000 + rate)
+                after = batch_stats()
+                ratios = {}
+                for size, (count, ns) in after.items():
+                    count -= before.get(size, (0, 0))[0]
+                    ns -= before.get(size, (0, 0))[1]
+                    if count >= MIN_BATCHES:
+                        ratios[size] = (ns / count / 1e6) / PROFILE.latency_ms(size)
+                out.append(ratios)
+            client.close()
+            return out
+        finally:
+            cluster.stop()
 
 
 def bench_figures() -> dict[str, float]:

@@ -4,9 +4,11 @@ models; ``tests/components.py`` starts components one by one."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import pathlib
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -109,7 +111,10 @@ class NexusProcess(Node):
 
 @functools.cache
 def _empty_dir() -> str:
-    return tempfile.mkdtemp(prefix="nexus-cli-")
+    """The folder :func:`nexus_cli` runs in, one per test process, removed when the process exits."""
+    path = tempfile.mkdtemp(prefix="nexus-cli-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def nexus_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:

@@ -140,7 +140,7 @@ def outrunning_rps(measured: WindowRate | None, capacity_rps: float) -> float | 
 
     Nor does a mean outrun the plan while the latest report is within what the plan serves: after a
     step down the mean holds the counts from before it, and the planner plans for the latest report's
-    drop (globalsched/planning/planner.py, ``held_drops``). Taken as demand, that mean asked for the
+    drop (globalsched/planning/rate_judgement.py, ``held_drops``). Taken as demand, that mean asked for the
     device the drop had let go (``nexus serve``, from 110 to 8 requests/s: 2, 1, 2, 1 devices)."""
     if measured is None or measured.dispersion is None or measured.window_s <= 0:
         return None

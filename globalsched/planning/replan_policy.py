@@ -40,7 +40,7 @@ def should_replan(view: ClusterView, plan: ClusterPlan | None, last_plan_s: floa
                   rate_headroom: float = 0.0) -> ReplanCall:
     """What a call of the planner at ``view.now_s`` means (module docstring). ``plan``: the plan in
     force, made at ``last_plan_s`` for ``planned_backends``; ``surges_rps``: the surges that are surges
-    against the rates planned (globalsched/planning/planner.py, :func:`~globalsched.planning.planner.real_surges`)."""
+    against the rates planned (:func:`globalsched.planning.rate_judgement.real_surges`)."""
     force, why = view.force, view.why
     surge = demand_surge(surges_rps, plan, replan.band_high, rate_headroom)
     if surge and force is None:

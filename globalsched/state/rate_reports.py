@@ -286,14 +286,14 @@ class Workload:
     def rate_windows_s(self, now: float) -> dict[str, float]:
         """Per session, the seconds of counted requests behind its planning rate: the shortest window of
         any frontend reporting it (0 where a frontend sent no counts: no noise estimate). The planner
-        tells noise from change with it (globalsched/planning/planner.py, :func:`settled_rates`)."""
+        tells noise from change with it (globalsched/planning/rate_judgement.py, :func:`settled_rates`)."""
         return dict(self._summed(now).windows)
 
     def surges(self, now: float) -> dict[str, float]:
         """Sessions whose latest report, on some frontend, is a surge (common/surge.py) against that
         frontend's window mean (its first report in the window: against none): their rate summed
         over frontends, with the surging frontends' latest rates. The planner keeps those that are
-        surges against the rate planned too (globalsched/planning/planner.py, :func:`real_surges`)."""
+        surges against the rate planned too (globalsched/planning/rate_judgement.py, :func:`real_surges`)."""
         sums = self._summed(now)
         return {model: sums.rates[model] for model in sums.surging}
 
@@ -304,7 +304,7 @@ class Workload:
 
     def latest_reports(self, now: float) -> dict[str, tuple[float, float]]:
         """Per session, its latest reports' rate summed over frontends, and the shortest of their
-        windows: whether a surge's traffic goes on (globalsched/planning/planner.py, :func:`held_surges`)."""
+        windows: whether a surge's traffic goes on (globalsched/planning/rate_judgement.py, :func:`held_surges`)."""
         return dict(self._summed(now).latest)
 
     def window_rates(self, now: float) -> dict[str, WindowRate]:
@@ -315,7 +315,7 @@ class Workload:
 
     def rate_dispersions(self, now: float) -> dict[str, float]:
         """Per session, the index of dispersion of its counts (:meth:`window_rates`), where known: the
-        noise the planner judges a drop beyond (globalsched/planning/planner.py, :func:`dropped_rates`)."""
+        noise the planner judges a drop beyond (globalsched/planning/rate_judgement.py, :func:`dropped_rates`)."""
         return dict(self._summed(now).dispersions)
 
     def current_rates(self, now: float) -> dict[str, float]:

@@ -21,8 +21,9 @@ from globalsched.planning.algorithms.replan import ReplanConfig, ReplanReason
 from globalsched.planning.cluster_values import MIN_PLANNED_RATE_RPS, ClusterView, ModelView, SessionInput
 from globalsched.planning.placement import BackendSlot
 from globalsched.planning.plan_device_type import TypeState
-from globalsched.planning.planner import (PlannerSettings, PlannerState, dropped_rates, plan_cluster, real_surges,
-                                 same_tables, settled_rates, type_burst_sigma, unabsorbed_surges)
+from globalsched.planning.planner import PlannerSettings, PlannerState, plan_cluster, same_tables, type_burst_sigma
+from globalsched.planning.rate_judgement import (dropped_rates, held_drops, held_surges, real_surges, settled_rates,
+                                                 unabsorbed_surges)
 from globalsched.planning.replicas import _SpareRoom, _with, add_replicas, add_spares
 from globalsched.planning.prefix_groups import planning_groups
 
@@ -410,7 +411,6 @@ def test_a_drop_is_held_as_a_ceiling_until_the_mean_comes_down_or_the_traffic_co
 
 
 def test_held_drops_go_after_a_window_or_a_surge_and_a_lower_drop_replaces_one():
-    from globalsched.planning.planner import held_drops
     ceilings = held_drops({}, {"m": 60.0}, {"m": 300.0}, {"m": 10.0}, 0.0)
     assert ceilings == {"m": (60.0, 0.0)}
     assert held_drops(ceilings, {"m": 80.0}, {"m": 250.0}, {"m": 10.0}, 2.0) == ceilings
@@ -424,7 +424,6 @@ def test_held_drops_go_after_a_window_or_a_surge_and_a_lower_drop_replaces_one()
 def test_a_held_drop_is_judged_by_the_noise_of_the_sessions_own_counts():
     """A bursty session's drop is judged beyond the noise of counts as dispersed as its own
     (dropped_rates); its release is too: a burst within that noise is no return of the traffic."""
-    from globalsched.planning.planner import held_drops
     ceilings = {"m": (60.0, 0.0)}
     came_back = {"m": (100.0, 2.0)}        # 200 counted where the ceiling gives 120
     assert held_drops(ceilings, {}, {"m": 250.0}, {"m": 10.0}, 2.0, came_back) == {}
@@ -466,7 +465,6 @@ def test_surge_floors_are_off_by_default_and_a_flag_turns_them_on():
 
 
 def test_a_lower_surge_leaves_the_held_one_and_a_higher_one_replaces_it():
-    from globalsched.planning.planner import held_surges
     floors = held_surges({}, {"m": 300.0}, {"m": 300.0}, {"m": 10.0}, 0.0)
     assert floors == {"m": (300.0, 0.0)}
     assert held_surges(floors, {"m": 200.0}, {"m": 200.0}, {"m": 10.0}, 3.0) == {"m": (300.0, 0.0)}

@@ -131,7 +131,7 @@ def test_the_column_rules_are_the_scalar_rules():
 
 
 def test_the_planners_view_carries_each_sessions_dispersion_where_known():
-    """The planner judges a drop beyond the noise of the session's own counts (planner.dropped_rates):
+    """The planner judges a drop beyond the noise of the session's own counts (rate_judgement.dropped_rates):
     the view it reads carries each session's index of dispersion, as the device scaler reads it."""
     from globalsched.state.read_view import measured
     w = Workload()

@@ -80,6 +80,7 @@ import numpy as np
 
 from backend.latency_samples import SampleRecorder
 from backend.batch_accounting import count_batch, gather, outcomes, phases_of, split
+from backend.busy_time import BusyTime
 from backend.sessions import Session, SharedPrefix
 from backend.work import ExecError, Outcome, Work
 from common.batch_decision import SERVE_LATE, BatchPolicy, Decision, Pending, Queue, remove_taken, schedule
@@ -88,7 +89,7 @@ from common.exec_status import ExecStatus
 
 log = logging.getLogger("nexus.backend.engine")
 
-BUSY_LOG_S = 60.0   # batches remembered for windowed utilisation
+BUSY_LOG_S = 60.0   # batches remembered for windowed utilisation (the longest window read)
 
 
 @dataclass(frozen=True)
@@ -157,9 +158,7 @@ class Engine:
         self._wake = threading.Event()
         self._ids = itertools.count(1)
         self._stop = False
-        self._busy_s = 0.0
-        self._busy_log: collections.deque[tuple[float, float]] = collections.deque()   # (end, seconds)
-        self._busy_lock = threading.Lock()
+        self._busy = BusyTime(BUSY_LOG_S)
         self.stats_lock = threading.Lock()   # guards every session's and group's stats (executor vs Stats)
         self._started = clock()
         self._solo: list[Session] = []
@@ -336,22 +335,9 @@ class Engine:
         """Busy fraction of the device: since start, or over the last ``window_s`` seconds."""
         now = self.clock()
         if window_s is None:
-            return min(1.0, self._busy_s / max(now - self._started, 1e-9))
+            return min(1.0, self._busy.total_s / max(now - self._started, 1e-9))
         since = max(now - window_s, self._started)
-        busy = 0.0
-        with self._busy_lock:
-            for end, seconds in reversed(self._busy_log):
-                if end <= since:
-                    break
-                busy += min(seconds, end - since)
-        return min(1.0, busy / max(now - since, 1e-9))
-
-    def _account_busy(self, end: float, seconds: float) -> None:
-        self._busy_s += seconds
-        with self._busy_lock:
-            self._busy_log.append((end, seconds))
-            while self._busy_log and self._busy_log[0][0] < end - BUSY_LOG_S:
-                self._busy_log.popleft()
+        return min(1.0, self._busy.busy_since(since) / max(now - since, 1e-9))
 
     # ---- executor thread ---------------------------------------------------------------------------
 
@@ -544,7 +530,7 @@ class Engine:
             error = f"{exc.__class__.__name__}: {exc}"
         end = self.clock()
         phases = phases_of(start, gathered, ran, end, error)
-        self._account_busy(end, end - start)
+        self._busy.record(end, end - start)
         rows = sum(w.rows for w in works)
         if error is None and session.profile is not None:
             session.calibration.observe(session.latency_ms(rows), (end - start) * 1000)
@@ -591,7 +577,7 @@ class Engine:
                  for m, ws in order}
         end = self.clock()
         phases = phases_of(start, gathered, ran, end, error)
-        self._account_busy(end, end - start)
+        self._busy.record(end, end - start)
         total_rows = offset
         now_ms = int(self.wall_clock() * 1000)
         with self.stats_lock:

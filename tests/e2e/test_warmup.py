@@ -269,7 +269,7 @@ def test_warm_up_runs_between_serving_batches_and_takes_at_most_half_a_busy_devi
     assert stats.execution_count == stats.success_count == serving_turns == len(outcomes)
     assert all(o.status == ExecStatus.OK for o in outcomes)
     assert stats.warmup_count == 0
-    assert engine._busy_s == pytest.approx(serving_turns * 0.01)
+    assert engine._busy.total_s == pytest.approx(serving_turns * 0.01)
 
 
 def test_an_idle_device_runs_warm_up_at_once():

@@ -54,6 +54,17 @@ def _wait_leads(address: str, timeout_s: float = 30.0) -> float:
     raise AssertionError(f"{address} did not lead within {timeout_s} s")
 
 
+def _standby_refusal(address: str, timeout_s: float = 10.0) -> tuple[str, str, dict]:
+    """:func:`_list_models` at a standby once it has read the lease's holder: it polls the lease every
+    0.2 s, and until its first read finds the leader's row it says the leader is not known yet."""
+    start = time.monotonic()
+    while True:
+        refusal = _list_models(address)
+        if "not known yet" not in refusal[1] or time.monotonic() - start > timeout_s:
+            return refusal
+        time.sleep(0.05)
+
+
 def test_lease_epochs_fence_plan_epochs(pg_url):
     a = LeaderLease(pg_url, "a", "a:1", ttl_s=30)
     b = LeaderLease(pg_url, "b", "b:1", ttl_s=30)
@@ -149,7 +160,7 @@ def test_one_leads_the_standby_names_it_and_takes_over_when_it_is_killed(pg_url,
         assert {_role(first), _role(second)} == {"leader", "standby"}
         leader, standby = (first, second) if _role(first) == "leader" else (second, first)
         _wait_leads(leader.address)
-        code, details, metadata = _list_models(standby.address)
+        code, details, metadata = _standby_refusal(standby.address)
         assert code == "UNAVAILABLE" and details == f"this scheduler is a standby; the leader is {leader.address}"
         assert metadata.get("nexus-leader") == leader.address
         refused = nexus_cli("models", "list", "--scheduler", standby.address)

@@ -50,6 +50,5 @@ class BusyTime:
             first = bisect.bisect_right(self._ends, since, self._head)
             if first == len(self._ends):
                 return 0.0
-            last = len(self._ends) - 1
-            after_first = self._before[last] + self._seconds[last] - self._before[first] - self._seconds[first]
+            after_first = self.total_s - self._before[first] - self._seconds[first]
             return after_first + min(self._seconds[first], self._ends[first] - since)

@@ -33,9 +33,10 @@ def scratch_dir(prefix: str) -> Iterator[Scratch]:
     try:
         yield scratch
     except BaseException:
-        print(f"the run's folder is kept for its logs: {scratch.path}", file=sys.stderr)
+        scratch.keep = True
         raise
-    if scratch.keep:
-        print(f"the run's folder is kept for its logs: {scratch.path}", file=sys.stderr)
-    else:
-        shutil.rmtree(scratch.path, ignore_errors=True)
+    finally:
+        if scratch.keep:
+            print(f"the run's folder is kept for its logs: {scratch.path}", file=sys.stderr)
+        else:
+            shutil.rmtree(scratch.path, ignore_errors=True)

@@ -17,12 +17,23 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import shutil
 import sys
-import tempfile
 
 from harness.rolling_restart import rolling_restart
+from harness.scratch import scratch_dir
 from harness.smoke import add_smoke, parse_args
+
+
+def _run(workdir: pathlib.Path, args) -> dict:
+    result = rolling_restart(workdir, rate_rps=args.rate, backends=args.backends, frontends=args.frontends,
+                             rounds=args.rounds)
+    result["failure_rate"] = result["failed_total"] / max(result["sent"], 1)
+    return result
+
+
+def _met(result: dict) -> bool:
+    """The target: no request without a response, failures at most 0.1% of requests."""
+    return result["no_response"] == 0 and result["failure_rate"] <= 0.001
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,19 +46,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", help="keep the model database and the components' logs here")
     add_smoke(parser, rate=20.0, rounds=1, json="rolling_restart.json")
     args = parse_args(parser, argv)
-    workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="nexus-rolling-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    try:
-        result = rolling_restart(workdir, rate_rps=args.rate, backends=args.backends, frontends=args.frontends,
-                                 rounds=args.rounds)
-    finally:
-        if not args.workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
-    result["failure_rate"] = result["failed_total"] / max(result["sent"], 1)
+    if args.workdir:
+        workdir = pathlib.Path(args.workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        result = _run(workdir, args)
+    else:
+        with scratch_dir("nexus-rolling-") as scratch:
+            result = _run(scratch.path, args)
+            scratch.keep = not (args.smoke or _met(result))      # the components' logs, for a miss
     print(json.dumps(result, indent=2))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(result, indent=2))
-    return 0 if args.smoke or (result["no_response"] == 0 and result["failure_rate"] <= 0.001) else 1
+    return 0 if args.smoke or _met(result) else 1
 
 
 if __name__ == "__main__":

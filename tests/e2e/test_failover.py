@@ -20,24 +20,16 @@ import pytest
 from common.pb import control, control_grpc, kserve, kserve_grpc
 from common.profile import Profile
 from common.sample_models import mlp_small, model_bytes
-from harness.background_load import BackgroundLoad
 from harness.cluster import Cluster
-from tests.components import infer_request, start_cluster, wait_for, wait_ready
+from tests.components import infer_request, start_cluster, wait_for
 from tests.conftest import nexus_cli
+from tests.e2e.load_under_faults import (DEVICE, FAST, FAST_SLO_MS, kill_one_of_two_replicas_under_load,
+                                         ok_in_a_row_since, steady_load, upload)
 
 pytestmark = pytest.mark.slow
 
-DEVICE = "emulated:gtx1080ti"
-FAST = Profile.linear(1.0, 5.0, 32, device_type="gtx1080ti")      # l(b) = 5 + b ms
 SLOW = Profile.linear(1.0, 599.0, 1, device_type="gtx1080ti")     # one request at a time, 600 ms each
-# Generous SLOs: on a loaded machine the only failures then are the ones a kill causes.
-FAST_SLO_MS = 2000.0
 MAX_QUEUE = 8
-
-
-def steady_load(cluster: Cluster, model: str, rate_rps: float) -> BackgroundLoad:
-    """Requests at a steady rate (evenly spaced), each given 10 s: one without an answer by then is lost."""
-    return BackgroundLoad(cluster.frontend.address, model, rate_rps, slo_ms=FAST_SLO_MS, cv=0.0).start()
 
 
 @pytest.fixture(scope="module")
@@ -71,23 +63,6 @@ def _in_flight(metrics_url: str) -> int:
     raise AssertionError("the frontend exports no nexus_requests_in_flight")
 
 
-def _ok_in_a_row_since(load: BackgroundLoad, since: float, n: int = 25) -> bool:
-    """The last ``n`` answered requests were all sent after ``since`` and all answered OK."""
-    tail = load.last_answered(n)
-    return len(tail) == n and tail[0][1] > since and all(status == "OK" for status, _ in tail)
-
-
-def _upload(cluster, tmp_path, name: str, profile: Profile, slo_ms: float, *extra: str) -> None:
-    model = tmp_path / f"{name}.onnx"
-    model.write_bytes(model_bytes(mlp_small()))
-    prof = tmp_path / f"{name}.json"
-    prof.write_text(profile.to_json())
-    up = nexus_cli("models", "upload", str(model), "--name", name, "--profile", str(prof), "--slo-ms", str(slo_ms),
-                   "--scheduler", cluster.scheduler.address, *extra)
-    assert up.returncode == 0, up.stderr
-    wait_ready(cluster.frontend.address, name)
-
-
 def _unload(cluster, name: str) -> None:
     with grpc.insecure_channel(cluster.scheduler.address) as ch:
         control_grpc.SchedulerStub(ch).UnloadModel(control.UnloadRequest(name=name), timeout=10)
@@ -97,7 +72,7 @@ def _unload(cluster, name: str) -> None:
 
 def test_queue_full_cancellation_and_deadline(single, tmp_path):
     cluster = single
-    _upload(cluster, tmp_path, "slow", SLOW, 20000)
+    upload(cluster, tmp_path, "slow", SLOW, 20000)
     try:
         with grpc.insecure_channel(cluster.frontend.address) as ch:
             stub = kserve_grpc.GRPCInferenceServiceStub(ch)
@@ -197,7 +172,7 @@ def test_replica_counts_are_validated_and_stored_and_strangers_cannot_attach(clu
 
 
 def test_an_expected_rate_is_planned_for_before_any_request_and_the_harness_waits_for_the_plan(cluster, tmp_path):
-    _upload(cluster, tmp_path, "expected", FAST, FAST_SLO_MS, "--expected-rate-rps", "1000")
+    upload(cluster, tmp_path, "expected", FAST, FAST_SLO_MS, "--expected-rate-rps", "1000")
     listed = json.loads(nexus_cli("models", "list", "--scheduler", cluster.scheduler.address, "--json").stdout)
     assert [m["expected_rate_rps"] for m in listed if m["name"] == "expected"] == [1000.0]
     try:
@@ -215,47 +190,29 @@ def test_an_expected_rate_is_planned_for_before_any_request_and_the_harness_wait
         finally:
             cluster.frontend.resume()
     finally:
-        with grpc.insecure_channel(cluster.scheduler.address) as ch:
-            control_grpc.SchedulerStub(ch).UnloadModel(control.UnloadRequest(name="expected"), timeout=10)
+        _unload(cluster, "expected")
 
 
 def test_kill_9_of_a_replica_fails_at_most_the_requests_in_flight(cluster, tmp_path):
-    _upload(cluster, tmp_path, "twin", FAST, FAST_SLO_MS, "--min-replicas", "2")
+    upload(cluster, tmp_path, "twin", FAST, FAST_SLO_MS, "--min-replicas", "2")
     listed = json.loads(nexus_cli("models", "list", "--scheduler", cluster.scheduler.address, "--json").stdout)
     assert [m["min_replicas"] for m in listed if m["name"] == "twin"] == [2]
-    deadline = time.monotonic() + 30
-    while len(cluster.serving("twin")) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    serving = cluster.serving("twin")
-    assert len(serving) == 2
-    load = steady_load(cluster, "twin", 100)
-    wait_for(lambda: _ok_in_a_row_since(load, 0.0), what="the load answered")
-    in_flight = load.in_flight()
-    killed_at = time.monotonic()
-    serving[0].kill()
-    wait_for(lambda: _ok_in_a_row_since(load, killed_at), what="25 requests sent after the kill answered OK in a row")
-    codes = load.stop().samples.status_counts()
-    print("twin:", codes, "in flight at the kill:", in_flight)
-    assert "NO_RESPONSE" not in codes
-    assert sum(codes.values()) - codes.get("OK", 0) <= in_flight, codes
+    kill_one_of_two_replicas_under_load(cluster, "twin")
     # The plan is repaired: the session is back on two backends (the third one took a replica).
-    deadline = time.monotonic() + 30
-    while len(cluster.serving("twin")) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert len(cluster.serving("twin")) == 2
+    wait_for(lambda: len(cluster.serving("twin")) == 2, what="twin back on two backends")
     _unload(cluster, "twin")
 
 
 def test_kill_9_of_the_only_backend_of_a_session_is_repaired_without_heartbeat_timeouts(cluster, tmp_path):
-    _upload(cluster, tmp_path, "solo", FAST, FAST_SLO_MS)
+    upload(cluster, tmp_path, "solo", FAST, FAST_SLO_MS)
     [serving] = cluster.serving("solo")
     load = steady_load(cluster, "solo", 100)
-    wait_for(lambda: _ok_in_a_row_since(load, 0.0), what="the load answered")
+    wait_for(lambda: ok_in_a_row_since(load, 0.0), what="the load answered")
     killed_at = time.monotonic()
     serving.kill()
     # Repaired: 25 requests in a row, all sent after the kill, answered OK. The node timeout is an
     # hour: only the Attach stream can have told the scheduler.
-    wait_for(lambda: _ok_in_a_row_since(load, killed_at), what="25 requests sent after the kill answered OK in a row")
+    wait_for(lambda: ok_in_a_row_since(load, killed_at), what="25 requests sent after the kill answered OK in a row")
     codes = load.stop().samples.status_counts()
     print("solo:", codes)
     assert "NO_RESPONSE" not in codes
@@ -268,7 +225,8 @@ def test_kill_9_of_the_only_backend_of_a_session_is_repaired_without_heartbeat_t
 @pytest.fixture
 def pair(tmp_path_factory):
     """Two backends of its own: the module's cluster may have lost backends to the kill tests."""
-    c = start_cluster(tmp_path_factory.mktemp("hang"), 2, DEVICE, scheduler={"node_timeout_s": 3600, "spare_replicas": False})
+    c = start_cluster(tmp_path_factory.mktemp("hang"), 2, DEVICE,
+                      scheduler={"node_timeout_s": 3600, "spare_replicas": False})
     yield c
     c.stop()
 
@@ -281,17 +239,17 @@ def test_a_hung_backend_is_routed_around_by_keepalive_without_heartbeat_timeouts
     distribution's handling of a node removed mid-push, never (the planner's loop ended): the
     bound below (40 s, against about 3 s here) catches both."""
     cluster = pair
-    _upload(cluster, tmp_path, "frozen", FAST, FAST_SLO_MS)
+    upload(cluster, tmp_path, "frozen", FAST, FAST_SLO_MS)
     [serving] = cluster.serving("frozen")
     others = [b for b in cluster.backends if b is not serving and b.proc.poll() is None]
     assert others
     load = steady_load(cluster, "frozen", 50)
-    wait_for(lambda: _ok_in_a_row_since(load, 0.0), what="the load answered")
+    wait_for(lambda: ok_in_a_row_since(load, 0.0), what="the load answered")
     stopped_at = time.monotonic()
     serving.pause()
     try:
         # Served again: 25 requests in a row, all sent after the stop, answered OK.
-        wait_for(lambda: _ok_in_a_row_since(load, stopped_at), what="25 requests sent after the stop answered OK",
+        wait_for(lambda: ok_in_a_row_since(load, stopped_at), what="25 requests sent after the stop answered OK",
                  timeout_s=40)
         codes = load.stop().samples.status_counts()
         print("frozen:", codes)

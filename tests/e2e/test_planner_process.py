@@ -12,7 +12,7 @@ import pytest
 from harness.cluster import cmdline
 from harness.meters import descendants
 from tests.components import start_cluster, wait_for
-from tests.e2e.test_failover import DEVICE, FAST, FAST_SLO_MS, _upload
+from tests.e2e.load_under_faults import DEVICE, FAST, FAST_SLO_MS, upload
 from tests.e2e.test_serve_lifecycle import _alive
 
 pytestmark = pytest.mark.slow
@@ -25,11 +25,11 @@ def _planners(scheduler_pid: int) -> list[int]:
 def test_a_killed_planner_process_is_replaced_and_the_next_change_is_planned(tmp_path):
     cluster = start_cluster(tmp_path / "cluster", 2, DEVICE)
     try:
-        _upload(cluster, tmp_path, "first", FAST, FAST_SLO_MS)
+        upload(cluster, tmp_path, "first", FAST, FAST_SLO_MS)
         serving = {b.name for b in cluster.serving("first")}
         [planner] = _planners(cluster.scheduler.pid)
         os.kill(planner, signal.SIGKILL)
-        _upload(cluster, tmp_path, "second", FAST, FAST_SLO_MS)      # a change the planner must plan
+        upload(cluster, tmp_path, "second", FAST, FAST_SLO_MS)      # a change the planner must plan
         assert cluster.serving("second")
         [again] = _planners(cluster.scheduler.pid)
         assert again != planner

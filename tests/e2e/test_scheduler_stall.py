@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.components import start_cluster, wait_for
-from tests.e2e.test_failover import DEVICE, FAST, FAST_SLO_MS, _ok_in_a_row_since, _upload, steady_load
+from tests.e2e.load_under_faults import DEVICE, FAST, FAST_SLO_MS, ok_in_a_row_since, steady_load, upload
 
 pytestmark = pytest.mark.slow
 
@@ -18,16 +18,16 @@ pytestmark = pytest.mark.slow
 def test_a_scheduler_stopped_for_10_s_under_load_evicts_nobody_and_fails_nothing(tmp_path):
     cluster = start_cluster(tmp_path / "cluster", 2, DEVICE)
     try:
-        _upload(cluster, tmp_path, "steady", FAST, FAST_SLO_MS)
+        upload(cluster, tmp_path, "steady", FAST, FAST_SLO_MS)
         serving = {b.name for b in cluster.serving("steady")}
         load = steady_load(cluster, "steady", 50)
-        wait_for(lambda: _ok_in_a_row_since(load, 0.0), what="the load answered")
+        wait_for(lambda: ok_in_a_row_since(load, 0.0), what="the load answered")
         cluster.scheduler.pause()
         time.sleep(10.0)
         cluster.scheduler.resume()
         resumed_at = time.monotonic()
         time.sleep(6.0)                            # past a node timeout after the resume
-        wait_for(lambda: _ok_in_a_row_since(load, resumed_at), what="25 requests after the resume answered OK")
+        wait_for(lambda: ok_in_a_row_since(load, resumed_at), what="25 requests after the resume answered OK")
         codes = load.stop().samples.status_counts()
         print("stall:", codes)
         assert set(codes) == {"OK"}, codes

@@ -222,7 +222,7 @@ def test_losing_the_leader_under_load_fails_nothing_moves_nothing_and_the_next_u
     force (no session moves, no request fails), and a resumed old leader exits without pushing."""
     from harness.cluster import Cluster
     from tests.components import wait_for
-    from tests.e2e.test_failover import DEVICE, FAST, FAST_SLO_MS, _ok_in_a_row_since, _upload, steady_load
+    from tests.e2e.load_under_faults import DEVICE, FAST, FAST_SLO_MS, ok_in_a_row_since, steady_load, upload
 
     a, b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     both = f"{b},{a}"
@@ -237,18 +237,18 @@ def test_losing_the_leader_under_load_fails_nothing_moves_nothing_and_the_next_u
                                "--no-spare-replicas", "--device-headroom", "0")
         assert _role(standby) == "standby"
         cluster.scheduler.address = both                      # admin calls follow the leader too
-        _upload(cluster, tmp_path, "steady", FAST, FAST_SLO_MS, "--min-replicas", "2")
+        upload(cluster, tmp_path, "steady", FAST, FAST_SLO_MS, "--min-replicas", "2")
         # Ready means one replica answers; the second may still be loading its session.
         wait_for(lambda: len(cluster.serving("steady")) == 2, what="both replicas loaded")
         serving = {n.name for n in cluster.serving("steady")}
         load = steady_load(cluster, "steady", 50)
-        wait_for(lambda: _ok_in_a_row_since(load, 0.0), what="the load answered")
+        wait_for(lambda: ok_in_a_row_since(load, 0.0), what="the load answered")
         old = cluster.scheduler
         old.kill() if fault == "kill" else old.pause()
         paused_at = time.monotonic()
         took_s = _wait_leads(b)
         print(f"takeover under load after {fault}: {took_s:.2f} s")
-        _upload(cluster, tmp_path, "after", FAST, FAST_SLO_MS)          # through "b,a": the new leader
+        upload(cluster, tmp_path, "after", FAST, FAST_SLO_MS)          # through "b,a": the new leader
         time.sleep(8.0)                  # the new leader plans with its own rate reports meanwhile
         if fault == "pause":
             time.sleep(max(10.0 - (time.monotonic() - paused_at), 0.0))
@@ -257,7 +257,7 @@ def test_losing_the_leader_under_load_fails_nothing_moves_nothing_and_the_next_u
             woke = old.logs().split("lost the leadership")[-1]
             assert "re-planned" not in woke and "push" not in woke, woke
         since = time.monotonic()
-        wait_for(lambda: _ok_in_a_row_since(load, since), what="25 requests after the takeover answered OK")
+        wait_for(lambda: ok_in_a_row_since(load, since), what="25 requests after the takeover answered OK")
         codes = load.stop().samples.status_counts()
         print("takeover:", codes)
         assert set(codes) == {"OK"}, codes

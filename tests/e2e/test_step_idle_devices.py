@@ -14,7 +14,7 @@ from common.profile import Profile
 from harness.background_load import BackgroundLoad
 from nexus.bench.report import OK
 from tests.components import start_cluster, wait_for
-from tests.e2e.test_failover import DEVICE, _upload
+from tests.e2e.load_under_faults import DEVICE, upload
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ def test_idle_devices_hold_spares_that_serve_a_step_with_no_request_turned_away(
     cluster = start_cluster(tmp_path / "cluster", 4, DEVICE, scheduler={"node_timeout_s": 3600,
                                                                          "spare_replicas": True})
     try:
-        _upload(cluster, tmp_path, "stepped", PROFILE, SLO_MS)
+        upload(cluster, tmp_path, "stepped", PROFILE, SLO_MS)
         wait_for(lambda: len(cluster.serving("stepped")) == 4, 60, what="spares on the three idle backends")
         base = BackgroundLoad(cluster.frontend.address, "stepped", BASE_RPS, slo_ms=SLO_MS, timeout_s=10.0).start()
         wait_for(lambda: base.counts()["answered"] >= 5 * BASE_RPS, 60, what="five seconds of the base load")

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import time
 
+import grpc
 import numpy as np
 
-from common.pb import kserve
+from common.pb import control, control_grpc, kserve
+from harness import prometheus
 from harness.cluster import Cluster, wait_model_served
 
 
@@ -48,3 +50,41 @@ def wait_for(predicate, timeout_s: float = 60, what: str = ""):
             return value
         time.sleep(0.05)
     raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (one exited but not yet reaped counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def list_models_status(address: str) -> tuple[str, str, dict]:
+    """(status code name, details, trailing metadata) of ListModels at a scheduler's ``address``: "OK"
+    from a leader; a standby's refusal names the leader."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            control_grpc.SchedulerStub(channel).ListModels(control.ListModelsRequest(), timeout=5)
+            return "OK", "", {}
+        except grpc.RpcError as exc:
+            return exc.code().name, exc.details() or "", dict(exc.trailing_metadata() or ())
+
+
+def wait_leads(address: str, timeout_s: float = 30.0) -> float:
+    """Seconds until the scheduler at ``address`` answers as the leader; AssertionError after ``timeout_s``."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if list_models_status(address)[0] == "OK":
+            return time.monotonic() - start
+        time.sleep(0.05)
+    raise AssertionError(f"{address} did not lead within {timeout_s} s")
+
+
+def scrape(url: str) -> tuple[dict[tuple[str, frozenset], float], dict[str, str]]:
+    """({(sample, labels): value}, {family: type}) of a component's metrics endpoint, served as
+    Prometheus text."""
+    found = prometheus.scrape(url)
+    assert found.content_type.startswith("text/plain; version=0.0.4"), found.content_type
+    return found.samples, found.types

@@ -28,6 +28,7 @@ from common.exec_status import ExecStatus
 from frontend.backend_pool import Reply
 from frontend.metrics import FrontendMetrics
 from frontend.routing import RoutingTable
+from tests.components import scrape
 from tests.conftest import nexus_cli, start_serve
 
 MODEL = "mlp"
@@ -35,13 +36,6 @@ SLO_MS = 2000
 GOOD_ROWS = (1, 3, 1, 2, 1, 1, 4)        # one request each, sent one after another
 BAD = 3                                   # requests with a wrong input shape
 EXPIRED = 2                               # requests whose own timeout (1 us) has passed before dispatch
-
-
-def scrape(url: str) -> tuple[dict[tuple[str, frozenset], float], dict[str, str]]:
-    """({(sample, labels): value}, {family: type}) of a frontend's endpoint, served as Prometheus text."""
-    found = prometheus.scrape(url)
-    assert found.content_type.startswith("text/plain; version=0.0.4"), found.content_type
-    return found.samples, found.types
 
 
 MLP = labels(model=MODEL, version="1")

@@ -10,9 +10,9 @@ from common.config import ConfigError, SchedulerConfig
 from globalsched.leadership.kube_lease import LEASE_NAME, KubeApi, KubeApiError, KubeConflict, KubernetesLease
 from harness.cluster import Node
 from tests.certs import make_pki
+from tests.components import wait_leads
 from tests.conftest import nexus_cli
 from tests.kube_lease_server import LeaseServer
-from tests.e2e.test_scheduler_standby import _wait_leads
 
 TOKEN = "service-account-token"
 
@@ -107,7 +107,7 @@ def test_two_schedulers_elect_through_a_kubernetes_lease_and_the_standby_takes_o
         assert api_server.leases[("nexus", LEASE_NAME)]["metadata"]["annotations"][
             "nexus.serving/leader-address"] == leader.address
         leader.kill()
-        took_s = _wait_leads(standby.address)
+        took_s = wait_leads(standby.address)
         assert "leads, lease epoch 2" in standby.logs()
         print(f"takeover through the Kubernetes Lease: {took_s:.2f} s")
     finally:

@@ -11,9 +11,8 @@ import pytest
 
 from harness.cluster import cmdline
 from harness.meters import descendants
-from tests.components import start_cluster, wait_for
+from tests.components import alive, start_cluster, wait_for
 from tests.e2e.load_under_faults import DEVICE, FAST, FAST_SLO_MS, upload
-from tests.e2e.test_serve_lifecycle import _alive
 
 pytestmark = pytest.mark.slow
 
@@ -37,8 +36,8 @@ def test_a_killed_planner_process_is_replaced_and_the_next_change_is_planned(tmp
         assert "the planner process ended" in cluster.scheduler.logs()
         scheduler = cluster.scheduler.pid
         cluster.scheduler.stop()
-        wait_for(lambda: not _alive(again), what="the planner process gone with the scheduler")
-        assert not _alive(scheduler)
+        wait_for(lambda: not alive(again), what="the planner process gone with the scheduler")
+        assert not alive(scheduler)
     finally:
         cluster.stop()
 

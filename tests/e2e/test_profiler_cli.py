@@ -11,7 +11,7 @@ import pytest
 from common.profile import Profile
 from common.sample_models import write_sample_models
 from nexus.cli import main
-from tests.e2e.test_profiler import assert_means_nondecreasing_within_noise, assert_valid_profile, fails_above_4
+from tests.e2e.profile_checks import assert_means_nondecreasing_within_noise, assert_valid_profile, fails_above_4
 
 FAST_FLAGS = ["--threads", "1", "--iters", "10", "--min-iters", "3", "--warmup", "1", "--time-budget-s", "0.15", "-q"]
 

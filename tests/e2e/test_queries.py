@@ -16,8 +16,8 @@ from tritonclient.utils import InferenceServerException
 
 from common.sample_models import model_bytes, detector_64, face_cls, vehicle_cls
 from common.sample_queries import SAMPLE_QUERIES
+from tests.components import scrape
 from tests.conftest import nexus_cli
-from tests.e2e.test_frontend_metrics import scrape
 
 pytestmark = pytest.mark.slow
 

@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 import time
 
-import grpc
 import pytest
 
 from common.config import BackendConfig, ConfigError, FrontendConfig, SchedulerConfig, scheduler_addresses
-from common.pb import control, control_grpc
 from common.scheduler_connection import next_scheduler
 from globalsched.state.database.connection import PostgresConnection
 from globalsched.state.database.plan_store import PlanStore
@@ -19,6 +17,7 @@ from globalsched.planning.planner import PlannerState, adopted_state
 from globalsched.planning.scaling_policy import ScalingState, TypeHistory
 from globalsched.state.database.lease import PLAN_EPOCHS_PER_LEASE, LeaderLease, plan_epoch_base
 from harness.ports import free_port
+from tests.components import list_models_status, wait_leads
 from tests.conftest import NexusProcess, nexus_cli
 
 
@@ -35,31 +34,12 @@ def _role(p: NexusProcess) -> str:
     return p.info.get("role", "")
 
 
-def _list_models(address: str) -> tuple[str, str, dict]:
-    """(status code name, details, trailing metadata) of ListModels at ``address``."""
-    with grpc.insecure_channel(address) as channel:
-        try:
-            control_grpc.SchedulerStub(channel).ListModels(control.ListModelsRequest(), timeout=5)
-            return "OK", "", {}
-        except grpc.RpcError as exc:
-            return exc.code().name, exc.details() or "", dict(exc.trailing_metadata() or ())
-
-
-def _wait_leads(address: str, timeout_s: float = 30.0) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if _list_models(address)[0] == "OK":
-            return time.monotonic() - start
-        time.sleep(0.05)
-    raise AssertionError(f"{address} did not lead within {timeout_s} s")
-
-
 def _standby_refusal(address: str, timeout_s: float = 10.0) -> tuple[str, str, dict]:
-    """:func:`_list_models` at a standby once it has read the lease's holder: it polls the lease every
+    """:func:`list_models_status` at a standby once it has read the lease's holder: it polls the lease every
     0.2 s, and until its first read finds the leader's row it says the leader is not known yet."""
     start = time.monotonic()
     while True:
-        refusal = _list_models(address)
+        refusal = list_models_status(address)
         if "not known yet" not in refusal[1] or time.monotonic() - start > timeout_s:
             return refusal
         time.sleep(0.05)
@@ -159,7 +139,7 @@ def test_one_leads_the_standby_names_it_and_takes_over_when_it_is_killed(pg_url,
         second.wait_ready(60)
         assert {_role(first), _role(second)} == {"leader", "standby"}
         leader, standby = (first, second) if _role(first) == "leader" else (second, first)
-        _wait_leads(leader.address)
+        wait_leads(leader.address)
         code, details, metadata = _standby_refusal(standby.address)
         assert code == "UNAVAILABLE" and details == f"this scheduler is a standby; the leader is {leader.address}"
         assert metadata.get("nexus-leader") == leader.address
@@ -169,7 +149,7 @@ def test_one_leads_the_standby_names_it_and_takes_over_when_it_is_killed(pg_url,
         status = nexus_cli("status", "--json", "--scheduler", f"{standby.address},{leader.address}")
         assert status.returncode == 0 and json.loads(status.stdout)["leader"] == leader.address, status.stderr
         leader.kill()
-        took_s = _wait_leads(standby.address)
+        took_s = wait_leads(standby.address)
         assert "leads, lease epoch 2" in standby.logs()
         print(f"takeover after kill -9: {took_s:.2f} s")
     finally:
@@ -183,16 +163,16 @@ def test_a_paused_leader_is_replaced_and_exits_when_it_wakes(pg_url, tmp_path):
     second = _scheduler(tmp_path, "two", pg_url, lease_s=1.0)
     try:
         leader, standby = (first, second) if _role(first) == "leader" else (second, first)
-        _wait_leads(leader.address)
+        wait_leads(leader.address)
         leader.pause()
-        took_s = _wait_leads(standby.address)
+        took_s = wait_leads(standby.address)
         print(f"takeover after SIGSTOP: {took_s:.2f} s")
         leader.resume()
         assert leader.proc.wait(timeout=30) == 3
         log = leader.logs()
         assert "lost the leadership (lease epoch 1)" in log
         assert "re-planned" not in log.split("lost the leadership")[-1]
-        assert _list_models(standby.address)[0] == "OK"
+        assert list_models_status(standby.address)[0] == "OK"
     finally:
         first.stop()
         second.stop()
@@ -204,9 +184,9 @@ def test_a_cleanly_stopped_leader_hands_over_at_once(pg_url, tmp_path):
     second = _scheduler(tmp_path, "two", pg_url, lease_s=30)
     try:
         leader, standby = (first, second) if _role(first) == "leader" else (second, first)
-        _wait_leads(leader.address)
+        wait_leads(leader.address)
         assert leader.stop() == 0
-        _wait_leads(standby.address, timeout_s=10)      # well inside the 30 s lease: it was released
+        wait_leads(standby.address, timeout_s=10)      # well inside the 30 s lease: it was released
         assert "released the lease" in leader.logs()
     finally:
         first.stop()
@@ -246,7 +226,7 @@ def test_losing_the_leader_under_load_fails_nothing_moves_nothing_and_the_next_u
         old = cluster.scheduler
         old.kill() if fault == "kill" else old.pause()
         paused_at = time.monotonic()
-        took_s = _wait_leads(b)
+        took_s = wait_leads(b)
         print(f"takeover under load after {fault}: {took_s:.2f} s")
         upload(cluster, tmp_path, "after", FAST, FAST_SLO_MS)          # through "b,a": the new leader
         time.sleep(8.0)                  # the new leader plans with its own rate reports meanwhile

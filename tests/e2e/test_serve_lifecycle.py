@@ -13,6 +13,7 @@ import pytest
 from common.pb import kserve, kserve_grpc
 from nexus.launcher import Child, nexus_command
 from nexus.process import PARENT_PID_ENV
+from tests.components import alive
 from tests.conftest import start_serve
 
 pytestmark = pytest.mark.slow
@@ -35,14 +36,6 @@ def _descendants(pid: int) -> set[int]:
             out.add(child)
             stack.append(child)
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _wait_serving(frontend: str) -> None:
@@ -74,7 +67,7 @@ def test_serve_leaves_no_process_behind(tmp_path, sig):
     _wait_serving(cluster.frontend)
     cluster.proc.send_signal(sig)
     assert cluster.proc.wait(timeout=60) == 0
-    left = [pid for pid in children if _alive(pid)]
+    left = [pid for pid in children if alive(pid)]
     assert not left, f"processes left behind: {left}"
     _stopped_quietly(log.read_text())
 
@@ -103,10 +96,10 @@ def test_serve_started_as_a_background_job_stops_on_sigint_to_its_group(tmp_path
         _wait_serving(job.ready_fields[2])
         os.killpg(serve, signal.SIGINT)
         assert job.proc.wait(timeout=60) == 0
-        left = [pid for pid in children if _alive(pid)]
+        left = [pid for pid in children if alive(pid)]
         assert not left, f"processes left behind: {left}"
         _stopped_quietly(log.read_text())
     finally:
-        if serve and _alive(serve):     # the test failed: stop what it started
+        if serve and alive(serve):     # the test failed: stop what it started
             os.kill(serve, signal.SIGTERM)
         job.stop(timeout_s=60)

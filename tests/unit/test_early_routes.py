@@ -11,8 +11,7 @@ from common.pb import control
 from globalsched.actuators.distribution import Distribution
 from globalsched.actuators.early_routes import EARLY_ROUTES_INTERVAL_S, EarlyRoutes
 from globalsched.state.membership import Node
-from tests.unit.test_handover import plan
-from tests.unit.test_table_pushes import Backend, Events, Frontend, NoRates, _node, _plan
+from tests.unit.distribution_fakes import Backend, Events, Frontend, NoRates, node, plan
 
 
 def nodes(routes) -> list[str]:
@@ -89,7 +88,7 @@ class Cluster:
     async def start(self) -> "Cluster":
         self.nodes, self.stubs = {}, {}
         for i in range(1, 4):
-            self.nodes[f"be-{i}"], self.stubs[f"be-{i}"] = _node(f"be-{i}")
+            self.nodes[f"be-{i}"], self.stubs[f"be-{i}"] = node(f"be-{i}")
         self.slow = SlowBackend()
         self.nodes["be-4"] = Node("be-4", control.NODE_KIND_BACKEND, "127.0.0.1:1", "emulated:t4", "t4", 16000.0,
                                   stub=self.slow)
@@ -98,14 +97,14 @@ class Cluster:
                                   stub=self.frontend)
         self.dist = Distribution(self.nodes, Events(), NoRates())
         self.slow.go.set()
-        await self.dist.apply(_plan({"be-1": (("a", 2),), "be-2": (("b", 2),), "be-3": (), "be-4": ()}), 1)
+        await self.dist.apply(plan({"be-1": (("a", 2),), "be-2": (("b", 2),), "be-3": (), "be-4": ()}), 1)
         assert len(self.frontend.tables) == 1     # a make step that ends at once sends no early table
         self.slow.go.clear()
         return self
 
     async def apply_slowly(self, tables: dict) -> None:
         """Apply epoch 2; be-4 answers once an early table had its time to go out."""
-        apply = asyncio.create_task(self.dist.apply(_plan(tables), 2))
+        apply = asyncio.create_task(self.dist.apply(plan(tables), 2))
         await asyncio.sleep(EARLY_ROUTES_INTERVAL_S + 0.2)
         self.early = self.frontend.tables[1:]
         assert not apply.done()
@@ -166,7 +165,7 @@ def test_a_later_early_table_keeps_the_sessions_an_earlier_one_sent_live():
         c.nodes["be-5"] = Node("be-5", control.NODE_KIND_BACKEND, "127.0.0.1:1", "emulated:t4", "t4", 16000.0,
                                stub=later)
         # a gains be-3 (at once), b moves to be-4 (when told), c is new on be-5 (later still)
-        apply = asyncio.create_task(c.dist.apply(_plan(
+        apply = asyncio.create_task(c.dist.apply(plan(
             {"be-1": (("a", 2),), "be-2": (), "be-3": (("a", 2),), "be-4": (("b", 2),), "be-5": (("c", 1),)}), 2))
         await asyncio.sleep(0.1)
         c.slow.go.set()

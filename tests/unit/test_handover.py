@@ -2,19 +2,8 @@
 
 from __future__ import annotations
 
-from globalsched.planning.cluster_values import ClusterPlan, PlannedSession
 from globalsched.actuators.handover import handover
-from globalsched.planning.placement import BackendAssignment, PlacedSession, Placement
-
-
-def plan(tables: dict[str, tuple[tuple[str, int], ...]], served: tuple[str, ...] | None = None) -> ClusterPlan:
-    """A plan with ``tables`` (backend -> (session, batch)...); every session named is served unless
-    ``served`` says which are."""
-    backends = tuple(BackendAssignment(node, 50.0, tuple(PlacedSession(s, b, 20.0 * b) for s, b in sessions))
-                     for node, sessions in tables.items())
-    names = served if served is not None else {s for sessions in tables.values() for s, _ in sessions}
-    return ClusterPlan({"t4": Placement(backends, 0, 0)}, {}, {},
-                       sessions={s: PlannedSession(s, s, 100.0, 10.0) for s in names})
+from tests.unit.distribution_fakes import plan
 
 
 def names(sessions) -> list[tuple[str, int]]:

@@ -210,3 +210,16 @@ def test_tests_and_benchmarks_do_not_import_each_other():
 
     assert importers("tests", "benchmarks") == []
     assert importers("benchmarks", "tests") == []
+
+
+def test_no_test_module_imports_another():
+    """A helper two test files need lives in a module that is not a test file (tests/components.py,
+    tests/e2e/load_under_faults.py, ...): importing a test file drags in its fixtures and collection."""
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            found += [f"{path.relative_to(ROOT)} imports {n}" for n in names
+                      if n.startswith("tests.") and n.rpartition(".")[2].startswith("test_")]
+    assert found == []

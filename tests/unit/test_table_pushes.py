@@ -12,83 +12,38 @@ import pytest
 
 from common.pb import control
 from globalsched.actuators.distribution import Distribution
-from globalsched.planning.cluster_values import ClusterPlan, PlannedSession
-from globalsched.planning.placement import BackendAssignment, PlacedSession, Placement
 from globalsched.state.catalog import Catalog
 from globalsched.state.membership import Node
 from tests.loop_turns import with_turns
-
-
-class Backend:
-    """A backend's stub: answers every table, failing the loads it is told to fail."""
-
-    def __init__(self) -> None:
-        self.tables: list[control.ModelTable] = []
-        self.fail: set[str] = set()
-
-    async def UpdateModelTable(self, table, timeout=None):
-        self.tables.append(table)
-        names = [e.session or e.model.name for e in table.sessions]
-        return control.ModelTableReply(loaded=[n for n in names if n not in self.fail],
-                                       failed=[f"{n}: broken" for n in names if n in self.fail])
-
-
-class Events:
-    def loaded(self, models):
-        pass
-
-    def load_failed(self, *args):
-        pass
-
-    def routed(self, keys):
-        pass
-
-
-class NoRates:
-    def current_rates(self, now):
-        return {}
-
-
-def _node(node_id: str) -> tuple[Node, Backend]:
-    stub = Backend()
-    return Node(node_id, control.NODE_KIND_BACKEND, "127.0.0.1:1", "emulated:t4", "t4", 16000.0, stub=stub), stub
-
-
-def _plan(tables: dict[str, tuple[tuple[str, int], ...]]) -> ClusterPlan:
-    backends = tuple(BackendAssignment(node, 50.0, tuple(PlacedSession(s, b, 20.0 * b) for s, b in sessions))
-                     for node, sessions in tables.items())
-    names = {s for sessions in tables.values() for s, _ in sessions}
-    return ClusterPlan({"t4": Placement(backends, 0, 0)}, {}, {},
-                       sessions={s: PlannedSession(s, s, 100.0, 10.0) for s in names},
-                       catalog=Catalog(descs={s: control.ModelDesc(name=s, sha256="ab" * 32) for s in names}))
+from tests.unit.distribution_fakes import Backend, Events, Frontend, NoRates, node, plan
 
 
 def test_only_the_tables_that_changed_are_sent_and_a_failure_is_sent_again():
     async def main():
         nodes, stubs = {}, {}
         for i in range(1, 5):
-            nodes[f"be-{i}"], stubs[f"be-{i}"] = _node(f"be-{i}")
+            nodes[f"be-{i}"], stubs[f"be-{i}"] = node(f"be-{i}")
         dist = Distribution(nodes, Events(), NoRates())
-        first = _plan({"be-1": (("a", 2),), "be-2": (("b", 4),), "be-3": (("c", 1),), "be-4": ()})
+        first = plan({"be-1": (("a", 2),), "be-2": (("b", 4),), "be-3": (("c", 1),), "be-4": ()})
         await dist.apply(first, 1)
         assert [len(s.tables) for s in stubs.values()] == [1, 1, 1, 1]
         # the same tables again (an epoch that re-planned to what runs): nothing to send
-        await dist.apply(_plan({"be-1": (("a", 2),), "be-2": (("b", 4),), "be-3": (("c", 1),), "be-4": ()}), 2)
+        await dist.apply(plan({"be-1": (("a", 2),), "be-2": (("b", 4),), "be-3": (("c", 1),), "be-4": ()}), 2)
         assert [len(s.tables) for s in stubs.values()] == [1, 1, 1, 1]
         # c's batch changes on be-3, and be-4 is given d, which fails to load there
         stubs["be-4"].fail.add("d")
-        await dist.apply(_plan({"be-1": (("a", 2),), "be-2": (("b", 4),), "be-3": (("c", 2),), "be-4": (("d", 1),)}), 3)
+        await dist.apply(plan({"be-1": (("a", 2),), "be-2": (("b", 4),), "be-3": (("c", 2),), "be-4": (("d", 1),)}), 3)
         assert [len(s.tables) for s in stubs.values()] == [1, 1, 2, 2]
         assert stubs["be-3"].tables[-1].epoch == 3 and stubs["be-3"].tables[-1].sessions[0].batch == 2
         # the failed table is sent again with the next plan, even unchanged; the others are not
         stubs["be-4"].fail.clear()
-        same = _plan({"be-1": (("a", 2),), "be-2": (("b", 4),), "be-3": (("c", 2),), "be-4": (("d", 1),)})
+        same = plan({"be-1": (("a", 2),), "be-2": (("b", 4),), "be-3": (("c", 2),), "be-4": (("d", 1),)})
         await dist.apply(same, 4)
         assert [len(s.tables) for s in stubs.values()] == [1, 1, 2, 3]
         await dist.apply(replace(same), 5)
         assert [len(s.tables) for s in stubs.values()] == [1, 1, 2, 3]
         # a node that registered again (a new process under the same id) holds nothing yet
-        nodes["be-1"], stubs["be-1"] = _node("be-1")
+        nodes["be-1"], stubs["be-1"] = node("be-1")
         await dist.apply(replace(same), 6)
         assert len(stubs["be-1"].tables) == 1 and stubs["be-1"].tables[0].epoch == 6
         # what a table says beyond its sessions counts too: a description that changed
@@ -104,18 +59,18 @@ def test_what_is_kept_of_a_backend_goes_when_it_leaves_and_it_is_sent_its_table_
     async def main():
         nodes, stubs = {}, {}
         for i in (1, 2, 3):
-            nodes[f"be-{i}"], stubs[f"be-{i}"] = _node(f"be-{i}")
+            nodes[f"be-{i}"], stubs[f"be-{i}"] = node(f"be-{i}")
         dist = Distribution(nodes, Events(), NoRates())
         tables = {"be-1": (("a", 2),), "be-2": (("b", 2),), "be-3": (("c", 2),)}
-        await dist.apply(_plan(tables), 1)
+        await dist.apply(plan(tables), 1)
         assert set(dist.held) == set(dist.pushing) == {"be-1", "be-2", "be-3"}
         # be-3 leaves (drained); the next plan forgets it
         returning = nodes.pop("be-3")
-        await dist.apply(_plan({"be-1": (("a", 2),), "be-2": (("b", 2), ("c", 2))}), 2)
+        await dist.apply(plan({"be-1": (("a", 2),), "be-2": (("b", 2), ("c", 2))}), 2)
         assert set(dist.held) == set(dist.pushing) == {"be-1", "be-2"}
         # the same node object comes back under its id: it is sent its table, not taken to hold it
         nodes["be-3"] = returning
-        await dist.apply(_plan(tables), 3)
+        await dist.apply(plan(tables), 3)
         assert [t.epoch for t in stubs["be-3"].tables] == [1, 3]
 
     asyncio.run(main())
@@ -125,24 +80,24 @@ def test_a_backend_with_a_release_to_come_is_sent_its_table_so_the_release_canno
     async def main():
         nodes, stubs = {}, {}
         for i in (1, 2):
-            nodes[f"be-{i}"], stubs[f"be-{i}"] = _node(f"be-{i}")
+            nodes[f"be-{i}"], stubs[f"be-{i}"] = node(f"be-{i}")
         dist = Distribution(nodes, Events(), NoRates())
-        await dist.apply(_plan({"be-1": (("a", 2),), "be-2": (("b", 2),)}), 1)
+        await dist.apply(plan({"be-1": (("a", 2),), "be-2": (("b", 2),)}), 1)
         # a moves to be-2: be-1 keeps it until the release step (after a's SLO, 0.1 s)
-        await dist.apply(_plan({"be-1": (("b", 2),), "be-2": (("a", 2),)}), 2)
+        await dist.apply(plan({"be-1": (("b", 2),), "be-2": (("a", 2),)}), 2)
         assert dist.releasing == {"be-1": 1, "be-2": 1}
         assert [e.model.name for e in stubs["be-1"].tables[-1].sessions] == ["b", "a"]    # a kept
         # a plan before the release puts a back on be-1 too: be-1's table says what it was sent, yet it
         # goes out, so that be-1 takes epoch 3 and ignores the release of epoch 2 that would drop a
-        await dist.apply(_plan({"be-1": (("b", 2), ("a", 2)), "be-2": (("a", 2),)}), 3)
+        await dist.apply(plan({"be-1": (("b", 2), ("a", 2)), "be-2": (("a", 2),)}), 3)
         assert stubs["be-1"].tables[-1].epoch == 3
         assert [e.model.name for e in stubs["be-1"].tables[-1].sessions] == ["b", "a"]
         await asyncio.sleep(0.3)                # the releases run: later tables are always sent
         assert dist.releasing == {}
         before = [len(s.tables) for s in stubs.values()]
-        await dist.apply(_plan({"be-1": (("b", 2), ("a", 2)), "be-2": (("a", 2),)}), 4)
+        await dist.apply(plan({"be-1": (("b", 2), ("a", 2)), "be-2": (("a", 2),)}), 4)
         assert [len(s.tables) for s in stubs.values()] == [n + 1 for n in before]
-        await dist.apply(_plan({"be-1": (("b", 2), ("a", 2)), "be-2": (("a", 2),)}), 5)
+        await dist.apply(plan({"be-1": (("b", 2), ("a", 2)), "be-2": (("a", 2),)}), 5)
         assert [len(s.tables) for s in stubs.values()] == [n + 1 for n in before]
 
     asyncio.run(main())
@@ -155,14 +110,14 @@ def test_a_plan_pushed_before_a_release_keeps_what_the_release_was_to_drop_until
     async def main():
         nodes, stubs = {}, {}
         for i in (1, 2, 3):
-            nodes[f"be-{i}"], stubs[f"be-{i}"] = _node(f"be-{i}")
+            nodes[f"be-{i}"], stubs[f"be-{i}"] = node(f"be-{i}")
         dist = Distribution(nodes, Events(), NoRates())
-        await dist.apply(_plan({"be-1": (("a", 2),), "be-2": (("b", 2),), "be-3": ()}), 1)
-        await dist.apply(_plan({"be-1": (), "be-2": (("b", 2), ("a", 2))}), 2)     # a moves: be-1 keeps it
+        await dist.apply(plan({"be-1": (("a", 2),), "be-2": (("b", 2),), "be-3": ()}), 1)
+        await dist.apply(plan({"be-1": (), "be-2": (("b", 2), ("a", 2))}), 2)     # a moves: be-1 keeps it
         assert [e.model.name for e in stubs["be-1"].tables[-1].sessions] == ["a"]
         assert dist.unreleased["be-1"][0] == 2
         # before that release, a plan gives be-1 c and a a third backend: be-1 still keeps a
-        await dist.apply(_plan({"be-1": (("c", 1),), "be-2": (("b", 2), ("a", 2)), "be-3": (("a", 1),)}), 3)
+        await dist.apply(plan({"be-1": (("c", 1),), "be-2": (("b", 2), ("a", 2)), "be-3": (("a", 1),)}), 3)
         assert stubs["be-1"].tables[-1].epoch == 3
         assert [e.model.name for e in stubs["be-1"].tables[-1].sessions] == ["c", "a"]
         assert dist.unreleased["be-1"][0] == 3
@@ -171,22 +126,13 @@ def test_a_plan_pushed_before_a_release_keeps_what_the_release_was_to_drop_until
         last = [t for t in stubs["be-1"].tables if t.epoch == 3][-1]
         assert [e.model.name for e in last.sessions] == ["c"]
         # a backend that registered again before the release holds nothing of what was kept there
-        await dist.apply(_plan({"be-1": (), "be-2": (("b", 2), ("a", 2), ("c", 1)), "be-3": (("a", 1),)}), 4)
+        await dist.apply(plan({"be-1": (), "be-2": (("b", 2), ("a", 2), ("c", 1)), "be-3": (("a", 1),)}), 4)
         assert [e.model.name for e in stubs["be-1"].tables[-1].sessions] == ["c"]      # c kept
-        nodes["be-1"], stubs["be-1"] = _node("be-1")
-        await dist.apply(_plan({"be-1": (("d", 1),), "be-2": (("b", 2), ("a", 2), ("c", 1)), "be-3": (("a", 1),)}), 5)
+        nodes["be-1"], stubs["be-1"] = node("be-1")
+        await dist.apply(plan({"be-1": (("d", 1),), "be-2": (("b", 2), ("a", 2), ("c", 1)), "be-3": (("a", 1),)}), 5)
         assert [e.model.name for e in stubs["be-1"].tables[-1].sessions] == ["d"]
 
     asyncio.run(main())
-
-
-class Frontend:
-    def __init__(self) -> None:
-        self.tables: list[control.RoutingTable] = []
-
-    async def UpdateRoutingTable(self, table, timeout=None):
-        self.tables.append(table)
-        return control.RoutingTableReply()
 
 
 def test_building_a_plans_tables_hands_the_loop_back_and_sends_the_same(monkeypatch):
@@ -198,11 +144,11 @@ def test_building_a_plans_tables_hands_the_loop_back_and_sends_the_same(monkeypa
         monkeypatch.setattr(loop_slices, "SLICE_S", slice_s)
         nodes, stubs = {}, {}
         for i in range(1, 5):
-            nodes[f"be-{i}"], stubs[f"be-{i}"] = _node(f"be-{i}")
+            nodes[f"be-{i}"], stubs[f"be-{i}"] = node(f"be-{i}")
         frontend = Frontend()
         nodes["fe-1"] = Node("fe-1", control.NODE_KIND_FRONTEND, "127.0.0.1:2", "", "", 0.0, stub=frontend)
         _, turns = await with_turns(Distribution(nodes, Events(), NoRates()).apply(
-            _plan({"be-1": (("a", 2),), "be-2": (("b", 4),), "be-3": (("c", 1),), "be-4": (("d", 1),)}), 1))
+            plan({"be-1": (("a", 2),), "be-2": (("b", 4),), "be-3": (("c", 1),), "be-4": (("d", 1),)}), 1))
         return [[t.SerializeToString() for t in s.tables] for s in stubs.values()], \
             [t.SerializeToString() for t in frontend.tables], turns
 
@@ -296,18 +242,18 @@ def test_a_superseded_make_step_sends_no_routing_table_and_the_next_plan_keeps_w
     from globalsched.actuators.distribution import Distribution
 
     async def main():
-        nodes = {"be-1": _node("be-1")[0]}
+        nodes = {"be-1": node("be-1")[0]}
         slow = GatedBackend()
         nodes["be-2"] = Node("be-2", control.NODE_KIND_BACKEND, "127.0.0.1:1", "emulated:t4", "t4", 16000.0, stub=slow)
         frontend = Frontend()
         nodes["fe-1"] = Node("fe-1", control.NODE_KIND_FRONTEND, "127.0.0.1:2", "", "", 0.0, stub=frontend)
         dist = Distribution(nodes, Events(), NoRates())
-        first = _plan({"be-1": (("a", 2),), "be-2": (("b", 2),)})
+        first = plan({"be-1": (("a", 2),), "be-2": (("b", 2),)})
         await dist.apply(first, 1)
         assert dist.making_for_s() is None and [t.epoch for t in frontend.tables] == [1]
 
         slow.gates[2] = asyncio.Event()
-        applying = asyncio.create_task(dist.apply(_plan({"be-1": (("a", 2), ("c", 1)),
+        applying = asyncio.create_task(dist.apply(plan({"be-1": (("a", 2), ("c", 1)),
                                                          "be-2": (("b", 2), ("d", 1))}), 2))
         while not frontend.tables[-1].epoch == 2:       # c goes live on be-1, which answered
             await asyncio.sleep(0.01)
@@ -321,7 +267,7 @@ def test_a_superseded_make_step_sends_no_routing_table_and_the_next_plan_keeps_w
         assert {n: e for n, (e, _, _) in dist.unreleased.items()} == {"be-1": 2, "be-2": 2}
 
         # the next plan moves c to be-2 and d's batch: be-1 keeps c until its release
-        await dist.apply(_plan({"be-1": (("a", 2),), "be-2": (("b", 4), ("d", 1), ("c", 1))}), 3)
+        await dist.apply(plan({"be-1": (("a", 2),), "be-2": (("b", 4), ("d", 1), ("c", 1))}), 3)
         assert [e.model.name for e in nodes["be-1"].stub.tables[-1].sessions] == ["a", "c"]
         assert frontend.tables[-1].epoch == 3 and dist.in_force.sessions.keys() == {"a", "b", "c", "d"}
         slow.gates[2].set()                              # epoch 2's answer comes last
@@ -329,7 +275,7 @@ def test_a_superseded_make_step_sends_no_routing_table_and_the_next_plan_keeps_w
         assert [said[1].batch for said in dist.held["be-2"][1][1]] == [4, 1, 1]     # epoch 3's, not 2's
         before = len(slow.tables)
         # be-2 holds epoch 3's table (b at 4): a plan that says what epoch 2 said is sent to it
-        await dist.apply(_plan({"be-1": (("a", 2),), "be-2": (("b", 2), ("d", 1))}), 4)
+        await dist.apply(plan({"be-1": (("a", 2),), "be-2": (("b", 2), ("d", 1))}), 4)
         assert [t.epoch for t in slow.tables[before:]] == [4]
 
     asyncio.run(main())
@@ -352,24 +298,24 @@ def test_an_unexpected_error_in_a_superseded_make_steps_late_answer_is_logged_an
 
     async def main():
         broken = BrokenLateBackend()
-        nodes = {"be-1": _node("be-1")[0],
+        nodes = {"be-1": node("be-1")[0],
                  "be-2": Node("be-2", control.NODE_KIND_BACKEND, "127.0.0.1:1", "emulated:t4", "t4", 16000.0,
                               stub=broken)}
         dist = Distribution(nodes, Events(), NoRates())
-        await dist.apply(_plan({"be-1": (("a", 2),), "be-2": (("b", 2),)}), 1)
+        await dist.apply(plan({"be-1": (("a", 2),), "be-2": (("b", 2),)}), 1)
         broken.gates[2] = asyncio.Event()
-        applying = asyncio.create_task(dist.apply(_plan({"be-1": (("a", 2),), "be-2": (("b", 2), ("c", 1))}), 2))
+        applying = asyncio.create_task(dist.apply(plan({"be-1": (("a", 2),), "be-2": (("b", 2), ("c", 1))}), 2))
         while dist.making_for_s() is None:
             await asyncio.sleep(0.01)
         dist.supersede()
         await asyncio.wait_for(applying, 1.0)
-        await dist.apply(_plan({"be-1": (("a", 2), ("c", 1)), "be-2": (("b", 2),)}), 3)
+        await dist.apply(plan({"be-1": (("a", 2), ("c", 1)), "be-2": (("b", 2),)}), 3)
         broken.gates[2].set()                            # the late answer raises
         while dist.late:
             await asyncio.sleep(0.01)
         assert "model table push to be-2 of a superseded plan" in caplog.text and "a broken stub" in caplog.text
         # the distribution goes on: the next plan is applied in full
-        last = _plan({"be-1": (("a", 2),), "be-2": (("b", 2), ("c", 1))})
+        last = plan({"be-1": (("a", 2),), "be-2": (("b", 2), ("c", 1))})
         await asyncio.wait_for(dist.apply(last, 4), 5.0)
         assert dist.in_force is last and broken.tables[-1].epoch == 4
 

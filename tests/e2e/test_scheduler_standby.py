@@ -11,13 +11,17 @@ import pytest
 
 from common.config import BackendConfig, ConfigError, FrontendConfig, SchedulerConfig, scheduler_addresses
 from common.scheduler_connection import next_scheduler
-from globalsched.state.database.connection import PostgresConnection
-from globalsched.state.database.plan_store import PlanStore
+from globalsched.planning.algorithms.replan import ReplanState
+from globalsched.planning.plan_device_type import TypeState
 from globalsched.planning.planner import PlannerState, adopted_state
 from globalsched.planning.scaling_policy import ScalingState, TypeHistory
+from globalsched.state.database.connection import PostgresConnection
 from globalsched.state.database.lease import PLAN_EPOCHS_PER_LEASE, LeaderLease, plan_epoch_base
+from globalsched.state.database.plan_store import PlanStore
+from harness.cluster import Cluster, Node
 from harness.ports import free_port
-from tests.components import list_models_status, wait_leads
+from tests.components import list_models_status, wait_for, wait_leads
+from tests.e2e.load_under_faults import DEVICE, FAST, FAST_SLO_MS, ok_in_a_row_since, steady_load, upload
 from tests.conftest import NexusProcess, nexus_cli
 
 
@@ -92,9 +96,6 @@ def test_a_shared_scheduler_needs_an_address_the_others_can_dial_and_a_positive_
 
 
 def test_an_adopted_plan_starts_its_cooldowns_again(pg_url):
-    from globalsched.planning.algorithms.replan import ReplanState
-    from globalsched.planning.plan_device_type import TypeState
-
     old = PlannerState(last_plan_s=5.0, first_requests_s={"m": 1.0}, surge_floors={"m": (40.0, 4.0)},
                        drop_ceilings={"q": (3.0, 4.5)}, types={"t4": TypeState(replan=ReplanState(last_replan_s=5.0, moved_at_s=(("m", 3.0),)))})
     new = adopted_state(old, 1000.0)
@@ -130,8 +131,6 @@ def test_an_adopted_plan_starts_its_cooldowns_again(pg_url):
 
 @pytest.mark.slow
 def test_one_leads_the_standby_names_it_and_takes_over_when_it_is_killed(pg_url, tmp_path):
-    from harness.cluster import Node
-
     first, second = [Node(name, _argv(tmp_path, name, pg_url), env={"NEXUS_LOG": "INFO"},     # started at once
                           log_path=tmp_path / f"{name}.log") for name in ("one", "two")]
     try:
@@ -200,9 +199,6 @@ def test_losing_the_leader_under_load_fails_nothing_moves_nothing_and_the_next_u
     """Backends and the frontend are given both schedulers, the standby first: they follow the leader.
     The leader is killed (kill -9), or paused for 10 s and then resumed: the standby adopts the plan in
     force (no session moves, no request fails), and a resumed old leader exits without pushing."""
-    from harness.cluster import Cluster
-    from tests.components import wait_for
-    from tests.e2e.load_under_faults import DEVICE, FAST, FAST_SLO_MS, ok_in_a_row_since, steady_load, upload
 
     a, b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     both = f"{b},{a}"

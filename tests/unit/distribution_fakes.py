@@ -49,8 +49,8 @@ def node(node_id: str) -> tuple[Node, Backend]:
 def plan(tables: dict[str, tuple[tuple[str, int], ...]], served: tuple[str, ...] | None = None) -> ClusterPlan:
     """A plan on T4s with ``tables`` (backend -> (session, batch)...), each session its own model in the
     catalog; every session named is served unless ``served`` says which are."""
-    backends = tuple(BackendAssignment(node, 50.0, tuple(PlacedSession(s, b, 20.0 * b) for s, b in sessions))
-                     for node, sessions in tables.items())
+    backends = tuple(BackendAssignment(backend, 50.0, tuple(PlacedSession(s, b, 20.0 * b) for s, b in sessions))
+                     for backend, sessions in tables.items())
     names = served if served is not None else {s for sessions in tables.values() for s, _ in sessions}
     return ClusterPlan({"t4": Placement(backends, 0, 0)}, {}, {},
                        sessions={s: PlannedSession(s, s, 100.0, 10.0) for s in names},

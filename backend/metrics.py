@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import prometheus_client
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
@@ -121,7 +120,3 @@ def registry(snapshot: Callable[[], control.BackendStats], device: str = "") -> 
     reg.register(BackendCollector(snapshot, device))
     return reg
 
-
-def render(stats: control.BackendStats, device: str = "") -> str:
-    """The Prometheus text (format 0.0.4) for one stats snapshot."""
-    return prometheus_client.generate_latest(registry(lambda: stats, device)).decode()

@@ -647,12 +647,6 @@ class _Analysis:
 # --- public API -------------------------------------------------------------------------------
 
 
-def node_hashes(model: ModelLike) -> list[str]:
-    """Structural hash of every node, in topological order (hex; independent of names)."""
-    a = _Analysis(_load(model, "model"), "model")
-    return [h.hex()[:PREFIX_ID_HEX] for h in a.node_hash]
-
-
 def prefix_cuts(model: ModelLike) -> tuple[list[tuple[str, int]], int]:
     """(prefix id, weight bytes of the prefix) at every cut of ``model`` from its inputs outwards
     (cuts whose tensor type is unknown are left out), and the model's total weight bytes."""

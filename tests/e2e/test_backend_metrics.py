@@ -12,9 +12,10 @@ import urllib.request
 import grpc
 import numpy as np
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from backend.metrics import render
+from backend.metrics import registry
 from common.config import BackendConfig, SchedulerConfig
 from common.pb import control, control_grpc
 from common.profile import Profile
@@ -22,6 +23,12 @@ from common.sample_models import mlp_small, model_bytes
 from nexus.launcher import Child, launch
 from tests.conftest import nexus_cli
 from harness.ports import free_port
+
+
+def render(stats: control.BackendStats, device: str = "") -> str:
+    """The Prometheus text (format 0.0.4) the backend's collector makes of one stats snapshot."""
+    return generate_latest(registry(lambda: stats, device)).decode()
+
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*\})? (\S+)$')
 

@@ -25,6 +25,7 @@ Prometheus text endpoint (backend/metrics.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import sys
@@ -40,7 +41,7 @@ from backend.sessions import Session
 from backend.work import ExecError, Outcome, Work
 from backend.latency_samples import SampleRecorder
 from backend.model_table import ModelTables
-from backend.profile_requests import measure_profile
+from backend.profile_requests import background_executor, measure_profile
 from backend.wire import backend_stats, decode_inputs, encode_result, io_specs, item_nbytes
 from common import grpc_util
 from common.batch_decision import POLICIES
@@ -70,6 +71,7 @@ class BackendService(control_grpc.BackendServicer):
         self.leaving = False                 # draining: never register again (common/registration.py)
         # one measurement at a time, and no load or warm-up beside one, or they disturb each other
         self._profile_lock = asyncio.Lock()
+        self._background = None              # the background measurements' thread (made at the first one)
         self._row_nbytes: dict[str, tuple[Session, tuple[int | None, ...]]] = {}   # per session, see work
         self.exec_port = 0                   # the framed execute channel's port (0: not served)
         self.tables = ModelTables(config, engine, self._profile_lock, self._fetch, self._threads())
@@ -193,11 +195,17 @@ class BackendService(control_grpc.BackendServicer):
                                                  f"{self.config.device})")
         try:
             data = await self._fetch(model.sha256)
+            measure = functools.partial(
+                measure_profile, data, runtime_kind, self.config.device, self.config.resolved_device_type,
+                io_specs(model), list(request.batch_sizes), request.budget_s or 20.0,
+                request.threads or self._threads(), request.extend_to_batch)
             async with self._profile_lock:
-                profile = await asyncio.to_thread(
-                    measure_profile, data, runtime_kind, self.config.device, self.config.resolved_device_type,
-                    io_specs(model), list(request.batch_sizes), request.budget_s or 20.0,
-                    request.threads or self._threads(), request.extend_to_batch)
+                if request.background:
+                    if self._background is None:
+                        self._background = background_executor()
+                    profile = await asyncio.get_running_loop().run_in_executor(self._background, measure)
+                else:
+                    profile = await asyncio.to_thread(measure)
         except NoDatasheet as exc:
             return control.MeasuredProfile(error=str(exc), unmeasurable=True)
         except Exception as exc:

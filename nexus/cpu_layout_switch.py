@@ -5,11 +5,13 @@ What it does, from ``nexus serve``'s supervision loop (:meth:`CpuLayoutSwitch.st
 it: measurements run in a worker thread):
 
 * **Measures.** Every model the scheduler serves is profiled once per version in both layouts on a
-  backend of the running one (``Backend.ProfileModel`` with the layout's intra-op threads, batch
-  sizes 1 to 32, each within a time budget of runs; a profile that stops short, on a failure or a
-  memory limit, is extrapolated), at the moment it is first seen. The layouts are measured in turn, twice (machine, per-core, per-core,
-  machine), and each batch size keeps the faster of its two figures: other work on the cores only
-  ever adds time, and a model of microseconds is otherwise judged by whichever run a preemption hit.
+  backend of the running one, at the moment it is first seen: ``Backend.ProfileModel`` with the
+  layout's intra-op threads, batch sizes 1 to 32, each within a time budget of runs (a profile that
+  stops short, on a failure or a memory limit, is extrapolated). It runs in the background, below the
+  serving threads' CPU priority (backend/profile_requests.py), since the backend serves meanwhile.
+  The layouts are measured in turn, twice (machine, per-core, per-core, machine), and each batch
+  size keeps the faster of its two figures: other work on the cores only ever adds time, and a model
+  of microseconds is otherwise judged by whichever run a preemption hit.
 * **Decides** with :func:`nexus.cpu_layout.decide` from the sessions' rates and SLOs
   (``GetStatus``), the layouts' *typical* profiles, and the serving path's CPU on the backends'
   cores over the last 10 s (:mod:`nexus.serving_path_cpu`; its readings restart when the backends
@@ -314,11 +316,12 @@ class CpuLayoutSwitch:
 
 def measure_on_backend(creds: Credentials = grpc_util.NO_CREDENTIALS) -> Measure:
     """:data:`Measure` by ``Backend.ProfileModel`` (RuntimeError with the backend's reason when it
-    could not measure; grpc.RpcError when it did not answer)."""
+    could not measure; grpc.RpcError when it did not answer), in the background: the backend serves
+    meanwhile, and its serving threads keep their priority over the measurement's."""
 
     def measure(address: str, desc: control.ModelDesc, threads: int) -> Profile:
         request = control.ProfileRequest(model=desc, batch_sizes=MEASURE_BATCH_SIZES, budget_s=MEASURE_BUDGET_S,
-                                          extend_to_batch=MEASURE_EXTEND_TO_BATCH, threads=threads)
+                                          extend_to_batch=MEASURE_EXTEND_TO_BATCH, threads=threads, background=True)
         with grpc_util.channel(address, creds) as channel:
             reply = control_grpc.BackendStub(channel).ProfileModel(request, timeout=4 * MEASURE_BUDGET_S + 60)
         if reply.error:

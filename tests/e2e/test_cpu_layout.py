@@ -6,6 +6,7 @@ refuses to measure with other threads; bad flags are refused before anything sta
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -19,11 +20,14 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from common.pb import control, control_grpc
-from common.sample_models import mlp_small, model_bytes
+from common.profile import Profile
+from common.sample_models import mlp_small, model_bytes, resnet18_64
 from harness.cluster import ServeCluster, Upload
 from nexus.cpu_layout import PER_CORE_DEVICE_TYPE
+from nexus.cpu_layout_switch import measure_on_backend
 from nexus.scheduler_client import fetch_status
 from tests.components import start_cluster, wait_for
+from tests.conftest import nexus_cli
 
 pytestmark = pytest.mark.slow
 
@@ -127,6 +131,83 @@ def test_a_backend_not_on_a_cpu_refuses_to_measure_with_other_threads(tmp_path):
     assert not reply.profile_json
     assert reply.error == ("threads=1: only a CPU backend measures with other intra-op threads than its own "
                            "(this one runs emulated:t4)")
+
+
+def _thread_nices(pid: int) -> set[int]:
+    """The nice value of every thread of process ``pid`` now."""
+    found = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                found.add(int(f.read().rsplit(")", 1)[1].split()[16]))
+        except (OSError, IndexError, ValueError):    # a thread that ended meanwhile
+            pass
+    return found
+
+
+def test_a_background_measurement_runs_below_the_serving_threads_and_a_foreground_one_does_not(tmp_path):
+    """The layout's measurements ask for the background (nexus/cpu_layout_switch.py); the scheduler's
+    first profile of a model does not. Seen from outside: the nice values of the backend's threads
+    while each measurement runs."""
+    path = tmp_path / "resnet.onnx"
+    path.write_bytes(model_bytes(resnet18_64()))
+    with start_cluster(tmp_path / "cluster", 1, "cpu") as c:
+        stored = nexus_cli("models", "upload", str(path), "--name", "r", "--no-load", "--scheduler",
+                           c.scheduler.address)
+        assert stored.returncode == 0, stored.stderr
+        with grpc.insecure_channel(c.scheduler.address) as channel:
+            [desc] = [m for m in control_grpc.SchedulerStub(channel).ListModels(
+                control.ListModelsRequest(), timeout=10).models if m.name == "r"]
+        backend = c.backends[0]
+        base = _thread_nices(backend.pid)
+
+        def measured_with(background: bool) -> set[int]:
+            seen: set[int] = set()
+            done = threading.Event()
+
+            def sample():
+                while not done.is_set():
+                    seen.update(_thread_nices(backend.pid))
+                    time.sleep(0.01)
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            try:
+                with grpc.insecure_channel(backend.address) as channel:
+                    reply = control_grpc.BackendStub(channel).ProfileModel(
+                        control.ProfileRequest(model=desc, batch_sizes=[1, 2, 4, 8], budget_s=5.0,
+                                               background=background), timeout=120)
+            finally:
+                done.set()
+                sampler.join(5)
+            assert reply.profile_json and not reply.error, reply.error
+            return seen
+
+        assert measured_with(background=False) == base           # a foreground one: every thread as it was
+        lowered = measured_with(background=True) - base
+        assert lowered and all(n >= min(max(base) + 10, 19) for n in lowered), (base, lowered)
+
+
+def test_the_layouts_measurement_asks_a_backend_for_the_background():
+    """What nexus/cpu_layout_switch.py sends, seen by a gRPC server in its place."""
+    asked: list[control.ProfileRequest] = []
+
+    class Backend(control_grpc.BackendServicer):
+        def ProfileModel(self, request, context):
+            asked.append(request)
+            return control.MeasuredProfile(profile_json=Profile.linear(0.5, 1.0, 32, device_type="cpu").to_json())
+
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(2))
+    control_grpc.add_BackendServicer_to_server(Backend(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        profile = measure_on_backend()(f"127.0.0.1:{port}", control.ModelDesc(name="m", sha256="0" * 64), 1)
+    finally:
+        server.stop(None)
+    assert profile.max_batch == 32
+    [request] = asked
+    assert request.background and request.threads == 1 and list(request.batch_sizes) == [1, 2, 4, 8, 16, 32]
 
 
 def test_bad_layout_flags_are_refused_before_anything_starts(tmp_path):

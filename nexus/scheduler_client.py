@@ -10,7 +10,10 @@ types here, at the edge.
 
 from __future__ import annotations
 
+import logging
 import pathlib
+import time
+import uuid
 from typing import Iterator, Sequence
 
 import grpc
@@ -27,6 +30,9 @@ from common.warmup_spec import WarmupSample, to_pb as warmup_to_pb
 from nexus.status_model import ClusterStatus, from_reply
 
 DEFAULT_SCHEDULER = "127.0.0.1:8100"
+RETRY_DELAYS_S = (0.25, 1.0)    # an admin call no scheduler took is made again after each of these pauses
+
+log = logging.getLogger("nexus.cli")
 
 
 class AdminCallError(Exception):
@@ -46,25 +52,40 @@ def _call(scheduler: str, creds: Credentials, method: str, request, timeout_s: f
     """One call of the scheduler's ``method``; AdminCallError with the operator's message when it fails.
 
     ``scheduler`` may list several schedulers (``a,b,c``): the call goes to the first, and where one is
-    unavailable, to the leader a standby names (within the list), else to the next; each is tried at
-    most once. ``request`` may be a function making the request (a stream, made again for each try)."""
+    unavailable, to the leader a standby names (within the list), else to the next. When every one was
+    unavailable, the round is made again after each pause of :data:`RETRY_DELAYS_S` (a connection that
+    broke, a leader on its way), within ``timeout_s`` in all. Every admin call may be made twice: the
+    reads and settings are idempotent, and an upload carries its id (:func:`upload_model`).
+    ``request`` may be a function making the request (a stream, made again for each try)."""
     return _call_at(scheduler, creds, method, request, timeout_s)[0]
 
 
-def _call_at(scheduler: str, creds: Credentials, method: str, request, timeout_s: float = 30.0):
-    """:func:`_call`'s reply, and the address of the scheduler that gave it."""
+def _call_at(scheduler: str, creds: Credentials, method: str, request, timeout_s: float = 30.0,
+             retry_delays_s: Sequence[float] | None = None):
+    """:func:`_call`'s reply, and the address of the scheduler that gave it. ``retry_delays_s``: the
+    pauses before the rounds after the first (None: :data:`RETRY_DELAYS_S`)."""
     addresses = scheduler_addresses(scheduler) or (scheduler,)
+    deadline = time.monotonic() + timeout_s
+    pauses = list(RETRY_DELAYS_S if retry_delays_s is None else retry_delays_s)
     address, tried = addresses[0], []
     while True:
         tried.append(address)
         with grpc_util.channel(address, creds) as channel:
             try:
                 return getattr(control_grpc.SchedulerStub(channel), method)(
-                    request() if callable(request) else request, timeout=timeout_s), address
+                    request() if callable(request) else request,
+                    timeout=max(deadline - time.monotonic(), 0.001)), address
             except grpc.RpcError as exc:
                 following = next_scheduler(addresses, address, leader_hint(exc))
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or following in tried:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise AdminCallError(rpc_error_message(exc, address)) from None
+                if following in tried:
+                    hint = leader_hint(exc)      # a leader outside the list: the standby will say the same
+                    if not pauses or time.monotonic() + pauses[0] >= deadline or (hint and hint not in addresses):
+                        raise AdminCallError(rpc_error_message(exc, address)) from None
+                    log.info("%s to %s: %s; trying again in %.2f s", method, address, exc.details(), pauses[0])
+                    time.sleep(pauses.pop(0))
+                    following, tried = addresses[0], []
                 address = following
 
 
@@ -85,6 +106,8 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
                  expected_rate_rps: float = 0.0, batch_cap: int = 0, creds: Credentials = grpc_util.NO_CREDENTIALS,
                  pin_profile: bool = False, late_requests: LateRequests | None = None) -> control.ModelDesc:
     """Stream a model file to the scheduler; raise AdminCallError with the scheduler's reason if refused.
+    The upload carries an id of its own, so that when it is sent again (:func:`_call`) the scheduler
+    stores it once.
     ``warmup``: the version's warm-up samples (config.pbtxt's model_warmup; none: the backends' default).
     ``version``: the version the file is (0: the next after the newest, 1 for a new model);
     ``version_policy``: the model's from now on (None: the one it has, else the latest version).
@@ -106,6 +129,7 @@ def upload_model(scheduler: str, path: str | pathlib.Path, name: str, *, profile
     header = control.UploadHeader(name=name, slo_ms=slo_ms, load=load, min_replicas=min_replicas, version=version,
                                   expected_rate_rps=expected_rate_rps, batch_cap=batch_cap,
                                   late_requests=late_requests.to_pb() if late_requests else 0,
+                                  upload_id=uuid.uuid4().hex,
                                   runtime=runtime or ("torch" if path.suffix in (".pt", ".pt2") else "onnxruntime"))
     header.warmup.extend(warmup_to_pb(warmup))
     if version_policy is not None:
@@ -198,7 +222,8 @@ class StatusReader:
                 self.close()
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise AdminCallError(rpc_error_message(exc, address)) from None
-        reply, address = _call_at(self.scheduler, self.creds, "GetStatus", self.request, self.timeout_s)
+        reply, address = _call_at(self.scheduler, self.creds, "GetStatus", self.request, self.timeout_s,
+                                  retry_delays_s=())      # its caller reads again soon
         self._channel, self.address = grpc_util.channel(address, self.creds), address
         return from_reply(reply)
 

@@ -74,6 +74,7 @@ class ModelAdmin:
         self.trigger = trigger
         self.rollout = VersionRollout(trigger.request)
         self.readiness = Readiness()
+        self._uploading: dict[str, tuple[str, asyncio.Future]] = {}    # upload id -> its model, its store
         self.in_service = ProfilesInService(config, db, nodes, trigger)
         self.book = self.in_service.book
         self.profiling = ProfilingActuator(nodes, db, self.book, self.load_failures, self.readiness, trigger,
@@ -85,7 +86,31 @@ class ModelAdmin:
     # ---- the model database ------------------------------------------------------------------------
 
     async def upload(self, request_iterator) -> control.UploadReply:
+        """Receive an upload and store it. Once received, the store and what follows it (readiness,
+        the re-plan) complete even when the client has gone, so a stored version is always planned.
+        An upload with the id of one in progress waits for that one and gets its answer; with the id
+        of one stored, it gets the version stored (globalsched/state/modeldb.py)."""
         began = time.monotonic()
+        header, parts = await self._receive(request_iterator)
+        upload_id = header.upload_id
+        first = self._uploading.get(upload_id) if upload_id else None
+        if first is not None and first[0] != header.name:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"upload of {header.name!r} refused: upload id "
+                                                            f"{upload_id!r} is in use by an upload of {first[0]!r}")
+        if first is None:
+            first = (header.name, asyncio.ensure_future(self._store(header, parts, began)))
+            first[1].add_done_callback(lambda task: self._uploaded(upload_id, task))
+            if upload_id:
+                self._uploading[upload_id] = first
+        return await asyncio.shield(first[1])
+
+    def _uploaded(self, upload_id: str, task: asyncio.Future) -> None:
+        if upload_id:
+            self._uploading.pop(upload_id, None)
+        if not task.cancelled() and task.exception() is not None and not isinstance(task.exception(), Refused):
+            log.error("storing an upload failed: %r", task.exception())
+
+    async def _receive(self, request_iterator) -> tuple[control.UploadHeader, list[bytes]]:
         header = None
         parts: list[bytes] = []
         size = 0
@@ -108,8 +133,17 @@ class ModelAdmin:
         if header.late_requests not in control.LateRequests.values():
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"upload of {header.name!r} refused: unknown "
                                                             f"late_requests {header.late_requests}")
+        return header, parts
+
+    async def _store(self, header: control.UploadHeader, parts: list[bytes], began: float) -> control.UploadReply:
         late = LateRequests.from_pb(header.late_requests) if header.late_requests else None
         try:
+            if header.upload_id:
+                stored = await asyncio.to_thread(self.db.uploaded, header.upload_id, header.name)
+                if stored is not None:
+                    log.info("upload %s of %s sent again: answered with version %d, which it stored",
+                             header.upload_id, header.name, stored.version)
+                    return control.UploadReply(model=self.desc(stored.key))
             policy = policy_from_pb(header.version_policy) if header.HasField("version_policy") else None
             record = await asyncio.to_thread(
                 self.db.add_model, header.name, parts, runtime=header.runtime or "onnxruntime",
@@ -118,7 +152,7 @@ class ModelAdmin:
                 min_replicas=header.min_replicas,
                 serving=ServingSettings(header.expected_rate_rps, header.batch_cap),
                 warmup=warmup_from_pb(header.warmup), version=header.version, version_policy=policy,
-                late_requests=late)
+                late_requests=late, upload_id=header.upload_id)
         except (UploadError, WarmupError, VersionError) as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"upload of {header.name!r} refused: {exc}") from None
         self._forget_failures(record.key)          # a new upload starts afresh

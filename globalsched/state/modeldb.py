@@ -26,7 +26,9 @@ transaction: every model becomes version 1 of itself. A PostgreSQL database star
 newer schema than this release's is refused on both.
 
 Contract: an upload is validated completely before anything is registered, and registration is one
-transaction, so a failed upload leaves no model behind. Blobs are immutable; a blob that no
+transaction, so a failed upload leaves no model behind. An upload that carries the client's id is
+registered at most once: the id is stored in the same transaction, and a retry with it (the client
+could not tell whether the first arrived) returns what the first stored. Blobs are immutable; a blob that no
 model row references is garbage and is removed at start-up.
 
 Threads and the event loop: uploads run in a thread (``asyncio.to_thread``); the long parts of an
@@ -69,6 +71,8 @@ MAX_MIN_REPLICAS = 64
 
 SCHEMA_VERSION = 2
 MAX_VERSION = 2**63 - 1        # Triton's versions are int64
+UPLOAD_ID_KEPT_MS = 24 * 3600 * 1000    # how long an upload's id is remembered (a retry within it is answered)
+MAX_UPLOAD_ID_CHARS = 128
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS models (
@@ -130,6 +134,12 @@ CREATE TABLE IF NOT EXISTS measured_profiles (
     margin DOUBLE PRECISION NOT NULL,
     PRIMARY KEY (model, version, device_type),
     FOREIGN KEY (model, version) REFERENCES models(name, version) ON DELETE CASCADE
+);
+CREATE TABLE IF NOT EXISTS model_uploads (
+    upload_id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    version BIGINT NOT NULL,
+    created_ms BIGINT NOT NULL
 )
 """
 
@@ -392,7 +402,7 @@ class ModelDatabase:
                   serving: ServingSettings = ServingSettings(),
                   warmup: tuple[WarmupSample, ...] = (), version: int = 0,
                   version_policy: VersionPolicy | None = None,
-                  late_requests: LateRequests | None = None) -> ModelRecord:
+                  late_requests: LateRequests | None = None, upload_id: str = "") -> ModelRecord:
         """Validate and register a version of a model streamed as ``chunks``; raise :class:`UploadError`
         if refused.
 
@@ -400,6 +410,10 @@ class ModelDatabase:
         replaced (its profiles are kept when the file is the same). ``version_policy`` (None: the stored one, else Triton's default, the latest version)
         and, when given, ``slo_ms``, ``min_replicas``, ``serving`` (its rate and batch cap) and
         ``late_requests`` apply to the model (every version); ``create_session`` loads the model if it is not loaded.
+
+        ``upload_id`` (optional, the client's): an upload with the id of one stored within
+        :data:`UPLOAD_ID_KEPT_MS` registers nothing and returns the version that one stored, so a client
+        may send an upload again when it cannot tell whether the first arrived (:meth:`uploaded`).
 
         ``prefix_fn(model_bytes, existing: dict[key, (sha256, group, signature)]) -> (group, signature)``
         assigns the version to a prefix group (optional; ONNX models only, see
@@ -420,6 +434,9 @@ class ModelDatabase:
             raise UploadError(f"expected_rate_rps must be a rate of at least 0, got {serving.expected_rate_rps}")
         if serving.batch_cap < 0:
             raise UploadError(f"batch_cap must be at least 0, got {serving.batch_cap}")
+        if len(upload_id) > MAX_UPLOAD_ID_CHARS or not upload_id.isprintable():
+            raise UploadError(f"upload_id must be at most {MAX_UPLOAD_ID_CHARS} printable characters, "
+                              f"got {upload_id[:MAX_UPLOAD_ID_CHARS]!r}{'...' if len(upload_id) > MAX_UPLOAD_ID_CHARS else ''}")
         profile = None
         if profile_json:
             try:
@@ -461,7 +478,7 @@ class ModelDatabase:
                 raise UploadError(f"warm-up: {exc}") from None
             upload = _Upload(name, version, digest.hexdigest(), runtime, size, inputs, outputs, profile, slo_ms,
                              default_slo_ms, create_session, min_replicas, serving, tuple(warmup), version_policy,
-                             late_requests)
+                             late_requests, upload_id)
             # One upload at a time from here: the version number and the prefix group are chosen from
             # the versions stored now, so two uploads never take one number, and two variants uploaded
             # concurrently still find each other (readers are not blocked).
@@ -471,6 +488,8 @@ class ModelDatabase:
             tmp.unlink(missing_ok=True)
 
     def _register(self, u: "_Upload", data: bytes, tmp: pathlib.Path, prefix_fn) -> ModelRecord:
+        if u.upload_id and (stored := self.uploaded(u.upload_id, u.name)) is not None:
+            return stored
         version = u.version or self._next_version(u.name)
         key = version_key(u.name, version)
         prefix_group, signature, joining = "", "", []
@@ -521,6 +540,10 @@ class ModelDatabase:
                     if u.version_policy is not None:
                         self._db.execute(_UPSERT_POLICY,
                                          (u.name, u.version_policy.to_json()))
+                    if u.upload_id:
+                        self._db.execute("DELETE FROM model_uploads WHERE created_ms < ?",
+                                         (record.created_ms - UPLOAD_ID_KEPT_MS,))
+                        self._db.execute(_UPSERT_UPLOAD, (u.upload_id, u.name, version, record.created_ms))
             except BaseException:
                 self._collect_unreferenced(u.sha256)
                 raise
@@ -528,6 +551,18 @@ class ModelDatabase:
             if old and old[0] != u.sha256:
                 self._collect_unreferenced(old[0])
         return record
+
+    def uploaded(self, upload_id: str, name: str) -> ModelRecord | None:
+        """The version that the upload with this id stored, while it is stored and the id remembered
+        (None: no such upload); UploadError when that upload was of another model."""
+        with self._lock:
+            row = self._db.execute("SELECT name, version, created_ms FROM model_uploads WHERE upload_id=?",
+                                   (upload_id,)).fetchone()
+        if row is None or row[2] < time.time() * 1000 - UPLOAD_ID_KEPT_MS:
+            return None
+        if row[0] != name:
+            raise UploadError(f"upload id {upload_id!r} was an upload of model {row[0]!r}, not of {name!r}")
+        return self.model(version_key(row[0], row[1]))
 
     def _next_version(self, name: str) -> int:
         with self._lock:
@@ -778,6 +813,7 @@ class _Upload:
     warmup: tuple[WarmupSample, ...]
     version_policy: VersionPolicy | None
     late_requests: LateRequests | None           # None: the model's stays
+    upload_id: str                               # "": none (every upload adds or replaces a version)
 
 
 def _unknown(name: str, version: int, db) -> str:
@@ -804,6 +840,7 @@ _UPSERT_PROFILE = upsert("profiles", ("model", "version", "device_type", "profil
 _UPSERT_REPLICAS = upsert("model_replicas", ("model", "min_replicas"), ("model",))
 _UPSERT_SERVING = upsert("model_serving", ("model", "expected_rate_rps", "batch_cap"), ("model",))
 _UPSERT_LATE = upsert("model_late_requests", ("model", "action"), ("model",))
+_UPSERT_UPLOAD = upsert("model_uploads", ("upload_id", "name", "version", "created_ms"), ("upload_id",))
 _UPSERT_POLICY = upsert("version_policies", ("model", "policy_json"), ("model",))
 _UPSERT_MEASURED = upsert("measured_profiles", ("model", "version", "device_type", "basis", "profile_json",
                                                 "raise_streak", "margin"), ("model", "version", "device_type"))

@@ -30,6 +30,7 @@ from common.sample_models import mlp_small, model_bytes
 from nexus.launcher import launch
 from tests.components import infer_request, wait_for, wait_ready
 from tests.conftest import nexus_cli
+from tests.tcp_relay import TcpRelay
 
 pytestmark = pytest.mark.slow
 
@@ -78,54 +79,6 @@ class Stream:
         self.channel.close()
 
 
-class Gate:
-    """A TCP forwarder to ``upstream``: a connection made while the gate is closed waits until it opens."""
-
-    def __init__(self, upstream: str) -> None:
-        self.upstream = split_host_port(upstream)
-        self.opened = threading.Event()
-        self.opened.set()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._forward, args=(client,), daemon=True).start()
-
-    def _forward(self, client: socket.socket) -> None:
-        self.opened.wait()
-        try:
-            upstream = socket.create_connection(self.upstream)
-        except OSError:
-            client.close()
-            return
-        for src, dst in ((client, upstream), (upstream, client)):
-            threading.Thread(target=_pipe, args=(src, dst), daemon=True).start()
-
-    def close(self) -> None:
-        self.opened.set()
-        self.listener.close()
-
-
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for sock in (src, dst):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-
 def http_infer(address: str) -> tuple[int, dict]:
     body = json.dumps({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]})
     conn = http.client.HTTPConnection(address, timeout=60)
@@ -171,7 +124,7 @@ def nodes(tmp_path):
         started.append(launch(BackendConfig(scheduler=s, listen="127.0.0.1:0", device=f"emulated:{DEVICE}"), env=env))
         started[-1].wait_ready(60)
 
-        gate = Gate(s)
+        gate = TcpRelay(s)
 
         def frontend():
             child = launch(FrontendConfig(scheduler=gate.address, listen="127.0.0.1:0", drain_grace_s=30), env=env)

@@ -64,7 +64,7 @@ def test_every_scheduler_opening_the_url_sees_one_database(pg_url, tmp_path):
         r1 = first.add_model("mlp", [V1[:100], V1[100:]], slo_ms=80, min_replicas=2,
                              serving=ServingSettings(expected_rate_rps=5.0, batch_cap=16),
                              version_policy=VersionPolicy(PolicyKind.ALL))
-        r2 = first.add_model("mlp", [V2])
+        r2 = first.add_model("mlp", [V2], upload_id="u-2")
         first.add_profile(r2.key, CPU)
         first.save_measured(r1.key, "cpu", "served", CPU, 1, 0.15)
         QueryStore.beside(first.sql, tmp_path / "a").put("q", '{"name": "q"}')
@@ -86,6 +86,8 @@ def test_every_scheduler_opening_the_url_sees_one_database(pg_url, tmp_path):
         assert second.serving("mlp") == ServingSettings(5.0, 16)
         assert second.served_versions("mlp") == (1, 2)
         assert QueryStore.beside(second.sql, tmp_path / "b").all() == {"q": '{"name": "q"}'}
+        assert second.add_model("mlp", [V2], upload_id="u-2") == r2      # sent again to the next leader
+        assert [m.version for m in second.versions("mlp")] == [1, 2]
         # the same file again keeps its profile; a new file for version 2 drops it and its old file
         assert second.add_model("mlp", [V2], version=2).sha256 == r2.sha256 and second.profiles(r2.key)
         second.add_model("mlp", [V1], version=2)

@@ -16,6 +16,7 @@ from globalsched.state.modeldb import ModelDatabase
 from globalsched.state.querydb import QueryStore
 
 # The model database's tables, in an order that satisfies their foreign keys (the columns are read).
+# Not model_uploads: its ids answer an upload sent again to a running scheduler, and the source's is stopped.
 TABLES = ("models", "profiles", "model_warmup", "sessions", "model_replicas", "model_serving", "model_late_requests",
           "version_policies",
           "measured_profiles")

@@ -1,18 +1,22 @@
 """The profiling actuator: a model without a profile for a present device type is profiled on a
-backend of that type on demand, and a served model that plans with a prediction is profiled in the
-background (globalsched/state/profiles_in_service.py says what plans meanwhile).
+backend of that type on demand, and a served model that plans with a prediction is profiled while it
+serves (globalsched/state/profiles_in_service.py says what plans meanwhile).
 
 A profile is a quick one (:data:`QUICK_BATCH_SIZES`), extended to the model's batch cap; the
-backends' serving measurements refine it. A backend that cannot load the model records a load
-failure (globalsched/state/load_failures.py) and the next attempt goes to another backend; a device
-that cannot measure at all (an emulated GPU without the model's table) marks the pair unmeasurable.
+backends' serving measurements refine it. It runs on the backend of the type that the plan in force
+keeps least busy, one it leaves idle first (:func:`profiling_backend`), at the serving threads'
+priority: run below it (``ProfileRequest.background``) on a backend serving at 130 requests/s, it
+took longer and cost the served model more requests, not fewer (benchmarks/ready.md). A backend
+that cannot load the model records a load failure (globalsched/state/load_failures.py) and the next
+attempt goes to another backend; a device that cannot measure at all (an emulated GPU without the
+model's table) marks the pair unmeasurable.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, Mapping
+from typing import AbstractSet, Callable, Mapping, Sequence
 
 import grpc
 
@@ -56,10 +60,12 @@ class ProfilingActuator:
         self.present_types = present_types
         self.running: set[tuple[str, str]] = set()
         self.unmeasurable: dict[tuple[str, str], str] = {}
+        self.busy: dict[str, float] = {}       # node id -> its busy fraction in the plan in force (planned_busy)
 
     async def apply(self, plan: ClusterPlan, epoch: int) -> None:
-        """Profile every model the plan has no profile for on a present device type and, in the
-        background, every served model that plans with a prediction on a present type."""
+        """Profile every model the plan has no profile for on a present device type and, while it
+        serves, every served model that plans with a prediction on a present type."""
+        self.busy = planned_busy(plan)
         for model, device_type in plan.need_profile.items():
             self.start(model, device_type)
         served = {plan.model_of(s) for s in plan.sessions}
@@ -76,10 +82,9 @@ class ProfilingActuator:
         key = (model, device_type)
         if key in self.running or key in self.unmeasurable or self.load_failures.exhausted(model, device_type):
             return
-        tried = self.load_failures.tried(model, device_type)
         candidates = [n for n in self.nodes.values()
                       if n.kind == control.NODE_KIND_BACKEND and n.device_type == device_type]
-        node = next((n for n in candidates if n.node_id not in tried), candidates[0] if candidates else None)
+        node = profiling_backend(candidates, self.load_failures.tried(model, device_type), self.busy)
         if node is None:
             return
         self.running.add(key)
@@ -116,3 +121,18 @@ class ProfilingActuator:
             self.running.discard(key)
             self.readiness.poke()
             self.trigger.request(f"profile of {model} done")
+
+
+def planned_busy(plan: ClusterPlan) -> dict[str, float]:
+    """Every backend the plan gives sessions, by node id: the fraction of its duty cycle its batches
+    take (0 where it gives no duty cycle)."""
+    return {b.node_id: b.exec_ms / b.duty_cycle_ms if b.duty_cycle_ms > 0 else 0.0
+            for placement in plan.placements.values() for b in placement.backends if b.sessions}
+
+
+def profiling_backend(candidates: Sequence[Node], tried: AbstractSet[str], busy: Mapping[str, float]) -> Node | None:
+    """Where to profile a model: among ``candidates`` (backends of the type) that have not failed to
+    load it (``tried``; all have: the first), one the plan leaves idle (absent from ``busy``), else the
+    least busy; ties go to the earlier candidate. None: no candidate."""
+    fresh = [n for n in candidates if n.node_id not in tried] or list(candidates[:1])
+    return min(fresh, key=lambda n: (n.node_id in busy, busy.get(n.node_id, 0.0)), default=None)

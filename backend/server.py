@@ -280,7 +280,8 @@ async def serve(config: BackendConfig, ready=None) -> None:
         host = config.listen.rpartition(":")[0].strip("[]") or "127.0.0.1"
         try:
             metrics_server = await start_metrics_server(host, config.metrics_port,
-                                                        registry(service.stats, config.device))
+                                                        registry(service.stats, config.device),
+                                                        loop_lag="nexus_backend_loop_lag_seconds")
         except OSError as exc:
             await server.stop(grace=0)
             raise SystemExit(f"nexus backend: error: cannot serve --metrics-port {config.metrics_port} on "

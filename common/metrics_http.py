@@ -9,6 +9,10 @@ from what it took on the loop (globalsched/rpc/profile_metrics.py). The library'
 OpenMetrics when the scraper asks for it, and ``name[]`` parameters select metric families, as the
 library's own handlers do. Any other path is a 404; other methods on ``/metrics`` a 405. aiohttp runs on the loop
 that grpc.aio already uses.
+
+Given a ``loop_lag`` name, the endpoint also exports how late that loop runs a timer
+(common/loop_lag.py): a frontend or backend whose loop stalls answers nothing meanwhile, and its
+requests' latencies alone do not say why.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
 from common.config import join_host_port, split_host_port
+from common.loop_lag import LoopLagMonitor
 
 METRICS_PATH = "/metrics"
 
@@ -53,8 +58,9 @@ def metrics_handler(registry: CollectorRegistry):
 class MetricsServer:
     """A running endpoint; :attr:`url` has the bound port (useful with port 0)."""
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int) -> None:
+    def __init__(self, runner: web.AppRunner, host: str, port: int, loop_lag: asyncio.Task | None = None) -> None:
         self._runner = runner
+        self._loop_lag = loop_lag
         self.host = host
         self.port = port
 
@@ -63,11 +69,14 @@ class MetricsServer:
         return f"http://{join_host_port(self.host, self.port)}{METRICS_PATH}"
 
     async def close(self) -> None:
+        if self._loop_lag is not None:
+            self._loop_lag.cancel()
         await self._runner.cleanup()
 
 
-async def start_metrics_server(host: str, port: int, registry: CollectorRegistry) -> MetricsServer:
-    """Serve ``registry`` at ``http://host:port/metrics``; OSError when the address cannot be bound."""
+async def start_metrics_server(host: str, port: int, registry: CollectorRegistry, loop_lag: str = "") -> MetricsServer:
+    """Serve ``registry`` at ``http://host:port/metrics``; OSError when the address cannot be bound.
+    ``loop_lag``: the name of a histogram of this loop's lag, added to ``registry`` ("": none)."""
     app = web.Application()
     app.router.add_get(METRICS_PATH, metrics_handler(registry))
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -79,15 +88,21 @@ async def start_metrics_server(host: str, port: int, registry: CollectorRegistry
         await runner.cleanup()
         raise
     bound = next(iter(runner.addresses))[1] if port == 0 else port
-    return MetricsServer(runner, host, bound)
+    task = None
+    if loop_lag:
+        monitor = LoopLagMonitor(loop_lag)
+        registry.register(monitor.histogram)
+        task = asyncio.create_task(monitor.run())
+    return MetricsServer(runner, host, bound, task)
 
 
-async def serve_metrics(component: str, flag_value: str, address: str, registry: CollectorRegistry) -> MetricsServer:
+async def serve_metrics(component: str, flag_value: str, address: str, registry: CollectorRegistry,
+                        loop_lag: str = "") -> MetricsServer:
     """:func:`start_metrics_server` on ``address`` (HOST:PORT) for ``nexus COMPONENT --metrics-listen
     FLAG_VALUE``; SystemExit with a message naming the flag when the address cannot be bound."""
     host, port = split_host_port(address)
     try:
-        return await start_metrics_server(host, port, registry)
+        return await start_metrics_server(host, port, registry, loop_lag)
     except OSError as exc:
         raise SystemExit(f"nexus {component}: error: cannot serve --metrics-listen {flag_value}: "
                          f"{exc.strerror or exc}") from None

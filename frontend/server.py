@@ -243,7 +243,7 @@ async def _start_metrics(config: FrontendConfig, state: FrontendState, server):
         return None
     try:
         metrics = await serve_metrics("frontend", config.metrics_listen, config.resolved_metrics_listen,
-                                      state.metrics.registry)
+                                      state.metrics.registry, loop_lag="nexus_frontend_loop_lag_seconds")
     except SystemExit:
         await server.stop(grace=0)
         raise

@@ -115,6 +115,9 @@ def test_metrics_endpoint_of_a_real_backend(tmp_path):
         assert samples[("nexus_backend_memory_bytes", mlp)] > 0
         assert 0 < samples[("nexus_backend_utilization", frozenset())] <= 1
         assert samples[("nexus_backend_compute_seconds_total", mlp)] > 0
+        lag_count = samples[("nexus_backend_loop_lag_seconds_count", frozenset())]     # a 0.25 s timer
+        assert lag_count >= 1 and samples[("nexus_backend_loop_lag_seconds_bucket", frozenset({("le", "+Inf")}))] \
+            == lag_count
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=10)
         assert err.value.code == 404

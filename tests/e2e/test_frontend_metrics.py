@@ -103,6 +103,8 @@ def test_scraped_counters_match_the_requests_sent(cluster):
 
     # The latency histograms count every successful request once, and agree with Triton's duration.
     assert types["nexus_request_latency_seconds"] == "histogram"
+    assert types["nexus_frontend_loop_lag_seconds"] == "histogram"
+    assert samples[("nexus_frontend_loop_lag_seconds_count", frozenset())] >= 1       # a 0.25 s timer
     assert samples[("nexus_request_latency_seconds_count", MLP)] == good
     assert samples[("nexus_request_latency_seconds_bucket", MLP | {("le", "+Inf")})] == good
     assert samples[("nexus_request_latency_seconds_sum", MLP)] * 1e6 == pytest.approx(

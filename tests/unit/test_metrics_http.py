@@ -1,14 +1,17 @@
 """The Prometheus endpoint every component serves (common/metrics_http.py), on a real port: the
 collectors run on the event loop's thread, the text is written in another; the text and OpenMetrics
-formats as the scraper asks; ``name[]`` selects families; other paths and methods are refused."""
+formats as the scraper asks; ``name[]`` selects families; other paths and methods are refused; the
+event loop's lag, where asked for."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import aiohttp
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -69,3 +72,28 @@ def test_collected_on_the_loop_written_elsewhere_in_the_format_asked_for():
             await server.close()
 
     asyncio.run(main())
+
+
+def test_a_loop_lag_histogram_counts_a_stall_of_the_loop_and_stops_with_the_server():
+    async def main():
+        registry = CollectorRegistry()
+        server = await start_metrics_server("127.0.0.1", 0, registry, loop_lag="nexus_test_loop_lag_seconds")
+        try:
+            await asyncio.sleep(0.6)
+            time.sleep(0.4)                 # the loop is held: the timer due meanwhile runs 0.15 s late or more
+            await asyncio.sleep(0.3)
+            async with aiohttp.ClientSession() as http:
+                async with http.get(server.url) as r:
+                    text = await r.text()
+        finally:
+            await server.close()
+        return text, [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    text, left = asyncio.run(main())
+    samples = {s.name + str(sorted(s.labels.items())): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    count = samples["nexus_test_loop_lag_seconds_count[]"]
+    assert count >= 3
+    assert samples["nexus_test_loop_lag_seconds_bucket[('le', '0.1')]"] <= count - 1      # the stall
+    assert samples["nexus_test_loop_lag_seconds_bucket[('le', '+Inf')]"] == count
+    assert not left                         # the monitor ended with the server

@@ -30,7 +30,7 @@ from common.warmup_spec import WarmupSample, to_pb as warmup_to_pb
 from nexus.status_model import ClusterStatus, from_reply
 
 DEFAULT_SCHEDULER = "127.0.0.1:8100"
-RETRY_DELAYS_S = (0.25, 1.0)    # an admin call no scheduler took is made again after each of these pauses
+RETRY_DELAYS_S = (0.25, 1.0, 2.0)    # an admin call no scheduler took is made again after each of these pauses
 
 log = logging.getLogger("nexus.cli")
 

@@ -53,7 +53,7 @@ def test_an_upload_that_breaks_every_time_fails_with_the_cause(scheduler, tmp_pa
                            "--scheduler", relay.address)
         assert result.returncode == 2, result.stdout
         assert f"cannot reach the scheduler at {relay.address}" in result.stderr, result.stderr
-        assert relay.cut == 3                     # the first try, and one after each pause
+        assert relay.cut == 4                     # the first try, and one after each pause
         assert _versions(scheduler.address, "big") == []
     finally:
         relay.close()

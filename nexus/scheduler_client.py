@@ -83,7 +83,8 @@ def _call_at(scheduler: str, creds: Credentials, method: str, request, timeout_s
                     hint = leader_hint(exc)      # a leader outside the list: the standby will say the same
                     if not pauses or time.monotonic() + pauses[0] >= deadline or (hint and hint not in addresses):
                         raise AdminCallError(rpc_error_message(exc, address)) from None
-                    log.info("%s to %s: %s; trying again in %.2f s", method, address, exc.details(), pauses[0])
+                    log.warning("no scheduler took %s (%s); asking again in %.2f s", method, ", ".join(tried),
+                                pauses[0])
                     time.sleep(pauses.pop(0))
                     following, tried = addresses[0], []
                 address = following

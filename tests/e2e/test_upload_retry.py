@@ -39,6 +39,7 @@ def test_an_upload_cut_off_midway_is_sent_again_and_stored_once(scheduler, tmp_p
         assert result.returncode == 0, result.stderr
         assert "uploaded big version 1" in result.stdout, result.stdout
         assert relay.cut == 1 and relay.connections >= 2          # it broke once, and was sent again
+        assert f"no scheduler took UploadModel ({relay.address}); asking again in 0.25 s" in result.stderr
         assert _versions(scheduler.address, "big") == [1]
     finally:
         relay.close()

@@ -54,7 +54,7 @@ def _call(scheduler: str, creds: Credentials, method: str, request, timeout_s: f
     ``scheduler`` may list several schedulers (``a,b,c``): the call goes to the first, and where one is
     unavailable, to the leader a standby names (within the list), else to the next. When every one was
     unavailable, the round is made again after each pause of :data:`RETRY_DELAYS_S` (a connection that
-    broke, a leader on its way), within ``timeout_s`` in all. Every admin call may be made twice: the
+    broke, a leader on its way), within ``timeout_s`` in all. Every admin call may be made again: the
     reads and settings are idempotent, and an upload carries its id (:func:`upload_model`).
     ``request`` may be a function making the request (a stream, made again for each try)."""
     return _call_at(scheduler, creds, method, request, timeout_s)[0]
@@ -198,11 +198,11 @@ class StatusReader:
 
     :func:`fetch_status` dials for every call: on loopback that costs the caller 1.6 ms of CPU a
     read, against 0.3 ms on a kept channel (2026-12-06, AMD EPYC). Any failure closes the channel. An
-    UNAVAILABLE one (the scheduler gone, or a standby) is tried again at once as :func:`fetch_status`
-    tries, and the channel is then kept to the scheduler that answered; any other raises
-    :class:`AdminCallError`, and the next read dials afresh. ``scaling_only``: the scaling decisions
-    and the devices' identities, no sessions, routes or profiles (globalsched/rpc/status.py,
-    ``scaling_reply``)."""
+    UNAVAILABLE one (the scheduler gone, or a standby) is tried again at once on the schedulers listed,
+    without :func:`fetch_status`'s pauses (its caller reads again soon), and the channel is then kept
+    to the scheduler that answered; any other raises :class:`AdminCallError`, and the next read
+    dials afresh. ``scaling_only``: the scaling decisions and the devices' identities, no sessions,
+    routes or profiles (globalsched/rpc/status.py, ``scaling_reply``)."""
 
     def __init__(self, scheduler: str, timeout_s: float = 30.0,
                  creds: Credentials = grpc_util.NO_CREDENTIALS, scaling_only: bool = False) -> None:

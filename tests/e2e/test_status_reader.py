@@ -1,6 +1,7 @@
 """nexus/scheduler_client.py's StatusReader against real schedulers: it keeps one channel to the
 scheduler that answered, passes over one that is not there, says so when none is, dials again once one
-is back, and reports a refusal with the scheduler's reason."""
+is back, and reports a refusal with the scheduler's reason; it fails at once where a one-off read
+pauses to ask again."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from common.security import Credentials
 from harness.ports import free_port
-from nexus.scheduler_client import AdminCallError, StatusReader
+from nexus.scheduler_client import AdminCallError, StatusReader, fetch_status
 from tests.conftest import NexusProcess
 
 
@@ -17,7 +18,8 @@ def _scheduler(tmp_path, name: str, port: int, *extra: str) -> NexusProcess:
                         str(tmp_path / name), "--metrics-listen", "", *extra)
 
 
-def test_one_channel_is_kept_to_the_scheduler_that_answers_and_dialled_again_after_it_was_lost(tmp_path):
+def test_one_channel_is_kept_to_the_scheduler_that_answers_and_dialled_again_after_it_was_lost(tmp_path,
+                                                                                              caplog):
     port, nobody = free_port(), free_port()
     address = f"127.0.0.1:{port}"
     first = _scheduler(tmp_path, "first", port)
@@ -32,6 +34,10 @@ def test_one_channel_is_kept_to_the_scheduler_that_answers_and_dialled_again_aft
         first.kill()
         with pytest.raises(AdminCallError, match=f"cannot reach the scheduler at {address}"):
             reader()
+        assert "no scheduler took" not in caplog.text          # no pause: its caller reads again soon
+        with pytest.raises(AdminCallError, match=f"cannot reach the scheduler at {address}"):
+            fetch_status(f"127.0.0.1:{nobody},{address}", timeout_s=5.0)
+        assert f"no scheduler took GetStatus (127.0.0.1:{nobody}, {address}); asking again" in caplog.text
         assert reader.address == "" and reader._channel is None
         second = _scheduler(tmp_path, "second", port)
         try:

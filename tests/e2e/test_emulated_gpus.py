@@ -89,7 +89,9 @@ def test_unknown_emulated_gpu_is_refused_at_start(command, tmp_path):
 def test_status_without_a_scheduler_is_a_clear_error():
     r = nexus_cli("status", "--scheduler", "127.0.0.1:1", timeout_s=60)
     assert r.returncode == 2
-    assert r.stderr.startswith("nexus status: error:") and "127.0.0.1:1" in r.stderr
+    *pauses, error = r.stderr.strip().splitlines()
+    assert error.startswith("nexus status: error: cannot reach the scheduler at 127.0.0.1:1"), r.stderr
+    assert [p.split(";")[0] for p in pauses] == ["no scheduler took GetStatus (127.0.0.1:1)"] * 3, r.stderr
 
 
 # ---- a whole emulated cluster ------------------------------------------------------------------------

@@ -60,31 +60,32 @@ class ProfilingActuator:
         self.present_types = present_types
         self.running: set[tuple[str, str]] = set()
         self.unmeasurable: dict[tuple[str, str], str] = {}
-        self.busy: dict[str, float] = {}       # node id -> its busy fraction in the plan in force (planned_busy)
 
     async def apply(self, plan: ClusterPlan, epoch: int) -> None:
         """Profile every model the plan has no profile for on a present device type and, while it
         serves, every served model that plans with a prediction on a present type."""
-        self.busy = planned_busy(plan)
+        busy = planned_busy(plan)
         for model, device_type in plan.need_profile.items():
-            self.start(model, device_type)
+            self.start(model, device_type, busy)
         served = {plan.model_of(s) for s in plan.sessions}
         present = set(self.present_types())
         for model, device_type in sorted(self.book.predictions):
             if model in served and device_type in present:
-                self.start(model, device_type)
+                self.start(model, device_type, busy)
 
     def models(self) -> set[str]:
         """The models being profiled now."""
         return {m for m, _ in self.running}
 
-    def start(self, model: str, device_type: str) -> None:
+    def start(self, model: str, device_type: str, busy: Mapping[str, float]) -> None:
+        """Profile ``model`` on a backend of ``device_type`` (``busy``: :func:`planned_busy` of the plan
+        in force), unless it is being profiled or cannot be."""
         key = (model, device_type)
         if key in self.running or key in self.unmeasurable or self.load_failures.exhausted(model, device_type):
             return
         candidates = [n for n in self.nodes.values()
                       if n.kind == control.NODE_KIND_BACKEND and n.device_type == device_type]
-        node = profiling_backend(candidates, self.load_failures.tried(model, device_type), self.busy)
+        node = profiling_backend(candidates, self.load_failures.tried(model, device_type), busy)
         if node is None:
             return
         self.running.add(key)

@@ -145,3 +145,15 @@ def test_an_upload_whose_client_went_away_after_sending_it_is_stored_and_planned
     asyncio.run(run())
     assert requests == ["model m version 1 uploaded"]
     assert "stored" in admin.readiness.stages["m"]
+
+
+def test_a_store_that_fails_unexpectedly_reaches_the_caller_and_the_log(tmp_path, caplog):
+    admin, requests = _admin(tmp_path)
+    admin.db.close()                        # every statement now fails: not a refusal, a fault
+
+    async def run():
+        return await asyncio.gather(admin.upload(_stream("m", "u-1")), return_exceptions=True)
+    [failed] = asyncio.run(run())
+    assert isinstance(failed, Exception) and not isinstance(failed, Refused)
+    assert "storing an upload failed" in caplog.text
+    assert requests == [] and not admin._uploading        # nothing planned; the id is free for a retry
